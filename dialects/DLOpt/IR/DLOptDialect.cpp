@@ -1,0 +1,146 @@
+//===- DLOptDialect.cpp - dlopt dialect registration and attribute checks -===//
+#include "dialects/DLOpt/IR/DLOptDialect.h"
+#include "dialects/DLOpt/IR/DLOptOps.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/IR/BuiltinAttributes.h"
+
+using namespace mlir;
+using namespace dlopt::dl;
+
+#include "dialects/DLOpt/IR/DLOptDialect.cpp.inc"
+
+void DLOptDialect::initialize() {
+  addOperations<
+#define GET_OP_LIST
+#include "dialects/DLOpt/IR/DLOptOps.cpp.inc"
+      >();
+}
+
+Operation *DLOptDialect::materializeConstant(OpBuilder &builder,
+                                             Attribute value, Type type,
+                                             Location loc) {
+  auto typed = dyn_cast<TypedAttr>(value);
+  if (!typed || typed.getType() != type)
+    return nullptr;
+  return arith::ConstantOp::create(builder, loc, type, typed);
+}
+
+/// Reads a numeric (float or integer) attribute as double.
+static std::optional<double> numericValue(Attribute attr) {
+  if (auto f = dyn_cast<FloatAttr>(attr))
+    return f.getValueAsDouble();
+  if (auto i = dyn_cast<IntegerAttr>(attr))
+    return static_cast<double>(i.getInt());
+  return std::nullopt;
+}
+
+/// Checks a `dlopt.init` initializer description.
+static LogicalResult verifyInit(Operation *op, unsigned argIndex,
+                                Attribute attr) {
+  auto err = [&]() {
+    return op->emitError() << "argument #" << argIndex << ": 'dlopt.init' ";
+  };
+  auto dict = dyn_cast<DictionaryAttr>(attr);
+  if (!dict)
+    return err() << "expects a dictionary like {dist = \"normal\", std = 0.02}, got "
+                 << attr;
+  auto dist = dict.getAs<StringAttr>("dist");
+  if (!dist)
+    return err() << "expects a string entry 'dist', got " << dict;
+  StringRef d = dist.getValue();
+  SmallVector<StringRef> allowed;
+  if (d == "zeros" || d == "ones")
+    allowed = {};
+  else if (d == "constant")
+    allowed = {"value"};
+  else if (d == "normal" || d == "truncated_normal")
+    allowed = {"mean", "std"};
+  else if (d == "uniform")
+    allowed = {"low", "high"};
+  else
+    return err() << "has unknown dist '" << d
+                 << "', expected one of zeros, ones, constant, normal, "
+                    "truncated_normal, uniform";
+  for (NamedAttribute entry : dict) {
+    StringRef key = entry.getName().getValue();
+    if (key == "dist")
+      continue;
+    if (!llvm::is_contained(allowed, key))
+      return err() << "has unexpected entry '" << key << "' for dist '" << d
+                   << "'";
+    if (!numericValue(entry.getValue()))
+      return err() << "expects entry '" << key << "' to be a number, got "
+                   << entry.getValue();
+  }
+  if (d == "constant" && !dict.get("value"))
+    return err() << "with dist 'constant' needs an entry 'value'";
+  if (auto s = dict.get("std"))
+    if (*numericValue(s) <= 0)
+      return err() << "expects 'std' > 0, got " << *numericValue(s);
+  if (d == "uniform") {
+    double lo = dict.get("low") ? *numericValue(dict.get("low")) : 0.0;
+    double hi = dict.get("high") ? *numericValue(dict.get("high")) : 1.0;
+    if (!(lo < hi))
+      return err() << "expects low < high, got low = " << lo
+                   << " and high = " << hi;
+  }
+  return success();
+}
+
+LogicalResult DLOptDialect::verifyRegionArgAttribute(Operation *op,
+                                                     unsigned regionIndex,
+                                                     unsigned argIndex,
+                                                     NamedAttribute attr) {
+  StringRef name = attr.getName().getValue();
+  if (name == kParamAttr || name == kInputAttr) {
+    auto str = dyn_cast<StringAttr>(attr.getValue());
+    if (!str || str.getValue().empty())
+      return op->emitError() << "argument #" << argIndex << ": '" << name
+                             << "' expects a non-empty string name, got "
+                             << attr.getValue();
+    return success();
+  }
+  if (name == kInitAttr)
+    return verifyInit(op, argIndex, attr.getValue());
+  return op->emitError() << "argument #" << argIndex
+                         << ": unknown dlopt argument attribute '" << name
+                         << "', expected dlopt.param, dlopt.input or dlopt.init";
+}
+
+LogicalResult DLOptDialect::verifyRegionResultAttribute(Operation *op,
+                                                        unsigned regionIndex,
+                                                        unsigned resultIndex,
+                                                        NamedAttribute attr) {
+  StringRef name = attr.getName().getValue();
+  if (name != kOutputAttr)
+    return op->emitError() << "result #" << resultIndex
+                           << ": unknown dlopt result attribute '" << name
+                           << "', expected dlopt.output";
+  auto str = dyn_cast<StringAttr>(attr.getValue());
+  if (!str || str.getValue().empty())
+    return op->emitError() << "result #" << resultIndex
+                           << ": 'dlopt.output' expects a non-empty string, got "
+                           << attr.getValue();
+  return success();
+}
+
+LogicalResult DLOptDialect::verifyOperationAttribute(Operation *op,
+                                                     NamedAttribute attr) {
+  StringRef name = attr.getName().getValue();
+  if (name == kLayerAttr) {
+    auto i = dyn_cast<IntegerAttr>(attr.getValue());
+    if (!i || i.getInt() < 0)
+      return op->emitError() << "'dlopt.layer' expects a non-negative integer, got "
+                             << attr.getValue();
+    return success();
+  }
+  if (name == kLossAttr) {
+    if (!isa<UnitAttr>(attr.getValue()))
+      return op->emitError() << "'dlopt.loss' expects a unit attribute, got "
+                             << attr.getValue();
+    return success();
+  }
+  return op->emitError() << "unknown dlopt attribute '" << name
+                         << "', expected dlopt.layer or dlopt.loss";
+}

@@ -1,0 +1,537 @@
+//===- DLOptOps.td - dlopt op definitions ------------------*- tablegen -*-===//
+//
+// Numeric semantics of every op are specified in docs/ops.md.
+//
+//===----------------------------------------------------------------------===//
+#ifndef DLOPT_OPS_TD
+#define DLOPT_OPS_TD
+
+include "dialects/DLOpt/IR/DLOptDialect.td"
+include "mlir/IR/BuiltinAttributes.td"
+include "mlir/IR/EnumAttr.td"
+include "mlir/IR/CommonAttrConstraints.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+
+//===----------------------------------------------------------------------===//
+// Type constraints
+//===----------------------------------------------------------------------===//
+
+class DLOpt_TensorOf<list<Type> types, string what>
+    : RankedTensorOf<types, [HasStaticShapePred], "statically shaped " # what # " tensor">;
+
+def DLOpt_AnyTensor : DLOpt_TensorOf<[F32, F16, BF16, I32, I64, I1], "f32/f16/bf16/i32/i64/i1">;
+def DLOpt_NumTensor : DLOpt_TensorOf<[F32, F16, BF16, I32, I64], "f32/f16/bf16/i32/i64">;
+def DLOpt_FloatTensor : DLOpt_TensorOf<[F32, F16, BF16], "f32/f16/bf16">;
+def DLOpt_IntTensor : DLOpt_TensorOf<[I32, I64], "i32/i64">;
+def DLOpt_BoolTensor : DLOpt_TensorOf<[I1], "i1">;
+def DLOpt_FloatScalar : RankedTensorOf<[F32, F16, BF16], [HasAnyRankOfPred<[0]>], "rank-0 f32/f16/bf16 tensor">;
+
+/// A 64-bit signless integer attribute read back as a signed value (upstream
+/// I64Attr returns uint64_t, which would turn dim = -1 into 2^64 - 1).
+def DLOpt_I64Attr : SignlessIntegerAttrBase<I64, "64-bit signless integer attribute"> {
+  let returnType = "int64_t";
+  let convertFromStorage = "$_self.getValue().getSExtValue()";
+}
+
+def DLOpt_CmpPredicate : I32EnumAttr<"CmpPredicate", "comparison predicate", [
+    I32EnumAttrCase<"eq", 0>, I32EnumAttrCase<"ne", 1>, I32EnumAttrCase<"lt", 2>,
+    I32EnumAttrCase<"le", 3>, I32EnumAttrCase<"gt", 4>, I32EnumAttrCase<"ge", 5>]> {
+  let cppNamespace = "::dlopt::dl";
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise unary
+//===----------------------------------------------------------------------===//
+
+class DLOpt_UnaryOp<string mnemonic, Type T, string formula, list<Trait> traits = []>
+    : DLOpt_Op<mnemonic, !listconcat([Pure, Elementwise, SameOperandsAndResultType], traits)> {
+  let summary = "elementwise " # formula;
+  let description = "Computes `" # formula # "` for every element; the result "
+      # "has the operand's type. See docs/ops.md.\n\n"
+      # "```mlir\n%y = dlopt." # mnemonic # " %x : tensor<4x8xf32>\n```";
+  let arguments = (ins T:$input);
+  let results = (outs T:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def DLOpt_NegOp : DLOpt_UnaryOp<"neg", DLOpt_NumTensor, "-x"> { let hasFolder = 1; }
+def DLOpt_AbsOp : DLOpt_UnaryOp<"abs", DLOpt_NumTensor, "|x|"> { let hasFolder = 1; }
+def DLOpt_ReluOp : DLOpt_UnaryOp<"relu", DLOpt_NumTensor, "max(x, 0)">;
+def DLOpt_ExpOp : DLOpt_UnaryOp<"exp", DLOpt_FloatTensor, "exp(x)">;
+def DLOpt_LogOp : DLOpt_UnaryOp<"log", DLOpt_FloatTensor, "log(x)">;
+def DLOpt_SqrtOp : DLOpt_UnaryOp<"sqrt", DLOpt_FloatTensor, "sqrt(x)">;
+def DLOpt_RsqrtOp : DLOpt_UnaryOp<"rsqrt", DLOpt_FloatTensor, "1/sqrt(x)">;
+def DLOpt_TanhOp : DLOpt_UnaryOp<"tanh", DLOpt_FloatTensor, "tanh(x)">;
+def DLOpt_SinOp : DLOpt_UnaryOp<"sin", DLOpt_FloatTensor, "sin(x)">;
+def DLOpt_CosOp : DLOpt_UnaryOp<"cos", DLOpt_FloatTensor, "cos(x)">;
+def DLOpt_SigmoidOp : DLOpt_UnaryOp<"sigmoid", DLOpt_FloatTensor, "1/(1+exp(-x))">;
+def DLOpt_SiluOp : DLOpt_UnaryOp<"silu", DLOpt_FloatTensor, "x*sigmoid(x)">;
+
+def DLOpt_GeluOp : DLOpt_Op<"gelu", [Pure, Elementwise, SameOperandsAndResultType]> {
+  let summary = "elementwise GELU, exact or tanh-approximated";
+  let description = [{
+    `approximate = "none"` (default) computes `0.5x(1+erf(x/sqrt(2)))`;
+    `approximate = "tanh"` computes `0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3)))`.
+
+    ```mlir
+    %y = dlopt.gelu %x {approximate = "tanh"} : tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins DLOpt_FloatTensor:$input,
+                       DefaultValuedStrAttr<StrAttr, "none">:$approximate);
+  let results = (outs DLOpt_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def DLOpt_CastOp : DLOpt_Op<"cast", [Pure, Elementwise, SameOperandsAndResultShape]> {
+  let summary = "elementwise conversion between element types";
+  let description = [{
+    Converts every element to the result's element type. float to int
+    truncates toward zero and saturates; NaN becomes 0; to `i1` tests `x != 0`.
+
+    ```mlir
+    %y = dlopt.cast %x : tensor<4xf32> -> tensor<4xbf16>
+    ```
+  }];
+  let arguments = (ins DLOpt_AnyTensor:$input);
+  let results = (outs DLOpt_AnyTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasFolder = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise binary with broadcasting
+//===----------------------------------------------------------------------===//
+
+class DLOpt_BinaryOp<string mnemonic, Type T, string formula>
+    : DLOpt_Op<mnemonic, [Pure, InferTypeOpAdaptor]> {
+  let summary = "elementwise " # formula # " with NumPy broadcasting";
+  let description = "Computes `" # formula # "` elementwise. Operands have the "
+      # "same element type; shapes broadcast as in NumPy.\n\n"
+      # "```mlir\n%z = dlopt." # mnemonic
+      # " %a, %b : tensor<4x8xf32>, tensor<8xf32> -> tensor<4x8xf32>\n```";
+  let arguments = (ins T:$lhs, T:$rhs);
+  let results = (outs T:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)";
+  let extraClassDefinition = [{
+    ::llvm::LogicalResult $cppClass::inferReturnTypes(
+        ::mlir::MLIRContext *context, std::optional<::mlir::Location> loc,
+        Adaptor adaptor, ::llvm::SmallVectorImpl<::mlir::Type> &types) {
+      return ::dlopt::dl::inferBroadcastResult(loc, getOperationName(),
+          {adaptor.getLhs().getType(), adaptor.getRhs().getType()},
+          /*resultElement=*/nullptr, types);
+    }
+  }];
+}
+
+def DLOpt_AddOp : DLOpt_BinaryOp<"add", DLOpt_NumTensor, "a + b"> { let hasFolder = 1; }
+def DLOpt_SubOp : DLOpt_BinaryOp<"sub", DLOpt_NumTensor, "a - b"> { let hasFolder = 1; }
+def DLOpt_MulOp : DLOpt_BinaryOp<"mul", DLOpt_NumTensor, "a * b"> { let hasFolder = 1; }
+def DLOpt_DivOp : DLOpt_BinaryOp<"div", DLOpt_NumTensor, "a / b"> { let hasFolder = 1; }
+def DLOpt_MaximumOp : DLOpt_BinaryOp<"maximum", DLOpt_NumTensor, "max(a, b)"> { let hasFolder = 1; }
+def DLOpt_MinimumOp : DLOpt_BinaryOp<"minimum", DLOpt_NumTensor, "min(a, b)"> { let hasFolder = 1; }
+def DLOpt_PowOp : DLOpt_BinaryOp<"pow", DLOpt_FloatTensor, "a ^ b">;
+
+def DLOpt_CompareOp : DLOpt_Op<"compare", [Pure, InferTypeOpAdaptor]> {
+  let summary = "elementwise comparison giving i1, with broadcasting";
+  let description = [{
+    Compares with one of `eq, ne, lt, le, gt, ge`. Operands have the same
+    element type; the result is `i1` of the broadcast shape.
+
+    ```mlir
+    %c = dlopt.compare lt, %a, %b : tensor<4x8xf32>, tensor<8xf32> -> tensor<4x8xi1>
+    ```
+  }];
+  let arguments = (ins DLOpt_CmpPredicate:$predicate, DLOpt_NumTensor:$lhs, DLOpt_NumTensor:$rhs);
+  let results = (outs DLOpt_BoolTensor:$result);
+  let assemblyFormat = "$predicate `,` $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)";
+}
+
+def DLOpt_SelectOp : DLOpt_Op<"select", [Pure, InferTypeOpAdaptor]> {
+  let summary = "elementwise choice `cond ? a : b` with broadcasting";
+  let description = [{
+    All three operands broadcast together; `a` and `b` have the same element type.
+
+    ```mlir
+    %r = dlopt.select %c, %a, %b : tensor<4x8xi1>, tensor<4x8xf32>, tensor<f32> -> tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins DLOpt_BoolTensor:$cond, DLOpt_AnyTensor:$true_value, DLOpt_AnyTensor:$false_value);
+  let results = (outs DLOpt_AnyTensor:$result);
+  let assemblyFormat = "$cond `,` $true_value `,` $false_value attr-dict `:` type($cond) `,` type($true_value) `,` type($false_value) `->` type($result)";
+}
+
+//===----------------------------------------------------------------------===//
+// Reductions
+//===----------------------------------------------------------------------===//
+
+class DLOpt_ReduceOp<string mnemonic, Type T, string what>
+    : DLOpt_Op<mnemonic, [Pure, InferTypeOpAdaptor]> {
+  let summary = what # " over a list of dims";
+  let description = "Reduces with " # what # " over `dims` (distinct, in "
+      # "`[-rank, rank)`); `keepdims` keeps them with size 1. An empty list is "
+      # "the identity.\n\n```mlir\n%s = dlopt." # mnemonic
+      # " %x dims = [1] keepdims : tensor<4x8xf32> -> tensor<4x1xf32>\n```";
+  let arguments = (ins T:$input, DenseI64ArrayAttr:$dims, UnitAttr:$keepdims);
+  let results = (outs T:$result);
+  let assemblyFormat = "$input `dims` `=` $dims (`keepdims` $keepdims^)? attr-dict `:` type($input) `->` type($result)";
+  let hasFolder = 1;
+  let extraClassDefinition = [{
+    ::llvm::LogicalResult $cppClass::inferReturnTypes(
+        ::mlir::MLIRContext *context, std::optional<::mlir::Location> loc,
+        Adaptor adaptor, ::llvm::SmallVectorImpl<::mlir::Type> &types) {
+      return ::dlopt::dl::inferReduceResult(loc, getOperationName(),
+          adaptor.getInput().getType(), adaptor.getDims(),
+          adaptor.getKeepdims(), types);
+    }
+    ::mlir::OpFoldResult $cppClass::fold(FoldAdaptor) {
+      if (getDims().empty() && getInput().getType() == getType())
+        return getInput();
+      return {};
+    }
+  }];
+}
+
+def DLOpt_SumOp : DLOpt_ReduceOp<"sum", DLOpt_NumTensor, "sum">;
+def DLOpt_MeanOp : DLOpt_ReduceOp<"mean", DLOpt_FloatTensor, "arithmetic mean">;
+def DLOpt_MaxOp : DLOpt_ReduceOp<"max", DLOpt_NumTensor, "maximum">;
+
+//===----------------------------------------------------------------------===//
+// Matmul
+//===----------------------------------------------------------------------===//
+
+def DLOpt_MatmulOp : DLOpt_Op<"matmul", [Pure, InferTypeOpAdaptor]> {
+  let summary = "batched matrix product with broadcast batch dims";
+  let description = [{
+    `lhs` is `[..., M, K]` (`[..., K, M]` with `transpose_a`), `rhs` is
+    `[..., K, N]` (`[..., N, K]` with `transpose_b`); both have rank >= 2 and
+    the same float element type. Batch dims broadcast as in NumPy; the result
+    is `[batch..., M, N]`, accumulated in f32.
+
+    ```mlir
+    %c = dlopt.matmul %a, %b {transpose_b} : tensor<2x4x8xf32>, tensor<16x8xf32> -> tensor<2x4x16xf32>
+    ```
+  }];
+  let arguments = (ins DLOpt_FloatTensor:$lhs, DLOpt_FloatTensor:$rhs,
+                       UnitAttr:$transpose_a, UnitAttr:$transpose_b);
+  let results = (outs DLOpt_FloatTensor:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)";
+}
+
+//===----------------------------------------------------------------------===//
+// Shape ops
+//===----------------------------------------------------------------------===//
+
+def DLOpt_ReshapeOp : DLOpt_Op<"reshape", [Pure, SameOperandsAndResultElementType]> {
+  let summary = "row-major reshape to a type with the same element count";
+  let description = [{
+    ```mlir
+    %y = dlopt.reshape %x : tensor<4x8xf32> -> tensor<32xf32>
+    ```
+  }];
+  let arguments = (ins DLOpt_AnyTensor:$input);
+  let results = (outs DLOpt_AnyTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+  let hasFolder = 1;
+}
+
+def DLOpt_TransposeOp : DLOpt_Op<"transpose", [Pure, InferTypeOpAdaptor]> {
+  let summary = "permutes dims: result.shape[i] = input.shape[perm[i]]";
+  let description = [{
+    ```mlir
+    %y = dlopt.transpose %x perm = [0, 2, 1] : tensor<2x4x8xf32> -> tensor<2x8x4xf32>
+    ```
+  }];
+  let arguments = (ins DLOpt_AnyTensor:$input, DenseI64ArrayAttr:$perm);
+  let results = (outs DLOpt_AnyTensor:$result);
+  let assemblyFormat = "$input `perm` `=` $perm attr-dict `:` type($input) `->` type($result)";
+  let hasFolder = 1;
+}
+
+def DLOpt_BroadcastToOp : DLOpt_Op<"broadcast_to", [Pure, SameOperandsAndResultElementType]> {
+  let summary = "broadcasts to a larger shape by NumPy rules";
+  let description = [{
+    ```mlir
+    %y = dlopt.broadcast_to %x : tensor<1x8xf32> -> tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins DLOpt_AnyTensor:$input);
+  let results = (outs DLOpt_AnyTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+  let hasFolder = 1;
+}
+
+def DLOpt_ConcatOp : DLOpt_Op<"concat", [Pure, InferTypeOpAdaptor]> {
+  let summary = "concatenates tensors along one dim";
+  let description = [{
+    Operands have the same rank and element type and equal sizes except along `dim`.
+
+    ```mlir
+    %y = dlopt.concat %a, %b dim = 0 : tensor<2x8xf32>, tensor<3x8xf32> -> tensor<5x8xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<DLOpt_AnyTensor>:$inputs, DLOpt_I64Attr:$dim);
+  let results = (outs DLOpt_AnyTensor:$result);
+  let assemblyFormat = "$inputs `dim` `=` $dim attr-dict `:` type($inputs) `->` type($result)";
+  let hasFolder = 1;
+}
+
+def DLOpt_SliceOp : DLOpt_Op<"slice", [Pure, InferTypeOpAdaptor]> {
+  let summary = "static strided slice";
+  let description = [{
+    Per dim `0 <= start <= limit <= size` and `stride >= 1`; the result size
+    is `ceil((limit - start) / stride)`.
+
+    ```mlir
+    %y = dlopt.slice %x start = [0, 1] limit = [4, 8] stride = [1, 2] : tensor<4x8xf32> -> tensor<4x4xf32>
+    ```
+  }];
+  let arguments = (ins DLOpt_AnyTensor:$input, DenseI64ArrayAttr:$start,
+                       DenseI64ArrayAttr:$limit, DenseI64ArrayAttr:$stride);
+  let results = (outs DLOpt_AnyTensor:$result);
+  let assemblyFormat = "$input `start` `=` $start `limit` `=` $limit `stride` `=` $stride attr-dict `:` type($input) `->` type($result)";
+  let hasFolder = 1;
+}
+
+def DLOpt_GatherOp : DLOpt_Op<"gather", [Pure, InferTypeOpAdaptor]> {
+  let summary = "gathers rows of a table by integer ids (embedding lookup)";
+  let description = [{
+    `table` is `[V, rest...]`; the result is `ids.shape ++ rest`. Ids outside
+    `[0, V)` are a runtime error.
+
+    ```mlir
+    %e = dlopt.gather %table, %ids : tensor<100x16xf32>, tensor<2x5xi32> -> tensor<2x5x16xf32>
+    ```
+  }];
+  let arguments = (ins DLOpt_AnyTensor:$table, DLOpt_IntTensor:$ids);
+  let results = (outs DLOpt_AnyTensor:$result);
+  let assemblyFormat = "$table `,` $ids attr-dict `:` type($table) `,` type($ids) `->` type($result)";
+}
+
+def DLOpt_IotaOp : DLOpt_Op<"iota", [Pure]> {
+  let summary = "indices along one dim: y[idx] = idx[dim]";
+  let description = [{
+    ```mlir
+    %pos = dlopt.iota dim = 0 : tensor<16xi32>
+    ```
+  }];
+  let arguments = (ins DLOpt_I64Attr:$dim);
+  let results = (outs DLOpt_NumTensor:$result);
+  let assemblyFormat = "`dim` `=` $dim attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// NN ops
+//===----------------------------------------------------------------------===//
+
+class DLOpt_SoftmaxLikeOp<string mnemonic, string formula>
+    : DLOpt_Op<mnemonic, [Pure, SameOperandsAndResultType]> {
+  let summary = formula # " along one dim";
+  let description = "Numerically stable `" # formula # "` along `dim`, "
+      # "computed in f32.\n\n```mlir\n%y = dlopt." # mnemonic
+      # " %x dim = 1 : tensor<4x8xf32>\n```";
+  let arguments = (ins DLOpt_FloatTensor:$input, DLOpt_I64Attr:$dim);
+  let results = (outs DLOpt_FloatTensor:$result);
+  let assemblyFormat = "$input `dim` `=` $dim attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def DLOpt_SoftmaxOp : DLOpt_SoftmaxLikeOp<"softmax", "softmax">;
+def DLOpt_LogSoftmaxOp : DLOpt_SoftmaxLikeOp<"log_softmax", "log(softmax)">;
+
+def DLOpt_LayerNormOp : DLOpt_Op<"layer_norm",
+    [Pure, AttrSizedOperandSegments, AllTypesMatch<["input", "result"]>]> {
+  let summary = "layer normalization over the trailing dims from `axis`";
+  let description = [{
+    `y = (x - mean) / sqrt(var + eps) * weight + bias` with mean and biased
+    variance over dims `[axis, rank)` (default: the last dim). `weight` and
+    `bias` are optional and shaped `x.shape[axis:]`.
+
+    ```mlir
+    %y = dlopt.layer_norm %x weight(%w) bias(%b) {eps = 1.0e-05 : f64}
+        : (tensor<2x4x8xf32>, tensor<8xf32>, tensor<8xf32>) -> tensor<2x4x8xf32>
+    ```
+  }];
+  let arguments = (ins DLOpt_FloatTensor:$input, Optional<DLOpt_FloatTensor>:$weight,
+                       Optional<DLOpt_FloatTensor>:$bias,
+                       DefaultValuedAttr<DLOpt_I64Attr, "-1">:$axis,
+                       DefaultValuedAttr<F64Attr, "1.0e-5">:$eps);
+  let results = (outs DLOpt_FloatTensor:$result);
+  let assemblyFormat = "$input (`weight` `(` $weight^ `)`)? (`bias` `(` $bias^ `)`)? attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def DLOpt_RMSNormOp : DLOpt_Op<"rms_norm", [Pure, AllTypesMatch<["input", "result"]>]> {
+  let summary = "RMS normalization over the trailing dims from `axis`";
+  let description = [{
+    `y = x / sqrt(mean(x^2) + eps) * weight` over dims `[axis, rank)`
+    (default: the last dim); `weight` is optional, shaped `x.shape[axis:]`.
+
+    ```mlir
+    %y = dlopt.rms_norm %x weight(%w) {eps = 1.0e-06 : f64}
+        : (tensor<2x4x8xf32>, tensor<8xf32>) -> tensor<2x4x8xf32>
+    ```
+  }];
+  let arguments = (ins DLOpt_FloatTensor:$input, Optional<DLOpt_FloatTensor>:$weight,
+                       DefaultValuedAttr<DLOpt_I64Attr, "-1">:$axis,
+                       DefaultValuedAttr<F64Attr, "1.0e-6">:$eps);
+  let results = (outs DLOpt_FloatTensor:$result);
+  let assemblyFormat = "$input (`weight` `(` $weight^ `)`)? attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def DLOpt_AttentionOp : DLOpt_Op<"attention", [Pure, InferTypeOpAdaptor]> {
+  let summary = "scaled dot-product attention, optionally causal, with grouped kv heads";
+  let description = [{
+    `softmax(scale * q k^T + mask) v` with `q: [B, H, S, D]`,
+    `k: [B, G, T, D]`, `v: [B, G, T, E]`, `H % G == 0` (query head `h` reads
+    kv head `h / (H / G)`). `scale` defaults to `1/sqrt(D)`. With `causal`,
+    query `i` sees keys `j <= i + (T - S)`. The result is `[B, H, S, E]`.
+
+    ```mlir
+    %o = dlopt.attention %q, %k, %v {causal} : tensor<2x4x16x8xf32>,
+        tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32> -> tensor<2x4x16x8xf32>
+    ```
+  }];
+  let arguments = (ins DLOpt_FloatTensor:$query, DLOpt_FloatTensor:$key,
+                       DLOpt_FloatTensor:$value, UnitAttr:$causal,
+                       OptionalAttr<F64Attr>:$scale);
+  let results = (outs DLOpt_FloatTensor:$result);
+  let assemblyFormat = "$query `,` $key `,` $value attr-dict `:` type($query) `,` type($key) `,` type($value) `->` type($result)";
+}
+
+def DLOpt_RopeOp : DLOpt_Op<"rope", [Pure, SameOperandsAndResultType]> {
+  let summary = "rotary position embedding over the last dim, positions along dim -2";
+  let description = [{
+    Half-split rotation: for `i < D/2`, angle `p * theta^(-2i/D)` rotates the
+    pair `(x[i], x[i + D/2])`, where `p` is the index along dim -2.
+
+    ```mlir
+    %y = dlopt.rope %x {theta = 1.0e+04 : f64} : tensor<2x4x16x8xf32>
+    ```
+  }];
+  let arguments = (ins DLOpt_FloatTensor:$input, DefaultValuedAttr<F64Attr, "10000.0">:$theta);
+  let results = (outs DLOpt_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def DLOpt_Conv2DOp : DLOpt_Op<"conv2d", [Pure, InferTypeOpAdaptor]> {
+  let summary = "2-D convolution, NCHW input and OIHW filter";
+  let description = [{
+    `x: [N, C, H, W]`, `w: [O, C/groups, KH, KW]`, optional `bias: [O]`.
+    Zero padding `padding[i]` on both sides; output size
+    `(H + 2p - d(K-1) - 1) / s + 1`.
+
+    ```mlir
+    %y = dlopt.conv2d %x, %w {padding = array<i64: 1, 1>}
+        : (tensor<1x3x8x8xf32>, tensor<4x3x3x3xf32>) -> tensor<1x4x8x8xf32>
+    ```
+  }];
+  let arguments = (ins DLOpt_FloatTensor:$input, DLOpt_FloatTensor:$filter,
+                       Optional<DLOpt_FloatTensor>:$bias,
+                       DefaultValuedAttr<DenseI64ArrayAttr, "{1, 1}">:$stride,
+                       DefaultValuedAttr<DenseI64ArrayAttr, "{0, 0}">:$padding,
+                       DefaultValuedAttr<DenseI64ArrayAttr, "{1, 1}">:$dilation,
+                       DefaultValuedAttr<DLOpt_I64Attr, "1">:$groups);
+  let results = (outs DLOpt_FloatTensor:$result);
+  let assemblyFormat = "$input `,` $filter (`bias` `(` $bias^ `)`)? attr-dict `:` functional-type(operands, results)";
+}
+
+class DLOpt_PoolOp<string mnemonic, string what, dag extraArgs = (ins)>
+    : DLOpt_Op<mnemonic, [Pure, InferTypeOpAdaptor]> {
+  let summary = "2-D " # what # " pooling over NCHW";
+  let description = "Pools `kernel` windows with `stride` (default: the "
+      # "kernel) and `padding` on both sides.\n\n```mlir\n%y = dlopt." # mnemonic
+      # " %x {kernel = array<i64: 2, 2>} : tensor<1x4x8x8xf32> -> tensor<1x4x4x4xf32>\n```";
+  let arguments = !con((ins DLOpt_FloatTensor:$input, DenseI64ArrayAttr:$kernel,
+                       OptionalAttr<DenseI64ArrayAttr>:$stride,
+                       DefaultValuedAttr<DenseI64ArrayAttr, "{0, 0}">:$padding), extraArgs);
+  let results = (outs DLOpt_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+}
+
+def DLOpt_MaxPool2DOp : DLOpt_PoolOp<"max_pool2d", "max">;
+def DLOpt_AvgPool2DOp : DLOpt_PoolOp<"avg_pool2d", "average",
+    (ins DefaultValuedAttr<BoolAttr, "true">:$count_include_pad)>;
+
+def DLOpt_BatchNormOp : DLOpt_Op<"batch_norm", [Pure, InferTypeOpAdaptor]> {
+  let summary = "batch normalization with training and inference semantics";
+  let description = [{
+    `x: [N, C, ...]`; `weight`, `bias`, `running_mean`, `running_var`: `[C]`.
+    With `training`, normalizes with the batch statistics (biased variance)
+    and returns updated running statistics (momentum `m`, unbiased variance);
+    otherwise normalizes with the running statistics and returns them unchanged.
+
+    ```mlir
+    %y, %m2, %v2 = dlopt.batch_norm %x, %w, %b, %m, %v {training}
+        : (tensor<8x4x6x6xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>)
+        -> (tensor<8x4x6x6xf32>, tensor<4xf32>, tensor<4xf32>)
+    ```
+  }];
+  let arguments = (ins DLOpt_FloatTensor:$input, DLOpt_FloatTensor:$weight,
+                       DLOpt_FloatTensor:$bias, DLOpt_FloatTensor:$running_mean,
+                       DLOpt_FloatTensor:$running_var,
+                       DefaultValuedAttr<F64Attr, "1.0e-5">:$eps,
+                       DefaultValuedAttr<F64Attr, "0.1">:$momentum,
+                       UnitAttr:$training);
+  let results = (outs DLOpt_FloatTensor:$result, DLOpt_FloatTensor:$new_running_mean,
+                      DLOpt_FloatTensor:$new_running_var);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+}
+
+def DLOpt_DropoutOp : DLOpt_Op<"dropout", [Pure, SameOperandsAndResultType]> {
+  let summary = "dropout with an explicit seed (deterministic on every backend)";
+  let description = [{
+    Element `i` is kept iff `u(seed, i) >= rate` (the counter-based uniform in
+    docs/ops.md) and then scaled by `1/(1-rate)`.
+
+    ```mlir
+    %y = dlopt.dropout %x {rate = 1.0e-01 : f64, seed = 42 : i64} : tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins DLOpt_FloatTensor:$input, F64Attr:$rate, DLOpt_I64Attr:$seed);
+  let results = (outs DLOpt_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+  let hasVerifier = 1;
+  let hasFolder = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Losses
+//===----------------------------------------------------------------------===//
+
+def DLOpt_CrossEntropyOp : DLOpt_Op<"cross_entropy", [Pure, InferTypeOpAdaptor]> {
+  let summary = "mean softmax cross-entropy of logits [N, C] against integer labels [N]";
+  let description = [{
+    Mean over rows whose label is not `ignore_index` (default -100) of
+    `logsumexp(logits[i]) - logits[i, label[i]]`; 0 when every row is ignored.
+
+    ```mlir
+    %l = dlopt.cross_entropy %logits, %labels : tensor<8x10xf32>, tensor<8xi32> -> tensor<f32>
+    ```
+  }];
+  let arguments = (ins DLOpt_FloatTensor:$logits, DLOpt_IntTensor:$labels,
+                       DefaultValuedAttr<DLOpt_I64Attr, "-100">:$ignore_index);
+  let results = (outs DLOpt_FloatScalar:$result);
+  let assemblyFormat = "$logits `,` $labels attr-dict `:` type($logits) `,` type($labels) `->` type($result)";
+}
+
+def DLOpt_MSEOp : DLOpt_Op<"mse", [Pure, InferTypeOpAdaptor]> {
+  let summary = "mean squared error of two same-shaped tensors";
+  let description = [{
+    ```mlir
+    %l = dlopt.mse %a, %b : tensor<8x4xf32>, tensor<8x4xf32> -> tensor<f32>
+    ```
+  }];
+  let arguments = (ins DLOpt_FloatTensor:$lhs, DLOpt_FloatTensor:$rhs);
+  let results = (outs DLOpt_FloatScalar:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)";
+}
+
+#endif // DLOPT_OPS_TD

@@ -1,0 +1,138 @@
+//===- CheckModel.cpp - Checks model-function conventions -----------------===//
+#include "dialects/DLOpt/IR/DLOptOps.h"
+#include "passes/ModelUtils.h"
+#include "passes/Passes.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/StringMap.h"
+
+#define DEBUG_TYPE "dlopt-check-model"
+
+namespace dlopt {
+#define GEN_PASS_DEF_CHECKMODELPASS
+#include "passes/Passes.h.inc"
+} // namespace dlopt
+
+using namespace mlir;
+using namespace dlopt;
+using dl::DLOptDialect;
+
+FailureOr<func::FuncOp> dlopt::findEntryFunction(ModuleOp module,
+                                                 StringRef entry) {
+  if (!entry.empty()) {
+    if (auto f = module.lookupSymbol<func::FuncOp>(entry))
+      return f;
+    module.emitError() << "entry function '@" << entry << "' not found";
+    return failure();
+  }
+  if (auto f = module.lookupSymbol<func::FuncOp>("main"))
+    return f;
+  func::FuncOp only;
+  int count = 0;
+  for (auto f : module.getOps<func::FuncOp>())
+    if (f.isPublic() && !f.isExternal()) {
+      only = f;
+      ++count;
+    }
+  if (count == 1)
+    return only;
+  module.emitError() << "expects a function @main or exactly one public "
+                        "function as the model entry, found "
+                     << count << " public functions";
+  return failure();
+}
+
+namespace {
+struct CheckModelPass : dlopt::impl::CheckModelPassBase<CheckModelPass> {
+  using CheckModelPassBase::CheckModelPassBase;
+
+  void runOnOperation() override {
+    FailureOr<func::FuncOp> fn = findEntryFunction(getOperation(), entry);
+    if (failed(fn) || failed(checkFunction(*fn)))
+      return signalPassFailure();
+  }
+
+  LogicalResult checkFunction(func::FuncOp fn) {
+    if (fn.isExternal())
+      return fn.emitError("expects the model entry to have a body");
+    llvm::StringMap<unsigned> names;
+    auto claim = [&](StringRef name, Operation *op, const Twine &what) {
+      auto [it, inserted] = names.try_emplace(name, 0);
+      if (!inserted) {
+        op->emitError() << what << " uses the name '" << name
+                        << "' which is already taken";
+        return failure();
+      }
+      return success();
+    };
+    for (unsigned i = 0, e = fn.getNumArguments(); i < e; ++i) {
+      Type t = fn.getArgument(i).getType();
+      auto param = fn.getArgAttrOfType<StringAttr>(i, DLOptDialect::kParamAttr);
+      auto input = fn.getArgAttrOfType<StringAttr>(i, DLOptDialect::kInputAttr);
+      if (!param && !input)
+        return fn.emitError() << "argument #" << i << " (" << t
+                              << ") is neither a dlopt.param nor a dlopt.input";
+      if (param && input)
+        return fn.emitError() << "argument #" << i
+                              << " is both a dlopt.param and a dlopt.input";
+      if (!param && fn.getArgAttr(i, DLOptDialect::kInitAttr))
+        return fn.emitError() << "argument #" << i
+                              << " has a dlopt.init but is not a dlopt.param";
+      auto rt = dyn_cast<RankedTensorType>(t);
+      if (!rt || !rt.hasStaticShape())
+        return fn.emitError() << "argument #" << i
+                              << " expects a statically shaped tensor, got " << t;
+      if (param && !isa<FloatType>(rt.getElementType()))
+        return fn.emitError() << "argument #" << i << " is a dlopt.param of type "
+                              << t << ", expected a float tensor";
+      if (failed(claim(param ? param.getValue() : input.getValue(), fn,
+                       "argument #" + Twine(i))))
+        return failure();
+      param ? ++numParams : ++numInputs;
+    }
+    for (unsigned i = 0, e = fn.getNumResults(); i < e; ++i) {
+      Type t = fn.getResultTypes()[i];
+      auto rt = dyn_cast<RankedTensorType>(t);
+      if (!rt || !rt.hasStaticShape())
+        return fn.emitError() << "result #" << i
+                              << " expects a statically shaped tensor, got " << t;
+      auto name = fn.getResultAttrOfType<StringAttr>(i, DLOptDialect::kOutputAttr);
+      std::string n = name ? name.getValue().str() : "out" + std::to_string(i);
+      if (failed(claim(n, fn, "result #" + Twine(i))))
+        return failure();
+    }
+    if (fn->hasAttr(DLOptDialect::kLossAttr)) {
+      if (fn.getNumResults() == 0)
+        return fn.emitError("is marked dlopt.loss but returns nothing; "
+                            "expected a rank-0 float loss as the first result");
+      auto rt = dyn_cast<RankedTensorType>(fn.getResultTypes()[0]);
+      if (!rt || rt.getRank() != 0 || !isa<FloatType>(rt.getElementType()))
+        return fn.emitError() << "is marked dlopt.loss, so the first result "
+                                 "must be a rank-0 float tensor, got "
+                              << fn.getResultTypes()[0];
+    }
+    WalkResult walk = fn.getBody().walk([&](Operation *op) {
+      if (isa<func::ReturnOp>(op) ||
+          isa<DLOptDialect>(op->getDialect()))
+        return WalkResult::advance();
+      if (auto cst = dyn_cast<arith::ConstantOp>(op)) {
+        if (isa<DenseElementsAttr>(cst.getValue()))
+          return WalkResult::advance();
+        cst.emitError() << "expects a dense tensor constant, got "
+                        << cst.getValue();
+        return WalkResult::interrupt();
+      }
+      op->emitError() << "op '" << op->getName()
+                      << "' is not supported in a dlopt model; expected dlopt "
+                         "ops, arith.constant and func.return";
+      return WalkResult::interrupt();
+    });
+    if (walk.wasInterrupted())
+      return failure();
+    if (!fn.getBody().hasOneBlock())
+      return fn.emitError("expects a single-block function body");
+    return success();
+  }
+};
+} // namespace

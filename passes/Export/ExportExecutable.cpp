@@ -1,0 +1,363 @@
+//===- ExportExecutable.cpp - dlopt IR to a runtime Executable ------------===//
+#include "passes/Export/ExportExecutable.h"
+
+#include "dialects/DLOpt/IR/DLOptOps.h"
+#include "passes/ModelUtils.h"
+#include "runtime/format/MemoryPlanner.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+#include <cmath>
+
+using namespace mlir;
+using namespace dlopt;
+using dl::DLOptDialect;
+
+static FailureOr<rt::DType> toDType(Type elem) {
+  if (elem.isF32()) return rt::DType::F32;
+  if (elem.isF16()) return rt::DType::F16;
+  if (elem.isBF16()) return rt::DType::BF16;
+  if (elem.isInteger(1)) return rt::DType::I1;
+  if (elem.isInteger(32)) return rt::DType::I32;
+  if (elem.isInteger(64)) return rt::DType::I64;
+  return failure();
+}
+
+static FailureOr<rt::TensorType> toTensorType(Type t) {
+  auto rt = dyn_cast<RankedTensorType>(t);
+  if (!rt || !rt.hasStaticShape())
+    return failure();
+  FailureOr<rt::DType> dt = toDType(rt.getElementType());
+  if (failed(dt))
+    return failure();
+  rt::TensorType out;
+  out.dtype = *dt;
+  out.shape.assign(rt.getShape().begin(), rt.getShape().end());
+  return out;
+}
+
+/// "file:line:col" of the first file location inside `loc`.
+static std::string locString(Location loc) {
+  std::string out;
+  loc->walk([&](Location l) {
+    if (auto f = dyn_cast<FileLineColLoc>(l)) {
+      out = (f.getFilename().getValue() + ":" + Twine(f.getLine()) + ":" +
+             Twine(f.getColumn()))
+                .str();
+      return WalkResult::interrupt();
+    }
+    return WalkResult::advance();
+  });
+  return out;
+}
+
+static double numeric(DictionaryAttr dict, StringRef key, double dflt) {
+  Attribute a = dict.get(key);
+  if (auto f = dyn_cast_if_present<FloatAttr>(a))
+    return f.getValueAsDouble();
+  if (auto i = dyn_cast_if_present<IntegerAttr>(a))
+    return static_cast<double>(i.getInt());
+  return dflt;
+}
+
+static rt::Init toInit(DictionaryAttr dict) {
+  rt::Init init;
+  if (!dict)
+    return init;
+  if (auto d = dict.getAs<StringAttr>("dist"))
+    init.dist = d.getValue().str();
+  init.mean = numeric(dict, "mean", 0.0);
+  init.std = numeric(dict, "std", 1.0);
+  init.low = numeric(dict, "low", 0.0);
+  init.high = numeric(dict, "high", 1.0);
+  init.value = numeric(dict, "value", 0.0);
+  return init;
+}
+
+/// Appends the little-endian bytes of a dense constant to `blob`.
+static void appendConstant(DenseElementsAttr attr, std::vector<uint8_t> &blob) {
+  Type elem = attr.getElementType();
+  int64_t n = attr.getNumElements();
+  auto put = [&](uint64_t bits, unsigned bytes) {
+    for (unsigned b = 0; b < bytes; ++b)
+      blob.push_back(static_cast<uint8_t>(bits >> (8 * b)));
+  };
+  if (isa<FloatType>(elem)) {
+    unsigned bytes = elem.getIntOrFloatBitWidth() / 8;
+    if (attr.isSplat()) {
+      uint64_t bits = attr.getSplatValue<APFloat>().bitcastToAPInt().getZExtValue();
+      for (int64_t i = 0; i < n; ++i)
+        put(bits, bytes);
+      return;
+    }
+    for (const APFloat &v : attr.getValues<APFloat>())
+      put(v.bitcastToAPInt().getZExtValue(), bytes);
+    return;
+  }
+  unsigned width = elem.getIntOrFloatBitWidth();
+  unsigned bytes = width == 1 ? 1 : width / 8;
+  if (attr.isSplat()) {
+    uint64_t bits = attr.getSplatValue<APInt>().getZExtValue();
+    for (int64_t i = 0; i < n; ++i)
+      put(bits, bytes);
+    return;
+  }
+  for (const APInt &v : attr.getValues<APInt>())
+    put(v.getZExtValue(), bytes);
+}
+
+/// Converts an attribute to an instruction attribute value, if representable.
+static std::optional<rt::AttrValue> toAttrValue(Attribute attr) {
+  if (auto b = dyn_cast<BoolAttr>(attr))
+    return rt::AttrValue(int64_t(b.getValue()));
+  if (auto i = dyn_cast<IntegerAttr>(attr))
+    return rt::AttrValue(i.getInt());
+  if (auto f = dyn_cast<FloatAttr>(attr))
+    return rt::AttrValue(f.getValueAsDouble());
+  if (auto s = dyn_cast<StringAttr>(attr))
+    return rt::AttrValue(s.getValue().str());
+  if (isa<UnitAttr>(attr))
+    return rt::AttrValue(int64_t(1));
+  if (auto a = dyn_cast<DenseI64ArrayAttr>(attr))
+    return rt::AttrValue(std::vector<int64_t>(a.asArrayRef().begin(),
+                                              a.asArrayRef().end()));
+  if (auto p = dyn_cast<dl::CmpPredicateAttr>(attr))
+    return rt::AttrValue(dl::stringifyCmpPredicate(p.getValue()).str());
+  return std::nullopt;
+}
+
+using Attrs = std::map<std::string, rt::AttrValue>;
+
+static std::vector<int64_t> vec(ArrayRef<int64_t> a) {
+  return std::vector<int64_t>(a.begin(), a.end());
+}
+
+/// Sets every attribute an instruction carries, with defaults filled in and
+/// dims normalized, so backends never need the op's defaults.
+static void normalizeAttrs(Operation *op, Attrs &a) {
+  auto rankOf = [](Value v) { return cast<RankedTensorType>(v.getType()).getRank(); };
+  llvm::TypeSwitch<Operation *>(op)
+      .Case([&](dl::GeluOp o) { a["approximate"] = o.getApproximate().str(); })
+      .Case<dl::SumOp, dl::MeanOp, dl::MaxOp>([&](auto o) {
+        std::vector<int64_t> dims;
+        for (int64_t d : o.getDims())
+          dims.push_back(dl::normalizeDim(d, rankOf(o.getInput())));
+        llvm::sort(dims);
+        a["dims"] = dims;
+        a["keepdims"] = int64_t(o.getKeepdims());
+      })
+      .Case([&](dl::MatmulOp o) {
+        a["transpose_a"] = int64_t(o.getTransposeA());
+        a["transpose_b"] = int64_t(o.getTransposeB());
+      })
+      .Case([&](dl::ConcatOp o) {
+        a["dim"] = dl::normalizeDim(o.getDim(), rankOf(o.getResult()));
+      })
+      .Case([&](dl::IotaOp o) {
+        a["dim"] = dl::normalizeDim(o.getDim(), rankOf(o.getResult()));
+      })
+      .Case<dl::SoftmaxOp, dl::LogSoftmaxOp>([&](auto o) {
+        a["dim"] = dl::normalizeDim(o.getDim(), rankOf(o.getResult()));
+      })
+      .Case([&](dl::LayerNormOp o) {
+        a["axis"] = dl::normalizeDim(o.getAxis(), rankOf(o.getInput()));
+        a["eps"] = o.getEps().convertToDouble();
+        a["has_weight"] = int64_t(bool(o.getWeight()));
+        a["has_bias"] = int64_t(bool(o.getBias()));
+      })
+      .Case([&](dl::RMSNormOp o) {
+        a["axis"] = dl::normalizeDim(o.getAxis(), rankOf(o.getInput()));
+        a["eps"] = o.getEps().convertToDouble();
+        a["has_weight"] = int64_t(bool(o.getWeight()));
+      })
+      .Case([&](dl::AttentionOp o) {
+        a["causal"] = int64_t(o.getCausal());
+        int64_t d = o.getQuery().getType().getDimSize(3);
+        a["scale"] = o.getScale() ? o.getScale()->convertToDouble()
+                                  : 1.0 / std::sqrt(double(d));
+      })
+      .Case([&](dl::RopeOp o) { a["theta"] = o.getTheta().convertToDouble(); })
+      .Case([&](dl::Conv2DOp o) {
+        a["stride"] = vec(o.getStride());
+        a["padding"] = vec(o.getPadding());
+        a["dilation"] = vec(o.getDilation());
+        a["groups"] = o.getGroups();
+        a["has_bias"] = int64_t(bool(o.getBias()));
+      })
+      .Case<dl::MaxPool2DOp, dl::AvgPool2DOp>([&](auto o) {
+        a["kernel"] = vec(o.getKernel());
+        a["stride"] = o.getStride() ? vec(*o.getStride()) : vec(o.getKernel());
+        a["padding"] = vec(o.getPadding());
+        if constexpr (std::is_same_v<decltype(o), dl::AvgPool2DOp>)
+          a["count_include_pad"] = int64_t(o.getCountIncludePad());
+      })
+      .Case([&](dl::BatchNormOp o) {
+        a["eps"] = o.getEps().convertToDouble();
+        a["momentum"] = o.getMomentum().convertToDouble();
+        a["training"] = int64_t(o.getTraining());
+      })
+      .Case([&](dl::CrossEntropyOp o) { a["ignore_index"] = o.getIgnoreIndex(); })
+      .Default([](Operation *) {});
+}
+
+FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
+                                                  StringRef entry,
+                                                  StringRef sourceName) {
+  FailureOr<func::FuncOp> fnOr = findEntryFunction(module, entry);
+  if (failed(fnOr))
+    return failure();
+  func::FuncOp fn = *fnOr;
+
+  rt::Executable exe;
+  exe.modelName = fn.getSymName().str();
+  exe.source = sourceName.str();
+  exe.worldSize = 1;
+  rt::Program prog;
+  prog.rank = 0;
+
+  llvm::DenseMap<Value, int32_t> ids;
+  auto addValue = [&](Value v, rt::Value desc) -> FailureOr<int32_t> {
+    FailureOr<rt::TensorType> t = toTensorType(v.getType());
+    if (failed(t)) {
+      emitError(v.getLoc()) << "cannot export value of type " << v.getType()
+                            << ": expected a statically shaped tensor of "
+                               "f32, f16, bf16, i32, i64 or i1";
+      return failure();
+    }
+    desc.type = *t;
+    int32_t id = static_cast<int32_t>(exe.values.size());
+    exe.values.push_back(std::move(desc));
+    ids[v] = id;
+    return id;
+  };
+
+  for (unsigned i = 0, e = fn.getNumArguments(); i < e; ++i) {
+    rt::Value desc;
+    if (auto p = fn.getArgAttrOfType<StringAttr>(i, DLOptDialect::kParamAttr)) {
+      desc.kind = rt::ValueKind::Param;
+      desc.name = p.getValue().str();
+      desc.init = toInit(fn.getArgAttrOfType<DictionaryAttr>(i, DLOptDialect::kInitAttr));
+    } else if (auto in = fn.getArgAttrOfType<StringAttr>(i, DLOptDialect::kInputAttr)) {
+      desc.kind = rt::ValueKind::Input;
+      desc.name = in.getValue().str();
+    } else {
+      return fn.emitError() << "argument #" << i
+                            << " is neither a dlopt.param nor a dlopt.input";
+    }
+    FailureOr<int32_t> id = addValue(fn.getArgument(i), desc);
+    if (failed(id))
+      return failure();
+    (desc.kind == rt::ValueKind::Param ? exe.params : exe.inputs).push_back(*id);
+  }
+
+  // Instructions and constants, in program order.
+  std::vector<int64_t> firstUse, lastUse; // per value id, for temporaries
+  auto touch = [&](int32_t id, int64_t at) {
+    if (static_cast<size_t>(id) >= lastUse.size()) {
+      firstUse.resize(id + 1, -1);
+      lastUse.resize(id + 1, -1);
+    }
+    if (firstUse[id] < 0)
+      firstUse[id] = at;
+    lastUse[id] = std::max(lastUse[id], at);
+  };
+  Operation *terminator = fn.getBody().front().getTerminator();
+  for (Operation &op : fn.getBody().front()) {
+    if (&op == terminator)
+      break;
+    if (auto cst = dyn_cast<arith::ConstantOp>(op)) {
+      auto dense = dyn_cast<DenseElementsAttr>(cst.getValue());
+      if (!dense)
+        return cst.emitError() << "expects a dense tensor constant, got "
+                               << cst.getValue();
+      rt::Value desc;
+      desc.kind = rt::ValueKind::Const;
+      while (exe.constData.size() % 64)
+        exe.constData.push_back(0);
+      desc.constOffset = static_cast<int64_t>(exe.constData.size());
+      if (failed(addValue(cst.getResult(), desc)))
+        return failure();
+      appendConstant(dense, exe.constData);
+      continue;
+    }
+    if (!isa<DLOptDialect>(op.getDialect()))
+      return op.emitError() << "op '" << op.getName()
+                            << "' cannot be exported; expected dlopt ops, "
+                               "arith.constant and func.return";
+    rt::Instr instr;
+    instr.op = op.getName().stripDialect().str();
+    instr.loc = locString(op.getLoc());
+    int64_t index = static_cast<int64_t>(prog.instrs.size());
+    for (Value v : op.getOperands()) {
+      auto it = ids.find(v);
+      if (it == ids.end())
+        return op.emitError("uses a value defined outside the entry function body");
+      instr.operands.push_back(it->second);
+      touch(it->second, index);
+    }
+    for (Value r : op.getResults()) {
+      FailureOr<int32_t> id = addValue(r, rt::Value{});
+      if (failed(id))
+        return failure();
+      instr.results.push_back(*id);
+      touch(*id, index);
+    }
+    for (NamedAttribute attr : op.getAttrDictionary()) {
+      StringRef name = attr.getName().getValue();
+      if (name == DLOptDialect::kLayerAttr) {
+        instr.layer = static_cast<int32_t>(cast<IntegerAttr>(attr.getValue()).getInt());
+        continue;
+      }
+      if (name.starts_with("dlopt.") || name == "operandSegmentSizes")
+        continue;
+      if (std::optional<rt::AttrValue> v = toAttrValue(attr.getValue()))
+        instr.attrs[name.str()] = *v;
+    }
+    normalizeAttrs(&op, instr.attrs);
+    prog.instrs.push_back(std::move(instr));
+  }
+
+  // Outputs live to the end of the program.
+  int64_t end = static_cast<int64_t>(prog.instrs.size());
+  for (auto [i, v] : llvm::enumerate(terminator->getOperands())) {
+    int32_t id = ids.lookup(v);
+    exe.outputs.push_back(id);
+    auto name = fn.getResultAttrOfType<StringAttr>(i, DLOptDialect::kOutputAttr);
+    exe.outputNames.push_back(name ? name.getValue().str()
+                                   : "out" + std::to_string(i));
+    touch(id, end);
+  }
+  firstUse.resize(exe.values.size(), -1);
+  lastUse.resize(exe.values.size(), -1);
+
+  // Memory plan: persistent values first, then temporaries packed by lifetime.
+  rt::MemoryPlan &mem = prog.memory;
+  mem.offsets.assign(exe.values.size(), -1);
+  auto alignUp = [&](int64_t x) {
+    return (x + mem.alignment - 1) / mem.alignment * mem.alignment;
+  };
+  int64_t cursor = 0;
+  std::vector<int32_t> temps;
+  std::vector<rt::BufferLifetime> lifetimes;
+  for (auto [id, v] : llvm::enumerate(exe.values)) {
+    if (v.kind != rt::ValueKind::Temp) {
+      mem.offsets[id] = cursor;
+      cursor = alignUp(cursor + std::max<int64_t>(v.type.byteSize(), 1));
+      continue;
+    }
+    temps.push_back(static_cast<int32_t>(id));
+    lifetimes.push_back({std::max<int64_t>(v.type.byteSize(), 1), firstUse[id],
+                         std::max(lastUse[id], firstUse[id])});
+  }
+  mem.persistentBytes = cursor;
+  rt::MemoryAssignment assignment = rt::planMemory(lifetimes, mem.alignment);
+  for (auto [i, id] : llvm::enumerate(temps))
+    mem.offsets[id] = mem.persistentBytes + assignment.offsets[i];
+  mem.scratchBytes = assignment.peakBytes;
+
+  exe.programs.push_back(std::move(prog));
+  return exe;
+}

@@ -1,0 +1,28 @@
+//===- Passes.h - dlopt passes and pipelines ------------------------------===//
+#pragma once
+
+#include "mlir/Pass/Pass.h"
+#include "mlir/Pass/PassManager.h"
+
+namespace dlopt {
+
+#define GEN_PASS_DECL
+#include "passes/Passes.h.inc"
+
+#define GEN_PASS_REGISTRATION
+#include "passes/Passes.h.inc"
+
+/// Options of the compile pipeline shared by dlopt-compile and dlopt-opt.
+struct CompilePipelineOptions {
+  std::string entry;
+};
+
+/// Builds the pipeline that `dlopt-compile` runs before export: model
+/// checks, canonicalization and CSE. Registered as `dlopt-compile-pipeline`.
+void buildCompilePipeline(mlir::OpPassManager &pm,
+                          const CompilePipelineOptions &options);
+
+/// Registers every dlopt pass and the named pipelines.
+void registerAllPasses();
+
+} // namespace dlopt

@@ -1,0 +1,46 @@
+//===- CpuKernels.h - The CPU backend's op kernels ------------------------===//
+//
+// One entry point runs any instruction on host memory. Kernels read their
+// attributes from the Instr (see docs/ops.md for each op's attributes and
+// semantics) and the operand/result tensors from TensorRefs whose types were
+// fixed at compile time. Kernels validate what they rely on (ranks, shapes,
+// index ranges) and return an error Status naming the op and its location
+// instead of crashing.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "runtime/format/Executable.h"
+#include "runtime/support/Status.h"
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace dlopt::rt {
+
+/// A dense, row-major tensor in host memory.
+struct TensorRef {
+  void *data = nullptr;
+  TensorType type;
+  int64_t numElements() const { return type.numElements(); }
+  template <typename T> T *as() const { return static_cast<T *>(data); }
+};
+
+namespace cpu {
+
+/// Runs one instruction. `ins` and `outs` follow instr.operands/results.
+/// Results never alias operands.
+Status runKernel(const Instr &instr, std::span<const TensorRef> ins,
+                 std::span<const TensorRef> outs);
+
+/// Whether a kernel exists for `op` (used to reject unknown ops on load).
+bool hasKernel(const std::string &op);
+
+/// Number of worker threads used by multi-threaded kernels (default:
+/// hardware concurrency). BLAS threading is configured separately.
+void setNumThreads(int n);
+int numThreads();
+
+} // namespace cpu
+} // namespace dlopt::rt

@@ -1,0 +1,469 @@
+//===- Elementwise.cpp - Unary, cast, binary, compare and select kernels --===//
+//
+// 16-bit floats are widened to f32, computed, and rounded once on store.
+// Integer arithmetic wraps (done in unsigned to avoid undefined behaviour).
+// Broadcasting goes through a BroadcastPlan so the innermost loop runs over
+// the longest contiguous stretch with strides 0 or 1.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cpu/KernelUtil.h"
+#include "runtime/cpu/ThreadPool.h"
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+namespace dlopt::rt::cpu {
+namespace {
+
+/// Splits the flat output range [0, outer*inner) across threads and calls
+/// `f(row, jBegin, jEnd)` for each piece of each row.
+template <typename F>
+void forEachRowSegment(int64_t outer, int64_t inner, int64_t costPerElem,
+                       F &&f) {
+  parallelFor(outer * inner, grainFor(costPerElem), [&](int64_t b, int64_t e) {
+    int64_t row = b / inner, j = b % inner;
+    while (b < e) {
+      int64_t len = std::min(inner - j, e - b);
+      f(row, j, j + len);
+      b += len;
+      ++row;
+      j = 0;
+    }
+  });
+}
+
+template <typename I> inline I wrapAdd(I a, I b) {
+  using U = std::make_unsigned_t<I>;
+  return I(U(a) + U(b));
+}
+template <typename I> inline I wrapSub(I a, I b) {
+  using U = std::make_unsigned_t<I>;
+  return I(U(a) - U(b));
+}
+template <typename I> inline I wrapMul(I a, I b) {
+  using U = std::make_unsigned_t<I>;
+  return I(U(a) * U(b));
+}
+
+//===----------------------------------------------------------------------===//
+// Unary
+//===----------------------------------------------------------------------===//
+
+enum class Unary {
+  Neg,
+  Abs,
+  Relu,
+  Exp,
+  Log,
+  Sqrt,
+  Rsqrt,
+  Tanh,
+  Sin,
+  Cos,
+  Sigmoid,
+  Silu,
+  GeluErf,
+  GeluTanh
+};
+
+template <Unary K> inline float unaryF(float x) {
+  if constexpr (K == Unary::Neg)
+    return -x;
+  else if constexpr (K == Unary::Abs)
+    return std::fabs(x);
+  else if constexpr (K == Unary::Relu)
+    return x < 0.0f ? 0.0f : x; // NaN stays NaN
+  else if constexpr (K == Unary::Exp)
+    return std::exp(x);
+  else if constexpr (K == Unary::Log)
+    return std::log(x);
+  else if constexpr (K == Unary::Sqrt)
+    return std::sqrt(x);
+  else if constexpr (K == Unary::Rsqrt)
+    return 1.0f / std::sqrt(x);
+  else if constexpr (K == Unary::Tanh)
+    return std::tanh(x);
+  else if constexpr (K == Unary::Sin)
+    return std::sin(x);
+  else if constexpr (K == Unary::Cos)
+    return std::cos(x);
+  else if constexpr (K == Unary::Sigmoid)
+    return 1.0f / (1.0f + std::exp(-x));
+  else if constexpr (K == Unary::Silu)
+    return x / (1.0f + std::exp(-x));
+  else if constexpr (K == Unary::GeluErf)
+    return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
+  else
+    return 0.5f * x *
+           (1.0f + std::tanh(0.79788456080286536f *
+                             (x + 0.044715f * x * x * x)));
+}
+
+template <Unary K, typename I> inline I unaryI(I x) {
+  if constexpr (K == Unary::Neg)
+    return wrapSub(I(0), x);
+  else if constexpr (K == Unary::Abs)
+    return x < 0 ? wrapSub(I(0), x) : x;
+  else
+    return x < 0 ? I(0) : x;
+}
+
+template <Unary K>
+Status runUnaryTyped(const Instr &instr, const TensorRef &in,
+                     const TensorRef &out) {
+  constexpr bool intOk = K == Unary::Neg || K == Unary::Abs || K == Unary::Relu;
+  constexpr int64_t cost = K <= Unary::Relu ? 1 : 16;
+  int64_t n = in.numElements();
+  auto body = [&](auto tag) -> Status {
+    using T = decltype(tag);
+    const T *x = in.as<T>();
+    T *y = out.as<T>();
+    if constexpr (isFloatStorage<T>) {
+      parallelFor(n, grainFor(cost), [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i)
+          y[i] = fromF32<T>(unaryF<K>(toF32(x[i])));
+      });
+    } else {
+      parallelFor(n, grainFor(cost), [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i)
+          y[i] = unaryI<K>(x[i]);
+      });
+    }
+    return Status::ok();
+  };
+  if constexpr (intOk) {
+    DLOPT_RETURN_IF_ERROR(checkNumeric(instr, "operand #0", in.type));
+    return dispatchNumeric(in.type.dtype, body);
+  } else {
+    DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", in.type));
+    return dispatchFloat(in.type.dtype, body);
+  }
+}
+
+template <Unary K> Status unaryKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 1, 1));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, ins[0].type));
+  return runUnaryTyped<K>(instr, ins[0], outs[0]);
+}
+
+Status geluKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 1, 1));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, ins[0].type));
+  std::string approx = "none";
+  DLOPT_RETURN_IF_ERROR(getOptStringAttr(instr, "approximate", approx));
+  if (approx == "none")
+    return runUnaryTyped<Unary::GeluErf>(instr, ins[0], outs[0]);
+  if (approx == "tanh")
+    return runUnaryTyped<Unary::GeluTanh>(instr, ins[0], outs[0]);
+  return opError(instr, "expects attribute 'approximate' to be \"none\" or "
+                        "\"tanh\", got \"" + approx + "\"");
+}
+
+//===----------------------------------------------------------------------===//
+// Cast
+//===----------------------------------------------------------------------===//
+
+/// One element of `cast`. i1 travels as uint8_t; any nonzero byte reads as 1.
+template <typename D, typename S> inline D castElem(S x) {
+  if constexpr (std::is_same_v<D, uint8_t>) {
+    if constexpr (isFloatStorage<S>)
+      return toF32(x) != 0.0f ? 1 : 0;
+    else
+      return x != 0 ? 1 : 0;
+  } else if constexpr (isFloatStorage<D>) {
+    if constexpr (isFloatStorage<S>)
+      return fromF32<D>(toF32(x));
+    else if constexpr (std::is_same_v<S, uint8_t>)
+      return fromF32<D>(x != 0 ? 1.0f : 0.0f);
+    else
+      return fromF32<D>(float(x));
+  } else {
+    if constexpr (isFloatStorage<S>)
+      return floatToInt<D>(double(toF32(x)));
+    else if constexpr (std::is_same_v<S, uint8_t>)
+      return x != 0 ? 1 : 0;
+    else
+      return D(x); // int -> int wraps, as a C++ conversion does
+  }
+}
+
+Status castKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 1, 1));
+  DLOPT_RETURN_IF_ERROR(
+      checkShape(instr, "result", outs[0].type.shape, ins[0].type.shape));
+  int64_t n = ins[0].numElements();
+  return dispatchAny(ins[0].type.dtype, [&](auto stag) -> Status {
+    using S = decltype(stag);
+    return dispatchAny(outs[0].type.dtype, [&](auto dtag) -> Status {
+      using D = decltype(dtag);
+      const S *x = ins[0].as<S>();
+      D *y = outs[0].as<D>();
+      parallelFor(n, grainFor(2), [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i)
+          y[i] = castElem<D>(x[i]);
+      });
+      return Status::ok();
+    });
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// Binary and compare
+//===----------------------------------------------------------------------===//
+
+enum class Binary { Add, Sub, Mul, Div, Max, Min, Pow };
+enum class Pred { Eq, Ne, Lt, Le, Gt, Ge };
+
+template <Binary K> inline float binaryF(float a, float b) {
+  if constexpr (K == Binary::Add)
+    return a + b;
+  else if constexpr (K == Binary::Sub)
+    return a - b;
+  else if constexpr (K == Binary::Mul)
+    return a * b;
+  else if constexpr (K == Binary::Div)
+    return a / b;
+  else if constexpr (K == Binary::Max)
+    return a != a ? a : (b != b ? b : (a > b ? a : b));
+  else if constexpr (K == Binary::Min)
+    return a != a ? a : (b != b ? b : (a < b ? a : b));
+  else
+    return std::pow(a, b);
+}
+
+template <Binary K, typename I> inline I binaryI(I a, I b) {
+  if constexpr (K == Binary::Add)
+    return wrapAdd(a, b);
+  else if constexpr (K == Binary::Sub)
+    return wrapSub(a, b);
+  else if constexpr (K == Binary::Mul)
+    return wrapMul(a, b);
+  else if constexpr (K == Binary::Div)
+    // b != 0 was checked up front; MIN / -1 wraps instead of trapping.
+    return b == -1 ? wrapSub(I(0), a) : I(a / b);
+  else if constexpr (K == Binary::Max)
+    return a > b ? a : b;
+  else
+    return a < b ? a : b;
+}
+
+template <Pred P, typename C> inline uint8_t comparePred(C a, C b) {
+  if constexpr (P == Pred::Eq)
+    return a == b;
+  else if constexpr (P == Pred::Ne)
+    return a != b;
+  else if constexpr (P == Pred::Lt)
+    return a < b;
+  else if constexpr (P == Pred::Le)
+    return a <= b;
+  else if constexpr (P == Pred::Gt)
+    return a > b;
+  else
+    return a >= b;
+}
+
+/// out[i] = f(a[...], b[...]) over a broadcast plan; the innermost loop is
+/// specialized on the operand strides so the common cases vectorize.
+template <typename TA, typename TO, typename F>
+void broadcast2(const BroadcastPlan &p, const TA *a, const TA *b, TO *out,
+                int64_t cost, F f) {
+  int64_t inner = p.inner();
+  int64_t sa = p.strides[0].back(), sb = p.strides[1].back();
+  forEachRowSegment(p.outer(), inner, cost, [&](int64_t row, int64_t j0,
+                                                int64_t j1) {
+    const TA *pa = a + p.rowOffset(0, row) + j0 * sa;
+    const TA *pb = b + p.rowOffset(1, row) + j0 * sb;
+    TO *po = out + row * inner + j0;
+    int64_t len = j1 - j0;
+    if (sa == 1 && sb == 1)
+      for (int64_t j = 0; j < len; ++j)
+        po[j] = f(pa[j], pb[j]);
+    else if (sa == 1)
+      for (int64_t j = 0; j < len; ++j)
+        po[j] = f(pa[j], pb[0]);
+    else if (sb == 1)
+      for (int64_t j = 0; j < len; ++j)
+        po[j] = f(pa[0], pb[j]);
+    else
+      for (int64_t j = 0; j < len; ++j)
+        po[j] = f(pa[0], pb[0]);
+  });
+}
+
+/// Checks operand/result shapes of a broadcasting binary op and plans it.
+Status planBinary(const Instr &instr, Ins ins, Outs outs, BroadcastPlan &p) {
+  if (ins[0].type.dtype != ins[1].type.dtype)
+    return opError(instr, "expects operands of the same element type, got " +
+                              typeStr(ins[0].type) + " and " +
+                              typeStr(ins[1].type));
+  std::vector<int64_t> shape;
+  if (!broadcastShapes(ins[0].type.shape, ins[1].type.shape, shape))
+    return opError(instr, "operand shapes " + shapeStr(ins[0].type.shape) +
+                              " and " + shapeStr(ins[1].type.shape) +
+                              " do not broadcast");
+  DLOPT_RETURN_IF_ERROR(checkShape(instr, "result", outs[0].type.shape, shape));
+  std::string err =
+      planBroadcast(shape, {ins[0].type.shape, ins[1].type.shape}, p);
+  if (!err.empty())
+    return opError(instr, err);
+  return Status::ok();
+}
+
+template <Binary K> Status binaryKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
+  BroadcastPlan p;
+  DLOPT_RETURN_IF_ERROR(planBinary(instr, ins, outs, p));
+  const TensorType &t = ins[0].type;
+  if constexpr (K == Binary::Pow)
+    DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", t));
+  else
+    DLOPT_RETURN_IF_ERROR(checkNumeric(instr, "operand #0", t));
+  DLOPT_RETURN_IF_ERROR(checkDType(instr, "result", outs[0].type.dtype, t.dtype));
+  if (outs[0].numElements() == 0)
+    return Status::ok();
+  constexpr int64_t cost = K == Binary::Pow ? 16 : (K == Binary::Div ? 4 : 1);
+  return dispatchNumeric(t.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    const T *a = ins[0].as<T>(), *b = ins[1].as<T>();
+    T *o = outs[0].as<T>();
+    if constexpr (isFloatStorage<T>) {
+      broadcast2(p, a, b, o, cost, [](T x, T y) {
+        return fromF32<T>(binaryF<K>(toF32(x), toF32(y)));
+      });
+    } else {
+      if constexpr (K == Binary::Div) {
+        int64_t nb = ins[1].numElements();
+        // Every element of b is used at least once when the result is not
+        // empty, so a zero anywhere in b is a division by zero.
+        for (int64_t i = 0; i < nb; ++i)
+          if (b[i] == 0)
+            return opError(instr, "integer division by zero (element " +
+                                      std::to_string(i) + " of operand #1)");
+      }
+      broadcast2(p, a, b, o, cost,
+                 [](T x, T y) { return binaryI<K>(x, y); });
+    }
+    return Status::ok();
+  });
+}
+
+template <Pred P>
+Status runCompare(const BroadcastPlan &p, const TensorRef &a,
+                  const TensorRef &b, const TensorRef &out) {
+  return dispatchNumeric(a.type.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    uint8_t *o = out.as<uint8_t>();
+    if constexpr (isFloatStorage<T>)
+      broadcast2(p, a.as<T>(), b.as<T>(), o, 1, [](T x, T y) {
+        return comparePred<P>(toF32(x), toF32(y));
+      });
+    else
+      broadcast2(p, a.as<T>(), b.as<T>(), o, 1,
+                 [](T x, T y) { return comparePred<P>(x, y); });
+    return Status::ok();
+  });
+}
+
+Status compareKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
+  BroadcastPlan p;
+  DLOPT_RETURN_IF_ERROR(planBinary(instr, ins, outs, p));
+  DLOPT_RETURN_IF_ERROR(checkNumeric(instr, "operand #0", ins[0].type));
+  DLOPT_RETURN_IF_ERROR(
+      checkDType(instr, "result", outs[0].type.dtype, DType::I1));
+  std::string pred;
+  DLOPT_RETURN_IF_ERROR(getOptStringAttr(instr, "predicate", pred));
+  if (pred == "eq")
+    return runCompare<Pred::Eq>(p, ins[0], ins[1], outs[0]);
+  if (pred == "ne")
+    return runCompare<Pred::Ne>(p, ins[0], ins[1], outs[0]);
+  if (pred == "lt")
+    return runCompare<Pred::Lt>(p, ins[0], ins[1], outs[0]);
+  if (pred == "le")
+    return runCompare<Pred::Le>(p, ins[0], ins[1], outs[0]);
+  if (pred == "gt")
+    return runCompare<Pred::Gt>(p, ins[0], ins[1], outs[0]);
+  if (pred == "ge")
+    return runCompare<Pred::Ge>(p, ins[0], ins[1], outs[0]);
+  return opError(instr, "expects attribute 'predicate' to be one of eq, ne, "
+                        "lt, le, gt, ge, got '" + pred + "'");
+}
+
+//===----------------------------------------------------------------------===//
+// Select
+//===----------------------------------------------------------------------===//
+
+Status selectKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 3, 1));
+  DLOPT_RETURN_IF_ERROR(
+      checkDType(instr, "operand #0", ins[0].type.dtype, DType::I1));
+  if (ins[1].type.dtype != ins[2].type.dtype)
+    return opError(instr, "expects operands #1 and #2 of the same element "
+                          "type, got " + typeStr(ins[1].type) + " and " +
+                              typeStr(ins[2].type));
+  DLOPT_RETURN_IF_ERROR(checkDType(instr, "result", outs[0].type.dtype,
+                                   ins[1].type.dtype));
+  std::vector<int64_t> s01, shape;
+  if (!broadcastShapes(ins[0].type.shape, ins[1].type.shape, s01) ||
+      !broadcastShapes(s01, ins[2].type.shape, shape))
+    return opError(instr, "operand shapes " + shapeStr(ins[0].type.shape) +
+                              ", " + shapeStr(ins[1].type.shape) + " and " +
+                              shapeStr(ins[2].type.shape) +
+                              " do not broadcast");
+  DLOPT_RETURN_IF_ERROR(checkShape(instr, "result", outs[0].type.shape, shape));
+  BroadcastPlan p;
+  std::string err = planBroadcast(
+      shape, {ins[0].type.shape, ins[1].type.shape, ins[2].type.shape}, p);
+  if (!err.empty())
+    return opError(instr, err);
+  return dispatchBySize(ins[1].type.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    const uint8_t *c = ins[0].as<uint8_t>();
+    const T *a = ins[1].as<T>(), *b = ins[2].as<T>();
+    T *o = outs[0].as<T>();
+    int64_t inner = p.inner();
+    int64_t sc = p.strides[0].back(), sa = p.strides[1].back(),
+            sb = p.strides[2].back();
+    forEachRowSegment(p.outer(), inner, 1, [&](int64_t row, int64_t j0,
+                                               int64_t j1) {
+      const uint8_t *pc = c + p.rowOffset(0, row);
+      const T *pa = a + p.rowOffset(1, row), *pb = b + p.rowOffset(2, row);
+      T *po = o + row * inner;
+      for (int64_t j = j0; j < j1; ++j)
+        po[j] = pc[j * sc] ? pa[j * sa] : pb[j * sb];
+    });
+    return Status::ok();
+  });
+}
+
+} // namespace
+
+void registerElementwiseKernels(KernelRegistry &r) {
+  r["neg"] = unaryKernel<Unary::Neg>;
+  r["abs"] = unaryKernel<Unary::Abs>;
+  r["relu"] = unaryKernel<Unary::Relu>;
+  r["exp"] = unaryKernel<Unary::Exp>;
+  r["log"] = unaryKernel<Unary::Log>;
+  r["sqrt"] = unaryKernel<Unary::Sqrt>;
+  r["rsqrt"] = unaryKernel<Unary::Rsqrt>;
+  r["tanh"] = unaryKernel<Unary::Tanh>;
+  r["sin"] = unaryKernel<Unary::Sin>;
+  r["cos"] = unaryKernel<Unary::Cos>;
+  r["sigmoid"] = unaryKernel<Unary::Sigmoid>;
+  r["silu"] = unaryKernel<Unary::Silu>;
+  r["gelu"] = geluKernel;
+  r["cast"] = castKernel;
+  r["add"] = binaryKernel<Binary::Add>;
+  r["sub"] = binaryKernel<Binary::Sub>;
+  r["mul"] = binaryKernel<Binary::Mul>;
+  r["div"] = binaryKernel<Binary::Div>;
+  r["maximum"] = binaryKernel<Binary::Max>;
+  r["minimum"] = binaryKernel<Binary::Min>;
+  r["pow"] = binaryKernel<Binary::Pow>;
+  r["compare"] = compareKernel;
+  r["select"] = selectKernel;
+}
+
+} // namespace dlopt::rt::cpu

@@ -1,0 +1,115 @@
+//===- Loss.cpp - cross_entropy and mse ----------------------------------===//
+//
+// Per-row (or per-chunk) partial results are computed in parallel and then
+// summed serially in a fixed order, so the scalar loss is the same for any
+// thread count.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cpu/KernelUtil.h"
+#include "runtime/cpu/ThreadPool.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace dlopt::rt::cpu {
+namespace {
+
+Status crossEntropyKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
+  const TensorType &tl = ins[0].type, &ty = ins[1].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "logits", tl));
+  DLOPT_RETURN_IF_ERROR(checkInt(instr, "labels", ty));
+  if (tl.shape.size() != 2 || ty.shape.size() != 1 ||
+      ty.shape[0] != tl.shape[0])
+    return opError(instr, "expects logits [N, C] and labels [N], got " +
+                              typeStr(tl) + " and " + typeStr(ty));
+  DLOPT_RETURN_IF_ERROR(
+      checkType(instr, "result", outs[0].type, TensorType{tl.dtype, {}}));
+  int64_t ignore = -100;
+  DLOPT_RETURN_IF_ERROR(getOptIntAttr(instr, "ignore_index", ignore));
+  int64_t n = tl.shape[0], c = tl.shape[1];
+  std::vector<int64_t> labels(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    labels[i] = ty.dtype == DType::I32 ? int64_t(ins[1].as<int32_t>()[i])
+                                       : ins[1].as<int64_t>()[i];
+    if (labels[i] != ignore && (labels[i] < 0 || labels[i] >= c))
+      return opError(instr, "label " + std::to_string(labels[i]) +
+                                " of row " + std::to_string(i) +
+                                " is outside [0, " + std::to_string(c) +
+                                ") and not ignore_index (" +
+                                std::to_string(ignore) + ")");
+  }
+  return dispatchFloat(tl.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    const T *x = ins[0].as<T>();
+    std::vector<double> rowLoss(size_t(n), 0.0);
+    parallelFor(n, grainFor(c * 20), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        if (labels[i] == ignore)
+          continue;
+        const T *row = x + i * c;
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < c; ++j)
+          m = std::max(m, toF32(row[j]));
+        double s = 0;
+        for (int64_t j = 0; j < c; ++j)
+          s += double(std::exp(toF32(row[j]) - m));
+        rowLoss[i] = double(m) + std::log(s) - double(toF32(row[labels[i]]));
+      }
+    });
+    double total = 0;
+    int64_t count = 0;
+    for (int64_t i = 0; i < n; ++i)
+      if (labels[i] != ignore) {
+        total += rowLoss[i];
+        ++count;
+      }
+    outs[0].as<T>()[0] = fromF32<T>(count ? float(total / double(count)) : 0.0f);
+    return Status::ok();
+  });
+}
+
+Status mseKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
+  const TensorType &ta = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", ta));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "operand #1", ins[1].type, ta));
+  DLOPT_RETURN_IF_ERROR(
+      checkType(instr, "result", outs[0].type, TensorType{ta.dtype, {}}));
+  int64_t n = ta.numElements();
+  constexpr int64_t kChunk = 1 << 16;
+  int64_t numChunks = (n + kChunk - 1) / kChunk;
+  return dispatchFloat(ta.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    const T *a = ins[0].as<T>(), *b = ins[1].as<T>();
+    // Fixed chunks, so the summation order does not depend on threads.
+    std::vector<double> partial(size_t(numChunks), 0.0);
+    parallelFor(numChunks, 1, [&](int64_t cb, int64_t ce) {
+      for (int64_t ch = cb; ch < ce; ++ch) {
+        double s = 0;
+        for (int64_t i = ch * kChunk, e = std::min(n, i + kChunk); i < e; ++i) {
+          double d = double(toF32(a[i])) - double(toF32(b[i]));
+          s += d * d;
+        }
+        partial[ch] = s;
+      }
+    });
+    double total = 0;
+    for (double p : partial)
+      total += p;
+    outs[0].as<T>()[0] =
+        fromF32<T>(n ? float(total / double(n)) : std::numeric_limits<float>::quiet_NaN());
+    return Status::ok();
+  });
+}
+
+} // namespace
+
+void registerLossKernels(KernelRegistry &r) {
+  r["cross_entropy"] = crossEntropyKernel;
+  r["mse"] = mseKernel;
+}
+
+} // namespace dlopt::rt::cpu

@@ -1,0 +1,154 @@
+//===- Matmul.cpp - Batched, broadcasting matmul on OpenBLAS sgemm --------===//
+//
+// Every float type goes through cblas_sgemm: f16/bf16 operands are widened
+// into f32 buffers first and the f32 result is rounded once on store, which
+// gives the "accumulated in f32" semantics of docs/ops.md. When `b` has no
+// batch (a linear layer), all of `a`'s batches fold into one tall GEMM.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cpu/KernelUtil.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <climits>
+#include <vector>
+
+namespace dlopt::rt::cpu {
+
+void gemmF32(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+             float alpha, const float *a, int64_t lda, const float *b,
+             int64_t ldb, float beta, float *c, int64_t ldc) {
+  if (m == 0 || n == 0)
+    return;
+  if (k == 0) {
+    // BLAS leaves C scaled by beta; with no products that is the answer.
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
+              transB ? CblasTrans : CblasNoTrans, int(m), int(n), int(k),
+              alpha, a, int(std::max<int64_t>(lda, 1)), b,
+              int(std::max<int64_t>(ldb, 1)), beta, c,
+              int(std::max<int64_t>(ldc, 1)));
+}
+
+namespace {
+
+/// Returns f32 data for a float tensor: the tensor itself for f32, else a
+/// widened copy kept in `buf`.
+template <typename T>
+const float *asF32(const TensorRef &t, std::vector<float> &buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return t.as<float>();
+  } else {
+    buf.resize(size_t(t.numElements()));
+    loadF32(t.as<T>(), buf.data(), t.numElements());
+    return buf.data();
+  }
+}
+
+Status matmulKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
+  const TensorType &ta = ins[0].type, &tb = ins[1].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", ta));
+  if (tb.dtype != ta.dtype)
+    return opError(instr, "expects operands of the same element type, got " +
+                              typeStr(ta) + " and " + typeStr(tb));
+  DLOPT_RETURN_IF_ERROR(
+      checkDType(instr, "result", outs[0].type.dtype, ta.dtype));
+  if (ta.shape.size() < 2 || tb.shape.size() < 2)
+    return opError(instr, "expects operands of rank >= 2, got " + typeStr(ta) +
+                              " and " + typeStr(tb));
+  bool transA = false, transB = false;
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "transpose_a", transA));
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "transpose_b", transB));
+
+  size_t ra = ta.shape.size(), rb = tb.shape.size();
+  int64_t m = transA ? ta.shape[ra - 1] : ta.shape[ra - 2];
+  int64_t ka = transA ? ta.shape[ra - 2] : ta.shape[ra - 1];
+  int64_t kb = transB ? tb.shape[rb - 1] : tb.shape[rb - 2];
+  int64_t n = transB ? tb.shape[rb - 2] : tb.shape[rb - 1];
+  if (ka != kb)
+    return opError(instr, "contraction dims differ: " + typeStr(ta) +
+                              (transA ? " (transposed)" : "") + " vs " +
+                              typeStr(tb) + (transB ? " (transposed)" : ""));
+  int64_t k = ka;
+  for (int64_t d : {m, n, k})
+    if (d > INT_MAX)
+      return opError(instr, "matrix dim " + std::to_string(d) +
+                                " exceeds the BLAS int range");
+
+  std::vector<int64_t> aBatch(ta.shape.begin(), ta.shape.end() - 2);
+  std::vector<int64_t> bBatch(tb.shape.begin(), tb.shape.end() - 2);
+  std::vector<int64_t> batch;
+  if (!broadcastShapes(aBatch, bBatch, batch))
+    return opError(instr, "batch dims " + shapeStr(aBatch) + " and " +
+                              shapeStr(bBatch) + " do not broadcast");
+  std::vector<int64_t> expected = batch;
+  expected.push_back(m);
+  expected.push_back(n);
+  DLOPT_RETURN_IF_ERROR(
+      checkShape(instr, "result", outs[0].type.shape, expected));
+  if (outs[0].numElements() == 0)
+    return Status::ok();
+
+  // Per batch dim of the result, the operand's stride in matrices.
+  auto batchStrides = [&](const std::vector<int64_t> &s) {
+    std::vector<int64_t> st(batch.size(), 0), cs = contiguousStrides(s);
+    size_t lead = batch.size() - s.size();
+    for (size_t j = 0; j < s.size(); ++j)
+      st[lead + j] = s[j] == 1 ? 0 : cs[j];
+    return st;
+  };
+  std::vector<int64_t> aStrides = batchStrides(aBatch);
+  std::vector<int64_t> bStrides = batchStrides(bBatch);
+  int64_t numBatch = product(batch, 0, batch.size());
+  int64_t numABatch = product(aBatch, 0, aBatch.size());
+  int64_t numBBatch = product(bBatch, 0, bBatch.size());
+
+  return dispatchFloat(ta.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    std::vector<float> abuf, bbuf, cbuf;
+    const float *a = asF32<T>(ins[0], abuf);
+    const float *b = asF32<T>(ins[1], bbuf);
+    float *c;
+    if constexpr (std::is_same_v<T, float>) {
+      c = outs[0].as<float>();
+    } else {
+      cbuf.resize(size_t(outs[0].numElements()));
+      c = cbuf.data();
+    }
+    int64_t lda = transA ? m : k, ldb = transB ? k : n;
+    if (numBBatch == 1 && numABatch == numBatch && !transA) {
+      // [batch*M, K] x [K, N] in one call.
+      gemmF32(false, transB, numBatch * m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c,
+              n);
+    } else {
+      for (int64_t i = 0; i < numBatch; ++i) {
+        // Offsets in whole matrices; broadcast batch dims have stride 0.
+        int64_t offA = 0, offB = 0, rem = i;
+        for (size_t d = batch.size(); d-- > 0;) {
+          int64_t idx = rem % batch[d];
+          rem /= batch[d];
+          offA += idx * aStrides[d];
+          offB += idx * bStrides[d];
+        }
+        gemmF32(transA, transB, m, n, k, 1.0f, a + offA * m * k, lda,
+                b + offB * k * n, ldb, 0.0f, c + i * m * n, n);
+      }
+    }
+    if constexpr (!std::is_same_v<T, float>)
+      storeF32(c, outs[0].as<T>(), outs[0].numElements());
+    return Status::ok();
+  });
+}
+
+} // namespace
+
+void registerMatmulKernels(KernelRegistry &r) { r["matmul"] = matmulKernel; }
+
+} // namespace dlopt::rt::cpu

@@ -1,0 +1,431 @@
+//===- NN.cpp - softmax, norms, attention, rope, batch_norm, dropout ------===//
+//
+// Statistics (softmax sums, norm means and variances) are accumulated in
+// double; elementwise math is f32, and 16-bit tensors are rounded once on
+// store. Loops are split by rows (or channels), each row computed by a single
+// thread, so results do not depend on the thread count.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cpu/KernelUtil.h"
+#include "runtime/cpu/ThreadPool.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace dlopt::rt::cpu {
+namespace {
+
+/// Softmax (or log-softmax) of `v[0..n)` in place.
+void softmaxInPlace(float *v, int64_t n, bool log) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j)
+    m = std::max(m, v[j]);
+  double sum = 0;
+  if (log) {
+    for (int64_t j = 0; j < n; ++j)
+      sum += double(std::exp(v[j] - m));
+    float lse = float(std::log(sum));
+    for (int64_t j = 0; j < n; ++j)
+      v[j] = (v[j] - m) - lse;
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      v[j] = std::exp(v[j] - m);
+      sum += double(v[j]);
+    }
+    float inv = float(1.0 / sum);
+    for (int64_t j = 0; j < n; ++j)
+      v[j] *= inv;
+  }
+}
+
+template <bool Log> Status softmaxKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 1, 1));
+  const TensorType &t = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", t));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, t));
+  int64_t dim = 0;
+  DLOPT_RETURN_IF_ERROR(getIntAttr(instr, "dim", dim));
+  size_t rank = t.shape.size();
+  if (dim < 0 || dim >= int64_t(rank))
+    return opError(instr, "expects 'dim' in [0, " + std::to_string(rank) +
+                              "), got " + std::to_string(dim));
+  int64_t n = t.shape[dim];
+  int64_t inner = product(t.shape, dim + 1, rank);
+  int64_t outer = product(t.shape, 0, dim);
+  if (t.numElements() == 0)
+    return Status::ok();
+  return dispatchFloat(t.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    const T *x = ins[0].as<T>();
+    T *y = outs[0].as<T>();
+    // One item per (outer, inner) column; contiguous when inner == 1.
+    parallelFor(outer * inner, grainFor(n * 20), [&](int64_t b, int64_t e) {
+      std::vector<float> buf(static_cast<size_t>(n));
+      for (int64_t item = b; item < e; ++item) {
+        int64_t base = (item / inner) * n * inner + item % inner;
+        if (inner == 1) {
+          loadF32(x + base, buf.data(), n);
+        } else {
+          for (int64_t j = 0; j < n; ++j)
+            buf[j] = toF32(x[base + j * inner]);
+        }
+        softmaxInPlace(buf.data(), n, Log);
+        if (inner == 1) {
+          storeF32(buf.data(), y + base, n);
+        } else {
+          for (int64_t j = 0; j < n; ++j)
+            y[base + j * inner] = fromF32<T>(buf[j]);
+        }
+      }
+    });
+    return Status::ok();
+  });
+}
+
+/// Shared by layer_norm (Rms = false) and rms_norm (Rms = true).
+template <bool Rms> Status normKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArityRange(instr, ins, outs, 1, Rms ? 2 : 3, 1));
+  const TensorType &t = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", t));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, t));
+  size_t rank = t.shape.size();
+  int64_t axis = rank > 0 ? int64_t(rank) - 1 : 0;
+  double eps = Rms ? 1e-6 : 1e-5;
+  // Without the flags, the operand count says which optional operands exist
+  // (weight comes before bias).
+  bool hasWeight = ins.size() >= 2, hasBias = !Rms && ins.size() >= 3;
+  DLOPT_RETURN_IF_ERROR(getOptIntAttr(instr, "axis", axis));
+  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "eps", eps));
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "has_weight", hasWeight));
+  if constexpr (!Rms)
+    DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "has_bias", hasBias));
+  if (ins.size() != 1 + size_t(hasWeight) + size_t(hasBias))
+    return opError(instr, "expects " +
+                              std::to_string(1 + hasWeight + hasBias) +
+                              " operands (has_weight = " +
+                              std::to_string(hasWeight) + ", has_bias = " +
+                              std::to_string(hasBias) + "), got " +
+                              std::to_string(ins.size()));
+  if (axis < 0 || axis > int64_t(rank) || (rank > 0 && axis == int64_t(rank)))
+    return opError(instr, "expects 'axis' in [0, " + std::to_string(rank) +
+                              "), got " + std::to_string(axis));
+  std::vector<int64_t> normShape(t.shape.begin() + axis, t.shape.end());
+  for (size_t k = 1; k < ins.size(); ++k)
+    DLOPT_RETURN_IF_ERROR(checkType(
+        instr, k == 1 && hasWeight ? "weight" : "bias", ins[k].type,
+        TensorType{t.dtype, normShape}));
+  int64_t n = product(normShape, 0, normShape.size());
+  int64_t rows = n == 0 ? 0 : t.numElements() / n;
+  return dispatchFloat(t.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    const T *x = ins[0].as<T>();
+    const T *w = hasWeight ? ins[1].as<T>() : nullptr;
+    const T *bias = hasBias ? ins[hasWeight ? 2 : 1].as<T>() : nullptr;
+    T *y = outs[0].as<T>();
+    std::vector<float> wf, bf;
+    if (w) {
+      wf.resize(size_t(n));
+      loadF32(w, wf.data(), n);
+    }
+    if (bias) {
+      bf.resize(size_t(n));
+      loadF32(bias, bf.data(), n);
+    }
+    parallelFor(rows, grainFor(n * 6), [&](int64_t b, int64_t e) {
+      std::vector<float> v(static_cast<size_t>(n));
+      for (int64_t r = b; r < e; ++r) {
+        loadF32(x + r * n, v.data(), n);
+        float mu = 0, rs;
+        if constexpr (Rms) {
+          double ss = 0;
+          for (int64_t j = 0; j < n; ++j)
+            ss += double(v[j]) * double(v[j]);
+          rs = float(1.0 / std::sqrt(ss / double(n) + eps));
+        } else {
+          double s = 0;
+          for (int64_t j = 0; j < n; ++j)
+            s += double(v[j]);
+          double mean = s / double(n), ss = 0;
+          for (int64_t j = 0; j < n; ++j) {
+            double d = double(v[j]) - mean;
+            ss += d * d;
+          }
+          mu = float(mean);
+          rs = float(1.0 / std::sqrt(ss / double(n) + eps));
+        }
+        for (int64_t j = 0; j < n; ++j) {
+          float z = (v[j] - mu) * rs;
+          if (w)
+            z *= wf[j];
+          if (bias)
+            z += bf[j];
+          v[j] = z;
+        }
+        storeF32(v.data(), y + r * n, n);
+      }
+    });
+    return Status::ok();
+  });
+}
+
+Status attentionKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 3, 1));
+  const TensorType &tq = ins[0].type, &tk = ins[1].type, &tv = ins[2].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "q", tq));
+  for (const TensorType *t : {&tq, &tk, &tv})
+    if (t->shape.size() != 4 || t->dtype != tq.dtype)
+      return opError(instr, "expects q, k, v of rank 4 with one float "
+                            "element type, got " + typeStr(tq) + ", " +
+                                typeStr(tk) + ", " + typeStr(tv));
+  int64_t b = tq.shape[0], h = tq.shape[1], s = tq.shape[2], d = tq.shape[3];
+  int64_t g = tk.shape[1], t = tk.shape[2], e = tv.shape[3];
+  if (tk.shape[0] != b || tv.shape[0] != b || tk.shape[3] != d ||
+      tv.shape[1] != g || tv.shape[2] != t || g == 0 || h % g != 0)
+    return opError(instr, "expects q [B,H,S,D], k [B,G,T,D], v [B,G,T,E] "
+                          "with H % G == 0, got " + typeStr(tq) + ", " +
+                              typeStr(tk) + ", " + typeStr(tv));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type,
+                                  TensorType{tq.dtype, {b, h, s, e}}));
+  bool causal = false;
+  double scale = d > 0 ? 1.0 / std::sqrt(double(d)) : 1.0;
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "causal", causal));
+  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "scale", scale));
+  if (outs[0].numElements() == 0)
+    return Status::ok();
+  int64_t headsPerGroup = h / g;
+  // Query heads sharing a KV head are adjacent in q and out, so each
+  // (batch, kv head) is one [headsPerGroup*S, D] x [D, T] GEMM; rows are
+  // chunked to bound the score buffer.
+  int64_t rowsPerGroup = headsPerGroup * s;
+  int64_t chunk = std::max<int64_t>(
+      1, std::min<int64_t>(rowsPerGroup, (int64_t(1) << 22) / std::max<int64_t>(t, 1)));
+  return dispatchFloat(tq.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    std::vector<float> qb, kb, vb, ob;
+    auto widen = [](const TensorRef &r, std::vector<float> &buf) {
+      if constexpr (std::is_same_v<T, float>) {
+        return r.as<const float>();
+      } else {
+        buf.resize(size_t(r.numElements()));
+        loadF32(r.as<T>(), buf.data(), r.numElements());
+        return static_cast<const float *>(buf.data());
+      }
+    };
+    const float *q = widen(ins[0], qb), *k = widen(ins[1], kb),
+                *v = widen(ins[2], vb);
+    float *o;
+    if constexpr (std::is_same_v<T, float>) {
+      o = outs[0].as<float>();
+    } else {
+      ob.resize(size_t(outs[0].numElements()));
+      o = ob.data();
+    }
+    std::vector<float> scores(static_cast<size_t>(chunk * t));
+    for (int64_t bi = 0; bi < b; ++bi) {
+      for (int64_t gi = 0; gi < g; ++gi) {
+        int64_t head0 = bi * h + gi * headsPerGroup;
+        const float *kg = k + (bi * g + gi) * t * d;
+        const float *vg = v + (bi * g + gi) * t * e;
+        for (int64_t r0 = 0; r0 < rowsPerGroup; r0 += chunk) {
+          int64_t rc = std::min(chunk, rowsPerGroup - r0);
+          gemmF32(false, true, rc, t, d, float(scale),
+                  q + (head0 * s + r0) * d, d, kg, d, 0.0f, scores.data(), t);
+          parallelFor(rc, grainFor(t * 20), [&](int64_t rb, int64_t re) {
+            for (int64_t r = rb; r < re; ++r) {
+              float *row = scores.data() + r * t;
+              int64_t allowed = t;
+              if (causal) {
+                int64_t i = (r0 + r) % s;
+                allowed = std::clamp<int64_t>(i + (t - s) + 1, 0, t);
+              }
+              // A query that may see no key (causal with S > T) gets zeros
+              // rather than the NaN of an all -inf softmax.
+              if (allowed > 0)
+                softmaxInPlace(row, allowed, false);
+              std::fill(row + allowed, row + t, 0.0f);
+            }
+          });
+          gemmF32(false, false, rc, e, t, 1.0f, scores.data(), t, vg, e, 0.0f,
+                  o + (head0 * s + r0) * e, e);
+        }
+      }
+    }
+    if constexpr (!std::is_same_v<T, float>)
+      storeF32(o, outs[0].as<T>(), outs[0].numElements());
+    return Status::ok();
+  });
+}
+
+Status ropeKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 1, 1));
+  const TensorType &tx = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", tx));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, tx));
+  size_t rank = tx.shape.size();
+  if (rank < 2 || tx.shape[rank - 1] % 2 != 0)
+    return opError(instr, "expects rank >= 2 and an even last dim, got " +
+                              typeStr(tx));
+  double theta = 10000.0;
+  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "theta", theta));
+  int64_t s = tx.shape[rank - 2], d = tx.shape[rank - 1], half = d / 2;
+  if (tx.numElements() == 0)
+    return Status::ok();
+  // cos/sin table [S, D/2], angles in double.
+  std::vector<float> cosT(static_cast<size_t>(s * half)), sinT(static_cast<size_t>(s * half));
+  for (int64_t p = 0; p < s; ++p)
+    for (int64_t i = 0; i < half; ++i) {
+      double a = double(p) * std::pow(theta, -2.0 * double(i) / double(d));
+      cosT[p * half + i] = float(std::cos(a));
+      sinT[p * half + i] = float(std::sin(a));
+    }
+  int64_t rows = tx.numElements() / d;
+  return dispatchFloat(tx.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    const T *x = ins[0].as<T>();
+    T *y = outs[0].as<T>();
+    parallelFor(rows, grainFor(d * 4), [&](int64_t rb, int64_t re) {
+      for (int64_t r = rb; r < re; ++r) {
+        const T *xr = x + r * d;
+        T *yr = y + r * d;
+        const float *c = cosT.data() + (r % s) * half;
+        const float *sn = sinT.data() + (r % s) * half;
+        for (int64_t i = 0; i < half; ++i) {
+          float x0 = toF32(xr[i]), x1 = toF32(xr[i + half]);
+          yr[i] = fromF32<T>(x0 * c[i] - x1 * sn[i]);
+          yr[i + half] = fromF32<T>(x1 * c[i] + x0 * sn[i]);
+        }
+      }
+    });
+    return Status::ok();
+  });
+}
+
+Status batchNormKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 5, 3));
+  const TensorType &tx = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", tx));
+  if (tx.shape.size() < 2)
+    return opError(instr, "expects x of rank >= 2 ([N, C, ...]), got " +
+                              typeStr(tx));
+  int64_t n = tx.shape[0], c = tx.shape[1];
+  TensorType vec{tx.dtype, {c}};
+  static const char *names[] = {"x", "weight", "bias", "mean", "var"};
+  for (size_t i = 1; i < 5; ++i)
+    DLOPT_RETURN_IF_ERROR(checkType(instr, names[i], ins[i].type, vec));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #0", outs[0].type, tx));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #1", outs[1].type, vec));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #2", outs[2].type, vec));
+  double eps = 1e-5, momentum = 0.1;
+  bool training = false;
+  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "eps", eps));
+  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "momentum", momentum));
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "training", training));
+  int64_t inner = product(tx.shape, 2, tx.shape.size());
+  int64_t count = n * inner;
+  if (training && count < 2 && c > 0)
+    return opError(instr, "training mode needs more than 1 value per "
+                          "channel, got " + typeStr(tx));
+  return dispatchFloat(tx.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    const T *x = ins[0].as<T>(), *w = ins[1].as<T>(), *bias = ins[2].as<T>();
+    const T *rm = ins[3].as<T>(), *rv = ins[4].as<T>();
+    T *y = outs[0].as<T>(), *rmOut = outs[1].as<T>(), *rvOut = outs[2].as<T>();
+    parallelFor(c, grainFor(count * 6), [&](int64_t cb, int64_t ce) {
+      for (int64_t ch = cb; ch < ce; ++ch) {
+        double mean, var;
+        if (training) {
+          double sum = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            const T *p = x + (i * c + ch) * inner;
+            for (int64_t j = 0; j < inner; ++j)
+              sum += double(toF32(p[j]));
+          }
+          mean = sum / double(count);
+          double ss = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            const T *p = x + (i * c + ch) * inner;
+            for (int64_t j = 0; j < inner; ++j) {
+              double dv = double(toF32(p[j])) - mean;
+              ss += dv * dv;
+            }
+          }
+          var = ss / double(count);
+          double unbiased = ss / double(count - 1);
+          rmOut[ch] = fromF32<T>(
+              float((1.0 - momentum) * double(toF32(rm[ch])) + momentum * mean));
+          rvOut[ch] = fromF32<T>(float((1.0 - momentum) * double(toF32(rv[ch])) +
+                                       momentum * unbiased));
+        } else {
+          mean = double(toF32(rm[ch]));
+          var = double(toF32(rv[ch]));
+          rmOut[ch] = rm[ch];
+          rvOut[ch] = rv[ch];
+        }
+        // y = x * a + bb with a, bb folded per channel.
+        double a = double(toF32(w[ch])) / std::sqrt(var + eps);
+        float af = float(a), bf = float(double(toF32(bias[ch])) - mean * a);
+        for (int64_t i = 0; i < n; ++i) {
+          const T *p = x + (i * c + ch) * inner;
+          T *q = y + (i * c + ch) * inner;
+          for (int64_t j = 0; j < inner; ++j)
+            q[j] = fromF32<T>(toF32(p[j]) * af + bf);
+        }
+      }
+    });
+    return Status::ok();
+  });
+}
+
+/// The counter-based uniform of docs/ops.md, in [0, 1).
+inline double dropoutUniform(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z = z ^ (z >> 31);
+  return double(z >> 40) * 0x1p-24;
+}
+
+Status dropoutKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 1, 1));
+  const TensorType &t = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", t));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, t));
+  double rate = 0;
+  int64_t seed = 0;
+  DLOPT_RETURN_IF_ERROR(getFloatAttr(instr, "rate", rate));
+  DLOPT_RETURN_IF_ERROR(getOptIntAttr(instr, "seed", seed));
+  if (!(rate >= 0.0 && rate < 1.0))
+    return opError(instr, "expects 'rate' in [0, 1), got " +
+                              std::to_string(rate));
+  float scale = float(1.0 / (1.0 - rate));
+  int64_t n = t.numElements();
+  return dispatchFloat(t.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    const T *x = ins[0].as<T>();
+    T *y = outs[0].as<T>();
+    parallelFor(n, grainFor(8), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        y[i] = dropoutUniform(uint64_t(seed), uint64_t(i)) >= rate
+                   ? fromF32<T>(toF32(x[i]) * scale)
+                   : fromF32<T>(0.0f);
+    });
+    return Status::ok();
+  });
+}
+
+} // namespace
+
+void registerNNKernels(KernelRegistry &r) {
+  r["softmax"] = softmaxKernel<false>;
+  r["log_softmax"] = softmaxKernel<true>;
+  r["layer_norm"] = normKernel<false>;
+  r["rms_norm"] = normKernel<true>;
+  r["attention"] = attentionKernel;
+  r["rope"] = ropeKernel;
+  r["batch_norm"] = batchNormKernel;
+  r["dropout"] = dropoutKernel;
+}
+
+} // namespace dlopt::rt::cpu

@@ -1,0 +1,119 @@
+//===- Backend.h - The device interface the executor runs on --------------===//
+//
+// A Backend owns devices: it allocates one arena per rank, copies bytes
+// between host and an arena, runs one instruction on resolved buffers, and
+// waits for queued work. The executor never touches device memory itself,
+// so a CUDA backend (streams, cuBLAS) slots in behind the same calls. Copies
+// and runs may be asynchronous; only synchronize() and copyToHost() (which
+// waits for the data it returns) are guaranteed to block.
+//
+// Communication instructions (all_reduce, all_gather, send/recv, ...) are
+// instructions like any other: the backend receives them through run() with
+// a RunContext naming the rank and its communicator, so in-graph (threads
+// driving several ranks) and between-graph (one process per rank) execution
+// need no change here.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "runtime/cpu/CpuKernels.h" // TensorRef
+#include "runtime/format/Executable.h"
+#include "runtime/support/Status.h"
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace dlopt::rt {
+
+class Backend;
+
+/// Collective/point-to-point communication among the ranks of one run.
+/// Implementations (in-process threads, MPI, NCCL) arrive with the
+/// communication instructions; single-rank runs pass none.
+class Communicator {
+public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+};
+
+/// Where an instruction runs.
+struct RunContext {
+  int rank = 0;
+  int worldSize = 1;
+  Communicator *comm = nullptr; ///< null when worldSize == 1
+};
+
+/// One rank's device memory: a single allocation holding every value the
+/// rank's memory plan places. Move-only by construction (owned through
+/// unique_ptr); destroying it frees the memory.
+class DeviceArena {
+public:
+  virtual ~DeviceArena() = default;
+  /// Device address of byte 0 (a host pointer on the CPU backend).
+  virtual void *data() const = 0;
+  virtual int64_t size() const = 0;
+  virtual int rank() const = 0;
+};
+
+struct BackendOptions {
+  int threads = 0; ///< worker threads for kernels; 0 = backend default
+};
+
+class Backend {
+public:
+  virtual ~Backend() = default;
+  Backend() = default;
+  Backend(const Backend &) = delete;
+  Backend &operator=(const Backend &) = delete;
+
+  /// Short name used on the command line ("cpu", "cuda").
+  virtual std::string name() const = 0;
+  /// Whether run() can execute `op`; the executor checks every instruction
+  /// on load so unsupported ops fail before anything runs.
+  virtual bool supportsOp(const std::string &op) const = 0;
+
+  /// Allocates the arena of `rank` (at least `bytes`, aligned to at least
+  /// 64 bytes). Its contents are unspecified.
+  virtual Expected<std::unique_ptr<DeviceArena>> allocateArena(int rank,
+                                                              int64_t bytes) = 0;
+  /// Copies host bytes into the arena at `offset`.
+  virtual Status copyToDevice(DeviceArena &arena, int64_t offset,
+                              const void *src, int64_t bytes) = 0;
+  /// Copies arena bytes at `offset` to host memory; blocks until done.
+  virtual Status copyToHost(void *dst, const DeviceArena &arena, int64_t offset,
+                            int64_t bytes) = 0;
+  /// Runs one instruction; `ins`/`outs` point into arenas of this backend
+  /// and follow instr.operands/results.
+  virtual Status run(const Instr &instr, std::span<const TensorRef> ins,
+                     std::span<const TensorRef> outs, const RunContext &ctx) = 0;
+  /// Waits for all work queued for `rank`.
+  virtual Status synchronize(int rank) = 0;
+
+  /// Device bytes held in arenas now, and the most ever held at once.
+  int64_t bytesAllocated() const { return allocated_.load(); }
+  int64_t peakBytesAllocated() const { return peak_.load(); }
+
+protected:
+  /// Implementations report arena allocations and frees for the counters.
+  void noteAllocated(int64_t bytes);
+  void noteFreed(int64_t bytes) { allocated_ -= bytes; }
+
+private:
+  std::atomic<int64_t> allocated_{0};
+  std::atomic<int64_t> peak_{0};
+};
+
+/// Names accepted by createBackend(), e.g. {"cpu"}.
+std::vector<std::string> availableBackends();
+
+/// Creates a backend by name; an unknown name is an error listing the
+/// available ones.
+Expected<std::unique_ptr<Backend>> createBackend(const std::string &name,
+                                                 const BackendOptions &opts = {});
+
+} // namespace dlopt::rt

@@ -1,0 +1,31 @@
+//===- Npy.h - NumPy .npy tensor files ------------------------------------===//
+//
+// Reads and writes the NumPy format (versions 1.0, 2.0 and 3.0), C order,
+// little-endian. dtype mapping: '<f4' f32, '<f2' f16, '<i4' i32, '<i8' i64,
+// '|b1' i1; '|u1' is read as i1 when every byte is 0 or 1. bf16 has no NumPy
+// dtype: it is written as '<f4' (exact), and Session::bind accepts f32 data
+// for a bf16 value by rounding to nearest even.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "runtime/exec/HostTensor.h"
+#include "runtime/support/Status.h"
+
+#include <string>
+#include <vector>
+
+namespace dlopt::rt {
+
+/// Parses the bytes of a .npy file. Errors say what is wrong (bad magic,
+/// Fortran order, unsupported dtype, truncated data, ...).
+Expected<HostTensor> parseNpy(const std::vector<uint8_t> &bytes);
+
+/// Encodes a tensor as .npy (version 1.0 unless the header needs 2.0).
+std::vector<uint8_t> encodeNpy(const HostTensor &tensor);
+
+/// File versions; messages are prefixed with the path.
+Expected<HostTensor> readNpy(const std::string &path);
+Status writeNpy(const std::string &path, const HostTensor &tensor);
+
+} // namespace dlopt::rt

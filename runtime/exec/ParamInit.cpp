@@ -1,0 +1,90 @@
+//===- ParamInit.cpp - Deterministic parameter initialization -------------===//
+
+#include "runtime/exec/ParamInit.h"
+
+#include <cmath>
+#include <numbers>
+
+namespace dlopt::rt {
+
+namespace {
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+constexpr int kMaxTruncatedAttempts = 64;
+
+/// One standard normal from the two words 2i, 2i+1 of stream `key`.
+double normalAt(uint64_t key, uint64_t i) {
+  double u1 = initUniform(key, 2 * i);
+  double u2 = initUniform(key, 2 * i + 1);
+  // 1 - u1 is in (0, 1], so the log is finite.
+  return std::sqrt(-2.0 * std::log(1.0 - u1)) *
+         std::cos(2.0 * std::numbers::pi * u2);
+}
+} // namespace
+
+uint64_t initMix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t initWord(uint64_t key, uint64_t n) {
+  return initMix(key + (n + 1) * kGolden);
+}
+
+double initUniform(uint64_t key, uint64_t n) {
+  return double(initWord(key, n) >> 11) * 0x1.0p-53;
+}
+
+uint64_t initKey(uint64_t seed, uint64_t paramIndex) {
+  return initWord(seed, paramIndex);
+}
+
+Expected<HostTensor> initParam(const TensorType &type, const Init &init,
+                               uint64_t seed, uint64_t paramIndex) {
+  HostTensor t;
+  try {
+    t = HostTensor(type);
+  } catch (const std::exception &e) {
+    return Status::error("cannot allocate " + type.str() + ": " + e.what());
+  }
+  int64_t n = t.numElements();
+  uint64_t key = initKey(seed, paramIndex);
+  const std::string &d = init.dist;
+  if (d == "zeros")
+    return t;
+  if (d == "ones" || d == "constant") {
+    double v = d == "ones" ? 1.0 : init.value;
+    for (int64_t i = 0; i < n; ++i)
+      t.setElementFromDouble(i, v);
+    return t;
+  }
+  if (d == "uniform") {
+    for (int64_t i = 0; i < n; ++i)
+      t.setElementFromDouble(
+          i, init.low + (init.high - init.low) * initUniform(key, i));
+    return t;
+  }
+  if (d == "normal") {
+    for (int64_t i = 0; i < n; ++i)
+      t.setElementFromDouble(i, init.mean + init.std * normalAt(key, i));
+    return t;
+  }
+  if (d == "truncated_normal") {
+    for (int64_t i = 0; i < n; ++i) {
+      double z = 0;
+      for (int a = 0; a < kMaxTruncatedAttempts; ++a) {
+        uint64_t k = a == 0 ? key : initWord(key, (uint64_t(1) << 32) + a);
+        double c = normalAt(k, i);
+        if (std::fabs(c) <= 2.0) {
+          z = c;
+          break;
+        }
+      }
+      t.setElementFromDouble(i, init.mean + init.std * z);
+    }
+    return t;
+  }
+  return Status::error("unknown init distribution '" + d + "'");
+}
+
+} // namespace dlopt::rt

@@ -1,0 +1,254 @@
+//===- Session.cpp - Loads an executable and runs one rank's program ------===//
+
+#include "runtime/exec/Session.h"
+#include "runtime/exec/ParamInit.h"
+
+#include <chrono>
+
+namespace dlopt::rt {
+
+namespace {
+
+std::string instrContext(int rank, size_t index, const Instr &in) {
+  return "rank " + std::to_string(rank) + ", instruction " +
+         std::to_string(index) + " ('" + in.op + "'" +
+         (in.loc.empty() ? "" : " at " + in.loc) + "): ";
+}
+
+std::string argKind(ValueKind k) {
+  return k == ValueKind::Param ? "param" : "input";
+}
+
+} // namespace
+
+Session::Session(Executable exe, std::unique_ptr<Backend> backend,
+                 const SessionOptions &opts)
+    : exe_(std::move(exe)), opts_(opts), backend_(std::move(backend)) {}
+
+Session::~Session() = default;
+
+Expected<std::unique_ptr<Session>>
+Session::create(Executable exe, std::unique_ptr<Backend> backend,
+                const SessionOptions &opts) {
+  if (!backend)
+    return Status::error("no backend given");
+  std::unique_ptr<Session> s;
+  try {
+    s.reset(new Session(std::move(exe), std::move(backend), opts));
+    DLOPT_RETURN_IF_ERROR(s->init());
+  } catch (const std::exception &e) {
+    return Status::error(std::string("creating session: ") + e.what());
+  }
+  return s;
+}
+
+Status Session::init() {
+  Status valid = exe_.validate();
+  if (!valid)
+    return valid.withContext("invalid executable: ");
+  if (opts_.rank < 0 || size_t(opts_.rank) >= exe_.programs.size())
+    return Status::error("rank " + std::to_string(opts_.rank) +
+                         " out of range: the executable has " +
+                         std::to_string(exe_.programs.size()) + " rank(s)");
+  program_ = &exe_.programs[opts_.rank];
+  for (size_t i = 0; i < program_->instrs.size(); ++i) {
+    const Instr &in = program_->instrs[i];
+    if (!backend_->supportsOp(in.op))
+      return Status::error(instrContext(opts_.rank, i, in) + "op '" + in.op +
+                           "' is not supported by the " + backend_->name() +
+                           " backend");
+  }
+
+  const MemoryPlan &mem = program_->memory;
+  Expected<std::unique_ptr<DeviceArena>> arena =
+      backend_->allocateArena(opts_.rank, mem.totalBytes());
+  if (!arena)
+    return arena.status();
+  arena_ = arena.take();
+
+  ready_.assign(exe_.values.size(), false);
+  for (size_t v = 0; v < exe_.values.size(); ++v) {
+    const Value &val = exe_.values[v];
+    if (val.kind != ValueKind::Const || mem.offsets[v] < 0)
+      continue;
+    DLOPT_RETURN_IF_ERROR(backend_->copyToDevice(
+        *arena_, mem.offsets[v], exe_.constData.data() + val.constOffset,
+        val.type.byteSize()));
+    ready_[v] = true;
+  }
+
+  // Resolve every operand and result to its address once, not per run.
+  auto *base = static_cast<uint8_t *>(arena_->data());
+  auto ref = [&](int32_t id) {
+    return TensorRef{base + mem.offsets[id], exe_.values[id].type};
+  };
+  ins_.resize(program_->instrs.size());
+  outs_.resize(program_->instrs.size());
+  for (size_t i = 0; i < program_->instrs.size(); ++i) {
+    for (int32_t id : program_->instrs[i].operands)
+      ins_[i].push_back(ref(id));
+    for (int32_t id : program_->instrs[i].results)
+      outs_[i].push_back(ref(id));
+  }
+  return Status::ok();
+}
+
+int32_t Session::findArgument(const std::string &name) const {
+  for (const auto *list : {&exe_.inputs, &exe_.params})
+    for (int32_t id : *list)
+      if (exe_.values[id].name == name)
+        return id;
+  return -1;
+}
+
+bool Session::hasArgument(const std::string &name) const {
+  return findArgument(name) >= 0;
+}
+
+Status Session::bind(const std::string &name, const HostTensor &value,
+                     const std::string &origin) {
+  int32_t id = findArgument(name);
+  if (id < 0) {
+    std::string known;
+    size_t shown = 0, total = exe_.inputs.size() + exe_.params.size();
+    for (const auto *list : {&exe_.inputs, &exe_.params})
+      for (int32_t a : *list)
+        if (shown++ < 12)
+          known += (known.empty() ? "" : ", ") + exe_.values[a].name;
+    if (total > 12)
+      known += ", ... (" + std::to_string(total) + " in all)";
+    return Status::error("no input or param named '" + name + "'" +
+                         (known.empty() ? " (the model has none)"
+                                        : " (known: " + known + ")"));
+  }
+  const Value &val = exe_.values[id];
+  std::string what = argKind(val.kind) + " '" + name + "'";
+  std::string from = origin.empty() ? "" : " from " + origin;
+  if (int64_t(value.bytes.size()) != value.type.byteSize())
+    return Status::error(what + ": tensor" + from + " holds " +
+                         std::to_string(value.bytes.size()) + " bytes, " +
+                         value.type.str() + " needs " +
+                         std::to_string(value.type.byteSize()));
+  const HostTensor *src = &value;
+  HostTensor converted;
+  if (!(value.type == val.type)) {
+    bool bf16FromF32 = val.type.dtype == DType::BF16 &&
+                       value.type.dtype == DType::F32 &&
+                       value.type.shape == val.type.shape;
+    if (!bf16FromF32)
+      return Status::error(what + ": expected " + val.type.str() + ", got " +
+                           value.type.str() + from);
+    converted = convertTensor(value, DType::BF16);
+    src = &converted;
+  }
+  int64_t offset = program_->memory.offsets[id];
+  if (offset >= 0)
+    DLOPT_RETURN_IF_ERROR(
+        backend_->copyToDevice(*arena_, offset, src->bytes.data(),
+                               int64_t(src->bytes.size()))
+            .withContext(what + ": "));
+  ready_[id] = true;
+  return Status::ok();
+}
+
+std::vector<std::string> Session::missingInputs() const {
+  std::vector<std::string> missing;
+  for (int32_t id : exe_.inputs)
+    if (!ready_[id] && program_->memory.offsets[id] >= 0)
+      missing.push_back(exe_.values[id].name);
+  return missing;
+}
+
+Status Session::prepare() {
+  std::vector<std::string> missing = missingInputs();
+  if (!missing.empty()) {
+    std::string list;
+    for (const std::string &name : missing)
+      list += (list.empty() ? "'" : ", '") + name + "' (" +
+              exe_.values[findArgument(name)].type.str() + ")";
+    return Status::error(std::string(missing.size() == 1 ? "missing input "
+                                                         : "missing inputs ") +
+                         list);
+  }
+  for (size_t p = 0; p < exe_.params.size(); ++p) {
+    int32_t id = exe_.params[p];
+    int64_t offset = program_->memory.offsets[id];
+    if (ready_[id] || offset < 0)
+      continue;
+    const Value &val = exe_.values[id];
+    Expected<HostTensor> t = initParam(val.type, val.init, opts_.seed, p);
+    if (!t)
+      return t.status().withContext("param '" + val.name + "': ");
+    DLOPT_RETURN_IF_ERROR(backend_->copyToDevice(
+        *arena_, offset, t->bytes.data(), int64_t(t->bytes.size())));
+    ready_[id] = true;
+  }
+  return Status::ok();
+}
+
+Expected<std::vector<NamedTensor>> Session::run() {
+  DLOPT_RETURN_IF_ERROR(prepare());
+  RunContext ctx;
+  ctx.rank = opts_.rank;
+  ctx.worldSize = exe_.worldSize;
+  auto start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < program_->instrs.size(); ++i) {
+    const Instr &in = program_->instrs[i];
+    Status st = backend_->run(in, ins_[i], outs_[i], ctx);
+    if (!st)
+      return st.withContext(instrContext(opts_.rank, i, in));
+  }
+  DLOPT_RETURN_IF_ERROR(backend_->synchronize(opts_.rank));
+  lastRunSeconds_ = std::chrono::duration<double>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
+
+  std::vector<NamedTensor> outputs;
+  for (size_t i = 0; i < exe_.outputs.size(); ++i) {
+    int32_t id = exe_.outputs[i];
+    if (program_->memory.offsets[id] < 0)
+      continue;
+    Expected<HostTensor> t = readValue(id);
+    if (!t)
+      return t.status().withContext("output '" + exe_.outputNames[i] + "': ");
+    outputs.push_back({exe_.outputNames[i], t.take()});
+  }
+  return outputs;
+}
+
+Expected<HostTensor> Session::readValue(int32_t id) const {
+  if (id < 0 || size_t(id) >= exe_.values.size())
+    return Status::error("value id " + std::to_string(id) + " out of range");
+  int64_t offset = program_->memory.offsets[id];
+  if (offset < 0)
+    return Status::error("value %" + std::to_string(id) +
+                         " is not held by rank " + std::to_string(opts_.rank));
+  HostTensor t;
+  try {
+    t = HostTensor(exe_.values[id].type);
+  } catch (const std::exception &e) {
+    return Status::error(std::string("reading a value: ") + e.what());
+  }
+  DLOPT_RETURN_IF_ERROR(backend_->copyToHost(t.bytes.data(), *arena_, offset,
+                                             int64_t(t.bytes.size())));
+  return t;
+}
+
+Expected<HostTensor> Session::readArgument(const std::string &name) const {
+  int32_t id = findArgument(name);
+  if (id < 0)
+    return Status::error("no input or param named '" + name + "'");
+  return readValue(id);
+}
+
+MemoryReport Session::memory() const {
+  MemoryReport r;
+  r.plannedBytes = program_->memory.totalBytes();
+  r.persistentBytes = program_->memory.persistentBytes;
+  r.scratchBytes = program_->memory.scratchBytes;
+  r.allocatedBytes = backend_->bytesAllocated();
+  r.peakAllocatedBytes = backend_->peakBytesAllocated();
+  return r;
+}
+
+} // namespace dlopt::rt

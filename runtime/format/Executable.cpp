@@ -1,0 +1,470 @@
+//===- Executable.cpp - Types, attribute getters and validation -----------===//
+//
+// validate() is the gate every reader goes through, so it assumes nothing
+// about its input: every index is range-checked and every size computation is
+// overflow-checked before it is used.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/format/Executable.h"
+#include "runtime/format/MemoryPlanner.h"
+
+#include <algorithm>
+#include <set>
+#include <sstream>
+
+namespace dlopt::rt {
+
+std::string TensorType::str() const {
+  std::string s;
+  for (int64_t d : shape) {
+    s += std::to_string(d);
+    s += 'x';
+  }
+  s += dtypeName(dtype);
+  return s;
+}
+
+const char *valueKindName(ValueKind kind) {
+  switch (kind) {
+  case ValueKind::Param: return "param";
+  case ValueKind::Input: return "input";
+  case ValueKind::Const: return "const";
+  case ValueKind::Temp: return "temp";
+  }
+  return "?";
+}
+
+Expected<TensorType> parseTensorType(const std::string &text) {
+  TensorType t;
+  size_t pos = 0;
+  while (true) {
+    size_t x = text.find('x', pos);
+    if (x == std::string::npos)
+      break;
+    std::string dim = text.substr(pos, x - pos);
+    if (dim.empty() || dim.size() > 15 ||
+        dim.find_first_not_of("0123456789") != std::string::npos)
+      return Status::error("bad tensor type '" + text + "': dimension '" +
+                           dim + "' is not a non-negative integer");
+    t.shape.push_back(std::stoll(dim));
+    pos = x + 1;
+  }
+  auto dt = parseDType(std::string_view(text).substr(pos));
+  if (!dt)
+    return Status::error("bad tensor type '" + text + "': unknown element "
+                         "type '" + text.substr(pos) +
+                         "' (expected f32, f16, bf16, i32, i64 or i1)");
+  t.dtype = *dt;
+  return t;
+}
+
+uint64_t fnv1a64(const uint8_t *data, size_t size) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < size; ++i) {
+    h ^= data[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+//===----------------------------------------------------------------------===//
+// Instr attribute getters
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+const char *attrKindName(const AttrValue &v) {
+  switch (v.index()) {
+  case 0: return "int";
+  case 1: return "float";
+  case 2: return "string";
+  case 3: return "int list";
+  case 4: return "float list";
+  }
+  return "?";
+}
+
+std::string instrWhere(const Instr &in) {
+  std::string s = "instruction '" + in.op + "'";
+  if (!in.loc.empty())
+    s += " at " + in.loc;
+  return s;
+}
+
+Status missingAttr(const Instr &in, const std::string &name) {
+  return Status::error(instrWhere(in) + ": missing attribute '" + name + "'");
+}
+
+Status mistypedAttr(const Instr &in, const std::string &name,
+                    const char *expected, const AttrValue &got) {
+  return Status::error(instrWhere(in) + ": attribute '" + name +
+                       "' expected " + expected + ", got " +
+                       attrKindName(got));
+}
+
+} // namespace
+
+Expected<int64_t> Instr::getInt(const std::string &name) const {
+  auto it = attrs.find(name);
+  if (it == attrs.end())
+    return missingAttr(*this, name);
+  if (auto *v = std::get_if<int64_t>(&it->second))
+    return *v;
+  return mistypedAttr(*this, name, "int", it->second);
+}
+
+Expected<double> Instr::getFloat(const std::string &name) const {
+  auto it = attrs.find(name);
+  if (it == attrs.end())
+    return missingAttr(*this, name);
+  if (auto *v = std::get_if<double>(&it->second))
+    return *v;
+  if (auto *v = std::get_if<int64_t>(&it->second))
+    return static_cast<double>(*v);
+  return mistypedAttr(*this, name, "float", it->second);
+}
+
+Expected<std::string> Instr::getString(const std::string &name) const {
+  auto it = attrs.find(name);
+  if (it == attrs.end())
+    return missingAttr(*this, name);
+  if (auto *v = std::get_if<std::string>(&it->second))
+    return *v;
+  return mistypedAttr(*this, name, "string", it->second);
+}
+
+Expected<std::vector<int64_t>> Instr::getInts(const std::string &name) const {
+  auto it = attrs.find(name);
+  if (it == attrs.end())
+    return missingAttr(*this, name);
+  if (auto *v = std::get_if<std::vector<int64_t>>(&it->second))
+    return *v;
+  // An empty list has no element type of its own; accept either spelling.
+  if (auto *v = std::get_if<std::vector<double>>(&it->second); v && v->empty())
+    return std::vector<int64_t>{};
+  return mistypedAttr(*this, name, "int list", it->second);
+}
+
+int64_t Instr::getInt(const std::string &name, int64_t dflt) const {
+  auto it = attrs.find(name);
+  if (it == attrs.end())
+    return dflt;
+  if (auto *v = std::get_if<int64_t>(&it->second))
+    return *v;
+  return dflt;
+}
+
+double Instr::getFloat(const std::string &name, double dflt) const {
+  auto it = attrs.find(name);
+  if (it == attrs.end())
+    return dflt;
+  if (auto *v = std::get_if<double>(&it->second))
+    return *v;
+  if (auto *v = std::get_if<int64_t>(&it->second))
+    return static_cast<double>(*v);
+  return dflt;
+}
+
+bool Instr::getBool(const std::string &name, bool dflt) const {
+  auto it = attrs.find(name);
+  if (it == attrs.end())
+    return dflt;
+  if (auto *v = std::get_if<int64_t>(&it->second))
+    return *v != 0;
+  return dflt;
+}
+
+//===----------------------------------------------------------------------===//
+// Validation
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// Sizes beyond this are rejected: no real device has 2^48 bytes, and the
+/// bound keeps every offset + size sum far from int64 overflow.
+constexpr int64_t kMaxBytes = int64_t(1) << 48;
+
+const char *kindName(ValueKind k) { return valueKindName(k); }
+
+std::string valueRef(const Executable &exe, int64_t id) {
+  std::string s = "%" + std::to_string(id);
+  if (id >= 0 && id < int64_t(exe.values.size()) &&
+      !exe.values[id].name.empty())
+    s += " ('" + exe.values[id].name + "')";
+  return s;
+}
+
+/// Byte size of a type, or -1 if a dim is negative or the size is absurd.
+int64_t checkedByteSize(const TensorType &t) {
+  int64_t n = dtypeSize(t.dtype);
+  if (n == 0)
+    return -1;
+  for (int64_t d : t.shape) {
+    if (d < 0)
+      return -1;
+    if (d != 0 && n > kMaxBytes / d)
+      return -1;
+    n *= d;
+  }
+  return n;
+}
+
+bool isKnownDist(const std::string &d) {
+  return d == "zeros" || d == "ones" || d == "constant" || d == "normal" ||
+         d == "truncated_normal" || d == "uniform";
+}
+
+Status validateProgram(const Executable &exe, size_t r,
+                       const std::vector<int64_t> &sizes) {
+  const Program &prog = exe.programs[r];
+  std::string where = "program for rank " + std::to_string(r) + ": ";
+  const MemoryPlan &mem = prog.memory;
+  size_t numValues = exe.values.size();
+
+  if (mem.alignment < 1 || (mem.alignment & (mem.alignment - 1)) != 0)
+    return Status::error(where + "memory alignment must be a power of two, "
+                                 "got " + std::to_string(mem.alignment));
+  if (mem.persistentBytes < 0 || mem.scratchBytes < 0 ||
+      mem.persistentBytes > kMaxBytes || mem.scratchBytes > kMaxBytes)
+    return Status::error(where + "memory plan has invalid sizes (persistent " +
+                         std::to_string(mem.persistentBytes) + ", scratch " +
+                         std::to_string(mem.scratchBytes) + ")");
+  if (mem.offsets.size() != numValues)
+    return Status::error(where + "memory plan has " +
+                         std::to_string(mem.offsets.size()) +
+                         " offsets, expected one per value (" +
+                         std::to_string(numValues) + ")");
+  int64_t total = mem.totalBytes();
+  for (size_t v = 0; v < numValues; ++v) {
+    int64_t off = mem.offsets[v];
+    if (off == -1)
+      continue;
+    if (off < 0 || off > kMaxBytes)
+      return Status::error(where + "value " + valueRef(exe, v) +
+                           " has invalid offset " + std::to_string(off));
+    if (off % mem.alignment != 0)
+      return Status::error(where + "value " + valueRef(exe, v) + " offset " +
+                           std::to_string(off) + " is not aligned to " +
+                           std::to_string(mem.alignment));
+    if (off + sizes[v] > total)
+      return Status::error(
+          where + "value " + valueRef(exe, v) + " at offset " +
+          std::to_string(off) + " with " + std::to_string(sizes[v]) +
+          " bytes ends past the arena (" + std::to_string(total) + " bytes)");
+  }
+
+  // Def-before-use, single definition, and lifetimes for the overlap check.
+  int64_t n = int64_t(prog.instrs.size());
+  std::vector<int64_t> defAt(numValues, -1), lastUse(numValues, -1);
+  for (int64_t i = 0; i < n; ++i) {
+    const Instr &in = prog.instrs[i];
+    std::string iw = where + "instruction " + std::to_string(i) + " ('" +
+                     in.op + "'" + (in.loc.empty() ? "" : " at " + in.loc) +
+                     "): ";
+    if (in.op.empty())
+      return Status::error(iw + "empty op name");
+    for (int32_t id : in.operands) {
+      if (id < 0 || size_t(id) >= numValues)
+        return Status::error(iw + "operand id " + std::to_string(id) +
+                             " out of range [0, " + std::to_string(numValues) +
+                             ")");
+      if (exe.values[id].kind == ValueKind::Temp && defAt[id] < 0)
+        return Status::error(iw + "operand " + valueRef(exe, id) +
+                             " is used before it is defined");
+      if (mem.offsets[id] < 0)
+        return Status::error(iw + "operand " + valueRef(exe, id) +
+                             " has no offset in this rank's memory plan");
+      lastUse[id] = i;
+    }
+    for (int32_t id : in.results) {
+      if (id < 0 || size_t(id) >= numValues)
+        return Status::error(iw + "result id " + std::to_string(id) +
+                             " out of range [0, " + std::to_string(numValues) +
+                             ")");
+      if (exe.values[id].kind != ValueKind::Temp)
+        return Status::error(iw + "result " + valueRef(exe, id) + " is a " +
+                             kindName(exe.values[id].kind) +
+                             "; only temporaries can be defined");
+      if (defAt[id] >= 0)
+        return Status::error(iw + "result " + valueRef(exe, id) +
+                             " is already defined by instruction " +
+                             std::to_string(defAt[id]));
+      if (mem.offsets[id] < 0)
+        return Status::error(iw + "result " + valueRef(exe, id) +
+                             " has no offset in this rank's memory plan");
+      if (std::find(in.operands.begin(), in.operands.end(), id) !=
+          in.operands.end())
+        return Status::error(iw + "result " + valueRef(exe, id) +
+                             " is also an operand");
+      defAt[id] = i;
+      lastUse[id] = i;
+    }
+  }
+  // Outputs this rank defines stay live to the end so they can be read back.
+  for (int32_t id : exe.outputs)
+    if (defAt[id] >= 0)
+      lastUse[id] = n;
+
+  // Persistent values are live over the whole program; temporaries over
+  // [definition, last use]. Nothing live at the same time may share bytes.
+  std::vector<BufferLifetime> lifetimes;
+  std::vector<int64_t> offsets;
+  std::vector<size_t> ids;
+  for (size_t v = 0; v < numValues; ++v) {
+    if (mem.offsets[v] < 0 || sizes[v] == 0)
+      continue;
+    BufferLifetime b;
+    b.size = sizes[v];
+    if (exe.values[v].kind != ValueKind::Temp) {
+      b.firstUse = -1;
+      b.lastUse = n;
+    } else if (defAt[v] >= 0) {
+      b.firstUse = defAt[v];
+      b.lastUse = lastUse[v];
+    } else {
+      continue; // held but never defined here: never live
+    }
+    lifetimes.push_back(b);
+    offsets.push_back(mem.offsets[v]);
+    ids.push_back(v);
+  }
+  auto conflict = findMemoryConflict(lifetimes, offsets);
+  if (conflict) {
+    size_t a = ids[conflict->first], b = ids[conflict->second];
+    return Status::error(
+        where + "memory plan overlaps live values " + valueRef(exe, a) +
+        " [" + std::to_string(mem.offsets[a]) + ", " +
+        std::to_string(mem.offsets[a] + sizes[a]) + ") and " +
+        valueRef(exe, b) + " [" + std::to_string(mem.offsets[b]) + ", " +
+        std::to_string(mem.offsets[b] + sizes[b]) + ")");
+  }
+  return Status::ok();
+}
+
+} // namespace
+
+Status Executable::validate() const {
+  if (version != kExecutableFormatVersion)
+    return Status::error("executable version " + std::to_string(version) +
+                         ", this dlopt reads version " +
+                         std::to_string(kExecutableFormatVersion));
+  if (worldSize < 1)
+    return Status::error("world size must be at least 1, got " +
+                         std::to_string(worldSize));
+  if (programs.size() != size_t(worldSize))
+    return Status::error("world size is " + std::to_string(worldSize) +
+                         " but there are " + std::to_string(programs.size()) +
+                         " programs");
+  for (size_t r = 0; r < programs.size(); ++r)
+    if (programs[r].rank != int32_t(r))
+      return Status::error("program " + std::to_string(r) + " says rank " +
+                           std::to_string(programs[r].rank) +
+                           "; programs must be in rank order");
+
+  std::vector<int64_t> sizes(values.size());
+  for (size_t v = 0; v < values.size(); ++v) {
+    const Value &val = values[v];
+    int64_t bytes = checkedByteSize(val.type);
+    if (bytes < 0)
+      return Status::error("value " + valueRef(*this, v) +
+                           " has an invalid or too large type");
+    sizes[v] = bytes;
+    if (uint8_t(val.kind) > uint8_t(ValueKind::Temp))
+      return Status::error("value " + valueRef(*this, v) +
+                           " has an unknown kind");
+    if (val.kind == ValueKind::Const) {
+      if (val.constOffset < 0 || val.constOffset > int64_t(constData.size()) ||
+          bytes > int64_t(constData.size()) - val.constOffset)
+        return Status::error(
+            "constant " + valueRef(*this, v) + " (" +
+            std::to_string(bytes) + " bytes at offset " +
+            std::to_string(val.constOffset) +
+            ") lies outside the constant data (" +
+            std::to_string(constData.size()) + " bytes)");
+    }
+    if (val.kind == ValueKind::Param) {
+      const Init &init = val.init;
+      if (!isKnownDist(init.dist))
+        return Status::error("param " + valueRef(*this, v) +
+                             " has unknown init distribution '" + init.dist +
+                             "' (expected zeros, ones, constant, normal, "
+                             "truncated_normal or uniform)");
+      if ((init.dist == "normal" || init.dist == "truncated_normal") &&
+          !(init.std >= 0))
+        return Status::error("param " + valueRef(*this, v) +
+                             " init std must be >= 0");
+      if (init.dist == "uniform" && !(init.low <= init.high))
+        return Status::error("param " + valueRef(*this, v) +
+                             " init needs low <= high");
+    }
+  }
+
+  // Params and inputs: every such value listed exactly once, names unique.
+  std::set<std::string> argNames;
+  auto checkArgList = [&](const std::vector<int32_t> &list, ValueKind kind,
+                          const char *what) -> Status {
+    std::vector<int> seen(values.size(), 0);
+    for (int32_t id : list) {
+      if (id < 0 || size_t(id) >= values.size())
+        return Status::error(std::string(what) + " list has value id " +
+                             std::to_string(id) + " out of range");
+      if (values[id].kind != kind)
+        return Status::error(std::string(what) + " list names " +
+                             valueRef(*this, id) + " which is a " +
+                             kindName(values[id].kind));
+      if (seen[id]++)
+        return Status::error(std::string(what) + " list names " +
+                             valueRef(*this, id) + " twice");
+      const std::string &name = values[id].name;
+      if (name.empty())
+        return Status::error(std::string(what) + " " + valueRef(*this, id) +
+                             " has no name");
+      if (!argNames.insert(name).second)
+        return Status::error("two params/inputs are named '" + name + "'");
+    }
+    for (size_t v = 0; v < values.size(); ++v)
+      if (values[v].kind == kind && !seen[v])
+        return Status::error(std::string(what) + " " + valueRef(*this, v) +
+                             " is missing from the " + what + " list");
+    return Status::ok();
+  };
+  DLOPT_RETURN_IF_ERROR(checkArgList(params, ValueKind::Param, "param"));
+  DLOPT_RETURN_IF_ERROR(checkArgList(inputs, ValueKind::Input, "input"));
+
+  if (outputNames.size() != outputs.size())
+    return Status::error("there are " + std::to_string(outputs.size()) +
+                         " outputs but " + std::to_string(outputNames.size()) +
+                         " output names");
+  std::set<std::string> outNames;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    int32_t id = outputs[i];
+    if (id < 0 || size_t(id) >= values.size())
+      return Status::error("output " + std::to_string(i) + " has value id " +
+                           std::to_string(id) + " out of range");
+    if (outputNames[i].empty())
+      return Status::error("output " + std::to_string(i) + " has no name");
+    if (!outNames.insert(outputNames[i]).second)
+      return Status::error("two outputs are named '" + outputNames[i] + "'");
+  }
+
+  for (size_t r = 0; r < programs.size(); ++r)
+    DLOPT_RETURN_IF_ERROR(validateProgram(*this, r, sizes));
+
+  // A temporary output must be produced by some rank.
+  std::vector<bool> defined(values.size(), false);
+  for (const Program &p : programs)
+    for (const Instr &in : p.instrs)
+      for (int32_t res : in.results)
+        defined[res] = true;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    int32_t id = outputs[i];
+    if (values[id].kind == ValueKind::Temp && !defined[id])
+      return Status::error("output '" + outputNames[i] + "' (" +
+                           valueRef(*this, id) +
+                           ") is not defined by any instruction");
+  }
+  return Status::ok();
+}
+
+} // namespace dlopt::rt

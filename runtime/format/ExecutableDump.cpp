@@ -1,0 +1,208 @@
+//===- ExecutableDump.cpp - Readable listing for dlopt-run --dump ---------===//
+//
+// The listing mirrors MLIR's generic form closely enough that a reader of
+// the source IR recognizes each instruction, and adds what only the plan
+// knows: value kinds, byte sizes, arena offsets and the memory summary.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/format/Executable.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+namespace dlopt::rt {
+
+std::string formatBytes(int64_t bytes) {
+  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = double(bytes);
+  int u = 0;
+  while (std::abs(v) >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[64];
+  if (u == 0)
+    std::snprintf(buf, sizeof(buf), "%lld B", (long long)bytes);
+  else
+    std::snprintf(buf, sizeof(buf), "%.2f %s", v, units[u]);
+  return buf;
+}
+
+namespace {
+
+/// Shortest spelling that reads back to the same double.
+std::string formatDouble(double d) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof(buf), d);
+  std::string s(buf, res.ptr);
+  // Keep floats recognizable as floats (1.0, not 1).
+  if (s.find_first_of(".eEn") == std::string::npos)
+    s += ".0";
+  return s;
+}
+
+std::string formatAttr(const AttrValue &v) {
+  std::string s;
+  switch (v.index()) {
+  case 0: return std::to_string(std::get<int64_t>(v));
+  case 1: return formatDouble(std::get<double>(v));
+  case 2: return "\"" + std::get<std::string>(v) + "\"";
+  case 3:
+    s = "[";
+    for (int64_t x : std::get<std::vector<int64_t>>(v))
+      s += (s.size() > 1 ? ", " : "") + std::to_string(x);
+    return s + "]";
+  case 4:
+    s = "[";
+    for (double x : std::get<std::vector<double>>(v))
+      s += (s.size() > 1 ? ", " : "") + formatDouble(x);
+    return s + "]";
+  }
+  return "?";
+}
+
+std::string formatInit(const Init &init) {
+  if (init.dist == "normal" || init.dist == "truncated_normal")
+    return init.dist + "(mean=" + formatDouble(init.mean) +
+           ", std=" + formatDouble(init.std) + ")";
+  if (init.dist == "uniform")
+    return "uniform(low=" + formatDouble(init.low) +
+           ", high=" + formatDouble(init.high) + ")";
+  if (init.dist == "constant")
+    return "constant(" + formatDouble(init.value) + ")";
+  return init.dist;
+}
+
+std::string padRight(std::string s, size_t width) {
+  if (s.size() < width)
+    s.append(width - s.size(), ' ');
+  return s;
+}
+
+/// Type of a value id, tolerating ids out of range (dump must never crash,
+/// even on an executable that failed validation).
+std::string typeOf(const Executable &exe, int32_t id) {
+  if (id < 0 || size_t(id) >= exe.values.size())
+    return "<bad id>";
+  return exe.values[id].type.str();
+}
+
+} // namespace
+
+static std::string dumpImpl(const Executable &exe) {
+  std::ostringstream os;
+  size_t counts[4] = {0, 0, 0, 0};
+  for (const Value &v : exe.values)
+    if (uint8_t(v.kind) < 4)
+      ++counts[uint8_t(v.kind)];
+  os << "dlopt executable (format version " << exe.version << ")\n";
+  os << "  model:      " << (exe.modelName.empty() ? "-" : exe.modelName)
+     << "\n";
+  os << "  source:     " << (exe.source.empty() ? "-" : exe.source) << "\n";
+  os << "  world size: " << exe.worldSize << "\n";
+  os << "  values:     " << exe.values.size() << " (" << counts[0]
+     << " params, " << counts[1] << " inputs, " << counts[2] << " consts, "
+     << counts[3] << " temps), constant data " << formatBytes(exe.constData.size())
+     << "\n\n";
+
+  // With one rank the offsets fit in the values table; with several, each
+  // program section lists its own.
+  bool singleRank = exe.programs.size() == 1;
+  const MemoryPlan *mem0 = singleRank ? &exe.programs[0].memory : nullptr;
+  os << "values:\n";
+  os << "  " << padRight("id", 7) << padRight("kind", 7) << padRight("name", 20)
+     << padRight("type", 22) << padRight("bytes", 12)
+     << (singleRank ? padRight("offset", 12) : "") << "notes\n";
+  for (size_t v = 0; v < exe.values.size(); ++v) {
+    const Value &val = exe.values[v];
+    std::string notes;
+    if (val.kind == ValueKind::Param)
+      notes = "init " + formatInit(val.init);
+    else if (val.kind == ValueKind::Const)
+      notes = "const data @" + std::to_string(val.constOffset);
+    std::string offset;
+    if (mem0) {
+      offset = v < mem0->offsets.size() && mem0->offsets[v] >= 0
+                   ? std::to_string(mem0->offsets[v])
+                   : "-";
+    }
+    os << "  " << padRight("%" + std::to_string(v), 7)
+       << padRight(valueKindName(val.kind), 7) << padRight(val.name, 20)
+       << padRight(val.type.str(), 22)
+       << padRight(std::to_string(val.type.byteSize()), 12)
+       << (singleRank ? padRight(offset, 12) : "") << notes << "\n";
+  }
+  os << "\noutputs:\n";
+  for (size_t i = 0; i < exe.outputs.size(); ++i)
+    os << "  " << (i < exe.outputNames.size() ? exe.outputNames[i] : "?")
+       << " = %" << exe.outputs[i] << " : " << typeOf(exe, exe.outputs[i])
+       << "\n";
+
+  for (const Program &prog : exe.programs) {
+    os << "\nprogram rank " << prog.rank << " (" << prog.instrs.size()
+       << " instructions):\n";
+    for (size_t i = 0; i < prog.instrs.size(); ++i) {
+      const Instr &in = prog.instrs[i];
+      char idx[32];
+      std::snprintf(idx, sizeof(idx), "%5zu: ", i);
+      os << idx;
+      for (size_t r = 0; r < in.results.size(); ++r)
+        os << (r ? ", " : "") << "%" << in.results[r];
+      if (!in.results.empty())
+        os << " = ";
+      os << in.op << "(";
+      for (size_t o = 0; o < in.operands.size(); ++o)
+        os << (o ? ", " : "") << "%" << in.operands[o];
+      os << ")";
+      if (!in.attrs.empty()) {
+        os << " {";
+        bool first = true;
+        for (const auto &[name, value] : in.attrs) {
+          os << (first ? "" : ", ") << name << "=" << formatAttr(value);
+          first = false;
+        }
+        os << "}";
+      }
+      if (!in.results.empty()) {
+        os << " : ";
+        for (size_t r = 0; r < in.results.size(); ++r)
+          os << (r ? ", " : "") << typeOf(exe, in.results[r]);
+      }
+      if (in.layer >= 0)
+        os << "  @layer " << in.layer;
+      if (!in.loc.empty())
+        os << "  " << in.loc;
+      os << "\n";
+    }
+    const MemoryPlan &mem = prog.memory;
+    if (!singleRank) {
+      os << "  offsets:";
+      size_t shown = 0;
+      for (size_t v = 0; v < mem.offsets.size(); ++v)
+        if (mem.offsets[v] >= 0) {
+          os << (shown++ % 8 == 0 ? "\n    " : "  ") << "%" << v << "@"
+             << mem.offsets[v];
+        }
+      os << "\n";
+    }
+    os << "memory rank " << prog.rank << ": persistent "
+       << formatBytes(mem.persistentBytes) << " + scratch "
+       << formatBytes(mem.scratchBytes) << " = "
+       << formatBytes(mem.totalBytes()) << " (" << mem.totalBytes()
+       << " bytes, alignment " << mem.alignment << ")\n";
+  }
+  return os.str();
+}
+
+std::string dumpExecutable(const Executable &exe) {
+  try {
+    return dumpImpl(exe);
+  } catch (const std::exception &e) {
+    return std::string("<cannot dump executable: ") + e.what() + ">\n";
+  }
+}
+
+} // namespace dlopt::rt

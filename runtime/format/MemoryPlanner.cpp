@@ -1,0 +1,223 @@
+//===- MemoryPlanner.cpp - Arena offsets from buffer lifetimes ------------===//
+//
+// Greedy packing: buffers are placed largest first (large buffers are the
+// hard ones to fit; small ones fill the holes they leave). Each buffer goes
+// into the smallest gap between already placed buffers whose lifetimes
+// overlap its own (best fit), or on top of them if no gap is big enough.
+// Ties are broken by index so the result depends only on the input.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/format/MemoryPlanner.h"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <queue>
+#include <set>
+
+namespace dlopt::rt {
+
+namespace {
+
+int64_t alignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+bool liveTogether(const BufferLifetime &a, const BufferLifetime &b) {
+  return a.firstUse <= b.lastUse && b.firstUse <= a.lastUse;
+}
+
+/// Lifetimes as the planner uses them: sizes clamped at zero and intervals
+/// made non-empty, so malformed input cannot break the invariants.
+BufferLifetime sanitize(BufferLifetime b) {
+  b.size = std::max<int64_t>(b.size, 0);
+  b.lastUse = std::max(b.lastUse, b.firstUse);
+  return b;
+}
+
+} // namespace
+
+MemoryAssignment planMemory(const std::vector<BufferLifetime> &input,
+                            int64_t alignment) {
+  if (alignment < 1)
+    alignment = 1;
+  std::vector<BufferLifetime> bufs;
+  bufs.reserve(input.size());
+  for (const BufferLifetime &b : input)
+    bufs.push_back(sanitize(b));
+
+  std::vector<size_t> order(bufs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const BufferLifetime &x = bufs[a], &y = bufs[b];
+    if (x.size != y.size)
+      return x.size > y.size;
+    int64_t lx = x.lastUse - x.firstUse, ly = y.lastUse - y.firstUse;
+    if (lx != ly)
+      return lx > ly;
+    return x.firstUse < y.firstUse;
+  });
+
+  MemoryAssignment result;
+  result.offsets.assign(bufs.size(), 0);
+  // Placed buffers sorted by offset, so the conflicts of a new buffer come
+  // out already in address order.
+  std::vector<size_t> placed;
+  int64_t peak = 0;
+  for (size_t idx : order) {
+    const BufferLifetime &b = bufs[idx];
+    if (b.size == 0)
+      continue;
+    int64_t cursor = 0; // end of the highest conflicting buffer seen so far
+    int64_t bestOffset = -1;
+    int64_t bestGap = std::numeric_limits<int64_t>::max();
+    for (size_t p : placed) {
+      const BufferLifetime &o = bufs[p];
+      if (!liveTogether(b, o))
+        continue;
+      int64_t off = result.offsets[p];
+      int64_t candidate = alignUp(cursor, alignment);
+      if (candidate + b.size <= off) {
+        int64_t gap = off - cursor;
+        if (gap < bestGap) {
+          bestGap = gap;
+          bestOffset = candidate;
+        }
+      }
+      cursor = std::max(cursor, off + o.size);
+    }
+    int64_t offset = bestOffset >= 0 ? bestOffset : alignUp(cursor, alignment);
+    result.offsets[idx] = offset;
+    peak = std::max(peak, offset + b.size);
+    auto pos = std::upper_bound(
+        placed.begin(), placed.end(), offset,
+        [&](int64_t off, size_t p) { return off < result.offsets[p]; });
+    placed.insert(pos, idx);
+  }
+  result.peakBytes = alignUp(peak, alignment);
+  return result;
+}
+
+std::optional<std::pair<size_t, size_t>>
+findMemoryConflict(const std::vector<BufferLifetime> &buffers,
+                   const std::vector<int64_t> &offsets) {
+  size_t n = std::min(buffers.size(), offsets.size());
+  std::vector<size_t> order;
+  for (size_t i = 0; i < n; ++i)
+    if (buffers[i].size > 0)
+      order.push_back(i);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return buffers[a].firstUse < buffers[b].firstUse;
+  });
+
+  // Live buffers keyed by (offset, index); they never overlap each other,
+  // so a new buffer only needs checking against its two address neighbours.
+  std::set<std::pair<int64_t, size_t>> live;
+  using Ending = std::pair<int64_t, size_t>; // (lastUse, index)
+  std::priority_queue<Ending, std::vector<Ending>, std::greater<Ending>> ends;
+  auto ordered = [](size_t a, size_t b) {
+    return std::make_pair(std::min(a, b), std::max(a, b));
+  };
+  for (size_t i : order) {
+    const BufferLifetime &b = buffers[i];
+    while (!ends.empty() && ends.top().first < b.firstUse) {
+      live.erase({offsets[ends.top().second], ends.top().second});
+      ends.pop();
+    }
+    int64_t start = offsets[i], end = offsets[i] + b.size;
+    auto next = live.lower_bound({start, 0});
+    if (next != live.end() && next->first < end)
+      return ordered(next->second, i);
+    if (next != live.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + buffers[prev->second].size > start)
+        return ordered(prev->second, i);
+    }
+    live.insert({start, i});
+    ends.push({std::max(b.lastUse, b.firstUse), i});
+  }
+  return std::nullopt;
+}
+
+Expected<MemoryPlan> planProgramMemory(const Executable &exe,
+                                       const Program &program,
+                                       int64_t alignment) {
+  if (alignment < 1 || (alignment & (alignment - 1)) != 0)
+    return Status::error("memory alignment must be a power of two, got " +
+                         std::to_string(alignment));
+  size_t numValues = exe.values.size();
+  int64_t n = int64_t(program.instrs.size());
+  std::vector<bool> held(numValues, false);
+  std::vector<int64_t> defAt(numValues, -1), lastUse(numValues, -1);
+  auto badId = [&](int64_t i, int32_t id) {
+    return Status::error("instruction " + std::to_string(i) + " ('" +
+                         program.instrs[i].op + "') refers to value id " +
+                         std::to_string(id) + ", out of range");
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    const Instr &in = program.instrs[i];
+    for (int32_t id : in.operands) {
+      if (id < 0 || size_t(id) >= numValues)
+        return badId(i, id);
+      if (exe.values[id].kind == ValueKind::Temp && defAt[id] < 0)
+        return Status::error("instruction " + std::to_string(i) + " ('" +
+                             in.op + "') reads %" + std::to_string(id) +
+                             " before it is defined");
+      held[id] = true;
+      lastUse[id] = i;
+    }
+    for (int32_t id : in.results) {
+      if (id < 0 || size_t(id) >= numValues)
+        return badId(i, id);
+      if (defAt[id] >= 0)
+        return Status::error("instruction " + std::to_string(i) + " ('" +
+                             in.op + "') redefines %" + std::to_string(id));
+      held[id] = true;
+      defAt[id] = i;
+      lastUse[id] = i;
+    }
+  }
+  for (int32_t id : exe.outputs) {
+    if (id < 0 || size_t(id) >= numValues)
+      return Status::error("output value id " + std::to_string(id) +
+                           " out of range");
+    if (exe.values[id].kind != ValueKind::Temp)
+      held[id] = true;
+    else if (defAt[id] >= 0)
+      lastUse[id] = n;
+  }
+  if (exe.worldSize == 1) {
+    for (int32_t id : exe.params)
+      if (id >= 0 && size_t(id) < numValues)
+        held[id] = true;
+    for (int32_t id : exe.inputs)
+      if (id >= 0 && size_t(id) < numValues)
+        held[id] = true;
+  }
+
+  MemoryPlan plan;
+  plan.alignment = alignment;
+  plan.offsets.assign(numValues, -1);
+  int64_t cursor = 0;
+  std::vector<BufferLifetime> temps;
+  std::vector<size_t> tempIds;
+  for (size_t v = 0; v < numValues; ++v) {
+    if (!held[v])
+      continue;
+    if (exe.values[v].kind != ValueKind::Temp) {
+      cursor = alignUp(cursor, alignment);
+      plan.offsets[v] = cursor;
+      cursor += exe.values[v].type.byteSize();
+    } else {
+      temps.push_back({exe.values[v].type.byteSize(), defAt[v], lastUse[v]});
+      tempIds.push_back(v);
+    }
+  }
+  plan.persistentBytes = alignUp(cursor, alignment);
+  MemoryAssignment scratch = planMemory(temps, alignment);
+  for (size_t t = 0; t < temps.size(); ++t)
+    plan.offsets[tempIds[t]] = plan.persistentBytes + scratch.offsets[t];
+  plan.scratchBytes = scratch.peakBytes;
+  return plan;
+}
+
+} // namespace dlopt::rt

@@ -1,0 +1,55 @@
+//===- MemoryPlanner.h - Arena offsets from buffer lifetimes --------------===//
+//
+// Assigns each buffer an offset so that buffers whose lifetimes overlap never
+// overlap in memory, keeping the peak (the arena size) small. Used by the
+// compiler when it emits an executable; plain C++ so it is unit-testable.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "runtime/format/Executable.h"
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace dlopt::rt {
+
+/// A buffer live over the instruction interval [firstUse, lastUse]
+/// (inclusive: defined by instruction firstUse, last read by lastUse).
+struct BufferLifetime {
+  int64_t size = 0;
+  int64_t firstUse = 0;
+  int64_t lastUse = 0;
+};
+
+struct MemoryAssignment {
+  std::vector<int64_t> offsets; ///< one per buffer, aligned
+  int64_t peakBytes = 0;        ///< arena size needed
+};
+
+/// Packs buffers into one arena. Deterministic for the same input.
+MemoryAssignment planMemory(const std::vector<BufferLifetime> &buffers,
+                            int64_t alignment = 64);
+
+/// Returns a pair of buffers (indices, first < second) that are live at the
+/// same time and overlap in memory, or nothing if the assignment is safe.
+/// Zero-sized buffers never conflict. O(n log n).
+std::optional<std::pair<size_t, size_t>>
+findMemoryConflict(const std::vector<BufferLifetime> &buffers,
+                   const std::vector<int64_t> &offsets);
+
+/// Builds a complete MemoryPlan for one program of `exe`: the values the
+/// rank holds get offsets, persistent values first (in value order, each
+/// aligned), then temporaries packed by planMemory() from their lifetimes
+/// (definition to last use; outputs live to the end). A rank holds every
+/// param, input and const its instructions read or that is an output, and
+/// every temporary it defines; with a single program it also holds every
+/// param and input, so they can be bound and saved even when unused.
+/// Fails if the program reads an undefined temporary or has bad value ids.
+Expected<MemoryPlan> planProgramMemory(const Executable &exe,
+                                       const Program &program,
+                                       int64_t alignment = 64);
+
+} // namespace dlopt::rt

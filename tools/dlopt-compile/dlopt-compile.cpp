@@ -1,0 +1,171 @@
+//===- dlopt-compile.cpp - Compile a dlopt model into a plan file ---------===//
+//
+// Parses and verifies a model, runs the compile pipeline (model checks,
+// canonicalization, CSE) and writes the runtime executable ("plan file").
+//
+//===----------------------------------------------------------------------===//
+#include "dialects/DLOpt/IR/DLOptDialect.h"
+#include "passes/Export/ExportExecutable.h"
+#include "passes/Passes.h"
+#include "runtime/format/Executable.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Support/FileUtilities.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/SourceMgr.h"
+#include "llvm/Support/Timer.h"
+#include "llvm/Support/ToolOutputFile.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <chrono>
+
+using namespace mlir;
+namespace cl = llvm::cl;
+
+static cl::OptionCategory category("dlopt-compile options");
+
+static cl::opt<std::string> inputFile(cl::Positional, cl::Required,
+                                      cl::desc("<model.mlir>"),
+                                      cl::cat(category));
+static cl::opt<std::string>
+    outputFile("o", cl::value_desc("file"),
+               cl::desc("Where to write the plan file (default: the input "
+                        "with extension .plan; '-' for stdout)"),
+               cl::cat(category));
+static cl::opt<std::string>
+    entry("entry", cl::value_desc("name"),
+          cl::desc("Entry function (default: @main or the only public one)"),
+          cl::cat(category));
+enum class Emit { Plan, MLIR };
+static cl::opt<Emit> emit(
+    "emit", cl::desc("What to write"), cl::init(Emit::Plan),
+    cl::values(clEnumValN(Emit::Plan, "plan", "the executable plan file (default)"),
+               clEnumValN(Emit::MLIR, "mlir", "the IR after the compile pipeline")),
+    cl::cat(category));
+static cl::opt<bool> quiet("quiet", cl::desc("Do not print the summary"),
+                           cl::cat(category));
+static cl::opt<bool> timing("timing",
+                            cl::desc("Print the time spent in each phase"),
+                            cl::cat(category));
+
+static std::string humanBytes(int64_t b) {
+  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << llvm::format(u ? "%.2f %s" : "%.0f %s", v, units[u]);
+  return s;
+}
+
+int main(int argc, char **argv) {
+  llvm::InitLLVM init(argc, argv);
+  cl::HideUnrelatedOptions(category);
+  cl::ParseCommandLineOptions(
+      argc, argv,
+      "dlopt-compile: verify a dlopt model and compile it into a plan file\n\n"
+      "  dlopt-compile model.mlir -o model.plan\n");
+
+  using Clock = std::chrono::steady_clock;
+  auto t0 = Clock::now();
+  auto phase = [&](const char *name) {
+    if (!timing)
+      return;
+    auto t1 = Clock::now();
+    llvm::errs() << llvm::format(
+        "  %-10s %8.3f s\n", name,
+        std::chrono::duration<double>(t1 - t0).count());
+    t0 = t1;
+  };
+
+  DialectRegistry registry;
+  registry.insert<dlopt::dl::DLOptDialect, func::FuncDialect,
+                  arith::ArithDialect>();
+  MLIRContext context(registry);
+  context.loadAllAvailableDialects();
+
+  std::string err;
+  auto file = openInputFile(inputFile, &err);
+  if (!file) {
+    llvm::errs() << "dlopt-compile: error: " << err << "\n";
+    return 1;
+  }
+  llvm::SourceMgr sourceMgr;
+  sourceMgr.AddNewSourceBuffer(std::move(file), llvm::SMLoc());
+  SourceMgrDiagnosticHandler diagHandler(sourceMgr, &context);
+  OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(sourceMgr, &context);
+  if (!module)
+    return 1;
+  phase("parse");
+
+  PassManager pm(&context);
+  dlopt::CompilePipelineOptions options;
+  options.entry = entry;
+  dlopt::buildCompilePipeline(pm, options);
+  if (failed(pm.run(*module)))
+    return 1;
+  phase("pipeline");
+
+  std::string out = outputFile;
+  if (out.empty()) {
+    llvm::SmallString<256> path(inputFile == "-" ? "model" : inputFile.getValue());
+    llvm::sys::path::replace_extension(path, emit == Emit::MLIR ? ".opt.mlir" : ".plan");
+    out = std::string(path);
+  }
+
+  if (emit == Emit::MLIR) {
+    auto output = openOutputFile(out, &err);
+    if (!output) {
+      llvm::errs() << "dlopt-compile: error: " << err << "\n";
+      return 1;
+    }
+    module->print(output->os());
+    output->os() << "\n";
+    output->keep();
+    return 0;
+  }
+
+  FailureOr<dlopt::rt::Executable> exe =
+      dlopt::exportExecutable(*module, entry, inputFile);
+  if (failed(exe))
+    return 1;
+  phase("export");
+
+  auto bytes = dlopt::rt::serializeExecutable(*exe);
+  if (!bytes) {
+    llvm::errs() << "dlopt-compile: error: " << bytes.status().message() << "\n";
+    return 1;
+  }
+  auto output = openOutputFile(out, &err);
+  if (!output) {
+    llvm::errs() << "dlopt-compile: error: " << err << "\n";
+    return 1;
+  }
+  output->os().write(reinterpret_cast<const char *>(bytes->data()),
+                     bytes->size());
+  output->keep();
+  phase("write");
+
+  if (!quiet && out != "-") {
+    const auto &mem = exe->programs[0].memory;
+    llvm::errs() << "dlopt-compile: wrote " << out << ": "
+                 << exe->programs[0].instrs.size() << " instructions, "
+                 << exe->params.size() << " params, " << exe->inputs.size()
+                 << " inputs; planned memory " << humanBytes(mem.totalBytes())
+                 << " (persistent " << humanBytes(mem.persistentBytes)
+                 << ", scratch " << humanBytes(mem.scratchBytes) << ")\n";
+  }
+  return 0;
+}
