@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs dlopt's build and test dependencies from Debian 12 packages.
+set -euo pipefail
+pkgs=(cmake ninja-build g++ git
+      libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools
+      libfmt-dev libopenblas-dev libgtest-dev libbenchmark-dev
+      nlohmann-json3-dev libyaml-cpp-dev coinor-libcbc-dev
+      libopenmpi-dev openmpi-bin python3 python3-numpy)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
