@@ -110,7 +110,7 @@ func.func @nn(%x: tensor<2x4x8xf32>, %w: tensor<8xf32>, %q: tensor<2x4x16x8xf32>
   %0 = dlopt.softmax %x dim = 2 : tensor<2x4x8xf32>
   // CHECK: dlopt.log_softmax %{{.*}} dim = -1 : tensor<2x4x8xf32>
   %1 = dlopt.log_softmax %x dim = -1 : tensor<2x4x8xf32>
-  // CHECK: dlopt.layer_norm %{{.*}} weight(%{{.*}}) bias(%{{.*}}) {eps = 1.000000e-06 : f64} : (tensor<2x4x8xf32>, tensor<8xf32>, tensor<8xf32>) -> tensor<2x4x8xf32>
+  // CHECK: dlopt.layer_norm %{{.*}} weight(%{{.*}}) bias(%{{.*}}) {eps = 9.9999999999999995E-7 : f64} : (tensor<2x4x8xf32>, tensor<8xf32>, tensor<8xf32>) -> tensor<2x4x8xf32>
   %2 = dlopt.layer_norm %x weight(%w) bias(%w) {eps = 1.0e-06} : (tensor<2x4x8xf32>, tensor<8xf32>, tensor<8xf32>) -> tensor<2x4x8xf32>
   // CHECK: dlopt.layer_norm %{{.*}} : (tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
   %3 = dlopt.layer_norm %x : (tensor<2x4x8xf32>) -> tensor<2x4x8xf32>

@@ -119,7 +119,7 @@ struct Tensor {
       set(i, double(v));
   }
   std::vector<double> values() const {
-    std::vector<double> v(size_t(size()));
+    std::vector<double> v(static_cast<size_t>(size()));
     for (int64_t i = 0; i < size(); ++i)
       v[i] = get(i);
     return v;
@@ -140,7 +140,7 @@ inline Tensor randomTensor(std::mt19937 &rng, DType dt, Shape shape,
     for (int64_t i = 0; i < t.size(); ++i)
       t.set(i, d(rng));
   } else {
-    std::uniform_int_distribution<int64_t> d(int64_t(lo), int64_t(hi));
+    std::uniform_int_distribution<int64_t> d{int64_t(lo), int64_t(hi)};
     for (int64_t i = 0; i < t.size(); ++i)
       t.setInt(i, d(rng));
   }
