@@ -42,7 +42,7 @@ TEST(Conv2d, GroupsStridePaddingDilation) {
                                       {"groups", c.groups},
                                       {"has_bias", int64_t(c.bias)}});
       ASSERT_TRUE(run(in, ins, {&y}).isOk()) << run(in, ins, {&y}).message();
-      std::vector<double> ref(size_t(y.size()));
+      std::vector<double> ref(static_cast<size_t>(y.size()));
       for (int64_t n = 0; n < c.n; ++n)
         for (int64_t o = 0; o < c.o; ++o)
           for (int64_t i = 0; i < oh; ++i)

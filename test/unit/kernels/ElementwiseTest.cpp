@@ -234,7 +234,7 @@ TEST(Binary, FloatBroadcastMatchesReference) {
           b = randomTensor(rng, dt, sb, -2, 2);
         Tensor out(dt, so);
         ASSERT_TRUE(run(makeInstr(c.op), {&a, &b}, {&out}).isOk());
-        std::vector<double> ref(size_t(numel(so)));
+        std::vector<double> ref(static_cast<size_t>(numel(so)));
         for (int64_t i = 0; i < numel(so); ++i) {
           Shape idx = unravel(i, so);
           ref[i] = c.ref(a.get(broadcastIndex(idx, sa)),

@@ -20,7 +20,7 @@ TEST(Softmax, AlongEachDim) {
         int64_t n = shape[dim], inner = 1;
         for (size_t d = dim + 1; d < shape.size(); ++d)
           inner *= shape[d];
-        std::vector<double> ref(size_t(x.size()));
+        std::vector<double> ref(static_cast<size_t>(x.size()));
         for (int64_t i = 0; i < x.size(); ++i) {
           int64_t base = (i / (n * inner)) * n * inner + i % inner;
           double m = -INFINITY, s = 0;
@@ -42,7 +42,7 @@ std::vector<double> normRef(const Tensor &x, int64_t axis, double eps,
   int64_t n = 1;
   for (size_t d = axis; d < x.type.shape.size(); ++d)
     n *= x.type.shape[d];
-  std::vector<double> ref(size_t(x.size()));
+  std::vector<double> ref(static_cast<size_t>(x.size()));
   for (int64_t r = 0; r < x.size() / n; ++r) {
     double mean = 0, var = 0;
     for (int64_t j = 0; j < n; ++j)
@@ -141,7 +141,7 @@ std::vector<double> attentionRef(const Tensor &q, const Tensor &k,
     for (int64_t h = 0; h < H; ++h) {
       int64_t g = h / (H / G);
       for (int64_t i = 0; i < S; ++i) {
-        std::vector<double> sc(size_t(T));
+        std::vector<double> sc(static_cast<size_t>(T));
         double m = -INFINITY;
         for (int64_t j = 0; j < T; ++j) {
           double s = 0;
@@ -206,7 +206,7 @@ TEST(Rope, HalfSplitRotation) {
     double theta = 500.0;
     ASSERT_TRUE(run(makeInstr("rope", {{"theta", theta}}), {&x}, {&y}).isOk());
     int64_t S = 10, D = 16;
-    std::vector<double> ref(size_t(x.size()));
+    std::vector<double> ref(static_cast<size_t>(x.size()));
     for (int64_t r = 0; r < x.size() / D; ++r) {
       int64_t p = r % S;
       for (int64_t i = 0; i < D / 2; ++i) {
@@ -239,7 +239,7 @@ TEST(BatchNorm, TrainingAndInference) {
                                           {"momentum", mom},
                                           {"training", int64_t(training)}});
       ASSERT_TRUE(run(in, {&x, &w, &b, &rm, &rv}, {&y, &rmo, &rvo}).isOk());
-      std::vector<double> yref(size_t(x.size())), rmref(C), rvref(C);
+      std::vector<double> yref(static_cast<size_t>(x.size())), rmref(C), rvref(C);
       for (int64_t c = 0; c < C; ++c) {
         double mean = 0, var = 0;
         int64_t cnt = N * HW;
@@ -299,7 +299,7 @@ TEST(Dropout, FormulaDeterminismAndKeepRate) {
       ASSERT_TRUE(run(in, {&x}, {&y1}).isOk());
       ASSERT_TRUE(run(in, {&x}, {&y2}).isOk());
       EXPECT_EQ(std::memcmp(y1.data(), y2.data(), size_t(y1.type.byteSize())), 0);
-      std::vector<double> ref(size_t(n));
+      std::vector<double> ref(static_cast<size_t>(n));
       int64_t kept = 0;
       for (int64_t i = 0; i < n; ++i) {
         bool keep = uRef(uint64_t(seed), uint64_t(i)) >= rate;

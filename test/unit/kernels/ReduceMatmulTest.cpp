@@ -165,7 +165,7 @@ TEST(Matmul, MatchesReference) {
                                       {"transpose_b", int64_t(c.tb)}});
       ASSERT_TRUE(run(in, {&a, &b}, {&o}).isOk())
           << run(in, {&a, &b}, {&o}).message();
-      std::vector<double> ref(size_t(numel(os)));
+      std::vector<double> ref(static_cast<size_t>(numel(os)));
       int64_t nb = numel(batch);
       for (int64_t bi = 0; bi < nb; ++bi) {
         Shape bidx = unravel(bi, batch);

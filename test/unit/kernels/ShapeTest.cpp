@@ -38,7 +38,7 @@ TEST(Transpose, Permutations) {
       Tensor y(dt, os);
       ASSERT_TRUE(run(makeInstr("transpose", {{"perm", perm}}), {&x}, {&y})
                       .isOk());
-      std::vector<double> ref(size_t(numel(os)));
+      std::vector<double> ref(static_cast<size_t>(numel(os)));
       for (int64_t i = 0; i < numel(os); ++i) {
         Shape oi = unravel(i, os), ii(shape.size());
         for (size_t d = 0; d < perm.size(); ++d)
