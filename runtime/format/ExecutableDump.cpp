@@ -129,11 +129,16 @@ static std::string dumpImpl(const Executable &exe) {
                    ? std::to_string(mem0->offsets[v])
                    : "-";
     }
-    os << "  " << padRight("%" + std::to_string(v), 7)
+    std::ostringstream row;
+    row << "  " << padRight("%" + std::to_string(v), 7)
        << padRight(valueKindName(val.kind), 7) << padRight(val.name, 20)
        << padRight(val.type.str(), 22)
        << padRight(std::to_string(val.type.byteSize()), 12)
-       << (singleRank ? padRight(offset, 12) : "") << notes << "\n";
+       << (singleRank ? padRight(offset, 12) : "") << notes;
+    // Drop the padding of an empty last column.
+    std::string line = row.str();
+    line.erase(line.find_last_not_of(' ') + 1);
+    os << line << "\n";
   }
   os << "\noutputs:\n";
   for (size_t i = 0; i < exe.outputs.size(); ++i)

@@ -151,8 +151,7 @@ double parseDouble(const std::string &Opt, const std::string &V) {
   return R;
 }
 
-/// Applies one model option to \p C. \p FFNSet / \p HiddenSet record
-/// explicit settings that drive derived defaults.
+/// Applies one model option (already checked to exist) to \p C.
 void applyOption(ModelConfig &C, const std::string &Name,
                  const std::string &V) {
   auto Int = [&] { return parseInt(Name, V); };

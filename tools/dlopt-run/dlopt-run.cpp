@@ -286,7 +286,10 @@ int runMain(int argc, char **argv) {
   const Executable &e = s.executable();
   if (!opts.saveParamsDir.empty()) {
     makeDir(opts.saveParamsDir);
+    const MemoryPlan &mem = e.programs[s.rank()].memory;
     for (int32_t id : e.params) {
+      if (mem.offsets[id] < 0)
+        continue; // held by another rank
       const std::string &name = e.values[id].name;
       Expected<HostTensor> t = s.readValue(id);
       if (!t)

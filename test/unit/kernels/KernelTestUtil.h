@@ -182,14 +182,18 @@ inline double tolFor(DType dt, double f32Tol = 1e-5) {
   }
 }
 
-/// |got - ref| <= atol + rtol * |ref| elementwise; NaN in either fails, and
-/// infinities must match exactly.
+/// |got - ref| <= atol + rtol * |ref| elementwise (plus the f16 subnormal
+/// spacing for f16 results); NaN in either fails, and infinities must match
+/// exactly.
 inline ::testing::AssertionResult allClose(const Tensor &got,
                                            const std::vector<double> &ref,
                                            double rtol, double atol = 0) {
   if (int64_t(ref.size()) != got.size())
     return ::testing::AssertionFailure()
            << "size mismatch: got " << got.size() << ", ref " << ref.size();
+  // f16 subnormals are spaced 2^-24 apart: no result can be closer.
+  if (got.type.dtype == DType::F16 && rtol > 0)
+    atol += std::ldexp(1.0, -24);
   for (int64_t i = 0; i < got.size(); ++i) {
     double g = got.get(i), r = ref[i];
     bool ok;

@@ -5,6 +5,7 @@
 #include "runtime/exec/Npy.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -40,7 +41,7 @@ class DlOptRun : public ::testing::Test {
 protected:
   void SetUp() override {
     dir = fs::temp_directory_path() /
-          ("dlopt_run_test_" +
+          ("dlopt_run_test_" + std::to_string(getpid()) + "_" +
            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(dir);
     fs::create_directories(dir);

@@ -6,6 +6,7 @@
 #include "runtime/format/MemoryPlanner.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -284,7 +285,9 @@ TEST(ExecutableFormat, NaNAttributeRoundTrips) {
 TEST(ExecutableFormat, FileRoundTrip) {
   Executable exe = smallExecutable();
   std::string path =
-      (std::filesystem::temp_directory_path() / "dlopt_fmt_test.plan").string();
+      (std::filesystem::temp_directory_path() /
+       ("dlopt_fmt_test_" + std::to_string(getpid()) + ".plan"))
+          .string();
   ASSERT_TRUE(writeExecutable(exe, path).isOk());
   Expected<Executable> back = readExecutable(path);
   ASSERT_TRUE(back.isOk()) << back.status().message();

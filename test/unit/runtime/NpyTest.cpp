@@ -5,6 +5,7 @@
 #include "runtime/exec/Npy.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -39,7 +40,9 @@ std::string parseError(const std::vector<uint8_t> &bytes) {
 }
 
 std::string tempPath(const std::string &name) {
-  return (std::filesystem::temp_directory_path() / name).string();
+  return (std::filesystem::temp_directory_path() /
+          (std::to_string(getpid()) + "_" + name))
+      .string();
 }
 
 } // namespace
