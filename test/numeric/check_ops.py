@@ -25,11 +25,8 @@ import zlib
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dlopt_np import (FLOATS, INTS, as_ref, bf16_round, compare, find_tool,  # noqa: E402
-                      fmt_f, run, store, ttype as T)
-
-U64 = np.uint64
-
+from dlopt_np import (FLOATS, INTS, as_ref, bf16_round, compare, dropout_u,  # noqa: E402
+                      find_tool, fmt_f, run, store, ttype as T)
 
 class Case:
     def __init__(self, name, seed):
@@ -895,16 +892,6 @@ add("batch_norm.f32.training.3d", bn_case, "f32", (3, 4, 7), True)
 add("batch_norm.f32.inference", bn_case, "f32", (4, 3, 5, 5), False)
 add("batch_norm.f32.inference.attrs", bn_case, "f32", (2, 6, 3, 3), False, eps=0.1, momentum=0.5)
 add("batch_norm.bf16.training", bn_case, "bf16", (4, 3, 4, 4), True)
-
-
-def dropout_u(seed, n):
-    i = np.arange(n, dtype=U64)
-    with np.errstate(over="ignore"):
-        z = U64(seed) + (i + U64(1)) * U64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> U64(30))) * U64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> U64(27))) * U64(0x94D049BB133111EB)
-        z = z ^ (z >> U64(31))
-    return (z >> U64(40)).astype(np.float64) * 2.0 ** -24
 
 
 def dropout_case(c, dt, shape, rate, seed):

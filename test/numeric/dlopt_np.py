@@ -141,6 +141,18 @@ def compare(got, ref, dt, mag=None, scale=1.0):
     return True, detail
 
 
+def dropout_u(seed, n):
+    """u(seed, i) of docs/ops.md for i in [0, n), in uint64 arithmetic."""
+    U64 = np.uint64
+    i = np.arange(n, dtype=U64)
+    with np.errstate(over="ignore"):
+        z = U64(seed) + (i + U64(1)) * U64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> U64(30))) * U64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> U64(27))) * U64(0x94D049BB133111EB)
+        z = z ^ (z >> U64(31))
+    return (z >> U64(40)).astype(np.float64) * 2.0 ** -24
+
+
 def run(cmd, timeout=120):
     return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True, timeout=timeout)
