@@ -111,6 +111,9 @@ static void appendConstant(DenseElementsAttr attr, std::vector<uint8_t> &blob) {
 
 /// Converts an attribute to an instruction attribute value, if representable.
 static std::optional<rt::AttrValue> toAttrValue(Attribute attr) {
+  // Enum attributes are IntegerAttrs underneath: match them first.
+  if (auto p = dyn_cast<dl::CmpPredicateAttr>(attr))
+    return rt::AttrValue(dl::stringifyCmpPredicate(p.getValue()).str());
   if (auto b = dyn_cast<BoolAttr>(attr))
     return rt::AttrValue(int64_t(b.getValue()));
   if (auto i = dyn_cast<IntegerAttr>(attr))
@@ -124,8 +127,6 @@ static std::optional<rt::AttrValue> toAttrValue(Attribute attr) {
   if (auto a = dyn_cast<DenseI64ArrayAttr>(attr))
     return rt::AttrValue(std::vector<int64_t>(a.asArrayRef().begin(),
                                               a.asArrayRef().end()));
-  if (auto p = dyn_cast<dl::CmpPredicateAttr>(attr))
-    return rt::AttrValue(dl::stringifyCmpPredicate(p.getValue()).str());
   return std::nullopt;
 }
 
