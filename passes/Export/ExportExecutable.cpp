@@ -255,16 +255,6 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
   }
 
   // Instructions and constants, in program order.
-  std::vector<int64_t> firstUse, lastUse; // per value id, for temporaries
-  auto touch = [&](int32_t id, int64_t at) {
-    if (static_cast<size_t>(id) >= lastUse.size()) {
-      firstUse.resize(id + 1, -1);
-      lastUse.resize(id + 1, -1);
-    }
-    if (firstUse[id] < 0)
-      firstUse[id] = at;
-    lastUse[id] = std::max(lastUse[id], at);
-  };
   Operation *terminator = fn.getBody().front().getTerminator();
   for (Operation &op : fn.getBody().front()) {
     if (&op == terminator)
@@ -291,20 +281,17 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
     rt::Instr instr;
     instr.op = op.getName().stripDialect().str();
     instr.loc = locString(op.getLoc());
-    int64_t index = static_cast<int64_t>(prog.instrs.size());
     for (Value v : op.getOperands()) {
       auto it = ids.find(v);
       if (it == ids.end())
         return op.emitError("uses a value defined outside the entry function body");
       instr.operands.push_back(it->second);
-      touch(it->second, index);
     }
     for (Value r : op.getResults()) {
       FailureOr<int32_t> id = addValue(r, rt::Value{});
       if (failed(id))
         return failure();
       instr.results.push_back(*id);
-      touch(*id, index);
     }
     for (NamedAttribute attr : op.getAttrDictionary()) {
       StringRef name = attr.getName().getValue();
@@ -321,44 +308,20 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
     prog.instrs.push_back(std::move(instr));
   }
 
-  // Outputs live to the end of the program.
-  int64_t end = static_cast<int64_t>(prog.instrs.size());
   for (auto [i, v] : llvm::enumerate(terminator->getOperands())) {
-    int32_t id = ids.lookup(v);
-    exe.outputs.push_back(id);
+    exe.outputs.push_back(ids.lookup(v));
     auto name = fn.getResultAttrOfType<StringAttr>(i, DLOptDialect::kOutputAttr);
     exe.outputNames.push_back(name ? name.getValue().str()
                                    : "out" + std::to_string(i));
-    touch(id, end);
   }
-  firstUse.resize(exe.values.size(), -1);
-  lastUse.resize(exe.values.size(), -1);
 
-  // Memory plan: persistent values first, then temporaries packed by lifetime.
-  rt::MemoryPlan &mem = prog.memory;
-  mem.offsets.assign(exe.values.size(), -1);
-  auto alignUp = [&](int64_t x) {
-    return (x + mem.alignment - 1) / mem.alignment * mem.alignment;
-  };
-  int64_t cursor = 0;
-  std::vector<int32_t> temps;
-  std::vector<rt::BufferLifetime> lifetimes;
-  for (auto [id, v] : llvm::enumerate(exe.values)) {
-    if (v.kind != rt::ValueKind::Temp) {
-      mem.offsets[id] = cursor;
-      cursor = alignUp(cursor + std::max<int64_t>(v.type.byteSize(), 1));
-      continue;
-    }
-    temps.push_back(static_cast<int32_t>(id));
-    lifetimes.push_back({std::max<int64_t>(v.type.byteSize(), 1), firstUse[id],
-                         std::max(lastUse[id], firstUse[id])});
-  }
-  mem.persistentBytes = cursor;
-  rt::MemoryAssignment assignment = rt::planMemory(lifetimes, mem.alignment);
-  for (auto [i, id] : llvm::enumerate(temps))
-    mem.offsets[id] = mem.persistentBytes + assignment.offsets[i];
-  mem.scratchBytes = assignment.peakBytes;
-
+  // Memory plan: persistent values first, then temporaries packed by
+  // lifetime (outputs live to the end of the program).
+  rt::Expected<rt::MemoryPlan> plan = rt::planProgramMemory(exe, prog);
+  if (!plan)
+    return fn.emitError() << "memory planning failed: "
+                          << plan.status().message();
+  prog.memory = plan.take();
   exe.programs.push_back(std::move(prog));
   return exe;
 }

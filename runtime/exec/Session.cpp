@@ -196,7 +196,9 @@ Expected<std::vector<NamedTensor>> Session::run() {
     const Instr &in = program_->instrs[i];
     Status st = backend_->run(in, ins_[i], outs_[i], ctx);
     if (!st)
-      return st.withContext(instrContext(opts_.rank, i, in));
+      // Kernel errors already name the op and its location.
+      return st.withContext("rank " + std::to_string(opts_.rank) +
+                            ", instruction " + std::to_string(i) + ": ");
   }
   DLOPT_RETURN_IF_ERROR(backend_->synchronize(opts_.rank));
   lastRunSeconds_ = std::chrono::duration<double>(
