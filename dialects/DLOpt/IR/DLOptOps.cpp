@@ -798,5 +798,223 @@ LogicalResult MSEOp::inferReturnTypes(MLIRContext *,
   return success();
 }
 
+
+//===----------------------------------------------------------------------===//
+// Gradient ops
+//===----------------------------------------------------------------------===//
+
+/// Emits "expects <what> of type <expected>, got <actual>" unless equal.
+static LogicalResult expectType(Operation *op, StringRef what, Type expected,
+                                Type actual) {
+  if (expected == actual)
+    return success();
+  return op->emitOpError("expects ")
+         << what << " of type " << expected << ", got " << actual;
+}
+
+LogicalResult ScatterAddOp::verify() {
+  auto ids = getIds().getType();
+  auto upd = getUpdates().getType();
+  auto res = getType();
+  if (res.getRank() < 1)
+    return emitOpError("expects a result of rank >= 1, got ") << res;
+  SmallVector<int64_t> expected(ids.getShape());
+  llvm::append_range(expected, res.getShape().drop_front());
+  return expectType(*this, "updates",
+                    RankedTensorType::get(expected, res.getElementType()), upd);
+}
+
+template <typename OpTy> static LogicalResult verifySoftmaxGrad(OpTy op) {
+  return verifyDimAttr(op);
+}
+LogicalResult SoftmaxGradOp::verify() { return verifySoftmaxGrad(*this); }
+LogicalResult LogSoftmaxGradOp::verify() { return verifySoftmaxGrad(*this); }
+
+/// Checks a norm gradient: grad and input_grad match input, the parameter
+/// gradients are shaped like the normalized dims.
+static LogicalResult verifyNormGrad(Operation *op, RankedTensorType in,
+                                    Value grad, int64_t axis, double eps,
+                                    Value weight, ValueRange paramGrads) {
+  if (failed(verifyNorm(op, in, axis, eps, {{"weight", weight}})))
+    return failure();
+  if (failed(expectType(op, "grad", in, grad.getType())) ||
+      failed(expectType(op, "input_grad", in, op->getResult(0).getType())))
+    return failure();
+  auto stat = RankedTensorType::get(
+      in.getShape().drop_front(normalizeDim(axis, in.getRank())),
+      in.getElementType());
+  for (Value g : paramGrads)
+    if (failed(expectType(op, "parameter gradient", stat, g.getType())))
+      return failure();
+  return success();
+}
+
+LogicalResult LayerNormGradOp::verify() {
+  return verifyNormGrad(*this, getInput().getType(), getGrad(), getAxis(),
+                        getEps().convertToDouble(), getWeight(),
+                        {getWeightGrad(), getBiasGrad()});
+}
+
+LogicalResult RMSNormGradOp::verify() {
+  return verifyNormGrad(*this, getInput().getType(), getGrad(), getAxis(),
+                        getEps().convertToDouble(), getWeight(),
+                        {getWeightGrad()});
+}
+
+LogicalResult AttentionGradOp::verify() {
+  SmallVector<Type> forward;
+  StringRef opName = getOperationName();
+  std::optional<Location> loc = getLoc();
+  auto q = getQuery().getType(), k = getKey().getType(),
+       v = getValue().getType();
+  if (q.getRank() != 4 || k.getRank() != 4 || v.getRank() != 4)
+    return INFER_ERROR("expects query, key and value of rank 4");
+  if (q.getDimSize(1) % k.getDimSize(1) != 0 || k.getShape().drop_back() != v.getShape().drop_back() ||
+      k.getDimSize(3) != q.getDimSize(3) || k.getDimSize(0) != q.getDimSize(0))
+    return INFER_ERROR("expects query, key and value shaped as for dlopt.attention, got "
+                       << q << ", " << k << " and " << v);
+  auto out = RankedTensorType::get({q.getDimSize(0), q.getDimSize(1),
+                                    q.getDimSize(2), v.getDimSize(3)},
+                                   q.getElementType());
+  if (failed(expectType(*this, "grad", out, getGrad().getType())) ||
+      failed(expectType(*this, "query_grad", q, getQueryGrad().getType())) ||
+      failed(expectType(*this, "key_grad", k, getKeyGrad().getType())) ||
+      failed(expectType(*this, "value_grad", v, getValueGrad().getType())))
+    return failure();
+  return success();
+}
+
+/// Computes conv2d's output type for (input, filter) or fails with a message.
+static FailureOr<RankedTensorType>
+convForwardType(Operation *op, RankedTensorType x, RankedTensorType w,
+                ArrayRef<int64_t> stride, ArrayRef<int64_t> pad,
+                ArrayRef<int64_t> dil, int64_t groups) {
+  if (x.getRank() != 4 || w.getRank() != 4)
+    return op->emitOpError("expects rank-4 input and filter, got ")
+           << x << " and " << w;
+  if (stride.size() != 2 || pad.size() != 2 || dil.size() != 2)
+    return op->emitOpError("expects stride, padding and dilation of 2 entries");
+  for (int i = 0; i < 2; ++i)
+    if (stride[i] < 1 || dil[i] < 1 || pad[i] < 0)
+      return op->emitOpError("expects stride >= 1, dilation >= 1, padding >= 0");
+  int64_t c = x.getDimSize(1), o = w.getDimSize(0);
+  if (groups < 1 || c % groups || o % groups || w.getDimSize(1) != c / groups)
+    return op->emitOpError("expects groups (")
+           << groups << ") dividing channels " << c << " and " << o
+           << " with filter dim 1 = " << c / std::max<int64_t>(groups, 1)
+           << ", got " << w.getDimSize(1);
+  int64_t oh = windowOut(x.getDimSize(2), w.getDimSize(2), stride[0], pad[0], dil[0]);
+  int64_t ow = windowOut(x.getDimSize(3), w.getDimSize(3), stride[1], pad[1], dil[1]);
+  return RankedTensorType::get({x.getDimSize(0), o, oh, ow}, x.getElementType());
+}
+
+LogicalResult Conv2DGradInputOp::verify() {
+  auto dy = getLhs().getType(), w = getRhs().getType(), dx = getType();
+  FailureOr<RankedTensorType> fwd = convForwardType(
+      *this, dx, w, getStride(), getPadding(), getDilation(), getGroups());
+  if (failed(fwd))
+    return failure();
+  return expectType(*this, "grad (the conv2d output of this input and filter)",
+                    *fwd, dy);
+}
+
+LogicalResult Conv2DGradFilterOp::verify() {
+  auto x = getLhs().getType(), dy = getRhs().getType(), dw = getType();
+  FailureOr<RankedTensorType> fwd = convForwardType(
+      *this, x, dw, getStride(), getPadding(), getDilation(), getGroups());
+  if (failed(fwd))
+    return failure();
+  return expectType(*this, "grad (the conv2d output of this input and filter)",
+                    *fwd, dy);
+}
+
+/// Checks a pool gradient's output-gradient type against the forward rule.
+template <typename OpTy>
+static LogicalResult verifyPoolGrad(OpTy op, RankedTensorType input,
+                                    Type grad) {
+  std::optional<Location> loc = op.getLoc();
+  StringRef opName = op.getOperationName();
+  if (input.getRank() != 4)
+    return INFER_ERROR("expects an input of rank 4, got " << input);
+  ArrayRef<int64_t> kernel = op.getKernel();
+  SmallVector<int64_t> stride(kernel);
+  if (auto s = op.getStride())
+    stride.assign(s->begin(), s->end());
+  ArrayRef<int64_t> pad = op.getPadding();
+  if (kernel.size() != 2 || stride.size() != 2 || pad.size() != 2)
+    return INFER_ERROR("expects kernel, stride and padding of 2 entries");
+  for (int i = 0; i < 2; ++i)
+    if (kernel[i] < 1 || stride[i] < 1 || pad[i] < 0 || 2 * pad[i] > kernel[i])
+      return INFER_ERROR("expects kernel >= 1, stride >= 1 and 0 <= padding <= kernel/2");
+  auto out = RankedTensorType::get(
+      {input.getDimSize(0), input.getDimSize(1),
+       windowOut(input.getDimSize(2), kernel[0], stride[0], pad[0], 1),
+       windowOut(input.getDimSize(3), kernel[1], stride[1], pad[1], 1)},
+      input.getElementType());
+  return expectType(op, "grad (the pooled shape)", out, grad);
+}
+
+LogicalResult MaxPool2DGradOp::verify() {
+  return verifyPoolGrad(*this, getInput().getType(), getGrad().getType());
+}
+
+LogicalResult AvgPool2DGradOp::verify() {
+  return verifyPoolGrad(*this, getType(), getGrad().getType());
+}
+
+LogicalResult BatchNormGradOp::verify() {
+  auto x = getInput().getType();
+  if (x.getRank() < 2)
+    return emitOpError("expects input [N, C, ...] of rank >= 2, got ") << x;
+  auto stat = RankedTensorType::get({x.getDimSize(1)}, x.getElementType());
+  if (failed(expectType(*this, "weight", stat, getWeight().getType())) ||
+      failed(expectType(*this, "running_mean", stat, getRunningMean().getType())) ||
+      failed(expectType(*this, "running_var", stat, getRunningVar().getType())) ||
+      failed(expectType(*this, "grad", x, getGrad().getType())) ||
+      failed(expectType(*this, "input_grad", x, getInputGrad().getType())) ||
+      failed(expectType(*this, "weight_grad", stat, getWeightGrad().getType())) ||
+      failed(expectType(*this, "bias_grad", stat, getBiasGrad().getType())))
+    return failure();
+  return success();
+}
+
+LogicalResult CrossEntropyGradOp::verify() {
+  auto logits = getLogits().getType();
+  auto labels = getLabels().getType();
+  if (logits.getRank() != 2)
+    return emitOpError("expects logits [N, C] of rank 2, got ") << logits;
+  if (labels.getRank() != 1 || labels.getDimSize(0) != logits.getDimSize(0))
+    return emitOpError("expects labels of shape [")
+           << logits.getDimSize(0) << "], got " << labels;
+  if (failed(expectType(*this, "grad", RankedTensorType::get({}, logits.getElementType()),
+                        getGrad().getType())))
+    return failure();
+  return expectType(*this, "result", logits, getType());
+}
+
+LogicalResult GeluGradOp::verify() {
+  if (getApproximate() != "none" && getApproximate() != "tanh")
+    return emitOpError("expects approximate = \"none\" or \"tanh\", got \"")
+           << getApproximate() << "\"";
+  return success();
+}
+
+LogicalResult SliceGradOp::verify() {
+  SmallVector<Type> types;
+  if (failed(SliceOp::inferReturnTypes(getContext(), getLoc(),
+                                       SliceOp::Adaptor({getResult()}, {},
+                                           [&] {
+                                             SliceOp::Properties p;
+                                             p.start = getStartAttr();
+                                             p.limit = getLimitAttr();
+                                             p.stride = getStrideAttr();
+                                             return p;
+                                           }()),
+                                       types)))
+    return failure();
+  return expectType(*this, "grad (the sliced shape)", types[0],
+                    getGrad().getType());
+}
+
 #define GET_OP_CLASSES
 #include "dialects/DLOpt/IR/DLOptOps.cpp.inc"

@@ -409,13 +409,15 @@ def DLOpt_RopeOp : DLOpt_Op<"rope", [Pure, SameOperandsAndResultType]> {
   let summary = "rotary position embedding over the last dim, positions along dim -2";
   let description = [{
     Half-split rotation: for `i < D/2`, angle `p * theta^(-2i/D)` rotates the
-    pair `(x[i], x[i + D/2])`, where `p` is the index along dim -2.
+    pair `(x[i], x[i + D/2])`, where `p` is the index along dim -2. With
+    `inverse` the rotation is by the negated angle (the gradient of rope).
 
     ```mlir
     %y = dlopt.rope %x {theta = 1.0e+04 : f64} : tensor<2x4x16x8xf32>
     ```
   }];
-  let arguments = (ins DLOpt_FloatTensor:$input, DefaultValuedAttr<F64Attr, "10000.0">:$theta);
+  let arguments = (ins DLOpt_FloatTensor:$input, DefaultValuedAttr<F64Attr, "10000.0">:$theta,
+                       UnitAttr:$inverse);
   let results = (outs DLOpt_FloatTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($result)";
   let hasVerifier = 1;
@@ -532,6 +534,229 @@ def DLOpt_MSEOp : DLOpt_Op<"mse", [Pure, InferTypeOpAdaptor]> {
   let arguments = (ins DLOpt_FloatTensor:$lhs, DLOpt_FloatTensor:$rhs);
   let results = (outs DLOpt_FloatScalar:$result);
   let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)";
+}
+
+//===----------------------------------------------------------------------===//
+// Gradient ops: the backward counterparts that dlopt-autodiff emits where a
+// composition of primitive ops would be slow or imprecise.
+//===----------------------------------------------------------------------===//
+
+def DLOpt_ScatterAddOp : DLOpt_Op<"scatter_add", [Pure]> {
+  let summary = "sums rows of updates into a zero table at integer ids (gather's gradient)";
+  let description = [{
+    `result[ids[i], ...] += updates[i, ...]` over a zero-initialized result of
+    shape `[V, rest...]`; `updates` has shape `ids.shape ++ rest`.
+
+    ```mlir
+    %g = dlopt.scatter_add %ids, %dy : tensor<2x5xi32>, tensor<2x5x16xf32> -> tensor<100x16xf32>
+    ```
+  }];
+  let arguments = (ins DLOpt_IntTensor:$ids, DLOpt_FloatTensor:$updates);
+  let results = (outs DLOpt_FloatTensor:$result);
+  let assemblyFormat = "$ids `,` $updates attr-dict `:` type($ids) `,` type($updates) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+class DLOpt_SoftmaxGradLikeOp<string mnemonic, string formula>
+    : DLOpt_Op<mnemonic, [Pure, SameOperandsAndResultType]> {
+  let summary = "gradient of " # formula # " from its output and the output gradient";
+  let description = "Given `y` (the forward output) and `dy`, computes the input "
+      # "gradient along `dim`. See docs/ops.md.\n\n```mlir\n%dx = dlopt." # mnemonic
+      # " %y, %dy dim = 1 : tensor<4x8xf32>\n```";
+  let arguments = (ins DLOpt_FloatTensor:$output, DLOpt_FloatTensor:$grad, DLOpt_I64Attr:$dim);
+  let results = (outs DLOpt_FloatTensor:$result);
+  let assemblyFormat = "$output `,` $grad `dim` `=` $dim attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def DLOpt_SoftmaxGradOp : DLOpt_SoftmaxGradLikeOp<"softmax_grad", "softmax">;
+def DLOpt_LogSoftmaxGradOp : DLOpt_SoftmaxGradLikeOp<"log_softmax_grad", "log_softmax">;
+
+def DLOpt_LayerNormGradOp : DLOpt_Op<"layer_norm_grad", [Pure]> {
+  let summary = "gradients of layer_norm: input, weight and bias";
+  let description = [{
+    Recomputes the statistics of `input` over dims `[axis, rank)` and returns
+    `(d input, d weight, d bias)`; the last two are shaped `input.shape[axis:]`
+    (computed as if weight were ones when it is absent).
+
+    ```mlir
+    %dx, %dw, %db = dlopt.layer_norm_grad %x, %dy weight(%w) {eps = 1.0e-05 : f64}
+        : (tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<8xf32>) -> (tensor<2x4x8xf32>, tensor<8xf32>, tensor<8xf32>)
+    ```
+  }];
+  let arguments = (ins DLOpt_FloatTensor:$input, DLOpt_FloatTensor:$grad,
+                       Optional<DLOpt_FloatTensor>:$weight,
+                       DefaultValuedAttr<DLOpt_I64Attr, "-1">:$axis,
+                       DefaultValuedAttr<F64Attr, "1.0e-5">:$eps);
+  let results = (outs DLOpt_FloatTensor:$input_grad, DLOpt_FloatTensor:$weight_grad,
+                      DLOpt_FloatTensor:$bias_grad);
+  let assemblyFormat = "$input `,` $grad (`weight` `(` $weight^ `)`)? attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def DLOpt_RMSNormGradOp : DLOpt_Op<"rms_norm_grad", [Pure]> {
+  let summary = "gradients of rms_norm: input and weight";
+  let description = [{
+    ```mlir
+    %dx, %dw = dlopt.rms_norm_grad %x, %dy weight(%w)
+        : (tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<8xf32>) -> (tensor<2x4x8xf32>, tensor<8xf32>)
+    ```
+  }];
+  let arguments = (ins DLOpt_FloatTensor:$input, DLOpt_FloatTensor:$grad,
+                       Optional<DLOpt_FloatTensor>:$weight,
+                       DefaultValuedAttr<DLOpt_I64Attr, "-1">:$axis,
+                       DefaultValuedAttr<F64Attr, "1.0e-6">:$eps);
+  let results = (outs DLOpt_FloatTensor:$input_grad, DLOpt_FloatTensor:$weight_grad);
+  let assemblyFormat = "$input `,` $grad (`weight` `(` $weight^ `)`)? attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def DLOpt_AttentionGradOp : DLOpt_Op<"attention_grad", [Pure]> {
+  let summary = "gradients of attention for query, key and value";
+  let description = [{
+    Recomputes the attention probabilities from `q`, `k` (with the same
+    `causal` and `scale`) and returns `(dq, dk, dv)` for the output gradient
+    `dout`. With grouped kv heads, dk and dv sum over the query heads of a group.
+
+    ```mlir
+    %dq, %dk, %dv = dlopt.attention_grad %q, %k, %v, %do {causal, scale = 0.125 : f64}
+        : (tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>)
+        -> (tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>)
+    ```
+  }];
+  let arguments = (ins DLOpt_FloatTensor:$query, DLOpt_FloatTensor:$key,
+                       DLOpt_FloatTensor:$value, DLOpt_FloatTensor:$grad,
+                       UnitAttr:$causal, OptionalAttr<F64Attr>:$scale);
+  let results = (outs DLOpt_FloatTensor:$query_grad, DLOpt_FloatTensor:$key_grad,
+                      DLOpt_FloatTensor:$value_grad);
+  let assemblyFormat = "$query `,` $key `,` $value `,` $grad attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+class DLOpt_ConvGradOp<string mnemonic, string what, string first, string second>
+    : DLOpt_Op<mnemonic, [Pure]> {
+  let summary = "gradient of conv2d with respect to its " # what;
+  let description = "Same attributes as `dlopt.conv2d`; the result type is "
+      # "given and checked by running conv2d's shape rule forward.\n\n```mlir\n"
+      # "%d = dlopt." # mnemonic # " %a, %b {padding = array<i64: 1, 1>} : "
+      # "(tensor<..>, tensor<..>) -> tensor<..>\n```";
+  let arguments = (ins DLOpt_FloatTensor:$lhs, DLOpt_FloatTensor:$rhs,
+                       DefaultValuedAttr<DenseI64ArrayAttr, "{1, 1}">:$stride,
+                       DefaultValuedAttr<DenseI64ArrayAttr, "{0, 0}">:$padding,
+                       DefaultValuedAttr<DenseI64ArrayAttr, "{1, 1}">:$dilation,
+                       DefaultValuedAttr<DLOpt_I64Attr, "1">:$groups);
+  let results = (outs DLOpt_FloatTensor:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+/// Operands: the output gradient [N, O, OH, OW] and the filter.
+def DLOpt_Conv2DGradInputOp : DLOpt_ConvGradOp<"conv2d_grad_input", "input", "grad", "filter">;
+/// Operands: the forward input [N, C, H, W] and the output gradient.
+def DLOpt_Conv2DGradFilterOp : DLOpt_ConvGradOp<"conv2d_grad_filter", "filter", "input", "grad">;
+
+def DLOpt_MaxPool2DGradOp : DLOpt_Op<"max_pool2d_grad", [Pure, AllTypesMatch<["input", "result"]>]> {
+  let summary = "gradient of max_pool2d: each window's gradient goes to its first maximum";
+  let description = [{
+    ```mlir
+    %dx = dlopt.max_pool2d_grad %x, %dy {kernel = array<i64: 2, 2>}
+        : (tensor<1x4x8x8xf32>, tensor<1x4x4x4xf32>) -> tensor<1x4x8x8xf32>
+    ```
+  }];
+  let arguments = (ins DLOpt_FloatTensor:$input, DLOpt_FloatTensor:$grad,
+                       DenseI64ArrayAttr:$kernel, OptionalAttr<DenseI64ArrayAttr>:$stride,
+                       DefaultValuedAttr<DenseI64ArrayAttr, "{0, 0}">:$padding);
+  let results = (outs DLOpt_FloatTensor:$result);
+  let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def DLOpt_AvgPool2DGradOp : DLOpt_Op<"avg_pool2d_grad", [Pure]> {
+  let summary = "gradient of avg_pool2d";
+  let description = [{
+    ```mlir
+    %dx = dlopt.avg_pool2d_grad %dy {kernel = array<i64: 2, 2>} : tensor<1x4x4x4xf32> -> tensor<1x4x8x8xf32>
+    ```
+  }];
+  let arguments = (ins DLOpt_FloatTensor:$grad, DenseI64ArrayAttr:$kernel,
+                       OptionalAttr<DenseI64ArrayAttr>:$stride,
+                       DefaultValuedAttr<DenseI64ArrayAttr, "{0, 0}">:$padding,
+                       DefaultValuedAttr<BoolAttr, "true">:$count_include_pad);
+  let results = (outs DLOpt_FloatTensor:$result);
+  let assemblyFormat = "$grad attr-dict `:` type($grad) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def DLOpt_BatchNormGradOp : DLOpt_Op<"batch_norm_grad", [Pure]> {
+  let summary = "gradients of batch_norm: input, weight and bias";
+  let description = [{
+    With `training`, recomputes the batch statistics of `input` (the running
+    statistics operands are then unused); otherwise uses them.
+
+    ```mlir
+    %dx, %dw, %db = dlopt.batch_norm_grad %x, %w, %m, %v, %dy {training}
+        : (tensor<8x4x6x6xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<8x4x6x6xf32>)
+        -> (tensor<8x4x6x6xf32>, tensor<4xf32>, tensor<4xf32>)
+    ```
+  }];
+  let arguments = (ins DLOpt_FloatTensor:$input, DLOpt_FloatTensor:$weight,
+                       DLOpt_FloatTensor:$running_mean, DLOpt_FloatTensor:$running_var,
+                       DLOpt_FloatTensor:$grad,
+                       DefaultValuedAttr<F64Attr, "1.0e-5">:$eps, UnitAttr:$training);
+  let results = (outs DLOpt_FloatTensor:$input_grad, DLOpt_FloatTensor:$weight_grad,
+                      DLOpt_FloatTensor:$bias_grad);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def DLOpt_CrossEntropyGradOp : DLOpt_Op<"cross_entropy_grad", [Pure]> {
+  let summary = "gradient of cross_entropy with respect to the logits";
+  let description = [{
+    `(softmax(logits[i]) - onehot(label[i])) * dloss / count` for rows whose
+    label is not `ignore_index`, 0 for ignored rows; `count` is the number of
+    rows not ignored.
+
+    ```mlir
+    %dl = dlopt.cross_entropy_grad %logits, %labels, %dloss
+        : (tensor<8x10xf32>, tensor<8xi32>, tensor<f32>) -> tensor<8x10xf32>
+    ```
+  }];
+  let arguments = (ins DLOpt_FloatTensor:$logits, DLOpt_IntTensor:$labels,
+                       DLOpt_FloatScalar:$grad,
+                       DefaultValuedAttr<DLOpt_I64Attr, "-100">:$ignore_index);
+  let results = (outs DLOpt_FloatTensor:$result);
+  let assemblyFormat = "$logits `,` $labels `,` $grad attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def DLOpt_GeluGradOp : DLOpt_Op<"gelu_grad", [Pure, SameOperandsAndResultType]> {
+  let summary = "gradient of gelu: dy * gelu'(x)";
+  let description = [{
+    ```mlir
+    %dx = dlopt.gelu_grad %x, %dy {approximate = "tanh"} : tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins DLOpt_FloatTensor:$input, DLOpt_FloatTensor:$grad,
+                       DefaultValuedStrAttr<StrAttr, "none">:$approximate);
+  let results = (outs DLOpt_FloatTensor:$result);
+  let assemblyFormat = "$input `,` $grad attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def DLOpt_SliceGradOp : DLOpt_Op<"slice_grad", [Pure, SameOperandsAndResultElementType]> {
+  let summary = "places a slice's gradient into zeros of the sliced tensor's shape";
+  let description = [{
+    The adjoint of `dlopt.slice` with the same `start`, `limit` and `stride`.
+
+    ```mlir
+    %dx = dlopt.slice_grad %dy start = [0, 1] limit = [4, 8] stride = [1, 2] : tensor<4x4xf32> -> tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins DLOpt_FloatTensor:$grad, DenseI64ArrayAttr:$start,
+                       DenseI64ArrayAttr:$limit, DenseI64ArrayAttr:$stride);
+  let results = (outs DLOpt_FloatTensor:$result);
+  let assemblyFormat = "$grad `start` `=` $start `limit` `=` $limit `stride` `=` $stride attr-dict `:` type($grad) `->` type($result)";
+  let hasVerifier = 1;
 }
 
 #endif // DLOPT_OPS_TD
