@@ -25,9 +25,9 @@ echo "dlopt-compile gpt3-175b: $(best_of 3 "$B/dlopt-compile" "$W/gpt3-175b.mlir
 echo "dlopt-opt parse+verify gpt3-175b: $(best_of 3 "$B/dlopt-opt" "$W/gpt3-175b.mlir" -o /dev/null) s  (target < 2 s)"
 "$B/dlopt-compile" "$W/gpt3-175b.mlir" -o "$W/g.plan" --timing
 
-if [ -x "$B/dlopt-bench-matmul" ]; then
+if [ -x "$B/dlopt-bench-cpu-matmul" ]; then
   echo "== matmul"
-  "$B/dlopt-bench-matmul"
+  "$B/dlopt-bench-cpu-matmul"
 fi
 
 echo "== CPU forward (f32, seed 0, synthetic tokens)"

@@ -180,7 +180,43 @@ static void normalizeAttrs(Operation *op, Attrs &a) {
         a["scale"] = o.getScale() ? o.getScale()->convertToDouble()
                                   : 1.0 / std::sqrt(double(d));
       })
-      .Case([&](dl::RopeOp o) { a["theta"] = o.getTheta().convertToDouble(); })
+      .Case([&](dl::RopeOp o) {
+        a["theta"] = o.getTheta().convertToDouble();
+        a["inverse"] = int64_t(o.getInverse());
+      })
+      .Case([&](dl::GeluGradOp o) { a["approximate"] = o.getApproximate().str(); })
+      .Case<dl::SoftmaxGradOp, dl::LogSoftmaxGradOp>([&](auto o) {
+        a["dim"] = dl::normalizeDim(o.getDim(), rankOf(o.getResult()));
+      })
+      .Case<dl::LayerNormGradOp, dl::RMSNormGradOp>([&](auto o) {
+        a["axis"] = dl::normalizeDim(o.getAxis(), rankOf(o.getInput()));
+        a["eps"] = o.getEps().convertToDouble();
+        a["has_weight"] = int64_t(bool(o.getWeight()));
+      })
+      .Case([&](dl::AttentionGradOp o) {
+        a["causal"] = int64_t(o.getCausal());
+        int64_t d = o.getQuery().getType().getDimSize(3);
+        a["scale"] = o.getScale() ? o.getScale()->convertToDouble()
+                                  : 1.0 / std::sqrt(double(d));
+      })
+      .Case<dl::Conv2DGradInputOp, dl::Conv2DGradFilterOp>([&](auto o) {
+        a["stride"] = vec(o.getStride());
+        a["padding"] = vec(o.getPadding());
+        a["dilation"] = vec(o.getDilation());
+        a["groups"] = o.getGroups();
+      })
+      .Case<dl::MaxPool2DGradOp, dl::AvgPool2DGradOp>([&](auto o) {
+        a["kernel"] = vec(o.getKernel());
+        a["stride"] = o.getStride() ? vec(*o.getStride()) : vec(o.getKernel());
+        a["padding"] = vec(o.getPadding());
+        if constexpr (std::is_same_v<decltype(o), dl::AvgPool2DGradOp>)
+          a["count_include_pad"] = int64_t(o.getCountIncludePad());
+      })
+      .Case([&](dl::BatchNormGradOp o) {
+        a["eps"] = o.getEps().convertToDouble();
+        a["training"] = int64_t(o.getTraining());
+      })
+      .Case([&](dl::CrossEntropyGradOp o) { a["ignore_index"] = o.getIgnoreIndex(); })
       .Case([&](dl::Conv2DOp o) {
         a["stride"] = vec(o.getStride());
         a["padding"] = vec(o.getPadding());

@@ -22,9 +22,9 @@ Status getPair(const Instr &instr, const std::string &name,
                std::vector<int64_t> &out, int64_t minValue) {
   DLOPT_RETURN_IF_ERROR(getOptIntsAttr(instr, name, out));
   if (out.size() != 2 || out[0] < minValue || out[1] < minValue)
-    return opError(instr, "expects '" + name + "' to be 2 ints >= " +
-                              std::to_string(minValue) + ", got " +
-                              shapeStr(out));
+    return opError(instr, "expects '" + name +
+                              "' to be 2 ints >= " + std::to_string(minValue) +
+                              ", got " + shapeStr(out));
   return Status::ok();
 }
 
@@ -40,15 +40,15 @@ Status conv2dKernel(const Instr &instr, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(checkFloat(instr, "x", tx));
   if (tx.shape.size() != 4 || tw.shape.size() != 4 || tw.dtype != tx.dtype)
     return opError(instr, "expects x [N,C,H,W] and w [O,C/groups,KH,KW] of "
-                          "one float type, got " + typeStr(tx) + " and " +
-                              typeStr(tw));
+                          "one float type, got " +
+                              typeStr(tx) + " and " + typeStr(tw));
   bool hasBias = ins.size() == 3;
   DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "has_bias", hasBias));
   if (ins.size() != 2 + size_t(hasBias))
-    return opError(instr, "expects " + std::to_string(2 + hasBias) +
-                              " operands (has_bias = " +
-                              std::to_string(hasBias) + "), got " +
-                              std::to_string(ins.size()));
+    return opError(instr,
+                   "expects " + std::to_string(2 + hasBias) +
+                       " operands (has_bias = " + std::to_string(hasBias) +
+                       "), got " + std::to_string(ins.size()));
   std::vector<int64_t> stride{1, 1}, padding{0, 0}, dilation{1, 1};
   int64_t groups = 1;
   DLOPT_RETURN_IF_ERROR(getPair(instr, "stride", stride, 1));
@@ -56,8 +56,7 @@ Status conv2dKernel(const Instr &instr, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(getPair(instr, "dilation", dilation, 1));
   DLOPT_RETURN_IF_ERROR(getOptIntAttr(instr, "groups", groups));
   int64_t n = tx.shape[0], c = tx.shape[1], h = tx.shape[2], w = tx.shape[3];
-  int64_t o = tw.shape[0], cg = tw.shape[1], kh = tw.shape[2],
-          kw = tw.shape[3];
+  int64_t o = tw.shape[0], cg = tw.shape[1], kh = tw.shape[2], kw = tw.shape[3];
   if (groups < 1 || c != cg * groups || o % groups != 0)
     return opError(instr, "expects C = Cg * groups and O % groups == 0, got " +
                               typeStr(tx) + ", " + typeStr(tw) +
@@ -123,8 +122,8 @@ Status conv2dKernel(const Instr &instr, Ins ins, Outs outs) {
               const float *xc = xg + ci * h * w;
               float *dst = col.data() + r * cols;
               for (int64_t yy = 0; yy < rows; ++yy) {
-                int64_t iy = (r0 + yy) * stride[0] - padding[0] +
-                             ky * dilation[0];
+                int64_t iy =
+                    (r0 + yy) * stride[0] - padding[0] + ky * dilation[0];
                 float *d = dst + yy * ow;
                 if (iy < 0 || iy >= h) {
                   std::fill(d, d + ow, 0.0f);
@@ -167,8 +166,8 @@ template <bool Max> Status poolKernel(const Instr &instr, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", tx));
   size_t rank = tx.shape.size();
   if (rank < 2)
-    return opError(instr, "expects rank >= 2 ([..., H, W]), got " +
-                              typeStr(tx));
+    return opError(instr,
+                   "expects rank >= 2 ([..., H, W]), got " + typeStr(tx));
   std::vector<int64_t> kernel, padding{0, 0};
   DLOPT_RETURN_IF_ERROR(getIntsAttr(instr, "kernel", kernel));
   if (kernel.size() != 2 || kernel[0] < 1 || kernel[1] < 1)
@@ -190,8 +189,8 @@ template <bool Max> Status poolKernel(const Instr &instr, Ins ins, Outs outs) {
   std::vector<int64_t> expected(tx.shape.begin(), tx.shape.end() - 2);
   expected.push_back(oh);
   expected.push_back(ow);
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type,
-                                  TensorType{tx.dtype, expected}));
+  DLOPT_RETURN_IF_ERROR(
+      checkType(instr, "result", outs[0].type, TensorType{tx.dtype, expected}));
   int64_t planes = product(tx.shape, 0, rank - 2);
   return dispatchFloat(tx.dtype, [&](auto tag) -> Status {
     using T = decltype(tag);
@@ -225,10 +224,10 @@ template <bool Max> Status poolKernel(const Instr &instr, Ins ins, Outs outs) {
                         for (int64_t iy = ya; iy < yb; ++iy)
                           for (int64_t ix = xa; ix < xb; ++ix)
                             s += double(toF32(xp[iy * w + ix]));
-                        int64_t cnt =
-                            includePad ? kernel[0] * kernel[1]
-                                       : std::max<int64_t>(yb - ya, 0) *
-                                             std::max<int64_t>(xb - xa, 0);
+                        int64_t cnt = includePad
+                                          ? kernel[0] * kernel[1]
+                                          : std::max<int64_t>(yb - ya, 0) *
+                                                std::max<int64_t>(xb - xa, 0);
                         r = cnt > 0 ? float(s / double(cnt)) : 0.0f;
                       }
                       yr[ox] = fromF32<T>(r);

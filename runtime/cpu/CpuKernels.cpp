@@ -9,7 +9,7 @@
 #include "runtime/cpu/CpuKernels.h"
 #include "runtime/cpu/KernelUtil.h"
 
-#include <sstream>
+#include <algorithm>
 
 namespace dlopt::rt::cpu {
 
@@ -59,8 +59,7 @@ Status checkArityRange(const Instr &instr, Ins ins, Outs outs, size_t minIns,
   }
   if (outs.size() != numOuts)
     return opError(instr, "expects " + std::to_string(numOuts) +
-                              " result(s), got " +
-                              std::to_string(outs.size()));
+                              " result(s), got " + std::to_string(outs.size()));
   return Status::ok();
 }
 
@@ -69,8 +68,7 @@ Status checkFloat(const Instr &instr, const std::string &what,
   if (isFloat(t.dtype))
     return Status::ok();
   return opError(instr, "expects " + what +
-                            " to have a float element type, got " +
-                            typeStr(t));
+                            " to have a float element type, got " + typeStr(t));
 }
 
 Status checkNumeric(const Instr &instr, const std::string &what,
@@ -145,15 +143,14 @@ Status getOptFloatAttr(const Instr &instr, const std::string &name,
                        double &out) {
   return instr.hasAttr(name) ? getFloatAttr(instr, name, out) : Status::ok();
 }
-Status getOptBoolAttr(const Instr &instr, const std::string &name,
-                      bool &out) {
+Status getOptBoolAttr(const Instr &instr, const std::string &name, bool &out) {
   if (!instr.hasAttr(name))
     return Status::ok();
   int64_t v = 0;
   DLOPT_RETURN_IF_ERROR(getIntAttr(instr, name, v));
   if (v != 0 && v != 1)
-    return opError(instr, "expects attribute '" + name + "' to be 0 or 1, got " +
-                              std::to_string(v));
+    return opError(instr, "expects attribute '" + name +
+                              "' to be 0 or 1, got " + std::to_string(v));
   out = v != 0;
   return Status::ok();
 }
@@ -176,8 +173,7 @@ std::vector<int64_t> contiguousStrides(const std::vector<int64_t> &shape) {
 }
 
 bool broadcastShapes(const std::vector<int64_t> &a,
-                     const std::vector<int64_t> &b,
-                     std::vector<int64_t> &out) {
+                     const std::vector<int64_t> &b, std::vector<int64_t> &out) {
   size_t r = std::max(a.size(), b.size());
   out.assign(r, 1);
   for (size_t i = 0; i < r; ++i) {
@@ -277,9 +273,9 @@ static Status checkTensor(const Instr &instr, const char *kind, size_t i,
                           const TensorRef &t) {
   for (int64_t d : t.type.shape)
     if (d < 0)
-      return opError(instr, std::string(kind) + " #" + std::to_string(i) +
-                                " has a negative dimension: " +
-                                typeStr(t.type));
+      return opError(instr,
+                     std::string(kind) + " #" + std::to_string(i) +
+                         " has a negative dimension: " + typeStr(t.type));
   if (t.data == nullptr && t.numElements() > 0)
     return opError(instr, std::string(kind) + " #" + std::to_string(i) +
                               " has no buffer");

@@ -97,8 +97,8 @@ template <Unary K> inline float unaryF(float x) {
     return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
   else
     return 0.5f * x *
-           (1.0f + std::tanh(0.79788456080286536f *
-                             (x + 0.044715f * x * x * x)));
+           (1.0f +
+            std::tanh(0.79788456080286536f * (x + 0.044715f * x * x * x)));
 }
 
 template <Unary K, typename I> inline I unaryI(I x) {
@@ -158,7 +158,8 @@ Status geluKernel(const Instr &instr, Ins ins, Outs outs) {
   if (approx == "tanh")
     return runUnaryTyped<Unary::GeluTanh>(instr, ins[0], outs[0]);
   return opError(instr, "expects attribute 'approximate' to be \"none\" or "
-                        "\"tanh\", got \"" + approx + "\"");
+                        "\"tanh\", got \"" +
+                            approx + "\"");
 }
 
 //===----------------------------------------------------------------------===//
@@ -271,25 +272,25 @@ void broadcast2(const BroadcastPlan &p, const TA *a, const TA *b, TO *out,
                 int64_t cost, F f) {
   int64_t inner = p.inner();
   int64_t sa = p.strides[0].back(), sb = p.strides[1].back();
-  forEachRowSegment(p.outer(), inner, cost, [&](int64_t row, int64_t j0,
-                                                int64_t j1) {
-    const TA *pa = a + p.rowOffset(0, row) + j0 * sa;
-    const TA *pb = b + p.rowOffset(1, row) + j0 * sb;
-    TO *po = out + row * inner + j0;
-    int64_t len = j1 - j0;
-    if (sa == 1 && sb == 1)
-      for (int64_t j = 0; j < len; ++j)
-        po[j] = f(pa[j], pb[j]);
-    else if (sa == 1)
-      for (int64_t j = 0; j < len; ++j)
-        po[j] = f(pa[j], pb[0]);
-    else if (sb == 1)
-      for (int64_t j = 0; j < len; ++j)
-        po[j] = f(pa[0], pb[j]);
-    else
-      for (int64_t j = 0; j < len; ++j)
-        po[j] = f(pa[0], pb[0]);
-  });
+  forEachRowSegment(p.outer(), inner, cost,
+                    [&](int64_t row, int64_t j0, int64_t j1) {
+                      const TA *pa = a + p.rowOffset(0, row) + j0 * sa;
+                      const TA *pb = b + p.rowOffset(1, row) + j0 * sb;
+                      TO *po = out + row * inner + j0;
+                      int64_t len = j1 - j0;
+                      if (sa == 1 && sb == 1)
+                        for (int64_t j = 0; j < len; ++j)
+                          po[j] = f(pa[j], pb[j]);
+                      else if (sa == 1)
+                        for (int64_t j = 0; j < len; ++j)
+                          po[j] = f(pa[j], pb[0]);
+                      else if (sb == 1)
+                        for (int64_t j = 0; j < len; ++j)
+                          po[j] = f(pa[0], pb[j]);
+                      else
+                        for (int64_t j = 0; j < len; ++j)
+                          po[j] = f(pa[0], pb[0]);
+                    });
 }
 
 /// Checks operand/result shapes of a broadcasting binary op and plans it.
@@ -311,7 +312,8 @@ Status planBinary(const Instr &instr, Ins ins, Outs outs, BroadcastPlan &p) {
   return Status::ok();
 }
 
-template <Binary K> Status binaryKernel(const Instr &instr, Ins ins, Outs outs) {
+template <Binary K>
+Status binaryKernel(const Instr &instr, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
   BroadcastPlan p;
   DLOPT_RETURN_IF_ERROR(planBinary(instr, ins, outs, p));
@@ -320,7 +322,8 @@ template <Binary K> Status binaryKernel(const Instr &instr, Ins ins, Outs outs) 
     DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", t));
   else
     DLOPT_RETURN_IF_ERROR(checkNumeric(instr, "operand #0", t));
-  DLOPT_RETURN_IF_ERROR(checkDType(instr, "result", outs[0].type.dtype, t.dtype));
+  DLOPT_RETURN_IF_ERROR(
+      checkDType(instr, "result", outs[0].type.dtype, t.dtype));
   if (outs[0].numElements() == 0)
     return Status::ok();
   constexpr int64_t cost = K == Binary::Pow ? 16 : (K == Binary::Div ? 4 : 1);
@@ -342,8 +345,7 @@ template <Binary K> Status binaryKernel(const Instr &instr, Ins ins, Outs outs) 
             return opError(instr, "integer division by zero (element " +
                                       std::to_string(i) + " of operand #1)");
       }
-      broadcast2(p, a, b, o, cost,
-                 [](T x, T y) { return binaryI<K>(x, y); });
+      broadcast2(p, a, b, o, cost, [](T x, T y) { return binaryI<K>(x, y); });
     }
     return Status::ok();
   });
@@ -356,9 +358,8 @@ Status runCompare(const BroadcastPlan &p, const TensorRef &a,
     using T = decltype(tag);
     uint8_t *o = out.as<uint8_t>();
     if constexpr (isFloatStorage<T>)
-      broadcast2(p, a.as<T>(), b.as<T>(), o, 1, [](T x, T y) {
-        return comparePred<P>(toF32(x), toF32(y));
-      });
+      broadcast2(p, a.as<T>(), b.as<T>(), o, 1,
+                 [](T x, T y) { return comparePred<P>(toF32(x), toF32(y)); });
     else
       broadcast2(p, a.as<T>(), b.as<T>(), o, 1,
                  [](T x, T y) { return comparePred<P>(x, y); });
@@ -388,7 +389,8 @@ Status compareKernel(const Instr &instr, Ins ins, Outs outs) {
   if (pred == "ge")
     return runCompare<Pred::Ge>(p, ins[0], ins[1], outs[0]);
   return opError(instr, "expects attribute 'predicate' to be one of eq, ne, "
-                        "lt, le, gt, ge, got '" + pred + "'");
+                        "lt, le, gt, ge, got '" +
+                            pred + "'");
 }
 
 //===----------------------------------------------------------------------===//
@@ -401,10 +403,11 @@ Status selectKernel(const Instr &instr, Ins ins, Outs outs) {
       checkDType(instr, "operand #0", ins[0].type.dtype, DType::I1));
   if (ins[1].type.dtype != ins[2].type.dtype)
     return opError(instr, "expects operands #1 and #2 of the same element "
-                          "type, got " + typeStr(ins[1].type) + " and " +
+                          "type, got " +
+                              typeStr(ins[1].type) + " and " +
                               typeStr(ins[2].type));
-  DLOPT_RETURN_IF_ERROR(checkDType(instr, "result", outs[0].type.dtype,
-                                   ins[1].type.dtype));
+  DLOPT_RETURN_IF_ERROR(
+      checkDType(instr, "result", outs[0].type.dtype, ins[1].type.dtype));
   std::vector<int64_t> s01, shape;
   if (!broadcastShapes(ins[0].type.shape, ins[1].type.shape, s01) ||
       !broadcastShapes(s01, ins[2].type.shape, shape))
@@ -426,14 +429,14 @@ Status selectKernel(const Instr &instr, Ins ins, Outs outs) {
     int64_t inner = p.inner();
     int64_t sc = p.strides[0].back(), sa = p.strides[1].back(),
             sb = p.strides[2].back();
-    forEachRowSegment(p.outer(), inner, 1, [&](int64_t row, int64_t j0,
-                                               int64_t j1) {
-      const uint8_t *pc = c + p.rowOffset(0, row);
-      const T *pa = a + p.rowOffset(1, row), *pb = b + p.rowOffset(2, row);
-      T *po = o + row * inner;
-      for (int64_t j = j0; j < j1; ++j)
-        po[j] = pc[j * sc] ? pa[j * sa] : pb[j * sb];
-    });
+    forEachRowSegment(
+        p.outer(), inner, 1, [&](int64_t row, int64_t j0, int64_t j1) {
+          const uint8_t *pc = c + p.rowOffset(0, row);
+          const T *pa = a + p.rowOffset(1, row), *pb = b + p.rowOffset(2, row);
+          T *po = o + row * inner;
+          for (int64_t j = j0; j < j1; ++j)
+            po[j] = pc[j * sc] ? pa[j * sa] : pb[j * sb];
+        });
     return Status::ok();
   });
 }

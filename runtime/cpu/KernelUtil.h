@@ -74,7 +74,8 @@ template <typename T> inline void loadF32(const T *src, float *dst, int64_t n) {
     for (int64_t i = 0; i < n; ++i)
       dst[i] = toF32(src[i]);
 }
-template <typename T> inline void storeF32(const float *src, T *dst, int64_t n) {
+template <typename T>
+inline void storeF32(const float *src, T *dst, int64_t n) {
   if constexpr (std::is_same_v<T, float>)
     std::memcpy(dst, src, size_t(n) * sizeof(float));
   else
@@ -125,8 +126,7 @@ Status getIntsAttr(const Instr &instr, const std::string &name,
                    std::vector<int64_t> &out);
 Status getFloatAttr(const Instr &instr, const std::string &name, double &out);
 /// Optional variants: `out` keeps its default when the attribute is absent.
-Status getOptIntAttr(const Instr &instr, const std::string &name,
-                     int64_t &out);
+Status getOptIntAttr(const Instr &instr, const std::string &name, int64_t &out);
 Status getOptIntsAttr(const Instr &instr, const std::string &name,
                       std::vector<int64_t> &out);
 Status getOptFloatAttr(const Instr &instr, const std::string &name,
@@ -204,8 +204,7 @@ std::vector<int64_t> contiguousStrides(const std::vector<int64_t> &shape);
 
 /// NumPy broadcast of `a` and `b`; false when incompatible.
 bool broadcastShapes(const std::vector<int64_t> &a,
-                     const std::vector<int64_t> &b,
-                     std::vector<int64_t> &out);
+                     const std::vector<int64_t> &b, std::vector<int64_t> &out);
 
 /// Operands broadcast into an output shape, with size-1 dims dropped and
 /// compatible neighbours merged, so the innermost dim is as long as

@@ -35,10 +35,9 @@ Status crossEntropyKernel(const Instr &instr, Ins ins, Outs outs) {
     labels[i] = ty.dtype == DType::I32 ? int64_t(ins[1].as<int32_t>()[i])
                                        : ins[1].as<int64_t>()[i];
     if (labels[i] != ignore && (labels[i] < 0 || labels[i] >= c))
-      return opError(instr, "label " + std::to_string(labels[i]) +
-                                " of row " + std::to_string(i) +
-                                " is outside [0, " + std::to_string(c) +
-                                ") and not ignore_index (" +
+      return opError(instr, "label " + std::to_string(labels[i]) + " of row " +
+                                std::to_string(i) + " is outside [0, " +
+                                std::to_string(c) + ") and not ignore_index (" +
                                 std::to_string(ignore) + ")");
   }
   return dispatchFloat(tl.dtype, [&](auto tag) -> Status {
@@ -66,7 +65,8 @@ Status crossEntropyKernel(const Instr &instr, Ins ins, Outs outs) {
         total += rowLoss[i];
         ++count;
       }
-    outs[0].as<T>()[0] = fromF32<T>(count ? float(total / double(count)) : 0.0f);
+    outs[0].as<T>()[0] =
+        fromF32<T>(count ? float(total / double(count)) : 0.0f);
     return Status::ok();
   });
 }
@@ -99,8 +99,8 @@ Status mseKernel(const Instr &instr, Ins ins, Outs outs) {
     double total = 0;
     for (double p : partial)
       total += p;
-    outs[0].as<T>()[0] =
-        fromF32<T>(n ? float(total / double(n)) : std::numeric_limits<float>::quiet_NaN());
+    outs[0].as<T>()[0] = fromF32<T>(
+        n ? float(total / double(n)) : std::numeric_limits<float>::quiet_NaN());
     return Status::ok();
   });
 }

@@ -30,8 +30,8 @@ void gemmF32(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
     return;
   }
   cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
-              transB ? CblasTrans : CblasNoTrans, int(m), int(n), int(k),
-              alpha, a, int(std::max<int64_t>(lda, 1)), b,
+              transB ? CblasTrans : CblasNoTrans, int(m), int(n), int(k), alpha,
+              a, int(std::max<int64_t>(lda, 1)), b,
               int(std::max<int64_t>(ldb, 1)), beta, c,
               int(std::max<int64_t>(ldc, 1)));
 }

@@ -40,7 +40,8 @@ void softmaxInPlace(float *v, int64_t n, bool log) {
   }
 }
 
-template <bool Log> Status softmaxKernel(const Instr &instr, Ins ins, Outs outs) {
+template <bool Log>
+Status softmaxKernel(const Instr &instr, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 1, 1));
   const TensorType &t = ins[0].type;
   DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", t));
@@ -60,26 +61,63 @@ template <bool Log> Status softmaxKernel(const Instr &instr, Ins ins, Outs outs)
     using T = decltype(tag);
     const T *x = ins[0].as<T>();
     T *y = outs[0].as<T>();
-    // One item per (outer, inner) column; contiguous when inner == 1.
-    parallelFor(outer * inner, grainFor(n * 20), [&](int64_t b, int64_t e) {
-      std::vector<float> buf(static_cast<size_t>(n));
-      for (int64_t item = b; item < e; ++item) {
-        int64_t base = (item / inner) * n * inner + item % inner;
-        if (inner == 1) {
-          loadF32(x + base, buf.data(), n);
-        } else {
-          for (int64_t j = 0; j < n; ++j)
-            buf[j] = toF32(x[base + j * inner]);
+    if (inner == 1) {
+      parallelFor(outer, grainFor(n * 20), [&](int64_t b, int64_t e) {
+        std::vector<float> buf(static_cast<size_t>(n));
+        for (int64_t r = b; r < e; ++r) {
+          loadF32(x + r * n, buf.data(), n);
+          softmaxInPlace(buf.data(), n, Log);
+          storeF32(buf.data(), y + r * n, n);
         }
-        softmaxInPlace(buf.data(), n, Log);
-        if (inner == 1) {
-          storeF32(buf.data(), y + base, n);
-        } else {
-          for (int64_t j = 0; j < n; ++j)
-            y[base + j * inner] = fromF32<T>(buf[j]);
-        }
-      }
-    });
+      });
+      return Status::ok();
+    }
+    // Strided: a block of columns is processed row by row (contiguous
+    // reads), with the same per-column arithmetic as softmaxInPlace.
+    constexpr int64_t kCols = 64;
+    int64_t blocks = (inner + kCols - 1) / kCols;
+    parallelFor(
+        outer * blocks, grainFor(n * kCols * 20), [&](int64_t b, int64_t e) {
+          std::vector<float> buf(static_cast<size_t>(n * kCols));
+          float m[kCols];
+          double sum[kCols];
+          for (int64_t item = b; item < e; ++item) {
+            int64_t c0 = (item % blocks) * kCols;
+            int64_t nc = std::min(kCols, inner - c0);
+            int64_t base = (item / blocks) * n * inner + c0;
+            for (int64_t c = 0; c < nc; ++c) {
+              m[c] = -std::numeric_limits<float>::infinity();
+              sum[c] = 0;
+            }
+            for (int64_t j = 0; j < n; ++j) {
+              const T *xr = x + base + j * inner;
+              float *br = buf.data() + j * nc;
+              for (int64_t c = 0; c < nc; ++c) {
+                br[c] = toF32(xr[c]);
+                m[c] = std::max(m[c], br[c]);
+              }
+            }
+            for (int64_t j = 0; j < n; ++j) {
+              float *br = buf.data() + j * nc;
+              for (int64_t c = 0; c < nc; ++c) {
+                float ev = std::exp(br[c] - m[c]);
+                sum[c] += double(ev);
+                if (!Log)
+                  br[c] = ev;
+              }
+            }
+            float scale[kCols];
+            for (int64_t c = 0; c < nc; ++c)
+              scale[c] = Log ? float(std::log(sum[c])) : float(1.0 / sum[c]);
+            for (int64_t j = 0; j < n; ++j) {
+              const float *br = buf.data() + j * nc;
+              T *yr = y + base + j * inner;
+              for (int64_t c = 0; c < nc; ++c)
+                yr[c] = fromF32<T>(Log ? (br[c] - m[c]) - scale[c]
+                                       : br[c] * scale[c]);
+            }
+          }
+        });
     return Status::ok();
   });
 }
@@ -102,20 +140,19 @@ template <bool Rms> Status normKernel(const Instr &instr, Ins ins, Outs outs) {
   if constexpr (!Rms)
     DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "has_bias", hasBias));
   if (ins.size() != 1 + size_t(hasWeight) + size_t(hasBias))
-    return opError(instr, "expects " +
-                              std::to_string(1 + hasWeight + hasBias) +
-                              " operands (has_weight = " +
-                              std::to_string(hasWeight) + ", has_bias = " +
-                              std::to_string(hasBias) + "), got " +
-                              std::to_string(ins.size()));
+    return opError(instr,
+                   "expects " + std::to_string(1 + hasWeight + hasBias) +
+                       " operands (has_weight = " + std::to_string(hasWeight) +
+                       ", has_bias = " + std::to_string(hasBias) + "), got " +
+                       std::to_string(ins.size()));
   if (axis < 0 || axis > int64_t(rank) || (rank > 0 && axis == int64_t(rank)))
     return opError(instr, "expects 'axis' in [0, " + std::to_string(rank) +
                               "), got " + std::to_string(axis));
   std::vector<int64_t> normShape(t.shape.begin() + axis, t.shape.end());
   for (size_t k = 1; k < ins.size(); ++k)
-    DLOPT_RETURN_IF_ERROR(checkType(
-        instr, k == 1 && hasWeight ? "weight" : "bias", ins[k].type,
-        TensorType{t.dtype, normShape}));
+    DLOPT_RETURN_IF_ERROR(
+        checkType(instr, k == 1 && hasWeight ? "weight" : "bias", ins[k].type,
+                  TensorType{t.dtype, normShape}));
   int64_t n = product(normShape, 0, normShape.size());
   int64_t rows = n == 0 ? 0 : t.numElements() / n;
   return dispatchFloat(t.dtype, [&](auto tag) -> Status {
@@ -177,15 +214,17 @@ Status attentionKernel(const Instr &instr, Ins ins, Outs outs) {
   for (const TensorType *t : {&tq, &tk, &tv})
     if (t->shape.size() != 4 || t->dtype != tq.dtype)
       return opError(instr, "expects q, k, v of rank 4 with one float "
-                            "element type, got " + typeStr(tq) + ", " +
-                                typeStr(tk) + ", " + typeStr(tv));
+                            "element type, got " +
+                                typeStr(tq) + ", " + typeStr(tk) + ", " +
+                                typeStr(tv));
   int64_t b = tq.shape[0], h = tq.shape[1], s = tq.shape[2], d = tq.shape[3];
   int64_t g = tk.shape[1], t = tk.shape[2], e = tv.shape[3];
   if (tk.shape[0] != b || tv.shape[0] != b || tk.shape[3] != d ||
       tv.shape[1] != g || tv.shape[2] != t || g == 0 || h % g != 0)
     return opError(instr, "expects q [B,H,S,D], k [B,G,T,D], v [B,G,T,E] "
-                          "with H % G == 0, got " + typeStr(tq) + ", " +
-                              typeStr(tk) + ", " + typeStr(tv));
+                          "with H % G == 0, got " +
+                              typeStr(tq) + ", " + typeStr(tk) + ", " +
+                              typeStr(tv));
   DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type,
                                   TensorType{tq.dtype, {b, h, s, e}}));
   bool causal = false;
@@ -200,7 +239,8 @@ Status attentionKernel(const Instr &instr, Ins ins, Outs outs) {
   // chunked to bound the score buffer.
   int64_t rowsPerGroup = headsPerGroup * s;
   int64_t chunk = std::max<int64_t>(
-      1, std::min<int64_t>(rowsPerGroup, (int64_t(1) << 22) / std::max<int64_t>(t, 1)));
+      1, std::min<int64_t>(rowsPerGroup,
+                           (int64_t(1) << 22) / std::max<int64_t>(t, 1)));
   return dispatchFloat(tq.dtype, [&](auto tag) -> Status {
     using T = decltype(tag);
     std::vector<float> qb, kb, vb, ob;
@@ -230,8 +270,8 @@ Status attentionKernel(const Instr &instr, Ins ins, Outs outs) {
         const float *vg = v + (bi * g + gi) * t * e;
         for (int64_t r0 = 0; r0 < rowsPerGroup; r0 += chunk) {
           int64_t rc = std::min(chunk, rowsPerGroup - r0);
-          gemmF32(false, true, rc, t, d, float(scale),
-                  q + (head0 * s + r0) * d, d, kg, d, 0.0f, scores.data(), t);
+          gemmF32(false, true, rc, t, d, float(scale), q + (head0 * s + r0) * d,
+                  d, kg, d, 0.0f, scores.data(), t);
           parallelFor(rc, grainFor(t * 20), [&](int64_t rb, int64_t re) {
             for (int64_t r = rb; r < re; ++r) {
               float *row = scores.data() + r * t;
@@ -273,7 +313,8 @@ Status ropeKernel(const Instr &instr, Ins ins, Outs outs) {
   if (tx.numElements() == 0)
     return Status::ok();
   // cos/sin table [S, D/2], angles in double.
-  std::vector<float> cosT(static_cast<size_t>(s * half)), sinT(static_cast<size_t>(s * half));
+  std::vector<float> cosT(static_cast<size_t>(s * half)),
+      sinT(static_cast<size_t>(s * half));
   for (int64_t p = 0; p < s; ++p)
     for (int64_t i = 0; i < half; ++i) {
       double a = double(p) * std::pow(theta, -2.0 * double(i) / double(d));
@@ -307,8 +348,8 @@ Status batchNormKernel(const Instr &instr, Ins ins, Outs outs) {
   const TensorType &tx = ins[0].type;
   DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", tx));
   if (tx.shape.size() < 2)
-    return opError(instr, "expects x of rank >= 2 ([N, C, ...]), got " +
-                              typeStr(tx));
+    return opError(instr,
+                   "expects x of rank >= 2 ([N, C, ...]), got " + typeStr(tx));
   int64_t n = tx.shape[0], c = tx.shape[1];
   TensorType vec{tx.dtype, {c}};
   static const char *names[] = {"x", "weight", "bias", "mean", "var"};
@@ -326,7 +367,8 @@ Status batchNormKernel(const Instr &instr, Ins ins, Outs outs) {
   int64_t count = n * inner;
   if (training && count < 2 && c > 0)
     return opError(instr, "training mode needs more than 1 value per "
-                          "channel, got " + typeStr(tx));
+                          "channel, got " +
+                              typeStr(tx));
   return dispatchFloat(tx.dtype, [&](auto tag) -> Status {
     using T = decltype(tag);
     const T *x = ins[0].as<T>(), *w = ins[1].as<T>(), *bias = ins[2].as<T>();
@@ -353,10 +395,10 @@ Status batchNormKernel(const Instr &instr, Ins ins, Outs outs) {
           }
           var = ss / double(count);
           double unbiased = ss / double(count - 1);
-          rmOut[ch] = fromF32<T>(
-              float((1.0 - momentum) * double(toF32(rm[ch])) + momentum * mean));
-          rvOut[ch] = fromF32<T>(float((1.0 - momentum) * double(toF32(rv[ch])) +
-                                       momentum * unbiased));
+          rmOut[ch] = fromF32<T>(float(
+              (1.0 - momentum) * double(toF32(rm[ch])) + momentum * mean));
+          rvOut[ch] = fromF32<T>(float(
+              (1.0 - momentum) * double(toF32(rv[ch])) + momentum * unbiased));
         } else {
           mean = double(toF32(rm[ch]));
           var = double(toF32(rv[ch]));
@@ -397,8 +439,8 @@ Status dropoutKernel(const Instr &instr, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(getFloatAttr(instr, "rate", rate));
   DLOPT_RETURN_IF_ERROR(getOptIntAttr(instr, "seed", seed));
   if (!(rate >= 0.0 && rate < 1.0))
-    return opError(instr, "expects 'rate' in [0, 1), got " +
-                              std::to_string(rate));
+    return opError(instr,
+                   "expects 'rate' in [0, 1), got " + std::to_string(rate));
   float scale = float(1.0 / (1.0 - rate));
   int64_t n = t.numElements();
   return dispatchFloat(t.dtype, [&](auto tag) -> Status {

@@ -1,4 +1,5 @@
-//===- Reduce.cpp - sum, mean and max over a set of dims -------------------===//
+//===- Reduce.cpp - sum, mean and max over a set of dims
+//-------------------===//
 //
 // The input is viewed as alternating runs of kept and reduced dims (size-1
 // dims dropped, neighbours merged). When the innermost run is reduced, each
@@ -57,9 +58,9 @@ struct Odometer {
 /// Accumulator per element type and reduction.
 template <typename T, Reduction K> struct Acc {
   static constexpr bool isF = isFloatStorage<T>;
-  using Value = std::conditional_t<
-      K == Reduction::Max, std::conditional_t<isF, float, T>,
-      std::conditional_t<isF, double, uint64_t>>;
+  using Value =
+      std::conditional_t<K == Reduction::Max, std::conditional_t<isF, float, T>,
+                         std::conditional_t<isF, double, uint64_t>>;
   static Value init() {
     if constexpr (K != Reduction::Max)
       return 0;

@@ -173,8 +173,8 @@ Status concatKernel(const Instr &instr, Ins ins, Outs outs) {
                                 std::to_string(dim));
     expected[dim] += t.shape[dim];
   }
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type,
-                                  TensorType{t0.dtype, expected}));
+  DLOPT_RETURN_IF_ERROR(
+      checkType(instr, "result", outs[0].type, TensorType{t0.dtype, expected}));
   int64_t esize = dtypeSize(t0.dtype);
   int64_t outer = product(expected, 0, dim);
   int64_t innerBytes = product(expected, dim + 1, rank) * esize;
@@ -219,8 +219,8 @@ Status sliceKernel(const Instr &instr, Ins ins, Outs outs) {
                                 ", stride " + std::to_string(stride[i]));
     expected[i] = (limit[i] - start[i] + stride[i] - 1) / stride[i];
   }
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type,
-                                  TensorType{in.dtype, expected}));
+  DLOPT_RETURN_IF_ERROR(
+      checkType(instr, "result", outs[0].type, TensorType{in.dtype, expected}));
   if (outs[0].numElements() == 0)
     return Status::ok();
   std::vector<int64_t> inStrides = contiguousStrides(in.shape);
@@ -257,8 +257,8 @@ Status gatherKernel(const Instr &instr, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
   const TensorType &table = ins[0].type, &ids = ins[1].type;
   if (table.shape.empty())
-    return opError(instr, "expects a table of rank >= 1, got " +
-                              typeStr(table));
+    return opError(instr,
+                   "expects a table of rank >= 1, got " + typeStr(table));
   DLOPT_RETURN_IF_ERROR(checkInt(instr, "operand #1 (ids)", ids));
   std::vector<int64_t> expected = ids.shape;
   expected.insert(expected.end(), table.shape.begin() + 1, table.shape.end());
@@ -266,15 +266,14 @@ Status gatherKernel(const Instr &instr, Ins ins, Outs outs) {
                                   TensorType{table.dtype, expected}));
   int64_t v = table.shape[0];
   int64_t n = ins[1].numElements();
-  int64_t rowBytes = product(table.shape, 1, table.shape.size()) *
-                     dtypeSize(table.dtype);
+  int64_t rowBytes =
+      product(table.shape, 1, table.shape.size()) * dtypeSize(table.dtype);
   auto run = [&](auto *idp) -> Status {
     for (int64_t i = 0; i < n; ++i)
       if (idp[i] < 0 || idp[i] >= v)
         return opError(instr, "id " + std::to_string(int64_t(idp[i])) +
                                   " at position " + std::to_string(i) +
-                                  " is outside [0, " + std::to_string(v) +
-                                  ")");
+                                  " is outside [0, " + std::to_string(v) + ")");
     parallelFor(n, grainFor(rowBytes / 4 + 1), [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i)
         std::memcpy(static_cast<char *>(outs[0].data) + i * rowBytes,

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "dialects/DLOpt/IR/DLOptDialect.h"
+#include "dialects/DLOpt/Interfaces/AutodiffOpInterface.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/OpDefinition.h"

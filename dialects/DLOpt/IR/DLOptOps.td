@@ -12,6 +12,7 @@ include "mlir/IR/EnumAttr.td"
 include "mlir/IR/CommonAttrConstraints.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
+include "dialects/DLOpt/Interfaces/AutodiffOpInterface.td"
 
 //===----------------------------------------------------------------------===//
 // Type constraints
@@ -29,6 +30,9 @@ def DLOpt_FloatScalar : RankedTensorOf<[F32, F16, BF16], [HasAnyRankOfPred<[0]>]
 
 /// A 64-bit signless integer attribute read back as a signed value (upstream
 /// I64Attr returns uint64_t, which would turn dim = -1 into 2^64 - 1).
+/// Differentiable ops implement their rule in DLOptGradients.cpp.
+defvar Differentiable = DeclareOpInterfaceMethods<DLOpt_AutodiffOpInterface>;
+
 def DLOpt_I64Attr : SignlessIntegerAttrBase<I64, "64-bit signless integer attribute"> {
   let returnType = "int64_t";
   let convertFromStorage = "$_self.getValue().getSExtValue()";
@@ -45,7 +49,7 @@ def DLOpt_CmpPredicate : I32EnumAttr<"CmpPredicate", "comparison predicate", [
 //===----------------------------------------------------------------------===//
 
 class DLOpt_UnaryOp<string mnemonic, Type T, string formula, list<Trait> traits = []>
-    : DLOpt_Op<mnemonic, !listconcat([Pure, Elementwise, SameOperandsAndResultType], traits)> {
+    : DLOpt_Op<mnemonic, !listconcat([Pure, Elementwise, SameOperandsAndResultType, Differentiable], traits)> {
   let summary = "elementwise " # formula;
   let description = "Computes `" # formula # "` for every element; the result "
       # "has the operand's type. See docs/ops.md.\n\n"
@@ -68,7 +72,7 @@ def DLOpt_CosOp : DLOpt_UnaryOp<"cos", DLOpt_FloatTensor, "cos(x)">;
 def DLOpt_SigmoidOp : DLOpt_UnaryOp<"sigmoid", DLOpt_FloatTensor, "1/(1+exp(-x))">;
 def DLOpt_SiluOp : DLOpt_UnaryOp<"silu", DLOpt_FloatTensor, "x*sigmoid(x)">;
 
-def DLOpt_GeluOp : DLOpt_Op<"gelu", [Pure, Elementwise, SameOperandsAndResultType]> {
+def DLOpt_GeluOp : DLOpt_Op<"gelu", [Pure, Elementwise, SameOperandsAndResultType, Differentiable]> {
   let summary = "elementwise GELU, exact or tanh-approximated";
   let description = [{
     `approximate = "none"` (default) computes `0.5x(1+erf(x/sqrt(2)))`;
@@ -85,7 +89,7 @@ def DLOpt_GeluOp : DLOpt_Op<"gelu", [Pure, Elementwise, SameOperandsAndResultTyp
   let hasVerifier = 1;
 }
 
-def DLOpt_CastOp : DLOpt_Op<"cast", [Pure, Elementwise, SameOperandsAndResultShape]> {
+def DLOpt_CastOp : DLOpt_Op<"cast", [Pure, Elementwise, SameOperandsAndResultShape, Differentiable]> {
   let summary = "elementwise conversion between element types";
   let description = [{
     Converts every element to the result's element type. float to int
@@ -106,7 +110,7 @@ def DLOpt_CastOp : DLOpt_Op<"cast", [Pure, Elementwise, SameOperandsAndResultSha
 //===----------------------------------------------------------------------===//
 
 class DLOpt_BinaryOp<string mnemonic, Type T, string formula>
-    : DLOpt_Op<mnemonic, [Pure, InferTypeOpAdaptor]> {
+    : DLOpt_Op<mnemonic, [Pure, InferTypeOpAdaptor, Differentiable]> {
   let summary = "elementwise " # formula # " with NumPy broadcasting";
   let description = "Computes `" # formula # "` elementwise. Operands have the "
       # "same element type; shapes broadcast as in NumPy.\n\n"
@@ -149,7 +153,7 @@ def DLOpt_CompareOp : DLOpt_Op<"compare", [Pure, InferTypeOpAdaptor]> {
   let assemblyFormat = "$predicate `,` $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)";
 }
 
-def DLOpt_SelectOp : DLOpt_Op<"select", [Pure, InferTypeOpAdaptor]> {
+def DLOpt_SelectOp : DLOpt_Op<"select", [Pure, InferTypeOpAdaptor, Differentiable]> {
   let summary = "elementwise choice `cond ? a : b` with broadcasting";
   let description = [{
     All three operands broadcast together; `a` and `b` have the same element type.
@@ -168,7 +172,7 @@ def DLOpt_SelectOp : DLOpt_Op<"select", [Pure, InferTypeOpAdaptor]> {
 //===----------------------------------------------------------------------===//
 
 class DLOpt_ReduceOp<string mnemonic, Type T, string what>
-    : DLOpt_Op<mnemonic, [Pure, InferTypeOpAdaptor]> {
+    : DLOpt_Op<mnemonic, [Pure, InferTypeOpAdaptor, Differentiable]> {
   let summary = what # " over a list of dims";
   let description = "Reduces with " # what # " over `dims` (distinct, in "
       # "`[-rank, rank)`); `keepdims` keeps them with size 1. An empty list is "
@@ -202,7 +206,7 @@ def DLOpt_MaxOp : DLOpt_ReduceOp<"max", DLOpt_NumTensor, "maximum">;
 // Matmul
 //===----------------------------------------------------------------------===//
 
-def DLOpt_MatmulOp : DLOpt_Op<"matmul", [Pure, InferTypeOpAdaptor]> {
+def DLOpt_MatmulOp : DLOpt_Op<"matmul", [Pure, InferTypeOpAdaptor, Differentiable]> {
   let summary = "batched matrix product with broadcast batch dims";
   let description = [{
     `lhs` is `[..., M, K]` (`[..., K, M]` with `transpose_a`), `rhs` is
@@ -224,7 +228,7 @@ def DLOpt_MatmulOp : DLOpt_Op<"matmul", [Pure, InferTypeOpAdaptor]> {
 // Shape ops
 //===----------------------------------------------------------------------===//
 
-def DLOpt_ReshapeOp : DLOpt_Op<"reshape", [Pure, SameOperandsAndResultElementType]> {
+def DLOpt_ReshapeOp : DLOpt_Op<"reshape", [Pure, SameOperandsAndResultElementType, Differentiable]> {
   let summary = "row-major reshape to a type with the same element count";
   let description = [{
     ```mlir
@@ -238,7 +242,7 @@ def DLOpt_ReshapeOp : DLOpt_Op<"reshape", [Pure, SameOperandsAndResultElementTyp
   let hasFolder = 1;
 }
 
-def DLOpt_TransposeOp : DLOpt_Op<"transpose", [Pure, InferTypeOpAdaptor]> {
+def DLOpt_TransposeOp : DLOpt_Op<"transpose", [Pure, InferTypeOpAdaptor, Differentiable]> {
   let summary = "permutes dims: result.shape[i] = input.shape[perm[i]]";
   let description = [{
     ```mlir
@@ -251,7 +255,7 @@ def DLOpt_TransposeOp : DLOpt_Op<"transpose", [Pure, InferTypeOpAdaptor]> {
   let hasFolder = 1;
 }
 
-def DLOpt_BroadcastToOp : DLOpt_Op<"broadcast_to", [Pure, SameOperandsAndResultElementType]> {
+def DLOpt_BroadcastToOp : DLOpt_Op<"broadcast_to", [Pure, SameOperandsAndResultElementType, Differentiable]> {
   let summary = "broadcasts to a larger shape by NumPy rules";
   let description = [{
     ```mlir
@@ -265,7 +269,7 @@ def DLOpt_BroadcastToOp : DLOpt_Op<"broadcast_to", [Pure, SameOperandsAndResultE
   let hasFolder = 1;
 }
 
-def DLOpt_ConcatOp : DLOpt_Op<"concat", [Pure, InferTypeOpAdaptor]> {
+def DLOpt_ConcatOp : DLOpt_Op<"concat", [Pure, InferTypeOpAdaptor, Differentiable]> {
   let summary = "concatenates tensors along one dim";
   let description = [{
     Operands have the same rank and element type and equal sizes except along `dim`.
@@ -280,7 +284,7 @@ def DLOpt_ConcatOp : DLOpt_Op<"concat", [Pure, InferTypeOpAdaptor]> {
   let hasFolder = 1;
 }
 
-def DLOpt_SliceOp : DLOpt_Op<"slice", [Pure, InferTypeOpAdaptor]> {
+def DLOpt_SliceOp : DLOpt_Op<"slice", [Pure, InferTypeOpAdaptor, Differentiable]> {
   let summary = "static strided slice";
   let description = [{
     Per dim `0 <= start <= limit <= size` and `stride >= 1`; the result size
@@ -297,7 +301,7 @@ def DLOpt_SliceOp : DLOpt_Op<"slice", [Pure, InferTypeOpAdaptor]> {
   let hasFolder = 1;
 }
 
-def DLOpt_GatherOp : DLOpt_Op<"gather", [Pure, InferTypeOpAdaptor]> {
+def DLOpt_GatherOp : DLOpt_Op<"gather", [Pure, InferTypeOpAdaptor, Differentiable]> {
   let summary = "gathers rows of a table by integer ids (embedding lookup)";
   let description = [{
     `table` is `[V, rest...]`; the result is `ids.shape ++ rest`. Ids outside
@@ -330,7 +334,7 @@ def DLOpt_IotaOp : DLOpt_Op<"iota", [Pure]> {
 //===----------------------------------------------------------------------===//
 
 class DLOpt_SoftmaxLikeOp<string mnemonic, string formula>
-    : DLOpt_Op<mnemonic, [Pure, SameOperandsAndResultType]> {
+    : DLOpt_Op<mnemonic, [Pure, SameOperandsAndResultType, Differentiable]> {
   let summary = formula # " along one dim";
   let description = "Numerically stable `" # formula # "` along `dim`, "
       # "computed in f32.\n\n```mlir\n%y = dlopt." # mnemonic
@@ -345,7 +349,7 @@ def DLOpt_SoftmaxOp : DLOpt_SoftmaxLikeOp<"softmax", "softmax">;
 def DLOpt_LogSoftmaxOp : DLOpt_SoftmaxLikeOp<"log_softmax", "log(softmax)">;
 
 def DLOpt_LayerNormOp : DLOpt_Op<"layer_norm",
-    [Pure, AttrSizedOperandSegments, AllTypesMatch<["input", "result"]>]> {
+    [Pure, AttrSizedOperandSegments, AllTypesMatch<["input", "result"]>, Differentiable]> {
   let summary = "layer normalization over the trailing dims from `axis`";
   let description = [{
     `y = (x - mean) / sqrt(var + eps) * weight + bias` with mean and biased
@@ -366,7 +370,7 @@ def DLOpt_LayerNormOp : DLOpt_Op<"layer_norm",
   let hasVerifier = 1;
 }
 
-def DLOpt_RMSNormOp : DLOpt_Op<"rms_norm", [Pure, AllTypesMatch<["input", "result"]>]> {
+def DLOpt_RMSNormOp : DLOpt_Op<"rms_norm", [Pure, AllTypesMatch<["input", "result"]>, Differentiable]> {
   let summary = "RMS normalization over the trailing dims from `axis`";
   let description = [{
     `y = x / sqrt(mean(x^2) + eps) * weight` over dims `[axis, rank)`
@@ -385,7 +389,7 @@ def DLOpt_RMSNormOp : DLOpt_Op<"rms_norm", [Pure, AllTypesMatch<["input", "resul
   let hasVerifier = 1;
 }
 
-def DLOpt_AttentionOp : DLOpt_Op<"attention", [Pure, InferTypeOpAdaptor]> {
+def DLOpt_AttentionOp : DLOpt_Op<"attention", [Pure, InferTypeOpAdaptor, Differentiable]> {
   let summary = "scaled dot-product attention, optionally causal, with grouped kv heads";
   let description = [{
     `softmax(scale * q k^T + mask) v` with `q: [B, H, S, D]`,
@@ -405,7 +409,7 @@ def DLOpt_AttentionOp : DLOpt_Op<"attention", [Pure, InferTypeOpAdaptor]> {
   let assemblyFormat = "$query `,` $key `,` $value attr-dict `:` type($query) `,` type($key) `,` type($value) `->` type($result)";
 }
 
-def DLOpt_RopeOp : DLOpt_Op<"rope", [Pure, SameOperandsAndResultType]> {
+def DLOpt_RopeOp : DLOpt_Op<"rope", [Pure, SameOperandsAndResultType, Differentiable]> {
   let summary = "rotary position embedding over the last dim, positions along dim -2";
   let description = [{
     Half-split rotation: for `i < D/2`, angle `p * theta^(-2i/D)` rotates the
@@ -423,7 +427,7 @@ def DLOpt_RopeOp : DLOpt_Op<"rope", [Pure, SameOperandsAndResultType]> {
   let hasVerifier = 1;
 }
 
-def DLOpt_Conv2DOp : DLOpt_Op<"conv2d", [Pure, InferTypeOpAdaptor]> {
+def DLOpt_Conv2DOp : DLOpt_Op<"conv2d", [Pure, InferTypeOpAdaptor, Differentiable]> {
   let summary = "2-D convolution, NCHW input and OIHW filter";
   let description = [{
     `x: [N, C, H, W]`, `w: [O, C/groups, KH, KW]`, optional `bias: [O]`.
@@ -446,7 +450,7 @@ def DLOpt_Conv2DOp : DLOpt_Op<"conv2d", [Pure, InferTypeOpAdaptor]> {
 }
 
 class DLOpt_PoolOp<string mnemonic, string what, dag extraArgs = (ins)>
-    : DLOpt_Op<mnemonic, [Pure, InferTypeOpAdaptor]> {
+    : DLOpt_Op<mnemonic, [Pure, InferTypeOpAdaptor, Differentiable]> {
   let summary = "2-D " # what # " pooling over NCHW";
   let description = "Pools `kernel` windows with `stride` (default: the "
       # "kernel) and `padding` on both sides.\n\n```mlir\n%y = dlopt." # mnemonic
@@ -462,7 +466,7 @@ def DLOpt_MaxPool2DOp : DLOpt_PoolOp<"max_pool2d", "max">;
 def DLOpt_AvgPool2DOp : DLOpt_PoolOp<"avg_pool2d", "average",
     (ins DefaultValuedAttr<BoolAttr, "true">:$count_include_pad)>;
 
-def DLOpt_BatchNormOp : DLOpt_Op<"batch_norm", [Pure, InferTypeOpAdaptor]> {
+def DLOpt_BatchNormOp : DLOpt_Op<"batch_norm", [Pure, InferTypeOpAdaptor, Differentiable]> {
   let summary = "batch normalization with training and inference semantics";
   let description = [{
     `x: [N, C, ...]`; `weight`, `bias`, `running_mean`, `running_var`: `[C]`.
@@ -487,7 +491,7 @@ def DLOpt_BatchNormOp : DLOpt_Op<"batch_norm", [Pure, InferTypeOpAdaptor]> {
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
 }
 
-def DLOpt_DropoutOp : DLOpt_Op<"dropout", [Pure, SameOperandsAndResultType]> {
+def DLOpt_DropoutOp : DLOpt_Op<"dropout", [Pure, SameOperandsAndResultType, Differentiable]> {
   let summary = "dropout with an explicit seed (deterministic on every backend)";
   let description = [{
     Element `i` is kept iff `u(seed, i) >= rate` (the counter-based uniform in
@@ -508,7 +512,7 @@ def DLOpt_DropoutOp : DLOpt_Op<"dropout", [Pure, SameOperandsAndResultType]> {
 // Losses
 //===----------------------------------------------------------------------===//
 
-def DLOpt_CrossEntropyOp : DLOpt_Op<"cross_entropy", [Pure, InferTypeOpAdaptor]> {
+def DLOpt_CrossEntropyOp : DLOpt_Op<"cross_entropy", [Pure, InferTypeOpAdaptor, Differentiable]> {
   let summary = "mean softmax cross-entropy of logits [N, C] against integer labels [N]";
   let description = [{
     Mean over rows whose label is not `ignore_index` (default -100) of
@@ -524,7 +528,7 @@ def DLOpt_CrossEntropyOp : DLOpt_Op<"cross_entropy", [Pure, InferTypeOpAdaptor]>
   let assemblyFormat = "$logits `,` $labels attr-dict `:` type($logits) `,` type($labels) `->` type($result)";
 }
 
-def DLOpt_MSEOp : DLOpt_Op<"mse", [Pure, InferTypeOpAdaptor]> {
+def DLOpt_MSEOp : DLOpt_Op<"mse", [Pure, InferTypeOpAdaptor, Differentiable]> {
   let summary = "mean squared error of two same-shaped tensors";
   let description = [{
     ```mlir

@@ -26,9 +26,11 @@ TEST(Conv2d, GroupsStridePaddingDilation) {
     for (DType dt : floatTypes()) {
       int64_t cg = c.c / c.groups, og = c.o / c.groups;
       int64_t oh = (c.h + 2 * c.padding[0] - c.dilation[0] * (c.kh - 1) - 1) /
-                       c.stride[0] + 1;
+                       c.stride[0] +
+                   1;
       int64_t ow = (c.w + 2 * c.padding[1] - c.dilation[1] * (c.kw - 1) - 1) /
-                       c.stride[1] + 1;
+                       c.stride[1] +
+                   1;
       Tensor x = randomTensor(rng, dt, {c.n, c.c, c.h, c.w});
       Tensor w = randomTensor(rng, dt, {c.o, cg, c.kh, c.kw});
       Tensor b = randomTensor(rng, dt, {c.o});
@@ -52,14 +54,15 @@ TEST(Conv2d, GroupsStridePaddingDilation) {
               for (int64_t ci = 0; ci < cg; ++ci)
                 for (int64_t ky = 0; ky < c.kh; ++ky)
                   for (int64_t kx = 0; kx < c.kw; ++kx) {
-                    int64_t iy = i * c.stride[0] - c.padding[0] +
-                                 ky * c.dilation[0];
-                    int64_t ix = j * c.stride[1] - c.padding[1] +
-                                 kx * c.dilation[1];
+                    int64_t iy =
+                        i * c.stride[0] - c.padding[0] + ky * c.dilation[0];
+                    int64_t ix =
+                        j * c.stride[1] - c.padding[1] + kx * c.dilation[1];
                     if (iy < 0 || iy >= c.h || ix < 0 || ix >= c.w)
                       continue;
-                    s += x.get(((n * c.c + g * cg + ci) * c.h + iy) * c.w + ix) *
-                         w.get(((o * cg + ci) * c.kh + ky) * c.kw + kx);
+                    s +=
+                        x.get(((n * c.c + g * cg + ci) * c.h + iy) * c.w + ix) *
+                        w.get(((o * cg + ci) * c.kh + ky) * c.kw + kx);
                   }
               ref[((n * c.o + o) * oh + i) * ow + j] = s;
             }
@@ -90,9 +93,8 @@ TEST(Pool2d, MaxAndAvg) {
         int64_t ow = (W + 2 * c.padding[1] - c.kernel[1]) / c.stride[1] + 1;
         Tensor x = randomTensor(rng, dt, {N, C, H, W}, -3, 3);
         Tensor y(dt, {N, C, oh, ow});
-        std::map<std::string, AttrValue> attrs{{"kernel", c.kernel},
-                                               {"stride", c.stride},
-                                               {"padding", c.padding}};
+        std::map<std::string, AttrValue> attrs{
+            {"kernel", c.kernel}, {"stride", c.stride}, {"padding", c.padding}};
         if (!isMax)
           attrs["count_include_pad"] = int64_t(c.includePad);
         ASSERT_TRUE(run(makeInstr(isMax ? "max_pool2d" : "avg_pool2d", attrs),
@@ -125,10 +127,12 @@ TEST(Pool2d, MaxAndAvg) {
             << (isMax ? "max" : "avg") << " " << dtypeName(dt);
       }
   // Stride defaults to the kernel.
-  Tensor x = randomTensor(rng, DType::F32, {1, 1, 4, 4}), y(DType::F32, {1, 1, 2, 2});
-  ASSERT_TRUE(run(makeInstr("max_pool2d", {{"kernel", std::vector<int64_t>{2, 2}}}),
-                  {&x}, {&y})
-                  .isOk());
+  Tensor x = randomTensor(rng, DType::F32, {1, 1, 4, 4}),
+         y(DType::F32, {1, 1, 2, 2});
+  ASSERT_TRUE(
+      run(makeInstr("max_pool2d", {{"kernel", std::vector<int64_t>{2, 2}}}),
+          {&x}, {&y})
+          .isOk());
   Tensor bad(DType::F32, {1, 1, 3, 3});
   EXPECT_FALSE(
       run(makeInstr("max_pool2d", {{"kernel", std::vector<int64_t>{2, 2}}}),
@@ -169,16 +173,18 @@ TEST(CrossEntropy, IgnoreIndexAndBadLabels) {
       Tensor all = labels;
       for (int64_t i = 0; i < N; ++i)
         all.setInt(i, 7);
-      ASSERT_TRUE(run(makeInstr("cross_entropy", {{"ignore_index", int64_t(7)}}),
-                      {&logits, &all}, {&loss})
-                      .isOk());
+      ASSERT_TRUE(
+          run(makeInstr("cross_entropy", {{"ignore_index", int64_t(7)}}),
+              {&logits, &all}, {&loss})
+              .isOk());
       EXPECT_EQ(loss.get(0), 0.0);
 
       // Out of range and not ignored.
       for (int64_t bad : {C, int64_t(-1)}) {
         Tensor badLabels = labels;
         badLabels.setInt(5, bad);
-        Status s = run(makeInstr("cross_entropy"), {&logits, &badLabels}, {&loss});
+        Status s =
+            run(makeInstr("cross_entropy"), {&logits, &badLabels}, {&loss});
         ASSERT_FALSE(s.isOk());
         EXPECT_NE(s.message().find("label " + std::to_string(bad)),
                   std::string::npos)
@@ -190,7 +196,8 @@ TEST(CrossEntropy, IgnoreIndexAndBadLabels) {
 TEST(Mse, MeanSquaredError) {
   KT_SEEDED_RNG(rng);
   for (DType dt : floatTypes()) {
-    Tensor a = randomTensor(rng, dt, {300, 457}), b = randomTensor(rng, dt, {300, 457});
+    Tensor a = randomTensor(rng, dt, {300, 457}),
+           b = randomTensor(rng, dt, {300, 457});
     Tensor loss(dt, {});
     ASSERT_TRUE(run(makeInstr("mse"), {&a, &b}, {&loss}).isOk());
     double s = 0;

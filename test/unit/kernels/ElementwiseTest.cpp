@@ -38,13 +38,19 @@ std::vector<UnaryCase> unaryCases() {
        -5, 5, false},
       {"gelu",
        [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); },
-       -5, 5, false, {{"approximate", std::string("none")}}},
+       -5,
+       5,
+       false,
+       {{"approximate", std::string("none")}}},
       {"gelu",
        [pi](double x) {
          return 0.5 * x *
                 (1 + std::tanh(std::sqrt(2 / pi) * (x + 0.044715 * x * x * x)));
        },
-       -5, 5, false, {{"approximate", std::string("tanh")}}},
+       -5,
+       5,
+       false,
+       {{"approximate", std::string("tanh")}}},
   };
 }
 
@@ -99,9 +105,9 @@ TEST(Unary, RejectsBadTypes) {
   EXPECT_FALSE(run(makeInstr("neg"), {&x}, {&y}).isOk());
   Tensor y16(DType::F16, {4});
   EXPECT_FALSE(run(makeInstr("neg"), {&x}, {&y16}).isOk());
-  EXPECT_FALSE(run(makeInstr("gelu", {{"approximate", std::string("x")}}),
-                   {&x}, {&y})
-                   .isOk());
+  EXPECT_FALSE(
+      run(makeInstr("gelu", {{"approximate", std::string("x")}}), {&x}, {&y})
+          .isOk());
 }
 
 //===----------------------------------------------------------------------===//
@@ -206,12 +212,18 @@ std::vector<BinaryCase> binaryCases() {
 /// Shape pairs covering NumPy broadcasting: equal, scalar, trailing, middle
 /// and both-sided broadcast, rank-0 operands.
 std::vector<std::pair<Shape, Shape>> broadcastPairs() {
-  return {{{4, 8}, {4, 8}},         {{4, 8}, {8}},
-          {{8}, {4, 8}},            {{3, 1, 5}, {1, 4, 1}},
-          {{2, 3, 4, 5}, {3, 1, 5}}, {{6, 1}, {1, 7}},
-          {{}, {3, 4}},             {{3, 4}, {}},
-          {{}, {}},                 {{2, 1, 3}, {2, 5, 3}},
-          {{300, 257}, {300, 257}}, {{300, 257}, {1, 257}},
+  return {{{4, 8}, {4, 8}},
+          {{4, 8}, {8}},
+          {{8}, {4, 8}},
+          {{3, 1, 5}, {1, 4, 1}},
+          {{2, 3, 4, 5}, {3, 1, 5}},
+          {{6, 1}, {1, 7}},
+          {{}, {3, 4}},
+          {{3, 4}, {}},
+          {{}, {}},
+          {{2, 1, 3}, {2, 5, 3}},
+          {{300, 257}, {300, 257}},
+          {{300, 257}, {1, 257}},
           {{300, 257}, {300, 1}}};
 }
 
@@ -325,16 +337,16 @@ TEST(Binary, RejectsMismatches) {
 
 TEST(Compare, AllPredicates) {
   KT_SEEDED_RNG(rng);
-  const std::pair<const char *, std::function<bool(double, double)>> preds[] =
-      {{"eq", [](double a, double b) { return a == b; }},
-       {"ne", [](double a, double b) { return a != b; }},
-       {"lt", [](double a, double b) { return a < b; }},
-       {"le", [](double a, double b) { return a <= b; }},
-       {"gt", [](double a, double b) { return a > b; }},
-       {"ge", [](double a, double b) { return a >= b; }}};
+  const std::pair<const char *, std::function<bool(double, double)>> preds[] = {
+      {"eq", [](double a, double b) { return a == b; }},
+      {"ne", [](double a, double b) { return a != b; }},
+      {"lt", [](double a, double b) { return a < b; }},
+      {"le", [](double a, double b) { return a <= b; }},
+      {"gt", [](double a, double b) { return a > b; }},
+      {"ge", [](double a, double b) { return a >= b; }}};
   for (auto &[name, fn] : preds)
-    for (DType dt : {DType::F32, DType::F16, DType::BF16, DType::I32,
-                     DType::I64}) {
+    for (DType dt :
+         {DType::F32, DType::F16, DType::BF16, DType::I32, DType::I64}) {
       // Small integer-valued range so equality happens often.
       Tensor a = randomTensor(rng, dt, {6, 5}, -3, 3);
       Tensor b = randomTensor(rng, dt, {5}, -3, 3);

@@ -45,8 +45,9 @@ uint16_t nearestBits(float f, Decode decode, uint16_t maxFinite,
   if (decode(lo) == a || lo == 0)
     return sign | lo;
   double up = decode(lo) - a, down = a - decode(uint16_t(lo - 1));
-  uint16_t pick = up < down ? lo : (down < up ? uint16_t(lo - 1)
-                                              : ((lo & 1) ? uint16_t(lo - 1) : lo));
+  uint16_t pick = up < down ? lo
+                            : (down < up ? uint16_t(lo - 1)
+                                         : ((lo & 1) ? uint16_t(lo - 1) : lo));
   return sign | pick;
 }
 
@@ -119,8 +120,9 @@ TEST(BFloat16, ExactAndRounding) {
                       ? std::copysign(std::ldexp(1.0, 128), f)
                       : double(std::bit_cast<float>(up));
     double dd = std::fabs(double(f) - a), du = std::fabs(bval - double(f));
-    uint32_t pick =
-        dd < du ? down : du < dd ? up : (((down >> 16) & 1) ? up : down);
+    uint32_t pick = dd < du   ? down
+                    : du < dd ? up
+                              : (((down >> 16) & 1) ? up : down);
     if ((down & 0x7F800000u) == 0x7F800000u) // f is Inf: exact
       pick = down;
     ASSERT_EQ(floatToBf16(f), uint16_t(pick >> 16)) << f;

@@ -10,9 +10,12 @@ TEST(Softmax, AlongEachDim) {
   KT_SEEDED_RNG(rng);
   for (bool log : {false, true})
     for (DType dt : floatTypes())
-      for (auto [shape, dim] : std::vector<std::pair<Shape, int64_t>>{
-               {{4, 9}, 1}, {{4, 9}, 0}, {{3, 5, 7}, 1}, {{2, 3, 1000}, 2},
-               {{6}, 0}}) {
+      for (auto [shape, dim] :
+           std::vector<std::pair<Shape, int64_t>>{{{4, 9}, 1},
+                                                  {{4, 9}, 0},
+                                                  {{3, 5, 7}, 1},
+                                                  {{2, 3, 1000}, 2},
+                                                  {{6}, 0}}) {
         Tensor x = randomTensor(rng, dt, shape, -6, 6);
         Tensor y(dt, shape);
         const char *op = log ? "log_softmax" : "softmax";
@@ -28,7 +31,8 @@ TEST(Softmax, AlongEachDim) {
             m = std::max(m, x.get(base + j * inner));
           for (int64_t j = 0; j < n; ++j)
             s += std::exp(x.get(base + j * inner) - m);
-          ref[i] = log ? x.get(i) - m - std::log(s) : std::exp(x.get(i) - m) / s;
+          ref[i] =
+              log ? x.get(i) - m - std::log(s) : std::exp(x.get(i) - m) / s;
         }
         double tol = tolFor(dt, 2e-6 * std::log2(double(n) + 2));
         EXPECT_TRUE(allClose(y, ref, tol, log ? tol * 4 : 0))
@@ -55,8 +59,8 @@ std::vector<double> normRef(const Tensor &x, int64_t axis, double eps,
     var /= double(n);
     for (int64_t j = 0; j < n; ++j) {
       double v = x.get(r * n + j);
-      double y = rms ? v / std::sqrt(var + eps)
-                     : (v - mean) / std::sqrt(var + eps);
+      double y =
+          rms ? v / std::sqrt(var + eps) : (v - mean) / std::sqrt(var + eps);
       if (w)
         y *= w->get(j);
       if (b)
@@ -89,16 +93,16 @@ TEST(LayerNorm, WeightBiasAxisVariants) {
                                             {"has_weight", int64_t(hw)},
                                             {"has_bias", int64_t(hb)}});
         ASSERT_TRUE(run(in, ins, {&y}).isOk()) << run(in, ins, {&y}).message();
-        auto ref = normRef(x, axis, 1e-5, hw ? &w : nullptr, hb ? &b : nullptr,
-                           false);
+        auto ref =
+            normRef(x, axis, 1e-5, hw ? &w : nullptr, hb ? &b : nullptr, false);
         double tol = tolFor(dt, 1e-5);
         EXPECT_TRUE(allClose(y, ref, tol, tol * 4)) << variant << " " << axis;
       }
   // Defaults: axis = rank-1, eps = 1e-5, operands decide weight/bias.
   Tensor x = randomTensor(rng, DType::F32, {5, 16}), y(DType::F32, {5, 16});
   ASSERT_TRUE(run(makeInstr("layer_norm"), {&x}, {&y}).isOk());
-  EXPECT_TRUE(allClose(y, normRef(x, 1, 1e-5, nullptr, nullptr, false), 1e-5,
-                       1e-5));
+  EXPECT_TRUE(
+      allClose(y, normRef(x, 1, 1e-5, nullptr, nullptr, false), 1e-5, 1e-5));
   // Weight of the wrong shape; operand count disagreeing with the flags.
   Tensor w(DType::F32, {15});
   EXPECT_FALSE(run(makeInstr("layer_norm"), {&x, &w}, {&y}).isOk());
@@ -120,9 +124,9 @@ TEST(RmsNorm, WithAndWithoutWeight) {
       std::vector<const Tensor *> ins{&x};
       if (hw)
         ins.push_back(&w);
-      Instr in = makeInstr("rms_norm", {{"axis", int64_t(1)},
-                                        {"eps", 1e-6},
-                                        {"has_weight", int64_t(hw)}});
+      Instr in = makeInstr(
+          "rms_norm",
+          {{"axis", int64_t(1)}, {"eps", 1e-6}, {"has_weight", int64_t(hw)}});
       ASSERT_TRUE(run(in, ins, {&y}).isOk());
       auto ref = normRef(x, 1, 1e-6, hw ? &w : nullptr, nullptr, true);
       double tol = tolFor(dt, 1e-5);
@@ -157,7 +161,8 @@ std::vector<double> attentionRef(const Tensor &q, const Tensor &k,
         for (int64_t e = 0; e < E; ++e) {
           double acc = 0;
           for (int64_t j = 0; j < T; ++j)
-            acc += std::exp(sc[j] - m) / z * v.get(((b * G + g) * T + j) * E + e);
+            acc +=
+                std::exp(sc[j] - m) / z * v.get(((b * G + g) * T + j) * E + e);
           out[((b * H + h) * S + i) * E + e] = acc;
         }
       }
@@ -173,8 +178,8 @@ TEST(Attention, CausalGqaMatchesReference) {
   };
   const Case cases[] = {{2, 4, 4, 8, 8, 16, 16, true},
                         {2, 4, 4, 8, 8, 16, 16, false},
-                        {1, 6, 2, 5, 9, 8, 12, true},  // GQA, T > S (cache)
-                        {2, 8, 1, 7, 7, 4, 4, true},   // multi-query
+                        {1, 6, 2, 5, 9, 8, 12, true}, // GQA, T > S (cache)
+                        {2, 8, 1, 7, 7, 4, 4, true},  // multi-query
                         {1, 2, 2, 33, 40, 32, 24, false}};
   for (const Case &c : cases)
     for (DType dt : floatTypes()) {
@@ -235,11 +240,12 @@ TEST(BatchNorm, TrainingAndInference) {
       Tensor rv = randomTensor(rng, dt, {C}, 0.5, 2);
       Tensor y(dt, {N, C, 5, 5}), rmo(dt, {C}), rvo(dt, {C});
       double eps = 1e-5, mom = 0.1;
-      Instr in = makeInstr("batch_norm", {{"eps", eps},
-                                          {"momentum", mom},
-                                          {"training", int64_t(training)}});
+      Instr in = makeInstr(
+          "batch_norm",
+          {{"eps", eps}, {"momentum", mom}, {"training", int64_t(training)}});
       ASSERT_TRUE(run(in, {&x, &w, &b, &rm, &rv}, {&y, &rmo, &rvo}).isOk());
-      std::vector<double> yref(static_cast<size_t>(x.size())), rmref(C), rvref(C);
+      std::vector<double> yref(static_cast<size_t>(x.size())), rmref(C),
+          rvref(C);
       for (int64_t c = 0; c < C; ++c) {
         double mean = 0, var = 0;
         int64_t cnt = N * HW;
@@ -256,12 +262,14 @@ TEST(BatchNorm, TrainingAndInference) {
         double useMean = training ? mean : rm.get(c);
         double useVar = training ? biased : rv.get(c);
         rmref[c] = training ? (1 - mom) * rm.get(c) + mom * mean : rm.get(c);
-        rvref[c] = training ? (1 - mom) * rv.get(c) + mom * unbiased : rv.get(c);
+        rvref[c] =
+            training ? (1 - mom) * rv.get(c) + mom * unbiased : rv.get(c);
         for (int64_t n = 0; n < N; ++n)
           for (int64_t j = 0; j < HW; ++j) {
             int64_t i = (n * C + c) * HW + j;
-            yref[i] = (x.get(i) - useMean) / std::sqrt(useVar + eps) * w.get(c) +
-                      b.get(c);
+            yref[i] =
+                (x.get(i) - useMean) / std::sqrt(useVar + eps) * w.get(c) +
+                b.get(c);
           }
       }
       double tol = tolFor(dt, 1e-5);
@@ -271,9 +279,9 @@ TEST(BatchNorm, TrainingAndInference) {
     }
   Tensor x(DType::F32, {2, 3}), v3(DType::F32, {3}), v2(DType::F32, {2});
   Tensor y(DType::F32, {2, 3});
-  EXPECT_FALSE(run(makeInstr("batch_norm"), {&x, &v3, &v3, &v3, &v2},
-                   {&y, &v3, &v3})
-                   .isOk());
+  EXPECT_FALSE(
+      run(makeInstr("batch_norm"), {&x, &v3, &v3, &v3, &v2}, {&y, &v3, &v3})
+          .isOk());
   EXPECT_FALSE(
       run(makeInstr("batch_norm"), {&x, &v3, &v3, &v3}, {&y, &v3, &v3}).isOk());
 }
@@ -298,7 +306,8 @@ TEST(Dropout, FormulaDeterminismAndKeepRate) {
       Instr in = makeInstr("dropout", {{"rate", rate}, {"seed", seed}});
       ASSERT_TRUE(run(in, {&x}, {&y1}).isOk());
       ASSERT_TRUE(run(in, {&x}, {&y2}).isOk());
-      EXPECT_EQ(std::memcmp(y1.data(), y2.data(), size_t(y1.type.byteSize())), 0);
+      EXPECT_EQ(std::memcmp(y1.data(), y2.data(), size_t(y1.type.byteSize())),
+                0);
       std::vector<double> ref(static_cast<size_t>(n));
       int64_t kept = 0;
       for (int64_t i = 0; i < n; ++i) {

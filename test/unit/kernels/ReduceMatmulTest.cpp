@@ -18,18 +18,18 @@ struct ReduceCase {
 };
 
 std::vector<ReduceCase> reduceCases() {
-  return {{{7, 9}, {1}},         {{7, 9}, {0}},          {{7, 9}, {0, 1}},
-          {{3, 4, 5}, {1}},      {{3, 4, 5}, {0, 2}},    {{2, 3, 4, 5}, {1, 3}},
-          {{2, 3, 4, 5}, {0, 1}}, {{2, 1, 4}, {1}},      {{5}, {0}},
-          {{600, 300}, {0}},     {{300, 600}, {1}},      {{4, 3}, {}},
+  return {{{7, 9}, {1}},          {{7, 9}, {0}},       {{7, 9}, {0, 1}},
+          {{3, 4, 5}, {1}},       {{3, 4, 5}, {0, 2}}, {{2, 3, 4, 5}, {1, 3}},
+          {{2, 3, 4, 5}, {0, 1}}, {{2, 1, 4}, {1}},    {{5}, {0}},
+          {{600, 300}, {0}},      {{300, 600}, {1}},   {{4, 3}, {}},
           {{2, 1000, 3}, {1}}};
 }
 
 TEST(Reduce, MatchesReference) {
   KT_SEEDED_RNG(rng);
   for (const char *op : {"sum", "mean", "max"})
-    for (DType dt : {DType::F32, DType::F16, DType::BF16, DType::I32,
-                     DType::I64})
+    for (DType dt :
+         {DType::F32, DType::F16, DType::BF16, DType::I32, DType::I64})
       for (const ReduceCase &c : reduceCases())
         for (bool keep : {false, true}) {
           if (std::string(op) == "mean" && !isFloat(dt))
@@ -53,12 +53,11 @@ TEST(Reduce, MatchesReference) {
             count *= red[i] ? c.shape[i] : 1;
           }
           Tensor y(dt, outShape);
-          Instr in = makeInstr(op, {{"dims", c.dims},
-                                    {"keepdims", int64_t(keep)}});
+          Instr in =
+              makeInstr(op, {{"dims", c.dims}, {"keepdims", int64_t(keep)}});
           ASSERT_TRUE(run(in, {&x}, {&y}).isOk());
-          std::vector<double> ref(
-              size_t(numel(keptShape)),
-              std::string(op) == "max" ? -INFINITY : 0.0);
+          std::vector<double> ref(size_t(numel(keptShape)),
+                                  std::string(op) == "max" ? -INFINITY : 0.0);
           std::vector<double> mag(ref.size(), 0.0);
           for (int64_t i = 0; i < x.size(); ++i) {
             Shape idx = unravel(i, c.shape);
@@ -83,9 +82,10 @@ TEST(Reduce, MatchesReference) {
             double tol = tolFor(dt, 1e-6);
             double atol = 0;
             for (size_t o = 0; o < ref.size(); ++o)
-              atol = std::max(atol, tol * mag[o] /
-                                        (std::string(op) == "mean" ? count : 1));
-            EXPECT_TRUE(allClose(y, ref, tol, std::string(op) == "max" ? 0 : atol));
+              atol = std::max(
+                  atol, tol * mag[o] / (std::string(op) == "mean" ? count : 1));
+            EXPECT_TRUE(
+                allClose(y, ref, tol, std::string(op) == "max" ? 0 : atol));
           }
         }
 }
@@ -95,26 +95,26 @@ TEST(Reduce, MaxPropagatesNaN) {
   for (int i = 0; i < 6; ++i)
     x.set(i, i);
   x.set(1, NAN);
-  ASSERT_TRUE(run(makeInstr("max", {{"dims", std::vector<int64_t>{1}}}), {&x},
-                  {&y})
-                  .isOk());
+  ASSERT_TRUE(
+      run(makeInstr("max", {{"dims", std::vector<int64_t>{1}}}), {&x}, {&y})
+          .isOk());
   EXPECT_TRUE(std::isnan(y.get(0)));
   EXPECT_EQ(y.get(1), 5);
 }
 
 TEST(Reduce, RejectsBadDims) {
   Tensor x(DType::F32, {2, 3}), y(DType::F32, {2});
-  EXPECT_FALSE(run(makeInstr("sum", {{"dims", std::vector<int64_t>{2}}}), {&x},
-                   {&y})
-                   .isOk());
-  EXPECT_FALSE(run(makeInstr("sum", {{"dims", std::vector<int64_t>{0}}}), {&x},
-                   {&y})
-                   .isOk()); // result shape should be [3]
+  EXPECT_FALSE(
+      run(makeInstr("sum", {{"dims", std::vector<int64_t>{2}}}), {&x}, {&y})
+          .isOk());
+  EXPECT_FALSE(
+      run(makeInstr("sum", {{"dims", std::vector<int64_t>{0}}}), {&x}, {&y})
+          .isOk()); // result shape should be [3]
   EXPECT_FALSE(run(makeInstr("sum"), {&x}, {&y}).isOk()); // missing dims
   Tensor xi(DType::I32, {2, 3}), yi(DType::I32, {2});
-  EXPECT_FALSE(run(makeInstr("mean", {{"dims", std::vector<int64_t>{1}}}),
-                   {&xi}, {&yi})
-                   .isOk());
+  EXPECT_FALSE(
+      run(makeInstr("mean", {{"dims", std::vector<int64_t>{1}}}), {&xi}, {&yi})
+          .isOk());
 }
 
 //===----------------------------------------------------------------------===//

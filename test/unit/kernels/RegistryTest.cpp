@@ -8,13 +8,18 @@ namespace {
 
 TEST(Registry, EveryDocumentedOpHasAKernel) {
   for (const char *op :
-       {"neg", "abs", "relu", "exp", "log", "sqrt", "rsqrt", "tanh", "sin",
-        "cos", "sigmoid", "silu", "gelu", "cast", "add", "sub", "mul", "div",
-        "maximum", "minimum", "pow", "compare", "select", "sum", "mean", "max",
-        "matmul", "reshape", "transpose", "broadcast_to", "concat", "slice",
-        "gather", "iota", "softmax", "log_softmax", "layer_norm", "rms_norm",
-        "attention", "rope", "conv2d", "max_pool2d", "avg_pool2d",
-        "batch_norm", "dropout", "cross_entropy", "mse"})
+       {"neg",        "abs",           "relu",       "exp",
+        "log",        "sqrt",          "rsqrt",      "tanh",
+        "sin",        "cos",           "sigmoid",    "silu",
+        "gelu",       "cast",          "add",        "sub",
+        "mul",        "div",           "maximum",    "minimum",
+        "pow",        "compare",       "select",     "sum",
+        "mean",       "max",           "matmul",     "reshape",
+        "transpose",  "broadcast_to",  "concat",     "slice",
+        "gather",     "iota",          "softmax",    "log_softmax",
+        "layer_norm", "rms_norm",      "attention",  "rope",
+        "conv2d",     "max_pool2d",    "avg_pool2d", "batch_norm",
+        "dropout",    "cross_entropy", "mse"})
     EXPECT_TRUE(cpu::hasKernel(op)) << op;
   EXPECT_FALSE(cpu::hasKernel("foo"));
 }
@@ -41,8 +46,8 @@ std::vector<std::vector<uint64_t>> runMix(uint32_t seed) {
   std::vector<std::vector<uint64_t>> outs;
   Tensor x = randomTensor(rng, DType::F32, {256, 513});
   Tensor w = randomTensor(rng, DType::F32, {513});
-  auto keep = [&](const Instr &in, std::vector<const Tensor *> ins,
-                  Shape shape, DType dt = DType::F32) {
+  auto keep = [&](const Instr &in, std::vector<const Tensor *> ins, Shape shape,
+                  DType dt = DType::F32) {
     Tensor y(dt, shape);
     EXPECT_TRUE(run(in, ins, {&y}).isOk()) << in.op;
     outs.push_back(y.storage);
@@ -53,8 +58,8 @@ std::vector<std::vector<uint64_t>> runMix(uint32_t seed) {
   keep(makeInstr("sum", {{"dims", std::vector<int64_t>{1}}}), {&x}, {256});
   keep(makeInstr("softmax", {{"dim", int64_t(1)}}), {&x}, {256, 513});
   keep(makeInstr("softmax", {{"dim", int64_t(0)}}), {&x}, {256, 513});
-  keep(makeInstr("layer_norm", {{"has_weight", int64_t(1)},
-                                {"has_bias", int64_t(0)}}),
+  keep(makeInstr("layer_norm",
+                 {{"has_weight", int64_t(1)}, {"has_bias", int64_t(0)}}),
        {&x, &w}, {256, 513});
   keep(makeInstr("mse"), {&x, &x}, {});
   keep(makeInstr("transpose", {{"perm", std::vector<int64_t>{1, 0}}}), {&x},

@@ -24,11 +24,16 @@ TEST(Reshape, CopiesRowMajor) {
 TEST(Transpose, Permutations) {
   KT_SEEDED_RNG(rng);
   const std::pair<Shape, std::vector<int64_t>> cases[] = {
-      {{4, 8}, {1, 0}},          {{3, 4, 5}, {0, 2, 1}},
-      {{3, 4, 5}, {2, 0, 1}},    {{3, 4, 5}, {1, 0, 2}},
-      {{2, 3, 4, 5}, {0, 2, 1, 3}}, {{2, 3, 4, 5}, {3, 2, 1, 0}},
-      {{1, 7, 1, 3}, {2, 3, 0, 1}}, {{5}, {0}},
-      {{130, 70}, {1, 0}},       {{2, 3, 4}, {0, 1, 2}}};
+      {{4, 8}, {1, 0}},
+      {{3, 4, 5}, {0, 2, 1}},
+      {{3, 4, 5}, {2, 0, 1}},
+      {{3, 4, 5}, {1, 0, 2}},
+      {{2, 3, 4, 5}, {0, 2, 1, 3}},
+      {{2, 3, 4, 5}, {3, 2, 1, 0}},
+      {{1, 7, 1, 3}, {2, 3, 0, 1}},
+      {{5}, {0}},
+      {{130, 70}, {1, 0}},
+      {{2, 3, 4}, {0, 1, 2}}};
   for (auto &[shape, perm] : cases)
     for (DType dt : kAllTypes) {
       Tensor x = randomTensor(rng, dt, shape, -50, 50);
@@ -36,8 +41,8 @@ TEST(Transpose, Permutations) {
       for (int64_t p : perm)
         os.push_back(shape[p]);
       Tensor y(dt, os);
-      ASSERT_TRUE(run(makeInstr("transpose", {{"perm", perm}}), {&x}, {&y})
-                      .isOk());
+      ASSERT_TRUE(
+          run(makeInstr("transpose", {{"perm", perm}}), {&x}, {&y}).isOk());
       std::vector<double> ref(static_cast<size_t>(numel(os)));
       for (int64_t i = 0; i < numel(os); ++i) {
         Shape oi = unravel(i, os), ii(shape.size());
@@ -48,22 +53,21 @@ TEST(Transpose, Permutations) {
       EXPECT_TRUE(allEqual(y, ref)) << x.type.str();
     }
   Tensor x(DType::F32, {2, 3}), y(DType::F32, {3, 2});
-  EXPECT_FALSE(run(makeInstr("transpose", {{"perm", std::vector<int64_t>{0, 0}}}),
-                   {&x}, {&y})
-                   .isOk());
-  EXPECT_FALSE(run(makeInstr("transpose", {{"perm", std::vector<int64_t>{0, 1}}}),
-                   {&x}, {&y})
-                   .isOk());
+  EXPECT_FALSE(
+      run(makeInstr("transpose", {{"perm", std::vector<int64_t>{0, 0}}}), {&x},
+          {&y})
+          .isOk());
+  EXPECT_FALSE(
+      run(makeInstr("transpose", {{"perm", std::vector<int64_t>{0, 1}}}), {&x},
+          {&y})
+          .isOk());
 }
 
 TEST(BroadcastTo, NumPyRules) {
   KT_SEEDED_RNG(rng);
-  const std::pair<Shape, Shape> cases[] = {{{1, 8}, {4, 8}},
-                                           {{8}, {3, 4, 8}},
-                                           {{3, 1, 2}, {3, 5, 2}},
-                                           {{}, {2, 3}},
-                                           {{2, 3}, {2, 3}},
-                                           {{4, 1}, {2, 4, 300}}};
+  const std::pair<Shape, Shape> cases[] = {
+      {{1, 8}, {4, 8}}, {{8}, {3, 4, 8}}, {{3, 1, 2}, {3, 5, 2}},
+      {{}, {2, 3}},     {{2, 3}, {2, 3}}, {{4, 1}, {2, 4, 300}}};
   for (auto &[from, to] : cases)
     for (DType dt : {DType::F32, DType::BF16, DType::I64, DType::I1}) {
       Tensor x = randomTensor(rng, dt, from, -50, 50);
@@ -180,7 +184,8 @@ TEST(Gather, RowsAndOutOfRangeIds) {
         EXPECT_NE(s.message().find("gather"), std::string::npos);
       }
     }
-  Tensor table(DType::F32, {5, 2}), fids(DType::F32, {3}), y(DType::F32, {3, 2});
+  Tensor table(DType::F32, {5, 2}), fids(DType::F32, {3}),
+      y(DType::F32, {3, 2});
   EXPECT_FALSE(run(makeInstr("gather"), {&table, &fids}, {&y}).isOk());
 }
 
