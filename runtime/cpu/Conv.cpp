@@ -1,4 +1,4 @@
-//===- Conv.cpp - conv2d (im2col + sgemm), max_pool2d, avg_pool2d ---------===//
+//===- Conv.cpp - conv2d, pooling and their gradients ---------------------===//
 //
 // conv2d lowers each (image, group) to one GEMM per chunk of output rows:
 // W_g [O/groups, Cg*KH*KW] x col [Cg*KH*KW, rows*OW], written straight into
@@ -32,6 +32,82 @@ Status getPair(const Instr &instr, const std::string &name,
 int64_t windowOut(int64_t in, int64_t k, int64_t s, int64_t p, int64_t dil) {
   int64_t span = in + 2 * p - dil * (k - 1) - 1;
   return span < 0 ? -1 : span / s + 1;
+}
+
+/// One group's conv2d geometry, shared by conv2d and its gradients.
+struct ConvGeom {
+  int64_t cg, h, w, kh, kw, oh, ow;
+  std::vector<int64_t> stride, padding, dilation;
+  int64_t ckk() const { return cg * kh * kw; }
+  /// 1x1 kernel, stride 1, no padding: the input plane is the column matrix.
+  bool direct() const {
+    return kh == 1 && kw == 1 && stride[0] == 1 && stride[1] == 1 &&
+           padding[0] == 0 && padding[1] == 0;
+  }
+  /// Output rows per GEMM so the column buffer stays around 32 MB.
+  int64_t rowsPerChunk() const {
+    return std::clamp<int64_t>(
+        (int64_t(1) << 23) / std::max<int64_t>(ckk() * ow, 1), 1,
+        std::max<int64_t>(oh, 1));
+  }
+};
+
+/// im2col of output rows [r0, r0+rows) of one group: row (ci, ky, kx) of
+/// `col` ([ckk, rows*ow]) holds the input pixel each output position sees
+/// through that kernel tap (0 in the padding).
+void im2col(const ConvGeom &g, const float *xg, int64_t r0, int64_t rows,
+            float *col) {
+  int64_t cols = rows * g.ow;
+  parallelFor(g.ckk(), grainFor(cols), [&](int64_t rb, int64_t re) {
+    for (int64_t r = rb; r < re; ++r) {
+      int64_t ci = r / (g.kh * g.kw), ky = (r / g.kw) % g.kh, kx = r % g.kw;
+      const float *xc = xg + ci * g.h * g.w;
+      float *dst = col + r * cols;
+      for (int64_t yy = 0; yy < rows; ++yy) {
+        int64_t iy = (r0 + yy) * g.stride[0] - g.padding[0] + ky * g.dilation[0];
+        float *d = dst + yy * g.ow;
+        if (iy < 0 || iy >= g.h) {
+          std::fill(d, d + g.ow, 0.0f);
+          continue;
+        }
+        const float *xrow = xc + iy * g.w;
+        for (int64_t xx = 0; xx < g.ow; ++xx) {
+          int64_t ix = xx * g.stride[1] - g.padding[1] + kx * g.dilation[1];
+          d[xx] = ix >= 0 && ix < g.w ? xrow[ix] : 0.0f;
+        }
+      }
+    }
+  });
+}
+
+/// The adjoint of im2col: adds each column entry back onto the input pixel
+/// it was read from. Parallel over input channels (each channel's taps only
+/// touch that channel), each summed in one fixed order.
+void col2imAdd(const ConvGeom &g, const float *col, int64_t r0, int64_t rows,
+               float *dxg) {
+  int64_t cols = rows * g.ow;
+  parallelFor(g.cg, grainFor(g.kh * g.kw * cols), [&](int64_t cb, int64_t ce) {
+    for (int64_t ci = cb; ci < ce; ++ci) {
+      float *dxc = dxg + ci * g.h * g.w;
+      for (int64_t ky = 0; ky < g.kh; ++ky)
+        for (int64_t kx = 0; kx < g.kw; ++kx) {
+          const float *src = col + ((ci * g.kh + ky) * g.kw + kx) * cols;
+          for (int64_t yy = 0; yy < rows; ++yy) {
+            int64_t iy =
+                (r0 + yy) * g.stride[0] - g.padding[0] + ky * g.dilation[0];
+            if (iy < 0 || iy >= g.h)
+              continue;
+            float *drow = dxc + iy * g.w;
+            const float *s = src + yy * g.ow;
+            for (int64_t xx = 0; xx < g.ow; ++xx) {
+              int64_t ix = xx * g.stride[1] - g.padding[1] + kx * g.dilation[1];
+              if (ix >= 0 && ix < g.w)
+                drow[ix] += s[xx];
+            }
+          }
+        }
+    }
+  });
 }
 
 Status conv2dKernel(const Instr &instr, Ins ins, Outs outs) {
@@ -75,11 +151,9 @@ Status conv2dKernel(const Instr &instr, Ins ins, Outs outs) {
     return Status::ok();
 
   int64_t og = o / groups, ckk = cg * kh * kw, plane = oh * ow;
-  bool direct = kh == 1 && kw == 1 && stride[0] == 1 && stride[1] == 1 &&
-                padding[0] == 0 && padding[1] == 0;
-  // Output rows per GEMM so the column buffer stays around 32 MB.
-  int64_t rowsPerChunk = std::clamp<int64_t>(
-      (int64_t(1) << 23) / std::max<int64_t>(ckk * ow, 1), 1, oh);
+  ConvGeom geom{cg, h, w, kh, kw, oh, ow, stride, padding, dilation};
+  bool direct = geom.direct();
+  int64_t rowsPerChunk = geom.rowsPerChunk();
   return dispatchFloat(tx.dtype, [&](auto tag) -> Status {
     using T = decltype(tag);
     std::vector<float> xb, wb, ob, col;
@@ -114,29 +188,7 @@ Status conv2dKernel(const Instr &instr, Ins ins, Outs outs) {
         for (int64_t r0 = 0; r0 < oh; r0 += rowsPerChunk) {
           int64_t rows = std::min(rowsPerChunk, oh - r0);
           int64_t cols = rows * ow;
-          // im2col: row (ci, ky, kx) holds the input pixel each output
-          // position of this chunk sees through that kernel tap.
-          parallelFor(ckk, grainFor(cols), [&](int64_t rb, int64_t re) {
-            for (int64_t r = rb; r < re; ++r) {
-              int64_t ci = r / (kh * kw), ky = (r / kw) % kh, kx = r % kw;
-              const float *xc = xg + ci * h * w;
-              float *dst = col.data() + r * cols;
-              for (int64_t yy = 0; yy < rows; ++yy) {
-                int64_t iy =
-                    (r0 + yy) * stride[0] - padding[0] + ky * dilation[0];
-                float *d = dst + yy * ow;
-                if (iy < 0 || iy >= h) {
-                  std::fill(d, d + ow, 0.0f);
-                  continue;
-                }
-                const float *xrow = xc + iy * w;
-                for (int64_t xx = 0; xx < ow; ++xx) {
-                  int64_t ix = xx * stride[1] - padding[1] + kx * dilation[1];
-                  d[xx] = ix >= 0 && ix < w ? xrow[ix] : 0.0f;
-                }
-              }
-            }
-          });
+          im2col(geom, xg, r0, rows, col.data());
           gemmF32(false, false, og, cols, ckk, 1.0f, wg, ckk, col.data(), cols,
                   0.0f, yg + r0 * ow, plane);
         }
@@ -238,12 +290,291 @@ template <bool Max> Status poolKernel(const Instr &instr, Ins ins, Outs outs) {
   });
 }
 
+//===----------------------------------------------------------------------===//
+// Gradients (see "Gradient ops" in docs/ops.md)
+//===----------------------------------------------------------------------===//
+
+/// Reads stride/padding/dilation/groups and checks that x [N,C,H,W],
+/// w [O,Cg,KH,KW] and dy [N,O,OH,OW] agree with conv2d's shape rule.
+Status convGradGeom(const Instr &instr, const TensorType &tx,
+                    const TensorType &tw, const TensorType &tdy,
+                    int64_t &groups, ConvGeom &geom) {
+  for (const TensorType *t : {&tx, &tw, &tdy})
+    if (t->shape.size() != 4 || t->dtype != tx.dtype || !isFloat(t->dtype))
+      return opError(instr, "expects x [N,C,H,W], w [O,C/groups,KH,KW] and "
+                            "dy [N,O,OH,OW] of one float type, got " +
+                                typeStr(tx) + ", " + typeStr(tw) + ", " +
+                                typeStr(tdy));
+  std::vector<int64_t> stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  groups = 1;
+  DLOPT_RETURN_IF_ERROR(getPair(instr, "stride", stride, 1));
+  DLOPT_RETURN_IF_ERROR(getPair(instr, "padding", padding, 0));
+  DLOPT_RETURN_IF_ERROR(getPair(instr, "dilation", dilation, 1));
+  DLOPT_RETURN_IF_ERROR(getOptIntAttr(instr, "groups", groups));
+  int64_t n = tx.shape[0], c = tx.shape[1], h = tx.shape[2], w = tx.shape[3];
+  int64_t o = tw.shape[0], cg = tw.shape[1], kh = tw.shape[2], kw = tw.shape[3];
+  if (groups < 1 || c != cg * groups || o % groups != 0)
+    return opError(instr, "expects C = Cg * groups and O % groups == 0, got " +
+                              typeStr(tx) + ", " + typeStr(tw) +
+                              ", groups = " + std::to_string(groups));
+  int64_t oh = windowOut(h, kh, stride[0], padding[0], dilation[0]);
+  int64_t ow = windowOut(w, kw, stride[1], padding[1], dilation[1]);
+  if (oh < 0 || ow < 0)
+    return opError(instr, "kernel does not fit the padded input: " +
+                              typeStr(tx) + ", " + typeStr(tw));
+  DLOPT_RETURN_IF_ERROR(checkShape(instr, "dy (conv2d's output)", tdy.shape,
+                                   {n, o, oh, ow}));
+  geom = ConvGeom{cg, h, w, kh, kw, oh, ow, stride, padding, dilation};
+  return Status::ok();
+}
+
+/// conv2d_grad_input %dy, %w -> dx (the forward input type): per (image,
+/// group) col = w_g^T dy_g, then col2im.
+Status conv2dGradInputKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
+  const TensorType &tdy = ins[0].type, &tw = ins[1].type, &tx = outs[0].type;
+  int64_t groups = 1;
+  ConvGeom geom;
+  DLOPT_RETURN_IF_ERROR(convGradGeom(instr, tx, tw, tdy, groups, geom));
+  if (outs[0].numElements() == 0)
+    return Status::ok();
+  int64_t n = tx.shape[0], c = tx.shape[1], h = geom.h, w = geom.w;
+  int64_t o = tw.shape[0], og = o / groups, cg = geom.cg, ckk = geom.ckk();
+  int64_t oh = geom.oh, ow = geom.ow, plane = oh * ow;
+  bool direct = geom.direct();
+  int64_t rowsPerChunk = geom.rowsPerChunk();
+  return dispatchFloat(tx.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    std::vector<float> dyb, wb, dxb, col;
+    const float *dy, *wt;
+    float *dx;
+    if constexpr (std::is_same_v<T, float>) {
+      dy = ins[0].as<float>();
+      wt = ins[1].as<float>();
+      dx = outs[0].as<float>();
+    } else {
+      dyb.resize(size_t(ins[0].numElements()));
+      wb.resize(size_t(ins[1].numElements()));
+      dxb.resize(size_t(outs[0].numElements()));
+      loadF32(ins[0].as<T>(), dyb.data(), ins[0].numElements());
+      loadF32(ins[1].as<T>(), wb.data(), ins[1].numElements());
+      dy = dyb.data();
+      wt = wb.data();
+      dx = dxb.data();
+    }
+    std::fill(dx, dx + outs[0].numElements(), 0.0f);
+    if (!direct && plane > 0)
+      col.resize(size_t(ckk * rowsPerChunk * ow));
+    for (int64_t ni = 0; ni < n && plane > 0; ++ni) {
+      for (int64_t gi = 0; gi < groups; ++gi) {
+        float *dxg = dx + (ni * c + gi * cg) * h * w;
+        const float *wg = wt + gi * og * ckk;
+        const float *dyg = dy + (ni * o + gi * og) * plane;
+        if (direct) {
+          gemmF32(true, false, cg, plane, og, 1.0f, wg, ckk, dyg, plane, 0.0f,
+                  dxg, h * w);
+          continue;
+        }
+        for (int64_t r0 = 0; r0 < oh; r0 += rowsPerChunk) {
+          int64_t rows = std::min(rowsPerChunk, oh - r0);
+          int64_t cols = rows * ow;
+          gemmF32(true, false, ckk, cols, og, 1.0f, wg, ckk, dyg + r0 * ow,
+                  plane, 0.0f, col.data(), cols);
+          col2imAdd(geom, col.data(), r0, rows, dxg);
+        }
+      }
+    }
+    if constexpr (!std::is_same_v<T, float>)
+      storeF32(dx, outs[0].as<T>(), outs[0].numElements());
+    return Status::ok();
+  });
+}
+
+/// conv2d_grad_filter %x, %dy -> dw (the filter type): per group,
+/// dw_g = sum over images and row chunks of dy_g col^T, in a fixed order.
+Status conv2dGradFilterKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
+  const TensorType &tx = ins[0].type, &tdy = ins[1].type, &tw = outs[0].type;
+  int64_t groups = 1;
+  ConvGeom geom;
+  DLOPT_RETURN_IF_ERROR(convGradGeom(instr, tx, tw, tdy, groups, geom));
+  if (outs[0].numElements() == 0)
+    return Status::ok();
+  int64_t n = tx.shape[0], c = tx.shape[1], h = geom.h, w = geom.w;
+  int64_t o = tw.shape[0], og = o / groups, cg = geom.cg, ckk = geom.ckk();
+  int64_t oh = geom.oh, ow = geom.ow, plane = oh * ow;
+  bool direct = geom.direct();
+  int64_t rowsPerChunk = geom.rowsPerChunk();
+  return dispatchFloat(tx.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    std::vector<float> xb, dyb, dwb, col;
+    const float *x, *dy;
+    float *dw;
+    if constexpr (std::is_same_v<T, float>) {
+      x = ins[0].as<float>();
+      dy = ins[1].as<float>();
+      dw = outs[0].as<float>();
+    } else {
+      xb.resize(size_t(ins[0].numElements()));
+      dyb.resize(size_t(ins[1].numElements()));
+      dwb.resize(size_t(outs[0].numElements()));
+      loadF32(ins[0].as<T>(), xb.data(), ins[0].numElements());
+      loadF32(ins[1].as<T>(), dyb.data(), ins[1].numElements());
+      x = xb.data();
+      dy = dyb.data();
+      dw = dwb.data();
+    }
+    std::fill(dw, dw + outs[0].numElements(), 0.0f);
+    if (!direct && plane > 0)
+      col.resize(size_t(ckk * rowsPerChunk * ow));
+    for (int64_t ni = 0; ni < n && plane > 0; ++ni) {
+      for (int64_t gi = 0; gi < groups; ++gi) {
+        const float *xg = x + (ni * c + gi * cg) * h * w;
+        const float *dyg = dy + (ni * o + gi * og) * plane;
+        float *dwg = dw + gi * og * ckk;
+        if (direct) {
+          gemmF32(false, true, og, cg, plane, 1.0f, dyg, plane, xg, h * w, 1.0f,
+                  dwg, ckk);
+          continue;
+        }
+        for (int64_t r0 = 0; r0 < oh; r0 += rowsPerChunk) {
+          int64_t rows = std::min(rowsPerChunk, oh - r0);
+          int64_t cols = rows * ow;
+          im2col(geom, xg, r0, rows, col.data());
+          gemmF32(false, true, og, ckk, cols, 1.0f, dyg + r0 * ow, plane,
+                  col.data(), cols, 1.0f, dwg, ckk);
+        }
+      }
+    }
+    if constexpr (!std::is_same_v<T, float>)
+      storeF32(dw, outs[0].as<T>(), outs[0].numElements());
+    return Status::ok();
+  });
+}
+
+/// Pool attributes and the input/output geometry of a pool gradient: `tx`
+/// is the forward input type, `tdy` the pooled type.
+Status poolGradGeom(const Instr &instr, bool isMax, const TensorType &tx,
+                    const TensorType &tdy, std::vector<int64_t> &kernel,
+                    std::vector<int64_t> &stride,
+                    std::vector<int64_t> &padding, bool &includePad) {
+  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "x", tx));
+  size_t rank = tx.shape.size();
+  if (rank < 2)
+    return opError(instr,
+                   "expects rank >= 2 ([..., H, W]), got " + typeStr(tx));
+  DLOPT_RETURN_IF_ERROR(checkDType(instr, "dy", tdy.dtype, tx.dtype));
+  DLOPT_RETURN_IF_ERROR(getIntsAttr(instr, "kernel", kernel));
+  if (kernel.size() != 2 || kernel[0] < 1 || kernel[1] < 1)
+    return opError(instr, "expects 'kernel' to be 2 ints >= 1, got " +
+                              shapeStr(kernel));
+  stride = kernel;
+  padding = {0, 0};
+  includePad = true;
+  DLOPT_RETURN_IF_ERROR(getPair(instr, "stride", stride, 1));
+  DLOPT_RETURN_IF_ERROR(getPair(instr, "padding", padding, 0));
+  if (!isMax)
+    DLOPT_RETURN_IF_ERROR(
+        getOptBoolAttr(instr, "count_include_pad", includePad));
+  int64_t h = tx.shape[rank - 2], w = tx.shape[rank - 1];
+  int64_t oh = windowOut(h, kernel[0], stride[0], padding[0], 1);
+  int64_t ow = windowOut(w, kernel[1], stride[1], padding[1], 1);
+  if (oh < 0 || ow < 0)
+    return opError(instr, "window " + shapeStr(kernel) +
+                              " does not fit the padded input " + typeStr(tx));
+  std::vector<int64_t> expected(tx.shape.begin(), tx.shape.end() - 2);
+  expected.push_back(oh);
+  expected.push_back(ow);
+  return checkShape(instr, "dy (the pooled shape)", tdy.shape, expected);
+}
+
+/// max_pool2d_grad %x, %dy and avg_pool2d_grad %dy. Windows overlap when
+/// stride < kernel, so the work is split by planes; each plane accumulates
+/// its output positions in row-major order in f32.
+template <bool Max>
+Status poolGradKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, Max ? 2 : 1, 1));
+  const TensorType &tx = Max ? ins[0].type : outs[0].type;
+  const TensorType &tdy = ins[Max ? 1 : 0].type;
+  std::vector<int64_t> kernel, stride, padding;
+  bool includePad = true;
+  DLOPT_RETURN_IF_ERROR(poolGradGeom(instr, Max, tx, tdy, kernel, stride,
+                                     padding, includePad));
+  if constexpr (Max)
+    DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, tx));
+  size_t rank = tx.shape.size();
+  int64_t h = tx.shape[rank - 2], w = tx.shape[rank - 1];
+  int64_t oh = tdy.shape[rank - 2], ow = tdy.shape[rank - 1];
+  int64_t planes = product(tx.shape, 0, rank - 2);
+  if (outs[0].numElements() == 0)
+    return Status::ok();
+  return dispatchFloat(tx.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    const T *x = Max ? ins[0].as<T>() : nullptr;
+    const T *dy = ins[Max ? 1 : 0].as<T>();
+    T *dx = outs[0].as<T>();
+    parallelFor(planes, grainFor(oh * ow * kernel[0] * kernel[1] + h * w),
+                [&](int64_t pb, int64_t pe) {
+                  std::vector<float> acc(static_cast<size_t>(h * w));
+                  for (int64_t pl = pb; pl < pe; ++pl) {
+                    std::fill(acc.begin(), acc.end(), 0.0f);
+                    const T *dyp = dy + pl * oh * ow;
+                    for (int64_t oy = 0; oy < oh; ++oy) {
+                      int64_t y0 = oy * stride[0] - padding[0];
+                      int64_t ya = std::max<int64_t>(y0, 0),
+                              yb = std::min(y0 + kernel[0], h);
+                      for (int64_t ox = 0; ox < ow; ++ox) {
+                        int64_t x0 = ox * stride[1] - padding[1];
+                        int64_t xa = std::max<int64_t>(x0, 0),
+                                xb = std::min(x0 + kernel[1], w);
+                        float g = toF32(dyp[oy * ow + ox]);
+                        if constexpr (Max) {
+                          // The first maximum in row-major order, with the
+                          // forward's NaN rule; padding (-inf) never wins.
+                          const T *xp = x + pl * h * w;
+                          int64_t best = -1;
+                          float r = 0;
+                          for (int64_t iy = ya; iy < yb; ++iy)
+                            for (int64_t ix = xa; ix < xb; ++ix) {
+                              float v = toF32(xp[iy * w + ix]);
+                              if (best < 0 || (r == r && (v != v || v > r))) {
+                                r = v;
+                                best = iy * w + ix;
+                              }
+                            }
+                          if (best >= 0)
+                            acc[best] += g;
+                        } else {
+                          int64_t cnt = includePad
+                                            ? kernel[0] * kernel[1]
+                                            : std::max<int64_t>(yb - ya, 0) *
+                                                  std::max<int64_t>(xb - xa, 0);
+                          if (cnt == 0)
+                            continue;
+                          float share = float(double(g) / double(cnt));
+                          for (int64_t iy = ya; iy < yb; ++iy)
+                            for (int64_t ix = xa; ix < xb; ++ix)
+                              acc[iy * w + ix] += share;
+                        }
+                      }
+                    }
+                    storeF32(acc.data(), dx + pl * h * w, h * w);
+                  }
+                });
+    return Status::ok();
+  });
+}
+
 } // namespace
 
 void registerConvKernels(KernelRegistry &r) {
   r["conv2d"] = conv2dKernel;
   r["max_pool2d"] = poolKernel<true>;
   r["avg_pool2d"] = poolKernel<false>;
+  r["conv2d_grad_input"] = conv2dGradInputKernel;
+  r["conv2d_grad_filter"] = conv2dGradFilterKernel;
+  r["max_pool2d_grad"] = poolGradKernel<true>;
+  r["avg_pool2d_grad"] = poolGradKernel<false>;
 }
 
 } // namespace dlopt::rt::cpu

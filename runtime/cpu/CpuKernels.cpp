@@ -262,6 +262,7 @@ static const KernelRegistry &registry() {
     registerNNKernels(m);
     registerConvKernels(m);
     registerLossKernels(m);
+    registerGradKernels(m);
     return m;
   }();
   return r;

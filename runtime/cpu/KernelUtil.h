@@ -34,6 +34,7 @@ void registerShapeKernels(KernelRegistry &r);
 void registerNNKernels(KernelRegistry &r);
 void registerConvKernels(KernelRegistry &r);
 void registerLossKernels(KernelRegistry &r);
+void registerGradKernels(KernelRegistry &r);
 
 //===----------------------------------------------------------------------===//
 // 16-bit float storage
@@ -234,6 +235,15 @@ std::string planBroadcast(const std::vector<int64_t> &outShape,
 void gemmF32(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
              float alpha, const float *a, int64_t lda, const float *b,
              int64_t ldb, float beta, float *c, int64_t ldc);
+
+//===----------------------------------------------------------------------===//
+// Shared math (NN.cpp)
+//===----------------------------------------------------------------------===//
+
+/// Softmax (or log-softmax) of `v[0..n)` in place: max-subtracted, sums in
+/// double. attention and attention_grad share it so the recomputed
+/// probabilities match the forward ones bit for bit.
+void softmaxInPlace(float *v, int64_t n, bool log);
 
 /// Saturating, truncating float -> int conversion (NaN -> 0), as `cast`.
 template <typename I> inline I floatToInt(double x) {

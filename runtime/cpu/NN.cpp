@@ -15,9 +15,9 @@
 #include <limits>
 
 namespace dlopt::rt::cpu {
-namespace {
 
-/// Softmax (or log-softmax) of `v[0..n)` in place.
+/// Softmax (or log-softmax) of `v[0..n)` in place (also used by
+/// attention_grad to recompute the probabilities exactly as attention does).
 void softmaxInPlace(float *v, int64_t n, bool log) {
   float m = -std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < n; ++j)
@@ -39,6 +39,8 @@ void softmaxInPlace(float *v, int64_t n, bool log) {
       v[j] *= inv;
   }
 }
+
+namespace {
 
 template <bool Log>
 Status softmaxKernel(const Instr &instr, Ins ins, Outs outs) {
@@ -308,7 +310,10 @@ Status ropeKernel(const Instr &instr, Ins ins, Outs outs) {
     return opError(instr, "expects rank >= 2 and an even last dim, got " +
                               typeStr(tx));
   double theta = 10000.0;
+  bool inverse = false;
   DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "theta", theta));
+  // `inverse` rotates by the negated angle (rope's gradient).
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "inverse", inverse));
   int64_t s = tx.shape[rank - 2], d = tx.shape[rank - 1], half = d / 2;
   if (tx.numElements() == 0)
     return Status::ok();
@@ -319,7 +324,7 @@ Status ropeKernel(const Instr &instr, Ins ins, Outs outs) {
     for (int64_t i = 0; i < half; ++i) {
       double a = double(p) * std::pow(theta, -2.0 * double(i) / double(d));
       cosT[p * half + i] = float(std::cos(a));
-      sinT[p * half + i] = float(std::sin(a));
+      sinT[p * half + i] = float(inverse ? -std::sin(a) : std::sin(a));
     }
   int64_t rows = tx.numElements() / d;
   return dispatchFloat(tx.dtype, [&](auto tag) -> Status {

@@ -113,14 +113,14 @@ LogicalResult DLOptDialect::verifyRegionResultAttribute(Operation *op,
                                                         unsigned resultIndex,
                                                         NamedAttribute attr) {
   StringRef name = attr.getName().getValue();
-  if (name != kOutputAttr)
+  if (name != kOutputAttr && name != kGradAttr)
     return op->emitError() << "result #" << resultIndex
                            << ": unknown dlopt result attribute '" << name
-                           << "', expected dlopt.output";
+                           << "', expected dlopt.output or dlopt.grad";
   auto str = dyn_cast<StringAttr>(attr.getValue());
   if (!str || str.getValue().empty())
-    return op->emitError() << "result #" << resultIndex
-                           << ": 'dlopt.output' expects a non-empty string, got "
+    return op->emitError() << "result #" << resultIndex << ": '" << name
+                           << "' expects a non-empty string, got "
                            << attr.getValue();
   return success();
 }

@@ -44,6 +44,7 @@ def DLOpt_Dialect : Dialect {
     static constexpr ::llvm::StringLiteral kOutputAttr = "dlopt.output";
     static constexpr ::llvm::StringLiteral kLossAttr = "dlopt.loss";
     static constexpr ::llvm::StringLiteral kLayerAttr = "dlopt.layer";
+    static constexpr ::llvm::StringLiteral kGradAttr = "dlopt.grad";
   }];
 }
 

@@ -1,0 +1,702 @@
+//===- Grad.cpp - Gradient ops (see "Gradient ops" in docs/ops.md) --------===//
+//
+// scatter_add, softmax_grad, log_softmax_grad, layer_norm_grad,
+// rms_norm_grad, attention_grad, batch_norm_grad, cross_entropy_grad,
+// gelu_grad and slice_grad. (conv2d and pooling gradients live in Conv.cpp.)
+//
+// As in the forward kernels, sums are accumulated in double (or f32 where the
+// contract says so), elementwise math is f32, and 16-bit results are rounded
+// once on store. Every reduction runs in a fixed order over fixed chunks
+// whose boundaries depend only on the shapes, so results are bitwise
+// identical for any thread count.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cpu/KernelUtil.h"
+#include "runtime/cpu/ThreadPool.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace dlopt::rt::cpu {
+namespace {
+
+/// f32 view of a float tensor: the tensor itself for f32, else a widened
+/// copy kept in `buf`.
+template <typename T>
+const float *widenF32(const TensorRef &t, std::vector<float> &buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return t.as<float>();
+  } else {
+    buf.resize(size_t(t.numElements()));
+    loadF32(t.as<T>(), buf.data(), t.numElements());
+    return buf.data();
+  }
+}
+
+/// f32 destination for a float result: the result itself for f32, else a
+/// zeroed buffer to be stored with storeF32 at the end.
+template <typename T> float *outF32(const TensorRef &t, std::vector<float> &buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return t.as<float>();
+  } else {
+    buf.assign(size_t(t.numElements()), 0.0f);
+    return buf.data();
+  }
+}
+
+template <typename T> void finishF32(const TensorRef &t, const float *buf) {
+  if constexpr (!std::is_same_v<T, float>)
+    storeF32(buf, t.as<T>(), t.numElements());
+}
+
+/// Reads an int tensor (i32/i64) element as int64.
+inline int64_t intAt(const TensorRef &t, int64_t i) {
+  return t.type.dtype == DType::I32 ? int64_t(t.as<int32_t>()[i])
+                                    : t.as<int64_t>()[i];
+}
+
+//===----------------------------------------------------------------------===//
+// scatter_add
+//===----------------------------------------------------------------------===//
+
+Status scatterAddKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
+  const TensorType &ti = ins[0].type, &tu = ins[1].type, &tr = outs[0].type;
+  DLOPT_RETURN_IF_ERROR(checkInt(instr, "operand #0 (ids)", ti));
+  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #1 (updates)", tu));
+  if (tr.shape.empty())
+    return opError(instr, "expects a result of rank >= 1, got " + typeStr(tr));
+  std::vector<int64_t> expected = ti.shape;
+  expected.insert(expected.end(), tr.shape.begin() + 1, tr.shape.end());
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "operand #1 (updates)", tu,
+                                  TensorType{tr.dtype, expected}));
+  int64_t v = tr.shape[0];
+  int64_t n = ins[0].numElements();
+  int64_t rest = product(tr.shape, 1, tr.shape.size());
+  std::vector<int64_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    ids[i] = intAt(ins[0], i);
+    if (ids[i] < 0 || ids[i] >= v)
+      return opError(instr, "id " + std::to_string(ids[i]) + " at position " +
+                                std::to_string(i) + " is outside [0, " +
+                                std::to_string(v) + ")");
+  }
+  return dispatchFloat(tr.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    std::vector<float> accBuf;
+    float *acc = outF32<T>(outs[0], accBuf);
+    if constexpr (std::is_same_v<T, float>)
+      std::fill(acc, acc + outs[0].numElements(), 0.0f);
+    if (rest == 0 || n == 0) {
+      finishF32<T>(outs[0], acc);
+      return Status::ok();
+    }
+    const T *u = ins[1].as<T>();
+    // Parallel over blocks of the feature dims; each block walks the ids in
+    // row-major order, so every sum has one fixed order.
+    constexpr int64_t kCols = 256;
+    int64_t blocks = (rest + kCols - 1) / kCols;
+    parallelFor(blocks, grainFor(n * std::min(rest, kCols)),
+                [&](int64_t b, int64_t e) {
+                  for (int64_t blk = b; blk < e; ++blk) {
+                    int64_t c0 = blk * kCols, nc = std::min(kCols, rest - c0);
+                    for (int64_t i = 0; i < n; ++i) {
+                      const T *src = u + i * rest + c0;
+                      float *dst = acc + ids[i] * rest + c0;
+                      for (int64_t c = 0; c < nc; ++c)
+                        dst[c] += toF32(src[c]);
+                    }
+                  }
+                });
+    finishF32<T>(outs[0], acc);
+    return Status::ok();
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// softmax_grad / log_softmax_grad
+//===----------------------------------------------------------------------===//
+
+template <bool Log>
+Status softmaxGradKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
+  const TensorType &t = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0 (y)", t));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "operand #1 (dy)", ins[1].type, t));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, t));
+  int64_t dim = 0;
+  DLOPT_RETURN_IF_ERROR(getIntAttr(instr, "dim", dim));
+  size_t rank = t.shape.size();
+  if (dim < 0 || dim >= int64_t(rank))
+    return opError(instr, "expects 'dim' in [0, " + std::to_string(rank) +
+                              "), got " + std::to_string(dim));
+  int64_t n = t.shape[dim];
+  int64_t inner = product(t.shape, dim + 1, rank);
+  int64_t outer = product(t.shape, 0, dim);
+  if (t.numElements() == 0)
+    return Status::ok();
+  return dispatchFloat(t.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    const T *y = ins[0].as<T>(), *dy = ins[1].as<T>();
+    T *dx = outs[0].as<T>();
+    // A block of up to kCols lines along `dim` per work item (one line when
+    // the dim is innermost); each line is reduced in order by one thread.
+    constexpr int64_t kCols = 64;
+    int64_t blocks = (inner + kCols - 1) / kCols;
+    int64_t width = std::min(inner, kCols);
+    parallelFor(
+        outer * blocks, grainFor(n * width * 8), [&](int64_t b, int64_t e) {
+          double sum[kCols];
+          float sf[kCols];
+          for (int64_t item = b; item < e; ++item) {
+            int64_t c0 = (item % blocks) * kCols;
+            int64_t nc = std::min(kCols, inner - c0);
+            int64_t base = (item / blocks) * n * inner + c0;
+            for (int64_t c = 0; c < nc; ++c)
+              sum[c] = 0;
+            for (int64_t j = 0; j < n; ++j) {
+              const T *yr = y + base + j * inner, *gr = dy + base + j * inner;
+              for (int64_t c = 0; c < nc; ++c) {
+                if constexpr (Log)
+                  sum[c] += double(toF32(gr[c]));
+                else
+                  sum[c] += double(toF32(gr[c])) * double(toF32(yr[c]));
+              }
+            }
+            for (int64_t c = 0; c < nc; ++c)
+              sf[c] = float(sum[c]);
+            for (int64_t j = 0; j < n; ++j) {
+              const T *yr = y + base + j * inner, *gr = dy + base + j * inner;
+              T *xr = dx + base + j * inner;
+              for (int64_t c = 0; c < nc; ++c) {
+                float yv = toF32(yr[c]), g = toF32(gr[c]);
+                xr[c] = fromF32<T>(Log ? g - std::exp(yv) * sf[c]
+                                       : yv * (g - sf[c]));
+              }
+            }
+          }
+        });
+    return Status::ok();
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// layer_norm_grad / rms_norm_grad
+//===----------------------------------------------------------------------===//
+
+/// Operands x, dy[, w]; results dx, dw[, db] (db for layer_norm only).
+template <bool Rms>
+Status normGradKernel(const Instr &instr, Ins ins, Outs outs) {
+  size_t numOuts = Rms ? 2 : 3;
+  DLOPT_RETURN_IF_ERROR(checkArityRange(instr, ins, outs, 2, 3, numOuts));
+  const TensorType &t = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0 (x)", t));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "operand #1 (dy)", ins[1].type, t));
+  size_t rank = t.shape.size();
+  int64_t axis = rank > 0 ? int64_t(rank) - 1 : 0;
+  double eps = Rms ? 1e-6 : 1e-5;
+  bool hasWeight = ins.size() == 3;
+  DLOPT_RETURN_IF_ERROR(getOptIntAttr(instr, "axis", axis));
+  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "eps", eps));
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "has_weight", hasWeight));
+  if (ins.size() != 2 + size_t(hasWeight))
+    return opError(instr, "expects " + std::to_string(2 + hasWeight) +
+                              " operands (has_weight = " +
+                              std::to_string(hasWeight) + "), got " +
+                              std::to_string(ins.size()));
+  if (axis < 0 || axis > int64_t(rank) || (rank > 0 && axis == int64_t(rank)))
+    return opError(instr, "expects 'axis' in [0, " + std::to_string(rank) +
+                              "), got " + std::to_string(axis));
+  std::vector<int64_t> normShape(t.shape.begin() + axis, t.shape.end());
+  TensorType paramType{t.dtype, normShape};
+  if (hasWeight)
+    DLOPT_RETURN_IF_ERROR(checkType(instr, "weight", ins[2].type, paramType));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #0", outs[0].type, t));
+  for (size_t i = 1; i < numOuts; ++i)
+    DLOPT_RETURN_IF_ERROR(checkType(instr, "result #" + std::to_string(i),
+                                    outs[i].type, paramType));
+  int64_t n = product(normShape, 0, normShape.size());
+  int64_t rows = n == 0 ? 0 : t.numElements() / n;
+  // Fixed row chunks (from the shape only); each chunk leaves partial
+  // parameter-gradient sums that are then added in chunk order.
+  int64_t rowChunk =
+      std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(n, 1));
+  int64_t numChunks = (rows + rowChunk - 1) / rowChunk;
+  return dispatchFloat(t.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    const T *x = ins[0].as<T>(), *dy = ins[1].as<T>();
+    T *dx = outs[0].as<T>();
+    std::vector<float> wf(static_cast<size_t>(n), 1.0f);
+    if (hasWeight)
+      loadF32(ins[2].as<T>(), wf.data(), n);
+    // partial[chunk] = [dw sums (n), db sums (n)].
+    std::vector<double> partial(size_t(numChunks * n * 2), 0.0);
+    parallelFor(numChunks, 1, [&](int64_t cb, int64_t ce) {
+      std::vector<float> v(static_cast<size_t>(n)), g(static_cast<size_t>(n)),
+          d(static_cast<size_t>(n));
+      for (int64_t ch = cb; ch < ce; ++ch) {
+        double *pw = partial.data() + ch * n * 2, *pb = pw + n;
+        for (int64_t r = ch * rowChunk, re = std::min(rows, r + rowChunk);
+             r < re; ++r) {
+          loadF32(x + r * n, v.data(), n);
+          loadF32(dy + r * n, d.data(), n);
+          float mu = 0, rs;
+          if constexpr (Rms) {
+            double ss = 0;
+            for (int64_t j = 0; j < n; ++j)
+              ss += double(v[j]) * double(v[j]);
+            rs = float(1.0 / std::sqrt(ss / double(n) + eps));
+          } else {
+            double s = 0;
+            for (int64_t j = 0; j < n; ++j)
+              s += double(v[j]);
+            double mean = s / double(n), ss = 0;
+            for (int64_t j = 0; j < n; ++j) {
+              double dv = double(v[j]) - mean;
+              ss += dv * dv;
+            }
+            mu = float(mean);
+            rs = float(1.0 / std::sqrt(ss / double(n) + eps));
+          }
+          // v becomes xhat (layer_norm) or x*r (rms_norm); g = dy*w.
+          double sg = 0, sgx = 0;
+          for (int64_t j = 0; j < n; ++j) {
+            v[j] = (v[j] - mu) * rs;
+            g[j] = d[j] * wf[j];
+            sg += double(g[j]);
+            sgx += double(g[j]) * double(v[j]);
+            pw[j] += double(d[j]) * double(v[j]);
+            pb[j] += double(d[j]);
+          }
+          float mg = float(sg / double(n)), mgx = float(sgx / double(n));
+          // layer_norm: (g - mean(g) - xhat*mean(g*xhat)) * rs;
+          // rms_norm:   r*g - x*r^3*mean(g*x) = (g - (x*r)*mean(g*x*r)) * r.
+          for (int64_t j = 0; j < n; ++j)
+            d[j] = (Rms ? g[j] - v[j] * mgx : g[j] - mg - v[j] * mgx) * rs;
+          storeF32(d.data(), dx + r * n, n);
+        }
+      }
+    });
+    // Parameter gradients: per column, chunks summed in order.
+    std::vector<float> dw(static_cast<size_t>(n)), db(static_cast<size_t>(n));
+    parallelFor(n, grainFor(numChunks * 2), [&](int64_t b, int64_t e) {
+      for (int64_t j = b; j < e; ++j) {
+        double sw = 0, sb = 0;
+        for (int64_t ch = 0; ch < numChunks; ++ch) {
+          sw += partial[ch * n * 2 + j];
+          sb += partial[ch * n * 2 + n + j];
+        }
+        dw[j] = float(sw);
+        db[j] = float(sb);
+      }
+    });
+    storeF32(dw.data(), outs[1].as<T>(), n);
+    if constexpr (!Rms)
+      storeF32(db.data(), outs[2].as<T>(), n);
+    return Status::ok();
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// attention_grad
+//===----------------------------------------------------------------------===//
+
+Status attentionGradKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 4, 3));
+  const TensorType &tq = ins[0].type, &tk = ins[1].type, &tv = ins[2].type,
+                   &tdo = ins[3].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "q", tq));
+  for (const TensorType *t : {&tq, &tk, &tv, &tdo})
+    if (t->shape.size() != 4 || t->dtype != tq.dtype)
+      return opError(instr, "expects q, k, v, dout of rank 4 with one float "
+                            "element type, got " +
+                                typeStr(tq) + ", " + typeStr(tk) + ", " +
+                                typeStr(tv) + ", " + typeStr(tdo));
+  int64_t b = tq.shape[0], h = tq.shape[1], s = tq.shape[2], d = tq.shape[3];
+  int64_t g = tk.shape[1], t = tk.shape[2], e = tv.shape[3];
+  if (tk.shape[0] != b || tv.shape[0] != b || tk.shape[3] != d ||
+      tv.shape[1] != g || tv.shape[2] != t || g == 0 || h % g != 0)
+    return opError(instr, "expects q [B,H,S,D], k [B,G,T,D], v [B,G,T,E] "
+                          "with H % G == 0, got " +
+                              typeStr(tq) + ", " + typeStr(tk) + ", " +
+                              typeStr(tv));
+  DLOPT_RETURN_IF_ERROR(
+      checkType(instr, "dout", tdo, TensorType{tq.dtype, {b, h, s, e}}));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #0 (dq)", outs[0].type, tq));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #1 (dk)", outs[1].type, tk));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #2 (dv)", outs[2].type, tv));
+  bool causal = false;
+  double scale = d > 0 ? 1.0 / std::sqrt(double(d)) : 1.0;
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "causal", causal));
+  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "scale", scale));
+  int64_t headsPerGroup = h / g;
+  // The query heads of one kv head are adjacent, so each (batch, kv head) is
+  // a stack of headsPerGroup*S query rows; dk/dv GEMMs over that stack sum
+  // over the group's heads. Rows are chunked to bound the [rows, T] buffers;
+  // chunks accumulate into dk/dv in a fixed order.
+  int64_t rowsPerGroup = headsPerGroup * s;
+  int64_t chunk = std::max<int64_t>(
+      1, std::min<int64_t>(rowsPerGroup,
+                           (int64_t(1) << 22) / std::max<int64_t>(t, 1)));
+  float sc = float(scale);
+  return dispatchFloat(tq.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    std::vector<float> qb, kb, vb, dob, dqb, dkb, dvb;
+    const float *q = widenF32<T>(ins[0], qb), *k = widenF32<T>(ins[1], kb),
+                *v = widenF32<T>(ins[2], vb), *dout = widenF32<T>(ins[3], dob);
+    float *dq = outF32<T>(outs[0], dqb), *dk = outF32<T>(outs[1], dkb),
+          *dv = outF32<T>(outs[2], dvb);
+    std::fill(dq, dq + outs[0].numElements(), 0.0f);
+    std::fill(dk, dk + outs[1].numElements(), 0.0f);
+    std::fill(dv, dv + outs[2].numElements(), 0.0f);
+    if (rowsPerGroup > 0 && t > 0) {
+      std::vector<float> p(static_cast<size_t>(chunk * t)),
+          dp(static_cast<size_t>(chunk * t));
+      for (int64_t bi = 0; bi < b; ++bi)
+        for (int64_t gi = 0; gi < g; ++gi) {
+          int64_t head0 = bi * h + gi * headsPerGroup;
+          const float *kg = k + (bi * g + gi) * t * d;
+          const float *vg = v + (bi * g + gi) * t * e;
+          float *dkg = dk + (bi * g + gi) * t * d;
+          float *dvg = dv + (bi * g + gi) * t * e;
+          for (int64_t r0 = 0; r0 < rowsPerGroup; r0 += chunk) {
+            int64_t rc = std::min(chunk, rowsPerGroup - r0);
+            const float *qc = q + (head0 * s + r0) * d;
+            const float *doc = dout + (head0 * s + r0) * e;
+            float *dqc = dq + (head0 * s + r0) * d;
+            // P = softmax(scale q k^T + mask), as in attention.
+            gemmF32(false, true, rc, t, d, sc, qc, d, kg, d, 0.0f, p.data(), t);
+            parallelFor(rc, grainFor(t * 20), [&](int64_t rb, int64_t re) {
+              for (int64_t r = rb; r < re; ++r) {
+                float *row = p.data() + r * t;
+                int64_t allowed = t;
+                if (causal) {
+                  int64_t i = (r0 + r) % s;
+                  allowed = std::clamp<int64_t>(i + (t - s) + 1, 0, t);
+                }
+                if (allowed > 0)
+                  softmaxInPlace(row, allowed, false);
+                std::fill(row + allowed, row + t, 0.0f);
+              }
+            });
+            // dV += P^T dO; dP = dO V^T.
+            gemmF32(true, false, t, e, rc, 1.0f, p.data(), t, doc, e, 1.0f,
+                    dvg, e);
+            gemmF32(false, true, rc, t, e, 1.0f, doc, e, vg, e, 0.0f, dp.data(),
+                    t);
+            // dS = P * (dP - rowsum(dP * P)), in place in dp.
+            parallelFor(rc, grainFor(t * 4), [&](int64_t rb, int64_t re) {
+              for (int64_t r = rb; r < re; ++r) {
+                const float *pr = p.data() + r * t;
+                float *dr = dp.data() + r * t;
+                double sum = 0;
+                for (int64_t j = 0; j < t; ++j)
+                  sum += double(dr[j]) * double(pr[j]);
+                float sf = float(sum);
+                for (int64_t j = 0; j < t; ++j)
+                  dr[j] = pr[j] * (dr[j] - sf);
+              }
+            });
+            // dQ = scale dS K; dK += scale dS^T Q.
+            gemmF32(false, false, rc, d, t, sc, dp.data(), t, kg, d, 0.0f, dqc,
+                    d);
+            gemmF32(true, false, t, d, rc, sc, dp.data(), t, qc, d, 1.0f, dkg,
+                    d);
+          }
+        }
+    }
+    finishF32<T>(outs[0], dq);
+    finishF32<T>(outs[1], dk);
+    finishF32<T>(outs[2], dv);
+    return Status::ok();
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// batch_norm_grad
+//===----------------------------------------------------------------------===//
+
+Status batchNormGradKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 5, 3));
+  const TensorType &tx = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0 (x)", tx));
+  if (tx.shape.size() < 2)
+    return opError(instr,
+                   "expects x of rank >= 2 ([N, C, ...]), got " + typeStr(tx));
+  int64_t n = tx.shape[0], c = tx.shape[1];
+  TensorType vec{tx.dtype, {c}};
+  static const char *names[] = {"x", "weight", "running_mean", "running_var"};
+  for (size_t i = 1; i < 4; ++i)
+    DLOPT_RETURN_IF_ERROR(checkType(instr, names[i], ins[i].type, vec));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "dy", ins[4].type, tx));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #0", outs[0].type, tx));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #1", outs[1].type, vec));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #2", outs[2].type, vec));
+  double eps = 1e-5;
+  bool training = false;
+  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "eps", eps));
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "training", training));
+  int64_t inner = product(tx.shape, 2, tx.shape.size());
+  int64_t count = n * inner;
+  return dispatchFloat(tx.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    const T *x = ins[0].as<T>(), *w = ins[1].as<T>(), *rm = ins[2].as<T>(),
+            *rv = ins[3].as<T>(), *dy = ins[4].as<T>();
+    T *dx = outs[0].as<T>(), *dw = outs[1].as<T>(), *db = outs[2].as<T>();
+    parallelFor(c, grainFor(count * 10), [&](int64_t cb, int64_t ce) {
+      for (int64_t ch = cb; ch < ce; ++ch) {
+        double mean = 0, var = 0;
+        if (training) {
+          if (count > 0) {
+            double sum = 0;
+            for (int64_t i = 0; i < n; ++i) {
+              const T *p = x + (i * c + ch) * inner;
+              for (int64_t j = 0; j < inner; ++j)
+                sum += double(toF32(p[j]));
+            }
+            mean = sum / double(count);
+            double ss = 0;
+            for (int64_t i = 0; i < n; ++i) {
+              const T *p = x + (i * c + ch) * inner;
+              for (int64_t j = 0; j < inner; ++j) {
+                double dv = double(toF32(p[j])) - mean;
+                ss += dv * dv;
+              }
+            }
+            var = ss / double(count);
+          }
+        } else {
+          mean = double(toF32(rm[ch]));
+          var = double(toF32(rv[ch]));
+        }
+        float rs = float(1.0 / std::sqrt(var + eps)), mu = float(mean);
+        double sdy = 0, sdyx = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const T *p = x + (i * c + ch) * inner;
+          const T *gp = dy + (i * c + ch) * inner;
+          for (int64_t j = 0; j < inner; ++j) {
+            float g = toF32(gp[j]);
+            sdy += double(g);
+            sdyx += double(g) * double((toF32(p[j]) - mu) * rs);
+          }
+        }
+        dw[ch] = fromF32<T>(float(sdyx));
+        db[ch] = fromF32<T>(float(sdy));
+        float a = toF32(w[ch]) * rs;
+        float mdy = count ? float(sdy / double(count)) : 0.0f;
+        float mdyx = count ? float(sdyx / double(count)) : 0.0f;
+        for (int64_t i = 0; i < n; ++i) {
+          const T *p = x + (i * c + ch) * inner;
+          const T *gp = dy + (i * c + ch) * inner;
+          T *q = dx + (i * c + ch) * inner;
+          for (int64_t j = 0; j < inner; ++j) {
+            float g = toF32(gp[j]);
+            if (training) {
+              float xh = (toF32(p[j]) - mu) * rs;
+              q[j] = fromF32<T>(a * (g - mdy - xh * mdyx));
+            } else {
+              q[j] = fromF32<T>(a * g);
+            }
+          }
+        }
+      }
+    });
+    return Status::ok();
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// cross_entropy_grad
+//===----------------------------------------------------------------------===//
+
+Status crossEntropyGradKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 3, 1));
+  const TensorType &tl = ins[0].type, &ty = ins[1].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "logits", tl));
+  DLOPT_RETURN_IF_ERROR(checkInt(instr, "labels", ty));
+  if (tl.shape.size() != 2 || ty.shape.size() != 1 ||
+      ty.shape[0] != tl.shape[0])
+    return opError(instr, "expects logits [N, C] and labels [N], got " +
+                              typeStr(tl) + " and " + typeStr(ty));
+  DLOPT_RETURN_IF_ERROR(
+      checkType(instr, "dloss", ins[2].type, TensorType{tl.dtype, {}}));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, tl));
+  int64_t ignore = -100;
+  DLOPT_RETURN_IF_ERROR(getOptIntAttr(instr, "ignore_index", ignore));
+  int64_t n = tl.shape[0], c = tl.shape[1];
+  std::vector<int64_t> labels(static_cast<size_t>(n));
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    labels[i] = intAt(ins[1], i);
+    if (labels[i] == ignore)
+      continue;
+    if (labels[i] < 0 || labels[i] >= c)
+      return opError(instr, "label " + std::to_string(labels[i]) + " of row " +
+                                std::to_string(i) + " is outside [0, " +
+                                std::to_string(c) + ") and not ignore_index (" +
+                                std::to_string(ignore) + ")");
+    ++count;
+  }
+  return dispatchFloat(tl.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    const T *x = ins[0].as<T>();
+    T *dx = outs[0].as<T>();
+    float scale =
+        count ? float(double(toF32(ins[2].as<T>()[0])) / double(count)) : 0.0f;
+    parallelFor(n, grainFor(c * 20), [&](int64_t b, int64_t e) {
+      std::vector<float> p(static_cast<size_t>(c));
+      for (int64_t i = b; i < e; ++i) {
+        T *out = dx + i * c;
+        if (labels[i] == ignore) {
+          for (int64_t j = 0; j < c; ++j)
+            out[j] = fromF32<T>(0.0f);
+          continue;
+        }
+        loadF32(x + i * c, p.data(), c);
+        softmaxInPlace(p.data(), c, false);
+        p[labels[i]] -= 1.0f;
+        for (int64_t j = 0; j < c; ++j)
+          out[j] = fromF32<T>(p[j] * scale);
+      }
+    });
+    return Status::ok();
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// gelu_grad
+//===----------------------------------------------------------------------===//
+
+template <bool Tanh> inline float geluDeriv(float x) {
+  if constexpr (Tanh) {
+    constexpr float c = 0.79788456080286536f, k = 0.044715f;
+    float t = std::tanh(c * (x + k * x * x * x));
+    return 0.5f * (1.0f + t) +
+           0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * k * x * x);
+  } else {
+    // Phi(x) + x * phi(x).
+    return 0.5f * (1.0f + std::erf(x * 0.70710678118654752f)) +
+           x * 0.39894228040143268f * std::exp(-0.5f * x * x);
+  }
+}
+
+Status geluGradKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
+  const TensorType &t = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0 (x)", t));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "operand #1 (dy)", ins[1].type, t));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, t));
+  std::string approx = "none";
+  DLOPT_RETURN_IF_ERROR(getOptStringAttr(instr, "approximate", approx));
+  if (approx != "none" && approx != "tanh")
+    return opError(instr, "expects attribute 'approximate' to be \"none\" or "
+                          "\"tanh\", got \"" +
+                              approx + "\"");
+  bool useTanh = approx == "tanh";
+  int64_t n = t.numElements();
+  return dispatchFloat(t.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    const T *x = ins[0].as<T>(), *dy = ins[1].as<T>();
+    T *dx = outs[0].as<T>();
+    parallelFor(n, grainFor(24), [&](int64_t b, int64_t e) {
+      if (useTanh)
+        for (int64_t i = b; i < e; ++i)
+          dx[i] = fromF32<T>(toF32(dy[i]) * geluDeriv<true>(toF32(x[i])));
+      else
+        for (int64_t i = b; i < e; ++i)
+          dx[i] = fromF32<T>(toF32(dy[i]) * geluDeriv<false>(toF32(x[i])));
+    });
+    return Status::ok();
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// slice_grad
+//===----------------------------------------------------------------------===//
+
+Status sliceGradKernel(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 1, 1));
+  const TensorType &tdy = ins[0].type, &tr = outs[0].type;
+  DLOPT_RETURN_IF_ERROR(checkDType(instr, "result", tr.dtype, tdy.dtype));
+  size_t rank = tr.shape.size();
+  std::vector<int64_t> start, limit, stride(rank, 1);
+  DLOPT_RETURN_IF_ERROR(getIntsAttr(instr, "start", start));
+  DLOPT_RETURN_IF_ERROR(getIntsAttr(instr, "limit", limit));
+  DLOPT_RETURN_IF_ERROR(getOptIntsAttr(instr, "stride", stride));
+  if (start.size() != rank || limit.size() != rank || stride.size() != rank)
+    return opError(instr, "expects start/limit/stride of length " +
+                              std::to_string(rank) + ", got " +
+                              std::to_string(start.size()) + "/" +
+                              std::to_string(limit.size()) + "/" +
+                              std::to_string(stride.size()));
+  std::vector<int64_t> sliced(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    if (start[i] < 0 || start[i] > limit[i] || limit[i] > tr.shape[i] ||
+        stride[i] < 1)
+      return opError(instr, "invalid slice of dim " + std::to_string(i) +
+                                " (size " + std::to_string(tr.shape[i]) +
+                                "): start " + std::to_string(start[i]) +
+                                ", limit " + std::to_string(limit[i]) +
+                                ", stride " + std::to_string(stride[i]));
+    sliced[i] = (limit[i] - start[i] + stride[i] - 1) / stride[i];
+  }
+  DLOPT_RETURN_IF_ERROR(
+      checkShape(instr, "operand #0 (dy)", tdy.shape, sliced));
+  // Zero bits are 0 for every element type.
+  int64_t bytes = tr.byteSize();
+  parallelFor(bytes, 1 << 20, [&](int64_t b, int64_t e) {
+    std::memset(static_cast<char *>(outs[0].data) + b, 0, size_t(e - b));
+  });
+  if (ins[0].numElements() == 0)
+    return Status::ok();
+  std::vector<int64_t> outStrides = contiguousStrides(tr.shape);
+  int64_t base = 0;
+  for (size_t i = 0; i < rank; ++i)
+    base += start[i] * outStrides[i];
+  if (rank == 0) {
+    std::memcpy(outs[0].data, ins[0].data, size_t(dtypeSize(tr.dtype)));
+    return Status::ok();
+  }
+  int64_t inner = sliced[rank - 1];
+  int64_t innerStep = stride[rank - 1];
+  int64_t numRows = ins[0].numElements() / inner;
+  return dispatchBySize(tr.dtype, [&](auto tag) -> Status {
+    using T = decltype(tag);
+    const T *g = ins[0].as<T>();
+    T *y = outs[0].as<T>() + base;
+    parallelFor(numRows, grainFor(inner), [&](int64_t b, int64_t e) {
+      for (int64_t row = b; row < e; ++row) {
+        int64_t off = 0, rem = row;
+        for (size_t d = rank - 1; d-- > 0;) {
+          off += (rem % sliced[d]) * stride[d] * outStrides[d];
+          rem /= sliced[d];
+        }
+        const T *gr = g + row * inner;
+        T *yr = y + off;
+        for (int64_t j = 0; j < inner; ++j)
+          yr[j * innerStep] = gr[j];
+      }
+    });
+    return Status::ok();
+  });
+}
+
+} // namespace
+
+void registerGradKernels(KernelRegistry &r) {
+  r["scatter_add"] = scatterAddKernel;
+  r["softmax_grad"] = softmaxGradKernel<false>;
+  r["log_softmax_grad"] = softmaxGradKernel<true>;
+  r["layer_norm_grad"] = normGradKernel<false>;
+  r["rms_norm_grad"] = normGradKernel<true>;
+  r["attention_grad"] = attentionGradKernel;
+  r["batch_norm_grad"] = batchNormGradKernel;
+  r["cross_entropy_grad"] = crossEntropyGradKernel;
+  r["gelu_grad"] = geluGradKernel;
+  r["slice_grad"] = sliceGradKernel;
+}
+
+} // namespace dlopt::rt::cpu

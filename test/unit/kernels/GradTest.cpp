@@ -1,0 +1,3 @@
+//===- GradTest.cpp - gradient ops against float64 references -----------===//
+
+#include "KernelTestUtil.h"
