@@ -70,13 +70,16 @@ struct CheckModelPass : dlopt::impl::CheckModelPassBase<CheckModelPass> {
       Type t = fn.getArgument(i).getType();
       auto param = fn.getArgAttrOfType<StringAttr>(i, DLOptDialect::kParamAttr);
       auto input = fn.getArgAttrOfType<StringAttr>(i, DLOptDialect::kInputAttr);
-      if (!param && !input)
+      auto state = fn.getArgAttrOfType<StringAttr>(i, DLOptDialect::kStateAttr);
+      int kinds = bool(param) + bool(input) + bool(state);
+      if (kinds == 0)
         return fn.emitError() << "argument #" << i << " (" << t
                               << ") is neither a dlopt.param nor a dlopt.input";
-      if (param && input)
+      if (kinds > 1)
         return fn.emitError() << "argument #" << i
-                              << " is both a dlopt.param and a dlopt.input";
-      if (!param && fn.getArgAttr(i, DLOptDialect::kInitAttr))
+                              << " has more than one of dlopt.param, "
+                                 "dlopt.input and dlopt.state";
+      if (input && fn.getArgAttr(i, DLOptDialect::kInitAttr))
         return fn.emitError() << "argument #" << i
                               << " has a dlopt.init but is not a dlopt.param";
       auto rt = dyn_cast<RankedTensorType>(t);
@@ -86,8 +89,8 @@ struct CheckModelPass : dlopt::impl::CheckModelPassBase<CheckModelPass> {
       if (param && !isa<FloatType>(rt.getElementType()))
         return fn.emitError() << "argument #" << i << " is a dlopt.param of type "
                               << t << ", expected a float tensor";
-      if (failed(claim(param ? param.getValue() : input.getValue(), fn,
-                       "argument #" + Twine(i))))
+      StringAttr argName = param ? param : input ? input : state;
+      if (failed(claim(argName.getValue(), fn, "argument #" + Twine(i))))
         return failure();
       param ? ++numParams : ++numInputs;
     }
@@ -101,6 +104,29 @@ struct CheckModelPass : dlopt::impl::CheckModelPassBase<CheckModelPass> {
       std::string n = name ? name.getValue().str() : "out" + std::to_string(i);
       if (failed(claim(n, fn, "result #" + Twine(i))))
         return failure();
+    }
+    for (unsigned i = 0, e = fn.getNumResults(); i < e; ++i) {
+      auto upd = fn.getResultAttrOfType<StringAttr>(i, DLOptDialect::kUpdateAttr);
+      if (!upd)
+        continue;
+      bool found = false;
+      for (unsigned a = 0; a < fn.getNumArguments() && !found; ++a) {
+        auto p = fn.getArgAttrOfType<StringAttr>(a, DLOptDialect::kParamAttr);
+        auto s = fn.getArgAttrOfType<StringAttr>(a, DLOptDialect::kStateAttr);
+        StringAttr n = p ? p : s;
+        if (!n || n != upd)
+          continue;
+        found = true;
+        if (fn.getArgumentTypes()[a] != fn.getResultTypes()[i])
+          return fn.emitError() << "result #" << i << " updates '"
+                                << upd.getValue() << "' of type "
+                                << fn.getArgumentTypes()[a] << " but has type "
+                                << fn.getResultTypes()[i];
+      }
+      if (!found)
+        return fn.emitError() << "result #" << i << " updates '"
+                              << upd.getValue()
+                              << "', which is no dlopt.param or dlopt.state";
     }
     if (fn->hasAttr(DLOptDialect::kLossAttr)) {
       if (fn.getNumResults() == 0)

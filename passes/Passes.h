@@ -15,10 +15,16 @@ namespace dlopt {
 /// Options of the compile pipeline shared by dlopt-compile and dlopt-opt.
 struct CompilePipelineOptions {
   std::string entry;
+  /// Differentiate the loss (dlopt-autodiff): the step returns gradients.
+  bool autodiff = false;
+  /// Build a full training step: autodiff plus dlopt-optimizer.
+  bool train = false;
+  OptimizerPassOptions optimizer;
 };
 
 /// Builds the pipeline that `dlopt-compile` runs before export: model
-/// checks, canonicalization and CSE. Registered as `dlopt-compile-pipeline`.
+/// checks, then (with autodiff/train) the training transforms, then
+/// canonicalization and CSE. Registered as `dlopt-compile-pipeline`.
 void buildCompilePipeline(mlir::OpPassManager &pm,
                           const CompilePipelineOptions &options);
 

@@ -65,4 +65,57 @@ def AutodiffPass : Pass<"dlopt-autodiff", "mlir::ModuleOp"> {
   let dependentDialects = ["::dlopt::dl::DLOptDialect", "::mlir::arith::ArithDialect"];
 }
 
+def OptimizerPass : Pass<"dlopt-optimizer", "mlir::ModuleOp"> {
+  let summary = "Turns a differentiated model into a training step with an optimizer update";
+  let description = [{
+    Runs after `dlopt-autodiff`. Consumes the `dlopt.grad` results and
+    emits, in ordinary dlopt ops: optional gradient accumulation over
+    micro-batches, the learning-rate schedule, global-norm gradient
+    clipping, and the SGD (momentum, nesterov, weight decay), Adam or AdamW
+    update. Optimizer state is explicit: new arguments marked
+    `dlopt.state = "<opt>.<moment>.<param>"` (zero-initialized) and a
+    `tensor<i64>` step counter `dlopt.state = "step"`. The step function
+    returns `loss`, `lr`, `grad_norm`, the model's other outputs, then the
+    new value of every parameter and state, marked `dlopt.update = "<name>"`.
+    With `accumulate=k`, every input gains a leading dimension of size k and
+    the forward and backward pass run once per micro-batch, one after the
+    other, summing gradients (only one micro-batch's activations are live at
+    a time); loss and gradients are averaged over micro-batches.
+
+    ```mlir
+    // before: (loss, grad.w) = f(x, w)
+    // after:  (loss, lr, grad_norm, w', adamw.m.w', adamw.v.w', step') =
+    //             f(x, w, adamw.m.w, adamw.v.w, step)
+    ```
+  }];
+  let options = [
+    Option<"entry", "entry", "std::string", /*default=*/"\"\"", "Entry function name">,
+    Option<"optimizer", "optimizer", "std::string", /*default=*/"\"adamw\"",
+           "sgd, adam or adamw">,
+    Option<"lr", "lr", "double", /*default=*/"1e-3", "Peak learning rate">,
+    Option<"momentum", "momentum", "double", /*default=*/"0.0", "SGD momentum">,
+    Option<"nesterov", "nesterov", "bool", /*default=*/"false", "SGD Nesterov momentum">,
+    Option<"weightDecay", "weight-decay", "double", /*default=*/"-1.0",
+           "Weight decay (default: 0.01 for adamw, 0 otherwise)">,
+    Option<"beta1", "beta1", "double", /*default=*/"0.9", "Adam beta1">,
+    Option<"beta2", "beta2", "double", /*default=*/"0.999", "Adam beta2">,
+    Option<"eps", "eps", "double", /*default=*/"1e-8", "Adam epsilon">,
+    Option<"schedule", "schedule", "std::string", /*default=*/"\"constant\"",
+           "constant, cosine or linear (decay after warmup)">,
+    Option<"warmupSteps", "warmup-steps", "int64_t", /*default=*/"0",
+           "Linear warmup steps">,
+    Option<"totalSteps", "total-steps", "int64_t", /*default=*/"0",
+           "Steps over which cosine/linear decay reaches min-lr">,
+    Option<"minLr", "min-lr", "double", /*default=*/"0.0", "Final learning rate of the decay">,
+    Option<"clipNorm", "clip-norm", "double", /*default=*/"0.0",
+           "Clip gradients to this global L2 norm (0: off)">,
+    Option<"accumulate", "accumulate", "int64_t", /*default=*/"1",
+           "Micro-batches per step (gradient accumulation)">
+  ];
+  let statistics = [
+    Statistic<"numParams", "params", "Parameters updated">
+  ];
+  let dependentDialects = ["::dlopt::dl::DLOptDialect", "::mlir::arith::ArithDialect"];
+}
+
 #endif // DLOPT_PASSES_TD

@@ -12,6 +12,17 @@ void dlopt::buildCompilePipeline(OpPassManager &pm,
   check.entry = options.entry;
   pm.addPass(createCheckModelPass(check));
   pm.addPass(createCanonicalizerPass());
+  if (options.autodiff || options.train) {
+    AutodiffPassOptions ad;
+    ad.entry = options.entry;
+    pm.addPass(createAutodiffPass(ad));
+  }
+  if (options.train) {
+    OptimizerPassOptions opt = options.optimizer;
+    opt.entry = options.entry;
+    pm.addPass(createOptimizerPass(opt));
+  }
+  pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());
 }
 
@@ -20,6 +31,15 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
   Option<std::string> entry{*this, "entry",
                             llvm::cl::desc("Entry function name"),
                             llvm::cl::init("")};
+  Option<bool> autodiff{*this, "autodiff",
+                        llvm::cl::desc("Differentiate the loss"),
+                        llvm::cl::init(false)};
+  Option<bool> train{*this, "train",
+                     llvm::cl::desc("Build a training step (autodiff + optimizer)"),
+                     llvm::cl::init(false)};
+  Option<std::string> optimizer{*this, "optimizer", llvm::cl::desc("sgd, adam or adamw"),
+                                llvm::cl::init("adamw")};
+  Option<double> lr{*this, "lr", llvm::cl::desc("Learning rate"), llvm::cl::init(1e-3)};
 };
 } // namespace
 
@@ -31,6 +51,10 @@ void dlopt::registerAllPasses() {
       [](OpPassManager &pm, const PipelineOptions &opts) {
         CompilePipelineOptions o;
         o.entry = opts.entry;
+        o.autodiff = opts.autodiff;
+        o.train = opts.train;
+        o.optimizer.optimizer = opts.optimizer;
+        o.optimizer.lr = opts.lr;
         buildCompilePipeline(pm, o);
       });
 }

@@ -280,6 +280,10 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
     } else if (auto in = fn.getArgAttrOfType<StringAttr>(i, DLOptDialect::kInputAttr)) {
       desc.kind = rt::ValueKind::Input;
       desc.name = in.getValue().str();
+    } else if (auto st = fn.getArgAttrOfType<StringAttr>(i, DLOptDialect::kStateAttr)) {
+      desc.kind = rt::ValueKind::State;
+      desc.name = st.getValue().str();
+      desc.init = toInit(fn.getArgAttrOfType<DictionaryAttr>(i, DLOptDialect::kInitAttr));
     } else {
       return fn.emitError() << "argument #" << i
                             << " is neither a dlopt.param nor a dlopt.input";
@@ -287,7 +291,10 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
     FailureOr<int32_t> id = addValue(fn.getArgument(i), desc);
     if (failed(id))
       return failure();
-    (desc.kind == rt::ValueKind::Param ? exe.params : exe.inputs).push_back(*id);
+    (desc.kind == rt::ValueKind::Param   ? exe.params
+     : desc.kind == rt::ValueKind::State ? exe.states
+                                         : exe.inputs)
+        .push_back(*id);
   }
 
   // Instructions and constants, in program order.
@@ -349,6 +356,8 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
     auto name = fn.getResultAttrOfType<StringAttr>(i, DLOptDialect::kOutputAttr);
     exe.outputNames.push_back(name ? name.getValue().str()
                                    : "out" + std::to_string(i));
+    auto update = fn.getResultAttrOfType<StringAttr>(i, DLOptDialect::kUpdateAttr);
+    exe.outputUpdates.push_back(update ? update.getValue().str() : "");
   }
 
   // Memory plan: persistent values first, then temporaries packed by

@@ -4,6 +4,10 @@
 // W_g [O/groups, Cg*KH*KW] x col [Cg*KH*KW, rows*OW], written straight into
 // the NCHW output through ldc. 1x1 convolutions with unit stride and no
 // padding skip im2col since the input already is the column matrix.
+// The gradients reuse that geometry: conv2d_grad_input is col = W_g^T dy_g
+// then col2im (scatter-add, split by input channel); conv2d_grad_filter is
+// dW_g += dy_g col^T over images and row chunks in a fixed order; the pool
+// gradients scatter each window's gradient within its plane.
 //
 //===----------------------------------------------------------------------===//
 

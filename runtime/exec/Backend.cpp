@@ -12,6 +12,20 @@ void Backend::noteAllocated(int64_t bytes) {
   }
 }
 
+Status Backend::copyOnDevice(DeviceArena &arena, int64_t dstOffset,
+                             int64_t srcOffset, int64_t bytes) {
+  if (bytes < 0)
+    return Status::error("copy on device: negative size");
+  std::vector<uint8_t> staging;
+  try {
+    staging.resize(size_t(bytes));
+  } catch (const std::exception &e) {
+    return Status::error(std::string("copy on device: ") + e.what());
+  }
+  DLOPT_RETURN_IF_ERROR(copyToHost(staging.data(), arena, srcOffset, bytes));
+  return copyToDevice(arena, dstOffset, staging.data(), bytes);
+}
+
 std::vector<std::string> availableBackends() { return {"cpu"}; }
 
 Expected<std::unique_ptr<Backend>> createBackend(const std::string &name,

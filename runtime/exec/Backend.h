@@ -87,6 +87,11 @@ public:
   /// Copies arena bytes at `offset` to host memory; blocks until done.
   virtual Status copyToHost(void *dst, const DeviceArena &arena, int64_t offset,
                             int64_t bytes) = 0;
+  /// Copies `bytes` from `srcOffset` to `dstOffset` within one arena (the
+  /// ranges must not overlap). The default stages through host memory;
+  /// backends override it with a device-side copy.
+  virtual Status copyOnDevice(DeviceArena &arena, int64_t dstOffset,
+                              int64_t srcOffset, int64_t bytes);
   /// Runs one instruction; `ins`/`outs` point into arenas of this backend
   /// and follow instr.operands/results.
   virtual Status run(const Instr &instr, std::span<const TensorRef> ins,

@@ -97,6 +97,20 @@ Status CpuBackend::copyToHost(void *dst, const DeviceArena &arena,
   return Status::ok();
 }
 
+Status CpuBackend::copyOnDevice(DeviceArena &arena, int64_t dstOffset,
+                                int64_t srcOffset, int64_t bytes) {
+  if (!inRange(dstOffset, bytes, arena.size()))
+    return rangeError("copy on device (destination)", dstOffset, bytes,
+                      arena.size());
+  if (!inRange(srcOffset, bytes, arena.size()))
+    return rangeError("copy on device (source)", srcOffset, bytes,
+                      arena.size());
+  auto *base = static_cast<uint8_t *>(arena.data());
+  if (bytes)
+    std::memmove(base + dstOffset, base + srcOffset, size_t(bytes));
+  return Status::ok();
+}
+
 Status CpuBackend::run(const Instr &instr, std::span<const TensorRef> ins,
                        std::span<const TensorRef> outs, const RunContext &) {
   return cpu::runKernel(instr, ins, outs);

@@ -38,6 +38,12 @@ struct HostTensor {
   void setElementFromDouble(int64_t i, double v);
 };
 
+/// A named tensor, e.g. an output or a checkpoint entry.
+struct NamedTensor {
+  std::string name;
+  HostTensor tensor;
+};
+
 /// Converts every element to `dtype` with setElementFromDouble semantics.
 HostTensor convertTensor(const HostTensor &t, DType dtype);
 

@@ -175,7 +175,7 @@ const char *descrFor(DType t) {
 
 } // namespace
 
-Expected<HostTensor> parseNpy(const std::vector<uint8_t> &bytes) {
+Expected<NpyHeader> parseNpyHeader(const std::vector<uint8_t> &bytes) {
   try {
     if (bytes.size() < 10 || std::memcmp(bytes.data(), kNpyMagic, 6) != 0)
       return Status::error("not a .npy file (bad magic)");
@@ -202,10 +202,24 @@ Expected<HostTensor> parseNpy(const std::vector<uint8_t> &bytes) {
                            std::to_string(bytes.size() - headerStart));
     std::string header(bytes.begin() + headerStart,
                        bytes.begin() + headerStart + headerLen);
-    std::string descr;
-    bool fortran = false;
-    std::vector<int64_t> shape;
-    DLOPT_RETURN_IF_ERROR(HeaderParser(header).parse(descr, fortran, shape));
+    NpyHeader h;
+    DLOPT_RETURN_IF_ERROR(
+        HeaderParser(header).parse(h.descr, h.fortranOrder, h.shape));
+    h.dataOffset = headerStart + headerLen;
+    return h;
+  } catch (const std::exception &e) {
+    return Status::error(std::string("reading .npy: ") + e.what());
+  }
+}
+
+Expected<HostTensor> parseNpy(const std::vector<uint8_t> &bytes) {
+  try {
+    Expected<NpyHeader> h = parseNpyHeader(bytes);
+    if (!h)
+      return h.status();
+    const std::string &descr = h->descr;
+    bool fortran = h->fortranOrder;
+    const std::vector<int64_t> &shape = h->shape;
 
     std::optional<DType> dtype = dtypeFromDescr(descr);
     bool u8AsBool = descr == "|u1";
@@ -236,7 +250,7 @@ Expected<HostTensor> parseNpy(const std::vector<uint8_t> &bytes) {
         return Status::error(".npy shape is too large");
       bytesNeeded *= d;
     }
-    size_t dataStart = headerStart + headerLen;
+    size_t dataStart = h->dataOffset;
     size_t have = bytes.size() - dataStart;
     if (uint64_t(bytesNeeded) != have)
       return Status::error(
@@ -305,7 +319,7 @@ std::vector<uint8_t> encodeNpy(const HostTensor &tensor) {
   return out;
 }
 
-Expected<HostTensor> readNpy(const std::string &path) {
+Expected<std::vector<uint8_t>> readFileBytes(const std::string &path) {
   std::FILE *f = std::fopen(path.c_str(), "rb");
   if (!f)
     return Status::error(path + ": " + std::strerror(errno));
@@ -324,7 +338,14 @@ Expected<HostTensor> readNpy(const std::string &path) {
   std::fclose(f);
   if (failed)
     return Status::error(path + ": " + std::strerror(err));
-  Expected<HostTensor> t = parseNpy(bytes);
+  return bytes;
+}
+
+Expected<HostTensor> readNpy(const std::string &path) {
+  Expected<std::vector<uint8_t>> bytes = readFileBytes(path);
+  if (!bytes)
+    return bytes.status();
+  Expected<HostTensor> t = parseNpy(*bytes);
   if (!t)
     return t.status().withContext(path + ": ");
   return t;

@@ -17,12 +17,25 @@
 
 namespace dlopt::rt {
 
+/// The header of a .npy file, whatever its dtype: for readers of data that
+/// HostTensor has no element type for (e.g. uint16 token ids).
+struct NpyHeader {
+  std::string descr; ///< NumPy dtype string, e.g. "<u2"
+  std::vector<int64_t> shape;
+  bool fortranOrder = false;
+  size_t dataOffset = 0; ///< where the array data starts in the file
+};
+Expected<NpyHeader> parseNpyHeader(const std::vector<uint8_t> &bytes);
+
 /// Parses the bytes of a .npy file. Errors say what is wrong (bad magic,
 /// Fortran order, unsupported dtype, truncated data, ...).
 Expected<HostTensor> parseNpy(const std::vector<uint8_t> &bytes);
 
 /// Encodes a tensor as .npy (version 1.0 unless the header needs 2.0).
 std::vector<uint8_t> encodeNpy(const HostTensor &tensor);
+
+/// A whole file; errors are "PATH: reason".
+Expected<std::vector<uint8_t>> readFileBytes(const std::string &path);
 
 /// File versions; messages are prefixed with the path.
 Expected<HostTensor> readNpy(const std::string &path);

@@ -15,9 +15,7 @@ std::string instrContext(int rank, size_t index, const Instr &in) {
          (in.loc.empty() ? "" : " at " + in.loc) + "): ";
 }
 
-std::string argKind(ValueKind k) {
-  return k == ValueKind::Param ? "param" : "input";
-}
+std::string argKind(ValueKind k) { return valueKindName(k); }
 
 } // namespace
 
@@ -94,7 +92,7 @@ Status Session::init() {
 }
 
 int32_t Session::findArgument(const std::string &name) const {
-  for (const auto *list : {&exe_.inputs, &exe_.params})
+  for (const auto *list : {&exe_.inputs, &exe_.params, &exe_.states})
     for (int32_t id : *list)
       if (exe_.values[id].name == name)
         return id;
@@ -110,14 +108,15 @@ Status Session::bind(const std::string &name, const HostTensor &value,
   int32_t id = findArgument(name);
   if (id < 0) {
     std::string known;
-    size_t shown = 0, total = exe_.inputs.size() + exe_.params.size();
-    for (const auto *list : {&exe_.inputs, &exe_.params})
+    size_t shown = 0, total = exe_.inputs.size() + exe_.params.size() +
+                              exe_.states.size();
+    for (const auto *list : {&exe_.inputs, &exe_.params, &exe_.states})
       for (int32_t a : *list)
         if (shown++ < 12)
           known += (known.empty() ? "" : ", ") + exe_.values[a].name;
     if (total > 12)
       known += ", ... (" + std::to_string(total) + " in all)";
-    return Status::error("no input or param named '" + name + "'" +
+    return Status::error("no input, param or state named '" + name + "'" +
                          (known.empty() ? " (the model has none)"
                                         : " (known: " + known + ")"));
   }
@@ -170,15 +169,23 @@ Status Session::prepare() {
                                                          : "missing inputs ") +
                          list);
   }
-  for (size_t p = 0; p < exe_.params.size(); ++p) {
-    int32_t id = exe_.params[p];
+  return initializeParams();
+}
+
+Status Session::initializeParams() {
+  // States continue the params' stream indices, so adding optimizer state
+  // never changes the initial params.
+  size_t numParams = exe_.params.size();
+  for (size_t p = 0; p < numParams + exe_.states.size(); ++p) {
+    int32_t id = p < numParams ? exe_.params[p] : exe_.states[p - numParams];
     int64_t offset = program_->memory.offsets[id];
     if (ready_[id] || offset < 0)
       continue;
     const Value &val = exe_.values[id];
     Expected<HostTensor> t = initParam(val.type, val.init, opts_.seed, p);
     if (!t)
-      return t.status().withContext("param '" + val.name + "': ");
+      return t.status().withContext(argKind(val.kind) + " '" + val.name +
+                                    "': ");
     DLOPT_RETURN_IF_ERROR(backend_->copyToDevice(
         *arena_, offset, t->bytes.data(), int64_t(t->bytes.size())));
     ready_[id] = true;
@@ -187,6 +194,82 @@ Status Session::prepare() {
 }
 
 Expected<std::vector<NamedTensor>> Session::run() {
+  DLOPT_RETURN_IF_ERROR(execute());
+  return collectOutputs(/*includeUpdates=*/true);
+}
+
+Expected<std::vector<NamedTensor>> Session::step(bool apply) {
+  DLOPT_RETURN_IF_ERROR(execute());
+  Expected<std::vector<NamedTensor>> outs =
+      collectOutputs(/*includeUpdates=*/false);
+  if (outs && apply)
+    DLOPT_RETURN_IF_ERROR(applyUpdates());
+  return outs;
+}
+
+bool Session::hasUpdates() const {
+  for (const std::string &u : exe_.outputUpdates)
+    if (!u.empty())
+      return true;
+  return false;
+}
+
+Status Session::applyUpdates() {
+  if (!updatesPending_)
+    return Status::error("no run to apply updates from (updates are applied "
+                         "once per run)");
+  updatesPending_ = false;
+  const std::vector<int64_t> &offsets = program_->memory.offsets;
+  // Temporaries never share bytes with params or states, so they are copied
+  // in place. An update taken from another persistent value (a swap, say)
+  // is staged first so every copy reads the values from before the step.
+  struct Copy {
+    int32_t src, dst;
+  };
+  std::vector<Copy> direct;
+  std::vector<std::pair<int32_t, HostTensor>> staged;
+  for (size_t i = 0; i < exe_.outputUpdates.size(); ++i) {
+    const std::string &target = exe_.outputUpdates[i];
+    if (target.empty())
+      continue;
+    int32_t src = exe_.outputs[i], dst = findArgument(target);
+    if (dst < 0 || offsets[dst] < 0 || src == dst)
+      continue; // not this rank's, or an identity update
+    if (offsets[src] < 0)
+      return Status::error("output '" + exe_.outputNames[i] + "' updates '" +
+                           target + "', which rank " +
+                           std::to_string(opts_.rank) +
+                           " holds, but the rank does not hold the output");
+    if (exe_.values[src].kind == ValueKind::Temp) {
+      direct.push_back({src, dst});
+    } else {
+      Expected<HostTensor> t = readValue(src);
+      if (!t)
+        return t.status().withContext("updating '" + target + "': ");
+      staged.emplace_back(dst, t.take());
+    }
+  }
+  for (const Copy &c : direct)
+    DLOPT_RETURN_IF_ERROR(
+        backend_
+            ->copyOnDevice(*arena_, offsets[c.dst], offsets[c.src],
+                           exe_.values[c.dst].type.byteSize())
+            .withContext("updating '" + exe_.values[c.dst].name + "': "));
+  for (const auto &[dst, t] : staged)
+    DLOPT_RETURN_IF_ERROR(
+        backend_
+            ->copyToDevice(*arena_, offsets[dst], t.bytes.data(),
+                           int64_t(t.bytes.size()))
+            .withContext("updating '" + exe_.values[dst].name + "': "));
+  for (const Copy &c : direct)
+    ready_[c.dst] = true;
+  for (const auto &st : staged)
+    ready_[st.first] = true;
+  return backend_->synchronize(opts_.rank);
+}
+
+Status Session::execute() {
+  updatesPending_ = false;
   DLOPT_RETURN_IF_ERROR(prepare());
   RunContext ctx;
   ctx.rank = opts_.rank;
@@ -204,11 +287,19 @@ Expected<std::vector<NamedTensor>> Session::run() {
   lastRunSeconds_ = std::chrono::duration<double>(
                         std::chrono::steady_clock::now() - start)
                         .count();
+  updatesPending_ = true;
+  return Status::ok();
+}
 
+Expected<std::vector<NamedTensor>>
+Session::collectOutputs(bool includeUpdates) {
   std::vector<NamedTensor> outputs;
   for (size_t i = 0; i < exe_.outputs.size(); ++i) {
     int32_t id = exe_.outputs[i];
     if (program_->memory.offsets[id] < 0)
+      continue;
+    if (!includeUpdates && i < exe_.outputUpdates.size() &&
+        !exe_.outputUpdates[i].empty())
       continue;
     Expected<HostTensor> t = readValue(id);
     if (!t)
@@ -236,10 +327,21 @@ Expected<HostTensor> Session::readValue(int32_t id) const {
   return t;
 }
 
+Expected<HostTensor> Session::readOutput(const std::string &name) const {
+  for (size_t i = 0; i < exe_.outputs.size(); ++i)
+    if (exe_.outputNames[i] == name) {
+      Expected<HostTensor> t = readValue(exe_.outputs[i]);
+      if (!t)
+        return t.status().withContext("output '" + name + "': ");
+      return t;
+    }
+  return Status::error("no output named '" + name + "'");
+}
+
 Expected<HostTensor> Session::readArgument(const std::string &name) const {
   int32_t id = findArgument(name);
   if (id < 0)
-    return Status::error("no input or param named '" + name + "'");
+    return Status::error("no input, param or state named '" + name + "'");
   return readValue(id);
 }
 

@@ -4,8 +4,10 @@
 // the executable, checks that the backend supports every instruction,
 // allocates the arena at the size the memory plan asks for, and copies the
 // constants in. Then callers bind inputs and params by name, and run().
-// Params that were not bound are initialized from their Init (ParamInit.h)
-// the first time they are needed; params keep their values across runs.
+// Params and states that were not bound are initialized from their Init
+// (ParamInit.h) the first time they are needed; they keep their values across
+// runs. A training step's plan has outputs that update params and states:
+// step() runs it and copies those outputs back, so the next step sees them.
 //
 //===----------------------------------------------------------------------===//
 #pragma once
@@ -24,12 +26,6 @@ namespace dlopt::rt {
 struct SessionOptions {
   int rank = 0;      ///< which program of the executable this session runs
   uint64_t seed = 0; ///< parameter initialization seed
-};
-
-/// A named tensor, e.g. an output.
-struct NamedTensor {
-  std::string name;
-  HostTensor tensor;
 };
 
 /// Planned versus actual memory of the session's rank, in bytes.
@@ -54,29 +50,53 @@ public:
   Backend &backend() { return *backend_; }
   int rank() const { return opts_.rank; }
 
-  /// Binds a param or input by name. The type must match exactly, except
+  /// Binds a param, state or input by name. The type must match exactly, except
   /// that a bf16 value accepts f32 data (rounded to nearest even). `origin`
   /// (e.g. the file name) makes the message say where a bad value came from:
   /// "input 'tokens': expected 2x16xi32, got 2x8xi32 from tokens.npy".
   /// Values this rank does not hold are accepted and ignored.
   Status bind(const std::string &name, const HostTensor &value,
               const std::string &origin = "");
-  /// Whether `name` is a param or input of the executable.
+  /// Whether `name` is a param, state or input of the executable.
   bool hasArgument(const std::string &name) const;
   /// Inputs (held by this rank) that have not been bound yet.
   std::vector<std::string> missingInputs() const;
 
-  /// Checks every input is bound and initializes the unbound params.
-  /// run() calls it; call it first to read initial params.
+  /// Checks every input is bound and initializes the unbound params and
+  /// states. run() calls it; call it first to read initial values.
   Status prepare();
+  /// Initializes the unbound params and states only (inputs may still be
+  /// missing). The state at position s of Executable::states is initialized
+  /// like the param at position params.size() + s.
+  Status initializeParams();
   /// Runs the program and returns the outputs this rank holds, in output
   /// order.
   Expected<std::vector<NamedTensor>> run();
 
+  /// Runs the program without reading anything back; outputs stay readable
+  /// with readOutput() until the next run. run() and step() call it.
+  Status execute();
+  /// An output of the last run, by name.
+  Expected<HostTensor> readOutput(const std::string &name) const;
+
+  /// Whether some output updates a param or state (a training step).
+  bool hasUpdates() const;
+  /// Runs one training step: runs the program and returns the outputs this
+  /// rank holds that update nothing (loss, metrics, logits), in output
+  /// order; with `apply`, then applies the updates (applyUpdates()). Pass
+  /// `apply = false` to look at the loss first, or to evaluate.
+  Expected<std::vector<NamedTensor>> step(bool apply = true);
+  /// Copies each update output of the last run into the param or state it
+  /// names, so the next run sees the new values. An error if nothing ran
+  /// since the last call (updates are applied at most once per run).
+  Status applyUpdates();
+
   /// Current contents of a value held by this rank.
   Expected<HostTensor> readValue(int32_t id) const;
-  /// Current value of a param or input by name.
+  /// Current value of a param, state or input by name.
   Expected<HostTensor> readArgument(const std::string &name) const;
+  /// Value id of a param, state or input, or -1.
+  int32_t findArgument(const std::string &name) const;
 
   MemoryReport memory() const;
   /// Wall time of the last run(), in seconds (instructions only).
@@ -86,7 +106,7 @@ private:
   Session(Executable exe, std::unique_ptr<Backend> backend,
           const SessionOptions &opts);
   Status init();
-  int32_t findArgument(const std::string &name) const;
+  Expected<std::vector<NamedTensor>> collectOutputs(bool includeUpdates);
 
   Executable exe_;
   SessionOptions opts_;
@@ -99,6 +119,8 @@ private:
   /// Operand and result refs of each instruction, resolved once.
   std::vector<std::vector<TensorRef>> ins_, outs_;
   double lastRunSeconds_ = 0;
+  /// A run's update outputs are waiting to be applied.
+  bool updatesPending_ = false;
 };
 
 } // namespace dlopt::rt

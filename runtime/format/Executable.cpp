@@ -10,6 +10,7 @@
 #include "runtime/format/MemoryPlanner.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -31,6 +32,7 @@ const char *valueKindName(ValueKind kind) {
   case ValueKind::Input: return "input";
   case ValueKind::Const: return "const";
   case ValueKind::Temp: return "temp";
+  case ValueKind::State: return "state";
   }
   return "?";
 }
@@ -342,6 +344,45 @@ Status validateProgram(const Executable &exe, size_t r,
   return Status::ok();
 }
 
+/// Output updates: each names a param or state of the output's exact type,
+/// and no param or state is updated twice.
+Status validateUpdates(const Executable &exe) {
+  if (exe.outputUpdates.empty())
+    return Status::ok();
+  if (exe.outputUpdates.size() != exe.outputs.size())
+    return Status::error("there are " + std::to_string(exe.outputs.size()) +
+                         " outputs but " +
+                         std::to_string(exe.outputUpdates.size()) +
+                         " output updates (expected one per output, or none)");
+  std::map<std::string, int32_t> updatable; // name -> value id
+  for (const auto *list : {&exe.params, &exe.states})
+    for (int32_t id : *list)
+      updatable[exe.values[id].name] = id;
+  std::map<std::string, size_t> updatedBy;
+  for (size_t i = 0; i < exe.outputs.size(); ++i) {
+    const std::string &target = exe.outputUpdates[i];
+    if (target.empty())
+      continue;
+    std::string where = "output '" + exe.outputNames[i] + "' updates '" +
+                        target + "'";
+    auto it = updatable.find(target);
+    if (it == updatable.end())
+      return Status::error(where + ", which is not a param or state");
+    const TensorType &want = exe.values[it->second].type;
+    const TensorType &got = exe.values[exe.outputs[i]].type;
+    if (!(want == got))
+      return Status::error(where + ": the " +
+                           kindName(exe.values[it->second].kind) + " is " +
+                           want.str() + ", the output is " + got.str());
+    auto [prev, fresh] = updatedBy.emplace(target, i);
+    if (!fresh)
+      return Status::error(where + ", which output '" +
+                           exe.outputNames[prev->second] +
+                           "' already updates");
+  }
+  return Status::ok();
+}
+
 } // namespace
 
 Status Executable::validate() const {
@@ -370,7 +411,7 @@ Status Executable::validate() const {
       return Status::error("value " + valueRef(*this, v) +
                            " has an invalid or too large type");
     sizes[v] = bytes;
-    if (uint8_t(val.kind) > uint8_t(ValueKind::Temp))
+    if (uint8_t(val.kind) > uint8_t(ValueKind::State))
       return Status::error("value " + valueRef(*this, v) +
                            " has an unknown kind");
     if (val.kind == ValueKind::Const) {
@@ -383,24 +424,26 @@ Status Executable::validate() const {
             ") lies outside the constant data (" +
             std::to_string(constData.size()) + " bytes)");
     }
-    if (val.kind == ValueKind::Param) {
+    if (val.kind == ValueKind::Param || val.kind == ValueKind::State) {
       const Init &init = val.init;
+      std::string what = kindName(val.kind);
       if (!isKnownDist(init.dist))
-        return Status::error("param " + valueRef(*this, v) +
+        return Status::error(what + " " + valueRef(*this, v) +
                              " has unknown init distribution '" + init.dist +
                              "' (expected zeros, ones, constant, normal, "
                              "truncated_normal or uniform)");
       if ((init.dist == "normal" || init.dist == "truncated_normal") &&
           !(init.std >= 0))
-        return Status::error("param " + valueRef(*this, v) +
+        return Status::error(what + " " + valueRef(*this, v) +
                              " init std must be >= 0");
       if (init.dist == "uniform" && !(init.low <= init.high))
-        return Status::error("param " + valueRef(*this, v) +
+        return Status::error(what + " " + valueRef(*this, v) +
                              " init needs low <= high");
     }
   }
 
-  // Params and inputs: every such value listed exactly once, names unique.
+  // Params, inputs and states: every such value listed exactly once, names
+  // unique among all of them (they are bound and checkpointed by name).
   std::set<std::string> argNames;
   auto checkArgList = [&](const std::vector<int32_t> &list, ValueKind kind,
                           const char *what) -> Status {
@@ -421,7 +464,8 @@ Status Executable::validate() const {
         return Status::error(std::string(what) + " " + valueRef(*this, id) +
                              " has no name");
       if (!argNames.insert(name).second)
-        return Status::error("two params/inputs are named '" + name + "'");
+        return Status::error("two params/inputs/states are named '" + name +
+                             "'");
     }
     for (size_t v = 0; v < values.size(); ++v)
       if (values[v].kind == kind && !seen[v])
@@ -431,6 +475,7 @@ Status Executable::validate() const {
   };
   DLOPT_RETURN_IF_ERROR(checkArgList(params, ValueKind::Param, "param"));
   DLOPT_RETURN_IF_ERROR(checkArgList(inputs, ValueKind::Input, "input"));
+  DLOPT_RETURN_IF_ERROR(checkArgList(states, ValueKind::State, "state"));
 
   if (outputNames.size() != outputs.size())
     return Status::error("there are " + std::to_string(outputs.size()) +
@@ -447,6 +492,7 @@ Status Executable::validate() const {
     if (!outNames.insert(outputNames[i]).second)
       return Status::error("two outputs are named '" + outputNames[i] + "'");
   }
+  DLOPT_RETURN_IF_ERROR(validateUpdates(*this));
 
   for (size_t r = 0; r < programs.size(); ++r)
     DLOPT_RETURN_IF_ERROR(validateProgram(*this, r, sizes));

@@ -22,7 +22,7 @@
 namespace dlopt::rt {
 
 /// Current on-disk format version. Bump on any incompatible change.
-inline constexpr uint32_t kExecutableFormatVersion = 1;
+inline constexpr uint32_t kExecutableFormatVersion = 2;
 
 /// A tensor type: element type plus static shape (rank 0 = scalar).
 struct TensorType {
@@ -60,6 +60,9 @@ enum class ValueKind : uint8_t {
   Input = 1, ///< model input: bound by name (e.g. from .npy) before running
   Const = 2, ///< constant: bytes stored in the executable's constant blob
   Temp = 3,  ///< produced by an instruction
+  State = 4, ///< training state (optimizer moments, step count, loss scale):
+             ///< persistent like a param, initialized from `init`
+             ///< (zeros unless stated), saved in checkpoints
 };
 
 /// One SSA value of the program.
@@ -143,8 +146,14 @@ struct Executable {
   std::vector<Value> values;
   std::vector<int32_t> params;  ///< value ids, in function-argument order
   std::vector<int32_t> inputs;  ///< value ids, in function-argument order
+  std::vector<int32_t> states;  ///< value ids, in function-argument order
   std::vector<int32_t> outputs; ///< value ids, in function-result order
   std::vector<std::string> outputNames;
+  /// Parallel to `outputs`: the name of the param or state whose buffer this
+  /// output replaces after each step (a training step's new weights and
+  /// optimizer state), or empty. Training loops copy these back (or the
+  /// memory plan aliases them) so step N+1 sees step N's updates.
+  std::vector<std::string> outputUpdates;
   std::vector<uint8_t> constData;
   std::vector<Program> programs; ///< one per rank, programs[r].rank == r
 
@@ -152,7 +161,8 @@ struct Executable {
     return version == o.version && modelName == o.modelName &&
            source == o.source && worldSize == o.worldSize &&
            values == o.values && params == o.params && inputs == o.inputs &&
-           outputs == o.outputs && outputNames == o.outputNames &&
+           states == o.states && outputs == o.outputs &&
+           outputNames == o.outputNames && outputUpdates == o.outputUpdates &&
            constData == o.constData && programs == o.programs;
   }
 

@@ -94,9 +94,9 @@ std::string typeOf(const Executable &exe, int32_t id) {
 
 static std::string dumpImpl(const Executable &exe) {
   std::ostringstream os;
-  size_t counts[4] = {0, 0, 0, 0};
+  size_t counts[5] = {0, 0, 0, 0, 0};
   for (const Value &v : exe.values)
-    if (uint8_t(v.kind) < 4)
+    if (uint8_t(v.kind) < 5)
       ++counts[uint8_t(v.kind)];
   os << "dlopt executable (format version " << exe.version << ")\n";
   os << "  model:      " << (exe.modelName.empty() ? "-" : exe.modelName)
@@ -104,8 +104,9 @@ static std::string dumpImpl(const Executable &exe) {
   os << "  source:     " << (exe.source.empty() ? "-" : exe.source) << "\n";
   os << "  world size: " << exe.worldSize << "\n";
   os << "  values:     " << exe.values.size() << " (" << counts[0]
-     << " params, " << counts[1] << " inputs, " << counts[2] << " consts, "
-     << counts[3] << " temps), constant data " << formatBytes(exe.constData.size())
+     << " params, " << counts[1] << " inputs, "
+     << (counts[4] ? std::to_string(counts[4]) + " states, " : "")
+     << counts[2] << " consts, " << counts[3] << " temps), constant data " << formatBytes(exe.constData.size())
      << "\n\n";
 
   // With one rank the offsets fit in the values table; with several, each
@@ -119,7 +120,7 @@ static std::string dumpImpl(const Executable &exe) {
   for (size_t v = 0; v < exe.values.size(); ++v) {
     const Value &val = exe.values[v];
     std::string notes;
-    if (val.kind == ValueKind::Param)
+    if (val.kind == ValueKind::Param || val.kind == ValueKind::State)
       notes = "init " + formatInit(val.init);
     else if (val.kind == ValueKind::Const)
       notes = "const data @" + std::to_string(val.constOffset);
@@ -141,10 +142,13 @@ static std::string dumpImpl(const Executable &exe) {
     os << line << "\n";
   }
   os << "\noutputs:\n";
-  for (size_t i = 0; i < exe.outputs.size(); ++i)
+  for (size_t i = 0; i < exe.outputs.size(); ++i) {
     os << "  " << (i < exe.outputNames.size() ? exe.outputNames[i] : "?")
-       << " = %" << exe.outputs[i] << " : " << typeOf(exe, exe.outputs[i])
-       << "\n";
+       << " = %" << exe.outputs[i] << " : " << typeOf(exe, exe.outputs[i]);
+    if (i < exe.outputUpdates.size() && !exe.outputUpdates[i].empty())
+      os << "  -> updates " << exe.outputUpdates[i];
+    os << "\n";
+  }
 
   for (const Program &prog : exe.programs) {
     os << "\nprogram rank " << prog.rank << " (" << prog.instrs.size()

@@ -112,9 +112,10 @@ Json toJson(const Executable &exe) {
     if (!v.name.empty())
       jv["name"] = v.name;
     jv["type"] = v.type.str();
-    // Only params use their init; write it elsewhere only when it was set,
-    // so reading back gives an identical Executable.
-    if (v.kind == ValueKind::Param || !(v.init == Init()))
+    // Only params and states use their init; write it elsewhere only when
+    // it was set, so reading back gives an identical Executable.
+    if (v.kind == ValueKind::Param || v.kind == ValueKind::State ||
+        !(v.init == Init()))
       jv["init"] = initToJson(v.init);
     if (v.constOffset != -1)
       jv["const_offset"] = v.constOffset;
@@ -123,8 +124,10 @@ Json toJson(const Executable &exe) {
   j["values"] = std::move(values);
   j["params"] = exe.params;
   j["inputs"] = exe.inputs;
+  j["states"] = exe.states;
   j["outputs"] = exe.outputs;
   j["output_names"] = exe.outputNames;
+  j["output_updates"] = exe.outputUpdates;
   j["const_bytes"] = exe.constData.size();
   Json programs = Json::array();
   for (const Program &p : exe.programs) {
@@ -301,8 +304,10 @@ Executable fromJson(const Json &j) {
       v.kind = ValueKind::Const;
     else if (kind == "temp")
       v.kind = ValueKind::Temp;
+    else if (kind == "state")
+      v.kind = ValueKind::State;
     else
-      fail(p + ".kind", "expected param, input, const or temp, got '" +
+      fail(p + ".kind", "expected param, input, state, const or temp, got '" +
                             kind + "'");
     if (const Json *name = optField(jv, "name"))
       v.name = asString(*name, p + ".name");
@@ -326,12 +331,18 @@ Executable fromJson(const Json &j) {
   }
   exe.params = asIds(field(j, "document", "params"), "params");
   exe.inputs = asIds(field(j, "document", "inputs"), "inputs");
+  exe.states = asIds(field(j, "document", "states"), "states");
   exe.outputs = asIds(field(j, "document", "outputs"), "outputs");
   const Json &names =
       asArray(field(j, "document", "output_names"), "output_names");
   for (size_t i = 0; i < names.size(); ++i)
     exe.outputNames.push_back(
         asString(names[i], "output_names[" + std::to_string(i) + "]"));
+  const Json &updates =
+      asArray(field(j, "document", "output_updates"), "output_updates");
+  for (size_t i = 0; i < updates.size(); ++i)
+    exe.outputUpdates.push_back(
+        asString(updates[i], "output_updates[" + std::to_string(i) + "]"));
 
   const Json &programs = asArray(field(j, "document", "programs"), "programs");
   for (size_t r = 0; r < programs.size(); ++r) {

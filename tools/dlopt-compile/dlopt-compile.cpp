@@ -50,6 +50,50 @@ static cl::opt<Emit> emit(
     cl::values(clEnumValN(Emit::Plan, "plan", "the executable plan file (default)"),
                clEnumValN(Emit::MLIR, "mlir", "the IR after the compile pipeline")),
     cl::cat(category));
+static cl::OptionCategory trainCategory("dlopt-compile training options");
+static cl::opt<bool> autodiff("autodiff",
+                              cl::desc("Differentiate the loss: the plan returns the loss and "
+                                       "the gradient of every parameter"),
+                              cl::cat(trainCategory));
+static cl::opt<bool> train("train",
+                           cl::desc("Build a training step: autodiff, gradient clipping, "
+                                    "LR schedule and the optimizer update"),
+                           cl::cat(trainCategory));
+static cl::opt<std::string> optName("optimizer", cl::desc("sgd, adam or adamw (default adamw)"),
+                                    cl::init("adamw"), cl::cat(trainCategory));
+static cl::opt<double> lrOpt("lr", cl::desc("Peak learning rate (default 1e-3)"),
+                             cl::init(1e-3), cl::cat(trainCategory));
+static cl::opt<double> momentumOpt("momentum", cl::desc("SGD momentum (default 0)"),
+                                   cl::init(0.0), cl::cat(trainCategory));
+static cl::opt<bool> nesterovOpt("nesterov", cl::desc("SGD with Nesterov momentum"),
+                                 cl::cat(trainCategory));
+static cl::opt<double> weightDecayOpt(
+    "weight-decay", cl::desc("Weight decay (default: 0.01 for adamw, 0 otherwise)"),
+    cl::init(-1.0), cl::cat(trainCategory));
+static cl::opt<double> beta1Opt("beta1", cl::desc("Adam beta1 (default 0.9)"),
+                                cl::init(0.9), cl::cat(trainCategory));
+static cl::opt<double> beta2Opt("beta2", cl::desc("Adam beta2 (default 0.999)"),
+                                cl::init(0.999), cl::cat(trainCategory));
+static cl::opt<double> epsOpt("adam-eps", cl::desc("Adam epsilon (default 1e-8)"),
+                              cl::init(1e-8), cl::cat(trainCategory));
+static cl::opt<std::string> scheduleOpt(
+    "schedule", cl::desc("LR schedule after warmup: constant, cosine or linear"),
+    cl::init("constant"), cl::cat(trainCategory));
+static cl::opt<int64_t> warmupOpt("warmup-steps", cl::desc("Linear LR warmup steps"),
+                                  cl::init(0), cl::cat(trainCategory));
+static cl::opt<int64_t> totalStepsOpt(
+    "total-steps", cl::desc("Steps at which cosine/linear decay reaches --min-lr"),
+    cl::init(0), cl::cat(trainCategory));
+static cl::opt<double> minLrOpt("min-lr", cl::desc("Final LR of the decay (default 0)"),
+                                cl::init(0.0), cl::cat(trainCategory));
+static cl::opt<double> clipOpt("clip-norm",
+                               cl::desc("Clip gradients to this global L2 norm (0: off)"),
+                               cl::init(0.0), cl::cat(trainCategory));
+static cl::opt<int64_t> accumulateOpt(
+    "accumulate", cl::desc("Micro-batches per step (gradient accumulation); each "
+                           "input gains a leading dim of this size"),
+    cl::init(1), cl::cat(trainCategory));
+
 static cl::opt<bool> quiet("quiet", cl::desc("Do not print the summary"),
                            cl::cat(category));
 static cl::opt<bool> timing("timing",
@@ -72,7 +116,7 @@ static std::string humanBytes(int64_t b) {
 
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
-  cl::HideUnrelatedOptions(category);
+  cl::HideUnrelatedOptions({&category, &trainCategory});
   cl::ParseCommandLineOptions(
       argc, argv,
       "dlopt-compile: verify a dlopt model and compile it into a plan file\n\n"
@@ -113,6 +157,22 @@ int main(int argc, char **argv) {
   PassManager pm(&context);
   dlopt::CompilePipelineOptions options;
   options.entry = entry;
+  options.autodiff = autodiff;
+  options.train = train;
+  options.optimizer.optimizer = optName;
+  options.optimizer.lr = lrOpt;
+  options.optimizer.momentum = momentumOpt;
+  options.optimizer.nesterov = nesterovOpt;
+  options.optimizer.weightDecay = weightDecayOpt;
+  options.optimizer.beta1 = beta1Opt;
+  options.optimizer.beta2 = beta2Opt;
+  options.optimizer.eps = epsOpt;
+  options.optimizer.schedule = scheduleOpt;
+  options.optimizer.warmupSteps = warmupOpt;
+  options.optimizer.totalSteps = totalStepsOpt;
+  options.optimizer.minLr = minLrOpt;
+  options.optimizer.clipNorm = clipOpt;
+  options.optimizer.accumulate = accumulateOpt;
   dlopt::buildCompilePipeline(pm, options);
   if (failed(pm.run(*module)))
     return 1;

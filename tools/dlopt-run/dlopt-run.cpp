@@ -2,16 +2,23 @@
 //
 // Loads an executable, binds inputs and params from .npy files, initializes
 // the rest, runs rank 0's program and reports outputs, memory (planned
-// versus allocated) and time. Hand-written argument parsing keeps this tool
+// versus allocated) and time. With --steps N it runs a training-step plan N
+// times instead (runtime/exec/Trainer.h): data, progress, metrics,
+// evaluation and checkpoints. Hand-written argument parsing keeps this tool
 // free of LLVM, so it builds wherever the runtime builds. Exit codes: 0 ok,
-// 1 error, 2 usage error. See docs/dlopt-run.md.
+// 1 error, 2 usage error. See docs/dlopt-run.md and
+// docs/training-runtime.md.
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/exec/DataLoader.h"
 #include "runtime/exec/Npy.h"
 #include "runtime/exec/ParamInit.h"
 #include "runtime/exec/Session.h"
+#include "runtime/exec/Trainer.h"
 #include "runtime/format/Executable.h"
+
+#include <unistd.h>
 
 #include <cctype>
 #include <cerrno>
@@ -43,16 +50,49 @@ options:
   --quiet                 print nothing but errors
   --help                  print this help and exit
 
+training (plans from dlopt-compile --train; docs/training-runtime.md):
+  --steps N               run N training steps (continuing the step count
+                          of --resume)
+  --data FILE             token stream for the 'tokens'/'labels' inputs:
+                          .npy of integers, or raw binary (--data-dtype)
+  --data-dtype u16|i32    element type of a raw token file (default u16)
+  --data-input NAME=FILE.npy
+                          samples of input NAME along dim 0, shuffled each
+                          epoch (repeatable; e.g. images and labels)
+  --vocab V               synthetic int inputs take values in [0, V) when
+                          the plan does not tell (default data: synthetic)
+  --log-every K           without a terminal: a progress line every K steps
+                          (default 1)
+  --metrics FILE          append one JSON object per step (JSONL)
+  --eval-data FILE        held-out token stream (formats as --data)
+  --eval-data-input NAME=FILE.npy
+                          held-out samples (formats as --data-input)
+  --eval-every E          evaluate every E steps (default: after the last)
+  --eval-batches B        batches per evaluation (default: one pass)
+  --checkpoint-dir DIR    write DIR/step-NNNNNN.safetensors at exit
+  --checkpoint-every K    ... and every K steps
+  --resume FILE           continue from a checkpoint
+
 exit codes: 0 success, 1 error, 2 usage error
 )";
 
+using NameFiles = std::vector<std::pair<std::string, std::string>>;
+
 struct Options {
   std::string planPath;
-  std::vector<std::pair<std::string, std::string>> inputs; // name, file
+  NameFiles inputs; // name, file
   uint64_t seed = 0;
   std::string outputDir, saveParamsDir, backend = "cpu";
   int threads = 0;
   bool dump = false, quiet = false, help = false;
+  // Training.
+  int64_t steps = 0;
+  std::string data, dataDType, evalData, metrics, checkpointDir, resume;
+  NameFiles dataInputs, evalDataInputs;
+  int64_t vocab = 0, logEvery = 1, evalEvery = 0, evalBatches = 0,
+          checkpointEvery = 0;
+  /// Training options given, for "needs --steps" errors.
+  std::vector<std::string> trainingFlags;
 };
 
 /// Thrown only inside this file: parse errors carry their exit code.
@@ -86,7 +126,32 @@ Options parseArgs(int argc, char **argv) {
   Options opts;
   static const std::vector<std::string> withValue = {
       "--input", "--seed", "--output-dir", "--save-params", "--backend",
-      "--threads"};
+      "--threads", "--steps", "--data", "--data-dtype", "--data-input",
+      "--vocab", "--log-every", "--metrics", "--eval-data",
+      "--eval-data-input", "--eval-every", "--eval-batches",
+      "--checkpoint-dir", "--checkpoint-every", "--resume"};
+  auto positive = [](const std::string &name, const std::string &value) {
+    std::optional<uint64_t> v = parseUnsigned(value);
+    if (!v || *v < 1 || *v > uint64_t(INT64_MAX))
+      usageError(name + " expects a positive integer, got '" + value + "'");
+    return int64_t(*v);
+  };
+  auto nameFile = [](const std::string &name, const std::string &value,
+                     NameFiles &list) {
+    size_t eq = value.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == value.size())
+      usageError(name + " expects NAME=FILE.npy, got '" + value + "'");
+    std::string inName = value.substr(0, eq);
+    for (const auto &[n, f] : list)
+      if (n == inName)
+        usageError(name + " '" + inName + "' given twice");
+    list.push_back({inName, value.substr(eq + 1)});
+  };
+  auto nonEmpty = [](const std::string &name, const std::string &value) {
+    if (value.empty())
+      usageError(name + " needs a value");
+    return value;
+  };
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -119,15 +184,42 @@ Options parseArgs(int argc, char **argv) {
           usageError("option '" + name + "' needs a value");
         value = argv[++i];
       }
+      if (name != "--steps" && name != "--input" && name != "--seed" &&
+          name != "--output-dir" && name != "--save-params" &&
+          name != "--backend" && name != "--threads")
+        opts.trainingFlags.push_back(name);
       if (name == "--input") {
-        size_t eq = value.find('=');
-        if (eq == std::string::npos || eq == 0 || eq + 1 == value.size())
-          usageError("--input expects NAME=FILE.npy, got '" + value + "'");
-        std::string inName = value.substr(0, eq);
-        for (const auto &[n, f] : opts.inputs)
-          if (n == inName)
-            usageError("--input '" + inName + "' given twice");
-        opts.inputs.push_back({inName, value.substr(eq + 1)});
+        nameFile(name, value, opts.inputs);
+      } else if (name == "--steps") {
+        opts.steps = positive(name, value);
+      } else if (name == "--data") {
+        opts.data = nonEmpty(name, value);
+      } else if (name == "--data-dtype") {
+        if (value != "u16" && value != "i32")
+          usageError("--data-dtype expects u16 or i32, got '" + value + "'");
+        opts.dataDType = value;
+      } else if (name == "--data-input") {
+        nameFile(name, value, opts.dataInputs);
+      } else if (name == "--vocab") {
+        opts.vocab = positive(name, value);
+      } else if (name == "--log-every") {
+        opts.logEvery = positive(name, value);
+      } else if (name == "--metrics") {
+        opts.metrics = nonEmpty(name, value);
+      } else if (name == "--eval-data") {
+        opts.evalData = nonEmpty(name, value);
+      } else if (name == "--eval-data-input") {
+        nameFile(name, value, opts.evalDataInputs);
+      } else if (name == "--eval-every") {
+        opts.evalEvery = positive(name, value);
+      } else if (name == "--eval-batches") {
+        opts.evalBatches = positive(name, value);
+      } else if (name == "--checkpoint-dir") {
+        opts.checkpointDir = nonEmpty(name, value);
+      } else if (name == "--checkpoint-every") {
+        opts.checkpointEvery = positive(name, value);
+      } else if (name == "--resume") {
+        opts.resume = nonEmpty(name, value);
       } else if (name == "--seed") {
         std::optional<uint64_t> v = parseUnsigned(value);
         if (!v)
@@ -169,6 +261,31 @@ Options parseArgs(int argc, char **argv) {
   }
   if (!opts.help && opts.planPath.empty())
     usageError("no plan file given");
+  if (opts.help || opts.dump)
+    return opts;
+  // Training options need --steps and fit together.
+  if (opts.steps == 0 && !opts.trainingFlags.empty())
+    usageError(opts.trainingFlags[0] + " needs --steps (training)");
+  if (!opts.data.empty() && !opts.dataInputs.empty())
+    usageError("--data and --data-input cannot be combined");
+  if (!opts.dataDType.empty() && opts.data.empty() && opts.evalData.empty())
+    usageError("--data-dtype needs --data or --eval-data");
+  if (!opts.evalData.empty() && !opts.evalDataInputs.empty())
+    usageError("--eval-data and --eval-data-input cannot be combined");
+  bool evalData = !opts.evalData.empty() || !opts.evalDataInputs.empty();
+  if (!evalData && (opts.evalEvery || opts.evalBatches))
+    usageError(std::string(opts.evalEvery ? "--eval-every" : "--eval-batches") +
+               " needs --eval-data or --eval-data-input");
+  if (opts.checkpointEvery && opts.checkpointDir.empty())
+    usageError("--checkpoint-every needs --checkpoint-dir");
+  if (opts.steps && !opts.outputDir.empty())
+    usageError("--output-dir does not apply to training (--steps); use "
+               "--save-params or --checkpoint-dir");
+  for (const auto &[name, file] : opts.inputs)
+    for (const auto &[dn, df] : opts.dataInputs)
+      if (name == dn)
+        usageError("input '" + name + "' is given by both --input and "
+                   "--data-input");
   return opts;
 }
 
@@ -220,6 +337,148 @@ std::string describe(const NamedTensor &out) {
   return s;
 }
 
+void saveParams(Session &s, const std::string &dir) {
+  const Executable &e = s.executable();
+  makeDir(dir);
+  const MemoryPlan &mem = e.programs[s.rank()].memory;
+  for (int32_t id : e.params) {
+    if (mem.offsets[id] < 0)
+      continue; // held by another rank
+    const std::string &name = e.values[id].name;
+    Expected<HostTensor> t = s.readValue(id);
+    if (!t)
+      error("param '" + name + "': " + t.status().message());
+    std::string path =
+        (std::filesystem::path(dir) / fileNameFor(name)).string();
+    Status st = writeNpy(path, *t);
+    if (!st)
+      error(st.message());
+  }
+}
+
+std::unique_ptr<DataLoader> check(Expected<std::unique_ptr<DataLoader>> l,
+                                  const std::string &what) {
+  if (!l)
+    error(what + ": " + l.status().message());
+  return l.take();
+}
+
+/// --steps N: the training loop over a training-step plan.
+int runTraining(const Options &opts, Session &s, const std::string &header) {
+  const Executable &e = s.executable();
+  if (!s.hasUpdates())
+    error(opts.planPath + ": --steps needs a training-step plan, but no output "
+          "updates a param or state (compile the model with dlopt-compile "
+          "--train)");
+  TokenDType dtype =
+      opts.dataDType == "i32" ? TokenDType::I32 : TokenDType::U16;
+  auto boundByInput = [&](const std::string &name) {
+    for (const auto &[n, f] : opts.inputs)
+      if (n == name)
+        return true;
+    return false;
+  };
+
+  std::unique_ptr<DataLoader> train, eval;
+  if (!opts.data.empty()) {
+    train = check(createTokenLoader(e, opts.data, dtype), "--data " + opts.data);
+  } else if (!opts.dataInputs.empty()) {
+    train = check(createArrayLoader(e, opts.dataInputs, /*shuffle=*/true),
+                  "--data-input");
+  } else {
+    // Synthetic data for every input not bound with --input.
+    train = check(createSyntheticLoader(e, s.missingInputs(), opts.vocab),
+                  "synthetic data");
+  }
+  for (const std::string &name : train->inputs())
+    if (boundByInput(name))
+      usageError("input '" + name + "' is given by both --input and the "
+                 "training data (" + train->describe() + ")");
+  if (!opts.evalData.empty())
+    eval = check(createTokenLoader(e, opts.evalData, dtype),
+                 "--eval-data " + opts.evalData);
+  else if (!opts.evalDataInputs.empty())
+    eval = check(createArrayLoader(e, opts.evalDataInputs, /*shuffle=*/false),
+                 "--eval-data-input");
+
+  TrainerOptions topts;
+  topts.steps = opts.steps;
+  topts.seed = opts.seed;
+  topts.logEvery = opts.logEvery;
+  topts.metricsPath = opts.metrics;
+  topts.evalEvery = opts.evalEvery;
+  topts.evalBatches = opts.evalBatches;
+  topts.checkpointDir = opts.checkpointDir;
+  topts.checkpointEvery = opts.checkpointEvery;
+  topts.log = stderr;
+  topts.progress = opts.quiet                ? TrainerOptions::Progress::None
+                   : isatty(fileno(stderr)) ? TrainerOptions::Progress::Bar
+                                            : TrainerOptions::Progress::Lines;
+  Expected<std::unique_ptr<Trainer>> trainer =
+      Trainer::create(s, *train, eval.get(), topts);
+  if (!trainer)
+    error(opts.planPath + ": " + trainer.status().message());
+  Trainer &t = **trainer;
+  if (!opts.resume.empty()) {
+    Status st = t.resume(opts.resume);
+    if (!st)
+      error(st.message());
+  }
+  Status prepared = s.initializeParams();
+  if (!prepared)
+    error(prepared.message());
+
+  int64_t first = t.stepCount() + 1, last = t.stepCount() + opts.steps;
+  if (!opts.quiet) {
+    std::printf("%s\n", header.c_str());
+    std::printf("training steps %lld to %lld on %s%s\n", (long long)first,
+                (long long)last, train->describe().c_str(),
+                opts.resume.empty() ? ""
+                                    : (" (resumed from " + opts.resume + ")")
+                                          .c_str());
+    std::fflush(stdout);
+  }
+  Status ran = t.run();
+  if (!ran)
+    error(ran.message());
+  if (!opts.saveParamsDir.empty())
+    saveParams(s, opts.saveParamsDir);
+
+  if (!opts.quiet) {
+    const std::vector<StepResult> &h = t.history();
+    double seconds = 0;
+    for (const StepResult &r : h)
+      seconds += r.seconds;
+    double rate = seconds > 0 ? double(h.size()) * double(t.itemsPerStep()) /
+                                    seconds
+                              : 0;
+    std::printf("trained %zu steps in %.3f s: loss %s -> %s, %.0f %s\n",
+                h.size(), seconds, formatNumber(h.front().loss).c_str(),
+                formatNumber(h.back().loss).c_str(), rate,
+                t.tokenThroughput() ? "tokens/s" : "samples/s");
+    if (h.back().eval) {
+      const EvalResult &ev = *h.back().eval;
+      std::printf("eval: loss %s", formatNumber(ev.loss).c_str());
+      if (ev.accuracy)
+        std::printf("  accuracy %.4f", *ev.accuracy);
+      std::printf("  (%lld batches)\n", (long long)ev.batches);
+    }
+    if (!t.lastCheckpoint().empty())
+      std::printf("checkpoint: %s\n", t.lastCheckpoint().c_str());
+    if (!opts.saveParamsDir.empty())
+      std::printf("wrote %zu param(s) to %s\n", e.params.size(),
+                  opts.saveParamsDir.c_str());
+    MemoryReport m = s.memory();
+    std::printf("memory: planned %s (persistent %s + scratch %s), "
+                "allocated %s\n",
+                formatBytes(m.plannedBytes).c_str(),
+                formatBytes(m.persistentBytes).c_str(),
+                formatBytes(m.scratchBytes).c_str(),
+                formatBytes(m.peakAllocatedBytes).c_str());
+  }
+  return 0;
+}
+
 int runMain(int argc, char **argv) {
   Options opts = parseArgs(argc, argv);
   if (opts.help) {
@@ -241,7 +500,11 @@ int runMain(int argc, char **argv) {
                        ": " + std::to_string(exe->worldSize) + " rank(s), " +
                        std::to_string(numInstrs) + " instructions, " +
                        std::to_string(exe->params.size()) + " params, " +
-                       std::to_string(exe->inputs.size()) + " inputs";
+                       std::to_string(exe->inputs.size()) + " inputs" +
+                       (exe->states.empty()
+                            ? ""
+                            : ", " + std::to_string(exe->states.size()) +
+                                  " states");
   if (exe->worldSize > 1 && !opts.quiet)
     std::fprintf(stderr,
                  "dlopt-run: warning: the plan has %d ranks; running rank 0 "
@@ -274,6 +537,8 @@ int runMain(int argc, char **argv) {
     if (!st)
       error(st.message());
   }
+  if (opts.steps > 0)
+    return runTraining(opts, s, header);
   std::vector<std::string> missing = s.missingInputs();
   if (!missing.empty()) {
     Status st = s.prepare();
@@ -284,24 +549,8 @@ int runMain(int argc, char **argv) {
     error(prepared.message());
 
   const Executable &e = s.executable();
-  if (!opts.saveParamsDir.empty()) {
-    makeDir(opts.saveParamsDir);
-    const MemoryPlan &mem = e.programs[s.rank()].memory;
-    for (int32_t id : e.params) {
-      if (mem.offsets[id] < 0)
-        continue; // held by another rank
-      const std::string &name = e.values[id].name;
-      Expected<HostTensor> t = s.readValue(id);
-      if (!t)
-        error("param '" + name + "': " + t.status().message());
-      std::string path =
-          (std::filesystem::path(opts.saveParamsDir) / fileNameFor(name))
-              .string();
-      Status st = writeNpy(path, *t);
-      if (!st)
-        error(st.message());
-    }
-  }
+  if (!opts.saveParamsDir.empty())
+    saveParams(s, opts.saveParamsDir);
 
   Expected<std::vector<NamedTensor>> outputs = s.run();
   if (!outputs)

@@ -93,7 +93,7 @@ LogicalResult DLOptDialect::verifyRegionArgAttribute(Operation *op,
                                                      unsigned argIndex,
                                                      NamedAttribute attr) {
   StringRef name = attr.getName().getValue();
-  if (name == kParamAttr || name == kInputAttr) {
+  if (name == kParamAttr || name == kInputAttr || name == kStateAttr) {
     auto str = dyn_cast<StringAttr>(attr.getValue());
     if (!str || str.getValue().empty())
       return op->emitError() << "argument #" << argIndex << ": '" << name
@@ -105,7 +105,7 @@ LogicalResult DLOptDialect::verifyRegionArgAttribute(Operation *op,
     return verifyInit(op, argIndex, attr.getValue());
   return op->emitError() << "argument #" << argIndex
                          << ": unknown dlopt argument attribute '" << name
-                         << "', expected dlopt.param, dlopt.input or dlopt.init";
+                         << "', expected dlopt.param, dlopt.input, dlopt.state or dlopt.init";
 }
 
 LogicalResult DLOptDialect::verifyRegionResultAttribute(Operation *op,
@@ -113,10 +113,10 @@ LogicalResult DLOptDialect::verifyRegionResultAttribute(Operation *op,
                                                         unsigned resultIndex,
                                                         NamedAttribute attr) {
   StringRef name = attr.getName().getValue();
-  if (name != kOutputAttr && name != kGradAttr)
+  if (name != kOutputAttr && name != kGradAttr && name != kUpdateAttr)
     return op->emitError() << "result #" << resultIndex
                            << ": unknown dlopt result attribute '" << name
-                           << "', expected dlopt.output or dlopt.grad";
+                           << "', expected dlopt.output, dlopt.grad or dlopt.update";
   auto str = dyn_cast<StringAttr>(attr.getValue());
   if (!str || str.getValue().empty())
     return op->emitError() << "result #" << resultIndex << ": '" << name
@@ -135,12 +135,12 @@ LogicalResult DLOptDialect::verifyOperationAttribute(Operation *op,
                              << attr.getValue();
     return success();
   }
-  if (name == kLossAttr) {
+  if (name == kLossAttr || name == kTrainStepAttr) {
     if (!isa<UnitAttr>(attr.getValue()))
-      return op->emitError() << "'dlopt.loss' expects a unit attribute, got "
+      return op->emitError() << "'" << name << "' expects a unit attribute, got "
                              << attr.getValue();
     return success();
   }
   return op->emitError() << "unknown dlopt attribute '" << name
-                         << "', expected dlopt.layer or dlopt.loss";
+                         << "', expected dlopt.layer, dlopt.loss or dlopt.train_step";
 }

@@ -45,6 +45,9 @@ def DLOpt_Dialect : Dialect {
     static constexpr ::llvm::StringLiteral kLossAttr = "dlopt.loss";
     static constexpr ::llvm::StringLiteral kLayerAttr = "dlopt.layer";
     static constexpr ::llvm::StringLiteral kGradAttr = "dlopt.grad";
+    static constexpr ::llvm::StringLiteral kStateAttr = "dlopt.state";
+    static constexpr ::llvm::StringLiteral kUpdateAttr = "dlopt.update";
+    static constexpr ::llvm::StringLiteral kTrainStepAttr = "dlopt.train_step";
   }];
 }
 

@@ -19,7 +19,12 @@ TEST(Registry, EveryDocumentedOpHasAKernel) {
         "gather",     "iota",          "softmax",    "log_softmax",
         "layer_norm", "rms_norm",      "attention",  "rope",
         "conv2d",     "max_pool2d",    "avg_pool2d", "batch_norm",
-        "dropout",    "cross_entropy", "mse"})
+        "dropout",    "cross_entropy", "mse",
+        // Gradient ops.
+        "scatter_add", "softmax_grad", "log_softmax_grad", "layer_norm_grad",
+        "rms_norm_grad", "attention_grad", "conv2d_grad_input",
+        "conv2d_grad_filter", "max_pool2d_grad", "avg_pool2d_grad",
+        "batch_norm_grad", "cross_entropy_grad", "gelu_grad", "slice_grad"})
     EXPECT_TRUE(cpu::hasKernel(op)) << op;
   EXPECT_FALSE(cpu::hasKernel("foo"));
 }

@@ -28,12 +28,20 @@ public:
     exe.values[id].init = std::move(init);
     return id;
   }
+  int32_t state(const std::string &name, TensorType t, Init init = {}) {
+    int32_t id = add(name, std::move(t), ValueKind::State, &exe.states);
+    exe.values[id].init = std::move(init);
+    return id;
+  }
   int32_t constant(TensorType t, const std::vector<float> &data) {
+    return constantBytes(std::move(t), data.data(), data.size() * sizeof(float));
+  }
+  /// A constant of any element type from its raw little-endian bytes.
+  int32_t constantBytes(TensorType t, const void *data, size_t bytes) {
     int32_t id = add("", t, ValueKind::Const, nullptr);
     size_t off = (exe.constData.size() + 63) / 64 * 64;
-    exe.constData.resize(off + data.size() * sizeof(float));
-    std::memcpy(exe.constData.data() + off, data.data(),
-                data.size() * sizeof(float));
+    exe.constData.resize(off + bytes);
+    std::memcpy(exe.constData.data() + off, data, bytes);
     exe.values[id].constOffset = int64_t(off);
     return id;
   }
@@ -52,13 +60,21 @@ public:
     instrs.push_back(std::move(in));
     return r;
   }
-  void output(const std::string &name, int32_t id) {
+  /// An output; `updates` names the param or state it replaces after a
+  /// training step.
+  void output(const std::string &name, int32_t id,
+              const std::string &updates = "") {
     exe.outputs.push_back(id);
     exe.outputNames.push_back(name);
+    exe.outputUpdates.push_back(updates);
+    hasUpdates |= !updates.empty();
   }
 
   Executable build(int64_t alignment = 64) {
     Executable e = exe;
+    // Plans without updates keep the field empty, like inference plans.
+    if (!hasUpdates)
+      e.outputUpdates.clear();
     Program p;
     p.rank = 0;
     p.instrs = instrs;
@@ -72,6 +88,7 @@ public:
 
   Executable exe;
   std::vector<Instr> instrs;
+  bool hasUpdates = false;
 
 private:
   int32_t add(const std::string &name, TensorType t, ValueKind kind,

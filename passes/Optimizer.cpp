@@ -1,0 +1,365 @@
+//===- Optimizer.cpp - Gradient accumulation, LR schedule, clipping, update ===//
+#include "dialects/DLOpt/IR/DLOptOps.h"
+#include "passes/ModelUtils.h"
+#include "passes/Passes.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/IRMapping.h"
+
+#include <cmath>
+
+#define DEBUG_TYPE "dlopt-optimizer"
+
+namespace dlopt {
+#define GEN_PASS_DEF_OPTIMIZERPASS
+#include "passes/Passes.h.inc"
+} // namespace dlopt
+
+using namespace mlir;
+using namespace dlopt;
+using dl::DLOptDialect;
+
+namespace {
+
+/// Scalar and tensor arithmetic helpers on dlopt ops.
+struct Emit {
+  OpBuilder &b;
+  Location loc;
+
+  Value scalar(Type elem, double v) {
+    auto t = RankedTensorType::get({}, elem);
+    return arith::ConstantOp::create(
+        b, loc, t, DenseElementsAttr::get(t, b.getFloatAttr(elem, v)));
+  }
+  Value f32(double v) { return scalar(b.getF32Type(), v); }
+  Value like(Value x, double v) {
+    return scalar(cast<RankedTensorType>(x.getType()).getElementType(), v);
+  }
+  Value add(Value x, Value y) { return dl::AddOp::create(b, loc, x, y); }
+  Value sub(Value x, Value y) { return dl::SubOp::create(b, loc, x, y); }
+  Value mul(Value x, Value y) { return dl::MulOp::create(b, loc, x, y); }
+  Value div(Value x, Value y) { return dl::DivOp::create(b, loc, x, y); }
+  Value min(Value x, Value y) { return dl::MinimumOp::create(b, loc, x, y); }
+  Value max(Value x, Value y) { return dl::MaximumOp::create(b, loc, x, y); }
+  Value sqrt(Value x) { return dl::SqrtOp::create(b, loc, x); }
+  Value pow(Value x, Value y) { return dl::PowOp::create(b, loc, x, y); }
+  /// Casts a rank-0 scalar to the element type of `x` (no-op if equal).
+  Value castLike(Value s, Value x) {
+    Type elem = cast<RankedTensorType>(x.getType()).getElementType();
+    auto t = RankedTensorType::get({}, elem);
+    if (s.getType() == t)
+      return s;
+    return dl::CastOp::create(b, loc, t, s);
+  }
+  Value toF32(Value x) {
+    auto t = cast<RankedTensorType>(x.getType());
+    if (t.getElementType().isF32())
+      return x;
+    return dl::CastOp::create(b, loc, RankedTensorType::get(t.getShape(), b.getF32Type()), x);
+  }
+  /// Sum of all elements, as an f32 scalar.
+  Value sumAll(Value x) {
+    auto t = cast<RankedTensorType>(x.getType());
+    SmallVector<int64_t> dims;
+    for (int64_t d = 0; d < t.getRank(); ++d)
+      dims.push_back(d);
+    return dl::SumOp::create(b, loc, toF32(x), b.getDenseI64ArrayAttr(dims), false);
+  }
+};
+
+struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
+  using OptimizerPassBase::OptimizerPassBase;
+
+  void runOnOperation() override {
+    FailureOr<func::FuncOp> fn = findEntryFunction(getOperation(), entry);
+    if (failed(fn) || failed(checkOptions(*fn)))
+      return signalPassFailure();
+    if (accumulate > 1 && failed(accumulateMicroBatches(*fn)))
+      return signalPassFailure();
+    if (failed(buildStep(*fn)))
+      return signalPassFailure();
+  }
+
+  LogicalResult checkOptions(func::FuncOp fn) {
+    auto bad = [&]() { return fn.emitError() << "dlopt-optimizer: "; };
+    if (optimizer != "sgd" && optimizer != "adam" && optimizer != "adamw")
+      return bad() << "unknown optimizer '" << optimizer
+                   << "', expected sgd, adam or adamw";
+    if (!(lr > 0))
+      return bad() << "expects lr > 0, got " << lr;
+    if (!(momentum >= 0 && momentum < 1))
+      return bad() << "expects momentum in [0, 1), got " << momentum;
+    if (nesterov && momentum == 0)
+      return bad() << "nesterov needs momentum > 0";
+    if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1))
+      return bad() << "expects beta1 and beta2 in [0, 1), got " << beta1
+                   << " and " << beta2;
+    if (!(eps > 0))
+      return bad() << "expects eps > 0, got " << eps;
+    if (schedule != "constant" && schedule != "cosine" && schedule != "linear")
+      return bad() << "unknown schedule '" << schedule
+                   << "', expected constant, cosine or linear";
+    if (warmupSteps < 0)
+      return bad() << "expects warmup-steps >= 0, got " << warmupSteps;
+    if (schedule != "constant" && totalSteps <= warmupSteps)
+      return bad() << "schedule '" << schedule
+                   << "' needs total-steps > warmup-steps, got total-steps = "
+                   << totalSteps << " and warmup-steps = " << warmupSteps;
+    if (!(minLr >= 0 && minLr <= lr))
+      return bad() << "expects 0 <= min-lr <= lr, got " << minLr;
+    if (!(clipNorm >= 0))
+      return bad() << "expects clip-norm >= 0, got " << clipNorm;
+    if (accumulate < 1)
+      return bad() << "expects accumulate >= 1, got " << accumulate;
+    return success();
+  }
+
+  /// Replays forward and backward once per micro-batch; every input gains a
+  /// leading dim of size `accumulate`.
+  LogicalResult accumulateMicroBatches(func::FuncOp fn) {
+    Block &body = fn.getBody().front();
+    Operation *ret = body.getTerminator();
+    int64_t k = accumulate;
+    SmallVector<Operation *> ops;
+    for (Operation &op : body.without_terminator())
+      ops.push_back(&op);
+
+    SmallVector<BlockArgument> inputs;
+    SmallVector<RankedTensorType> origTypes;
+    for (BlockArgument arg : fn.getArguments())
+      if (fn.getArgAttr(arg.getArgNumber(), DLOptDialect::kInputAttr)) {
+        inputs.push_back(arg);
+        origTypes.push_back(cast<RankedTensorType>(arg.getType()));
+      }
+    if (inputs.empty())
+      return fn.emitError("dlopt-optimizer: accumulate > 1 needs at least one dlopt.input to split");
+    for (auto [arg, t] : llvm::zip(inputs, origTypes)) {
+      SmallVector<int64_t> shape{k};
+      llvm::append_range(shape, t.getShape());
+      arg.setType(RankedTensorType::get(shape, t.getElementType()));
+    }
+    fn.setFunctionType(FunctionType::get(fn.getContext(), body.getArgumentTypes(),
+                                         fn.getResultTypes()));
+
+    OpBuilder b(ret);
+    Emit e{b, ret->getLoc()};
+    SmallVector<Value> sums(ret->getNumOperands());
+    SmallVector<bool> averaged(ret->getNumOperands(), false);
+    for (unsigned r = 0; r < ret->getNumOperands(); ++r)
+      averaged[r] = r == 0 || fn.getResultAttr(r, DLOptDialect::kGradAttr);
+    for (int64_t i = 0; i < k; ++i) {
+      IRMapping map;
+      for (auto [arg, t] : llvm::zip(inputs, origTypes)) {
+        auto full = cast<RankedTensorType>(arg.getType());
+        SmallVector<int64_t> start(full.getRank(), 0), limit(full.getShape()),
+            stride(full.getRank(), 1);
+        start[0] = i;
+        limit[0] = i + 1;
+        Value sl = dl::SliceOp::create(b, arg.getLoc(), arg,
+                                       b.getDenseI64ArrayAttr(start),
+                                       b.getDenseI64ArrayAttr(limit),
+                                       b.getDenseI64ArrayAttr(stride));
+        map.map(arg, dl::ReshapeOp::create(b, arg.getLoc(), t, sl).getResult());
+      }
+      for (Operation *op : ops)
+        b.clone(*op, map);
+      for (unsigned r = 0; r < ret->getNumOperands(); ++r) {
+        Value v = map.lookupOrDefault(ret->getOperand(r));
+        // Averaged results are summed; the others keep the last micro-batch.
+        sums[r] = averaged[r] && sums[r] ? e.add(sums[r], v) : v;
+      }
+    }
+    for (unsigned r = 0; r < ret->getNumOperands(); ++r)
+      if (averaged[r])
+        sums[r] = e.div(sums[r], e.like(sums[r], double(k)));
+    ret->setOperands(sums);
+    for (Operation *op : llvm::reverse(ops))
+      op->erase();
+    return success();
+  }
+
+  LogicalResult buildStep(func::FuncOp fn) {
+    Block &body = fn.getBody().front();
+    Operation *ret = body.getTerminator();
+    MLIRContext *ctx = fn.getContext();
+    OpBuilder b(ret);
+    Location loc = ret->getLoc();
+    Emit e{b, loc};
+    if (!fn->hasAttr(DLOptDialect::kLossAttr))
+      return fn.emitError("dlopt-optimizer: expects a dlopt.loss function; run dlopt-autodiff first");
+
+    // Split the results into gradients (by parameter) and the rest.
+    llvm::StringMap<Value> gradOf;
+    SmallVector<unsigned> otherResults;
+    for (unsigned r = 0; r < ret->getNumOperands(); ++r) {
+      if (auto p = fn.getResultAttrOfType<StringAttr>(r, DLOptDialect::kGradAttr))
+        gradOf[p.getValue()] = ret->getOperand(r);
+      else
+        otherResults.push_back(r);
+    }
+    if (gradOf.empty())
+      return fn.emitError("dlopt-optimizer: the function returns no dlopt.grad "
+                          "results; run dlopt-autodiff first");
+
+    SmallVector<std::pair<BlockArgument, StringAttr>> params;
+    for (BlockArgument arg : fn.getArguments())
+      if (auto p = fn.getArgAttrOfType<StringAttr>(arg.getArgNumber(), DLOptDialect::kParamAttr)) {
+        if (!gradOf.count(p.getValue()))
+          return fn.emitError() << "dlopt-optimizer: parameter '" << p.getValue()
+                                << "' has no gradient result";
+        params.emplace_back(arg, p);
+      }
+
+    // New state arguments.
+    auto addState = [&](Type t, StringRef name) -> BlockArgument {
+      unsigned idx = fn.getNumArguments();
+      NamedAttrList attrs;
+      attrs.append(DLOptDialect::kStateAttr, b.getStringAttr(name));
+      (void)fn.insertArgument(idx, t, attrs.getDictionary(ctx), loc);
+      return fn.getArgument(idx);
+    };
+    struct Update {
+      Value value;
+      std::string name;
+    };
+    SmallVector<Update> updates;
+
+    Type i64 = RankedTensorType::get({}, b.getI64Type());
+    BlockArgument step = addState(i64, "step");
+    auto one64 = arith::ConstantOp::create(
+        b, loc, cast<RankedTensorType>(i64),
+        DenseElementsAttr::get(cast<RankedTensorType>(i64), b.getI64IntegerAttr(1)));
+    Value nextStep = dl::AddOp::create(b, loc, step, one64);
+    // t: 1-based number of this step, in f32.
+    Value t = dl::CastOp::create(b, loc, RankedTensorType::get({}, b.getF32Type()), nextStep);
+
+    Value lrNow = buildSchedule(e, t);
+
+    // Global gradient norm (always reported) and clipping.
+    Value total;
+    for (auto &[arg, name] : params) {
+      Value g = gradOf[name.getValue()];
+      Value s = e.sumAll(e.mul(g, g));
+      total = total ? e.add(total, s) : s;
+    }
+    Value gradNorm = e.sqrt(total);
+    Value clipScale;
+    if (clipNorm > 0)
+      clipScale = e.min(e.f32(1.0),
+                        e.div(e.f32(clipNorm), e.add(gradNorm, e.f32(1e-6))));
+
+    double wd = weightDecay >= 0 ? double(weightDecay)
+                                 : (optimizer == "adamw" ? 0.01 : 0.0);
+    Value bc1, bc2;
+    if (optimizer != "sgd") {
+      bc1 = e.div(e.f32(1.0), e.sub(e.f32(1.0), e.pow(e.f32(beta1), t)));
+      bc2 = e.div(e.f32(1.0), e.sub(e.f32(1.0), e.pow(e.f32(beta2), t)));
+    }
+    size_t numUpdatedParams = 0;
+    for (auto &[p, nameAttr] : params) {
+      StringRef name = nameAttr.getValue();
+      Value g = gradOf[name];
+      if (clipScale)
+        g = e.mul(g, e.castLike(clipScale, g));
+      Value lrP = e.castLike(lrNow, p);
+      Value newP;
+      if (optimizer == "sgd") {
+        if (wd > 0)
+          g = e.add(g, e.mul(p, e.like(p, wd)));
+        if (momentum > 0) {
+          BlockArgument buf = addState(p.getType(), ("sgd.momentum." + name).str());
+          Value newBuf = e.add(e.mul(buf, e.like(buf, momentum)), g);
+          updates.push_back({newBuf, ("sgd.momentum." + name).str()});
+          g = nesterov ? e.add(g, e.mul(newBuf, e.like(buf, momentum))) : newBuf;
+        }
+        newP = e.sub(p, e.mul(g, lrP));
+      } else {
+        std::string prefix = optimizer + ".";
+        if (optimizer == "adam" && wd > 0)
+          g = e.add(g, e.mul(p, e.like(p, wd)));
+        BlockArgument m = addState(p.getType(), prefix + "m." + name.str());
+        BlockArgument v = addState(p.getType(), prefix + "v." + name.str());
+        Value newM = e.add(e.mul(m, e.like(m, beta1)), e.mul(g, e.like(g, 1 - beta1)));
+        Value newV = e.add(e.mul(v, e.like(v, beta2)),
+                           e.mul(e.mul(g, g), e.like(g, 1 - beta2)));
+        updates.push_back({newM, prefix + "m." + name.str()});
+        updates.push_back({newV, prefix + "v." + name.str()});
+        Value mhat = e.mul(newM, e.castLike(bc1, p));
+        Value vhat = e.mul(newV, e.castLike(bc2, p));
+        Value upd = e.div(mhat, e.add(e.sqrt(vhat), e.like(p, eps)));
+        if (optimizer == "adamw" && wd > 0)
+          upd = e.add(upd, e.mul(p, e.like(p, wd)));
+        newP = e.sub(p, e.mul(upd, lrP));
+      }
+      // New parameter values come first, then the optimizer state.
+      updates.insert(updates.begin() + numUpdatedParams++, {newP, name.str()});
+      ++numParams;
+    }
+    updates.push_back({nextStep, "step"});
+
+    // Results: loss, lr, grad_norm, other outputs, updates.
+    SmallVector<Value> results;
+    SmallVector<DictionaryAttr> attrs;
+    auto named = [&](StringRef output, StringRef update = {}) {
+      NamedAttrList l;
+      l.append(DLOptDialect::kOutputAttr, b.getStringAttr(output));
+      if (!update.empty())
+        l.append(DLOptDialect::kUpdateAttr, b.getStringAttr(update));
+      return l.getDictionary(ctx);
+    };
+    results.push_back(ret->getOperand(0));
+    attrs.push_back(fn.getResultAttrDict(0) ? fn.getResultAttrDict(0) : named("loss"));
+    results.push_back(lrNow);
+    attrs.push_back(named("lr"));
+    results.push_back(gradNorm);
+    attrs.push_back(named("grad_norm"));
+    for (unsigned r : otherResults) {
+      if (r == 0)
+        continue;
+      results.push_back(ret->getOperand(r));
+      attrs.push_back(fn.getResultAttrDict(r) ? fn.getResultAttrDict(r)
+                                              : b.getDictionaryAttr({}));
+    }
+    for (Update &u : updates) {
+      results.push_back(u.value);
+      attrs.push_back(named(u.name, u.name));
+    }
+    func::ReturnOp::create(b, loc, results);
+    ret->erase();
+    SmallVector<Type> types;
+    for (Value v : results)
+      types.push_back(v.getType());
+    fn.setFunctionType(FunctionType::get(ctx, body.getArgumentTypes(), types));
+    fn.setAllResultAttrs(attrs);
+    fn->setAttr(DLOptDialect::kTrainStepAttr, UnitAttr::get(ctx));
+    return success();
+  }
+
+  /// lr(t) for 1-based step t: linear warmup, then constant, cosine or linear
+  /// decay to min-lr at total-steps.
+  Value buildSchedule(Emit &e, Value t) {
+    Value peak = e.f32(lr);
+    Value decayed = peak;
+    if (schedule != "constant") {
+      double span = double(totalSteps - warmupSteps);
+      Value progress = e.div(e.sub(t, e.f32(double(warmupSteps))), e.f32(span));
+      progress = e.min(e.max(progress, e.f32(0.0)), e.f32(1.0));
+      Value frac;
+      if (schedule == "cosine")
+        frac = e.mul(e.f32(0.5),
+                     e.add(e.f32(1.0), dl::CosOp::create(e.b, e.loc,
+                                                         e.mul(progress, e.f32(M_PI)))));
+      else
+        frac = e.sub(e.f32(1.0), progress);
+      decayed = e.add(e.f32(minLr), e.mul(e.f32(lr - minLr), frac));
+    }
+    if (warmupSteps <= 0)
+      return decayed;
+    Value warm = e.mul(peak, e.div(t, e.f32(double(warmupSteps))));
+    Value inWarmup = dl::CompareOp::create(e.b, e.loc, dl::CmpPredicate::le, t,
+                                           e.f32(double(warmupSteps)));
+    return dl::SelectOp::create(e.b, e.loc, inWarmup, warm, decayed);
+  }
+};
+} // namespace

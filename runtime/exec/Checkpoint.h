@@ -1,0 +1,55 @@
+//===- Checkpoint.h - Training checkpoints as safetensors files -----------===//
+//
+// A checkpoint holds every param and state of the session's rank and the
+// training loop's position, so a resumed run continues exactly (on the CPU
+// backend bit for bit). Format (docs/training-runtime.md): a safetensors
+// file whose tensors are named like the params and states, with metadata
+//
+//   format "dlopt-checkpoint", version "1", model, fingerprint,
+//   step, data_position, data_epoch, data_source, rng, rng_seed,
+//   world_size, rank, tensors (JSON: name -> {"role", "sharding"})
+//
+// Loading checks everything against the model before anything is bound, so
+// a checkpoint of another model, or a corrupt one, changes nothing.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "runtime/exec/Session.h"
+#include "runtime/support/Status.h"
+
+#include <cstdint>
+#include <string>
+
+namespace dlopt::rt {
+
+inline constexpr int kCheckpointVersion = 1;
+
+/// The training loop's position, saved next to the tensors.
+struct CheckpointState {
+  int64_t step = 0;          ///< training steps completed
+  uint64_t dataPosition = 0; ///< batches the training data has served
+  uint64_t dataEpoch = 0;    ///< informational: passes over the data so far
+  uint64_t rngSeed = 0;      ///< seed of the counter-based data generator
+  std::string dataSource;    ///< informational: "synthetic", "tokens:FILE", ...
+};
+
+/// Hex FNV-1a 64 of "kind name type\n" over params then states, in order:
+/// two plans agree on it iff their checkpoints are interchangeable.
+std::string modelFingerprint(const Executable &exe);
+
+/// "step-000123.safetensors".
+std::string checkpointFileName(int64_t step);
+
+/// Writes every param and state the session's rank holds, atomically.
+Status saveCheckpoint(Session &session, const std::string &path,
+                      const CheckpointState &state);
+
+/// Reads `path`, checks that it is a dlopt checkpoint of this model (every
+/// param and state present with the same dtype and shape, nothing else),
+/// then binds the tensors and returns the saved position. On error nothing
+/// in the session has changed.
+Expected<CheckpointState> loadCheckpoint(Session &session,
+                                         const std::string &path);
+
+} // namespace dlopt::rt

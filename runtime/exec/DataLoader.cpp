@@ -1,0 +1,536 @@
+//===- DataLoader.cpp - Batches for training and evaluation loops ---------===//
+
+#include "runtime/exec/DataLoader.h"
+#include "runtime/exec/Npy.h"
+#include "runtime/exec/ParamInit.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <numbers>
+#include <set>
+
+namespace dlopt::rt {
+
+namespace {
+
+/// Stream ids: data streams never collide with each other or with the
+/// param-init streams (which use word(seed, p) directly).
+constexpr uint64_t kDataSalt = 0x64617461'00000000ull; // "data"
+constexpr uint64_t kShuffleStream = 1;
+constexpr uint64_t kSyntheticStream = 2;
+
+int32_t findInput(const Executable &exe, const std::string &name) {
+  for (int32_t id : exe.inputs)
+    if (exe.values[id].name == name)
+      return id;
+  return -1;
+}
+
+std::string inputList(const Executable &exe) {
+  std::string s;
+  for (int32_t id : exe.inputs)
+    s += (s.empty() ? "" : ", ") + exe.values[id].name + " (" +
+         exe.values[id].type.str() + ")";
+  return s.empty() ? "none" : s;
+}
+
+void setInt(HostTensor &t, int64_t i, int64_t v) {
+  switch (t.type.dtype) {
+  case DType::I32: {
+    int32_t x = int32_t(v);
+    std::memcpy(t.bytes.data() + 4 * i, &x, 4);
+    break;
+  }
+  case DType::I64: std::memcpy(t.bytes.data() + 8 * i, &v, 8); break;
+  default: t.setElementFromDouble(i, double(v)); break;
+  }
+}
+
+/// v * n / 2^64: a draw from [0, n) (multiply-shift; its bias, below
+/// n / 2^64, is far under anything a training run can observe).
+uint64_t scaled(uint64_t v, uint64_t n) {
+  return uint64_t((unsigned __int128)v * n >> 64);
+}
+
+//===----------------------------------------------------------------------===//
+// Token streams
+//===----------------------------------------------------------------------===//
+
+class TokenLoader final : public DataLoader {
+public:
+  TokenLoader(std::string path, std::vector<int32_t> tokens,
+              TensorType tokensType, std::optional<TensorType> labelsType)
+      : path_(std::move(path)), tokens_(std::move(tokens)),
+        tokensType_(std::move(tokensType)), labelsType_(std::move(labelsType)) {
+    batch_ = tokensType_.shape[0];
+    seq_ = tokensType_.shape[1];
+    numWindows_ = (uint64_t(tokens_.size()) - 1) / uint64_t(seq_);
+  }
+
+  Expected<std::vector<NamedTensor>> batch(uint64_t index,
+                                           uint64_t) const override {
+    std::vector<NamedTensor> out;
+    out.push_back({"tokens", HostTensor(tokensType_)});
+    if (labelsType_)
+      out.push_back({"labels", HostTensor(*labelsType_)});
+    for (int64_t r = 0; r < batch_; ++r) {
+      uint64_t w = uint64_t(((unsigned __int128)index * uint64_t(batch_) +
+                             uint64_t(r)) %
+                            numWindows_);
+      const int32_t *src = tokens_.data() + w * uint64_t(seq_);
+      for (int64_t s = 0; s < seq_; ++s) {
+        setInt(out[0].tensor, r * seq_ + s, src[s]);
+        if (labelsType_)
+          setInt(out[1].tensor, r * seq_ + s, src[s + 1]);
+      }
+    }
+    return out;
+  }
+  std::vector<std::string> inputs() const override {
+    if (labelsType_)
+      return {"tokens", "labels"};
+    return {"tokens"};
+  }
+  uint64_t batchesPerEpoch() const override {
+    return std::max<uint64_t>(1, numWindows_ / uint64_t(batch_));
+  }
+  uint64_t epochOf(uint64_t index) const override {
+    // index*B / numWindows, in 128 bits.
+    return uint64_t((unsigned __int128)index * uint64_t(batch_) / numWindows_);
+  }
+  std::string describe() const override { return "tokens:" + path_; }
+
+private:
+  std::string path_;
+  std::vector<int32_t> tokens_;
+  TensorType tokensType_;
+  std::optional<TensorType> labelsType_;
+  int64_t batch_ = 1, seq_ = 1;
+  uint64_t numWindows_ = 1;
+};
+
+/// Decodes little-endian integers of NumPy dtype `descr` into token ids.
+Status decodeTokens(const uint8_t *p, size_t bytes, const std::string &descr,
+                    std::vector<int32_t> &out) {
+  size_t width;
+  bool isSigned;
+  if (descr == "<u2" || descr == "=u2") {
+    width = 2, isSigned = false;
+  } else if (descr == "<i4" || descr == "=i4") {
+    width = 4, isSigned = true;
+  } else if (descr == "<u4" || descr == "=u4") {
+    width = 4, isSigned = false;
+  } else if (descr == "<i8" || descr == "=i8") {
+    width = 8, isSigned = true;
+  } else if (descr == "|u1" || descr == "<u1") {
+    width = 1, isSigned = false;
+  } else {
+    return Status::error("token dtype '" + descr +
+                         "' is not supported (use uint8, uint16, int32, "
+                         "uint32 or int64)");
+  }
+  if (bytes % width)
+    return Status::error("size " + std::to_string(bytes) +
+                         " bytes is not a multiple of the token size " +
+                         std::to_string(width));
+  size_t n = bytes / width;
+  out.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t u = 0;
+    for (size_t b = 0; b < width; ++b)
+      u |= uint64_t(p[i * width + b]) << (8 * b);
+    int64_t v = int64_t(u);
+    if (isSigned && width < 8 && (u >> (8 * width - 1)) & 1)
+      v = int64_t(u | (~uint64_t(0) << (8 * width)));
+    if (v < 0 || v > std::numeric_limits<int32_t>::max())
+      return Status::error("token " + std::to_string(v) + " at position " +
+                           std::to_string(i) + " is not a valid id");
+    out[i] = int32_t(v);
+  }
+  return Status::ok();
+}
+
+//===----------------------------------------------------------------------===//
+// Arrays
+//===----------------------------------------------------------------------===//
+
+class ArrayLoader final : public DataLoader {
+public:
+  struct Array {
+    std::string name, file;
+    HostTensor data;   ///< [N, sample...], already the input's element type
+    TensorType type;   ///< the input's type, [B, sample...]
+  };
+  ArrayLoader(std::vector<Array> arrays, int64_t samples, int64_t batch,
+              bool shuffle)
+      : arrays_(std::move(arrays)), samples_(samples), batch_(batch),
+        shuffle_(shuffle) {}
+
+  Expected<std::vector<NamedTensor>> batch(uint64_t index,
+                                           uint64_t seed) const override {
+    uint64_t nb = batchesPerEpoch();
+    uint64_t epoch = index / nb, k = index % nb;
+    std::vector<uint64_t> rows(static_cast<size_t>(batch_));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (shuffle_ && (!cached_ || cachedEpoch_ != epoch ||
+                       cachedSeed_ != seed)) {
+        perm_ = shuffledIndices(uint64_t(samples_),
+                                dataKey(seed, kShuffleStream, epoch));
+        cached_ = true;
+        cachedEpoch_ = epoch;
+        cachedSeed_ = seed;
+      }
+      for (int64_t r = 0; r < batch_; ++r) {
+        uint64_t pos = k * uint64_t(batch_) + uint64_t(r);
+        rows[r] = shuffle_ ? perm_[pos] : pos;
+      }
+    }
+    std::vector<NamedTensor> out;
+    for (const Array &a : arrays_) {
+      HostTensor t(a.type);
+      size_t rowBytes = t.bytes.size() / size_t(batch_);
+      for (int64_t r = 0; r < batch_; ++r)
+        std::memcpy(t.bytes.data() + r * rowBytes,
+                    a.data.bytes.data() + rows[r] * rowBytes, rowBytes);
+      out.push_back({a.name, std::move(t)});
+    }
+    return out;
+  }
+  std::vector<std::string> inputs() const override {
+    std::vector<std::string> names;
+    for (const Array &a : arrays_)
+      names.push_back(a.name);
+    return names;
+  }
+  uint64_t batchesPerEpoch() const override {
+    return uint64_t(samples_ / batch_);
+  }
+  uint64_t epochOf(uint64_t index) const override {
+    return index / batchesPerEpoch();
+  }
+  std::string describe() const override {
+    std::string s = "arrays:";
+    for (size_t i = 0; i < arrays_.size(); ++i)
+      s += (i ? "," : "") + arrays_[i].name + "=" + arrays_[i].file;
+    return s;
+  }
+
+private:
+  std::vector<Array> arrays_;
+  int64_t samples_, batch_;
+  bool shuffle_;
+  mutable std::mutex mu_;
+  mutable std::vector<uint64_t> perm_;
+  mutable bool cached_ = false;
+  mutable uint64_t cachedEpoch_ = 0, cachedSeed_ = 0;
+};
+
+//===----------------------------------------------------------------------===//
+// Synthetic data
+//===----------------------------------------------------------------------===//
+
+class SyntheticLoader final : public DataLoader {
+public:
+  struct Input {
+    std::string name;
+    TensorType type;
+    uint64_t position; ///< index in Executable::inputs: its stream id
+    int64_t range;     ///< ints: values in [0, range)
+  };
+  explicit SyntheticLoader(std::vector<Input> inputs)
+      : inputs_(std::move(inputs)) {}
+
+  Expected<std::vector<NamedTensor>> batch(uint64_t index,
+                                           uint64_t seed) const override {
+    std::vector<NamedTensor> out;
+    for (const Input &in : inputs_) {
+      HostTensor t(in.type);
+      // One stream per (input, batch): element i is word i of it.
+      uint64_t key = initWord(
+          dataKey(seed, kSyntheticStream, in.position), index);
+      int64_t n = t.numElements();
+      if (isFloat(in.type.dtype)) {
+        for (int64_t i = 0; i < n; ++i) {
+          double u1 = initUniform(key, 2 * uint64_t(i));
+          double u2 = initUniform(key, 2 * uint64_t(i) + 1);
+          t.setElementFromDouble(i, std::sqrt(-2.0 * std::log(1.0 - u1)) *
+                                        std::cos(2.0 * std::numbers::pi * u2));
+        }
+      } else if (in.type.dtype == DType::I1) {
+        for (int64_t i = 0; i < n; ++i)
+          t.bytes[i] = uint8_t(initWord(key, uint64_t(i)) >> 63);
+      } else {
+        for (int64_t i = 0; i < n; ++i)
+          setInt(t, i,
+                 int64_t(scaled(initWord(key, uint64_t(i)), uint64_t(in.range))));
+      }
+      out.push_back({in.name, std::move(t)});
+    }
+    return out;
+  }
+  std::vector<std::string> inputs() const override {
+    std::vector<std::string> names;
+    for (const Input &in : inputs_)
+      names.push_back(in.name);
+    return names;
+  }
+  uint64_t batchesPerEpoch() const override { return 0; }
+  uint64_t epochOf(uint64_t) const override { return 0; }
+  std::string describe() const override { return "synthetic"; }
+
+private:
+  std::vector<Input> inputs_;
+};
+
+} // namespace
+
+uint64_t dataKey(uint64_t seed, uint64_t stream, uint64_t index) {
+  return initWord(initWord(seed ^ kDataSalt, stream), index);
+}
+
+std::vector<uint64_t> shuffledIndices(uint64_t n, uint64_t key) {
+  std::vector<uint64_t> perm(n);
+  for (uint64_t i = 0; i < n; ++i)
+    perm[i] = i;
+  for (uint64_t i = n; i > 1; --i) {
+    uint64_t j = scaled(initWord(key, i - 1), i);
+    std::swap(perm[i - 1], perm[j]);
+  }
+  return perm;
+}
+
+std::optional<int64_t> inferIntRange(const Executable &exe, int32_t inputId) {
+  std::optional<int64_t> best;
+  auto bound = [&](int64_t v) {
+    if (v > 0 && (!best || v < *best))
+      best = v;
+  };
+  // Values carrying the input's elements unchanged, found forward.
+  std::set<int32_t> carriers = {inputId};
+  static const std::set<std::string> preserving = {
+      "reshape", "transpose", "slice", "broadcast_to", "concat", "cast"};
+  for (const Program &p : exe.programs)
+    for (const Instr &in : p.instrs) {
+      auto reads = [&](size_t k) {
+        return k < in.operands.size() && carriers.count(in.operands[k]);
+      };
+      auto type = [&](int32_t id) -> const TensorType & {
+        return exe.values[id].type;
+      };
+      bool anyRead = false;
+      for (int32_t o : in.operands)
+        anyRead |= carriers.count(o) != 0;
+      if (!anyRead)
+        continue;
+      if (preserving.count(in.op)) {
+        bool intResult = !in.results.empty() &&
+                         isInteger(type(in.results[0]).dtype);
+        if (intResult)
+          carriers.insert(in.results.begin(), in.results.end());
+      } else if (in.op == "gather" && reads(1)) {
+        if (!type(in.operands[0]).shape.empty())
+          bound(type(in.operands[0]).shape[0]);
+      } else if (in.op == "scatter_add" && reads(0) && !in.results.empty()) {
+        if (!type(in.results[0]).shape.empty())
+          bound(type(in.results[0]).shape[0]);
+      } else if ((in.op == "cross_entropy" || in.op == "cross_entropy_grad") &&
+                 reads(1)) {
+        if (!type(in.operands[0]).shape.empty())
+          bound(type(in.operands[0]).shape.back());
+      }
+    }
+  return best;
+}
+
+Expected<std::unique_ptr<DataLoader>>
+createTokenLoader(const Executable &exe, const std::string &path,
+                  TokenDType rawDType) {
+  int32_t tokId = findInput(exe, "tokens");
+  if (tokId < 0)
+    return Status::error("--data feeds the input 'tokens', which the model "
+                         "does not have (inputs: " +
+                         inputList(exe) +
+                         "); use --data-input NAME=FILE.npy for other inputs");
+  const TensorType &tt = exe.values[tokId].type;
+  if (tt.shape.size() != 2 || !isInteger(tt.dtype) || tt.shape[0] < 1 ||
+      tt.shape[1] < 1)
+    return Status::error("--data needs the input 'tokens' to be [batch, seq] "
+                         "integers, got " + tt.str());
+  std::optional<TensorType> labelsType;
+  int32_t labId = findInput(exe, "labels");
+  if (labId >= 0) {
+    const TensorType &lt = exe.values[labId].type;
+    if (lt.shape != tt.shape || !isInteger(lt.dtype))
+      return Status::error("--data needs the input 'labels' to be integers "
+                           "shaped like 'tokens' (" + tt.str() + "), got " +
+                           lt.str());
+    labelsType = lt;
+  }
+
+  Expected<std::vector<uint8_t>> bytes = readFileBytes(path);
+  if (!bytes)
+    return bytes.status();
+  std::vector<int32_t> tokens;
+  if (bytes->size() >= 6 && std::memcmp(bytes->data(), "\x93NUMPY", 6) == 0) {
+    Expected<NpyHeader> h = parseNpyHeader(*bytes);
+    if (!h)
+      return h.status().withContext(path + ": ");
+    Status st = decodeTokens(bytes->data() + h->dataOffset,
+                             bytes->size() - h->dataOffset, h->descr, tokens);
+    if (!st)
+      return st.withContext(path + ": ");
+    int64_t expect = 1;
+    for (int64_t d : h->shape)
+      expect *= d;
+    if (int64_t(tokens.size()) != expect)
+      return Status::error(path + ": the header's shape holds " +
+                           std::to_string(expect) + " tokens, the file " +
+                           std::to_string(tokens.size()));
+  } else {
+    Status st = decodeTokens(bytes->data(), bytes->size(),
+                             rawDType == TokenDType::U16 ? "<u2" : "<i4",
+                             tokens);
+    if (!st)
+      return st.withContext(path + " (raw " +
+                            std::string(rawDType == TokenDType::U16 ? "uint16"
+                                                                    : "int32") +
+                            " tokens): ");
+  }
+  int64_t seq = tt.shape[1];
+  if (int64_t(tokens.size()) < seq + 1)
+    return Status::error(path + ": " + std::to_string(tokens.size()) +
+                         " tokens, but one window of the input 'tokens' (" +
+                         tt.str() + ") needs seq + 1 = " +
+                         std::to_string(seq + 1));
+  std::optional<int64_t> vocab = inferIntRange(exe, tokId);
+  if (labId >= 0) {
+    std::optional<int64_t> c = inferIntRange(exe, labId);
+    if (c && (!vocab || *c < *vocab))
+      vocab = c;
+  }
+  if (vocab)
+    for (size_t i = 0; i < tokens.size(); ++i)
+      if (tokens[i] >= *vocab)
+        return Status::error(path + ": token " + std::to_string(tokens[i]) +
+                             " at position " + std::to_string(i) +
+                             " is outside the model's vocabulary [0, " +
+                             std::to_string(*vocab) + ")");
+  return std::unique_ptr<DataLoader>(
+      new TokenLoader(path, std::move(tokens), tt, labelsType));
+}
+
+Expected<std::unique_ptr<DataLoader>> createArrayLoader(
+    const Executable &exe,
+    const std::vector<std::pair<std::string, std::string>> &files,
+    bool shuffle) {
+  if (files.empty())
+    return Status::error("no arrays given");
+  std::vector<ArrayLoader::Array> arrays;
+  int64_t samples = -1, batch = -1;
+  std::string first;
+  for (const auto &[name, file] : files) {
+    std::string what = name + "=" + file + ": ";
+    int32_t id = findInput(exe, name);
+    if (id < 0)
+      return Status::error(what + "the model has no input '" + name +
+                           "' (inputs: " + inputList(exe) + ")");
+    const TensorType &type = exe.values[id].type;
+    if (type.shape.empty())
+      return Status::error(what + "input '" + name +
+                           "' is a scalar; batches are sliced along dim 0");
+    Expected<HostTensor> arr = readNpy(file);
+    if (!arr)
+      return arr.status();
+    HostTensor data = arr.take();
+    std::vector<int64_t> sample(type.shape.begin() + 1, type.shape.end());
+    std::vector<int64_t> got(data.type.shape.empty()
+                                 ? data.type.shape.begin()
+                                 : data.type.shape.begin() + 1,
+                             data.type.shape.end());
+    if (data.type.shape.empty() || got != sample) {
+      TensorType want{type.dtype, sample};
+      return Status::error(what + "expected N samples of " + want.str() +
+                           " (input '" + name + "' is " + type.str() +
+                           "), got " + data.type.str());
+    }
+    if (data.type.dtype != type.dtype) {
+      bool intToInt = isInteger(data.type.dtype) && isInteger(type.dtype);
+      bool toBf16 = data.type.dtype == DType::F32 && type.dtype == DType::BF16;
+      bool toF16 = data.type.dtype == DType::F32 && type.dtype == DType::F16;
+      if (!intToInt && !toBf16 && !toF16)
+        return Status::error(what + "input '" + name + "' is " +
+                             dtypeName(type.dtype) + ", the array holds " +
+                             dtypeName(data.type.dtype));
+      if (intToInt && type.dtype == DType::I32)
+        for (int64_t i = 0; i < data.numElements(); ++i) {
+          double v = data.elementAsDouble(i);
+          if (v < std::numeric_limits<int32_t>::min() ||
+              v > std::numeric_limits<int32_t>::max())
+            return Status::error(what + "element " + std::to_string(i) +
+                                 " does not fit the input's i32");
+        }
+      data = convertTensor(data, type.dtype);
+    }
+    if (samples < 0) {
+      samples = data.type.shape[0];
+      batch = type.shape[0];
+      first = name;
+    } else if (data.type.shape[0] != samples) {
+      return Status::error(what + std::to_string(data.type.shape[0]) +
+                           " samples, but '" + first + "' has " +
+                           std::to_string(samples));
+    } else if (type.shape[0] != batch) {
+      return Status::error(what + "input '" + name + "' has batch size " +
+                           std::to_string(type.shape[0]) + ", but '" + first +
+                           "' has " + std::to_string(batch));
+    }
+    for (const auto &a : arrays)
+      if (a.name == name)
+        return Status::error(what + "input '" + name + "' given twice");
+    arrays.push_back({name, file, std::move(data), type});
+  }
+  if (batch < 1 || samples < batch)
+    return Status::error("the arrays hold " + std::to_string(samples) +
+                         " samples, fewer than one batch (" +
+                         std::to_string(batch) + ")");
+  return std::unique_ptr<DataLoader>(
+      new ArrayLoader(std::move(arrays), samples, batch, shuffle));
+}
+
+Expected<std::unique_ptr<DataLoader>>
+createSyntheticLoader(const Executable &exe,
+                      const std::vector<std::string> &inputNames,
+                      int64_t vocab) {
+  std::vector<SyntheticLoader::Input> inputs;
+  for (const std::string &name : inputNames) {
+    int32_t id = -1;
+    uint64_t position = 0;
+    for (size_t i = 0; i < exe.inputs.size(); ++i)
+      if (exe.values[exe.inputs[i]].name == name) {
+        id = exe.inputs[i];
+        position = i;
+      }
+    if (id < 0)
+      return Status::error("the model has no input '" + name + "'");
+    const TensorType &type = exe.values[id].type;
+    int64_t range = 0;
+    if (isInteger(type.dtype)) {
+      std::optional<int64_t> r = inferIntRange(exe, id);
+      range = r ? *r : vocab;
+      if (range < 1)
+        return Status::error(
+            "cannot tell which values the int input '" + name + "' (" +
+            type.str() +
+            ") takes: no gather or cross_entropy reads it; pass --vocab V for "
+            "values in [0, V), or give data");
+    }
+    inputs.push_back({name, type, position, range});
+  }
+  return std::unique_ptr<DataLoader>(new SyntheticLoader(std::move(inputs)));
+}
+
+} // namespace dlopt::rt

@@ -1,0 +1,318 @@
+//===- SafeTensors.cpp - The safetensors file format ----------------------===//
+//
+// nlohmann::json throws; every call is wrapped so nothing escapes this file.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/exec/SafeTensors.h"
+#include "runtime/exec/Npy.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fcntl.h>
+#include <filesystem>
+#include <optional>
+#include <unistd.h>
+
+namespace dlopt::rt {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+/// Sizes beyond this are rejected so offset arithmetic cannot overflow.
+constexpr uint64_t kMaxBytes = uint64_t(1) << 48;
+
+std::optional<DType> dtypeFromSafeTensors(const std::string &s) {
+  if (s == "F32") return DType::F32;
+  if (s == "F16") return DType::F16;
+  if (s == "BF16") return DType::BF16;
+  if (s == "I32") return DType::I32;
+  if (s == "I64") return DType::I64;
+  if (s == "BOOL") return DType::I1;
+  return std::nullopt;
+}
+
+struct Entry {
+  std::string name;
+  TensorType type;
+  uint64_t begin = 0, end = 0;
+};
+
+/// Reads the tensor table and metadata from the header JSON, checking
+/// every field; errors name the tensor.
+Status parseHeader(const Json &doc, uint64_t dataSize, std::vector<Entry> &out,
+                   std::map<std::string, std::string> &metadata) {
+  if (!doc.is_object())
+    return Status::error(std::string("header: expected a JSON object, got ") +
+                         doc.type_name());
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    const std::string &name = it.key();
+    const Json &v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object())
+        return Status::error("header: __metadata__ must be an object of "
+                             "strings");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string())
+          return Status::error("header: __metadata__." + m.key() +
+                               " must be a string, got " +
+                               m.value().type_name());
+        metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    std::string where = "tensor '" + name + "': ";
+    if (!v.is_object())
+      return Status::error(where + "expected an object");
+    auto dt = v.find("dtype");
+    auto sh = v.find("shape");
+    auto off = v.find("data_offsets");
+    if (dt == v.end() || sh == v.end() || off == v.end())
+      return Status::error(where + "needs dtype, shape and data_offsets");
+    if (!dt->is_string())
+      return Status::error(where + "dtype must be a string");
+    std::optional<DType> dtype = dtypeFromSafeTensors(dt->get<std::string>());
+    if (!dtype)
+      return Status::error(where + "dtype '" + dt->get<std::string>() +
+                           "' is not supported (supported: F32, F16, BF16, "
+                           "I32, I64, BOOL)");
+    Entry e;
+    e.name = name;
+    e.type.dtype = *dtype;
+    if (!sh->is_array())
+      return Status::error(where + "shape must be an array");
+    uint64_t bytes = uint64_t(dtypeSize(*dtype));
+    for (const Json &d : *sh) {
+      if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<int64_t>() >= 0))
+        return Status::error(where + "shape must hold non-negative integers");
+      uint64_t dim = d.get<uint64_t>();
+      if (dim > kMaxBytes || (dim != 0 && bytes > kMaxBytes / dim))
+        return Status::error(where + "shape is too large");
+      bytes *= dim;
+      e.type.shape.push_back(int64_t(dim));
+    }
+    if (!off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
+        !(*off)[1].is_number_unsigned())
+      return Status::error(where + "data_offsets must be [BEGIN, END] with "
+                                   "non-negative integers");
+    e.begin = (*off)[0].get<uint64_t>();
+    e.end = (*off)[1].get<uint64_t>();
+    if (e.begin > e.end || e.end > dataSize)
+      return Status::error(where + "data_offsets [" + std::to_string(e.begin) +
+                           ", " + std::to_string(e.end) +
+                           "] lie outside the data (" +
+                           std::to_string(dataSize) + " bytes)");
+    if (e.end - e.begin != bytes)
+      return Status::error(where + "data_offsets [" + std::to_string(e.begin) +
+                           ", " + std::to_string(e.end) + "] hold " +
+                           std::to_string(e.end - e.begin) + " bytes, " +
+                           e.type.str() + " needs " + std::to_string(bytes));
+    out.push_back(std::move(e));
+  }
+  // The tensors must tile the data exactly.
+  std::stable_sort(out.begin(), out.end(), [](const Entry &a, const Entry &b) {
+    return a.begin < b.begin || (a.begin == b.begin && a.end < b.end);
+  });
+  uint64_t pos = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i].begin < pos)
+      return Status::error("tensor '" + out[i].name + "': data_offsets [" +
+                           std::to_string(out[i].begin) + ", " +
+                           std::to_string(out[i].end) + "] overlap tensor '" +
+                           out[i - 1].name + "'");
+    if (out[i].begin > pos)
+      return Status::error("data bytes [" + std::to_string(pos) + ", " +
+                           std::to_string(out[i].begin) +
+                           ") belong to no tensor");
+    pos = out[i].end;
+  }
+  if (pos != dataSize)
+    return Status::error("data bytes [" + std::to_string(pos) + ", " +
+                         std::to_string(dataSize) + ") belong to no tensor");
+  return Status::ok();
+}
+
+Expected<SafeTensorsFile> parseImpl(const std::vector<uint8_t> &bytes) {
+  if (bytes.size() < 8)
+    return Status::error("truncated: " + std::to_string(bytes.size()) +
+                         " bytes, a safetensors file starts with an 8-byte "
+                         "header length");
+  uint64_t headerLen = 0;
+  for (int i = 0; i < 8; ++i)
+    headerLen |= uint64_t(bytes[i]) << (8 * i);
+  uint64_t rest = bytes.size() - 8;
+  if (headerLen > rest)
+    return Status::error("truncated or corrupt: header length " +
+                         std::to_string(headerLen) + " exceeds the " +
+                         std::to_string(rest) + " bytes after it");
+  const char *begin = reinterpret_cast<const char *>(bytes.data() + 8);
+  Json doc;
+  try {
+    doc = Json::parse(begin, begin + headerLen);
+  } catch (const Json::exception &e) {
+    return Status::error(std::string("malformed header JSON: ") + e.what());
+  }
+  uint64_t dataSize = rest - headerLen;
+  std::vector<Entry> entries;
+  SafeTensorsFile file;
+  DLOPT_RETURN_IF_ERROR(parseHeader(doc, dataSize, entries, file.metadata));
+  const uint8_t *data = bytes.data() + 8 + headerLen;
+  for (const Entry &e : entries) {
+    NamedTensor t;
+    t.name = e.name;
+    t.tensor.type = e.type;
+    t.tensor.bytes.assign(data + e.begin, data + e.end);
+    if (e.type.dtype == DType::I1)
+      for (uint8_t b : t.tensor.bytes)
+        if (b > 1)
+          return Status::error("tensor '" + e.name +
+                               "': BOOL data holds a byte other than 0 or 1");
+    file.tensors.push_back(std::move(t));
+  }
+  return file;
+}
+
+} // namespace
+
+const char *safeTensorsDType(DType dtype) {
+  switch (dtype) {
+  case DType::F32: return "F32";
+  case DType::F16: return "F16";
+  case DType::BF16: return "BF16";
+  case DType::I32: return "I32";
+  case DType::I64: return "I64";
+  case DType::I1: return "BOOL";
+  }
+  return "?";
+}
+
+const HostTensor *SafeTensorsFile::find(const std::string &name) const {
+  for (const NamedTensor &t : tensors)
+    if (t.name == name)
+      return &t.tensor;
+  return nullptr;
+}
+
+Expected<std::vector<uint8_t>>
+encodeSafeTensors(const std::vector<NamedTensor> &tensors,
+                  const std::map<std::string, std::string> &metadata) {
+  try {
+    Json header = Json::object();
+    if (!metadata.empty()) {
+      Json meta = Json::object();
+      for (const auto &[k, v] : metadata)
+        meta[k] = v;
+      header["__metadata__"] = std::move(meta);
+    }
+    uint64_t offset = 0;
+    for (const NamedTensor &t : tensors) {
+      if (t.name.empty() || t.name == "__metadata__")
+        return Status::error("invalid tensor name '" + t.name + "'");
+      if (header.contains(t.name))
+        return Status::error("tensor '" + t.name + "' given twice");
+      if (int64_t(t.tensor.bytes.size()) != t.tensor.type.byteSize())
+        return Status::error("tensor '" + t.name + "' holds " +
+                             std::to_string(t.tensor.bytes.size()) +
+                             " bytes, " + t.tensor.type.str() + " needs " +
+                             std::to_string(t.tensor.type.byteSize()));
+      Json e = Json::object();
+      e["dtype"] = safeTensorsDType(t.tensor.type.dtype);
+      e["shape"] = t.tensor.type.shape;
+      e["data_offsets"] = {offset, offset + t.tensor.bytes.size()};
+      offset += t.tensor.bytes.size();
+      header[t.name] = std::move(e);
+    }
+    std::string text = header.dump();
+    // Pad with spaces so the data starts 8-byte aligned, as the reference
+    // writer does.
+    text.append((8 - text.size() % 8) % 8, ' ');
+    std::vector<uint8_t> out;
+    out.reserve(8 + text.size() + offset);
+    for (int i = 0; i < 8; ++i)
+      out.push_back(uint8_t(uint64_t(text.size()) >> (8 * i)));
+    out.insert(out.end(), text.begin(), text.end());
+    for (const NamedTensor &t : tensors)
+      out.insert(out.end(), t.tensor.bytes.begin(), t.tensor.bytes.end());
+    return out;
+  } catch (const std::exception &e) {
+    return Status::error(std::string("encoding safetensors: ") + e.what());
+  }
+}
+
+Expected<SafeTensorsFile> parseSafeTensors(const std::vector<uint8_t> &bytes) {
+  try {
+    return parseImpl(bytes);
+  } catch (const std::exception &e) {
+    return Status::error(std::string("reading safetensors: ") + e.what());
+  }
+}
+
+Expected<SafeTensorsFile> readSafeTensors(const std::string &path) {
+  Expected<std::vector<uint8_t>> bytes = readFileBytes(path);
+  if (!bytes)
+    return bytes.status();
+  Expected<SafeTensorsFile> f = parseSafeTensors(*bytes);
+  if (!f)
+    return f.status().withContext(path + ": ");
+  return f;
+}
+
+Status writeFileAtomic(const std::string &path,
+                       const std::vector<uint8_t> &bytes) {
+  namespace fs = std::filesystem;
+  fs::path target(path);
+  fs::path dir = target.parent_path();
+  if (dir.empty())
+    dir = ".";
+  std::string tmp =
+      (dir / ("." + target.filename().string() + ".tmp." +
+              std::to_string(::getpid())))
+          .string();
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return Status::error(path + ": cannot create '" + tmp +
+                         "': " + std::strerror(errno));
+  auto failWith = [&](const std::string &what) {
+    int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return Status::error(path + ": " + what + ": " + std::strerror(err));
+  };
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return failWith("write failed");
+    }
+    done += size_t(n);
+  }
+  if (::fsync(fd) != 0)
+    return failWith("fsync failed");
+  if (::close(fd) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return Status::error(path + ": close failed: " + std::strerror(err));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return Status::error(path + ": cannot rename the temporary file: " +
+                         std::strerror(err));
+  }
+  // Make the rename itself durable.
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return Status::ok();
+}
+
+} // namespace dlopt::rt

@@ -1,0 +1,61 @@
+//===- SafeTensors.h - The safetensors file format ------------------------===//
+//
+// Checkpoints are safetensors files (https://github.com/huggingface/
+// safetensors), written and read here without the reference library:
+//
+//   u64 LE  N           length of the header
+//   N bytes header      JSON: {"__metadata__": {str: str, ...},
+//                              NAME: {"dtype": "F32", "shape": [2, 3],
+//                                     "data_offsets": [BEGIN, END]}, ...}
+//                       padded with spaces to a multiple of 8 bytes
+//   data                every tensor's bytes, little-endian, row-major;
+//                       offsets are relative to the start of the data, and
+//                       the tensors cover it exactly (no holes, no overlap)
+//
+// dtypes: F32, F16, BF16, I32, I64, BOOL (i1, one byte 0/1). The parser
+// assumes nothing about its input: every length and offset is checked
+// against the file before it is used, so a truncated or corrupt file gets a
+// message, never a crash.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "runtime/exec/HostTensor.h"
+#include "runtime/support/Status.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dlopt::rt {
+
+struct SafeTensorsFile {
+  std::vector<NamedTensor> tensors; ///< in order of their data offsets
+  std::map<std::string, std::string> metadata; ///< "__metadata__"
+
+  /// The tensor named `name`, or null.
+  const HostTensor *find(const std::string &name) const;
+};
+
+/// Encodes tensors (data in the given order) and metadata. Names must be
+/// unique, non-empty, and not "__metadata__".
+Expected<std::vector<uint8_t>>
+encodeSafeTensors(const std::vector<NamedTensor> &tensors,
+                  const std::map<std::string, std::string> &metadata);
+
+/// Parses and checks a whole file's bytes.
+Expected<SafeTensorsFile> parseSafeTensors(const std::vector<uint8_t> &bytes);
+
+/// File versions; errors are "PATH: reason".
+Expected<SafeTensorsFile> readSafeTensors(const std::string &path);
+
+/// Writes `bytes` to `path` atomically: a temporary file in the same
+/// directory, fsync, rename over `path`, fsync of the directory. A crash
+/// leaves either the old file or the new one, never a partial file.
+Status writeFileAtomic(const std::string &path,
+                       const std::vector<uint8_t> &bytes);
+
+/// safetensors spelling of a dtype ("F32", "BF16", "BOOL", ...).
+const char *safeTensorsDType(DType dtype);
+
+} // namespace dlopt::rt
