@@ -84,34 +84,34 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
   LogicalResult checkOptions(func::FuncOp fn) {
     auto bad = [&]() { return fn.emitError() << "dlopt-optimizer: "; };
     if (optimizer != "sgd" && optimizer != "adam" && optimizer != "adamw")
-      return bad() << "unknown optimizer '" << optimizer
+      return bad() << "unknown optimizer '" << std::string(optimizer)
                    << "', expected sgd, adam or adamw";
     if (!(lr > 0))
-      return bad() << "expects lr > 0, got " << lr;
+      return bad() << "expects lr > 0, got " << double(lr);
     if (!(momentum >= 0 && momentum < 1))
-      return bad() << "expects momentum in [0, 1), got " << momentum;
+      return bad() << "expects momentum in [0, 1), got " << double(momentum);
     if (nesterov && momentum == 0)
       return bad() << "nesterov needs momentum > 0";
     if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1))
-      return bad() << "expects beta1 and beta2 in [0, 1), got " << beta1
-                   << " and " << beta2;
+      return bad() << "expects beta1 and beta2 in [0, 1), got " << double(beta1)
+                   << " and " << double(beta2);
     if (!(eps > 0))
-      return bad() << "expects eps > 0, got " << eps;
+      return bad() << "expects eps > 0, got " << double(eps);
     if (schedule != "constant" && schedule != "cosine" && schedule != "linear")
-      return bad() << "unknown schedule '" << schedule
+      return bad() << "unknown schedule '" << std::string(schedule)
                    << "', expected constant, cosine or linear";
     if (warmupSteps < 0)
-      return bad() << "expects warmup-steps >= 0, got " << warmupSteps;
+      return bad() << "expects warmup-steps >= 0, got " << int64_t(warmupSteps);
     if (schedule != "constant" && totalSteps <= warmupSteps)
-      return bad() << "schedule '" << schedule
+      return bad() << "schedule '" << std::string(schedule)
                    << "' needs total-steps > warmup-steps, got total-steps = "
-                   << totalSteps << " and warmup-steps = " << warmupSteps;
+                   << int64_t(totalSteps) << " and warmup-steps = " << int64_t(warmupSteps);
     if (!(minLr >= 0 && minLr <= lr))
-      return bad() << "expects 0 <= min-lr <= lr, got " << minLr;
+      return bad() << "expects 0 <= min-lr <= lr, got " << double(minLr);
     if (!(clipNorm >= 0))
-      return bad() << "expects clip-norm >= 0, got " << clipNorm;
+      return bad() << "expects clip-norm >= 0, got " << double(clipNorm);
     if (accumulate < 1)
-      return bad() << "expects accumulate >= 1, got " << accumulate;
+      return bad() << "expects accumulate >= 1, got " << int64_t(accumulate);
     return success();
   }
 
