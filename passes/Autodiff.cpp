@@ -103,6 +103,7 @@ struct AutodiffPass : dlopt::impl::AutodiffPassBase<AutodiffPass> {
       for (Operation *n = before ? before->getNextNode() : &body.front();
            n != ret; n = n->getNextNode()) {
         ++numGradOps;
+        n->setAttr(DLOptDialect::kBackwardAttr, b.getUnitAttr());
         if (layer)
           n->setAttr(DLOptDialect::kLayerAttr, layer);
       }

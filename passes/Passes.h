@@ -20,6 +20,10 @@ struct CompilePipelineOptions {
   /// Build a full training step: autodiff plus dlopt-optimizer.
   bool train = false;
   OptimizerPassOptions optimizer;
+  /// Activation recomputation policy: none, full or selective.
+  std::string recompute = "none";
+  /// Compute precision: f32, bf16 or fp16 (fp16 adds dynamic loss scaling).
+  std::string precision = "f32";
 };
 
 /// Builds the pipeline that `dlopt-compile` runs before export: model

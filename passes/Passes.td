@@ -118,4 +118,31 @@ def OptimizerPass : Pass<"dlopt-optimizer", "mlir::ModuleOp"> {
   let dependentDialects = ["::dlopt::dl::DLOptDialect", "::mlir::arith::ArithDialect"];
 }
 
+def RecomputePass : Pass<"dlopt-recompute", "mlir::ModuleOp"> {
+  let summary = "Activation recomputation: re-run forward ops right before their layer's backward pass";
+  let description = [{
+    Runs on a differentiated step (after `dlopt-autodiff`, after the last
+    CSE, which would merge the copies back). For every layer (ops marked
+    `dlopt.layer = N`), forward values of the layer that the backward pass
+    reads are recomputed by clones (marked `dlopt.recompute`) placed just
+    before the layer's first backward op, and the backward ops from there on
+    read the clones. The originals then die during the forward pass, which
+    lowers the planned peak memory.
+
+    Policies: `none`; `full` keeps only each layer's inputs (values defined
+    outside the layer) and recomputes everything else the backward pass
+    needs; `selective` recomputes only softmax, log_softmax and dropout
+    results (the attention score/softmax/dropout part: with the fused
+    `dlopt.attention` the scores themselves are never stored).
+  }];
+  let options = [
+    Option<"entry", "entry", "std::string", /*default=*/"\"\"", "Entry function name">,
+    Option<"policy", "policy", "std::string", /*default=*/"\"full\"",
+           "none, full or selective">
+  ];
+  let statistics = [
+    Statistic<"numCloned", "cloned-ops", "Forward ops cloned for recomputation">
+  ];
+}
+
 #endif // DLOPT_PASSES_TD

@@ -24,6 +24,13 @@ void dlopt::buildCompilePipeline(OpPassManager &pm,
   }
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());
+  // After the last CSE, which would merge the recomputed copies back.
+  if ((options.autodiff || options.train) && options.recompute != "none") {
+    RecomputePassOptions rc;
+    rc.entry = options.entry;
+    rc.policy = options.recompute;
+    pm.addPass(createRecomputePass(rc));
+  }
 }
 
 namespace {
@@ -40,6 +47,12 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
   Option<std::string> optimizer{*this, "optimizer", llvm::cl::desc("sgd, adam or adamw"),
                                 llvm::cl::init("adamw")};
   Option<double> lr{*this, "lr", llvm::cl::desc("Learning rate"), llvm::cl::init(1e-3)};
+  Option<std::string> recompute{*this, "recompute",
+                                llvm::cl::desc("none, full or selective"),
+                                llvm::cl::init("none")};
+  Option<std::string> precision{*this, "precision",
+                                llvm::cl::desc("f32, bf16 or fp16"),
+                                llvm::cl::init("f32")};
 };
 } // namespace
 
@@ -55,6 +68,8 @@ void dlopt::registerAllPasses() {
         o.train = opts.train;
         o.optimizer.optimizer = opts.optimizer;
         o.optimizer.lr = opts.lr;
+        o.recompute = opts.recompute;
+        o.precision = opts.precision;
         buildCompilePipeline(pm, o);
       });
 }

@@ -69,7 +69,7 @@ std::string checkpointFileName(int64_t step) {
 Status saveCheckpoint(Session &session, const std::string &path,
                       const CheckpointState &state) {
   const Executable &exe = session.executable();
-  DLOPT_RETURN_IF_ERROR(session.prepare().withContext(
+  DLOPT_RETURN_IF_ERROR(session.initializeParams().withContext(
       "writing checkpoint " + path + ": "));
   std::vector<NamedTensor> tensors;
   Json table = Json::object();

@@ -116,7 +116,10 @@ Status Session::bind(const std::string &name, const HostTensor &value,
           known += (known.empty() ? "" : ", ") + exe_.values[a].name;
     if (total > 12)
       known += ", ... (" + std::to_string(total) + " in all)";
-    return Status::error("no input, param or state named '" + name + "'" +
+    return Status::error(std::string(exe_.states.empty()
+                                         ? "no input or param named '"
+                                         : "no input, param or state named '") +
+                         name + "'" +
                          (known.empty() ? " (the model has none)"
                                         : " (known: " + known + ")"));
   }

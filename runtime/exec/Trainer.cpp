@@ -407,7 +407,10 @@ Status Trainer::run() {
         std::fflush(metrics);
       }
       history_.push_back(*r);
-      std::string msg = "loss is " + fmt("%g", r->loss) + " at step " +
+      std::string what = std::isnan(r->loss) ? "nan"
+                         : r->loss > 0          ? "inf"
+                                                : "-inf";
+      std::string msg = "loss is " + what + " at step " +
                         std::to_string(r->step) +
                         "; stopping (the step's updates were not applied";
       msg += lastCheckpoint_.empty()

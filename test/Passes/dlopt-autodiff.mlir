@@ -9,8 +9,8 @@
 // CHECK: %[[L:.+]] = dlopt.mse
 // CHECK: %[[ONE:.+]] = arith.constant dense<1.000000e+00> : tensor<f32>
 // CHECK: dlopt.sub
-// CHECK: %[[DB:.+]] = dlopt.sum %[[DY:.+]] dims = [0] {dlopt.layer = 0 : i64} : tensor<8x3xf32> -> tensor<3xf32>
-// CHECK: %[[DW:.+]] = dlopt.matmul %[[X]], %[[DY]] {dlopt.layer = 0 : i64, transpose_a}
+// CHECK: %[[DB:.+]] = dlopt.sum %[[DY:.+]] dims = [0] {dlopt.backward, dlopt.layer = 0 : i64} : tensor<8x3xf32> -> tensor<3xf32>
+// CHECK: %[[DW:.+]] = dlopt.matmul %[[X]], %[[DY]] {dlopt.backward, dlopt.layer = 0 : i64, transpose_a}
 // CHECK: return %[[L]], %[[DW]], %[[DB]]
 func.func @main(%x: tensor<8x4xf32> {dlopt.input = "x"},
                 %w: tensor<4x3xf32> {dlopt.param = "w"},

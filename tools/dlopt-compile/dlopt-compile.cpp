@@ -94,6 +94,14 @@ static cl::opt<int64_t> accumulateOpt(
                            "input gains a leading dim of this size"),
     cl::init(1), cl::cat(trainCategory));
 
+static cl::opt<std::string> recomputeOpt(
+    "recompute", cl::desc("Activation recomputation: none, full or selective"),
+    cl::init("none"), cl::cat(trainCategory));
+static cl::opt<std::string> precisionOpt(
+    "precision", cl::desc("Compute precision: f32, bf16 or fp16 (fp32 master "
+                          "weights; fp16 adds dynamic loss scaling)"),
+    cl::init("f32"), cl::cat(trainCategory));
+
 static cl::opt<bool> quiet("quiet", cl::desc("Do not print the summary"),
                            cl::cat(category));
 static cl::opt<bool> timing("timing",
@@ -173,6 +181,14 @@ int main(int argc, char **argv) {
   options.optimizer.minLr = minLrOpt;
   options.optimizer.clipNorm = clipOpt;
   options.optimizer.accumulate = accumulateOpt;
+  options.recompute = recomputeOpt;
+  options.precision = precisionOpt;
+  if (!train && !autodiff &&
+      (recomputeOpt != "none" || precisionOpt != "f32")) {
+    llvm::errs() << "dlopt-compile: error: --recompute and --precision need "
+                    "--train or --autodiff\n";
+    return 2;
+  }
   dlopt::buildCompilePipeline(pm, options);
   if (failed(pm.run(*module)))
     return 1;

@@ -135,12 +135,14 @@ LogicalResult DLOptDialect::verifyOperationAttribute(Operation *op,
                              << attr.getValue();
     return success();
   }
-  if (name == kLossAttr || name == kTrainStepAttr) {
+  if (name == kLossAttr || name == kTrainStepAttr || name == kBackwardAttr ||
+      name == kRecomputeAttr) {
     if (!isa<UnitAttr>(attr.getValue()))
       return op->emitError() << "'" << name << "' expects a unit attribute, got "
                              << attr.getValue();
     return success();
   }
   return op->emitError() << "unknown dlopt attribute '" << name
-                         << "', expected dlopt.layer, dlopt.loss or dlopt.train_step";
+                         << "', expected dlopt.layer, dlopt.loss, dlopt.train_step, "
+                            "dlopt.backward or dlopt.recompute";
 }

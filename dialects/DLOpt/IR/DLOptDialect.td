@@ -48,6 +48,10 @@ def DLOpt_Dialect : Dialect {
     static constexpr ::llvm::StringLiteral kStateAttr = "dlopt.state";
     static constexpr ::llvm::StringLiteral kUpdateAttr = "dlopt.update";
     static constexpr ::llvm::StringLiteral kTrainStepAttr = "dlopt.train_step";
+    /// Marks ops created by dlopt-autodiff (the backward pass).
+    static constexpr ::llvm::StringLiteral kBackwardAttr = "dlopt.backward";
+    /// Marks forward ops cloned by dlopt-recompute.
+    static constexpr ::llvm::StringLiteral kRecomputeAttr = "dlopt.recompute";
   }];
 }
 

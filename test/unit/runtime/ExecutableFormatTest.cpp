@@ -42,10 +42,17 @@ Executable randomExecutable(std::mt19937_64 &rng) {
   for (int i = 0; i < numArgs; ++i) {
     Value v;
     v.type = randomType();
-    int k = int(pick(0, 2));
-    v.kind = k == 0 ? ValueKind::Param : k == 1 ? ValueKind::Input
-                                                : ValueKind::Const;
-    if (v.kind == ValueKind::Param) {
+    int k = int(pick(0, 3));
+    v.kind = k == 0   ? ValueKind::Param
+             : k == 1 ? ValueKind::Input
+             : k == 2 ? ValueKind::Const
+                      : ValueKind::State;
+    if (v.kind == ValueKind::State) {
+      v.name = "adam.m." + std::to_string(i);
+      if (pick(0, 1))
+        v.init = Init{"constant", 0, 1, 0, 1, 65536.0};
+      exe.states.push_back(int32_t(exe.values.size()));
+    } else if (v.kind == ValueKind::Param) {
       v.name = "p\"" + std::to_string(i) + "\\ü";
       const char *dists[] = {"zeros", "ones", "constant", "normal",
                              "truncated_normal", "uniform"};
@@ -132,6 +139,22 @@ Executable randomExecutable(std::mt19937_64 &rng) {
         exe.outputNames.push_back("out" + std::to_string(v));
       }
     }
+  // Some outputs update a param or state of their type (training steps).
+  if (pick(0, 1)) {
+    exe.outputUpdates.assign(exe.outputs.size(), "");
+    std::vector<bool> taken(exe.values.size(), false);
+    for (size_t o = 0; o < exe.outputs.size(); ++o)
+      for (size_t v = 0; v < size_t(numArgValues); ++v) {
+        const Value &a = exe.values[v];
+        if ((a.kind == ValueKind::Param || a.kind == ValueKind::State) &&
+            !taken[v] && a.type == exe.values[exe.outputs[o]].type &&
+            pick(0, 1)) {
+          taken[v] = true;
+          exe.outputUpdates[o] = a.name;
+          break;
+        }
+      }
+  }
   for (Program &p : exe.programs) {
     Expected<MemoryPlan> plan =
         planProgramMemory(exe, p, int64_t(1) << pick(0, 8));
@@ -316,7 +339,11 @@ TEST(ExecutableFormat, RejectsOtherVersion) {
   std::vector<uint8_t> bytes = serialize(smallExecutable());
   bytes[8] = 7;
   EXPECT_EQ(errorOf(bytes), "plan file format version 7, this dlopt reads "
-                            "version 1 (recompile the model with this dlopt)");
+                            "version 2 (recompile the model with this dlopt)");
+  // Plans written before training support (version 1) are rejected too.
+  bytes[8] = 1;
+  EXPECT_EQ(errorOf(bytes), "plan file format version 1, this dlopt reads "
+                            "version 2 (recompile the model with this dlopt)");
 }
 
 TEST(ExecutableFormat, RejectsUnknownFlags) {
@@ -383,7 +410,7 @@ TEST(ExecutableFormat, SchemaErrorsNameTheField) {
   };
   EXPECT_EQ(replaced("\"kind\":\"input\"", "\"kind\":\"bogus\""),
             "invalid executable: values[0].kind: expected param, input, "
-            "const or temp, got 'bogus'");
+            "state, const or temp, got 'bogus'");
   EXPECT_EQ(replaced("\"type\":\"2x3xf32\"", "\"type\":\"2x3xf33\""),
             "invalid executable: values[0].type: bad tensor type '2x3xf33': "
             "unknown element type 'f33' (expected f32, f16, bf16, i32, i64 or "
@@ -460,7 +487,7 @@ TEST(ExecutableValidate, CatchesInconsistencies) {
 
   e = good;
   e.values[1].name = "x";
-  expectError(e, "two params/inputs are named 'x'");
+  expectError(e, "two params/inputs/states are named 'x'");
 
   e = good;
   e.values[2].constOffset = 1000;
@@ -515,6 +542,113 @@ TEST(ExecutableValidate, CatchesInconsistencies) {
   expectError(e, "is not defined by any instruction");
 }
 
+/// A training step: one param, one state, their updates and a loss.
+Executable trainingExecutable() {
+  ExeBuilder b;
+  int32_t x = b.input("x", tt({2, 3}));
+  int32_t w = b.param("w", tt({3, 4}), Init{"normal", 0.0, 0.02});
+  int32_t m = b.state("adam.m.w", tt({3, 4}));
+  int32_t sc = b.state("loss_scale", tt({}), Init{"constant", 0, 1, 0, 1, 1024});
+  int32_t y = b.op("matmul", {x, w}, tt({2, 4}));
+  int32_t loss = b.op("mean", {y}, tt({}),
+                      {{"dims", std::vector<int64_t>{0, 1}},
+                       {"keepdims", int64_t(0)}});
+  int32_t m2 = b.op("add", {m, w}, tt({3, 4}));
+  int32_t w2 = b.op("sub", {w, m2}, tt({3, 4}));
+  b.output("loss", loss);
+  b.output("w.next", w2, "w");
+  b.output("m.next", m2, "adam.m.w");
+  b.output("scale", sc);
+  return b.build();
+}
+
+TEST(ExecutableFormat, TrainingFieldsRoundTrip) {
+  Executable exe = trainingExecutable();
+  ASSERT_TRUE(exe.validate().isOk()) << exe.validate().message();
+  std::vector<uint8_t> bytes = serialize(exe);
+  std::string json = jsonOf(bytes);
+  EXPECT_TRUE(contains(json, "\"kind\":\"state\"")) << json;
+  EXPECT_TRUE(contains(json, "\"states\":[2,3]")) << json;
+  EXPECT_TRUE(contains(json, "\"output_updates\":[\"\",\"w\",\"adam.m.w\",\"\"]"))
+      << json;
+  Expected<Executable> back = deserializeExecutable(bytes);
+  ASSERT_TRUE(back.isOk()) << back.status().message();
+  EXPECT_EQ(*back, exe);
+  EXPECT_EQ(back->values[3].init.value, 1024);
+
+  // An inference plan keeps output_updates empty, and it round-trips so.
+  Executable inf = smallExecutable();
+  EXPECT_TRUE(inf.outputUpdates.empty());
+  Expected<Executable> infBack = deserializeExecutable(serialize(inf));
+  ASSERT_TRUE(infBack.isOk());
+  EXPECT_EQ(*infBack, inf);
+
+  // Both new fields are required in version 2.
+  auto without = [&](const std::string &field, const std::string &value) {
+    std::string j = json;
+    std::string from = ",\"" + field + "\":" + value;
+    size_t at = j.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    j.erase(at, from.size());
+    return errorOf(withJson(bytes, j));
+  };
+  EXPECT_EQ(without("states", "[2,3]"),
+            "invalid executable: document: missing field 'states'");
+  EXPECT_EQ(without("output_updates", "[\"\",\"w\",\"adam.m.w\",\"\"]"),
+            "invalid executable: document: missing field 'output_updates'");
+}
+
+TEST(ExecutableValidate, Updates) {
+  auto expectError = [](Executable exe, const std::string &needle) {
+    Status st = exe.validate();
+    ASSERT_FALSE(st.isOk()) << "expected error containing: " << needle;
+    EXPECT_EQ(st.message(), needle);
+  };
+  Executable good = trainingExecutable();
+  ASSERT_TRUE(good.validate().isOk());
+  Executable e = good;
+  e.outputUpdates[1] = "nope";
+  expectError(e, "output 'w.next' updates 'nope', which is not a param or "
+                 "state");
+  e = good;
+  e.outputUpdates[1] = "x";
+  expectError(e, "output 'w.next' updates 'x', which is not a param or state");
+  e = good;
+  e.outputUpdates[0] = "loss_scale"; // f32 scalar: same type, allowed
+  EXPECT_TRUE(e.validate().isOk()) << e.validate().message();
+  e.outputUpdates[0] = "w";
+  expectError(e, "output 'loss' updates 'w': the param is 3x4xf32, the "
+                 "output is f32");
+  e = good;
+  e.outputUpdates[2] = "w";
+  expectError(e, "output 'm.next' updates 'w', which output 'w.next' "
+                 "already updates");
+  e = good;
+  e.outputUpdates.pop_back();
+  expectError(e, "there are 4 outputs but 3 output updates (expected one per "
+                 "output, or none)");
+  e = good;
+  e.states = {2};
+  expectError(e, "state %3 ('loss_scale') is missing from the state list");
+  e = good;
+  e.states = {2, 1};
+  expectError(e, "state list names %1 ('w') which is a param");
+  e = good;
+  e.values[3].init.dist = "bogus";
+  expectError(e, "state %3 ('loss_scale') has unknown init distribution "
+                 "'bogus' (expected zeros, ones, constant, normal, "
+                 "truncated_normal or uniform)");
+}
+
+TEST(ExecutableDump, ShowsStatesAndUpdates) {
+  std::string d = dumpExecutable(trainingExecutable());
+  EXPECT_TRUE(contains(d, "(1 params, 1 inputs, 2 states, 0 consts, 4 temps)"))
+      << d;
+  EXPECT_TRUE(contains(d, "state  adam.m.w")) << d;
+  EXPECT_TRUE(contains(d, "init constant(1024.0)")) << d;
+  EXPECT_TRUE(contains(d, "w.next = %7 : 3x4xf32  -> updates w")) << d;
+}
+
 TEST(ExecutableValidate, ScratchReuseIsAllowedWhenLifetimesDisjoint) {
   ExeBuilder b;
   int32_t x = b.input("x", tt({16}));
@@ -535,7 +669,7 @@ TEST(ExecutableDump, ReadableListing) {
   Executable exe = smallExecutable();
   exe.programs[0].instrs[0].layer = 0;
   std::string d = dumpExecutable(exe);
-  EXPECT_TRUE(contains(d, "dlopt executable (format version 1)")) << d;
+  EXPECT_TRUE(contains(d, "dlopt executable (format version 2)")) << d;
   EXPECT_TRUE(contains(d, "%3 = matmul(%0, %1) {transpose_b=0} : 2x4xf32  "
                           "@layer 0  test.mlir:1:3"))
       << d;

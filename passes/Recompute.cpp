@@ -1,0 +1,116 @@
+//===- Recompute.cpp - Activation recomputation per layer -----------------===//
+#include "dialects/DLOpt/IR/DLOptOps.h"
+#include "passes/ModelUtils.h"
+#include "passes/Passes.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/SetVector.h"
+
+#define DEBUG_TYPE "dlopt-recompute"
+
+namespace dlopt {
+#define GEN_PASS_DEF_RECOMPUTEPASS
+#include "passes/Passes.h.inc"
+} // namespace dlopt
+
+using namespace mlir;
+using namespace dlopt;
+using dl::DLOptDialect;
+
+namespace {
+struct RecomputePass : dlopt::impl::RecomputePassBase<RecomputePass> {
+  using RecomputePassBase::RecomputePassBase;
+
+  void runOnOperation() override {
+    if (policy != "none" && policy != "full" && policy != "selective") {
+      getOperation().emitError() << "dlopt-recompute: unknown policy '"
+                                 << std::string(policy)
+                                 << "', expected none, full or selective";
+      return signalPassFailure();
+    }
+    FailureOr<func::FuncOp> fn = findEntryFunction(getOperation(), entry);
+    if (failed(fn))
+      return signalPassFailure();
+    if (policy == "none")
+      return;
+    recompute(*fn);
+  }
+
+  static std::optional<int64_t> layerOf(Operation *op) {
+    if (auto a = op->getAttrOfType<IntegerAttr>(DLOptDialect::kLayerAttr))
+      return a.getInt();
+    return std::nullopt;
+  }
+
+  bool recomputable(Operation *op) {
+    if (policy == "selective")
+      return isa<dl::SoftmaxOp, dl::LogSoftmaxOp, dl::DropoutOp>(op);
+    return true;
+  }
+
+  void recompute(func::FuncOp fn) {
+    Block &body = fn.getBody().front();
+    // Forward ops of each layer, in program order, and the first backward op
+    // of each layer.
+    llvm::MapVector<int64_t, SmallVector<Operation *>> forward;
+    llvm::DenseMap<int64_t, Operation *> firstBackward;
+    for (Operation &op : body.without_terminator()) {
+      std::optional<int64_t> layer = layerOf(&op);
+      if (!layer)
+        continue;
+      if (op.hasAttr(DLOptDialect::kBackwardAttr))
+        firstBackward.try_emplace(*layer, &op);
+      else
+        forward[*layer].push_back(&op);
+    }
+    for (auto &[layer, ops] : forward) {
+      Operation *insertAt = firstBackward.lookup(layer);
+      if (!insertAt)
+        continue;
+      llvm::SmallPtrSet<Operation *, 32> inLayer(ops.begin(), ops.end());
+      auto usedLater = [&](Value v) {
+        for (Operation *user : v.getUsers())
+          if (user->hasAttr(DLOptDialect::kBackwardAttr) &&
+              !user->isBeforeInBlock(insertAt))
+            return true;
+        return false;
+      };
+      // Which forward ops to clone: those the backward pass reads (that the
+      // policy allows), plus, for `full`, everything they depend on inside
+      // the layer.
+      llvm::SetVector<Operation *> clone;
+      for (Operation *op : llvm::reverse(ops)) {
+        bool needed = llvm::any_of(op->getResults(), usedLater) ||
+                      llvm::any_of(op->getUsers(), [&](Operation *u) {
+                        return clone.contains(u);
+                      });
+        if (needed && recomputable(op) && !isa<arith::ConstantOp>(op))
+          clone.insert(op);
+      }
+      if (clone.empty())
+        continue;
+      OpBuilder b(insertAt);
+      IRMapping map;
+      for (Operation *op : ops) {
+        if (!clone.contains(op))
+          continue;
+        Operation *copy = b.clone(*op, map);
+        copy->setAttr(DLOptDialect::kRecomputeAttr, b.getUnitAttr());
+        ++numCloned;
+      }
+      // Backward ops from the insertion point on read the clones.
+      for (Operation *op : clone)
+        for (auto [orig, copy] :
+             llvm::zip(op->getResults(), map.lookup(op->getResult(0)).getDefiningOp()->getResults()))
+          orig.replaceUsesWithIf(copy, [&](OpOperand &use) {
+            Operation *user = use.getOwner();
+            return user->hasAttr(DLOptDialect::kBackwardAttr) &&
+                   !user->isBeforeInBlock(insertAt);
+          });
+    }
+  }
+};
+} // namespace
