@@ -59,11 +59,21 @@ struct AutodiffPass : dlopt::impl::AutodiffPassBase<AutodiffPass> {
         it->second = dl::AddOp::create(b, g.getLoc(), it->second, g);
     };
 
+    // The backward pass starts from d loss = 1, or from the dynamic loss
+    // scale when mixed precision added one (dlopt.state = "loss_scale").
     Value loss = ret->getOperand(0);
-    accumulate(loss, arith::ConstantOp::create(
-                         b, loc, lossType,
-                         DenseElementsAttr::get(
-                             lossType, b.getFloatAttr(lossType.getElementType(), 1.0))));
+    Value seed;
+    for (BlockArgument arg : fn.getArguments())
+      if (auto s = fn.getArgAttrOfType<StringAttr>(arg.getArgNumber(), DLOptDialect::kStateAttr))
+        if (s.getValue() == "loss_scale")
+          seed = arg.getType() == lossType
+                     ? Value(arg)
+                     : Value(dl::CastOp::create(b, loc, lossType, arg));
+    if (!seed)
+      seed = arith::ConstantOp::create(
+          b, loc, lossType,
+          DenseElementsAttr::get(lossType, b.getFloatAttr(lossType.getElementType(), 1.0)));
+    accumulate(loss, seed);
 
     SmallVector<Operation *> forward;
     for (Operation &op : body.without_terminator())

@@ -236,6 +236,23 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
 
     Value lrNow = buildSchedule(e, t);
 
+    // Dynamic loss scaling (fp16): gradients arrive multiplied by the scale.
+    BlockArgument lossScale, goodSteps;
+    for (BlockArgument arg : fn.getArguments())
+      if (auto s = fn.getArgAttrOfType<StringAttr>(arg.getArgNumber(), DLOptDialect::kStateAttr)) {
+        if (s.getValue() == "loss_scale")
+          lossScale = arg;
+        else if (s.getValue() == "loss_scale.good_steps")
+          goodSteps = arg;
+      }
+    if (lossScale) {
+      Value inv = e.div(e.f32(1.0), e.toF32(lossScale));
+      for (auto &[arg, name] : params) {
+        Value &g = gradOf[name.getValue()];
+        g = e.mul(g, e.castLike(inv, g));
+      }
+    }
+
     // Global gradient norm (always reported) and clipping.
     Value total;
     for (auto &[arg, name] : params) {
@@ -297,6 +314,40 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       ++numParams;
     }
     updates.push_back({nextStep, "step"});
+
+    if (lossScale) {
+      // Skip the step (keep every parameter and state) when a gradient is
+      // inf or NaN; total - total is 0 exactly when total is finite.
+      Value finite = dl::CompareOp::create(b, loc, dl::CmpPredicate::eq,
+                                           e.sub(total, total), e.f32(0.0));
+      llvm::StringMap<Value> old;
+      for (BlockArgument arg : fn.getArguments()) {
+        unsigned i = arg.getArgNumber();
+        if (auto n = fn.getArgAttrOfType<StringAttr>(i, DLOptDialect::kParamAttr))
+          old[n.getValue()] = arg;
+        else if (auto n = fn.getArgAttrOfType<StringAttr>(i, DLOptDialect::kStateAttr))
+          old[n.getValue()] = arg;
+      }
+      for (Update &u : updates)
+        u.value = dl::SelectOp::create(b, loc, finite, u.value, old[u.name]);
+      auto i64t = cast<RankedTensorType>(goodSteps.getType());
+      auto i64c = [&](int64_t v) -> Value {
+        return arith::ConstantOp::create(
+            b, loc, i64t, DenseElementsAttr::get(i64t, b.getI64IntegerAttr(v)));
+      };
+      Value good1 = dl::AddOp::create(b, loc, goodSteps, i64c(1));
+      Value grow = dl::CompareOp::create(b, loc, dl::CmpPredicate::ge, good1,
+                                         i64c(growthInterval));
+      Value scaleOk = dl::SelectOp::create(
+          b, loc, grow, e.mul(lossScale, e.like(lossScale, 2.0)), lossScale);
+      Value goodOk = dl::SelectOp::create(b, loc, grow, i64c(0), good1);
+      updates.push_back(
+          {dl::SelectOp::create(b, loc, finite, scaleOk,
+                                e.mul(lossScale, e.like(lossScale, 0.5))),
+           "loss_scale"});
+      updates.push_back({dl::SelectOp::create(b, loc, finite, goodOk, i64c(0)),
+                         "loss_scale.good_steps"});
+    }
 
     // Results: loss, lr, grad_norm, other outputs, updates.
     SmallVector<Value> results;

@@ -110,7 +110,9 @@ def OptimizerPass : Pass<"dlopt-optimizer", "mlir::ModuleOp"> {
     Option<"clipNorm", "clip-norm", "double", /*default=*/"0.0",
            "Clip gradients to this global L2 norm (0: off)">,
     Option<"accumulate", "accumulate", "int64_t", /*default=*/"1",
-           "Micro-batches per step (gradient accumulation)">
+           "Micro-batches per step (gradient accumulation)">,
+    Option<"growthInterval", "loss-scale-growth-interval", "int64_t", /*default=*/"2000",
+           "Good steps before a dynamic loss scale (state 'loss_scale') doubles">
   ];
   let statistics = [
     Statistic<"numParams", "params", "Parameters updated">
@@ -143,6 +145,40 @@ def RecomputePass : Pass<"dlopt-recompute", "mlir::ModuleOp"> {
   let statistics = [
     Statistic<"numCloned", "cloned-ops", "Forward ops cloned for recomputation">
   ];
+}
+
+def MixedPrecisionPass : Pass<"dlopt-mixed-precision", "mlir::ModuleOp"> {
+  let summary = "Runs the forward pass in bf16 or fp16 with fp32 master weights";
+  let description = [{
+    Runs before `dlopt-autodiff`. Parameters stay fp32 (the master weights
+    the optimizer updates, with fp32 optimizer state); each op computes in
+    the low precision, with casts inserted where a value changes precision,
+    except the ops kept in fp32 for accuracy: softmax, log_softmax, sum,
+    mean, cross_entropy and mse. (Norm, attention and matmul kernels
+    accumulate their statistics and dot products in fp32 internally.) The
+    function's results are cast back to their declared types. Because a
+    cast's gradient is a cast back, gradients reach the fp32 parameters in
+    fp32.
+
+    With `precision=fp16` it also adds dynamic loss scaling state
+    (`dlopt.state = "loss_scale"`, initially `init-scale`, and
+    `"loss_scale.good_steps"`): `dlopt-autodiff` seeds the backward pass
+    with the scale, and `dlopt-optimizer` unscales the gradients, skips the
+    update (parameters and state unchanged) when any gradient is inf or NaN
+    and halves the scale, and doubles it after the optimizer's
+    `loss-scale-growth-interval` good steps.
+  }];
+  let options = [
+    Option<"entry", "entry", "std::string", /*default=*/"\"\"", "Entry function name">,
+    Option<"precision", "precision", "std::string", /*default=*/"\"bf16\"",
+           "bf16 or fp16">,
+    Option<"initScale", "init-scale", "double", /*default=*/"65536.0",
+           "Initial fp16 loss scale">
+  ];
+  let statistics = [
+    Statistic<"numCasts", "casts", "Casts inserted">
+  ];
+  let dependentDialects = ["::dlopt::dl::DLOptDialect"];
 }
 
 #endif // DLOPT_PASSES_TD

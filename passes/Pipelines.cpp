@@ -12,6 +12,12 @@ void dlopt::buildCompilePipeline(OpPassManager &pm,
   check.entry = options.entry;
   pm.addPass(createCheckModelPass(check));
   pm.addPass(createCanonicalizerPass());
+  if ((options.autodiff || options.train) && options.precision != "f32") {
+    MixedPrecisionPassOptions mp;
+    mp.entry = options.entry;
+    mp.precision = options.precision;
+    pm.addPass(createMixedPrecisionPass(mp));
+  }
   if (options.autodiff || options.train) {
     AutodiffPassOptions ad;
     ad.entry = options.entry;

@@ -346,8 +346,8 @@ std::optional<int64_t> inferIntRange(const Executable &exe, int32_t inputId) {
   return best;
 }
 
-Expected<std::unique_ptr<DataLoader>>
-createTokenLoader(const Executable &exe, const std::string &path,
+static Expected<std::unique_ptr<DataLoader>>
+createTokenLoaderImpl(const Executable &exe, const std::string &path,
                   TokenDType rawDType) {
   int32_t tokId = findInput(exe, "tokens");
   if (tokId < 0)
@@ -423,7 +423,7 @@ createTokenLoader(const Executable &exe, const std::string &path,
       new TokenLoader(path, std::move(tokens), tt, labelsType));
 }
 
-Expected<std::unique_ptr<DataLoader>> createArrayLoader(
+static Expected<std::unique_ptr<DataLoader>> createArrayLoaderImpl(
     const Executable &exe,
     const std::vector<std::pair<std::string, std::string>> &files,
     bool shuffle) {
@@ -501,8 +501,8 @@ Expected<std::unique_ptr<DataLoader>> createArrayLoader(
       new ArrayLoader(std::move(arrays), samples, batch, shuffle));
 }
 
-Expected<std::unique_ptr<DataLoader>>
-createSyntheticLoader(const Executable &exe,
+static Expected<std::unique_ptr<DataLoader>>
+createSyntheticLoaderImpl(const Executable &exe,
                       const std::vector<std::string> &inputNames,
                       int64_t vocab) {
   std::vector<SyntheticLoader::Input> inputs;
@@ -531,6 +531,40 @@ createSyntheticLoader(const Executable &exe,
     inputs.push_back({name, type, position, range});
   }
   return std::unique_ptr<DataLoader>(new SyntheticLoader(std::move(inputs)));
+}
+
+// The public entry points: nothing throws across them (a huge file can
+// exhaust memory).
+Expected<std::unique_ptr<DataLoader>>
+createTokenLoader(const Executable &exe, const std::string &path,
+                  TokenDType rawDType) {
+  try {
+    return createTokenLoaderImpl(exe, path, rawDType);
+  } catch (const std::exception &e) {
+    return Status::error(path + ": " + e.what());
+  }
+}
+
+Expected<std::unique_ptr<DataLoader>> createArrayLoader(
+    const Executable &exe,
+    const std::vector<std::pair<std::string, std::string>> &files,
+    bool shuffle) {
+  try {
+    return createArrayLoaderImpl(exe, files, shuffle);
+  } catch (const std::exception &e) {
+    return Status::error(std::string("loading arrays: ") + e.what());
+  }
+}
+
+Expected<std::unique_ptr<DataLoader>>
+createSyntheticLoader(const Executable &exe,
+                      const std::vector<std::string> &inputNames,
+                      int64_t vocab) {
+  try {
+    return createSyntheticLoaderImpl(exe, inputNames, vocab);
+  } catch (const std::exception &e) {
+    return Status::error(std::string("synthetic data: ") + e.what());
+  }
 }
 
 } // namespace dlopt::rt

@@ -48,6 +48,8 @@ std::string jsonNumber(double v, const char *fmt = "%.9g") {
 }
 
 std::string fmt(const char *f, double v) {
+  if (std::isnan(v))
+    return "nan"; // never "-nan"
   char buf[64];
   std::snprintf(buf, sizeof(buf), f, v);
   return buf;
@@ -160,7 +162,13 @@ Status Trainer::resume(const std::string &path) {
 }
 
 Status Trainer::bindBatch(const DataLoader &loader, uint64_t index) {
-  Expected<std::vector<NamedTensor>> batch = loader.batch(index, seed_);
+  Expected<std::vector<NamedTensor>> batch = Status::error("no batch");
+  try {
+    batch = loader.batch(index, seed_);
+  } catch (const std::exception &e) {
+    return Status::error(loader.describe() + ": batch " +
+                         std::to_string(index) + ": " + e.what());
+  }
   if (!batch)
     return batch.status();
   for (const NamedTensor &t : *batch)
@@ -379,6 +387,23 @@ void Trainer::showProgress(const StepResult &r, int64_t done, int64_t total,
 }
 
 Status Trainer::run() {
+  Status st = runLoop();
+  if (!st && barShown_) {
+    std::fputs("\n", log_); // keep the error off the progress line
+    barShown_ = false;
+  }
+  return st;
+}
+
+Status Trainer::runLoop() {
+  // Fail before the first step, not after hours of training.
+  if (!opts_.checkpointDir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(opts_.checkpointDir, ec);
+    if (ec)
+      return Status::error("cannot create checkpoint directory '" +
+                           opts_.checkpointDir + "': " + ec.message());
+  }
   std::FILE *metrics = nullptr;
   if (!opts_.metricsPath.empty()) {
     metrics = std::fopen(opts_.metricsPath.c_str(), "a");

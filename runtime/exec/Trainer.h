@@ -101,6 +101,7 @@ public:
 private:
   Trainer(Session &session, const DataLoader &train, const DataLoader *eval,
           const TrainerOptions &opts);
+  Status runLoop();
   Status bindBatch(const DataLoader &loader, uint64_t index);
   std::string metricsLine(const StepResult &r) const;
   void showProgress(const StepResult &r, int64_t done, int64_t total,

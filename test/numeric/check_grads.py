@@ -1090,7 +1090,7 @@ def main():
         try:
             ok, det = run_case(name, fn, args, tools, work)
         except Exception as e:  # a harness bug must not hide the other cases
-            ok, det = False, "harness exception: %r" % (e,)
+            ok, det = False, "harness exception: %r%s" % (e, " (%s)" % e.filename if getattr(e, "filename", None) else "")
         if ok:
             passed += 1
         else:

@@ -152,9 +152,9 @@ def draw_batch(ctx, B, acc=1):
     return x, y
 
 
-def drive(ctx, plan, cfg, steps, B, acc=1, batches=None, tag="run"):
+def drive(ctx, plan, cfg, steps, B, acc=1, batches=None, tag="run", p0=None):
     """Runs `steps` single steps; returns (final dlopt params, list of per-step outputs, batches, worst ratio)."""
-    p0 = init_params(ctx)
+    p0 = init_params(ctx) if p0 is None else p0
     cur = {n: ctx.save("%s.init.%s" % (tag, n), a) for n, a in p0.items()}
     dl_p = {n: a.astype(np.float64) for n, a in p0.items()}
     dl_s = {}
@@ -245,43 +245,25 @@ add("all.adamw.cosine.clip", OptConfig("adamw", lr=0.05, weight_decay=0.1, sched
                                        min_lr=0.001, clip=1.0), steps=8)
 
 
-def accumulate_case(ctx, cfg, acc=2, B=4, steps=4):
-    plan_acc = ctx.compile(B, cfg.flags(), acc=acc, tag="acc")
-    plan_full = ctx.compile(B * acc, cfg.flags(), tag="full")
-    batches = [draw_batch(ctx, B, acc) for _ in range(steps)]
-    # the accumulated plan against the reference (grads = mean of micro-batch grads)
-    p_acc, outs_acc, _, worst = drive(ctx, plan_acc, cfg, steps, B, acc, batches=batches, tag="acc")
-    # the same data as one batch through the non-accumulated plan
-    full = [(x.reshape(B * acc, IN), y.reshape(B * acc, OUT)) for x, y in batches]
-    ctx.rng = np.random.default_rng(zlib.crc32(ctx.name.encode()))   # same init params for both runs
-    ctx2_init = None
-    p_full, outs_full, _, _ = drive_same_init(ctx, plan_full, cfg, steps, B * acc, full, outs_acc)
-    for n in p_acc:
-        close(p_acc[n], p_full[n], 1e-5 * (1 + np.abs(p_full[n])), "accumulated vs full batch %s" % n)
-    for t, (a, f) in enumerate(zip(outs_acc, outs_full), 1):
-        close(a["loss"], f["loss"], 1e-5 * abs(float(f["loss"])), "step %d loss accumulated vs full" % t)
-    return "%d steps, worst local %.2f of bound; matches the full-batch plan" % (steps, worst)
-
-
-def drive_same_init(ctx, plan, cfg, steps, B, batches, outs_acc):
-    # drive() draws its initial params from ctx.rng; rewind it to the accumulate run's start
-    ctx.rng = ctx.init_rng
-    return drive(ctx, plan, cfg, steps, B, batches=batches, tag="full")
-
-
-def make_accumulate(cfg, acc=2):
+def make_accumulate(cfg, acc=2, B=4, steps=4):
     def fn(ctx):
-        ctx.init_rng = np.random.default_rng(7)
-        real_init = init_params
-
-        # both runs start from the same params: draw them once
-        p0 = real_init(ctx)
-        globals()["init_params"] = lambda c: {n: a.copy() for n, a in p0.items()}
-        try:
-            ctx.init_rng = ctx.rng
-            return accumulate_case(ctx, cfg, acc)
-        finally:
-            globals()["init_params"] = real_init
+        plan_acc = ctx.compile(B, cfg.flags(), acc=acc, tag="acc")
+        plan_full = ctx.compile(B * acc, cfg.flags(), tag="full")
+        p0 = init_params(ctx)
+        batches = [draw_batch(ctx, B, acc) for _ in range(steps)]
+        # the accumulated plan against the reference (grads = mean of micro-batch grads)
+        p_acc, outs_acc, _, worst = drive(ctx, plan_acc, cfg, steps, B, acc, batches=batches, tag="acc", p0=p0)
+        # the same data as one batch through the non-accumulated plan
+        full = [(x.reshape(B * acc, IN), y.reshape(B * acc, OUT)) for x, y in batches]
+        p_full, outs_full, _, _ = drive(ctx, plan_full, cfg, steps, B * acc, batches=full, tag="full", p0=p0)
+        for n in p_acc:
+            close(p_acc[n], p_full[n], 1e-5 * (1 + np.abs(p_full[n])), "accumulated vs full batch %s" % n)
+        for t, (a, f) in enumerate(zip(outs_acc, outs_full), 1):
+            close(a["loss"], f["loss"], 1e-5 * abs(float(f["loss"])), "step %d loss accumulated vs full" % t)
+            close(a["grad_norm"], f["grad_norm"], 1e-5 * abs(float(f["grad_norm"])),
+                  "step %d grad_norm accumulated vs full" % t)
+        return "%d steps of %d micro-batches, worst local %.2f of bound; matches the full-batch plan" % (
+            steps, acc, worst)
     return fn
 
 

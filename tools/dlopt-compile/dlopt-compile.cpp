@@ -147,6 +147,8 @@ int main(int argc, char **argv) {
                   arith::ArithDialect>();
   MLIRContext context(registry);
   context.loadAllAvailableDialects();
+  // Diagnostics point at the source; never dump the whole module.
+  context.printOpOnDiagnostic(false);
 
   std::string err;
   auto file = openInputFile(inputFile, &err);
@@ -183,6 +185,22 @@ int main(int argc, char **argv) {
   options.optimizer.accumulate = accumulateOpt;
   options.recompute = recomputeOpt;
   options.precision = precisionOpt;
+  auto oneOf = [](llvm::StringRef flag, llvm::StringRef value,
+                  std::initializer_list<llvm::StringRef> allowed) {
+    if (llvm::is_contained(allowed, value))
+      return true;
+    llvm::errs() << "dlopt-compile: error: --" << flag << "=" << value
+                 << " is not one of";
+    for (llvm::StringRef a : allowed)
+      llvm::errs() << " " << a;
+    llvm::errs() << "\n";
+    return false;
+  };
+  if (!oneOf("precision", precisionOpt, {"f32", "bf16", "fp16"}) ||
+      !oneOf("recompute", recomputeOpt, {"none", "full", "selective"}) ||
+      !oneOf("optimizer", optName, {"sgd", "adam", "adamw"}) ||
+      !oneOf("schedule", scheduleOpt, {"constant", "cosine", "linear"}))
+    return 2;
   if (!train && !autodiff &&
       (recomputeOpt != "none" || precisionOpt != "f32")) {
     llvm::errs() << "dlopt-compile: error: --recompute and --precision need "

@@ -310,6 +310,8 @@ void makeDir(const std::string &dir) {
 }
 
 std::string formatNumber(double v) {
+  if (std::isnan(v))
+    return "nan"; // never "-nan"
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.6g", v);
   return buf;
