@@ -143,7 +143,7 @@ struct AutodiffPass : dlopt::impl::AutodiffPassBase<AutodiffPass> {
       Value g = grads.lookup(arg);
       if (!g) {
         fn.emitWarning() << "parameter '" << name.getValue()
-                         << "' does not reach the loss; its gradient is zero";
+                         << "' does not reach the loss through differentiable ops; its gradient is zero";
         ++numZeroGrads;
         auto t = cast<RankedTensorType>(arg.getType());
         g = arith::ConstantOp::create(

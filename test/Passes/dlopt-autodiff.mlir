@@ -57,7 +57,7 @@ func.func @main(%ids: tensor<2x3xi32> {dlopt.input = "ids"},
 // CHECK-LABEL: func @main
 // CHECK: %[[Z:.+]] = arith.constant dense<0.000000e+00> : tensor<3xf32>
 // CHECK: return %{{.+}}, %{{.+}}, %[[Z]]
-// expected-warning @+1 {{parameter 'unused' does not reach the loss; its gradient is zero}}
+// expected-warning @+1 {{parameter 'unused' does not reach the loss through differentiable ops; its gradient is zero}}
 func.func @main(%w: tensor<3xf32> {dlopt.param = "w"}, %u: tensor<3xf32> {dlopt.param = "unused"}) -> tensor<f32> attributes {dlopt.loss} {
   %s = dlopt.sum %w dims = [0] : tensor<3xf32> -> tensor<f32>
   return %s : tensor<f32>

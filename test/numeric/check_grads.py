@@ -20,7 +20,7 @@ directions (larger params). Data stay away from kinks (relu/abs at 0,
 maximum/minimum/max/max_pool ties) except in the explicit `ties` cases,
 which check the implemented tie rule exactly instead of differencing.
 
-Pass (per param): max|g - fd| <= RTOL * max(max|fd|, 1e-6) elementwise, or
+Pass (per param, RTOL = 1e-4): max|g - fd| <= RTOL * max(max|fd|, 1e-6), or
 |g.d - fd_d| <= RTOL * ||g|| ||d|| along directions. NaN never passes. The
 loss itself must match the reference too.
 
@@ -49,10 +49,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dlopt_np import bf16_round, dropout_u, find_tool, fmt_f, run, ttype as T  # noqa: E402
 import check_ops as co  # noqa: E402  (references only; its cases are not run)
 
-RTOL = 1e-3          # gradient error relative to the largest FD component
+RTOL = 1e-4          # gradient error relative to the largest FD component (observed <= ~1e-6)
 FULL_FD = 400        # params up to this many elements: FD on every element
 DIRECTIONS = 8       # otherwise: this many random directional derivatives
-LOSS_RTOL = 1e-4     # forward loss vs reference, relative to sum |y * r|
+LOSS_RTOL = 1e-5     # forward loss vs reference, relative to 1 + sum |y * r|
 
 
 class GCase:
@@ -67,7 +67,6 @@ class GCase:
         self.expect_warning = None    # param name that must be warned about
         self.expect_error = None      # (regex for stderr) for compile errors
         self.extra_results = []       # (ssa, type) returned after the loss
-        self.rtol = RTOL
 
     # ---- data
     def normal(self, shape, scale=1.0):

@@ -387,7 +387,7 @@ func.func @param_name(%w: tensor<4xf32> {dlopt.param = 3}) {
 
 // -----
 
-// expected-error @+1 {{argument #0: unknown dlopt argument attribute 'dlopt.weight', expected dlopt.param, dlopt.input or dlopt.init}}
+// expected-error @+1 {{argument #0: unknown dlopt argument attribute 'dlopt.weight', expected dlopt.param, dlopt.input, dlopt.state or dlopt.init}}
 func.func @unknown_arg_attr(%w: tensor<4xf32> {dlopt.weight}) {
   return
 }
