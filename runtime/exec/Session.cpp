@@ -3,6 +3,8 @@
 #include "runtime/exec/Session.h"
 #include "runtime/exec/ParamInit.h"
 
+#include "runtime/format/MemoryPlanner.h"
+
 #include <chrono>
 
 namespace dlopt::rt {
@@ -202,7 +204,7 @@ Expected<std::vector<NamedTensor>> Session::run() {
 }
 
 Expected<std::vector<NamedTensor>> Session::step(bool apply) {
-  DLOPT_RETURN_IF_ERROR(execute());
+  DLOPT_RETURN_IF_ERROR(execute(/*keepArguments=*/!apply));
   Expected<std::vector<NamedTensor>> outs =
       collectOutputs(/*includeUpdates=*/false);
   if (outs && apply)
@@ -223,6 +225,11 @@ Status Session::applyUpdates() {
                          "once per run)");
   updatesPending_ = false;
   const std::vector<int64_t> &offsets = program_->memory.offsets;
+  for (const PendingUpdate &p : inPlacePending_)
+    DLOPT_RETURN_IF_ERROR(backend_->copyToDevice(
+        *arena_, offsets[p.arg], p.value.bytes.data(),
+        int64_t(p.value.bytes.size())));
+  inPlacePending_.clear();
   // Temporaries never share bytes with params or states, so they are copied
   // in place. An update taken from another persistent value (a swap, say)
   // is staged first so every copy reads the values from before the step.
@@ -236,8 +243,9 @@ Status Session::applyUpdates() {
     if (target.empty())
       continue;
     int32_t src = exe_.outputs[i], dst = findArgument(target);
-    if (dst < 0 || offsets[dst] < 0 || src == dst)
-      continue; // not this rank's, or an identity update
+    if (dst < 0 || offsets[dst] < 0 || src == dst ||
+        offsets[src] == offsets[dst])
+      continue; // not this rank's, an identity or an in-place update
     if (offsets[src] < 0)
       return Status::error("output '" + exe_.outputNames[i] + "' updates '" +
                            target + "', which rank " +
@@ -271,9 +279,28 @@ Status Session::applyUpdates() {
   return backend_->synchronize(opts_.rank);
 }
 
-Status Session::execute() {
+Status Session::execute(bool keepArguments) {
   updatesPending_ = false;
+  inPlacePending_.clear();
   DLOPT_RETURN_IF_ERROR(prepare());
+  // Arguments that in-place updates overwrite, saved when the run must
+  // leave them unchanged.
+  struct Saved {
+    int32_t arg, temp;
+    HostTensor value;
+  };
+  std::vector<Saved> saved;
+  if (keepArguments) {
+    const std::vector<int64_t> &offsets = program_->memory.offsets;
+    for (auto [t, a] : findInPlaceUpdates(exe_, *program_)) {
+      if (offsets[t] < 0 || offsets[t] != offsets[a])
+        continue;
+      Expected<HostTensor> v = readValue(a);
+      if (!v)
+        return v.status();
+      saved.push_back({a, t, v.take()});
+    }
+  }
   RunContext ctx;
   ctx.rank = opts_.rank;
   ctx.worldSize = exe_.worldSize;
@@ -290,6 +317,19 @@ Status Session::execute() {
   lastRunSeconds_ = std::chrono::duration<double>(
                         std::chrono::steady_clock::now() - start)
                         .count();
+  // Put the saved arguments back, keeping their new values for
+  // applyUpdates().
+  for (Saved &sv : saved) {
+    Expected<HostTensor> updated = readValue(sv.arg);
+    if (!updated)
+      return updated.status();
+    DLOPT_RETURN_IF_ERROR(backend_->copyToDevice(
+        *arena_, program_->memory.offsets[sv.arg], sv.value.bytes.data(),
+        int64_t(sv.value.bytes.size())));
+    inPlacePending_.push_back({sv.arg, sv.temp, updated.take()});
+  }
+  if (!saved.empty())
+    DLOPT_RETURN_IF_ERROR(backend_->synchronize(opts_.rank));
   updatesPending_ = true;
   return Status::ok();
 }
@@ -333,6 +373,10 @@ Expected<HostTensor> Session::readValue(int32_t id) const {
 Expected<HostTensor> Session::readOutput(const std::string &name) const {
   for (size_t i = 0; i < exe_.outputs.size(); ++i)
     if (exe_.outputNames[i] == name) {
+      // An in-place update held back by execute(keepArguments = true).
+      for (const PendingUpdate &p : inPlacePending_)
+        if (p.temp == exe_.outputs[i])
+          return p.value;
       Expected<HostTensor> t = readValue(exe_.outputs[i]);
       if (!t)
         return t.status().withContext("output '" + name + "': ");

@@ -75,7 +75,13 @@ public:
 
   /// Runs the program without reading anything back; outputs stay readable
   /// with readOutput() until the next run. run() and step() call it.
-  Status execute();
+  /// Update outputs that the memory plan computes in place (see
+  /// findInPlaceUpdates) overwrite their param or state during the run;
+  /// with `keepArguments` their old values are restored after the run and
+  /// the new ones kept for applyUpdates(), so the run changes nothing until
+  /// updates are applied (a full copy of those arguments: use it to look at
+  /// the loss before applying, or to evaluate).
+  Status execute(bool keepArguments = false);
   /// An output of the last run, by name.
   Expected<HostTensor> readOutput(const std::string &name) const;
 
@@ -83,8 +89,8 @@ public:
   bool hasUpdates() const;
   /// Runs one training step: runs the program and returns the outputs this
   /// rank holds that update nothing (loss, metrics, logits), in output
-  /// order; with `apply`, then applies the updates (applyUpdates()). Pass
-  /// `apply = false` to look at the loss first, or to evaluate.
+  /// order; with `apply`, then applies the updates (applyUpdates()). With
+  /// `apply = false` params and states are left as they were (evaluation).
   Expected<std::vector<NamedTensor>> step(bool apply = true);
   /// Copies each update output of the last run into the param or state it
   /// names, so the next run sees the new values. An error if nothing ran
@@ -121,6 +127,13 @@ private:
   double lastRunSeconds_ = 0;
   /// A run's update outputs are waiting to be applied.
   bool updatesPending_ = false;
+  /// New values of in-place updated arguments held back by
+  /// execute(keepArguments = true) until applyUpdates().
+  struct PendingUpdate {
+    int32_t arg, temp;
+    HostTensor value;
+  };
+  std::vector<PendingUpdate> inPlacePending_;
 };
 
 } // namespace dlopt::rt

@@ -224,9 +224,9 @@ Expected<EvalResult> Trainer::evaluate() {
   int64_t correct = 0, counted = 0;
   for (int64_t b = 0; b < batches; ++b) {
     DLOPT_RETURN_IF_ERROR(bindBatch(*eval_, uint64_t(b)));
-    // The step program runs whole (backward too); its updates are dropped:
-    // the next execute() discards them.
-    DLOPT_RETURN_IF_ERROR(session_.execute());
+    // The step program runs whole (backward too); params and states are
+    // left unchanged, even where updates are computed in place.
+    DLOPT_RETURN_IF_ERROR(session_.execute(/*keepArguments=*/true));
     Expected<HostTensor> loss = session_.readOutput("loss");
     if (!loss)
       return loss.status();
@@ -437,7 +437,7 @@ Status Trainer::runLoop() {
                                                 : "-inf";
       std::string msg = "loss is " + what + " at step " +
                         std::to_string(r->step) +
-                        "; stopping (the step's updates were not applied";
+                        "; stopping (nothing from this step is saved";
       msg += lastCheckpoint_.empty()
                  ? ")"
                  : "; the last checkpoint is " + lastCheckpoint_ + ")";

@@ -310,6 +310,12 @@ Status validateProgram(const Executable &exe, size_t r,
 
   // Persistent values are live over the whole program; temporaries over
   // [definition, last use]. Nothing live at the same time may share bytes.
+  // An in-place update (findInPlaceUpdates) may take its argument's bytes
+  // from its defining instruction on; the argument is dead from there.
+  std::vector<int64_t> persistentEnd(numValues, n);
+  for (auto [t, a] : findInPlaceUpdates(exe, prog))
+    if (mem.offsets[t] == mem.offsets[a] && defAt[t] >= 0)
+      persistentEnd[a] = defAt[t] - 1;
   std::vector<BufferLifetime> lifetimes;
   std::vector<int64_t> offsets;
   std::vector<size_t> ids;
@@ -320,7 +326,7 @@ Status validateProgram(const Executable &exe, size_t r,
     b.size = sizes[v];
     if (exe.values[v].kind != ValueKind::Temp) {
       b.firstUse = -1;
-      b.lastUse = n;
+      b.lastUse = persistentEnd[v];
     } else if (defAt[v] >= 0) {
       b.firstUse = defAt[v];
       b.lastUse = lastUse[v];

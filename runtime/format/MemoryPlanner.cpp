@@ -138,6 +138,70 @@ findMemoryConflict(const std::vector<BufferLifetime> &buffers,
   return std::nullopt;
 }
 
+bool isElementwiseOp(const std::string &op) {
+  static const char *const kOps[] = {
+      "neg",  "abs",     "relu",    "exp",     "log",     "sqrt", "rsqrt",
+      "tanh", "sin",     "cos",     "sigmoid", "silu",    "gelu", "add",
+      "sub",  "mul",     "div",     "maximum", "minimum", "pow",  "select"};
+  for (const char *k : kOps)
+    if (op == k)
+      return true;
+  return false;
+}
+
+std::vector<std::pair<int32_t, int32_t>>
+findInPlaceUpdates(const Executable &exe, const Program &program) {
+  std::vector<std::pair<int32_t, int32_t>> pairs;
+  if (exe.outputUpdates.size() != exe.outputs.size())
+    return pairs;
+  size_t numValues = exe.values.size();
+  std::vector<int64_t> defAt(numValues, -1), lastRead(numValues, -1);
+  for (size_t i = 0; i < program.instrs.size(); ++i) {
+    for (int32_t id : program.instrs[i].operands)
+      if (id >= 0 && size_t(id) < numValues)
+        lastRead[id] = int64_t(i);
+    for (int32_t id : program.instrs[i].results)
+      if (id >= 0 && size_t(id) < numValues && defAt[id] < 0)
+        defAt[id] = int64_t(i);
+  }
+  std::vector<bool> isOutput(numValues, false), taken(numValues, false);
+  for (int32_t id : exe.outputs)
+    if (id >= 0 && size_t(id) < numValues)
+      isOutput[id] = true;
+  for (size_t o = 0; o < exe.outputs.size(); ++o) {
+    const std::string &target = exe.outputUpdates[o];
+    int32_t t = exe.outputs[o];
+    if (target.empty() || t < 0 || size_t(t) >= numValues ||
+        exe.values[t].kind != ValueKind::Temp || defAt[t] < 0 || taken[t])
+      continue;
+    int32_t a = -1;
+    for (size_t v = 0; v < numValues && a < 0; ++v)
+      if ((exe.values[v].kind == ValueKind::Param ||
+           exe.values[v].kind == ValueKind::State) &&
+          exe.values[v].name == target)
+        a = int32_t(v);
+    if (a < 0 || isOutput[a] || taken[a] || !(exe.values[a].type == exe.values[t].type))
+      continue;
+    int64_t d = defAt[t];
+    if (lastRead[a] > d)
+      continue;
+    if (lastRead[a] == d) {
+      const Instr &in = program.instrs[d];
+      if (!isElementwiseOp(in.op) || in.results.size() != 1)
+        continue;
+      bool sameTyped = true;
+      for (int32_t id : in.operands)
+        if (id == a && !(exe.values[id].type == exe.values[t].type))
+          sameTyped = false;
+      if (!sameTyped)
+        continue;
+    }
+    taken[t] = taken[a] = true;
+    pairs.emplace_back(t, a);
+  }
+  return pairs;
+}
+
 Expected<MemoryPlan> planProgramMemory(const Executable &exe,
                                        const Program &program,
                                        int64_t alignment) {
@@ -192,6 +256,9 @@ Expected<MemoryPlan> planProgramMemory(const Executable &exe,
     for (int32_t id : exe.inputs)
       if (id >= 0 && size_t(id) < numValues)
         held[id] = true;
+    for (int32_t id : exe.states)
+      if (id >= 0 && size_t(id) < numValues)
+        held[id] = true;
   }
 
   MemoryPlan plan;
@@ -200,8 +267,13 @@ Expected<MemoryPlan> planProgramMemory(const Executable &exe,
   int64_t cursor = 0;
   std::vector<BufferLifetime> temps;
   std::vector<size_t> tempIds;
+  std::vector<std::pair<int32_t, int32_t>> inPlace =
+      findInPlaceUpdates(exe, program);
+  std::vector<bool> aliased(numValues, false);
+  for (auto [t, a] : inPlace)
+    aliased[t] = held[a];
   for (size_t v = 0; v < numValues; ++v) {
-    if (!held[v])
+    if (!held[v] || aliased[v])
       continue;
     if (exe.values[v].kind != ValueKind::Temp) {
       cursor = alignUp(cursor, alignment);
@@ -217,6 +289,9 @@ Expected<MemoryPlan> planProgramMemory(const Executable &exe,
   for (size_t t = 0; t < temps.size(); ++t)
     plan.offsets[tempIds[t]] = plan.persistentBytes + scratch.offsets[t];
   plan.scratchBytes = scratch.peakBytes;
+  for (auto [t, a] : inPlace)
+    if (aliased[t])
+      plan.offsets[t] = plan.offsets[a];
   return plan;
 }
 

@@ -48,6 +48,20 @@ findMemoryConflict(const std::vector<BufferLifetime> &buffers,
 /// every temporary it defines; with a single program it also holds every
 /// param and input, so they can be bound and saved even when unused.
 /// Fails if the program reads an undefined temporary or has bad value ids.
+/// Update outputs that may be computed directly into the bytes of the
+/// param or state they replace (an in-place update), as (temp id, argument
+/// id) pairs. Allowed when the argument is read by no instruction after the
+/// one defining the update and is no output itself; a read by the defining
+/// instruction itself is allowed only for elementwise ops whose operand has
+/// exactly the result's type (backends support that exact aliasing). This
+/// saves a second copy of the weights and optimizer state in training.
+std::vector<std::pair<int32_t, int32_t>>
+findInPlaceUpdates(const Executable &exe, const Program &program);
+
+/// Whether `op` is elementwise in the sense of findInPlaceUpdates: element i
+/// of the result depends only on element i of each same-typed operand.
+bool isElementwiseOp(const std::string &op);
+
 Expected<MemoryPlan> planProgramMemory(const Executable &exe,
                                        const Program &program,
                                        int64_t alignment = 64);

