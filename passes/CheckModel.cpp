@@ -6,6 +6,7 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringSet.h"
 
 #define DEBUG_TYPE "dlopt-check-model"
 
@@ -94,16 +95,20 @@ struct CheckModelPass : dlopt::impl::CheckModelPassBase<CheckModelPass> {
         return failure();
       param ? ++numParams : ++numInputs;
     }
+    llvm::StringSet<> outputNames;
     for (unsigned i = 0, e = fn.getNumResults(); i < e; ++i) {
       Type t = fn.getResultTypes()[i];
       auto rt = dyn_cast<RankedTensorType>(t);
       if (!rt || !rt.hasStaticShape())
         return fn.emitError() << "result #" << i
                               << " expects a statically shaped tensor, got " << t;
+      // Outputs have their own namespace: a training step's new weights are
+      // outputs named like the params they replace.
       auto name = fn.getResultAttrOfType<StringAttr>(i, DLOptDialect::kOutputAttr);
       std::string n = name ? name.getValue().str() : "out" + std::to_string(i);
-      if (failed(claim(n, fn, "result #" + Twine(i))))
-        return failure();
+      if (!outputNames.insert(n).second)
+        return fn.emitError() << "result #" << i << " uses the output name '"
+                              << n << "' which is already taken";
     }
     for (unsigned i = 0, e = fn.getNumResults(); i < e; ++i) {
       auto upd = fn.getResultAttrOfType<StringAttr>(i, DLOptDialect::kUpdateAttr);

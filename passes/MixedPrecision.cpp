@@ -84,7 +84,13 @@ struct MixedPrecisionPass
           llvm::any_of(op->getResultTypes(), [](Type t) { return bool(floatElem(t)); });
       if (!touchesFloat)
         continue;
-      Type c = keepsF32(op) ? f32 : low;
+      // Scalar arithmetic (combining loss terms, say) stays in fp32: it is
+      // cheap, and a 16-bit loss would also turn the fp16 loss scale into
+      // inf on its way back.
+      bool scalar = llvm::all_of(op->getResultTypes(), [](Type t) {
+        return !floatElem(t) || cast<RankedTensorType>(t).getRank() == 0;
+      });
+      Type c = keepsF32(op) || scalar ? f32 : low;
       OpBuilder b(op);
       for (OpOperand &use : op->getOpOperands())
         if (floatElem(use.get().getType()))

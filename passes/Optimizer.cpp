@@ -227,6 +227,12 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
 
     Type i64 = RankedTensorType::get({}, b.getI64Type());
     BlockArgument step = addState(i64, "step");
+    // A new dropout mask every step: the dropouts without an offset (forward
+    // and backward copies alike, so their masks still match) take the step.
+    fn.walk([&](dl::DropoutOp op) {
+      if (!op.getOffset())
+        op.getOffsetMutable().assign(step);
+    });
     auto one64 = arith::ConstantOp::create(
         b, loc, cast<RankedTensorType>(i64),
         DenseElementsAttr::get(cast<RankedTensorType>(i64), b.getI64IntegerAttr(1)));

@@ -81,6 +81,10 @@ def OptimizerPass : Pass<"dlopt-optimizer", "mlir::ModuleOp"> {
     the forward and backward pass run once per micro-batch, one after the
     other, summing gradients (only one micro-batch's activations are live at
     a time); loss and gradients are averaged over micro-batches.
+    Every `dlopt.dropout` without an `offset` operand (forward and backward
+    copies alike, so their masks keep matching) gets the `step` argument as
+    its offset, so each step draws a new mask and `--resume` (which restores
+    `step`) replays the same masks.
 
     ```mlir
     // before: (loss, grad.w) = f(x, w)
@@ -154,7 +158,8 @@ def MixedPrecisionPass : Pass<"dlopt-mixed-precision", "mlir::ModuleOp"> {
     the optimizer updates, with fp32 optimizer state); each op computes in
     the low precision, with casts inserted where a value changes precision,
     except the ops kept in fp32 for accuracy: softmax, log_softmax, sum,
-    mean, cross_entropy and mse. (Norm, attention and matmul kernels
+    mean, cross_entropy, mse and every op with only rank-0 results (loss
+    arithmetic). (Norm, attention and matmul kernels
     accumulate their statistics and dot products in fp32 internally.) The
     function's results are cast back to their declared types. Because a
     cast's gradient is a cast back, gradients reach the fp32 parameters in

@@ -46,3 +46,16 @@ np.save(f"{w}/labels.npy", rng.integers(0, 100, dims, dtype=np.int32))
 PY
   echo "$preset ($extra): best of 3: $(best_of 3 "$B/dlopt-run" "$W/$preset.plan" --input tokens="$W/tokens.npy" --input labels="$W/labels.npy" --quiet) s per forward"
 done
+
+echo "== CPU training step (gpt2-small, seq 256, batch 1, adamw, f32, synthetic tokens)"
+"$B/dlopt-gen" gpt --preset gpt2-small --seq 256 --batch 1 -q -o "$W/gpt2s.mlir"
+t0=$(now)
+"$B/dlopt-compile" "$W/gpt2s.mlir" --train -o "$W/gpt2s-train.plan" --quiet
+echo "compile --train: $(/usr/bin/python3 -c "print(round($(now)-$t0, 3))") s"
+"$B/dlopt-run" "$W/gpt2s-train.plan" --steps 3 --seed 0 --metrics "$W/m.jsonl" --log-every 1 >/dev/null 2>&1
+/usr/bin/python3 - "$W/m.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+best = max(r.get("tokens_per_s") or 0 for r in rows[1:] or rows)
+print(f"gpt2-small train step: {min(r['step_time_s'] for r in rows):.2f} s, {best:.0f} tokens/s (best of {len(rows)} steps)")
+PY

@@ -434,8 +434,14 @@ inline double dropoutUniform(uint64_t seed, uint64_t i) {
   return double(z >> 40) * 0x1p-24;
 }
 
+/// The effective seed of docs/ops.md: seed + offset * 0xD1B54A32D192ED03
+/// (uint64, wrapping; the offset sign-extended).
+inline uint64_t dropoutSeed(int64_t seed, int64_t offset) {
+  return uint64_t(seed) + uint64_t(offset) * 0xD1B54A32D192ED03ull;
+}
+
 Status dropoutKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 1, 1));
+  DLOPT_RETURN_IF_ERROR(checkArityRange(instr, ins, outs, 1, 2, 1));
   const TensorType &t = ins[0].type;
   DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", t));
   DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, t));
@@ -446,6 +452,18 @@ Status dropoutKernel(const Instr &instr, Ins ins, Outs outs) {
   if (!(rate >= 0.0 && rate < 1.0))
     return opError(instr,
                    "expects 'rate' in [0, 1), got " + std::to_string(rate));
+  int64_t offset = 0;
+  if (ins.size() == 2) {
+    const TensorType &ot = ins[1].type;
+    if (!ot.shape.empty() ||
+        (ot.dtype != DType::I32 && ot.dtype != DType::I64))
+      return opError(instr, "expects operand #1 (offset) to be a rank-0 "
+                            "i32/i64 tensor, got " +
+                                typeStr(ot));
+    offset = ot.dtype == DType::I32 ? int64_t(ins[1].as<int32_t>()[0])
+                                    : ins[1].as<int64_t>()[0];
+  }
+  uint64_t s = dropoutSeed(seed, offset);
   float scale = float(1.0 / (1.0 - rate));
   int64_t n = t.numElements();
   return dispatchFloat(t.dtype, [&](auto tag) -> Status {
@@ -454,7 +472,7 @@ Status dropoutKernel(const Instr &instr, Ins ins, Outs outs) {
     T *y = outs[0].as<T>();
     parallelFor(n, grainFor(8), [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i)
-        y[i] = dropoutUniform(uint64_t(seed), uint64_t(i)) >= rate
+        y[i] = dropoutUniform(s, uint64_t(i)) >= rate
                    ? fromF32<T>(toF32(x[i]) * scale)
                    : fromF32<T>(0.0f);
     });

@@ -307,7 +307,16 @@ Status Session::execute(bool keepArguments) {
   auto start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < program_->instrs.size(); ++i) {
     const Instr &in = program_->instrs[i];
+    auto t0 = std::chrono::steady_clock::now();
     Status st = backend_->run(in, ins_[i], outs_[i], ctx);
+    if (st && profiling_) {
+      st = backend_->synchronize(opts_.rank);
+      OpProfile &p = profile_[in.op];
+      p.seconds += std::chrono::duration<double>(
+                       std::chrono::steady_clock::now() - t0)
+                       .count();
+      ++p.calls;
+    }
     if (!st)
       // Kernel errors already name the op and its location.
       return st.withContext("rank " + std::to_string(opts_.rank) +

@@ -17,6 +17,7 @@
 #include "runtime/format/Executable.h"
 #include "runtime/support/Status.h"
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -107,6 +108,14 @@ public:
   MemoryReport memory() const;
   /// Wall time of the last run(), in seconds (instructions only).
   double lastRunSeconds() const { return lastRunSeconds_; }
+  /// With profiling on, every run adds each instruction's wall time (after
+  /// a backend synchronize) to profile(): seconds and calls per op name.
+  void setProfiling(bool on) { profiling_ = on; }
+  struct OpProfile {
+    double seconds = 0;
+    int64_t calls = 0;
+  };
+  const std::map<std::string, OpProfile> &profile() const { return profile_; }
 
 private:
   Session(Executable exe, std::unique_ptr<Backend> backend,
@@ -125,6 +134,8 @@ private:
   /// Operand and result refs of each instruction, resolved once.
   std::vector<std::vector<TensorRef>> ins_, outs_;
   double lastRunSeconds_ = 0;
+  bool profiling_ = false;
+  std::map<std::string, OpProfile> profile_;
   /// A run's update outputs are waiting to be applied.
   bool updatesPending_ = false;
   /// New values of in-place updated arguments held back by

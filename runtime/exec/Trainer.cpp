@@ -176,11 +176,24 @@ Status Trainer::bindBatch(const DataLoader &loader, uint64_t index) {
   return Status::ok();
 }
 
+std::optional<double> Trainer::lossScale() const {
+  if (!lossScaling_)
+    return std::nullopt;
+  Expected<HostTensor> v = session_.readArgument("loss_scale");
+  if (!v || v->numElements() != 1)
+    return std::nullopt;
+  return v->elementAsDouble(0);
+}
+
 Expected<StepResult> Trainer::step() {
   double start = now();
   StepResult r;
   r.step = step_ + 1;
   DLOPT_RETURN_IF_ERROR(bindBatch(train_, position_));
+  // Under loss scaling the plan itself skips a step whose gradients (or
+  // loss) are not finite, and halves the scale: that is how a skip shows.
+  // (Read before running: the update may happen in place.)
+  std::optional<double> scaleBefore = lossScale();
   DLOPT_RETURN_IF_ERROR(session_.execute());
   Expected<HostTensor> loss = session_.readOutput("loss");
   if (!loss)
@@ -192,19 +205,17 @@ Expected<StepResult> Trainer::step() {
   if (hasGradNorm_)
     if (Expected<HostTensor> v = session_.readOutput("grad_norm"))
       r.gradNorm = v->elementAsDouble(0);
-  if (!std::isfinite(r.loss)) {
-    if (!lossScaling_) {
-      r.diverged = true;
-      r.seconds = now() - start;
-      return r;
-    }
-    r.skipped = true;
+  if (!std::isfinite(r.loss) && !lossScaling_) {
+    r.diverged = true;
+    r.seconds = now() - start;
+    return r;
   }
   DLOPT_RETURN_IF_ERROR(session_.applyUpdates());
-  if (lossScaling_)
-    if (Expected<HostTensor> v = session_.readArgument("loss_scale"))
-      if (v->numElements() == 1)
-        r.lossScale = v->elementAsDouble(0);
+  if (lossScaling_) {
+    r.lossScale = lossScale();
+    r.skipped = !std::isfinite(r.loss) ||
+                (scaleBefore && r.lossScale && *r.lossScale < *scaleBefore);
+  }
   ++step_;
   ++position_;
   r.seconds = now() - start;
@@ -347,7 +358,7 @@ void Trainer::showProgress(const StepResult &r, int64_t done, int64_t total,
     line += "  " + fmt("%.0f", r.throughput) + " " + unit + "  " +
             fmt("%.2f", r.seconds * 1e3) + " ms";
     if (r.skipped)
-      line += "  (non-finite loss: step skipped by loss scaling" +
+      line += "  (non-finite gradients: step skipped by loss scaling" +
               (r.lossScale ? ", scale now " + fmt("%g", *r.lossScale) : "") +
               ")";
     note(line);
@@ -357,7 +368,7 @@ void Trainer::showProgress(const StepResult &r, int64_t done, int64_t total,
     return;
   if (r.skipped)
     note("step " + std::to_string(r.step) +
-         ": non-finite loss, step skipped by loss scaling" +
+         ": non-finite gradients, step skipped by loss scaling" +
          (r.lossScale ? " (scale now " + fmt("%g", *r.lossScale) + ")" : ""));
   // Redraw at most ten times a second; always the last step.
   double t = now();

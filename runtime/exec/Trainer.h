@@ -117,6 +117,8 @@ private:
   uint64_t position_ = 0;
   uint64_t seed_ = 0;
   int64_t tokensPerStep_ = 0, samplesPerStep_ = 1;
+  /// The plan's current dynamic loss scale, if it has one.
+  std::optional<double> lossScale() const;
   bool lossScaling_ = false;
   bool hasLr_ = false, hasGradNorm_ = false, hasAccuracy_ = false;
   bool barShown_ = false;

@@ -65,7 +65,7 @@ module {
 
 // -----
 
-// expected-error @+1 {{result #1 uses the name 'y' which is already taken}}
+// expected-error @+1 {{result #1 uses the output name 'y' which is already taken}}
 func.func @main(%x: tensor<4xf32> {dlopt.input = "x"}) -> (tensor<4xf32> {dlopt.output = "y"}, tensor<4xf32> {dlopt.output = "y"}) {
   return %x, %x : tensor<4xf32>, tensor<4xf32>
 }

@@ -40,3 +40,36 @@ func.func @main(%x: tensor<8x4xf32> {dlopt.input = "x"},
   %l = dlopt.mse %h, %t : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// Every dropout (the forward one and its gradient) takes the step counter as
+// its offset, so each step draws a new mask that both passes share.
+// ADAMW-LABEL: func @dropout
+// ADAMW-SAME: %[[STEP:[a-z0-9]+]]: tensor<i64> {dlopt.state = "step"}
+// ADAMW: dlopt.dropout %{{.+}} offset(%[[STEP]] : tensor<i64>) {{{.*}}rate = 5.000000e-01 : f64, seed = 3 : i64} : tensor<8x3xf32>
+// ADAMW: dlopt.dropout %{{.+}} offset(%[[STEP]] : tensor<i64>) {{{.*}}rate = 5.000000e-01 : f64, seed = 3 : i64} : tensor<8x3xf32>
+// ADAMW-NOT: dlopt.dropout
+// ADAMW: return
+
+// SGD-LABEL: func @dropout
+// SGD-SAME: %[[STEP:[a-z0-9]+]]: tensor<i64> {dlopt.state = "step"}
+// SGD-COUNT-2: dlopt.dropout %{{.+}} offset(%[[STEP]] : tensor<i64>)
+// SGD-NOT: dlopt.dropout
+// SGD: return
+
+// With accumulation every micro-batch's dropouts read the step as well.
+// ACC-LABEL: func @dropout
+// ACC-SAME: %[[STEP:[a-z0-9]+]]: tensor<i64> {dlopt.state = "step"}
+// ACC-COUNT-4: dlopt.dropout %{{.+}} offset(%[[STEP]] : tensor<i64>)
+// ACC-NOT: dlopt.dropout
+// ACC: return
+func.func @dropout(%x: tensor<8x4xf32> {dlopt.input = "x"},
+                   %w: tensor<4x3xf32> {dlopt.param = "w"},
+                   %t: tensor<8x3xf32> {dlopt.input = "t"})
+    -> (tensor<f32> {dlopt.output = "loss"}) attributes {dlopt.loss} {
+  %h = dlopt.matmul %x, %w : tensor<8x4xf32>, tensor<4x3xf32> -> tensor<8x3xf32>
+  %d = dlopt.dropout %h {rate = 0.5, seed = 3} : tensor<8x3xf32>
+  %l = dlopt.mse %d, %t : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}

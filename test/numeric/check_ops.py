@@ -893,11 +893,18 @@ add("batch_norm.f32.inference.attrs", bn_case, "f32", (2, 6, 3, 3), False, eps=0
 add("batch_norm.bf16.training", bn_case, "bf16", (4, 3, 4, 4), True)
 
 
-def dropout_case(c, dt, shape, rate, seed):
+def dropout_case(c, dt, shape, rate, seed, offset=None, odt="i64"):
+    """offset: None (no operand) or the value of a rank-0 `odt` offset input."""
     x = c.inp("x", shape, dt)
-    keep = (dropout_u(seed, x.size) >= rate).reshape(shape)
+    off = ""
+    if offset is not None:
+        o = int(c.inp("off", (), odt, data=np.array(offset)))
+        off = " offset(%%off : %s)" % T((), odt)
+    else:
+        o = 0
+    keep = (dropout_u(seed, x.size, o) >= rate).reshape(shape)
     ref = np.where(keep, x / (1.0 - rate), 0.0)
-    c.op("%%y = dlopt.dropout %%x {rate = %s, seed = %d} : %s" % (fmt_f(rate), seed, T(shape, dt)))
+    c.op("%%y = dlopt.dropout %%x%s {rate = %s, seed = %d} : %s" % (off, fmt_f(rate), seed, T(shape, dt)))
     c.out("%y", shape, dt, ref)
     c.out_mask = keep
 
@@ -908,6 +915,12 @@ add("dropout.f32.zero_rate", dropout_case, "f32", (10,), 0.0, 1)
 add("dropout.f32.bigseed", dropout_case, "f32", (1000,), 0.3, 9007199254740993)
 add("dropout.f32.seed0", dropout_case, "f32", (2, 50), 0.9, 0)
 add("dropout.bf16", dropout_case, "bf16", (8, 16), 0.25, 43)
+add("dropout.f32.offset0", dropout_case, "f32", (4, 64), 0.1, 42, 0)
+add("dropout.f32.offset", dropout_case, "f32", (4, 64), 0.1, 42, 1)
+add("dropout.f32.offset.big", dropout_case, "f32", (1000,), 0.3, 9007199254740993, 123456789012)
+add("dropout.f32.offset.neg.i32", dropout_case, "f32", (3, 5, 7), 0.5, 7, -3, "i32")
+add("dropout.f32.offset.i32", dropout_case, "f32", (2, 50), 0.9, 0, 2147483647, "i32")
+add("dropout.bf16.offset", dropout_case, "bf16", (8, 16), 0.25, 43, 17)
 
 
 def ce_case(c, dt, N, C, ignore=None, ldt="i32", n_ignored=2, scale=1.0):

@@ -130,8 +130,10 @@ def blobs(rng, n, centers, spread):
 
 
 def add_logits_output(text, B, C):
-    """dlopt-gen's MLP returns only the loss; also return %logits as "logits"
-    (dlopt-run's evaluation then reports accuracy)."""
+    """Makes sure the MLP returns %logits as "logits" (dlopt-run's evaluation
+    then reports accuracy); dlopt-gen's classifiers already do."""
+    if '{dlopt.output = "logits"}' in text:
+        return text
     t = text.replace('-> (tensor<f32> {dlopt.output = "loss"})',
                      '-> (tensor<f32> {dlopt.output = "loss"}, tensor<%dx%dxf32> {dlopt.output = "logits"})' % (B, C))
     t = t.replace("return %loss : tensor<f32>", "return %%loss, %%logits : tensor<f32>, tensor<%dx%dxf32>" % (B, C))

@@ -141,12 +141,22 @@ def compare(got, ref, dt, mag=None, scale=1.0):
     return True, detail
 
 
-def dropout_u(seed, n):
-    """u(seed, i) of docs/ops.md for i in [0, n), in uint64 arithmetic."""
+DROPOUT_OFFSET_MUL = 0xD1B54A32D192ED03
+
+
+def dropout_seed(seed, offset=0):
+    """The effective dropout seed of docs/ops.md, seed + offset * 0xD1B54A32D192ED03
+    in uint64 (wrapping; a negative seed or offset is taken in two's complement)."""
+    return (int(seed) + int(offset) * DROPOUT_OFFSET_MUL) % 2 ** 64
+
+
+def dropout_u(seed, n, offset=0):
+    """u(s, i) of docs/ops.md for i in [0, n), in uint64 arithmetic, where
+    s = dropout_seed(seed, offset) (offset 0: s = seed)."""
     U64 = np.uint64
     i = np.arange(n, dtype=U64)
     with np.errstate(over="ignore"):
-        z = U64(seed) + (i + U64(1)) * U64(0x9E3779B97F4A7C15)
+        z = U64(dropout_seed(seed, offset)) + (i + U64(1)) * U64(0x9E3779B97F4A7C15)
         z = (z ^ (z >> U64(30))) * U64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> U64(27))) * U64(0x94D049BB133111EB)
         z = z ^ (z >> U64(31))

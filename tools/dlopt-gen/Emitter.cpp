@@ -214,14 +214,16 @@ Value ModelEmitter::addParam(const std::string &Name, TensorType Type, Init I,
     throw GenError("too many parameters");
   ++NumParams;
   Value V{freshName(Name), std::move(Type)};
-  Args += "%" + V.Name + ": " + V.Type.str() + " {dlopt.param = \"" + Name +
+  Args += "%" + V.Name + ": " + V.Type.str() +
+          (Trainable ? " {dlopt.param = \"" : " {dlopt.state = \"") + Name +
           "\", dlopt.init = " + I.str() + "}";
   Args += ",\n";
   return V;
 }
 
-void ModelEmitter::addOutput(const std::string &Name, const Value &V) {
-  Outputs.emplace_back(Name, V);
+void ModelEmitter::addOutput(const std::string &Name, const Value &V,
+                            const std::string &Updates) {
+  Outputs.push_back({Name, V, Updates});
 }
 
 std::string ModelEmitter::finish(const std::vector<std::string> &Header) const {
@@ -255,19 +257,22 @@ std::string ModelEmitter::finish(const std::vector<std::string> &Header) const {
   for (size_t I = 0; I < Outputs.size(); ++I) {
     if (I)
       Out += ",\n        ";
-    Outputs[I].second.Type.print(Out);
-    Out += " {dlopt.output = \"" + Outputs[I].first + "\"}";
+    Outputs[I].V.Type.print(Out);
+    Out += " {dlopt.output = \"" + Outputs[I].Name + "\"";
+    if (!Outputs[I].Updates.empty())
+      Out += ", dlopt.update = \"" + Outputs[I].Updates + "\"";
+    Out += "}";
   }
   Out += ") attributes {dlopt.loss} {\n";
   Out += Body;
   Out += "  return ";
   for (size_t I = 0; I < Outputs.size(); ++I)
-    Out += (I ? ", %" : "%") + Outputs[I].second.Name;
+    Out += (I ? ", %" : "%") + Outputs[I].V.Name;
   Out += " : ";
   for (size_t I = 0; I < Outputs.size(); ++I) {
     if (I)
       Out += ", ";
-    Outputs[I].second.Type.print(Out);
+    Outputs[I].V.Type.print(Out);
   }
   Out += "\n}\n";
   return Out;

@@ -92,12 +92,16 @@ public:
   /// Adds a run-time input argument `{dlopt.input = "Name"}`.
   Value addInput(const std::string &Name, TensorType Type);
   /// Adds a parameter argument `{dlopt.param = "Name", dlopt.init = ...}`.
-  /// \p Trainable only affects the counts reported by the tool (running
-  /// statistics of batch norm are parameters that are not trained).
+  /// With \p Trainable false it is training state instead
+  /// (`{dlopt.state = "Name", dlopt.init = ...}`, e.g. batch-norm running
+  /// statistics): saved and updated, never given a gradient.
   Value addParam(const std::string &Name, TensorType Type, Init I,
                  bool Trainable = true);
   /// Appends a function result named \p Name. The first one is the loss.
-  void addOutput(const std::string &Name, const Value &V);
+  /// A non-empty \p Updates marks it as the next value of that state
+  /// (`dlopt.update`).
+  void addOutput(const std::string &Name, const Value &V,
+                 const std::string &Updates = "");
 
   /// Sets the `dlopt.layer` mark put on every following op; -1: no mark.
   void setLayer(int64_t Layer) { CurLayer = Layer; }
@@ -199,7 +203,12 @@ private:
   int64_t CurLayer = -1;
   std::string Args; ///< Argument list text, one argument per line.
   std::string Body; ///< Op lines.
-  std::vector<std::pair<std::string, Value>> Outputs;
+  struct Output {
+    std::string Name;
+    Value V;
+    std::string Updates;
+  };
+  std::vector<Output> Outputs;
   std::unordered_set<std::string> UsedNames;
   std::unordered_map<std::string, int64_t> NextSuffix;
   int64_t TrainableElems = 0;

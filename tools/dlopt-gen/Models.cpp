@@ -327,12 +327,16 @@ constexpr ElemType I32 = ElemType::I32;
 std::string str(int64_t V) { return std::to_string(V); }
 
 /// Casts the logits to f32 (if needed) and appends the cross-entropy loss as
-/// the first output. Runs with no layer mark.
-void emitLoss(ModelEmitter &E, Value Logits, const Value &Labels) {
+/// the first output, then (for classifiers, so dlopt-run can report
+/// accuracy) the logits. Runs with no layer mark.
+void emitLoss(ModelEmitter &E, Value Logits, const Value &Labels,
+              bool WithLogits = false) {
   E.setLayer(-1);
   if (Logits.Type.Elem != ElemType::F32)
     Logits = E.cast(Logits, ElemType::F32, "logits_f32");
   E.addOutput("loss", E.crossEntropy(Logits, Labels, "loss"));
+  if (WithLogits)
+    E.addOutput("logits", Logits);
 }
 
 /// Emits `x W + b` with torch.nn.Linear's default init; \p P names the
@@ -363,7 +367,7 @@ void buildMLP(ModelEmitter &E, const ModelConfig &C) {
   }
   E.setLayer(-1);
   Value Logits = linear(E, X, "head", C.Classes, "logits");
-  emitLoss(E, Logits, Labels);
+  emitLoss(E, Logits, Labels, /*WithLogits=*/true);
 }
 
 /// GPT-2/3 and LLaMA share the skeleton; the differences are switched on
@@ -515,9 +519,9 @@ public:
                    "avgpool");
     X = E.reshape(X, {S[0], X.Type.numElements() / S[0]}, "flat");
     Value Logits = linear(E, X, "fc", Classes, "logits");
-    emitLoss(E, Logits, Labels);
+    emitLoss(E, Logits, Labels, /*WithLogits=*/true);
     for (auto &[Name, V] : Stats)
-      E.addOutput(Name, V);
+      E.addOutput(Name, V, /*Updates=*/Name);
   }
 
   ModelEmitter &E;

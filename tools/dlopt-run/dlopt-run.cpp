@@ -23,6 +23,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -48,6 +49,8 @@ options:
   --threads N             kernel worker threads (default: all cores)
   --dump                  print the plan file readably and exit
   --quiet                 print nothing but errors
+  --profile               time every instruction (synchronizing after each)
+                          and print the time per op kind at the end
   --help                  print this help and exit
 
 training (plans from dlopt-compile --train; docs/training-runtime.md):
@@ -84,7 +87,7 @@ struct Options {
   uint64_t seed = 0;
   std::string outputDir, saveParamsDir, backend = "cpu";
   int threads = 0;
-  bool dump = false, quiet = false, help = false;
+  bool dump = false, quiet = false, help = false, profile = false;
   // Training.
   int64_t steps = 0;
   std::string data, dataDType, evalData, metrics, checkpointDir, resume;
@@ -164,6 +167,10 @@ Options parseArgs(int argc, char **argv) {
     }
     if (arg == "--quiet" || arg == "-q") {
       opts.quiet = true;
+      continue;
+    }
+    if (arg == "--profile") {
+      opts.profile = true;
       continue;
     }
     if (arg.rfind("-", 0) == 0 && arg != "-") {
@@ -339,6 +346,25 @@ std::string describe(const NamedTensor &out) {
   return s;
 }
 
+/// Prints the per-op time table of --profile, most expensive first.
+void printProfile(Session &s) {
+  std::vector<std::pair<std::string, Session::OpProfile>> rows(
+      s.profile().begin(), s.profile().end());
+  double total = 0;
+  for (const auto &r : rows)
+    total += r.second.seconds;
+  std::sort(rows.begin(), rows.end(), [](const auto &a, const auto &b) {
+    return a.second.seconds > b.second.seconds;
+  });
+  std::printf("profile (%s backend, %.3f s in instructions):\n",
+              s.backend().name().c_str(), total);
+  std::printf("  %-22s %10s %7s %10s\n", "op", "seconds", "%", "calls");
+  for (const auto &[op, p] : rows)
+    std::printf("  %-22s %10.4f %6.1f%% %10lld\n", op.c_str(), p.seconds,
+                total > 0 ? 100.0 * p.seconds / total : 0.0,
+                (long long)p.calls);
+}
+
 void saveParams(Session &s, const std::string &dir) {
   const Executable &e = s.executable();
   makeDir(dir);
@@ -478,6 +504,8 @@ int runTraining(const Options &opts, Session &s, const std::string &header) {
                 formatBytes(m.scratchBytes).c_str(),
                 formatBytes(m.peakAllocatedBytes).c_str());
   }
+  if (opts.profile)
+    printProfile(s);
   return 0;
 }
 
@@ -526,6 +554,7 @@ int runMain(int argc, char **argv) {
   if (!session)
     error(opts.planPath + ": " + session.status().message());
   Session &s = **session;
+  s.setProfiling(opts.profile);
 
   for (const auto &[name, file] : opts.inputs) {
     if (!s.hasArgument(name)) {
@@ -591,6 +620,8 @@ int runMain(int argc, char **argv) {
       std::printf("wrote %zu param(s) to %s\n", e.params.size(),
                   opts.saveParamsDir.c_str());
   }
+  if (opts.profile)
+    printProfile(s);
   return 0;
 }
 

@@ -477,9 +477,13 @@ RULE(BatchNormOp) {
   return success();
 }
 RULE(DropoutOp) {
-  // The same seed gives the same mask and scale.
+  // The same seed, rate and offset give the same mask and scale; the offset
+  // itself gets no gradient.
   operandGrads.assign({DropoutOp::create(builder, getLoc(), dy(resultGrads),
-                                    getRateAttr(), getSeedAttr())});
+                                         getOffset(), getRateAttr(),
+                                         getSeedAttr())});
+  if (getOffset())
+    operandGrads.push_back(Value());
   return success();
 }
 

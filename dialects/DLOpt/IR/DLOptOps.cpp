@@ -754,6 +754,12 @@ LogicalResult DropoutOp::verify() {
   double rate = getRate().convertToDouble();
   if (!(rate >= 0 && rate < 1))
     return emitOpError("expects rate in [0, 1), got ") << rate;
+  if (Value offset = getOffset()) {
+    auto t = cast<RankedTensorType>(offset.getType());
+    if (t.getRank() != 0)
+      return emitOpError("expects offset to be a rank-0 integer tensor, got ")
+             << t;
+  }
   return success();
 }
 

@@ -491,19 +491,28 @@ def DLOpt_BatchNormOp : DLOpt_Op<"batch_norm", [Pure, InferTypeOpAdaptor, Differ
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
 }
 
-def DLOpt_DropoutOp : DLOpt_Op<"dropout", [Pure, SameOperandsAndResultType, Differentiable]> {
+def DLOpt_DropoutOp : DLOpt_Op<"dropout", [Pure, AllTypesMatch<["input", "result"]>,
+                                          Differentiable]> {
   let summary = "dropout with an explicit seed (deterministic on every backend)";
   let description = [{
-    Element `i` is kept iff `u(seed, i) >= rate` (the counter-based uniform in
-    docs/ops.md) and then scaled by `1/(1-rate)`.
+    Element `i` is kept iff `u(s, i) >= rate` (the counter-based uniform in
+    docs/ops.md) and then scaled by `1/(1-rate)`. The effective seed is
+    `s = seed + offset * 0xD1B54A32D192ED03` (uint64, wrapping; the offset
+    sign-extended to 64 bits). The optional `offset` operand is a rank-0
+    i32/i64 tensor (dlopt-optimizer sets it to the training step so that each
+    step draws a new mask); without it the offset is 0.
 
     ```mlir
     %y = dlopt.dropout %x {rate = 1.0e-01 : f64, seed = 42 : i64} : tensor<4x8xf32>
+    %z = dlopt.dropout %x offset(%step : tensor<i64>) {rate = 1.0e-01 : f64, seed = 42 : i64} : tensor<4x8xf32>
     ```
   }];
-  let arguments = (ins DLOpt_FloatTensor:$input, F64Attr:$rate, DLOpt_I64Attr:$seed);
+  let arguments = (ins DLOpt_FloatTensor:$input, Optional<DLOpt_IntTensor>:$offset,
+                       F64Attr:$rate, DLOpt_I64Attr:$seed);
   let results = (outs DLOpt_FloatTensor:$result);
-  let assemblyFormat = "$input attr-dict `:` type($result)";
+  let assemblyFormat = [{
+    $input (`offset` `(` $offset^ `:` type($offset) `)`)? attr-dict `:` type($result)
+  }];
   let hasVerifier = 1;
   let hasFolder = 1;
 }

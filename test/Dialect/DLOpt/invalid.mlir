@@ -341,6 +341,30 @@ func.func @dropout_seed(%x: tensor<4xf32>) -> tensor<4xf32> {
 
 // -----
 
+func.func @dropout_offset_rank(%x: tensor<4xf32>, %s: tensor<1xi64>) -> tensor<4xf32> {
+  // expected-error @+1 {{'dlopt.dropout' op expects offset to be a rank-0 integer tensor, got 'tensor<1xi64>'}}
+  %0 = dlopt.dropout %x offset(%s : tensor<1xi64>) {rate = 0.5, seed = 1} : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+func.func @dropout_offset_float(%x: tensor<4xf32>, %s: tensor<f32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'dlopt.dropout' op operand #1 must be statically shaped i32/i64 tensor}}
+  %0 = dlopt.dropout %x offset(%s : tensor<f32>) {rate = 0.5, seed = 1} : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+func.func @dropout_type(%x: tensor<4xf32>) -> tensor<4xf16> {
+  // expected-error @+1 {{'dlopt.dropout' op failed to verify that all of {input, result} have same type}}
+  %0 = "dlopt.dropout"(%x) {rate = 0.5 : f64, seed = 1 : i64} : (tensor<4xf32>) -> tensor<4xf16>
+  return %0 : tensor<4xf16>
+}
+
+// -----
+
 func.func @ce_labels(%l: tensor<8x10xf32>, %y: tensor<4xi32>) -> tensor<f32> {
   // expected-error @+2 {{'dlopt.cross_entropy' op expects labels of shape [8] (one per row), got 'tensor<4xi32>'}}
   // expected-error @+1 {{'dlopt.cross_entropy' op failed to infer returned types}}

@@ -127,6 +127,18 @@ func.func @nn(%x: tensor<2x4x8xf32>, %w: tensor<8xf32>, %q: tensor<2x4x16x8xf32>
   return %8 : tensor<2x4x16x6xf32>
 }
 
+// CHECK-LABEL: func @dropout_offset
+// CHECK-SAME: %[[X:[a-z0-9]+]]: tensor<4x8xf32>, %[[S:[a-z0-9]+]]: tensor<i64>, %[[T:[a-z0-9]+]]: tensor<i32>
+func.func @dropout_offset(%x: tensor<4x8xf32>, %s: tensor<i64>, %t: tensor<i32>) -> (tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>) {
+  // CHECK: dlopt.dropout %[[X]] offset(%[[S]] : tensor<i64>) {rate = 1.000000e-01 : f64, seed = 42 : i64} : tensor<4x8xf32>
+  %0 = dlopt.dropout %x offset(%s : tensor<i64>) {rate = 0.1, seed = 42} : tensor<4x8xf32>
+  // CHECK: dlopt.dropout %[[X]] offset(%[[T]] : tensor<i32>) {rate = 5.000000e-01 : f64, seed = -3 : i64} : tensor<4x8xf32>
+  %1 = dlopt.dropout %x offset(%t : tensor<i32>) {rate = 0.5, seed = -3} : tensor<4x8xf32>
+  // CHECK: dlopt.dropout %[[X]] {rate = 2.500000e-01 : f64, seed = 1 : i64} : tensor<4x8xf32>
+  %2 = "dlopt.dropout"(%x) {rate = 0.25 : f64, seed = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %0, %1, %2 : tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>
+}
+
 // CHECK-LABEL: func @conv
 func.func @conv(%x: tensor<2x4x9x9xf32>, %w: tensor<8x2x3x3xf32>, %b: tensor<8xf32>, %s: tensor<8xf32>) -> (tensor<2x8x5x5xf32>, tensor<8xf32>) {
   // CHECK: dlopt.conv2d %{{.*}}, %{{.*}} bias(%{{.*}}) {groups = 2 : i64, padding = array<i64: 1, 1>, stride = array<i64: 2, 2>} : (tensor<2x4x9x9xf32>, tensor<8x2x3x3xf32>, tensor<8xf32>) -> tensor<2x8x5x5xf32>

@@ -336,4 +336,87 @@ TEST(Dropout, FormulaDeterminismAndKeepRate) {
                    .isOk());
 }
 
+/// The effective seed of docs/ops.md, written out independently of the
+/// kernel: seed + offset * 0xD1B54A32D192ED03 in uint64 (offset sign-extended).
+uint64_t effectiveSeedRef(int64_t seed, int64_t offset) {
+  uint64_t s = static_cast<uint64_t>(seed);
+  uint64_t o = static_cast<uint64_t>(offset); // two's complement = sign-extend
+  uint64_t m = 0xD1B54A32D192ED03ull;
+  // Shift-and-add multiplication, wrapping mod 2^64.
+  uint64_t prod = 0;
+  for (int b = 0; b < 64; ++b)
+    if ((m >> b) & 1)
+      prod += o << b;
+  return s + prod;
+}
+
+Tensor offsetScalar(DType dt, int64_t v) {
+  Tensor t(dt, {});
+  if (dt == DType::I64)
+    *static_cast<int64_t *>(t.data()) = v;
+  else
+    *static_cast<int32_t *>(t.data()) = static_cast<int32_t>(v);
+  return t;
+}
+
+TEST(Dropout, OffsetOperand) {
+  KT_SEEDED_RNG(rng);
+  const int64_t n = 4096;
+  for (DType dt : floatTypes()) {
+    Tensor x = randomTensor(rng, dt, {n}, 0.5, 2);
+    for (int64_t seed : {int64_t(42), int64_t(-7), int64_t(9007199254740993)}) {
+      Instr in = makeInstr("dropout", {{"rate", 0.3}, {"seed", seed}});
+      Tensor none(dt, {n});
+      ASSERT_TRUE(run(in, {&x}, {&none}).isOk());
+      // Offset 0 (i32 or i64) reproduces the offset-less mask bitwise.
+      for (DType ot : {DType::I32, DType::I64}) {
+        Tensor zero = offsetScalar(ot, 0), y(dt, {n});
+        ASSERT_TRUE(run(in, {&x, &zero}, {&y}).isOk());
+        EXPECT_EQ(std::memcmp(none.data(), y.data(),
+                              size_t(y.type.byteSize())),
+                  0)
+            << x.type.str() << " seed " << seed;
+      }
+      // Nonzero offsets change the mask and follow the formula.
+      for (int64_t off : {int64_t(1), int64_t(2), int64_t(-1), int64_t(1000),
+                          int64_t(0x7fffffffffffffffll)}) {
+        for (DType ot : {DType::I32, DType::I64}) {
+          if (ot == DType::I32 && off != int64_t(int32_t(off)))
+            continue;
+          Tensor o = offsetScalar(ot, off), y(dt, {n});
+          ASSERT_TRUE(run(in, {&x, &o}, {&y}).isOk());
+          EXPECT_NE(std::memcmp(none.data(), y.data(),
+                                size_t(y.type.byteSize())),
+                    0)
+              << "offset " << off;
+          uint64_t s = effectiveSeedRef(seed, off);
+          std::vector<double> ref(static_cast<size_t>(n));
+          for (int64_t i = 0; i < n; ++i)
+            ref[i] = uRef(s, uint64_t(i)) >= 0.3 ? x.get(i) / 0.7 : 0.0;
+          EXPECT_TRUE(allClose(y, ref, tolFor(dt, 1e-6)))
+              << x.type.str() << " seed " << seed << " offset " << off
+              << " " << o.type.str();
+          // Exactly the same elements are zero as in the reference.
+          for (int64_t i = 0; i < n; ++i)
+            ASSERT_EQ(y.get(i) == 0.0, ref[i] == 0.0) << i;
+        }
+      }
+    }
+  }
+  // The i32 offset is sign-extended: -1 as i32 == -1 as i64.
+  Tensor x(DType::F32, {1000}), a(DType::F32, {1000}), b(DType::F32, {1000});
+  for (int i = 0; i < 1000; ++i)
+    x.set(i, 1.0);
+  Instr in = makeInstr("dropout", {{"rate", 0.5}, {"seed", int64_t(5)}});
+  Tensor m32 = offsetScalar(DType::I32, -1), m64 = offsetScalar(DType::I64, -1);
+  ASSERT_TRUE(run(in, {&x, &m32}, {&a}).isOk());
+  ASSERT_TRUE(run(in, {&x, &m64}, {&b}).isOk());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), 4000), 0);
+  // The offset must be a rank-0 integer.
+  Tensor vec(DType::I64, {1}), f(DType::F32, {});
+  EXPECT_FALSE(run(in, {&x, &vec}, {&a}).isOk());
+  EXPECT_FALSE(run(in, {&x, &f}, {&a}).isOk());
+  EXPECT_FALSE(run(in, {&x, &m64, &m64}, {&a}).isOk());
+}
+
 } // namespace
