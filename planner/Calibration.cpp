@@ -1,0 +1,177 @@
+//===- Calibration.cpp - Defaults, validation and JSON overrides ----------===//
+#include "planner/Calibration.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+
+namespace dlopt::planner {
+namespace {
+
+enum class Range { Efficiency, Positive, NonNegative, FractionBelowOne };
+
+/// One row per constant: the single table that parsing, printing,
+/// validation and the docs key list all read.
+struct Entry {
+  const char *name;
+  double Calibration::*field;
+  double scale; ///< file unit -> SI (e.g. 1e-6 for _us)
+  Range range;
+  const char *unit;
+  const char *meaning;
+};
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kGiB = kMiB * 1024.0;
+
+const Entry kEntries[] = {
+    {"matmul_large_efficiency", &Calibration::matmulLargeEfficiency, 1,
+     Range::Efficiency, "fraction",
+     "achieved / peak FLOP/s of a large matmul (>= matmul_small_flops)"},
+    {"matmul_small_efficiency", &Calibration::matmulSmallEfficiency, 1,
+     Range::Efficiency, "fraction",
+     "achieved / peak FLOP/s of a small matmul (< matmul_small_flops)"},
+    {"matmul_small_flops", &Calibration::matmulSmallFlops, 1,
+     Range::NonNegative, "FLOP", "matmuls below this FLOP count are small"},
+    {"attention_efficiency", &Calibration::attentionEfficiency, 1,
+     Range::Efficiency, "fraction",
+     "achieved / peak FLOP/s of fused attention"},
+    {"elementwise_efficiency", &Calibration::elementwiseEfficiency, 1,
+     Range::Efficiency, "fraction",
+     "achieved / peak FLOP/s of elementwise and reduction ops"},
+    {"memory_bandwidth_efficiency", &Calibration::memoryBandwidthEfficiency, 1,
+     Range::Efficiency, "fraction",
+     "achieved / peak HBM bandwidth (bytes read + written)"},
+    {"backward_flops_ratio", &Calibration::backwardFlopsRatio, 1,
+     Range::Positive, "ratio", "backward FLOPs / forward FLOPs of a layer"},
+    {"intra_node_bus_efficiency", &Calibration::intraNodeBusEfficiency, 1,
+     Range::Efficiency, "fraction",
+     "NCCL bus bandwidth / link bandwidth inside a node"},
+    {"inter_node_bus_efficiency", &Calibration::interNodeBusEfficiency, 1,
+     Range::Efficiency, "fraction",
+     "NCCL bus bandwidth / network bandwidth across nodes"},
+    {"collective_launch_latency_us", &Calibration::collectiveLaunchLatency,
+     1e-6, Range::NonNegative, "us",
+     "fixed cost of one collective call (launch, setup)"},
+    {"grad_overlap_efficiency", &Calibration::gradOverlapEfficiency, 1,
+     Range::Efficiency, "fraction",
+     "share of backward compute that can hide gradient communication"},
+    {"p2p_overlap_efficiency", &Calibration::p2pOverlapEfficiency, 1,
+     Range::Efficiency, "fraction",
+     "share of a micro-batch's compute that can hide pipeline send/recv"},
+    {"runtime_reserved_gib", &Calibration::runtimeReservedBytes, kGiB,
+     Range::NonNegative, "GiB",
+     "per-device memory outside tensors: CUDA context, cuBLAS workspace"},
+    {"nccl_buffer_mib", &Calibration::ncclBufferBytes, kMiB, Range::NonNegative,
+     "MiB", "NCCL internal buffers per communicator"},
+    {"grad_bucket_mib", &Calibration::gradBucketBytes, kMiB, Range::NonNegative,
+     "MiB", "size of one gradient-sync bucket"},
+    {"fragmentation_fraction", &Calibration::fragmentationFraction, 1,
+     Range::FractionBelowOne, "fraction",
+     "allocator fragmentation, as a fraction of dynamic memory"},
+};
+
+std::string fmt(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+Status checkRange(const Entry &e, double v) {
+  bool ok = true;
+  const char *want = "";
+  switch (e.range) {
+  case Range::Efficiency:
+    ok = v > 0 && v <= 1;
+    want = "a fraction in (0, 1]";
+    break;
+  case Range::Positive:
+    ok = v > 0;
+    want = "a positive number";
+    break;
+  case Range::NonNegative:
+    ok = v >= 0;
+    want = "a number >= 0";
+    break;
+  case Range::FractionBelowOne:
+    ok = v >= 0 && v < 1;
+    want = "a fraction in [0, 1)";
+    break;
+  }
+  if (ok)
+    return Status::ok();
+  return Status::error(std::string(e.name) + ": expected " + want + ", got " +
+                       fmt(v));
+}
+
+} // namespace
+
+Status Calibration::validate() const {
+  for (const Entry &e : kEntries)
+    DLOPT_RETURN_IF_ERROR(checkRange(e, this->*e.field / e.scale));
+  return Status::ok();
+}
+
+std::string Calibration::toJson() const {
+  nlohmann::ordered_json j;
+  for (const Entry &e : kEntries)
+    j[e.name] = this->*e.field / e.scale;
+  return j.dump(2);
+}
+
+const std::vector<CalibrationKey> &calibrationKeys() {
+  static const std::vector<CalibrationKey> keys = [] {
+    std::vector<CalibrationKey> k;
+    for (const Entry &e : kEntries)
+      k.push_back({e.name, e.unit, e.meaning});
+    return k;
+  }();
+  return keys;
+}
+
+Expected<Calibration> parseCalibration(std::string_view text,
+                                       std::string_view source,
+                                       const Calibration &base) {
+  std::string where = std::string(source) + ": ";
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/
+                                           false, /*ignore_comments=*/true);
+  if (j.is_discarded())
+    return Status::error(where + "not valid JSON");
+  if (!j.is_object())
+    return Status::error(where + "expected a JSON object of constants, got " +
+                         std::string(j.type_name()));
+  Calibration c = base;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const Entry *entry = nullptr;
+    for (const Entry &e : kEntries)
+      if (it.key() == e.name)
+        entry = &e;
+    if (!entry) {
+      std::string known;
+      for (const Entry &e : kEntries)
+        known += std::string(known.empty() ? "" : ", ") + e.name;
+      return Status::error(where + "unknown calibration key '" + it.key() +
+                           "' (known: " + known + ")");
+    }
+    if (!it.value().is_number())
+      return Status::error(where + it.key() + ": expected a number, got " +
+                           std::string(it.value().type_name()));
+    double v = it.value().get<double>();
+    DLOPT_RETURN_IF_ERROR(checkRange(*entry, v).withContext(where));
+    c.*(entry->field) = v * entry->scale;
+  }
+  return c;
+}
+
+Expected<Calibration> loadCalibration(const std::string &path,
+                                      const Calibration &base) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return Status::error(path + ": cannot open calibration file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parseCalibration(ss.str(), path, base);
+}
+
+} // namespace dlopt::planner

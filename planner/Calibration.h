@@ -1,0 +1,73 @@
+//===- Calibration.h - Every efficiency constant of the cost model --------===//
+//
+// The one place where the cost and memory models keep their empirical
+// constants. Defaults are documented in docs/cost-model.md; a user replaces
+// any subset with measured values from a JSON file.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "runtime/support/Status.h"
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dlopt::planner {
+
+using rt::Expected;
+using rt::Status;
+
+/// Empirical constants. Efficiencies are fractions of a hardware peak in
+/// (0, 1]; times are seconds; sizes are bytes. JSON keys are the snake_case
+/// names listed by calibrationKeys().
+struct Calibration {
+  // Compute: achievable fraction of the dtype's peak FLOP/s per op kind.
+  double matmulLargeEfficiency = 0.80; ///< matmul_large_efficiency
+  double matmulSmallEfficiency = 0.50; ///< matmul_small_efficiency
+  double matmulSmallFlops = 1e10;      ///< matmul_small_flops: below = small
+  double attentionEfficiency = 0.60;   ///< attention_efficiency
+  double elementwiseEfficiency = 0.50; ///< elementwise_efficiency (FLOP side)
+  double memoryBandwidthEfficiency = 0.90; ///< memory_bandwidth_efficiency
+  double backwardFlopsRatio = 2.0;         ///< backward_flops_ratio (bwd / fwd)
+
+  // Communication: NCCL bus-bandwidth efficiency and per-call latency.
+  double intraNodeBusEfficiency = 0.80;  ///< intra_node_bus_efficiency
+  double interNodeBusEfficiency = 0.85;  ///< inter_node_bus_efficiency
+  double collectiveLaunchLatency = 8e-6; ///< collective_launch_latency_us
+
+  // Overlap of communication with compute.
+  double gradOverlapEfficiency = 0.80; ///< grad_overlap_efficiency
+  double p2pOverlapEfficiency = 0.90;  ///< p2p_overlap_efficiency
+
+  // Memory: what a device holds beyond tensors the model names.
+  double runtimeReservedBytes = 1.0 * (1ull << 30); ///< runtime_reserved_gib
+  double ncclBufferBytes = 64.0 * (1ull << 20);     ///< nccl_buffer_mib
+  double gradBucketBytes = 25.0 * (1ull << 20);     ///< grad_bucket_mib
+  double fragmentationFraction = 0.05;              ///< fragmentation_fraction
+
+  /// Checks every constant's range; the message names the JSON key.
+  Status validate() const;
+  /// Writes every constant, in file units, as a JSON object.
+  std::string toJson() const;
+};
+
+/// One calibration key: its JSON name, unit and meaning (for docs and errors).
+struct CalibrationKey {
+  std::string name;
+  std::string unit;
+  std::string meaning;
+};
+const std::vector<CalibrationKey> &calibrationKeys();
+
+/// Applies the keys present in the JSON object `text` on top of `base`.
+/// Unknown keys, non-numbers and out-of-range values are errors that name the
+/// key; `source` prefixes messages (a file name).
+Expected<Calibration> parseCalibration(std::string_view text,
+                                       std::string_view source,
+                                       const Calibration &base = {});
+/// Reads a JSON calibration file over the defaults (or `base`).
+Expected<Calibration> loadCalibration(const std::string &path,
+                                      const Calibration &base = {});
+
+} // namespace dlopt::planner

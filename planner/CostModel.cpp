@@ -1,0 +1,405 @@
+//===- CostModel.cpp - Roofline, alpha-beta collectives, overlap ----------===//
+#include "planner/CostModel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace dlopt::planner {
+
+const char *opKindName(OpKind k) {
+  switch (k) {
+  case OpKind::Matmul:
+    return "matmul";
+  case OpKind::Attention:
+    return "attention";
+  case OpKind::Elementwise:
+    return "elementwise";
+  }
+  return "?";
+}
+
+const char *collectiveName(Collective c) {
+  switch (c) {
+  case Collective::AllReduce:
+    return "all-reduce";
+  case Collective::AllGather:
+    return "all-gather";
+  case Collective::ReduceScatter:
+    return "reduce-scatter";
+  case Collective::AllToAll:
+    return "all-to-all";
+  case Collective::Broadcast:
+    return "broadcast";
+  case Collective::SendRecv:
+    return "send/recv";
+  }
+  return "?";
+}
+
+const char *algorithmName(CommAlgorithm a) {
+  switch (a) {
+  case CommAlgorithm::Auto:
+    return "auto";
+  case CommAlgorithm::Ring:
+    return "ring";
+  case CommAlgorithm::Tree:
+    return "tree";
+  case CommAlgorithm::Hierarchical:
+    return "hierarchical";
+  case CommAlgorithm::Direct:
+    return "direct";
+  }
+  return "?";
+}
+
+const char *linkName(LinkKind l) {
+  switch (l) {
+  case LinkKind::None:
+    return "none";
+  case LinkKind::IntraNode:
+    return "intra-node";
+  case LinkKind::Network:
+    return "network";
+  }
+  return "?";
+}
+
+const char *recomputeName(RecomputePolicy r) {
+  switch (r) {
+  case RecomputePolicy::None:
+    return "none";
+  case RecomputePolicy::Selective:
+    return "selective";
+  case RecomputePolicy::Full:
+    return "full";
+  }
+  return "?";
+}
+
+//===----------------------------------------------------------------------===//
+// Compute
+//===----------------------------------------------------------------------===//
+
+double CostModel::computeEfficiency(const OpCost &op) const {
+  switch (op.kind) {
+  case OpKind::Matmul:
+    return op.flops >= cal_.matmulSmallFlops ? cal_.matmulLargeEfficiency
+                                             : cal_.matmulSmallEfficiency;
+  case OpKind::Attention:
+    return cal_.attentionEfficiency;
+  case OpKind::Elementwise:
+    return cal_.elementwiseEfficiency;
+  }
+  return 1.0;
+}
+
+Expected<ComputeEstimate> CostModel::computeTime(const OpCost &op,
+                                                 const GpuSpec &gpu) const {
+  if (!(op.flops >= 0) || !(op.bytes >= 0))
+    return Status::error(std::string(opKindName(op.kind)) +
+                         " op: expected flops and bytes >= 0, got flops " +
+                         std::to_string(op.flops) + ", bytes " +
+                         std::to_string(op.bytes));
+  ComputeEstimate e;
+  if (op.flops > 0) {
+    double peak = gpu.peak(op.precision);
+    if (!(peak > 0))
+      return Status::error(gpu.name + " has no " + precisionName(op.precision) +
+                           " peak: cannot run a " + opKindName(op.kind) +
+                           " op in that precision");
+    e.computeTime = op.flops / (peak * computeEfficiency(op));
+  }
+  if (op.bytes > 0) {
+    if (!(gpu.memoryBandwidth > 0))
+      return Status::error(gpu.name + " has no memory bandwidth");
+    e.memoryTime =
+        op.bytes / (gpu.memoryBandwidth * cal_.memoryBandwidthEfficiency);
+  }
+  e.time = std::max(e.computeTime, e.memoryTime);
+  return e;
+}
+
+double CostModel::trainingTime(double forward, RecomputePolicy policy,
+                               double selectiveForward) const {
+  double t = forward * (1.0 + cal_.backwardFlopsRatio);
+  if (policy == RecomputePolicy::Full)
+    t += forward;
+  else if (policy == RecomputePolicy::Selective)
+    t += selectiveForward;
+  return t;
+}
+
+double CostModel::exposed(double comm, double overlappable, double efficiency) {
+  return std::max(0.0, comm - efficiency * std::max(0.0, overlappable));
+}
+
+//===----------------------------------------------------------------------===//
+// Communication
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+/// The link parameters every algorithm reads, with calibration applied.
+struct Links {
+  int n, m, k;        ///< ranks, nodes, ranks per node
+  double intraBw;     ///< effective bytes/s of one GPU's NVLink
+  double rankInterBw; ///< effective network bytes/s of one rank
+  double intraLat, interLat;
+};
+
+Links links(const CommGroup &g, const Calibration &cal) {
+  Links l;
+  l.n = g.size;
+  l.m = std::max(1, g.nodes);
+  l.k = std::max(1, g.ranksPerNode);
+  l.intraBw = g.intra.bandwidth * cal.intraNodeBusEfficiency;
+  l.rankInterBw = g.interBandwidthPerRank * cal.interNodeBusEfficiency;
+  l.intraLat = g.intra.latency;
+  l.interLat = g.interLatency;
+  return l;
+}
+
+/// Bottleneck bandwidth of a flat ring or tree over the group: inside one
+/// node the NVLink of a GPU; across nodes the slower of NVLink (when a node
+/// holds more than one rank) and the k per-rank network shares a node
+/// boundary crossing can use.
+std::pair<double, LinkKind> flatBandwidth(const Links &l) {
+  if (l.m == 1)
+    return {l.intraBw, LinkKind::IntraNode};
+  double inter = l.k * l.rankInterBw;
+  double intra = l.k > 1 ? l.intraBw : kInf;
+  if (intra < inter)
+    return {intra, LinkKind::IntraNode};
+  return {inter, LinkKind::Network};
+}
+
+/// Per-step latency of a flat algorithm: the slowest hop it crosses.
+double flatLatency(const Links &l) {
+  if (l.m == 1)
+    return l.intraLat;
+  return std::max(l.interLat, l.k > 1 ? l.intraLat : 0.0);
+}
+
+/// Flat ring on one level: the classic alpha-beta terms.
+///   all-reduce:      2(n-1) alpha + 2(n-1)/n S / B
+///   all-gather, RS:   (n-1) alpha +  (n-1)/n S / B
+///   broadcast:        (n-1) alpha +          S / B   (pipelined chain)
+void ringTerms(Collective c, int n, double bytes, double alpha, double bw,
+               double &lat, double &band) {
+  double steps = 0, factor = 0;
+  switch (c) {
+  case Collective::AllReduce:
+    steps = 2.0 * (n - 1);
+    factor = 2.0 * (n - 1) / n;
+    break;
+  case Collective::AllGather:
+  case Collective::ReduceScatter:
+    steps = n - 1;
+    factor = static_cast<double>(n - 1) / n;
+    break;
+  default:
+    steps = n - 1;
+    factor = 1.0;
+    break;
+  }
+  lat = steps * alpha;
+  band = n > 1 ? factor * bytes / bw : 0.0;
+}
+
+CommEstimate finish(CommEstimate e) {
+  e.time = e.latencyTerm + e.bandwidthTerm;
+  return e;
+}
+
+} // namespace
+
+CommEstimate CostModel::ring(Collective c, double bytes,
+                             const CommGroup &g) const {
+  Links l = links(g, cal_);
+  auto [bw, link] = flatBandwidth(l);
+  CommEstimate e;
+  e.algorithm = CommAlgorithm::Ring;
+  e.link = link;
+  double lat, band;
+  ringTerms(c, l.n, bytes, flatLatency(l), bw, lat, band);
+  e.latencyTerm = cal_.collectiveLaunchLatency + lat;
+  e.bandwidthTerm = band;
+  return finish(e);
+}
+
+CommEstimate CostModel::tree(Collective c, double bytes,
+                             const CommGroup &g) const {
+  // NCCL's tree: a chain inside each node, a (double) binary tree across
+  // nodes. Depth = (k-1) intra hops + ceil(log2 m) inter hops. All-reduce is
+  // a pipelined reduce up plus broadcast down: 2 S / B; broadcast S / B.
+  Links l = links(g, cal_);
+  auto [bw, link] = flatBandwidth(l);
+  double depth = (l.k - 1) * l.intraLat +
+                 std::ceil(std::log2(static_cast<double>(l.m))) * l.interLat;
+  double passes = c == Collective::AllReduce ? 2.0 : 1.0;
+  CommEstimate e;
+  e.algorithm = CommAlgorithm::Tree;
+  e.link = link;
+  e.latencyTerm = cal_.collectiveLaunchLatency + passes * depth;
+  e.bandwidthTerm = passes * bytes / bw;
+  return finish(e);
+}
+
+CommEstimate CostModel::hierarchical(Collective c, double bytes,
+                                     const CommGroup &g) const {
+  Links l = links(g, cal_);
+  if (l.m == 1 || l.k == 1) { // one level only: it is a ring
+    return ring(c, bytes, g);
+  }
+  int k = l.k, m = (l.n + k - 1) / k;
+  double intraLat, intraBand, interLat, interBand;
+  CommEstimate e;
+  e.algorithm = CommAlgorithm::Hierarchical;
+  if (c == Collective::AllReduce) {
+    // Intra reduce-scatter of S, inter all-reduce of S/k by each of the k
+    // local ranks on its own network share, intra all-gather of S.
+    ringTerms(Collective::ReduceScatter, k, bytes, l.intraLat, l.intraBw,
+              intraLat, intraBand);
+    ringTerms(Collective::AllReduce, m, bytes / k, l.interLat, l.rankInterBw,
+              interLat, interBand);
+    e.latencyTerm = 3 * cal_.collectiveLaunchLatency + 2 * intraLat + interLat;
+    e.bandwidthTerm = 2 * intraBand + interBand;
+    e.link =
+        interBand >= 2 * intraBand ? LinkKind::Network : LinkKind::IntraNode;
+  } else {
+    // All-gather: inter all-gather of S/k among same-local-index ranks, then
+    // intra all-gather of S. Reduce-scatter is the mirror image.
+    ringTerms(Collective::AllGather, k, bytes, l.intraLat, l.intraBw, intraLat,
+              intraBand);
+    ringTerms(Collective::AllGather, m, bytes / k, l.interLat, l.rankInterBw,
+              interLat, interBand);
+    e.latencyTerm = 2 * cal_.collectiveLaunchLatency + intraLat + interLat;
+    e.bandwidthTerm = intraBand + interBand;
+    e.link = interBand >= intraBand ? LinkKind::Network : LinkKind::IntraNode;
+  }
+  return finish(e);
+}
+
+CommEstimate CostModel::direct(Collective c, double bytes,
+                               const CommGroup &g) const {
+  Links l = links(g, cal_);
+  CommEstimate e;
+  e.algorithm = CommAlgorithm::Direct;
+  if (c == Collective::SendRecv) {
+    bool net = l.m > 1;
+    e.link = net ? LinkKind::Network : LinkKind::IntraNode;
+    e.latencyTerm =
+        cal_.collectiveLaunchLatency + (net ? l.interLat : l.intraLat);
+    e.bandwidthTerm = bytes / (net ? l.rankInterBw : l.intraBw);
+    return finish(e);
+  }
+  // All-to-all, pairwise: each rank sends S/n to each of the n-1 others.
+  // Inside a node on NVSwitch every GPU sends at full rate; on a ring
+  // topology a message travels min(j, k-j) hops, so the k GPUs' 2k link
+  // directions (B/2 each) carry S * floor(k^2/4) / k bytes each.
+  int n = l.n, k = l.k;
+  double intraShare = static_cast<double>(k - 1) / n * bytes; // per rank
+  if (g.intra.topology == IntraTopology::Ring && k > 2)
+    intraShare = std::max<double>(k - 1, std::floor(k * k / 4.0)) / n * bytes;
+  double intraTime = k > 1 ? intraShare / l.intraBw : 0.0;
+  double interTime =
+      l.m > 1 ? static_cast<double>(n - k) / n * bytes / l.rankInterBw : 0.0;
+  e.link = interTime > intraTime ? LinkKind::Network : LinkKind::IntraNode;
+  e.latencyTerm = cal_.collectiveLaunchLatency + (n - 1) * flatLatency(l);
+  e.bandwidthTerm = std::max(intraTime, interTime);
+  return finish(e);
+}
+
+Expected<CommEstimate> CostModel::commTime(Collective c, double bytes,
+                                           const CommGroup &g,
+                                           CommAlgorithm algo) const {
+  std::string what = std::string(collectiveName(c)) + " over " +
+                     std::to_string(g.size) + " ranks";
+  if (!(bytes >= 0) || !std::isfinite(bytes))
+    return Status::error(what + ": expected bytes >= 0, got " +
+                         std::to_string(bytes));
+  if (g.size < 1)
+    return Status::error(what + ": a communicator needs at least one rank");
+  if (c == Collective::SendRecv && g.size != 2 && g.size != 1)
+    return Status::error(what + ": send/recv needs a communicator of 2 "
+                                "ranks");
+  bool ok = false;
+  switch (algo) {
+  case CommAlgorithm::Auto:
+    ok = true;
+    break;
+  case CommAlgorithm::Ring:
+    ok = c == Collective::AllReduce || c == Collective::AllGather ||
+         c == Collective::ReduceScatter || c == Collective::Broadcast;
+    break;
+  case CommAlgorithm::Tree:
+    ok = c == Collective::AllReduce || c == Collective::Broadcast;
+    break;
+  case CommAlgorithm::Hierarchical:
+    ok = c == Collective::AllReduce || c == Collective::AllGather ||
+         c == Collective::ReduceScatter;
+    break;
+  case CommAlgorithm::Direct:
+    ok = c == Collective::AllToAll || c == Collective::SendRecv;
+    break;
+  }
+  if (!ok)
+    return Status::error(what + ": the " + algorithmName(algo) +
+                         " algorithm does not implement " + collectiveName(c));
+  if (g.size == 1) { // a communicator of one rank moves nothing
+    CommEstimate e;
+    e.algorithm = algo == CommAlgorithm::Auto ? CommAlgorithm::Ring : algo;
+    return e;
+  }
+  if (g.spansNodes() && !(g.interBandwidthPerRank > 0))
+    return Status::error(what + ": the communicator spans " +
+                         std::to_string(g.nodes) +
+                         " nodes but the network bandwidth is 0");
+  if (g.ranksPerNode > 1 && !(g.intra.bandwidth > 0))
+    return Status::error(what + ": the intra-node bandwidth is 0");
+
+  switch (algo) {
+  case CommAlgorithm::Ring:
+    return ring(c, bytes, g);
+  case CommAlgorithm::Tree:
+    return tree(c, bytes, g);
+  case CommAlgorithm::Hierarchical:
+    return hierarchical(c, bytes, g);
+  case CommAlgorithm::Direct:
+    return direct(c, bytes, g);
+  case CommAlgorithm::Auto:
+    break;
+  }
+  // Auto: the fastest applicable algorithm; ties keep the earlier one.
+  std::vector<CommEstimate> cands;
+  switch (c) {
+  case Collective::AllReduce:
+    cands = {ring(c, bytes, g), tree(c, bytes, g)};
+    if (g.nodes > 1 && g.ranksPerNode > 1)
+      cands.push_back(hierarchical(c, bytes, g));
+    break;
+  case Collective::AllGather:
+  case Collective::ReduceScatter:
+    cands = {ring(c, bytes, g)};
+    if (g.nodes > 1 && g.ranksPerNode > 1)
+      cands.push_back(hierarchical(c, bytes, g));
+    break;
+  case Collective::Broadcast:
+    cands = {ring(c, bytes, g), tree(c, bytes, g)};
+    break;
+  case Collective::AllToAll:
+  case Collective::SendRecv:
+    cands = {direct(c, bytes, g)};
+    break;
+  }
+  CommEstimate best = cands.front();
+  for (const CommEstimate &e : cands)
+    if (e.time < best.time)
+      best = e;
+  return best;
+}
+
+} // namespace dlopt::planner

@@ -1,0 +1,115 @@
+//===- CostModel.h - Time of compute and communication on a cluster -------===//
+//
+// Analytical estimates, every formula written down in docs/cost-model.md:
+// a roofline per op, alpha-beta models per collective and algorithm on the
+// link each communicator spans, and the exposed part of overlapped
+// communication. Efficiency constants come from Calibration.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "planner/Calibration.h"
+#include "planner/Cluster.h"
+
+namespace dlopt::planner {
+
+/// How well an op uses the GPU's arithmetic units.
+enum class OpKind { Matmul, Attention, Elementwise };
+const char *opKindName(OpKind k);
+
+/// What one op costs on one device (after sharding).
+struct OpCost {
+  OpKind kind = OpKind::Matmul;
+  Precision precision = Precision::BF16;
+  double flops = 0; ///< floating-point operations
+  double bytes = 0; ///< HBM bytes read plus written
+};
+
+struct ComputeEstimate {
+  double time = 0;        ///< max(computeTime, memoryTime)
+  double computeTime = 0; ///< flops / (peak * efficiency)
+  double memoryTime = 0;  ///< bytes / (HBM bandwidth * efficiency)
+  bool memoryBound() const { return memoryTime > computeTime; }
+};
+
+enum class Collective {
+  AllReduce,
+  AllGather,
+  ReduceScatter,
+  AllToAll,
+  Broadcast,
+  SendRecv
+};
+const char *collectiveName(Collective c);
+
+enum class CommAlgorithm { Auto, Ring, Tree, Hierarchical, Direct };
+const char *algorithmName(CommAlgorithm a);
+
+/// Which physical link carried the bandwidth term.
+enum class LinkKind { None, IntraNode, Network };
+const char *linkName(LinkKind l);
+
+struct CommEstimate {
+  double time = 0;          ///< latencyTerm + bandwidthTerm
+  double latencyTerm = 0;   ///< launch + steps * alpha
+  double bandwidthTerm = 0; ///< bytes moved / effective bandwidth
+  CommAlgorithm algorithm = CommAlgorithm::Ring; ///< the one used
+  LinkKind link = LinkKind::None;                ///< the bottleneck link
+};
+
+/// How activations are recomputed in the backward pass.
+enum class RecomputePolicy { None, Selective, Full };
+const char *recomputeName(RecomputePolicy r);
+
+class CostModel {
+public:
+  explicit CostModel(Calibration calibration = {})
+      : cal_(std::move(calibration)) {}
+  const Calibration &calibration() const { return cal_; }
+
+  /// Roofline time of one op on `gpu`. Fails if the GPU has no peak for the
+  /// op's precision or the counts are negative.
+  Expected<ComputeEstimate> computeTime(const OpCost &op,
+                                        const GpuSpec &gpu) const;
+
+  /// The efficiency applied to the op's FLOP side.
+  double computeEfficiency(const OpCost &op) const;
+
+  /// Forward + backward (+ recomputed forward) time of a layer whose
+  /// forward takes `forward` seconds. `selectiveForward` is the part of the
+  /// forward that selective recompute re-executes (attention core).
+  double trainingTime(double forward, RecomputePolicy policy,
+                      double selectiveForward = 0) const;
+
+  /// Time of `collective` over `group` with `bytes` as in nccl-tests: the
+  /// buffer size per rank for all-reduce and broadcast, the full (gathered)
+  /// size for all-gather and reduce-scatter, the send buffer per rank for
+  /// all-to-all, the message for send/recv. Auto picks the fastest algorithm
+  /// that applies. Algorithms that do not apply to a collective are errors.
+  Expected<CommEstimate>
+  commTime(Collective collective, double bytes, const CommGroup &group,
+           CommAlgorithm algorithm = CommAlgorithm::Auto) const;
+
+  /// Communication left on the critical path when `comm` overlaps with
+  /// `overlappable` compute: max(0, comm - efficiency * overlappable).
+  static double exposed(double comm, double overlappable, double efficiency);
+  /// Gradient sync overlapped with the backward pass.
+  double exposedGradSync(double comm, double backwardCompute) const {
+    return exposed(comm, backwardCompute, cal_.gradOverlapEfficiency);
+  }
+  /// Pipeline send/recv overlapped with a micro-batch's compute.
+  double exposedP2P(double comm, double microBatchCompute) const {
+    return exposed(comm, microBatchCompute, cal_.p2pOverlapEfficiency);
+  }
+
+private:
+  CommEstimate ring(Collective c, double bytes, const CommGroup &g) const;
+  CommEstimate tree(Collective c, double bytes, const CommGroup &g) const;
+  CommEstimate hierarchical(Collective c, double bytes,
+                            const CommGroup &g) const;
+  CommEstimate direct(Collective c, double bytes, const CommGroup &g) const;
+
+  Calibration cal_;
+};
+
+} // namespace dlopt::planner

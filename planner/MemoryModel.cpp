@@ -1,0 +1,319 @@
+//===- MemoryModel.cpp - Model states, activations, buffers ---------------===//
+#include "planner/MemoryModel.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace dlopt::planner {
+
+const char *optimizerName(Optimizer o) {
+  switch (o) {
+  case Optimizer::SGD:
+    return "sgd";
+  case Optimizer::Momentum:
+    return "momentum";
+  case Optimizer::Adam:
+    return "adam";
+  }
+  return "?";
+}
+
+const char *scheduleName(PipelineSchedule s) {
+  switch (s) {
+  case PipelineSchedule::GPipe:
+    return "gpipe";
+  case PipelineSchedule::OneFOneB:
+    return "1f1b";
+  case PipelineSchedule::Interleaved1F1B:
+    return "interleaved-1f1b";
+  case PipelineSchedule::ZeroBubble:
+    return "zero-bubble";
+  }
+  return "?";
+}
+
+//===----------------------------------------------------------------------===//
+// Model states (ZeRO, Rajbhandari et al. 2020)
+//===----------------------------------------------------------------------===//
+
+Expected<StateMemory> stateMemory(double paramsOnDevice, int dp, int zeroStage,
+                                  Optimizer optimizer,
+                                  const PrecisionConfig &pr) {
+  if (!(paramsOnDevice >= 0))
+    return Status::error("expected a parameter count >= 0, got " +
+                         std::to_string(paramsOnDevice));
+  if (dp < 1)
+    return Status::error("expected dp >= 1, got " + std::to_string(dp));
+  if (zeroStage < 0 || zeroStage > 3)
+    return Status::error("expected a ZeRO stage from 0 to 3, got " +
+                         std::to_string(zeroStage));
+  if (!(pr.paramBytes > 0) || !(pr.gradBytes > 0) || !(pr.masterBytes > 0) ||
+      !(pr.optimizerStateBytes > 0) || !(pr.activationBytes > 0))
+    return Status::error("expected positive bytes per element in the "
+                         "precision config");
+  int moments = optimizer == Optimizer::Adam       ? 2
+                : optimizer == Optimizer::Momentum ? 1
+                                                   : 0;
+  double optPerParam = moments * pr.optimizerStateBytes +
+                       (pr.masterWeights ? pr.masterBytes : 0.0);
+  StateMemory s;
+  s.params = paramsOnDevice * pr.paramBytes / (zeroStage >= 3 ? dp : 1);
+  s.grads = paramsOnDevice * pr.gradBytes / (zeroStage >= 2 ? dp : 1);
+  s.optimizer = paramsOnDevice * optPerParam / (zeroStage >= 1 ? dp : 1);
+  return s;
+}
+
+//===----------------------------------------------------------------------===//
+// Transformer shape
+//===----------------------------------------------------------------------===//
+
+double TransformerSpec::layerParams() const {
+  double h = hidden, f = ffn();
+  return 4 * h * h + 2 * h * f + 9 * h + f;
+}
+
+double TransformerSpec::embeddingParams() const {
+  return static_cast<double>(vocab) * hidden +
+         (learnedPositions ? static_cast<double>(seqLen) * hidden : 0.0);
+}
+
+double TransformerSpec::totalParams() const {
+  return numLayers * layerParams() + embeddingParams() + 2.0 * hidden +
+         (tiedEmbeddings ? 0.0 : static_cast<double>(vocab) * hidden);
+}
+
+Status TransformerSpec::validate() const {
+  auto pos = [](const char *name, int64_t v) -> Status {
+    if (v > 0)
+      return Status::ok();
+    return Status::error(std::string("transformer: expected ") + name +
+                         " > 0, got " + std::to_string(v));
+  };
+  DLOPT_RETURN_IF_ERROR(pos("layers", numLayers));
+  DLOPT_RETURN_IF_ERROR(pos("hidden", hidden));
+  DLOPT_RETURN_IF_ERROR(pos("heads", heads));
+  DLOPT_RETURN_IF_ERROR(pos("sequence length", seqLen));
+  DLOPT_RETURN_IF_ERROR(pos("vocab", vocab));
+  if (ffnHidden < 0)
+    return Status::error("transformer: expected ffn hidden >= 0, got " +
+                         std::to_string(ffnHidden));
+  if (hidden % heads != 0)
+    return Status::error("transformer: hidden " + std::to_string(hidden) +
+                         " is not divisible by the " + std::to_string(heads) +
+                         " heads");
+  return Status::ok();
+}
+
+//===----------------------------------------------------------------------===//
+// Activations (Korthikanti et al. 2022) and schedules
+//===----------------------------------------------------------------------===//
+
+double activationBytesPerLayer(const TransformerSpec &spec,
+                               const TrainingConfig &cfg) {
+  double s = spec.seqLen, b = cfg.microBatchSize, h = spec.hidden,
+         a = spec.heads, t = cfg.tp;
+  double sbh = s * b * h;
+  double scale = cfg.precision.activationBytes / 2.0;
+  bool sp = cfg.sequenceParallel;
+  double bytes = 0;
+  switch (cfg.recompute) {
+  case RecomputePolicy::None:
+    bytes = sp ? sbh / t * (34 + 5 * a * s / h)
+               : sbh * (10 + 24 / t + 5 * a * s / (h * t));
+    break;
+  case RecomputePolicy::Selective:
+    bytes = sp ? sbh / t * 34 : sbh * (10 + 24 / t);
+    break;
+  case RecomputePolicy::Full:
+    bytes = 2 * sbh / (sp ? t : 1);
+    break;
+  }
+  return bytes * scale;
+}
+
+double microBatchesInFlight(const TrainingConfig &cfg, int stage) {
+  double m = cfg.numMicroBatches, p = cfg.pp, v = cfg.virtualStages;
+  switch (cfg.schedule) {
+  case PipelineSchedule::GPipe:
+    return m;
+  case PipelineSchedule::OneFOneB:
+  case PipelineSchedule::ZeroBubble:
+    return std::min(p - stage, m);
+  case PipelineSchedule::Interleaved1F1B:
+    // Narayanan et al. 2021: stage 0 holds p (1 + (p-1)/(p v)) micro-batches
+    // worth of its layers; later stages hold fewer, stage 0 bounds them.
+    return std::min(p * (1 + (p - 1) / (p * v)), m);
+  }
+  return m;
+}
+
+int64_t layersOnStage(const TransformerSpec &spec, int pp, int stage) {
+  int64_t base = spec.numLayers / pp, extra = spec.numLayers % pp;
+  return base + (stage < extra ? 1 : 0);
+}
+
+//===----------------------------------------------------------------------===//
+// Per-stage breakdown
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+Status checkConfig(const TransformerSpec &spec, const TrainingConfig &cfg) {
+  DLOPT_RETURN_IF_ERROR(spec.validate());
+  auto atLeast1 = [](const char *name, int64_t v) -> Status {
+    if (v >= 1)
+      return Status::ok();
+    return Status::error(std::string("expected ") + name + " >= 1, got " +
+                         std::to_string(v));
+  };
+  DLOPT_RETURN_IF_ERROR(atLeast1("dp", cfg.dp));
+  DLOPT_RETURN_IF_ERROR(atLeast1("tp", cfg.tp));
+  DLOPT_RETURN_IF_ERROR(atLeast1("pp", cfg.pp));
+  DLOPT_RETURN_IF_ERROR(atLeast1("the micro-batch size", cfg.microBatchSize));
+  DLOPT_RETURN_IF_ERROR(
+      atLeast1("the number of micro-batches", cfg.numMicroBatches));
+  DLOPT_RETURN_IF_ERROR(atLeast1("virtual stages", cfg.virtualStages));
+  if (cfg.zeroStage < 0 || cfg.zeroStage > 3)
+    return Status::error("expected a ZeRO stage from 0 to 3, got " +
+                         std::to_string(cfg.zeroStage));
+  if (spec.heads % cfg.tp != 0)
+    return Status::error("tp=" + std::to_string(cfg.tp) +
+                         " does not divide the " + std::to_string(spec.heads) +
+                         " attention heads");
+  if (spec.ffn() % cfg.tp != 0)
+    return Status::error("tp=" + std::to_string(cfg.tp) +
+                         " does not divide the ffn hidden size " +
+                         std::to_string(spec.ffn()));
+  if (cfg.sequenceParallel && spec.seqLen % cfg.tp != 0)
+    return Status::error("sequence parallelism: tp=" + std::to_string(cfg.tp) +
+                         " does not divide the sequence length " +
+                         std::to_string(spec.seqLen));
+  if (spec.numLayers < cfg.pp)
+    return Status::error("pp=" + std::to_string(cfg.pp) + " needs at least " +
+                         std::to_string(cfg.pp) + " layers, got " +
+                         std::to_string(spec.numLayers));
+  if (cfg.schedule == PipelineSchedule::Interleaved1F1B &&
+      spec.numLayers % (static_cast<int64_t>(cfg.pp) * cfg.virtualStages) != 0)
+    return Status::error("interleaved 1F1B: pp=" + std::to_string(cfg.pp) +
+                         " x v=" + std::to_string(cfg.virtualStages) +
+                         " does not divide the " +
+                         std::to_string(spec.numLayers) + " layers");
+  return Status::ok();
+}
+
+/// Parameters of one layer held by one tensor-parallel rank: the column- and
+/// row-parallel matrices and the column-parallel biases are split by t; the
+/// row-parallel biases (2h) and layer norms (4h) are replicated.
+double layerParamsPerTpRank(const TransformerSpec &spec, int tp) {
+  double h = spec.hidden, f = spec.ffn();
+  return (4 * h * h + 2 * h * f + 3 * h + f) / tp + 6 * h;
+}
+
+} // namespace
+
+Expected<MemoryBreakdown> transformerStageMemory(const TransformerSpec &spec,
+                                                 const TrainingConfig &cfg,
+                                                 int stage,
+                                                 const Calibration &cal) {
+  DLOPT_RETURN_IF_ERROR(checkConfig(spec, cfg));
+  if (stage < 0 || stage >= cfg.pp)
+    return Status::error("stage " + std::to_string(stage) +
+                         " is out of range for pp=" + std::to_string(cfg.pp));
+  const double h = spec.hidden, s = spec.seqLen, v = spec.vocab;
+  const double b = cfg.microBatchSize, t = cfg.tp;
+  const bool first = stage == 0, last = stage == cfg.pp - 1;
+  const double spDiv = cfg.sequenceParallel ? t : 1.0;
+  const PrecisionConfig &pr = cfg.precision;
+
+  // Parameters this device holds before ZeRO.
+  double layers = layersOnStage(spec, cfg.pp, stage);
+  double params = layers * layerParamsPerTpRank(spec, cfg.tp);
+  if (first)
+    params += v * h / t + (spec.learnedPositions ? s * h : 0.0);
+  if (last) {
+    params += 2 * h; // final layer norm
+    if (cfg.pp > 1 || !spec.tiedEmbeddings)
+      params += v * h / t; // output matrix (a tied copy when pp > 1)
+  }
+  auto states = stateMemory(params, cfg.dp, cfg.zeroStage, cfg.optimizer, pr);
+  if (!states)
+    return states.status();
+
+  MemoryBreakdown m;
+  m.stage = stage;
+  m.params = states->params;
+  m.grads = states->grads;
+  m.optimizer = states->optimizer;
+
+  // Activations kept for the backward pass.
+  double act = activationBytesPerLayer(spec, cfg);
+  double scale = pr.activationBytes / 2.0;
+  double inflight = microBatchesInFlight(cfg, stage);
+  m.activations = inflight * layers * act;
+  if (first) // embedding dropout mask, 1 byte per element
+    m.activations += inflight * s * b * h / spDiv;
+  if (last) // final LN + output projection inputs, fp32 logits for the loss
+    m.activations += microBatchesInFlight(cfg, cfg.pp - 1) *
+                     (4 * s * b * h / spDiv * scale + 4 * s * b * v / t);
+
+  // Working set of one layer's backward when its activations are recomputed.
+  if (cfg.recompute != RecomputePolicy::None) {
+    TrainingConfig noRecompute = cfg;
+    noRecompute.recompute = RecomputePolicy::None;
+    if (cfg.recompute == RecomputePolicy::Full)
+      m.transient = activationBytesPerLayer(spec, noRecompute);
+    else // the attention scores, softmax, dropout of one layer
+      m.transient = 5 * spec.heads * s * s * b / t * scale;
+  }
+
+  // Communication buffers.
+  int comms = (cfg.tp > 1) + (cfg.dp > 1) + (cfg.pp > 1);
+  m.commBuffers = comms * cal.ncclBufferBytes;
+  if (cfg.pp > 1) // one send and one receive activation buffer
+    m.commBuffers += 2 * s * b * h / spDiv * pr.activationBytes;
+  if (cfg.dp > 1 && cfg.zeroStage < 3) // bucket being reduced + being filled
+    m.commBuffers += 2 * cal.gradBucketBytes;
+  if (cfg.dp > 1 && cfg.zeroStage == 3) // gathered layer + prefetched layer
+    m.commBuffers += 2 * layerParamsPerTpRank(spec, cfg.tp) * pr.paramBytes;
+
+  m.workspace =
+      cal.runtimeReservedBytes +
+      cal.fragmentationFraction * (m.activations + m.transient + m.commBuffers);
+  return m;
+}
+
+Expected<MemoryBreakdown> transformerPeakMemory(const TransformerSpec &spec,
+                                                const TrainingConfig &cfg,
+                                                const Calibration &cal) {
+  DLOPT_RETURN_IF_ERROR(checkConfig(spec, cfg));
+  MemoryBreakdown best;
+  for (int st = 0; st < cfg.pp; ++st) {
+    auto m = transformerStageMemory(spec, cfg, st, cal);
+    if (!m)
+      return m.status();
+    if (st == 0 || m->total() > best.total())
+      best = *m;
+  }
+  return best;
+}
+
+std::string MemoryBreakdown::str() const {
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "stage %d\n"
+                "  params        %9.3f GiB\n"
+                "  grads         %9.3f GiB\n"
+                "  optimizer     %9.3f GiB\n"
+                "  activations   %9.3f GiB\n"
+                "  transient     %9.3f GiB\n"
+                "  comm buffers  %9.3f GiB\n"
+                "  workspace     %9.3f GiB\n"
+                "  total         %9.3f GiB\n",
+                stage, params / gib, grads / gib, optimizer / gib,
+                activations / gib, transient / gib, commBuffers / gib,
+                workspace / gib, total() / gib);
+  return buf;
+}
+
+} // namespace dlopt::planner

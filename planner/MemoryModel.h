@@ -1,0 +1,134 @@
+//===- MemoryModel.h - Per-device memory of a training step (upper bound) -===//
+//
+// Model states (parameters, gradients, optimizer state) divided by tensor,
+// pipeline and ZeRO data parallelism (Rajbhandari et al. 2020), activations
+// per layer from Korthikanti et al. 2022 times the micro-batches a pipeline
+// schedule keeps in flight, plus communication buffers and workspace.
+// Formulas: docs/cost-model.md, "Memory".
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "planner/Calibration.h"
+#include "planner/CostModel.h"
+
+#include <cstdint>
+#include <string>
+
+namespace dlopt::planner {
+
+enum class Optimizer { SGD, Momentum, Adam };
+const char *optimizerName(Optimizer o);
+
+enum class PipelineSchedule { GPipe, OneFOneB, Interleaved1F1B, ZeroBubble };
+const char *scheduleName(PipelineSchedule s);
+
+/// Bytes per parameter of each model state.
+struct PrecisionConfig {
+  double paramBytes = 2;     ///< bf16/fp16 working weights
+  double gradBytes = 2;      ///< 4 if gradients accumulate in fp32
+  bool masterWeights = true; ///< fp32 copy under mixed precision
+  double masterBytes = 4;
+  double optimizerStateBytes = 4; ///< per moment (fp32)
+  double activationBytes = 2;     ///< the "2 bytes" of Korthikanti's formulas
+};
+
+/// Bytes of model state on one device.
+struct StateMemory {
+  double params = 0;
+  double grads = 0;
+  double optimizer = 0; ///< moments + master weights
+  double total() const { return params + grads + optimizer; }
+};
+
+/// Model states for `paramsOnDevice` parameters (already divided by tp and
+/// pp) with ZeRO stage `zeroStage` over `dp` ranks:
+///   stage >= 1 divides optimizer state, >= 2 gradients, 3 parameters by dp.
+Expected<StateMemory> stateMemory(double paramsOnDevice, int dp, int zeroStage,
+                                  Optimizer optimizer,
+                                  const PrecisionConfig &precision = {});
+
+/// A GPT-style decoder (Megatron-LM layout).
+struct TransformerSpec {
+  int64_t numLayers = 0;
+  int64_t hidden = 0;    ///< h
+  int64_t heads = 0;     ///< a
+  int64_t seqLen = 0;    ///< s
+  int64_t vocab = 0;     ///< v
+  int64_t ffnHidden = 0; ///< 0 means 4h
+  bool tiedEmbeddings = true;
+  bool learnedPositions = true;
+
+  int64_t ffn() const { return ffnHidden ? ffnHidden : 4 * hidden; }
+  /// One layer: QKV + projection + two MLP matrices, their biases, two
+  /// layer norms: 4h^2 + 2hf + 9h + f (= 12h^2 + 13h when f = 4h).
+  double layerParams() const;
+  /// Word (v*h) plus learned position (s*h) embeddings.
+  double embeddingParams() const;
+  /// layers + embeddings + final layer norm (+ untied output matrix).
+  double totalParams() const;
+  Status validate() const;
+};
+
+/// The parallel configuration the memory depends on.
+struct TrainingConfig {
+  int dp = 1, tp = 1, pp = 1;
+  int zeroStage = 0;
+  int64_t microBatchSize = 1;  ///< b
+  int64_t numMicroBatches = 1; ///< m, per pipeline per step
+  PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+  int virtualStages = 1; ///< v, interleaved 1F1B only
+  RecomputePolicy recompute = RecomputePolicy::None;
+  bool sequenceParallel = false;
+  Optimizer optimizer = Optimizer::Adam;
+  PrecisionConfig precision;
+};
+
+/// Activation bytes one layer keeps for one micro-batch (Korthikanti et al.
+/// 2022, Table 2):
+///   none, no SP:          sbh (10 + 24/t + 5as/(ht))
+///   none, SP:             sbh/t (34 + 5as/h)
+///   selective, no SP:     sbh (10 + 24/t)
+///   selective, SP:        sbh/t * 34
+///   full:                 2sbh (/t with SP)
+/// with t = 1 this is sbh(34 + 5as/h). Scaled by activationBytes/2.
+double activationBytesPerLayer(const TransformerSpec &spec,
+                               const TrainingConfig &cfg);
+
+/// Micro-batches whose activations stage `stage` holds at its peak, in units
+/// of that stage's full layer set: GPipe m; 1F1B and zero-bubble (ZB-H1)
+/// min(pp - stage, m); interleaved 1F1B (stage 0 worst) pp (1 + (pp-1)/(pp v))
+/// capped at m.
+double microBatchesInFlight(const TrainingConfig &cfg, int stage);
+
+/// Layers assigned to pipeline stage `stage` (the first L mod pp stages get
+/// one extra).
+int64_t layersOnStage(const TransformerSpec &spec, int pp, int stage);
+
+struct MemoryBreakdown {
+  int stage = 0;
+  double params = 0, grads = 0, optimizer = 0;
+  double activations = 0; ///< stored across micro-batches in flight
+  double transient = 0;   ///< working set of one layer's backward
+  double commBuffers = 0; ///< NCCL, gradient buckets, p2p, ZeRO-3 gathers
+  double workspace = 0;   ///< runtime reserve + fragmentation
+  double total() const {
+    return params + grads + optimizer + activations + transient + commBuffers +
+           workspace;
+  }
+  /// Multi-line table in GiB.
+  std::string str() const;
+};
+
+/// Upper bound of the memory of one device of pipeline stage `stage`.
+/// Errors name the constraint that fails (heads % tp, layers < pp, ...).
+Expected<MemoryBreakdown> transformerStageMemory(const TransformerSpec &spec,
+                                                 const TrainingConfig &cfg,
+                                                 int stage,
+                                                 const Calibration &cal = {});
+/// The stage with the largest total.
+Expected<MemoryBreakdown> transformerPeakMemory(const TransformerSpec &spec,
+                                                const TrainingConfig &cfg,
+                                                const Calibration &cal = {});
+
+} // namespace dlopt::planner

@@ -1,0 +1,90 @@
+//===- CalibrationTest.cpp - Defaults, overrides, errors, docs ------------===//
+#include "planner/Calibration.h"
+#include "test/unit/planner/TestUtil.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+using namespace dlopt::planner;
+using dlopt::planner::test::writeTemp;
+
+TEST(Calibration, DefaultsAreValid) {
+  Calibration c;
+  EXPECT_TRUE(c.validate()) << c.validate().message();
+  // The measured H100 GEMM (790 of 989 TFLOP/s) and copy (3.0 of 3.35 TB/s).
+  EXPECT_DOUBLE_EQ(c.matmulLargeEfficiency, 0.80);
+  EXPECT_DOUBLE_EQ(c.memoryBandwidthEfficiency, 0.90);
+}
+
+TEST(Calibration, OverrideSubsetKeepsTheRest) {
+  auto c = parseCalibration(R"({"matmul_large_efficiency": 0.7,
+                                "collective_launch_latency_us": 12,
+                                "runtime_reserved_gib": 2})",
+                            "cal.json");
+  ASSERT_TRUE(c) << c.status().message();
+  EXPECT_DOUBLE_EQ(c->matmulLargeEfficiency, 0.7);
+  EXPECT_DOUBLE_EQ(c->collectiveLaunchLatency, 12e-6); // file unit: us
+  EXPECT_DOUBLE_EQ(c->runtimeReservedBytes, 2.0 * (1ull << 30));
+  EXPECT_DOUBLE_EQ(c->attentionEfficiency, Calibration{}.attentionEfficiency);
+}
+
+TEST(Calibration, OverridesStackOnABase) {
+  Calibration base;
+  base.attentionEfficiency = 0.4;
+  auto c = parseCalibration(R"({"matmul_small_efficiency": 0.3})", "x", base);
+  ASSERT_TRUE(c);
+  EXPECT_DOUBLE_EQ(c->attentionEfficiency, 0.4);
+  EXPECT_DOUBLE_EQ(c->matmulSmallEfficiency, 0.3);
+}
+
+TEST(Calibration, FileAndRoundTrip) {
+  Calibration c;
+  c.interNodeBusEfficiency = 0.66;
+  c.ncclBufferBytes = 32.0 * (1 << 20);
+  auto path = writeTemp("cal.json", c.toJson());
+  auto back = loadCalibration(path);
+  ASSERT_TRUE(back) << back.status().message();
+  EXPECT_DOUBLE_EQ(back->interNodeBusEfficiency, 0.66);
+  EXPECT_DOUBLE_EQ(back->ncclBufferBytes, 32.0 * (1 << 20));
+  EXPECT_DOUBLE_EQ(back->collectiveLaunchLatency, c.collectiveLaunchLatency);
+}
+
+TEST(Calibration, Errors) {
+  auto expectError = [](const std::string &text, const std::string &sub) {
+    auto c = parseCalibration(text, "cal.json");
+    ASSERT_FALSE(c) << text;
+    EXPECT_NE(c.status().message().find(sub), std::string::npos)
+        << c.status().message();
+  };
+  expectError(R"({"matmul_eff": 0.5})",
+              "cal.json: unknown calibration key 'matmul_eff' (known: "
+              "matmul_large_efficiency");
+  expectError(R"({"attention_efficiency": 1.5})",
+              "attention_efficiency: expected a fraction in (0, 1], got 1.5");
+  expectError(R"({"attention_efficiency": 0})", "got 0");
+  expectError(R"({"collective_launch_latency_us": -1})",
+              "collective_launch_latency_us: expected a number >= 0, got -1");
+  expectError(R"({"backward_flops_ratio": 0})",
+              "backward_flops_ratio: expected a positive number");
+  expectError(R"({"fragmentation_fraction": 1})", "[0, 1)");
+  expectError(R"({"grad_bucket_mib": "25"})",
+              "grad_bucket_mib: expected a number, got string");
+  expectError("[1, 2]", "expected a JSON object of constants, got array");
+  expectError("{", "cal.json: not valid JSON");
+  auto missing = loadCalibration("/nonexistent/cal.json");
+  ASSERT_FALSE(missing);
+  EXPECT_NE(missing.status().message().find("cannot open"), std::string::npos);
+}
+
+TEST(Calibration, EveryKeyIsDocumented) {
+  std::ifstream in(std::string(DLOPT_SOURCE_DIR) + "/docs/cost-model.md");
+  ASSERT_TRUE(in) << "docs/cost-model.md is missing";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string doc = ss.str();
+  for (const CalibrationKey &k : calibrationKeys())
+    EXPECT_NE(doc.find("`" + k.name + "`"), std::string::npos)
+        << k.name << " is not documented in docs/cost-model.md";
+}

@@ -1,0 +1,296 @@
+//===- CostModelTest.cpp - Formulas against hand-computed cases -----------===//
+//
+// Numbers below use the dgx-h100 preset and the default calibration:
+//   NVLink 450 GB/s/dir x 0.80 = 360 GB/s effective, alpha_intra = 1 us
+//   network 400 GB/s/node / 8 GPUs = 50 GB/s/rank x 0.85 = 42.5 GB/s,
+//   alpha_inter = 5 us, launch latency L = 8 us.
+//
+//===----------------------------------------------------------------------===//
+#include "planner/CostModel.h"
+#include "test/unit/planner/TestUtil.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+using namespace dlopt::planner;
+
+namespace {
+
+constexpr double kRel = 1e-9;
+
+struct Fixture : ::testing::Test {
+  void SetUp() override {
+    auto c = resolveCluster("dgx-h100:16");
+    ASSERT_TRUE(c);
+    cluster = *c;
+  }
+  CommGroup group(int size, int stride, int first = 0) {
+    auto g = cluster.stridedGroup(size, stride, first);
+    EXPECT_TRUE(g) << g.status().message();
+    return *g;
+  }
+  CommEstimate comm(Collective c, double bytes, const CommGroup &g,
+                    CommAlgorithm a = CommAlgorithm::Auto) {
+    auto e = model.commTime(c, bytes, g, a);
+    EXPECT_TRUE(e) << e.status().message();
+    return e ? *e : CommEstimate{};
+  }
+  Cluster cluster;
+  CostModel model;
+};
+
+using CommTest = Fixture;
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Compute: roofline
+//===----------------------------------------------------------------------===//
+
+TEST(Compute, RooflineComputeAndMemoryBound) {
+  CostModel m;
+  GpuSpec h100 = *gpuPreset("h100-sxm-80gb");
+  // 989e12 * 0.8 = 791.2e12 FLOP/s; 3.35e12 * 0.9 = 3.015e12 B/s.
+  OpCost op{OpKind::Matmul, Precision::BF16, 791.2e12 / 2, 3.015e12 / 4};
+  auto e = m.computeTime(op, h100);
+  ASSERT_TRUE(e);
+  EXPECT_REL(e->computeTime, 0.5, kRel);
+  EXPECT_REL(e->memoryTime, 0.25, kRel);
+  EXPECT_REL(e->time, 0.5, kRel);
+  EXPECT_FALSE(e->memoryBound());
+
+  // Elementwise: 1e9 FLOPs at 0.5 x 989e12 = 2.0222e-6 s; 3.015e9 bytes at
+  // 3.015e12 B/s = 1e-3 s -> memory bound.
+  OpCost ew{OpKind::Elementwise, Precision::BF16, 1e9, 3.015e9};
+  auto f = m.computeTime(ew, h100);
+  ASSERT_TRUE(f);
+  EXPECT_REL(f->computeTime, 1e9 / (989e12 * 0.5), kRel);
+  EXPECT_REL(f->time, 1e-3, kRel);
+  EXPECT_TRUE(f->memoryBound());
+}
+
+TEST(Compute, EfficiencyPerKindAndPrecision) {
+  CostModel m;
+  GpuSpec a100 = *gpuPreset("a100-sxm-80gb");
+  // Small matmul (< 1e10 FLOPs): 1e9 / (312e12 * 0.5) = 6.4103e-6 s.
+  auto small = m.computeTime({OpKind::Matmul, Precision::BF16, 1e9, 0}, a100);
+  ASSERT_TRUE(small);
+  EXPECT_REL(small->time, 1e9 / 156e12, kRel);
+  // Attention at 0.6: 1e12 / (312e12 * 0.6) = 5.3419e-3 s.
+  auto att = m.computeTime({OpKind::Attention, Precision::FP16, 1e12, 0}, a100);
+  ASSERT_TRUE(att);
+  EXPECT_REL(att->time, 1e12 / (312e12 * 0.6), kRel);
+  // fp32 on A100: 19.5 TFLOP/s.
+  auto fp32 = m.computeTime({OpKind::Matmul, Precision::FP32, 1e12, 0}, a100);
+  ASSERT_TRUE(fp32);
+  EXPECT_REL(fp32->time, 1e12 / (19.5e12 * 0.8), kRel);
+}
+
+TEST(Compute, Errors) {
+  CostModel m;
+  GpuSpec a100 = *gpuPreset("a100-sxm-80gb");
+  auto fp8 = m.computeTime({OpKind::Matmul, Precision::FP8, 1e12, 0}, a100);
+  ASSERT_FALSE(fp8);
+  EXPECT_EQ(fp8.status().message(),
+            "A100-SXM-80GB has no fp8 peak: cannot run a matmul op in that "
+            "precision");
+  auto neg = m.computeTime({OpKind::Matmul, Precision::BF16, -1, 0}, a100);
+  ASSERT_FALSE(neg);
+  EXPECT_NE(neg.status().message().find("expected flops and bytes >= 0"),
+            std::string::npos);
+}
+
+TEST(Compute, TrainingTimeWithRecompute) {
+  CostModel m; // backward = 2 x forward
+  EXPECT_DOUBLE_EQ(m.trainingTime(1.0, RecomputePolicy::None), 3.0);
+  EXPECT_DOUBLE_EQ(m.trainingTime(1.0, RecomputePolicy::Full), 4.0);
+  EXPECT_DOUBLE_EQ(m.trainingTime(1.0, RecomputePolicy::Selective, 0.2), 3.2);
+}
+
+//===----------------------------------------------------------------------===//
+// Communication: alpha-beta per algorithm
+//===----------------------------------------------------------------------===//
+
+TEST_F(CommTest, RingAllReduceInsideANode) {
+  // 8 ranks, S = 1 GB: 2*7/8 * 1e9 / 360e9 = 4.86111e-3 s;
+  // latency 8 us + 2*7 * 1 us = 22 us.
+  auto e = comm(Collective::AllReduce, 1e9, group(8, 1), CommAlgorithm::Ring);
+  EXPECT_REL(e.bandwidthTerm, 1.75e9 / 360e9, kRel);
+  EXPECT_REL(e.latencyTerm, 22e-6, kRel);
+  EXPECT_REL(e.time, 1.75e9 / 360e9 + 22e-6, kRel);
+  EXPECT_EQ(e.link, LinkKind::IntraNode);
+  // Auto picks ring here (tree: 2 * 1e9 / 360e9 is slower).
+  auto a = comm(Collective::AllReduce, 1e9, group(8, 1));
+  EXPECT_EQ(a.algorithm, CommAlgorithm::Ring);
+}
+
+TEST_F(CommTest, AllGatherReduceScatterBroadcastInsideANode) {
+  // (n-1)/n * S / B = 7/8 * 1e9 / 360e9; latency 8 + 7 * 1 us.
+  auto ag = comm(Collective::AllGather, 1e9, group(8, 1));
+  EXPECT_REL(ag.time, 0.875e9 / 360e9 + 15e-6, kRel);
+  auto rs = comm(Collective::ReduceScatter, 1e9, group(8, 1));
+  EXPECT_REL(rs.time, ag.time, kRel);
+  // Broadcast, pipelined ring: 7 us + 8 us + 1e9 / 360e9.
+  auto bc = comm(Collective::Broadcast, 1e9, group(8, 1), CommAlgorithm::Ring);
+  EXPECT_REL(bc.time, 1e9 / 360e9 + 15e-6, kRel);
+  // Tree broadcast: chain of 7 intra hops, same bandwidth term.
+  auto bt = comm(Collective::Broadcast, 1e9, group(8, 1), CommAlgorithm::Tree);
+  EXPECT_REL(bt.time, 1e9 / 360e9 + 15e-6, kRel);
+}
+
+TEST_F(CommTest, RingVersusTreeAcrossNodes) {
+  // dp group: 16 ranks, one per node (stride 8), 42.5 GB/s per rank.
+  CommGroup dp = group(16, 8);
+  // Ring, S = 1 MB: latency 8 + 2*15*5 = 158 us;
+  // bandwidth 2*15/16 * 1e6 / 42.5e9 = 44.1176 us.
+  auto ring = comm(Collective::AllReduce, 1e6, dp, CommAlgorithm::Ring);
+  EXPECT_REL(ring.latencyTerm, 158e-6, kRel);
+  EXPECT_REL(ring.bandwidthTerm, 1.875e6 / 42.5e9, kRel);
+  EXPECT_EQ(ring.link, LinkKind::Network);
+  // Tree: latency 8 + 2 * ceil(log2 16) * 5 = 48 us; bandwidth 2e6/42.5e9.
+  auto tree = comm(Collective::AllReduce, 1e6, dp, CommAlgorithm::Tree);
+  EXPECT_REL(tree.latencyTerm, 48e-6, kRel);
+  EXPECT_REL(tree.bandwidthTerm, 2e6 / 42.5e9, kRel);
+  // Small messages: tree wins; large: ring wins.
+  EXPECT_EQ(comm(Collective::AllReduce, 1e6, dp).algorithm,
+            CommAlgorithm::Tree);
+  EXPECT_EQ(comm(Collective::AllReduce, 1e9, dp).algorithm,
+            CommAlgorithm::Ring);
+}
+
+TEST_F(CommTest, HierarchicalAllReduce) {
+  // All 128 ranks (16 nodes x 8), S = 1 GB.
+  //  intra RS:  7 * 1 us + 7/8 * 1e9 / 360e9          = 2.430556e-3
+  //  inter AR over 16 nodes of S/8 = 1.25e8 per rank:
+  //             30 * 5 us + 2*15/16 * 1.25e8 / 42.5e9  = 5.514706e-3
+  //  intra AG:  same as RS
+  //  launches:  3 * 8 us
+  CommGroup all = group(128, 1);
+  auto h = comm(Collective::AllReduce, 1e9, all, CommAlgorithm::Hierarchical);
+  double lat = 3 * 8e-6 + 2 * 7e-6 + 30 * 5e-6;
+  double band = 2 * 0.875e9 / 360e9 + 2.34375e8 / 42.5e9;
+  EXPECT_REL(h.latencyTerm, lat, kRel);
+  EXPECT_REL(h.bandwidthTerm, band, kRel);
+  EXPECT_EQ(h.link, LinkKind::Network);
+  // Flat ring over 128: bottleneck min(360, 8 * 42.5 = 340) GB/s, network;
+  // latency 8 + 254 * 5 us.
+  auto r = comm(Collective::AllReduce, 1e9, all, CommAlgorithm::Ring);
+  EXPECT_REL(r.bandwidthTerm, 2.0 * 127 / 128 * 1e9 / 340e9, kRel);
+  EXPECT_REL(r.latencyTerm, 8e-6 + 254 * 5e-6, kRel);
+  EXPECT_EQ(r.link, LinkKind::Network);
+  // Hierarchical all-gather: inter AG of S/8 over 16 nodes, then intra AG.
+  auto ag = comm(Collective::AllGather, 1e9, all, CommAlgorithm::Hierarchical);
+  EXPECT_REL(ag.time,
+             2 * 8e-6 + 15 * 5e-6 + 7 * 1e-6 + 15.0 / 16 * 1.25e8 / 42.5e9 +
+                 0.875e9 / 360e9,
+             kRel);
+  // Hierarchical inside one node is just a ring.
+  auto one = comm(Collective::AllReduce, 1e9, group(8, 1),
+                  CommAlgorithm::Hierarchical);
+  EXPECT_EQ(one.algorithm, CommAlgorithm::Ring);
+}
+
+TEST_F(CommTest, AllToAll) {
+  // Inside a node on NVSwitch: 7/8 * S / 360e9; latency 8 + 7 * 1 us.
+  auto in = comm(Collective::AllToAll, 1e9, group(8, 1));
+  EXPECT_REL(in.time, 0.875e9 / 360e9 + 15e-6, kRel);
+  EXPECT_EQ(in.algorithm, CommAlgorithm::Direct);
+  // Two nodes x 8, S = 1.6 GB: intra 7/16 * S / 360e9 = 1.944e-3;
+  // inter 8/16 * S / 42.5e9 = 18.82e-3 (bottleneck); latency 8 + 15 * 5 us.
+  auto two = comm(Collective::AllToAll, 1.6e9, group(16, 1));
+  EXPECT_REL(two.bandwidthTerm, 0.8e9 / 42.5e9, kRel);
+  EXPECT_REL(two.latencyTerm, 8e-6 + 15 * 5e-6, kRel);
+  EXPECT_EQ(two.link, LinkKind::Network);
+  // A ring topology node: floor(8^2/4) = 16 hop-messages per rank ->
+  // 16/8 * S / B = 2 * 1e9 / 360e9.
+  CommGroup ring = group(8, 1);
+  ring.intra.topology = IntraTopology::Ring;
+  auto r = comm(Collective::AllToAll, 1e9, ring);
+  EXPECT_REL(r.bandwidthTerm, 2e9 / 360e9, kRel);
+}
+
+TEST_F(CommTest, SendRecv) {
+  // Same node: 8 + 1 us + 1e9 / 360e9.
+  auto in = comm(Collective::SendRecv, 1e9, group(2, 1));
+  EXPECT_REL(in.time, 9e-6 + 1e9 / 360e9, kRel);
+  EXPECT_EQ(in.link, LinkKind::IntraNode);
+  // Across nodes: 8 + 5 us + 1e9 / 42.5e9.
+  auto out = comm(Collective::SendRecv, 1e9, group(2, 8));
+  EXPECT_REL(out.time, 13e-6 + 1e9 / 42.5e9, kRel);
+  EXPECT_EQ(out.link, LinkKind::Network);
+}
+
+TEST_F(CommTest, OneRankMovesNothing) {
+  for (Collective c : {Collective::AllReduce, Collective::AllGather,
+                       Collective::AllToAll, Collective::Broadcast}) {
+    auto e = comm(c, 1e9, group(1, 1));
+    EXPECT_EQ(e.time, 0.0) << collectiveName(c);
+  }
+}
+
+TEST_F(CommTest, Errors) {
+  auto msg = [&](Collective c, double bytes, const CommGroup &g,
+                 CommAlgorithm a) {
+    auto e = model.commTime(c, bytes, g, a);
+    EXPECT_FALSE(e);
+    return e ? std::string() : e.status().message();
+  };
+  EXPECT_EQ(msg(Collective::AllGather, 1, group(8, 1), CommAlgorithm::Tree),
+            "all-gather over 8 ranks: the tree algorithm does not implement "
+            "all-gather");
+  EXPECT_NE(msg(Collective::AllReduce, 1, group(8, 1), CommAlgorithm::Direct)
+                .find("direct algorithm does not implement all-reduce"),
+            std::string::npos);
+  EXPECT_NE(msg(Collective::AllToAll, 1, group(8, 1), CommAlgorithm::Ring)
+                .find("ring algorithm"),
+            std::string::npos);
+  EXPECT_NE(msg(Collective::AllReduce, -5, group(8, 1), CommAlgorithm::Auto)
+                .find("expected bytes >= 0"),
+            std::string::npos);
+  EXPECT_NE(msg(Collective::SendRecv, 1, group(3, 1), CommAlgorithm::Auto)
+                .find("send/recv needs a communicator of 2 ranks"),
+            std::string::npos);
+  CommGroup broken = group(16, 8);
+  broken.interBandwidthPerRank = 0;
+  EXPECT_NE(msg(Collective::AllReduce, 1, broken, CommAlgorithm::Auto)
+                .find("network bandwidth is 0"),
+            std::string::npos);
+}
+
+TEST_F(CommTest, MoreBandwidthIsNeverSlower) {
+  const Collective all[] = {Collective::AllReduce, Collective::AllGather,
+                            Collective::ReduceScatter, Collective::AllToAll,
+                            Collective::Broadcast};
+  const CommGroup shapes[] = {group(8, 1), group(16, 8), group(32, 2),
+                              group(128, 1)};
+  for (const CommGroup &base : shapes)
+    for (Collective c : all)
+      for (double bytes : {1e3, 1e6, 1e9}) {
+        double prev = INFINITY;
+        for (double f : {0.5, 1.0, 2.0, 4.0}) {
+          CommGroup g = base;
+          g.intra.bandwidth *= f;
+          g.interBandwidthPerRank *= f;
+          double t = comm(c, bytes, g).time;
+          EXPECT_LE(t, prev) << collectiveName(c) << " " << bytes;
+          prev = t;
+        }
+        // More bytes never take less time either.
+        EXPECT_LE(comm(c, bytes, base).time, comm(c, 2 * bytes, base).time);
+      }
+}
+
+//===----------------------------------------------------------------------===//
+// Overlap
+//===----------------------------------------------------------------------===//
+
+TEST(Overlap, ExposedTime) {
+  // max(0, comm - eff * overlappable)
+  EXPECT_DOUBLE_EQ(CostModel::exposed(10, 8, 0.8), 10 - 6.4);
+  EXPECT_DOUBLE_EQ(CostModel::exposed(1, 8, 0.8), 0.0);
+  EXPECT_DOUBLE_EQ(CostModel::exposed(5, -3, 0.8), 5.0);
+  CostModel m; // grad overlap 0.8, p2p overlap 0.9
+  EXPECT_DOUBLE_EQ(m.exposedGradSync(10, 10), 2.0);
+  EXPECT_NEAR(m.exposedP2P(1.0, 1.0), 0.1, 1e-12);
+}

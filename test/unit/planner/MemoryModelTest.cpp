@@ -1,0 +1,304 @@
+//===- MemoryModelTest.cpp - Model states, activations, schedules ---------===//
+#include "planner/MemoryModel.h"
+#include "test/unit/planner/TestUtil.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+using namespace dlopt::planner;
+
+namespace {
+
+constexpr double kRel = 1e-12;
+
+/// GPT-3 175B (Brown et al. 2020): 96 layers, h = 12288, 96 heads,
+/// s = 2048, GPT-2 vocabulary of 50257.
+TransformerSpec gpt3() {
+  TransformerSpec s;
+  s.numLayers = 96;
+  s.hidden = 12288;
+  s.heads = 96;
+  s.seqLen = 2048;
+  s.vocab = 50257;
+  return s;
+}
+
+/// tp=8, pp=16, dp=8, ZeRO-1, Adam, bf16 + fp32 master weights.
+TrainingConfig gpt3Config() {
+  TrainingConfig c;
+  c.dp = 8;
+  c.tp = 8;
+  c.pp = 16;
+  c.zeroStage = 1;
+  c.microBatchSize = 1;
+  c.numMicroBatches = 64;
+  c.schedule = PipelineSchedule::OneFOneB;
+  c.recompute = RecomputePolicy::Selective;
+  c.sequenceParallel = true;
+  return c;
+}
+
+std::string errorOf(const Expected<MemoryBreakdown> &e) {
+  return e ? std::string("<ok>") : e.status().message();
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Model states
+//===----------------------------------------------------------------------===//
+
+TEST(StateMemory, Gpt3EvenSplitZeroStages) {
+  // 175e9 params over tp*pp = 128 -> 1.3671875e9 params per device.
+  // Mixed-precision Adam: 2 (bf16 params) + 2 (bf16 grads) + 12 (fp32
+  // master + 2 moments) = 16 bytes per parameter (ZeRO paper's K = 12).
+  double phi = 175e9 / 128;
+  auto z1 = stateMemory(phi, 8, 1, Optimizer::Adam);
+  ASSERT_TRUE(z1);
+  EXPECT_DOUBLE_EQ(z1->params, 2.734375e9);      // 2 * phi
+  EXPECT_DOUBLE_EQ(z1->grads, 2.734375e9);       // 2 * phi
+  EXPECT_DOUBLE_EQ(z1->optimizer, 2.05078125e9); // 12 * phi / 8
+  auto z0 = stateMemory(phi, 8, 0, Optimizer::Adam);
+  EXPECT_DOUBLE_EQ(z0->optimizer, 16.40625e9); // 12 * phi
+  auto z2 = stateMemory(phi, 8, 2, Optimizer::Adam);
+  EXPECT_DOUBLE_EQ(z2->grads, 0.341796875e9); // 2 * phi / 8
+  EXPECT_DOUBLE_EQ(z2->params, 2.734375e9);
+  auto z3 = stateMemory(phi, 8, 3, Optimizer::Adam);
+  EXPECT_DOUBLE_EQ(z3->params, 0.341796875e9); // 2 * phi / 8
+  EXPECT_DOUBLE_EQ(z3->total(), 16 * phi / 8);
+}
+
+TEST(StateMemory, OptimizersAndPrecision) {
+  PrecisionConfig fp32;
+  fp32.paramBytes = 4;
+  fp32.gradBytes = 4;
+  fp32.masterWeights = false;
+  // fp32 Adam: 4 + 4 + 8 = 16 bytes per parameter.
+  auto adam = stateMemory(1e9, 1, 0, Optimizer::Adam, fp32);
+  EXPECT_DOUBLE_EQ(adam->total(), 16e9);
+  // Plain SGD in fp32 keeps no optimizer state.
+  EXPECT_DOUBLE_EQ(stateMemory(1e9, 1, 0, Optimizer::SGD, fp32)->optimizer, 0);
+  // Momentum under mixed precision: 4 (momentum) + 4 (master) bytes.
+  EXPECT_DOUBLE_EQ(stateMemory(1e9, 1, 0, Optimizer::Momentum)->optimizer, 8e9);
+}
+
+TEST(StateMemory, Errors) {
+  EXPECT_FALSE(stateMemory(1, 0, 0, Optimizer::Adam));
+  auto z = stateMemory(1, 2, 4, Optimizer::Adam);
+  ASSERT_FALSE(z);
+  EXPECT_EQ(z.status().message(), "expected a ZeRO stage from 0 to 3, got 4");
+  EXPECT_FALSE(stateMemory(-1, 1, 0, Optimizer::Adam));
+}
+
+//===----------------------------------------------------------------------===//
+// Transformer parameters
+//===----------------------------------------------------------------------===//
+
+TEST(Transformer, Gpt3ParameterCount) {
+  TransformerSpec s = gpt3();
+  // 12h^2 + 13h = 12 * 150994944 + 13 * 12288 = 1812099072.
+  EXPECT_DOUBLE_EQ(s.layerParams(), 1812099072.0);
+  // 96 layers + 50257h + 2048h (positions) + 2h (final LN) = 174.6e9.
+  EXPECT_DOUBLE_EQ(s.totalParams(), 174604259328.0);
+}
+
+TEST(Transformer, Gpt3StateBytesPerDeviceByHand) {
+  // Per tp rank, one layer: (12h^2 + 7h)/8 + 6h (replicated biases + LNs)
+  //   = 1812025344 / 8 + 73728 = 226576896.
+  // Stage 0: 6 layers + word embedding / 8 + positions (replicated)
+  //   = 1359461376 + 77194752 + 25165824 = 1461821952 params.
+  TransformerSpec s = gpt3();
+  TrainingConfig c = gpt3Config();
+  auto m0 = transformerStageMemory(s, c, 0);
+  ASSERT_TRUE(m0) << errorOf(m0);
+  EXPECT_DOUBLE_EQ(m0->params, 2 * 1461821952.0);
+  EXPECT_DOUBLE_EQ(m0->grads, 2 * 1461821952.0);
+  EXPECT_DOUBLE_EQ(m0->optimizer, 12 * 1461821952.0 / 8);
+  // Middle stage: layers only. Last stage: + final LN (2h) + output matrix.
+  auto mid = transformerStageMemory(s, c, 7);
+  EXPECT_DOUBLE_EQ(mid->params, 2 * 1359461376.0);
+  auto last = transformerStageMemory(s, c, 15);
+  EXPECT_DOUBLE_EQ(last->params, 2 * (1359461376.0 + 24576 + 77194752));
+}
+
+//===----------------------------------------------------------------------===//
+// Activations (Korthikanti et al. 2022, Table 2)
+//===----------------------------------------------------------------------===//
+
+TEST(Activations, KorthikantiFormulas) {
+  TransformerSpec s = gpt3();
+  TrainingConfig c;
+  // s*b*h = 2048 * 1 * 12288 = 25165824; 5as/h = 5*96*2048/12288 = 80.
+  const double sbh = 25165824;
+  c.tp = 1;
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), sbh * (34 + 80));
+  c.tp = 8; // no SP: sbh (10 + 24/8 + 80/8)
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), sbh * 23);
+  c.sequenceParallel = true; // sbh/8 (34 + 80)
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), sbh / 8 * 114);
+  c.recompute = RecomputePolicy::Selective; // sbh/8 * 34
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), sbh / 8 * 34);
+  c.sequenceParallel = false; // sbh (10 + 24/8)
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), sbh * 13);
+  c.recompute = RecomputePolicy::Full; // 2sbh
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 2 * sbh);
+  c.sequenceParallel = true;
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 2 * sbh / 8);
+  c.microBatchSize = 4; // linear in b
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 4 * 2 * sbh / 8);
+}
+
+TEST(Activations, MicroBatchesInFlight) {
+  TrainingConfig c;
+  c.pp = 16;
+  c.numMicroBatches = 64;
+  c.schedule = PipelineSchedule::GPipe;
+  EXPECT_DOUBLE_EQ(microBatchesInFlight(c, 0), 64);
+  EXPECT_DOUBLE_EQ(microBatchesInFlight(c, 15), 64);
+  c.schedule = PipelineSchedule::OneFOneB;
+  EXPECT_DOUBLE_EQ(microBatchesInFlight(c, 0), 16); // first stage holds pp
+  EXPECT_DOUBLE_EQ(microBatchesInFlight(c, 15), 1);
+  c.schedule = PipelineSchedule::ZeroBubble;
+  EXPECT_DOUBLE_EQ(microBatchesInFlight(c, 3), 13);
+  c.schedule = PipelineSchedule::Interleaved1F1B;
+  c.virtualStages = 2; // 16 * (1 + 15/32) = 23.5
+  EXPECT_DOUBLE_EQ(microBatchesInFlight(c, 0), 23.5);
+  c.numMicroBatches = 4; // never more than m
+  c.schedule = PipelineSchedule::OneFOneB;
+  EXPECT_DOUBLE_EQ(microBatchesInFlight(c, 0), 4);
+}
+
+TEST(Activations, Gpt3FirstStageBreakdownByHand) {
+  TransformerSpec s = gpt3();
+  TrainingConfig c = gpt3Config();
+  Calibration cal;
+  auto m = transformerStageMemory(s, c, 0, cal);
+  ASSERT_TRUE(m) << errorOf(m);
+  // Selective + SP: sbh/t * 34 = 3145728 * 34 = 106954752 per layer;
+  // 16 micro-batches in flight x 6 layers = 10267656192; embedding dropout
+  // mask 16 x sbh/t = 50331648.
+  EXPECT_DOUBLE_EQ(m->activations, 10267656192.0 + 50331648.0);
+  // Attention core of one layer: 5 a s^2 b / t = 5*96*2048^2/8 = 251658240.
+  EXPECT_DOUBLE_EQ(m->transient, 251658240.0);
+  // 3 communicators x 64 MiB + p2p 2 x sbh/t x 2 B + 2 x 25 MiB buckets.
+  double comm = 3 * 64.0 * (1 << 20) + 2 * 3145728.0 * 2 + 2 * 25.0 * (1 << 20);
+  EXPECT_DOUBLE_EQ(m->commBuffers, comm);
+  EXPECT_REL(m->workspace,
+             (1u << 30) + 0.05 * (m->activations + m->transient + comm), kRel);
+  // Under an 80 GB H100/A100 (state 8.04 GB + activations 10.3 GB + ...).
+  EXPECT_LT(m->total(), 80e9);
+  EXPECT_NE(m->str().find("total"), std::string::npos);
+  // Stage 0 is the peak under 1F1B.
+  auto peak = transformerPeakMemory(s, c, cal);
+  ASSERT_TRUE(peak);
+  EXPECT_EQ(peak->stage, 0);
+  EXPECT_DOUBLE_EQ(peak->total(), m->total());
+}
+
+TEST(Activations, LastStageHoldsLogits) {
+  TransformerSpec s = gpt3();
+  TrainingConfig c = gpt3Config();
+  auto m = transformerStageMemory(s, c, 15);
+  ASSERT_TRUE(m);
+  // 1 micro-batch x 6 layers x 106954752 + 4sbh/t + 4sbv/t
+  //   = 641728512 + 12582912 + 4*2048*50257/8 (= 51463168).
+  EXPECT_DOUBLE_EQ(m->activations, 641728512.0 + 12582912.0 + 51463168.0);
+}
+
+TEST(Activations, ScheduleAndRecomputeOrdering) {
+  TransformerSpec s = gpt3();
+  TrainingConfig c = gpt3Config();
+  auto act = [&](TrainingConfig cfg) {
+    return transformerStageMemory(s, cfg, 0)->activations;
+  };
+  TrainingConfig gpipe = c, full = c, none = c;
+  gpipe.schedule = PipelineSchedule::GPipe;
+  full.recompute = RecomputePolicy::Full;
+  none.recompute = RecomputePolicy::None;
+  EXPECT_GT(act(gpipe), act(c));
+  EXPECT_LT(act(full), act(c));
+  EXPECT_GT(act(none), act(c));
+}
+
+//===----------------------------------------------------------------------===//
+// Invariants and errors
+//===----------------------------------------------------------------------===//
+
+TEST(MemoryInvariants, MoreTpNeverMoreParamsPerDevice) {
+  TransformerSpec s = gpt3();
+  for (int pp : {1, 4, 16})
+    for (int stage : {0, pp - 1}) {
+      double prev = INFINITY;
+      for (int tp : {1, 2, 4, 8, 16, 32}) {
+        TrainingConfig c = gpt3Config();
+        c.tp = tp;
+        c.pp = pp;
+        auto m = transformerStageMemory(s, c, stage);
+        ASSERT_TRUE(m) << errorOf(m);
+        EXPECT_LE(m->params, prev) << "tp=" << tp << " pp=" << pp;
+        prev = m->params;
+      }
+    }
+}
+
+TEST(MemoryInvariants, MorePpOrDpWithZeroNeverMoreState) {
+  TransformerSpec s = gpt3();
+  double prev = INFINITY;
+  for (int pp : {1, 2, 4, 8, 16, 32}) {
+    TrainingConfig c = gpt3Config();
+    c.pp = pp;
+    auto m = transformerPeakMemory(s, c);
+    ASSERT_TRUE(m);
+    double state = m->params + m->grads + m->optimizer;
+    EXPECT_LE(state, prev);
+    prev = state;
+  }
+  for (int zero = 0; zero <= 3; ++zero) {
+    double prevDp = INFINITY;
+    for (int dp : {1, 2, 4, 8, 64}) {
+      TrainingConfig c = gpt3Config();
+      c.dp = dp;
+      c.zeroStage = zero;
+      auto m = transformerStageMemory(s, c, 1);
+      double state = m->params + m->grads + m->optimizer;
+      EXPECT_LE(state, prevDp) << "zero=" << zero << " dp=" << dp;
+      prevDp = state;
+    }
+  }
+}
+
+TEST(MemoryErrors, ConstraintsNamed) {
+  TransformerSpec s = gpt3();
+  TrainingConfig c = gpt3Config();
+  c.tp = 5;
+  EXPECT_EQ(errorOf(transformerStageMemory(s, c, 0)),
+            "tp=5 does not divide the 96 attention heads");
+  c = gpt3Config();
+  c.pp = 128;
+  EXPECT_EQ(errorOf(transformerStageMemory(s, c, 0)),
+            "pp=128 needs at least 128 layers, got 96");
+  c = gpt3Config();
+  c.schedule = PipelineSchedule::Interleaved1F1B;
+  c.virtualStages = 4; // 16 * 4 = 64 does not divide 96
+  EXPECT_EQ(errorOf(transformerStageMemory(s, c, 0)),
+            "interleaved 1F1B: pp=16 x v=4 does not divide the 96 layers");
+  c = gpt3Config();
+  EXPECT_EQ(errorOf(transformerStageMemory(s, c, 16)),
+            "stage 16 is out of range for pp=16");
+  c.zeroStage = -1;
+  EXPECT_EQ(errorOf(transformerPeakMemory(s, c)),
+            "expected a ZeRO stage from 0 to 3, got -1");
+  c = gpt3Config();
+  c.numMicroBatches = 0;
+  EXPECT_EQ(errorOf(transformerPeakMemory(s, c)),
+            "expected the number of micro-batches >= 1, got 0");
+  TransformerSpec bad = s;
+  bad.heads = 7;
+  EXPECT_EQ(errorOf(transformerPeakMemory(bad, gpt3Config())),
+            "transformer: hidden 12288 is not divisible by the 7 heads");
+  bad = s;
+  bad.vocab = 0;
+  EXPECT_EQ(errorOf(transformerPeakMemory(bad, gpt3Config())),
+            "transformer: expected vocab > 0, got 0");
+}
