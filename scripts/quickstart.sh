@@ -12,3 +12,9 @@ set -x
 "$B/dlopt-compile" out/gpt-tiny.mlir -o out/gpt-tiny.plan
 "$B/dlopt-run" out/gpt-tiny.plan --input tokens=examples/data/tokens.npy \
   --input labels=examples/data/labels.npy --seed 0 --output-dir out
+# Train the same model for 60 steps on the bundled text (byte tokens),
+# with a checkpoint at the end.
+"$B/dlopt-compile" out/gpt-tiny.mlir --train --optimizer adamw --lr 3e-3 \
+  --schedule cosine --warmup-steps 5 --total-steps 60 -o out/gpt-tiny-train.plan
+"$B/dlopt-run" out/gpt-tiny-train.plan --steps 60 --data examples/data/corpus.npy \
+  --log-every 10 --metrics out/metrics.jsonl --checkpoint-dir out/ckpt
