@@ -1,6 +1,7 @@
 //===- ParamInit.cpp - Deterministic parameter initialization -------------===//
 
 #include "runtime/exec/ParamInit.h"
+#include "runtime/cpu/ThreadPool.h"
 
 #include <cmath>
 #include <numbers>
@@ -39,6 +40,16 @@ uint64_t initKey(uint64_t seed, uint64_t paramIndex) {
   return initWord(seed, paramIndex);
 }
 
+/// Runs fn(i) for every element, split over the CPU worker threads. Each
+/// element depends only on (key, i), so the result is the same for any
+/// thread count.
+template <typename Fn> static void forEachElement(int64_t n, Fn fn) {
+  cpu::parallelFor(n, cpu::grainFor(64), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      fn(i);
+  });
+}
+
 Expected<HostTensor> initParam(const TensorType &type, const Init &init,
                                uint64_t seed, uint64_t paramIndex) {
   HostTensor t;
@@ -54,23 +65,24 @@ Expected<HostTensor> initParam(const TensorType &type, const Init &init,
     return t;
   if (d == "ones" || d == "constant") {
     double v = d == "ones" ? 1.0 : init.value;
-    for (int64_t i = 0; i < n; ++i)
-      t.setElementFromDouble(i, v);
+    forEachElement(n, [&](int64_t i) { t.setElementFromDouble(i, v); });
     return t;
   }
   if (d == "uniform") {
-    for (int64_t i = 0; i < n; ++i)
+    forEachElement(n, [&](int64_t i) {
       t.setElementFromDouble(
           i, init.low + (init.high - init.low) * initUniform(key, i));
+    });
     return t;
   }
   if (d == "normal") {
-    for (int64_t i = 0; i < n; ++i)
+    forEachElement(n, [&](int64_t i) {
       t.setElementFromDouble(i, init.mean + init.std * normalAt(key, i));
+    });
     return t;
   }
   if (d == "truncated_normal") {
-    for (int64_t i = 0; i < n; ++i) {
+    forEachElement(n, [&](int64_t i) {
       double z = 0;
       for (int a = 0; a < kMaxTruncatedAttempts; ++a) {
         uint64_t k = a == 0 ? key : initWord(key, (uint64_t(1) << 32) + a);
@@ -81,7 +93,7 @@ Expected<HostTensor> initParam(const TensorType &type, const Init &init,
         }
       }
       t.setElementFromDouble(i, init.mean + init.std * z);
-    }
+    });
     return t;
   }
   return Status::error("unknown init distribution '" + d + "'");
