@@ -56,6 +56,36 @@ struct ConvGeom {
   }
 };
 
+/// Reads stride/padding/dilation/groups and derives the geometry of
+/// x [N,C,H,W] and w [O,Cg,KH,KW] (both of rank 4) under conv2d's shape rule;
+/// `bias`, when given, must be [O] of x's element type.
+Status convGeometry(const Instr &instr, const TensorType &tx,
+                    const TensorType &tw, const TensorType *bias,
+                    int64_t &groups, ConvGeom &geom) {
+  std::vector<int64_t> stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  groups = 1;
+  DLOPT_RETURN_IF_ERROR(getPair(instr, "stride", stride, 1));
+  DLOPT_RETURN_IF_ERROR(getPair(instr, "padding", padding, 0));
+  DLOPT_RETURN_IF_ERROR(getPair(instr, "dilation", dilation, 1));
+  DLOPT_RETURN_IF_ERROR(getOptIntAttr(instr, "groups", groups));
+  int64_t c = tx.shape[1], h = tx.shape[2], w = tx.shape[3];
+  int64_t o = tw.shape[0], cg = tw.shape[1], kh = tw.shape[2], kw = tw.shape[3];
+  if (groups < 1 || c != cg * groups || o % groups != 0)
+    return opError(instr, "expects C = Cg * groups and O % groups == 0, got " +
+                              typeStr(tx) + ", " + typeStr(tw) +
+                              ", groups = " + std::to_string(groups));
+  if (bias)
+    DLOPT_RETURN_IF_ERROR(
+        checkType(instr, "bias", *bias, TensorType{tx.dtype, {o}}));
+  int64_t oh = windowOut(h, kh, stride[0], padding[0], dilation[0]);
+  int64_t ow = windowOut(w, kw, stride[1], padding[1], dilation[1]);
+  if (oh < 0 || ow < 0)
+    return opError(instr, "kernel does not fit the padded input: " +
+                              typeStr(tx) + ", " + typeStr(tw));
+  geom = ConvGeom{cg, h, w, kh, kw, oh, ow, stride, padding, dilation};
+  return Status::ok();
+}
+
 /// im2col of output rows [r0, r0+rows) of one group: row (ci, ky, kx) of
 /// `col` ([ckk, rows*ow]) holds the input pixel each output position sees
 /// through that kernel tap (0 in the padding).
@@ -129,33 +159,18 @@ Status conv2dKernel(const Instr &instr, Ins ins, Outs outs) {
                    "expects " + std::to_string(2 + hasBias) +
                        " operands (has_bias = " + std::to_string(hasBias) +
                        "), got " + std::to_string(ins.size()));
-  std::vector<int64_t> stride{1, 1}, padding{0, 0}, dilation{1, 1};
   int64_t groups = 1;
-  DLOPT_RETURN_IF_ERROR(getPair(instr, "stride", stride, 1));
-  DLOPT_RETURN_IF_ERROR(getPair(instr, "padding", padding, 0));
-  DLOPT_RETURN_IF_ERROR(getPair(instr, "dilation", dilation, 1));
-  DLOPT_RETURN_IF_ERROR(getOptIntAttr(instr, "groups", groups));
-  int64_t n = tx.shape[0], c = tx.shape[1], h = tx.shape[2], w = tx.shape[3];
-  int64_t o = tw.shape[0], cg = tw.shape[1], kh = tw.shape[2], kw = tw.shape[3];
-  if (groups < 1 || c != cg * groups || o % groups != 0)
-    return opError(instr, "expects C = Cg * groups and O % groups == 0, got " +
-                              typeStr(tx) + ", " + typeStr(tw) +
-                              ", groups = " + std::to_string(groups));
-  if (hasBias)
-    DLOPT_RETURN_IF_ERROR(
-        checkType(instr, "bias", ins[2].type, TensorType{tx.dtype, {o}}));
-  int64_t oh = windowOut(h, kh, stride[0], padding[0], dilation[0]);
-  int64_t ow = windowOut(w, kw, stride[1], padding[1], dilation[1]);
-  if (oh < 0 || ow < 0)
-    return opError(instr, "kernel does not fit the padded input: " +
-                              typeStr(tx) + ", " + typeStr(tw));
+  ConvGeom geom;
+  DLOPT_RETURN_IF_ERROR(convGeometry(
+      instr, tx, tw, hasBias ? &ins[2].type : nullptr, groups, geom));
+  int64_t n = tx.shape[0], c = tx.shape[1], h = geom.h, w = geom.w;
+  int64_t o = tw.shape[0], og = o / groups, cg = geom.cg, ckk = geom.ckk();
+  int64_t oh = geom.oh, ow = geom.ow, plane = oh * ow;
   DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type,
                                   TensorType{tx.dtype, {n, o, oh, ow}}));
   if (outs[0].numElements() == 0)
     return Status::ok();
 
-  int64_t og = o / groups, ckk = cg * kh * kw, plane = oh * ow;
-  ConvGeom geom{cg, h, w, kh, kw, oh, ow, stride, padding, dilation};
   bool direct = geom.direct();
   int64_t rowsPerChunk = geom.rowsPerChunk();
   return dispatchFloat(tx.dtype, [&](auto tag) -> Status {
@@ -216,6 +231,40 @@ Status conv2dKernel(const Instr &instr, Ins ins, Outs outs) {
   });
 }
 
+/// Pool attributes and the pooled shape of x [..., H, W] (rank >= 2).
+struct PoolGeom {
+  std::vector<int64_t> kernel, stride, padding{0, 0};
+  bool includePad = true;
+  std::vector<int64_t> pooled; ///< x's shape with H, W replaced by OH, OW
+};
+
+/// Reads kernel/stride/padding (and count_include_pad for avg pooling) and
+/// derives the pooled shape of `tx`.
+Status poolGeometry(const Instr &instr, bool isMax, const TensorType &tx,
+                    PoolGeom &g) {
+  size_t rank = tx.shape.size();
+  DLOPT_RETURN_IF_ERROR(getIntsAttr(instr, "kernel", g.kernel));
+  if (g.kernel.size() != 2 || g.kernel[0] < 1 || g.kernel[1] < 1)
+    return opError(instr, "expects 'kernel' to be 2 ints >= 1, got " +
+                              shapeStr(g.kernel));
+  g.stride = g.kernel;
+  DLOPT_RETURN_IF_ERROR(getPair(instr, "stride", g.stride, 1));
+  DLOPT_RETURN_IF_ERROR(getPair(instr, "padding", g.padding, 0));
+  if (!isMax)
+    DLOPT_RETURN_IF_ERROR(
+        getOptBoolAttr(instr, "count_include_pad", g.includePad));
+  int64_t h = tx.shape[rank - 2], w = tx.shape[rank - 1];
+  int64_t oh = windowOut(h, g.kernel[0], g.stride[0], g.padding[0], 1);
+  int64_t ow = windowOut(w, g.kernel[1], g.stride[1], g.padding[1], 1);
+  if (oh < 0 || ow < 0)
+    return opError(instr, "window " + shapeStr(g.kernel) +
+                              " does not fit the padded input " + typeStr(tx));
+  g.pooled.assign(tx.shape.begin(), tx.shape.end() - 2);
+  g.pooled.push_back(oh);
+  g.pooled.push_back(ow);
+  return Status::ok();
+}
+
 template <bool Max> Status poolKernel(const Instr &instr, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 1, 1));
   const TensorType &tx = ins[0].type;
@@ -224,29 +273,15 @@ template <bool Max> Status poolKernel(const Instr &instr, Ins ins, Outs outs) {
   if (rank < 2)
     return opError(instr,
                    "expects rank >= 2 ([..., H, W]), got " + typeStr(tx));
-  std::vector<int64_t> kernel, padding{0, 0};
-  DLOPT_RETURN_IF_ERROR(getIntsAttr(instr, "kernel", kernel));
-  if (kernel.size() != 2 || kernel[0] < 1 || kernel[1] < 1)
-    return opError(instr, "expects 'kernel' to be 2 ints >= 1, got " +
-                              shapeStr(kernel));
-  std::vector<int64_t> stride = kernel;
-  DLOPT_RETURN_IF_ERROR(getPair(instr, "stride", stride, 1));
-  DLOPT_RETURN_IF_ERROR(getPair(instr, "padding", padding, 0));
-  bool includePad = true;
-  if constexpr (!Max)
-    DLOPT_RETURN_IF_ERROR(
-        getOptBoolAttr(instr, "count_include_pad", includePad));
-  int64_t h = tx.shape[rank - 2], w = tx.shape[rank - 1];
-  int64_t oh = windowOut(h, kernel[0], stride[0], padding[0], 1);
-  int64_t ow = windowOut(w, kernel[1], stride[1], padding[1], 1);
-  if (oh < 0 || ow < 0)
-    return opError(instr, "window " + shapeStr(kernel) +
-                              " does not fit the padded input " + typeStr(tx));
-  std::vector<int64_t> expected(tx.shape.begin(), tx.shape.end() - 2);
-  expected.push_back(oh);
-  expected.push_back(ow);
+  PoolGeom g;
+  DLOPT_RETURN_IF_ERROR(poolGeometry(instr, Max, tx, g));
   DLOPT_RETURN_IF_ERROR(
-      checkType(instr, "result", outs[0].type, TensorType{tx.dtype, expected}));
+      checkType(instr, "result", outs[0].type, TensorType{tx.dtype, g.pooled}));
+  const std::vector<int64_t> &kernel = g.kernel, &stride = g.stride,
+                             &padding = g.padding;
+  bool includePad = g.includePad;
+  int64_t h = tx.shape[rank - 2], w = tx.shape[rank - 1];
+  int64_t oh = g.pooled[rank - 2], ow = g.pooled[rank - 1];
   int64_t planes = product(tx.shape, 0, rank - 2);
   return dispatchFloat(tx.dtype, [&](auto tag) -> Status {
     using T = decltype(tag);
@@ -309,27 +344,9 @@ Status convGradGeom(const Instr &instr, const TensorType &tx,
                             "dy [N,O,OH,OW] of one float type, got " +
                                 typeStr(tx) + ", " + typeStr(tw) + ", " +
                                 typeStr(tdy));
-  std::vector<int64_t> stride{1, 1}, padding{0, 0}, dilation{1, 1};
-  groups = 1;
-  DLOPT_RETURN_IF_ERROR(getPair(instr, "stride", stride, 1));
-  DLOPT_RETURN_IF_ERROR(getPair(instr, "padding", padding, 0));
-  DLOPT_RETURN_IF_ERROR(getPair(instr, "dilation", dilation, 1));
-  DLOPT_RETURN_IF_ERROR(getOptIntAttr(instr, "groups", groups));
-  int64_t n = tx.shape[0], c = tx.shape[1], h = tx.shape[2], w = tx.shape[3];
-  int64_t o = tw.shape[0], cg = tw.shape[1], kh = tw.shape[2], kw = tw.shape[3];
-  if (groups < 1 || c != cg * groups || o % groups != 0)
-    return opError(instr, "expects C = Cg * groups and O % groups == 0, got " +
-                              typeStr(tx) + ", " + typeStr(tw) +
-                              ", groups = " + std::to_string(groups));
-  int64_t oh = windowOut(h, kh, stride[0], padding[0], dilation[0]);
-  int64_t ow = windowOut(w, kw, stride[1], padding[1], dilation[1]);
-  if (oh < 0 || ow < 0)
-    return opError(instr, "kernel does not fit the padded input: " +
-                              typeStr(tx) + ", " + typeStr(tw));
-  DLOPT_RETURN_IF_ERROR(checkShape(instr, "dy (conv2d's output)", tdy.shape,
-                                   {n, o, oh, ow}));
-  geom = ConvGeom{cg, h, w, kh, kw, oh, ow, stride, padding, dilation};
-  return Status::ok();
+  DLOPT_RETURN_IF_ERROR(convGeometry(instr, tx, tw, nullptr, groups, geom));
+  return checkShape(instr, "dy (conv2d's output)", tdy.shape,
+                    {tx.shape[0], tw.shape[0], geom.oh, geom.ow});
 }
 
 /// conv2d_grad_input %dy, %w -> dx (the forward input type): per (image,
@@ -459,37 +476,15 @@ Status conv2dGradFilterKernel(const Instr &instr, Ins ins, Outs outs) {
 /// Pool attributes and the input/output geometry of a pool gradient: `tx`
 /// is the forward input type, `tdy` the pooled type.
 Status poolGradGeom(const Instr &instr, bool isMax, const TensorType &tx,
-                    const TensorType &tdy, std::vector<int64_t> &kernel,
-                    std::vector<int64_t> &stride,
-                    std::vector<int64_t> &padding, bool &includePad) {
+                    const TensorType &tdy, PoolGeom &g) {
   DLOPT_RETURN_IF_ERROR(checkFloat(instr, "x", tx));
   size_t rank = tx.shape.size();
   if (rank < 2)
     return opError(instr,
                    "expects rank >= 2 ([..., H, W]), got " + typeStr(tx));
   DLOPT_RETURN_IF_ERROR(checkDType(instr, "dy", tdy.dtype, tx.dtype));
-  DLOPT_RETURN_IF_ERROR(getIntsAttr(instr, "kernel", kernel));
-  if (kernel.size() != 2 || kernel[0] < 1 || kernel[1] < 1)
-    return opError(instr, "expects 'kernel' to be 2 ints >= 1, got " +
-                              shapeStr(kernel));
-  stride = kernel;
-  padding = {0, 0};
-  includePad = true;
-  DLOPT_RETURN_IF_ERROR(getPair(instr, "stride", stride, 1));
-  DLOPT_RETURN_IF_ERROR(getPair(instr, "padding", padding, 0));
-  if (!isMax)
-    DLOPT_RETURN_IF_ERROR(
-        getOptBoolAttr(instr, "count_include_pad", includePad));
-  int64_t h = tx.shape[rank - 2], w = tx.shape[rank - 1];
-  int64_t oh = windowOut(h, kernel[0], stride[0], padding[0], 1);
-  int64_t ow = windowOut(w, kernel[1], stride[1], padding[1], 1);
-  if (oh < 0 || ow < 0)
-    return opError(instr, "window " + shapeStr(kernel) +
-                              " does not fit the padded input " + typeStr(tx));
-  std::vector<int64_t> expected(tx.shape.begin(), tx.shape.end() - 2);
-  expected.push_back(oh);
-  expected.push_back(ow);
-  return checkShape(instr, "dy (the pooled shape)", tdy.shape, expected);
+  DLOPT_RETURN_IF_ERROR(poolGeometry(instr, isMax, tx, g));
+  return checkShape(instr, "dy (the pooled shape)", tdy.shape, g.pooled);
 }
 
 /// max_pool2d_grad %x, %dy and avg_pool2d_grad %dy. Windows overlap when
@@ -500,10 +495,11 @@ Status poolGradKernel(const Instr &instr, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, Max ? 2 : 1, 1));
   const TensorType &tx = Max ? ins[0].type : outs[0].type;
   const TensorType &tdy = ins[Max ? 1 : 0].type;
-  std::vector<int64_t> kernel, stride, padding;
-  bool includePad = true;
-  DLOPT_RETURN_IF_ERROR(poolGradGeom(instr, Max, tx, tdy, kernel, stride,
-                                     padding, includePad));
+  PoolGeom g;
+  DLOPT_RETURN_IF_ERROR(poolGradGeom(instr, Max, tx, tdy, g));
+  const std::vector<int64_t> &kernel = g.kernel, &stride = g.stride,
+                             &padding = g.padding;
+  bool includePad = g.includePad;
   if constexpr (Max)
     DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, tx));
   size_t rank = tx.shape.size();

@@ -127,15 +127,9 @@ Status softmaxGradKernel(const Instr &instr, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0 (y)", t));
   DLOPT_RETURN_IF_ERROR(checkType(instr, "operand #1 (dy)", ins[1].type, t));
   DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, t));
-  int64_t dim = 0;
-  DLOPT_RETURN_IF_ERROR(getIntAttr(instr, "dim", dim));
-  size_t rank = t.shape.size();
-  if (dim < 0 || dim >= int64_t(rank))
-    return opError(instr, "expects 'dim' in [0, " + std::to_string(rank) +
-                              "), got " + std::to_string(dim));
-  int64_t n = t.shape[dim];
-  int64_t inner = product(t.shape, dim + 1, rank);
-  int64_t outer = product(t.shape, 0, dim);
+  DimSplit split;
+  DLOPT_RETURN_IF_ERROR(getDimSplit(instr, t.shape, split));
+  int64_t n = split.n, inner = split.inner, outer = split.outer;
   if (t.numElements() == 0)
     return Status::ok();
   return dispatchFloat(t.dtype, [&](auto tag) -> Status {

@@ -200,6 +200,30 @@ inline int64_t product(const std::vector<int64_t> &v, size_t begin,
   return p;
 }
 
+/// Reads the required "dim" attribute and checks it is in [0, rank).
+inline Status getDimAttr(const Instr &instr, size_t rank, int64_t &dim) {
+  DLOPT_RETURN_IF_ERROR(getIntAttr(instr, "dim", dim));
+  if (dim < 0 || dim >= int64_t(rank))
+    return opError(instr, "expects 'dim' in [0, " + std::to_string(rank) +
+                              "), got " + std::to_string(dim));
+  return Status::ok();
+}
+
+/// A row-major shape seen as [outer, n, inner] around one dim.
+struct DimSplit {
+  int64_t dim = 0, outer = 1, n = 1, inner = 1;
+};
+
+/// getDimAttr, then splits `shape` around that dim.
+inline Status getDimSplit(const Instr &instr, const std::vector<int64_t> &shape,
+                          DimSplit &s) {
+  DLOPT_RETURN_IF_ERROR(getDimAttr(instr, shape.size(), s.dim));
+  s.n = shape[s.dim];
+  s.inner = product(shape, s.dim + 1, shape.size());
+  s.outer = product(shape, 0, s.dim);
+  return Status::ok();
+}
+
 /// Row-major element strides.
 std::vector<int64_t> contiguousStrides(const std::vector<int64_t> &shape);
 

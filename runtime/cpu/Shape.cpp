@@ -152,13 +152,10 @@ Status broadcastToKernel(const Instr &instr, Ins ins, Outs outs) {
 
 Status concatKernel(const Instr &instr, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(checkArityRange(instr, ins, outs, 1, SIZE_MAX, 1));
-  int64_t dim = 0;
-  DLOPT_RETURN_IF_ERROR(getIntAttr(instr, "dim", dim));
   const TensorType &t0 = ins[0].type;
   size_t rank = t0.shape.size();
-  if (dim < 0 || dim >= int64_t(rank))
-    return opError(instr, "expects 'dim' in [0, " + std::to_string(rank) +
-                              "), got " + std::to_string(dim));
+  int64_t dim = 0;
+  DLOPT_RETURN_IF_ERROR(getDimAttr(instr, rank, dim));
   std::vector<int64_t> expected = t0.shape;
   expected[dim] = 0;
   for (size_t k = 0; k < ins.size(); ++k) {
@@ -292,14 +289,9 @@ Status iotaKernel(const Instr &instr, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 0, 1));
   const TensorType &t = outs[0].type;
   DLOPT_RETURN_IF_ERROR(checkNumeric(instr, "result", t));
-  int64_t dim = 0;
-  DLOPT_RETURN_IF_ERROR(getIntAttr(instr, "dim", dim));
-  if (dim < 0 || dim >= int64_t(t.shape.size()))
-    return opError(instr, "expects 'dim' in [0, " +
-                              std::to_string(t.shape.size()) + "), got " +
-                              std::to_string(dim));
-  int64_t size = t.shape[dim];
-  int64_t inner = product(t.shape, dim + 1, t.shape.size());
+  DimSplit split;
+  DLOPT_RETURN_IF_ERROR(getDimSplit(instr, t.shape, split));
+  int64_t size = split.n, inner = split.inner;
   int64_t n = t.numElements();
   return dispatchNumeric(t.dtype, [&](auto tag) -> Status {
     using T = decltype(tag);

@@ -12,26 +12,22 @@ dlopt-run exits non-zero with a message naming the op.
 Prints one line per case, then `N passed, M failed`; exits 1 on any failure.
 The seed is printed; rerun with --seed N to reproduce a failure.
 """
-import argparse
 import math
 import os
 import re
-import shutil
 import sys
-import tempfile
-import time
-import zlib
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 from dlopt_np import (FLOATS, INTS, as_ref, bf16_round, compare, dropout_u,  # noqa: E402
-                      find_tool, fmt_f, run, store, ttype as T)
+                      fmt_f, run, store, ttype as T)
 
 class Case:
     def __init__(self, name, seed):
         self.name = name
-        self.rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+        self.rng = harness.case_rng(seed, name)
         self.args = []      # (name, type, stored array)
         self.lines = []
         self.results = []   # (ssa, type, dtype, ref, mag, scale)
@@ -1040,10 +1036,7 @@ def run_case(name, fn, args, tools, work):
     c = Case(name, args.seed)
     c.out_mask = None
     fn(c)
-    d = os.path.join(work, re.sub(r"[^A-Za-z0-9_.-]", "_", name))
-    if os.path.isdir(d):
-        shutil.rmtree(d)
-    os.makedirs(d)
+    d = harness.fresh_case_dir(work, name)
     src = os.path.join(d, "case.mlir")
     with open(src, "w") as f:
         f.write(c.mlir())
@@ -1052,10 +1045,7 @@ def run_case(name, fn, args, tools, work):
     if r.returncode != 0:
         return False, "dlopt-compile failed (rc %d): %s" % (r.returncode, r.stderr.strip()[:400])
     cmd = [tools["run"], plan, "--backend", args.backend, "--quiet", "--output-dir", os.path.join(d, "out")]
-    for n, _, arr in c.args:
-        p = os.path.join(d, n + ".npy")
-        np.save(p, arr)
-        cmd += ["--input", "%s=%s" % (n, p)]
+    cmd += harness.input_args(d, c.args)
     r = run(cmd)
     if c.error:
         if r.returncode == 0:
@@ -1091,56 +1081,8 @@ def run_case(name, fn, args, tools, work):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--backend", default="cpu", help="passed to dlopt-run --backend (default cpu)")
-    ap.add_argument("--work-dir", help="scratch directory (default: a fresh temp dir, removed on success)")
-    ap.add_argument("--seed", type=int, help="data seed (default: random, printed)")
-    ap.add_argument("--filter", help="only cases whose name matches this regex")
-    ap.add_argument("--bin-dir", help="directory of dlopt-compile and dlopt-run (default: PATH)")
-    ap.add_argument("--list", action="store_true", help="list the case names and exit")
-    args = ap.parse_args()
-    if args.list:
-        for n, _ in CASES:
-            print(n)
-        return 0
-    if args.seed is None:
-        args.seed = int.from_bytes(os.urandom(4), "little")
-    tools = {"compile": find_tool("dlopt-compile", args.bin_dir), "run": find_tool("dlopt-run", args.bin_dir)}
-    own = args.work_dir is None
-    work = tempfile.mkdtemp(prefix="dlopt-check-ops-") if own else args.work_dir
-    os.makedirs(work, exist_ok=True)
-    print("check_ops: backend %s, seed %d (rerun with --seed %d), work dir %s" % (
-        args.backend, args.seed, args.seed, work))
-    sys.stdout.flush()
-    pat = re.compile(args.filter) if args.filter else None
-    names = [n for n, _ in CASES]
-    assert len(names) == len(set(names)), "duplicate case names"
-    passed = failed = 0
-    failures = []
-    t0 = time.time()
-    for name, fn in CASES:
-        if pat and not pat.search(name):
-            continue
-        try:
-            ok, det = run_case(name, fn, args, tools, work)
-        except Exception as e:  # a harness bug must not hide the other cases
-            ok, det = False, "harness exception: %r%s" % (
-                e, " (%s)" % e.filename if getattr(e, "filename", None) else "")
-        if ok:
-            passed += 1
-        else:
-            failed += 1
-            failures.append(name)
-        print("%s %s: %s" % ("PASS" if ok else "FAIL", name, det))
-        sys.stdout.flush()
-    print("time %.1f s" % (time.time() - t0))
-    if failures:
-        print("failed cases: " + " ".join(failures))
-        print("(seed %d; inputs and case.mlir of each case are in %s)" % (args.seed, work))
-    elif own:
-        shutil.rmtree(work, ignore_errors=True)
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return harness.main("check_ops", __doc__, CASES, run_case, "dlopt-check-ops-",
+                        "inputs and case.mlir of each case", backend=True, exc_filename=True)
 
 
 if __name__ == "__main__":

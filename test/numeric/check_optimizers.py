@@ -33,19 +33,16 @@ reference trajectory (metrics JSONL and the final checkpoint).
 
 Prints one line per case, then `N passed, M failed`; exits 1 on any failure.
 """
-import argparse
 import os
 import re
-import shutil
 import sys
-import tempfile
-import time
-import zlib
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dlopt_np import find_tool, run  # noqa: E402
+from dlopt_np import run  # noqa: E402
+import harness  # noqa: E402
+from harness import Failure  # noqa: E402
 from dlopt_train_np import OptConfig, lr_at, opt_step, read_jsonl, read_safetensors  # noqa: E402
 
 IN, OUT = 3, 2
@@ -77,19 +74,10 @@ def linreg_loss_grads(P, x, y):
     return loss, {"w": x.T @ d, "b": d.sum(axis=0)}
 
 
-class Ctx:
+class Ctx(harness.Ctx):
     def __init__(self, name, seed, tools, work):
-        self.name = name
-        self.rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
-        self.tools = tools
-        self.dir = os.path.join(work, re.sub(r"[^A-Za-z0-9_.-]", "_", name))
-        if os.path.isdir(self.dir):
-            shutil.rmtree(self.dir)
-        os.makedirs(self.dir)
+        super().__init__(name, seed, tools, work)
         self.notes = []
-
-    def path(self, *p):
-        return os.path.join(self.dir, *p)
 
     def compile(self, B, flags, acc=1, tag="model"):
         src = self.path(tag + ".mlir")
@@ -116,10 +104,6 @@ class Ctx:
         if r.returncode != 0:
             raise Failure("dlopt-run failed (rc %d): %s" % (r.returncode, r.stderr.strip()[:500]))
         return {f[:-4]: np.load(os.path.join(outdir, f)) for f in os.listdir(outdir) if f.endswith(".npy")}
-
-
-class Failure(Exception):
-    pass
 
 
 def close(got, ref, bound, what):
@@ -342,60 +326,20 @@ CASES.append(("error.unknown_optimizer", compile_error_case(["--optimizer", "lio
 
 # ---------------------------------------------------------------- driver
 
+def run_case(name, fn, args, tools, work):
+    ctx = Ctx(name, args.seed, tools, work)
+
+    def body(ctx):
+        det = fn(ctx)
+        if ctx.notes:
+            det += "; " + ", ".join(ctx.notes)
+        return det
+    return harness.run_ctx_case(ctx, body)
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work-dir", help="scratch directory (default: a fresh temp dir, removed on success)")
-    ap.add_argument("--seed", type=int, help="data seed (default: random, printed)")
-    ap.add_argument("--filter", help="only cases whose name matches this regex")
-    ap.add_argument("--bin-dir", help="directory of dlopt-compile and dlopt-run (default: PATH)")
-    ap.add_argument("--list", action="store_true", help="list the case names and exit")
-    args = ap.parse_args()
-    if args.list:
-        for n, _ in CASES:
-            print(n)
-        return 0
-    if args.seed is None:
-        args.seed = int.from_bytes(os.urandom(4), "little")
-    tools = {"compile": find_tool("dlopt-compile", args.bin_dir), "run": find_tool("dlopt-run", args.bin_dir)}
-    own = args.work_dir is None
-    work = tempfile.mkdtemp(prefix="dlopt-check-opt-") if own else args.work_dir
-    os.makedirs(work, exist_ok=True)
-    print("check_optimizers: seed %d (rerun with --seed %d), work dir %s" % (args.seed, args.seed, work))
-    sys.stdout.flush()
-    pat = re.compile(args.filter) if args.filter else None
-    names = [n for n, _ in CASES]
-    assert len(names) == len(set(names)), "duplicate case names"
-    passed = failed = 0
-    failures = []
-    t0 = time.time()
-    for name, fn in CASES:
-        if pat and not pat.search(name):
-            continue
-        ctx = Ctx(name, args.seed, tools, work)
-        try:
-            det = fn(ctx)
-            if ctx.notes:
-                det += "; " + ", ".join(ctx.notes)
-            ok = True
-        except Failure as e:
-            ok, det = False, str(e)
-        except Exception as e:  # a harness bug must not hide the other cases
-            ok, det = False, "harness exception: %r" % (e,)
-        if ok:
-            passed += 1
-        else:
-            failed += 1
-            failures.append(name)
-        print("%s %s: %s" % ("PASS" if ok else "FAIL", name, det))
-        sys.stdout.flush()
-    print("time %.1f s" % (time.time() - t0))
-    if failures:
-        print("failed cases: " + " ".join(failures))
-        print("(seed %d; plans, inputs and outputs of each case are in %s)" % (args.seed, work))
-    elif own:
-        shutil.rmtree(work, ignore_errors=True)
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return harness.main("check_optimizers", __doc__, CASES, run_case, "dlopt-check-opt-",
+                        "plans, inputs and outputs of each case")
 
 
 if __name__ == "__main__":

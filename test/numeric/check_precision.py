@@ -49,21 +49,18 @@
 
 Prints one line per check, then `N passed, M failed`; exits 1 on any failure.
 """
-import argparse
 import math
 import os
 import re
 import shutil
 import sys
-import tempfile
-import time
-import zlib
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from check_training import markov_corpus  # noqa: E402
-from dlopt_np import find_tool, run  # noqa: E402
+import harness  # noqa: E402
+from harness import Failure  # noqa: E402
 from dlopt_train_np import read_jsonl, read_safetensors  # noqa: E402
 
 # The GPT of check_training.py's gpt.markov, and its optimizer.
@@ -79,32 +76,10 @@ FP16_MAX = 65504.0
 INIT_SCALE = 65536.0
 
 
-class Failure(Exception):
-    pass
-
-
-class Ctx:
+class Ctx(harness.Ctx):
     def __init__(self, name, seed, tools, work, shared):
-        self.name = name
-        self.seed = seed
-        self.rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
-        self.tools = tools
-        self.work = work
+        super().__init__(name, seed, tools, work)
         self.shared = shared
-        self.dir = os.path.join(work, re.sub(r"[^A-Za-z0-9_.-]", "_", name))
-        if os.path.isdir(self.dir):
-            shutil.rmtree(self.dir)
-        os.makedirs(self.dir)
-
-    def path(self, *p):
-        return os.path.join(self.dir, *p)
-
-    def tool(self, which, args, timeout=300, check=True):
-        r = run([self.tools[which]] + args, timeout=timeout)
-        if check and r.returncode != 0:
-            raise Failure("%s %s failed (rc %d): %s" % (
-                os.path.basename(self.tools[which]), " ".join(args)[:200], r.returncode, r.stderr.strip()[-600:]))
-        return r
 
 
 # ---------------------------------------------------------------- IR parsing
@@ -799,59 +774,19 @@ CASES = [
 ]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work-dir", help="scratch directory (default: a fresh temp dir, removed on success)")
-    ap.add_argument("--seed", type=int, help="data seed (default: random, printed)")
-    ap.add_argument("--filter", help="only checks whose name matches this regex")
-    ap.add_argument("--bin-dir", help="directory of the dlopt tools (default: PATH)")
-    ap.add_argument("--list", action="store_true", help="list the check names and exit")
-    args = ap.parse_args()
-    if args.list:
-        for n, _ in CASES:
-            print(n)
-        return 0
-    if args.seed is None:
-        args.seed = int.from_bytes(os.urandom(4), "little")
-    tools = {t: find_tool("dlopt-" + t, args.bin_dir) for t in ("gen", "compile", "run")}
-    own = args.work_dir is None
-    work = tempfile.mkdtemp(prefix="dlopt-check-precision-") if own else args.work_dir
+def clear_shared(work):
     if os.path.isdir(os.path.join(work, "shared")):
         shutil.rmtree(os.path.join(work, "shared"))
-    os.makedirs(work, exist_ok=True)
-    print("check_precision: seed %d (rerun with --seed %d), work dir %s" % (args.seed, args.seed, work))
-    sys.stdout.flush()
-    pat = re.compile(args.filter) if args.filter else None
+
+
+def main():
     shared = {}
-    passed = failed = 0
-    failures = []
-    t0 = time.time()
-    for name, fn in CASES:
-        if pat and not pat.search(name):
-            continue
-        t1 = time.time()
-        try:
-            det = fn(Ctx(name, args.seed, tools, work, shared))
-            ok = True
-        except Failure as e:
-            ok, det = False, str(e)
-        except Exception as e:  # a harness bug must not hide the other checks
-            ok, det = False, "harness exception: %r" % (e,)
-        if ok:
-            passed += 1
-        else:
-            failed += 1
-            failures.append(name)
-        print("%s %s: %s  [%.1f s]" % ("PASS" if ok else "FAIL", name, det, time.time() - t1))
-        sys.stdout.flush()
-    print("time %.1f s" % (time.time() - t0))
-    if failures:
-        print("failed checks: " + " ".join(failures))
-        print("(seed %d; models, plans, metrics and checkpoints are in %s)" % (args.seed, work))
-    elif own:
-        shutil.rmtree(work, ignore_errors=True)
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+
+    def run_case(name, fn, args, tools, work):
+        return harness.run_ctx_case(Ctx(name, args.seed, tools, work, shared), fn)
+    return harness.main("check_precision", __doc__, CASES, run_case, "dlopt-check-precision-",
+                        "models, plans, metrics and checkpoints", tools=("gen", "compile", "run"),
+                        item="check", timed=True, setup=clear_shared)
 
 
 if __name__ == "__main__":

@@ -649,7 +649,8 @@ def DLOpt_AttentionGradOp : DLOpt_Op<"attention_grad", [Pure]> {
 class DLOpt_ConvGradOp<string mnemonic, string what, string first, string second>
     : DLOpt_Op<mnemonic, [Pure]> {
   let summary = "gradient of conv2d with respect to its " # what;
-  let description = "Same attributes as `dlopt.conv2d`; the result type is "
+  let description = "Operands: the " # first # " and the " # second # ". Same "
+      # "attributes as `dlopt.conv2d`; the result type is "
       # "given and checked by running conv2d's shape rule forward.\n\n```mlir\n"
       # "%d = dlopt." # mnemonic # " %a, %b {padding = array<i64: 1, 1>} : "
       # "(tensor<..>, tensor<..>) -> tensor<..>\n```";
@@ -664,9 +665,11 @@ class DLOpt_ConvGradOp<string mnemonic, string what, string first, string second
 }
 
 /// Operands: the output gradient [N, O, OH, OW] and the filter.
-def DLOpt_Conv2DGradInputOp : DLOpt_ConvGradOp<"conv2d_grad_input", "input", "grad", "filter">;
+def DLOpt_Conv2DGradInputOp : DLOpt_ConvGradOp<"conv2d_grad_input", "input",
+    "output gradient [N, O, OH, OW]", "filter">;
 /// Operands: the forward input [N, C, H, W] and the output gradient.
-def DLOpt_Conv2DGradFilterOp : DLOpt_ConvGradOp<"conv2d_grad_filter", "filter", "input", "grad">;
+def DLOpt_Conv2DGradFilterOp : DLOpt_ConvGradOp<"conv2d_grad_filter", "filter",
+    "forward input [N, C, H, W]", "output gradient">;
 
 def DLOpt_MaxPool2DGradOp : DLOpt_Op<"max_pool2d_grad", [Pure, AllTypesMatch<["input", "result"]>]> {
   let summary = "gradient of max_pool2d: each window's gradient goes to its first maximum";
