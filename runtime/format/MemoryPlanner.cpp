@@ -10,6 +10,8 @@
 
 #include "runtime/format/MemoryPlanner.h"
 
+#include <unordered_map>
+
 #include <algorithm>
 #include <limits>
 #include <numeric>
@@ -164,6 +166,11 @@ findInPlaceUpdates(const Executable &exe, const Program &program) {
       if (id >= 0 && size_t(id) < numValues && defAt[id] < 0)
         defAt[id] = int64_t(i);
   }
+  std::unordered_map<std::string, int32_t> argByName;
+  for (size_t v = 0; v < numValues; ++v)
+    if (exe.values[v].kind == ValueKind::Param ||
+        exe.values[v].kind == ValueKind::State)
+      argByName.emplace(exe.values[v].name, int32_t(v));
   std::vector<bool> isOutput(numValues, false), taken(numValues, false);
   for (int32_t id : exe.outputs)
     if (id >= 0 && size_t(id) < numValues)
@@ -174,12 +181,8 @@ findInPlaceUpdates(const Executable &exe, const Program &program) {
     if (target.empty() || t < 0 || size_t(t) >= numValues ||
         exe.values[t].kind != ValueKind::Temp || defAt[t] < 0 || taken[t])
       continue;
-    int32_t a = -1;
-    for (size_t v = 0; v < numValues && a < 0; ++v)
-      if ((exe.values[v].kind == ValueKind::Param ||
-           exe.values[v].kind == ValueKind::State) &&
-          exe.values[v].name == target)
-        a = int32_t(v);
+    auto it = argByName.find(target);
+    int32_t a = it == argByName.end() ? -1 : it->second;
     if (a < 0 || isOutput[a] || taken[a] || !(exe.values[a].type == exe.values[t].type))
       continue;
     int64_t d = defAt[t];
