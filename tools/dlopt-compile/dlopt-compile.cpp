@@ -6,6 +6,11 @@
 //===----------------------------------------------------------------------===//
 #include "dialects/DLOpt/IR/DLOptDialect.h"
 #include "passes/Export/ExportExecutable.h"
+#include "passes/Export/GraphSummary.h"
+#include "planner/Calibration.h"
+#include "planner/Cluster.h"
+#include "planner/Report.h"
+#include "planner/Search.h"
 #include "passes/Passes.h"
 #include "runtime/format/Executable.h"
 
@@ -102,6 +107,45 @@ static cl::opt<std::string> precisionOpt(
                           "weights; fp16 adds dynamic loss scaling)"),
     cl::init("f32"), cl::cat(trainCategory));
 
+static cl::OptionCategory planCategory("dlopt-compile planning options");
+static cl::opt<std::string> clusterOpt(
+    "cluster", cl::value_desc("spec"),
+    cl::desc("Cluster to plan for: PRESET, PRESET:NODES (dgx-h100:16) or a "
+             ".yaml/.yml/.json file (docs/cluster.md)"),
+    cl::cat(planCategory));
+static cl::opt<bool> dryRun(
+    "dry-run", cl::desc("Plan the parallel layout on --cluster, print the "
+                        "placement report to stdout, write no plan file"),
+    cl::cat(planCategory));
+static cl::opt<std::string> fixOpt(
+    "fix", cl::value_desc("k=v,..."),
+    cl::desc("Pin planner choices: dp, tp, pp, mbs, mb, schedule "
+             "(gpipe|1f1b|interleaved|zero-bubble), v, zero (0-3), recompute "
+             "(none|selective|full)"),
+    cl::cat(planCategory));
+enum class Format { Text, Json };
+static cl::opt<Format> formatOpt(
+    "format", cl::desc("Dry-run report format"), cl::init(Format::Text),
+    cl::values(clEnumValN(Format::Text, "text", "human-readable (default)"),
+               clEnumValN(Format::Json, "json",
+                          "the versioned plan file (docs/plan-report.md)")),
+    cl::cat(planCategory));
+static cl::opt<int> topK("top-k", cl::desc("Alternatives to show (default 3)"),
+                         cl::init(3), cl::cat(planCategory));
+static cl::opt<bool> explainOpt(
+    "explain", cl::desc("Show the search: candidates priced and pruned, why"),
+    cl::cat(planCategory));
+static cl::opt<std::string> calibrationOpt(
+    "calibration", cl::value_desc("file"),
+    cl::desc("JSON calibration constants over the defaults "
+             "(docs/cost-model.md)"),
+    cl::cat(planCategory));
+static cl::opt<int64_t> globalBatchOpt(
+    "global-batch",
+    cl::desc("Samples per training step to plan for (default: the model's "
+             "batch)"),
+    cl::init(0), cl::cat(planCategory));
+
 static cl::opt<bool> quiet("quiet", cl::desc("Do not print the summary"),
                            cl::cat(category));
 static cl::opt<bool> timing("timing",
@@ -122,9 +166,80 @@ static std::string humanBytes(int64_t b) {
   return s;
 }
 
+/// --dry-run: summarize the forward graph, search the plan, print the report.
+/// The training step is modelled from the forward graph (backward = the
+/// calibration's backward_flops_ratio times the forward), so the compile
+/// pipeline does not run.
+static int runDryRun(ModuleOp module) {
+  using namespace dlopt::planner;
+  auto fail = [](const std::string &msg, int rc = 1) {
+    llvm::errs() << "dlopt-compile: error: " << msg << "\n";
+    return rc;
+  };
+  if (!dryRun)
+    return fail("--cluster, --fix, --format, --top-k, --explain, "
+                "--calibration and --global-batch need --dry-run (planned "
+                "execution is not implemented yet)",
+                2);
+  if (clusterOpt.empty())
+    return fail("--dry-run needs --cluster (a preset such as dgx-a100:2, or "
+                "a cluster file)",
+                2);
+  if (topK < 0)
+    return fail("--top-k must be >= 0", 2);
+  auto cluster = resolveCluster(clusterOpt.getValue());
+  if (!cluster)
+    return fail(cluster.status().message());
+  Calibration cal;
+  if (!calibrationOpt.empty()) {
+    auto c = loadCalibration(calibrationOpt);
+    if (!c)
+      return fail(c.status().message());
+    cal = *c;
+  }
+  auto fix = parseFix(fixOpt.getValue());
+  if (!fix)
+    return fail(fix.status().message(), 2);
+  FailureOr<GraphSummary> graph = dlopt::summarizeGraph(module, entry);
+  if (failed(graph))
+    return 1;
+
+  SearchOptions so;
+  so.training = train || autodiff;
+  so.globalBatch = globalBatchOpt;
+  so.fix = *fix;
+  so.topK = topK;
+  so.optimizer = optName == "sgd"
+                     ? (momentumOpt != 0 ? Optimizer::Momentum : Optimizer::SGD)
+                     : Optimizer::Adam;
+  // Compute precision: --precision when given, else the model's dtype.
+  std::string prec = precisionOpt.getNumOccurrences() ? precisionOpt.getValue()
+                                                      : graph->dtype;
+  if (prec == "bf16") {
+    so.precision = Precision::BF16;
+  } else if (prec == "fp16" || prec == "f16") {
+    so.precision = Precision::FP16;
+  } else {
+    so.precision = Precision::FP32;
+    so.bytes.paramBytes = 4;
+    so.bytes.gradBytes = 4;
+    so.bytes.masterWeights = false;
+    so.bytes.activationBytes = 4;
+  }
+  auto plan = searchPlan(*graph, *cluster, CostModel(cal), so);
+  if (!plan)
+    return fail(plan.status().message());
+  ReportOptions ro;
+  ro.explain = explainOpt;
+  llvm::outs() << (formatOpt == Format::Json
+                       ? formatJsonReport(*plan, *cluster, *graph, ro)
+                       : formatTextReport(*plan, *cluster, *graph, ro));
+  return 0;
+}
+
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
-  cl::HideUnrelatedOptions({&category, &trainCategory});
+  cl::HideUnrelatedOptions({&category, &trainCategory, &planCategory});
   cl::ParseCommandLineOptions(
       argc, argv,
       "dlopt-compile: verify a dlopt model and compile it into a plan file\n\n"
@@ -163,6 +278,15 @@ int main(int argc, char **argv) {
   if (!module)
     return 1;
   phase("parse");
+
+  if (dryRun || !clusterOpt.empty() || !fixOpt.empty() ||
+      formatOpt.getNumOccurrences() || explainOpt ||
+      !calibrationOpt.empty() || topK.getNumOccurrences() ||
+      globalBatchOpt.getNumOccurrences()) {
+    int rc = runDryRun(*module);
+    phase("plan");
+    return rc;
+  }
 
   PassManager pm(&context);
   dlopt::CompilePipelineOptions options;

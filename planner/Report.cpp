@@ -1,0 +1,337 @@
+//===- Report.cpp - Text and JSON dry-run reports -------------------------===//
+#include "planner/Report.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdarg>
+#include <cstdio>
+
+namespace dlopt::planner {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string printf(const char *f, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, f);
+  std::vsnprintf(buf, sizeof(buf), f, ap);
+  va_end(ap);
+  return buf;
+}
+
+std::string human(double bytes) {
+  const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (bytes >= 1024 && i < 4) {
+    bytes /= 1024;
+    ++i;
+  }
+  return printf(i ? "%.2f %s" : "%.0f %s", bytes, u[i]);
+}
+
+std::string seconds(double s) {
+  if (s >= 1)
+    return printf("%.3f s", s);
+  if (s >= 1e-3)
+    return printf("%.3f ms", s * 1e3);
+  return printf("%.3f us", s * 1e6);
+}
+
+std::string layerRange(const std::vector<int64_t> &ls) {
+  if (ls.empty())
+    return "-";
+  // Contiguous in mark order: first..last.
+  if (ls.size() == 1)
+    return std::to_string(ls.front());
+  return std::to_string(ls.front()) + "-" + std::to_string(ls.back());
+}
+
+const char *scheduleKey(PipelineSchedule s) {
+  switch (s) {
+  case PipelineSchedule::GPipe:
+    return "gpipe";
+  case PipelineSchedule::OneFOneB:
+    return "1f1b";
+  case PipelineSchedule::Interleaved1F1B:
+    return "interleaved";
+  case PipelineSchedule::ZeroBubble:
+    return "zero-bubble";
+  }
+  return "?";
+}
+
+const char *recomputeKey(RecomputePolicy r) {
+  switch (r) {
+  case RecomputePolicy::None:
+    return "none";
+  case RecomputePolicy::Selective:
+    return "selective";
+  case RecomputePolicy::Full:
+    return "full";
+  }
+  return "?";
+}
+
+struct Derived {
+  double step, samples, tokens, tflopsPerGpu, mfu;
+};
+
+Derived derive(const PlanResult &p, int devices) {
+  Derived d;
+  d.step = p.best.time.total();
+  d.samples = d.step > 0 ? p.globalBatch / d.step : 0;
+  d.tokens = d.samples * p.seq;
+  d.tflopsPerGpu = d.step > 0 ? p.modelFlopsPerStep / d.step / devices : 0;
+  d.mfu = p.peakFlops > 0 ? d.tflopsPerGpu / p.peakFlops : 0;
+  return d;
+}
+
+} // namespace
+
+RankCoords rankCoords(const TrainingConfig &cfg, int rank) {
+  RankCoords c;
+  c.tp = rank % cfg.tp;
+  c.dp = (rank / cfg.tp) % cfg.dp;
+  c.stage = rank / (cfg.tp * cfg.dp);
+  return c;
+}
+
+std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
+                             const GraphSummary &g, const ReportOptions &o) {
+  const TrainingConfig &cfg = p.best.cfg;
+  const int devices = cluster.numDevices();
+  Derived d = derive(p, devices);
+  std::string r;
+  r += "dlopt dry run: " + std::string(p.training ? "training step" : "forward") +
+       " of @" + g.modelName + " on " + cluster.summary() + "\n";
+  r += printf("model: %lld layers, hidden %lld, heads %lld, seq %lld, vocab "
+              "%lld, %.4g parameters, dtype %s, compute %s\n",
+              (long long)p.spec.numLayers, (long long)p.spec.hidden,
+              (long long)p.spec.heads, (long long)p.spec.seqLen,
+              (long long)p.spec.vocab, p.totalParams, g.dtype.c_str(),
+              precisionName(p.precision));
+  r += printf("global batch %lld samples x %lld tokens\n\n",
+              (long long)p.globalBatch, (long long)p.seq);
+
+  r += "== plan ==\n";
+  r += printf("  dp=%d tp=%d pp=%d (dp*tp*pp = %d devices)\n", cfg.dp, cfg.tp,
+              cfg.pp, cfg.dp * cfg.tp * cfg.pp);
+  r += printf("  micro-batch size %lld, %lld micro-batches per step\n",
+              (long long)cfg.microBatchSize, (long long)cfg.numMicroBatches);
+  r += std::string("  schedule ") + scheduleKey(cfg.schedule);
+  if (cfg.schedule == PipelineSchedule::Interleaved1F1B)
+    r += printf(" (v=%d)", cfg.virtualStages);
+  r += printf(", zero %d, recompute %s, optimizer %s\n", cfg.zeroStage,
+              recomputeKey(cfg.recompute), optimizerName(cfg.optimizer));
+  r += "  processes: one per GPU (between-graph)\n";
+  r += printf("  sharding: matmul %s, attention %s, other ops replicated "
+              "over tp\n",
+              cfg.tp > 1 ? "column/row-parallel (Megatron)" : "unsharded",
+              cfg.tp > 1 ? "by heads" : "unsharded");
+
+  r += "\n== ranks ==\n";
+  r += "  rank  node  gpu  process  stage  tp  dp\n";
+  int shown = std::min(devices, o.maxRanks);
+  for (int rank = 0; rank < shown; ++rank) {
+    auto loc = cluster.locate(rank);
+    RankCoords c = rankCoords(cfg, rank);
+    r += printf("  %4d  %4d  %3d  %7d  %5d  %2d  %2d\n", rank,
+                loc ? loc->node : -1, loc ? loc->local : -1, rank, c.stage,
+                c.tp, c.dp);
+  }
+  if (shown < devices)
+    r += printf("  ... %d more ranks: rank = (stage*%d + dp)*%d + tp; node = "
+                "rank / gpus per node\n",
+                devices - shown, cfg.dp, cfg.tp);
+
+  r += "\n== stages ==\n";
+  for (size_t s = 0; s < p.stageLayers.size(); ++s) {
+    std::string extra;
+    if (s == 0 && g.group("pre"))
+      extra += " + pre";
+    if (s + 1 == p.stageLayers.size() && g.group("post"))
+      extra += " + post";
+    r += printf("  stage %zu: layers %s (%zu)%s\n", s,
+                layerRange(p.stageLayers[s]).c_str(), p.stageLayers[s].size(),
+                extra.c_str());
+  }
+
+  r += "\n== communication per step (one rank) ==\n";
+  if (p.comms.empty())
+    r += "  none\n";
+  for (const CommOp &c : p.comms)
+    r += printf("  %-40s %-14s group %-5d %10s x %-8.0f link %-10s total %s, "
+                "exposed %s\n",
+                c.what.c_str(), collectiveName(c.collective), c.groupSize,
+                human(c.bytes).c_str(), c.calls, linkName(c.link),
+                seconds(c.time).c_str(), seconds(c.exposed).c_str());
+
+  const StepTime &t = p.best.time;
+  r += "\n== step time ==\n";
+  r += printf("  total            %s\n", seconds(d.step).c_str());
+  r += printf("  compute          %s (%.1f%%)\n", seconds(t.compute).c_str(),
+              100 * t.compute / d.step);
+  r += printf("  exposed comm     %s (%.1f%%): tp %s, pp %s, dp %s\n",
+              seconds(t.exposedComm()).c_str(), 100 * t.exposedComm() / d.step,
+              seconds(t.tpComm).c_str(), seconds(t.ppComm).c_str(),
+              seconds(t.dpComm).c_str());
+  r += printf("  bubble           %s (%.1f%%)\n", seconds(t.bubble).c_str(),
+              100 * t.bubble / d.step);
+  r += "\n== throughput ==\n";
+  r += printf("  %.4g samples/s, %.4g tokens/s\n", d.samples, d.tokens);
+  r += printf("  model %.1f TFLOP/s per GPU, MFU %.1f%% (%s peak %.1f "
+              "TFLOP/s, %s FLOPs per token)\n",
+              d.tflopsPerGpu / 1e12, 100 * d.mfu, precisionName(p.precision),
+              p.peakFlops / 1e12, p.training ? "6*params" : "2*params");
+
+  const MemoryBreakdown &m = p.best.memory;
+  r += printf("\n== memory per device (stage %d, the largest) ==\n", m.stage);
+  auto row = [&](const char *n, double v) {
+    r += printf("  %-14s %10.3f GiB\n", n, v / kGiB);
+  };
+  row("params", m.params);
+  row("grads", m.grads);
+  row("optimizer", m.optimizer);
+  row("activations", m.activations);
+  row("transient", m.transient);
+  row("comm buffers", m.commBuffers);
+  row("workspace", m.workspace);
+  r += printf("  %-14s %10.3f GiB of %.3f GiB (%.1f%%)\n", "total",
+              m.total() / kGiB, p.best.capacity / kGiB,
+              100 * m.total() / p.best.capacity);
+
+  r += "\n== alternatives ==\n";
+  if (p.alternatives.empty())
+    r += "  none\n";
+  for (size_t i = 0; i < p.alternatives.size(); ++i) {
+    const Alternative &a = p.alternatives[i];
+    r += printf("  %zu. %s: %s, %.2f GiB: %s\n", i + 1, a.cand.key().c_str(),
+                seconds(a.cand.time.total()).c_str(),
+                a.cand.memory.total() / kGiB, a.why.c_str());
+  }
+
+  if (o.explain) {
+    const SearchStats &s = p.stats;
+    r += "\n== search ==\n";
+    r += printf("  %lld candidates priced: %lld fit, %lld out of memory\n",
+                (long long)s.enumerated, (long long)s.feasible,
+                (long long)s.outOfMemory);
+    for (const auto &[why, n] : s.pruned)
+      r += printf("  pruned %lld: %s\n", (long long)n, why.c_str());
+    r += printf("  search time %.3f s\n", s.seconds);
+  }
+  return r;
+}
+
+std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
+                             const GraphSummary &g, const ReportOptions &o) {
+  using json = nlohmann::ordered_json;
+  const TrainingConfig &cfg = p.best.cfg;
+  const int devices = cluster.numDevices();
+  Derived d = derive(p, devices);
+  auto config = [](const Candidate &c) {
+    json j;
+    j["dp"] = c.cfg.dp;
+    j["tp"] = c.cfg.tp;
+    j["pp"] = c.cfg.pp;
+    j["micro_batch_size"] = c.cfg.microBatchSize;
+    j["num_micro_batches"] = c.cfg.numMicroBatches;
+    j["schedule"] = scheduleKey(c.cfg.schedule);
+    j["virtual_stages"] = c.cfg.virtualStages;
+    j["zero_stage"] = c.cfg.zeroStage;
+    j["recompute"] = recomputeKey(c.cfg.recompute);
+    return j;
+  };
+  auto memory = [](const MemoryBreakdown &m, double cap) {
+    return json{{"stage", m.stage},
+                {"params", m.params},
+                {"grads", m.grads},
+                {"optimizer", m.optimizer},
+                {"activations", m.activations},
+                {"transient", m.transient},
+                {"comm_buffers", m.commBuffers},
+                {"workspace", m.workspace},
+                {"total", m.total()},
+                {"capacity", cap}};
+  };
+  auto time = [](const StepTime &t) {
+    return json{{"total", t.total()},   {"compute", t.compute},
+                {"tp_comm", t.tpComm},  {"pp_comm", t.ppComm},
+                {"dp_comm", t.dpComm},  {"bubble", t.bubble}};
+  };
+  json j;
+  j["format"] = "dlopt-plan";
+  j["version"] = 1;
+  j["mode"] = p.training ? "training" : "forward";
+  j["model"] = {{"name", g.modelName},
+                {"layers", p.spec.numLayers},
+                {"hidden", p.spec.hidden},
+                {"heads", p.spec.heads},
+                {"seq", p.spec.seqLen},
+                {"vocab", p.spec.vocab},
+                {"ffn", p.spec.ffn()},
+                {"params", p.totalParams},
+                {"dtype", g.dtype},
+                {"precision", precisionName(p.precision)}};
+  j["cluster"] = {{"summary", cluster.summary()},
+                  {"devices", devices},
+                  {"nodes", cluster.numNodes()}};
+  j["global_batch"] = p.globalBatch;
+  j["config"] = config(p.best);
+  json stages = json::array();
+  for (size_t s = 0; s < p.stageLayers.size(); ++s)
+    stages.push_back({{"stage", s},
+                      {"layers", p.stageLayers[s]},
+                      {"pre", s == 0 && g.group("pre") != nullptr},
+                      {"post", s + 1 == p.stageLayers.size() &&
+                                   g.group("post") != nullptr}});
+  j["stages"] = stages;
+  json ranks = json::array();
+  for (int rank = 0; rank < devices; ++rank) {
+    auto loc = cluster.locate(rank);
+    RankCoords c = rankCoords(cfg, rank);
+    ranks.push_back({rank, loc ? loc->node : -1, loc ? loc->local : -1, rank,
+                     c.stage, c.tp, c.dp});
+  }
+  j["rank_columns"] = {"rank", "node", "gpu", "process", "stage", "tp", "dp"};
+  j["ranks"] = ranks;
+  json comms = json::array();
+  for (const CommOp &c : p.comms)
+    comms.push_back({{"what", c.what},
+                     {"collective", collectiveName(c.collective)},
+                     {"group_size", c.groupSize},
+                     {"bytes", c.bytes},
+                     {"calls", c.calls},
+                     {"link", linkName(c.link)},
+                     {"time", c.time},
+                     {"exposed", c.exposed}});
+  j["communication"] = comms;
+  j["step_time"] = time(p.best.time);
+  j["throughput"] = {{"samples_per_s", d.samples},
+                     {"tokens_per_s", d.tokens},
+                     {"model_tflops_per_gpu", d.tflopsPerGpu / 1e12},
+                     {"mfu", d.mfu}};
+  j["memory"] = memory(p.best.memory, p.best.capacity);
+  json alts = json::array();
+  for (const Alternative &a : p.alternatives)
+    alts.push_back({{"config", config(a.cand)},
+                    {"step_time", a.cand.time.total()},
+                    {"memory", a.cand.memory.total()},
+                    {"why", a.why}});
+  j["alternatives"] = alts;
+  if (o.explain) {
+    json pruned = json::object();
+    for (const auto &[why, n] : p.stats.pruned)
+      pruned[why] = n;
+    j["search"] = {{"priced", p.stats.enumerated},
+                   {"feasible", p.stats.feasible},
+                   {"out_of_memory", p.stats.outOfMemory},
+                   {"pruned", pruned},
+                   {"seconds", p.stats.seconds}};
+  }
+  return j.dump(2) + "\n";
+}
+
+} // namespace dlopt::planner

@@ -1,0 +1,886 @@
+//===- Search.cpp - Enumerate and price parallel plans --------------------===//
+#include "planner/Search.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <set>
+#include <tuple>
+
+namespace dlopt::planner {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string fmt(const char *f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), f, v);
+  return buf;
+}
+
+std::vector<std::string> split(std::string_view s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(sep, start);
+    if (end == std::string_view::npos)
+      end = s.size();
+    out.emplace_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+std::optional<int64_t> parseInt(const std::string &s) {
+  if (s.empty() || s.size() > 12)
+    return std::nullopt;
+  int64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9')
+      return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// --fix
+//===----------------------------------------------------------------------===//
+
+std::optional<PipelineSchedule> parseSchedule(std::string_view s) {
+  if (s == "gpipe")
+    return PipelineSchedule::GPipe;
+  if (s == "1f1b")
+    return PipelineSchedule::OneFOneB;
+  if (s == "interleaved" || s == "interleaved-1f1b")
+    return PipelineSchedule::Interleaved1F1B;
+  if (s == "zero-bubble" || s == "zb" || s == "zbh1")
+    return PipelineSchedule::ZeroBubble;
+  return std::nullopt;
+}
+
+std::optional<RecomputePolicy> parseRecompute(std::string_view s) {
+  if (s == "none")
+    return RecomputePolicy::None;
+  if (s == "selective")
+    return RecomputePolicy::Selective;
+  if (s == "full")
+    return RecomputePolicy::Full;
+  return std::nullopt;
+}
+
+static const char *scheduleKey(PipelineSchedule s) {
+  switch (s) {
+  case PipelineSchedule::GPipe:
+    return "gpipe";
+  case PipelineSchedule::OneFOneB:
+    return "1f1b";
+  case PipelineSchedule::Interleaved1F1B:
+    return "interleaved";
+  case PipelineSchedule::ZeroBubble:
+    return "zero-bubble";
+  }
+  return "?";
+}
+
+static const char *recomputeKey(RecomputePolicy r) {
+  switch (r) {
+  case RecomputePolicy::None:
+    return "none";
+  case RecomputePolicy::Selective:
+    return "selective";
+  case RecomputePolicy::Full:
+    return "full";
+  }
+  return "?";
+}
+
+Expected<FixSpec> parseFix(std::string_view text) {
+  FixSpec f;
+  if (text.empty())
+    return f;
+  for (const std::string &item : split(text, ',')) {
+    if (item.empty())
+      continue;
+    size_t eq = item.find('=');
+    if (eq == std::string::npos)
+      return Status::error("--fix: expected KEY=VALUE, got '" + item + "'");
+    std::string k = item.substr(0, eq), v = item.substr(eq + 1);
+    if (k == "schedule") {
+      auto s = parseSchedule(v);
+      if (!s)
+        return Status::error("--fix: schedule '" + v +
+                             "' is not one of gpipe, 1f1b, interleaved, "
+                             "zero-bubble");
+      f.schedule = s;
+      continue;
+    }
+    if (k == "recompute") {
+      auto r = parseRecompute(v);
+      if (!r)
+        return Status::error("--fix: recompute '" + v +
+                             "' is not one of none, selective, full");
+      f.recompute = r;
+      continue;
+    }
+    static const char *known[] = {"dp", "tp", "pp", "v", "mbs", "mb",
+                                  "num_mb", "zero"};
+    if (std::find(std::begin(known), std::end(known), k) == std::end(known))
+      return Status::error("--fix: unknown key '" + k +
+                           "' (expected dp, tp, pp, mbs, mb, schedule, v, "
+                           "zero, recompute)");
+    auto n = parseInt(v);
+    if (!n || (*n < 1 && k != "zero") || *n > (int64_t(1) << 30))
+      return Status::error("--fix: " + k + "=" + v +
+                           " is not a positive integer");
+    if (k == "dp")
+      f.dp = int(*n);
+    else if (k == "tp")
+      f.tp = int(*n);
+    else if (k == "pp")
+      f.pp = int(*n);
+    else if (k == "v")
+      f.v = int(*n);
+    else if (k == "mbs")
+      f.mbs = *n;
+    else if (k == "mb" || k == "num_mb")
+      f.numMicroBatches = *n;
+    else if (k == "zero") {
+      if (*n > 3)
+        return Status::error("--fix: zero=" + v + " is not a ZeRO stage 0-3");
+      f.zero = int(*n);
+    } else
+      return Status::error("--fix: unknown key '" + k +
+                           "' (expected dp, tp, pp, mbs, mb, schedule, v, "
+                           "zero, recompute)");
+  }
+  return f;
+}
+
+std::string FixSpec::str() const {
+  std::string s;
+  auto add = [&](const std::string &kv) { s += (s.empty() ? "" : ",") + kv; };
+  if (dp) add("dp=" + std::to_string(*dp));
+  if (tp) add("tp=" + std::to_string(*tp));
+  if (pp) add("pp=" + std::to_string(*pp));
+  if (mbs) add("mbs=" + std::to_string(*mbs));
+  if (numMicroBatches) add("mb=" + std::to_string(*numMicroBatches));
+  if (schedule) add(std::string("schedule=") + scheduleKey(*schedule));
+  if (v) add("v=" + std::to_string(*v));
+  if (zero) add("zero=" + std::to_string(*zero));
+  if (recompute) add(std::string("recompute=") + recomputeKey(*recompute));
+  return s;
+}
+
+std::string Candidate::key() const {
+  std::string s = "dp=" + std::to_string(cfg.dp) + " tp=" +
+                  std::to_string(cfg.tp) + " pp=" + std::to_string(cfg.pp) +
+                  " mbs=" + std::to_string(cfg.microBatchSize) + " mb=" +
+                  std::to_string(cfg.numMicroBatches) + " schedule=" +
+                  scheduleKey(cfg.schedule);
+  if (cfg.schedule == PipelineSchedule::Interleaved1F1B)
+    s += " v=" + std::to_string(cfg.virtualStages);
+  s += " zero=" + std::to_string(cfg.zeroStage) +
+       " recompute=" + recomputeKey(cfg.recompute);
+  return s;
+}
+
+//===----------------------------------------------------------------------===//
+// The model
+//===----------------------------------------------------------------------===//
+
+Expected<TransformerSpec> transformerSpecOf(const GraphSummary &g) {
+  if (g.numLayers == 0)
+    return Status::error(
+        "the model has no dlopt.layer marks; --dry-run plans models with "
+        "layer marks (transformers from dlopt-gen) only for now");
+  if (!g.isTransformer())
+    return Status::error(
+        "the model has layer marks but no attention op with [B, H, S, D] "
+        "operands or no integer [B, S] tokens input; --dry-run plans "
+        "transformers only for now");
+  TransformerSpec s;
+  s.numLayers = g.numLayers;
+  s.hidden = g.hidden;
+  s.heads = g.heads;
+  s.seqLen = g.seq;
+  s.vocab = g.vocab > 0 ? g.vocab : 1;
+  s.ffnHidden = g.ffn;
+  s.tiedEmbeddings = g.tiedEmbeddings;
+  s.learnedPositions = g.learnedPositions;
+  // The memory model counts a GPT layer (4h^2 + 2hf + biases). A layer with
+  // more parameters (a gated MLP) gets the ffn width with the same count.
+  const OpGroupSummary *l0 = nullptr;
+  for (const OpGroupSummary &grp : g.groups)
+    if (grp.layer >= 0 && !l0)
+      l0 = &grp;
+  if (l0) {
+    double h = s.hidden;
+    double gptLayer = s.layerParams();
+    if (l0->params > 1.02 * gptLayer && h > 0) {
+      int64_t f = static_cast<int64_t>(
+          std::llround((l0->params - 4 * h * h) / (2 * h)));
+      if (f > 0)
+        s.ffnHidden = f;
+    }
+  }
+  DLOPT_RETURN_IF_ERROR(s.validate());
+  return s;
+}
+
+namespace {
+
+/// Per-sample costs of one group by kind.
+struct GroupCost {
+  double mmFlops = 0, mmBytes = 0, attFlops = 0, attBytes = 0, otFlops = 0,
+         otBytes = 0;
+};
+
+/// Forward seconds of each layer (and pre/post) for one (mbs, tp).
+struct LayerTimes {
+  std::vector<double> fwd;       ///< per layer, in mark order
+  std::vector<double> attention; ///< the attention-core part of fwd
+  std::vector<double> prefix;    ///< prefix sums of fwd
+  std::vector<double> attPrefix;
+  double pre = 0, post = 0;
+};
+
+struct Shape {
+  int dp, tp, pp;
+  bool operator<(const Shape &o) const {
+    return std::tie(dp, tp, pp) < std::tie(o.dp, o.tp, o.pp);
+  }
+};
+
+struct Ctx {
+  const GraphSummary &graph;
+  const Cluster &cluster;
+  const CostModel &cost;
+  const SearchOptions &opt;
+  TransformerSpec spec{};
+  GpuSpec gpu{}; ///< the slowest GPU kind
+  double capacity = 0;
+  double modelBatch = 1;
+  std::vector<GroupCost> layers{};
+  GroupCost pre{}, post{};
+  std::map<std::pair<int64_t, int>, LayerTimes> timeCache{};
+  std::map<std::pair<int, int>, Expected<CommGroup>> groupCache{};
+
+  double roofline(OpKind kind, double flops, double bytes) const {
+    if (flops <= 0 && bytes <= 0)
+      return 0;
+    OpCost op{kind, opt.precision, flops, bytes};
+    auto e = cost.computeTime(op, gpu);
+    return e ? e->time : 0;
+  }
+
+  double groupTime(const GroupCost &g, double scale, int tp,
+                   double *attention) const {
+    double att = roofline(OpKind::Attention, g.attFlops * scale / tp,
+                          g.attBytes * scale / tp);
+    if (attention)
+      *attention = att;
+    return roofline(OpKind::Matmul, g.mmFlops * scale / tp,
+                    g.mmBytes * scale / tp) +
+           att +
+           // Norms, residuals, dropout stay replicated over tp (no sequence
+           // parallelism); the rest of the elementwise work is split.
+           roofline(OpKind::Elementwise, g.otFlops * scale / tp,
+                    g.otBytes * scale / tp);
+  }
+
+  const LayerTimes &times(int64_t mbs, int tp) {
+    auto key = std::make_pair(mbs, tp);
+    auto it = timeCache.find(key);
+    if (it != timeCache.end())
+      return it->second;
+    LayerTimes t;
+    double scale = static_cast<double>(mbs);
+    t.prefix.push_back(0);
+    t.attPrefix.push_back(0);
+    for (const GroupCost &g : layers) {
+      double att = 0;
+      double f = groupTime(g, scale, tp, &att);
+      t.fwd.push_back(f);
+      t.attention.push_back(att);
+      t.prefix.push_back(t.prefix.back() + f);
+      t.attPrefix.push_back(t.attPrefix.back() + att);
+    }
+    t.pre = groupTime(pre, scale, tp, nullptr);
+    t.post = groupTime(post, scale, tp, nullptr);
+    return timeCache.emplace(key, std::move(t)).first->second;
+  }
+
+  const Expected<CommGroup> &group(int size, int stride) {
+    auto key = std::make_pair(size, stride);
+    auto it = groupCache.find(key);
+    if (it != groupCache.end())
+      return it->second;
+    return groupCache.emplace(key, cluster.stridedGroup(size, stride, 0))
+        .first->second;
+  }
+
+  double comm(Collective c, double bytes, int size, int stride,
+              LinkKind *link = nullptr) {
+    if (size <= 1 || bytes <= 0)
+      return 0;
+    const auto &g = group(size, stride);
+    if (!g)
+      return 0;
+    auto e = cost.commTime(c, bytes, *g);
+    if (!e)
+      return 0;
+    if (link)
+      *link = e->link;
+    return e->time;
+  }
+};
+
+/// First layer index of each stage (contiguous, the first L mod pp stages
+/// one layer longer, as MemoryModel's layersOnStage).
+std::vector<int64_t> stageStarts(int64_t layers, int pp) {
+  std::vector<int64_t> starts;
+  int64_t at = 0;
+  for (int st = 0; st < pp; ++st) {
+    starts.push_back(at);
+    at += layers / pp + (st < layers % pp ? 1 : 0);
+  }
+  starts.push_back(at);
+  return starts;
+}
+
+/// Prices one candidate: memory and step time. Records the collectives when
+/// `comms` is given.
+void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
+  TrainingConfig &cfg = cand.cfg;
+  const bool train = c.opt.training;
+  cand.capacity = c.capacity;
+  cand.time = StepTime{};
+  cand.memory = MemoryBreakdown{};
+
+  // Memory (upper bound, the worst stage).
+  auto mem = transformerPeakMemory(c.spec, cfg, c.cost.calibration());
+  if (!mem) {
+    cand.memory.workspace = std::numeric_limits<double>::infinity();
+  } else {
+    cand.memory = *mem;
+    if (!train) { // no gradients, optimizer state or stored activations
+      TrainingConfig fwdOnly = cfg;
+      fwdOnly.recompute = RecomputePolicy::None;
+      cand.memory.grads = 0;
+      cand.memory.optimizer = 0;
+      cand.memory.transient = 0;
+      cand.memory.activations =
+          activationBytesPerLayer(c.spec, fwdOnly) *
+          std::min<double>(cfg.pp, cfg.numMicroBatches);
+    }
+  }
+
+  // Compute per micro-batch on each stage; the slowest stage sets the pace.
+  const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp);
+  auto starts = stageStarts(c.spec.numLayers, cfg.pp);
+  double worstTrain = 0, worstFwd = 0;
+  int64_t worstLayers = 0;
+  for (int st = 0; st < cfg.pp; ++st) {
+    double f = lt.prefix[starts[st + 1]] - lt.prefix[starts[st]];
+    double att = lt.attPrefix[starts[st + 1]] - lt.attPrefix[starts[st]];
+    if (st == 0)
+      f += lt.pre;
+    if (st == cfg.pp - 1)
+      f += lt.post;
+    double t = train ? c.cost.trainingTime(f, cfg.recompute, att) : f;
+    if (t > worstTrain) {
+      worstTrain = t;
+      worstFwd = f;
+      worstLayers = starts[st + 1] - starts[st];
+    }
+  }
+
+  const double m = static_cast<double>(cfg.numMicroBatches);
+  const double actBytes = cfg.precision.activationBytes;
+  const double boundary =
+      double(cfg.microBatchSize) * c.spec.seqLen * c.spec.hidden * actBytes;
+  auto record = [&](const std::string &what, Collective coll, int size,
+                    int stride, double bytes, double calls, double exposed) {
+    if (!comms || size <= 1 || calls <= 0)
+      return;
+    CommOp op;
+    op.what = what;
+    op.collective = coll;
+    op.groupSize = size;
+    op.bytes = bytes;
+    op.calls = calls;
+    op.time = calls * c.comm(coll, bytes, size, stride, &op.link);
+    op.exposed = exposed;
+    comms->push_back(op);
+  };
+
+  // Tensor parallelism: 2 all-reduces per layer forward, 2 backward, 2 more
+  // for a fully recomputed forward; on the critical path.
+  double tpPerMb = 0;
+  if (cfg.tp > 1) {
+    double perLayer = 2;
+    if (train)
+      perLayer += 2 + (cfg.recompute == RecomputePolicy::Full ? 2 : 0);
+    double one = c.comm(Collective::AllReduce, boundary, cfg.tp, 1);
+    tpPerMb = perLayer * worstLayers * one;
+    record("tp all-reduce (layer in/out)", Collective::AllReduce, cfg.tp, 1,
+           boundary, perLayer * worstLayers * m, tpPerMb * m);
+  }
+
+  // Pipeline send/recv: activations forward, gradients backward, v times
+  // per micro-batch when interleaved; overlapped with the micro-batch.
+  double ppExposed = 0;
+  if (cfg.pp > 1) {
+    double v = cfg.schedule == PipelineSchedule::Interleaved1F1B
+                   ? cfg.virtualStages
+                   : 1;
+    double perMb = (train ? 2 : 1) * v;
+    double one = c.comm(Collective::SendRecv, boundary, 2, cfg.tp * cfg.dp);
+    ppExposed = m * c.cost.exposedP2P(perMb * one, worstTrain);
+    record("pp send/recv (stage boundary)", Collective::SendRecv, 2,
+           cfg.tp * cfg.dp, boundary, perMb * m, ppExposed);
+  }
+
+  StepTime &T = cand.time;
+  double perMb = worstTrain + tpPerMb;
+  T.compute = m * worstTrain;
+  T.tpComm = m * tpPerMb;
+  T.ppComm = ppExposed;
+  if (cfg.pp > 1) {
+    double fill = (cfg.pp - 1) * perMb;
+    switch (train ? cfg.schedule : PipelineSchedule::GPipe) {
+    case PipelineSchedule::GPipe:
+    case PipelineSchedule::OneFOneB:
+      T.bubble = fill;
+      break;
+    case PipelineSchedule::Interleaved1F1B:
+      T.bubble = fill / cfg.virtualStages;
+      break;
+    case PipelineSchedule::ZeroBubble: {
+      // ZB-H1: the weight-gradient half of the backward fills the bubble,
+      // leaving (pp-1) * (t_F + t_B - t_W) with t_B = t_W.
+      double weightGrad =
+          worstFwd * c.cost.calibration().backwardFlopsRatio / 2;
+      T.bubble = (cfg.pp - 1) * std::max(0.0, perMb - weightGrad);
+      break;
+    }
+    }
+  }
+
+  // Data parallelism: gradient sync (all-reduce, or reduce-scatter plus a
+  // parameter all-gather under ZeRO), overlapped with the last micro-batch's
+  // backward; ZeRO-3 gathers parameters for every forward and backward.
+  if (train && cfg.dp > 1) {
+    double pBytes = cfg.precision.paramBytes;
+    double paramsOnDevice = cand.memory.params / pBytes *
+                            (cfg.zeroStage == 3 ? cfg.dp : 1);
+    double gradBytes = paramsOnDevice * cfg.precision.gradBytes;
+    double paramBytes = paramsOnDevice * pBytes;
+    double backward = worstTrain - worstFwd;
+    int dp = cfg.dp, stride = cfg.tp;
+    if (cfg.zeroStage == 0) {
+      double t = c.comm(Collective::AllReduce, gradBytes, dp, stride);
+      double e = c.cost.exposedGradSync(t, backward);
+      T.dpComm += e;
+      record("dp gradient all-reduce", Collective::AllReduce, dp, stride,
+             gradBytes, 1, e);
+    } else {
+      double rs = c.comm(Collective::ReduceScatter, gradBytes, dp, stride);
+      double e = c.cost.exposedGradSync(rs, backward);
+      T.dpComm += e;
+      record("dp gradient reduce-scatter", Collective::ReduceScatter, dp,
+             stride, gradBytes, 1, e);
+      double ag = c.comm(Collective::AllGather, paramBytes, dp, stride);
+      if (cfg.zeroStage < 3) {
+        // Updated parameters, gathered before the next forward.
+        T.dpComm += ag;
+        record("dp parameter all-gather (after update)",
+               Collective::AllGather, dp, stride, paramBytes, 1, ag);
+      } else {
+        double e3 = m * CostModel::exposed(
+                            2 * ag, worstTrain,
+                            c.cost.calibration().gradOverlapEfficiency);
+        T.dpComm += e3;
+        record("zero-3 parameter all-gather (fwd+bwd)", Collective::AllGather,
+               dp, stride, paramBytes, 2 * m, e3);
+      }
+    }
+  }
+}
+
+bool better(const Candidate &a, const Candidate &b) {
+  double ta = a.time.total(), tb = b.time.total();
+  if (ta != tb)
+    return ta < tb;
+  auto k = [](const Candidate &c) {
+    return std::make_tuple(c.cfg.tp, c.cfg.pp, c.cfg.dp, c.cfg.microBatchSize,
+                           int(c.cfg.schedule), c.cfg.virtualStages,
+                           c.cfg.zeroStage, int(c.cfg.recompute));
+  };
+  return k(a) < k(b);
+}
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> d;
+  for (int64_t i = 1; i * i <= n; ++i)
+    if (n % i == 0) {
+      d.push_back(i);
+      if (i != n / i)
+        d.push_back(n / i);
+    }
+  std::sort(d.begin(), d.end());
+  return d;
+}
+
+/// Why a fixed choice cannot work, or "" if no divisibility constraint fails.
+std::string explainFix(const FixSpec &f, const TransformerSpec &spec,
+                       int devices, int64_t gb) {
+  auto str = [](int64_t v) { return std::to_string(v); };
+  std::vector<std::string> why;
+  int64_t prod = int64_t(f.dp.value_or(1)) * f.tp.value_or(1) * f.pp.value_or(1);
+  if (f.dp && f.tp && f.pp && prod != devices)
+    why.push_back("dp*tp*pp = " + str(*f.dp) + "*" + str(*f.tp) + "*" +
+                  str(*f.pp) + " = " + str(prod) + " but the cluster has " +
+                  str(devices) + " devices");
+  else if (devices % prod != 0)
+    why.push_back("the fixed degrees multiply to " + str(prod) +
+                  ", which does not divide the " + str(devices) + " devices");
+  if (f.tp && spec.heads % *f.tp)
+    why.push_back("tp=" + str(*f.tp) + " does not divide the " +
+                  str(spec.heads) + " attention heads (remainder " +
+                  str(spec.heads % *f.tp) + ")");
+  if (f.tp && spec.ffn() % *f.tp)
+    why.push_back("tp=" + str(*f.tp) + " does not divide the ffn width " +
+                  str(spec.ffn()));
+  if (f.pp && *f.pp > spec.numLayers)
+    why.push_back("pp=" + str(*f.pp) + " exceeds the " +
+                  str(spec.numLayers) + " layers");
+  else if (f.pp && spec.numLayers % *f.pp)
+    why.push_back("pp=" + str(*f.pp) + " does not divide the " +
+                  str(spec.numLayers) + " layers (remainder " +
+                  str(spec.numLayers % *f.pp) + ")");
+  if (!f.dp && f.tp && f.pp && devices % prod == 0 && gb % (devices / prod))
+    why.push_back("tp*pp = " + str(prod) + " leaves dp = " +
+                  str(devices / prod) + ", which does not divide the global "
+                  "batch " + str(gb) + " (set --global-batch)");
+  int64_t batchProd = int64_t(f.dp.value_or(1)) * f.mbs.value_or(1) *
+                      f.numMicroBatches.value_or(1);
+  if (f.dp && f.mbs && f.numMicroBatches && batchProd != gb)
+    why.push_back("dp*mbs*mb = " + str(batchProd) +
+                  " but the global batch is " + str(gb));
+  else if (gb % batchProd)
+    why.push_back("the fixed dp/mbs/mb multiply to " + str(batchProd) +
+                  ", which does not divide the global batch " + str(gb) +
+                  " (remainder " + str(gb % batchProd) + ")");
+  if (f.schedule == PipelineSchedule::Interleaved1F1B) {
+    int v = f.v.value_or(2);
+    if (f.pp && *f.pp == 1)
+      why.push_back("schedule=interleaved needs pp > 1");
+    else if (f.pp && spec.numLayers % (int64_t(*f.pp) * v))
+      why.push_back("schedule=interleaved: pp*v = " + str(*f.pp * v) +
+                    " does not divide the " + str(spec.numLayers) +
+                    " layers");
+  }
+  std::string out;
+  for (const auto &w : why)
+    out += (out.empty() ? "" : "; ") + w;
+  return out;
+}
+
+} // namespace
+
+Expected<PlanResult> searchPlan(const GraphSummary &graph,
+                                const Cluster &cluster, const CostModel &cost,
+                                const SearchOptions &opt) {
+  auto start = std::chrono::steady_clock::now();
+  DLOPT_RETURN_IF_ERROR(cluster.validate());
+  auto specOr = transformerSpecOf(graph);
+  if (!specOr)
+    return specOr.status();
+
+  Ctx c{graph, cluster, cost, opt};
+  c.spec = *specOr;
+  c.capacity = cluster.minDeviceMemory();
+  // The slowest GPU kind sets the pace of a uniform plan.
+  bool haveGpu = false;
+  for (const NodeGroup &g : cluster.groups)
+    if (!haveGpu || g.gpu.peak(opt.precision) < c.gpu.peak(opt.precision)) {
+      c.gpu = g.gpu;
+      haveGpu = true;
+    }
+  if (c.gpu.peak(opt.precision) <= 0)
+    return Status::error(std::string("the GPU kind ") + c.gpu.name +
+                         " has no peak FLOP/s for precision " +
+                         precisionName(opt.precision));
+  c.modelBatch = graph.batch > 0 ? double(graph.batch) : 1.0;
+  // Per-sample costs: the graph's counts divided by its batch.
+  auto perSample = [&](const OpGroupSummary &g) {
+    GroupCost gc;
+    double k = 1.0 / c.modelBatch;
+    gc.mmFlops = g.matmulFlops * k;
+    gc.mmBytes = g.matmulBytes * k;
+    gc.attFlops = g.attentionFlops * k;
+    gc.attBytes = g.attentionBytes * k;
+    gc.otFlops = g.otherFlops * k;
+    gc.otBytes = g.otherBytes * k;
+    // Bytes of the model dtype -> bytes of the activation precision.
+    double scale = opt.bytes.activationBytes / std::max(1, graph.dtypeBytes);
+    gc.mmBytes *= scale;
+    gc.attBytes *= scale;
+    gc.otBytes *= scale;
+    return gc;
+  };
+  for (const OpGroupSummary &g : graph.groups) {
+    if (g.layer >= 0)
+      c.layers.push_back(perSample(g));
+    else if (g.name == "pre")
+      c.pre = perSample(g);
+    else
+      c.post = perSample(g);
+  }
+
+  const int devices = cluster.numDevices();
+  const int64_t gb = opt.globalBatch > 0 ? opt.globalBatch : graph.batch;
+  if (gb < 1)
+    return Status::error("the global batch must be at least 1");
+  const FixSpec &fix = opt.fix;
+  const int gpusPerNode = cluster.groups.empty()
+                              ? 1
+                              : cluster.groups.front().gpusPerNode;
+  const TransformerSpec &spec = c.spec;
+
+  if (!fix.empty()) {
+    std::string why = explainFix(fix, spec, devices, gb);
+    if (!why.empty())
+      return Status::error("--fix " + fix.str() + " is impossible: " + why);
+  }
+
+  PlanResult res;
+  SearchStats &st = res.stats;
+  std::optional<Candidate> best, leastMemory;
+  std::map<Shape, Candidate> shapeFeasible, shapeAny;
+  std::vector<Candidate> topFeasible; // best topK + 1, sorted
+  auto prune = [&](const std::string &why, int64_t n = 1) {
+    st.pruned[why] += n;
+  };
+
+  for (int64_t tp64 : divisors(devices)) {
+    int tp = int(tp64);
+    if (fix.tp && *fix.tp != tp)
+      continue;
+    if (spec.heads % tp || spec.ffn() % tp) {
+      prune("tp does not divide heads or ffn");
+      continue;
+    }
+    if (tp > gpusPerNode && !fix.tp) {
+      prune("tp spans nodes (kept within a node)");
+      continue;
+    }
+    for (int64_t pp64 : divisors(devices / tp)) {
+      int pp = int(pp64);
+      if (fix.pp && *fix.pp != pp)
+        continue;
+      if (pp > spec.numLayers || spec.numLayers % pp) {
+        prune("pp does not divide the layers");
+        continue;
+      }
+      int dp = devices / tp / pp;
+      if (fix.dp && *fix.dp != dp)
+        continue;
+      if (gb % dp) {
+        prune("dp does not divide the global batch");
+        continue;
+      }
+      int64_t local = gb / dp;
+      for (int64_t mbs : divisors(local)) {
+        if (fix.mbs && *fix.mbs != mbs)
+          continue;
+        if (!fix.mbs && opt.maxMicroBatch > 0 && mbs > opt.maxMicroBatch) {
+          prune("micro-batch above the size limit");
+          continue;
+        }
+        int64_t m = local / mbs;
+        if (fix.numMicroBatches && *fix.numMicroBatches != m)
+          continue;
+        // Schedules (only one when there is no pipeline).
+        std::vector<std::pair<PipelineSchedule, int>> scheds;
+        if (pp == 1 || !opt.training) {
+          scheds.push_back({fix.schedule.value_or(
+                                opt.training ? PipelineSchedule::OneFOneB
+                                             : PipelineSchedule::GPipe),
+                            1});
+        } else {
+          scheds.push_back({PipelineSchedule::GPipe, 1});
+          scheds.push_back({PipelineSchedule::OneFOneB, 1});
+          for (int v : {2, 4}) {
+            if (fix.v && *fix.v != v)
+              continue;
+            if (spec.numLayers % (int64_t(pp) * v) || m % pp) {
+              prune("interleaved: pp*v does not divide layers or mb % pp");
+              continue;
+            }
+            scheds.push_back({PipelineSchedule::Interleaved1F1B, v});
+          }
+          scheds.push_back({PipelineSchedule::ZeroBubble, 1});
+        }
+        for (auto [sched, v] : scheds) {
+          if (fix.schedule && *fix.schedule != sched)
+            continue;
+          for (int zero = 0; zero <= 3; ++zero) {
+            if (fix.zero && *fix.zero != zero)
+              continue;
+            if (!fix.zero && zero > 0 && (dp == 1 || !opt.training))
+              continue; // the same plan as zero=0
+            for (RecomputePolicy rc :
+                 {RecomputePolicy::None, RecomputePolicy::Selective,
+                  RecomputePolicy::Full}) {
+              if (fix.recompute && *fix.recompute != rc)
+                continue;
+              if (!fix.recompute && !opt.training &&
+                  rc != RecomputePolicy::None)
+                continue;
+              Candidate cand;
+              TrainingConfig &cfg = cand.cfg;
+              cfg.dp = dp;
+              cfg.tp = tp;
+              cfg.pp = pp;
+              cfg.zeroStage = zero;
+              cfg.microBatchSize = mbs;
+              cfg.numMicroBatches = m;
+              cfg.schedule = sched;
+              cfg.virtualStages = v;
+              cfg.recompute = rc;
+              cfg.optimizer = opt.optimizer;
+              cfg.precision = opt.bytes;
+              price(c, cand, nullptr);
+              ++st.enumerated;
+              Shape shape{dp, tp, pp};
+              auto sa = shapeAny.find(shape);
+              if (sa == shapeAny.end())
+                shapeAny.emplace(shape, cand);
+              else if (better(cand, sa->second))
+                sa->second = cand;
+              if (!leastMemory ||
+                  cand.memory.total() < leastMemory->memory.total())
+                leastMemory = cand;
+              if (!cand.fits()) {
+                ++st.outOfMemory;
+                continue;
+              }
+              ++st.feasible;
+              auto sf = shapeFeasible.find(shape);
+              if (sf == shapeFeasible.end())
+                shapeFeasible.emplace(shape, cand);
+              else if (better(cand, sf->second))
+                sf->second = cand;
+              if (!best || better(cand, *best))
+                best = cand;
+              auto pos = std::lower_bound(topFeasible.begin(),
+                                          topFeasible.end(), cand, better);
+              if (pos - topFeasible.begin() <= opt.topK) {
+                topFeasible.insert(pos, cand);
+                if (int(topFeasible.size()) > opt.topK + 1)
+                  topFeasible.pop_back();
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  auto fixNote = fix.empty() ? std::string() : " with --fix " + fix.str();
+  if (st.enumerated == 0) {
+    std::string reasons;
+    for (const auto &[why, n] : st.pruned)
+      reasons += (reasons.empty() ? "" : "; ") + why + " (" +
+                 std::to_string(n) + ")";
+    return Status::error("no candidate plan" + fixNote + " for " +
+                         std::to_string(devices) + " devices and a global "
+                         "batch of " + std::to_string(gb) +
+                         ": every candidate was pruned: " +
+                         (reasons.empty() ? "no shape matches" : reasons));
+  }
+  if (!best) {
+    const Candidate &lm = *leastMemory;
+    return Status::error(
+        "no plan fits in memory" + fixNote + ": the smallest peak found is " +
+        fmt("%.2f", lm.memory.total() / kGiB) + " GiB per device (" +
+        lm.key() + ") against a capacity of " +
+        fmt("%.2f", c.capacity / kGiB) + " GiB, over by " +
+        fmt("%.2f", (lm.memory.total() - c.capacity) / kGiB) + " GiB");
+  }
+
+  res.best = *best;
+  price(c, res.best, &res.comms);
+
+  // Alternatives: the best of every other (dp, tp, pp), including shapes
+  // that would be faster but do not fit; then the runners-up of any shape.
+  std::vector<Alternative> alts;
+  double bt = best->time.total();
+  auto slower = [&](const Candidate &cand) {
+    return "slower by " + fmt("%.1f", 100.0 * (cand.time.total() / bt - 1)) +
+           "%";
+  };
+  std::set<std::string> seen{best->key()};
+  for (const auto &[shape, any] : shapeAny) {
+    if (!any.fits() && better(any, *best)) {
+      alts.push_back(
+          {any, "out of memory by " +
+                    fmt("%.2f", (any.memory.total() - any.capacity) / kGiB) +
+                    " GiB (" +
+                    fmt("%.1f", 100.0 * (1 - any.time.total() / bt)) +
+                    "% faster)"});
+      seen.insert(any.key());
+    }
+    auto sf = shapeFeasible.find(shape);
+    if (sf != shapeFeasible.end() && !seen.count(sf->second.key())) {
+      alts.push_back({sf->second, slower(sf->second)});
+      seen.insert(sf->second.key());
+    }
+  }
+  for (const Candidate &cand : topFeasible)
+    if (!seen.count(cand.key())) {
+      alts.push_back({cand, slower(cand)});
+      seen.insert(cand.key());
+    }
+  std::stable_sort(alts.begin(), alts.end(),
+                   [](const Alternative &a, const Alternative &b) {
+                     return better(a.cand, b.cand);
+                   });
+  if (int(alts.size()) > opt.topK)
+    alts.resize(std::max(0, opt.topK));
+  res.alternatives = std::move(alts);
+
+  // Stage assignment.
+  auto starts = stageStarts(spec.numLayers, res.best.cfg.pp);
+  std::vector<int64_t> marks;
+  for (const OpGroupSummary &g : graph.groups)
+    if (g.layer >= 0)
+      marks.push_back(g.layer);
+  for (int s = 0; s < res.best.cfg.pp; ++s)
+    res.stageLayers.emplace_back(marks.begin() + starts[s],
+                                 marks.begin() + starts[s + 1]);
+
+  res.spec = spec;
+  res.totalParams = graph.totalParams;
+  res.globalBatch = gb;
+  res.seq = graph.seq;
+  res.training = opt.training;
+  res.precision = opt.precision;
+  res.peakFlops = c.gpu.peak(opt.precision);
+  res.modelFlopsPerStep =
+      (opt.training ? 6.0 : 2.0) * graph.totalParams * double(gb) * graph.seq;
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                             start)
+                   .count();
+  return res;
+}
+
+} // namespace dlopt::planner

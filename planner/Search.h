@@ -1,0 +1,130 @@
+//===- Search.h - One search over data, tensor and pipeline parallelism ---===//
+//
+// Enumerates every (dp, tp, pp) with dp*tp*pp = devices, micro-batch size and
+// count, pipeline schedule, ZeRO stage and recompute policy for a model with
+// layer marks (a transformer from dlopt-gen), prices each candidate with the
+// memory model (upper bound per device) and the cost model (roofline compute,
+// tensor-parallel all-reduces, pipeline bubble and p2p, data-parallel
+// gradient sync overlapped with the backward pass), drops those over the
+// device memory and keeps the fastest. Deterministic: ties break on the
+// configuration key. Formulas: docs/plan-report.md, "How a plan is priced".
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "planner/CostModel.h"
+#include "planner/Graph.h"
+#include "planner/MemoryModel.h"
+
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dlopt::planner {
+
+/// Choices a user pins with --fix; unset ones are searched.
+struct FixSpec {
+  std::optional<int> dp, tp, pp, zero, v;
+  std::optional<int64_t> mbs, numMicroBatches;
+  std::optional<PipelineSchedule> schedule;
+  std::optional<RecomputePolicy> recompute;
+  bool empty() const {
+    return !dp && !tp && !pp && !zero && !v && !mbs && !numMicroBatches &&
+           !schedule && !recompute;
+  }
+  std::string str() const;
+};
+/// Parses "tp=8,pp=8,mbs=1,schedule=1f1b,recompute=full,zero=1,dp=4,mb=16,v=2".
+Expected<FixSpec> parseFix(std::string_view text);
+std::optional<PipelineSchedule> parseSchedule(std::string_view s);
+std::optional<RecomputePolicy> parseRecompute(std::string_view s);
+
+struct SearchOptions {
+  bool training = true;        ///< false: forward-only (inference) plan
+  int64_t globalBatch = 0;     ///< samples per step; 0 = the model's batch
+  Precision precision = Precision::BF16; ///< compute precision
+  PrecisionConfig bytes;       ///< bytes per param / grad / activation
+  Optimizer optimizer = Optimizer::Adam;
+  FixSpec fix;
+  int topK = 3;
+  /// Largest micro-batch size tried (0: no limit other than the batch).
+  int64_t maxMicroBatch = 64;
+};
+
+/// The time of one step of one candidate, in seconds.
+struct StepTime {
+  double compute = 0;     ///< m micro-batches of the slowest stage
+  double tpComm = 0;      ///< tensor-parallel all-reduces (not overlapped)
+  double ppComm = 0;      ///< exposed pipeline send/recv
+  double dpComm = 0;      ///< exposed gradient sync / ZeRO gathers
+  double bubble = 0;      ///< pipeline fill and drain
+  double total() const { return compute + tpComm + ppComm + dpComm + bubble; }
+  double exposedComm() const { return tpComm + ppComm + dpComm; }
+};
+
+struct Candidate {
+  TrainingConfig cfg;
+  StepTime time;
+  MemoryBreakdown memory; ///< the stage with the largest total
+  double capacity = 0;    ///< device memory
+  bool fits() const { return memory.total() <= capacity; }
+  /// "dp=4 tp=2 pp=1 mbs=1 mb=8 schedule=1f1b zero=1 recompute=none".
+  std::string key() const;
+};
+
+/// One collective a step issues on one rank.
+struct CommOp {
+  std::string what;  ///< "tp all-reduce (fwd+bwd)", ...
+  Collective collective = Collective::AllReduce;
+  int groupSize = 1;
+  double bytes = 0;  ///< per call, as in CostModel::commTime
+  double calls = 0;  ///< per step
+  LinkKind link = LinkKind::None;
+  double time = 0;   ///< per step, before overlap
+  double exposed = 0;
+};
+
+struct Alternative {
+  Candidate cand;
+  std::string why; ///< "slower by 12.3%" or "out of memory by 4.2 GiB"
+};
+
+struct SearchStats {
+  int64_t enumerated = 0; ///< candidates priced (memory and time)
+  int64_t feasible = 0;
+  int64_t outOfMemory = 0;
+  /// Shapes or settings skipped before pricing, by reason.
+  std::map<std::string, int64_t> pruned;
+  double seconds = 0; ///< wall time of the search
+};
+
+struct PlanResult {
+  Candidate best;
+  std::vector<Alternative> alternatives;
+  SearchStats stats;
+  /// Layer marks per pipeline stage (index = stage), "pre" on the first,
+  /// "post" on the last.
+  std::vector<std::vector<int64_t>> stageLayers;
+  std::vector<CommOp> comms;
+  TransformerSpec spec;
+  double totalParams = 0;
+  int64_t globalBatch = 0, seq = 0;
+  double modelFlopsPerStep = 0; ///< 6 * params * tokens (2 * ... forward-only)
+  double peakFlops = 0;         ///< per device, chosen precision
+  Precision precision = Precision::BF16;
+  bool training = true;
+};
+
+/// The TransformerSpec the memory model uses for a summarized graph.
+Expected<TransformerSpec> transformerSpecOf(const GraphSummary &g);
+
+/// Runs the search. Errors: the graph is not a transformer with layer marks,
+/// an impossible --fix (which constraint fails and by how much), no plan
+/// within memory (the best memory found against the capacity).
+Expected<PlanResult> searchPlan(const GraphSummary &graph,
+                                const Cluster &cluster, const CostModel &cost,
+                                const SearchOptions &options);
+
+} // namespace dlopt::planner
