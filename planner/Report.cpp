@@ -48,31 +48,7 @@ std::string layerRange(const std::vector<int64_t> &ls) {
   return std::to_string(ls.front()) + "-" + std::to_string(ls.back());
 }
 
-const char *scheduleKey(PipelineSchedule s) {
-  switch (s) {
-  case PipelineSchedule::GPipe:
-    return "gpipe";
-  case PipelineSchedule::OneFOneB:
-    return "1f1b";
-  case PipelineSchedule::Interleaved1F1B:
-    return "interleaved";
-  case PipelineSchedule::ZeroBubble:
-    return "zero-bubble";
-  }
-  return "?";
-}
 
-const char *recomputeKey(RecomputePolicy r) {
-  switch (r) {
-  case RecomputePolicy::None:
-    return "none";
-  case RecomputePolicy::Selective:
-    return "selective";
-  case RecomputePolicy::Full:
-    return "full";
-  }
-  return "?";
-}
 
 struct Derived {
   double step, samples, tokens, tflopsPerGpu, mfu;
@@ -124,7 +100,7 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
   if (cfg.schedule == PipelineSchedule::Interleaved1F1B)
     r += printf(" (v=%d)", cfg.virtualStages);
   r += printf(", zero %d, recompute %s, optimizer %s\n", cfg.zeroStage,
-              recomputeKey(cfg.recompute), optimizerName(cfg.optimizer));
+              recomputeName(cfg.recompute), optimizerName(cfg.optimizer));
   r += "  processes: one per GPU (between-graph)\n";
   r += printf("  sharding: matmul %s, attention %s, other ops replicated "
               "over tp\n",
@@ -241,7 +217,7 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
     j["schedule"] = scheduleKey(c.cfg.schedule);
     j["virtual_stages"] = c.cfg.virtualStages;
     j["zero_stage"] = c.cfg.zeroStage;
-    j["recompute"] = recomputeKey(c.cfg.recompute);
+    j["recompute"] = recomputeName(c.cfg.recompute);
     return j;
   };
   auto memory = [](const MemoryBreakdown &m, double cap) {

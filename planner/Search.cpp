@@ -74,7 +74,7 @@ std::optional<RecomputePolicy> parseRecompute(std::string_view s) {
   return std::nullopt;
 }
 
-static const char *scheduleKey(PipelineSchedule s) {
+const char *scheduleKey(PipelineSchedule s) {
   switch (s) {
   case PipelineSchedule::GPipe:
     return "gpipe";
@@ -88,17 +88,6 @@ static const char *scheduleKey(PipelineSchedule s) {
   return "?";
 }
 
-static const char *recomputeKey(RecomputePolicy r) {
-  switch (r) {
-  case RecomputePolicy::None:
-    return "none";
-  case RecomputePolicy::Selective:
-    return "selective";
-  case RecomputePolicy::Full:
-    return "full";
-  }
-  return "?";
-}
 
 Expected<FixSpec> parseFix(std::string_view text) {
   FixSpec f;
@@ -173,7 +162,7 @@ std::string FixSpec::str() const {
   if (schedule) add(std::string("schedule=") + scheduleKey(*schedule));
   if (v) add("v=" + std::to_string(*v));
   if (zero) add("zero=" + std::to_string(*zero));
-  if (recompute) add(std::string("recompute=") + recomputeKey(*recompute));
+  if (recompute) add(std::string("recompute=") + recomputeName(*recompute));
   return s;
 }
 
@@ -186,7 +175,7 @@ std::string Candidate::key() const {
   if (cfg.schedule == PipelineSchedule::Interleaved1F1B)
     s += " v=" + std::to_string(cfg.virtualStages);
   s += " zero=" + std::to_string(cfg.zeroStage) +
-       " recompute=" + recomputeKey(cfg.recompute);
+       " recompute=" + recomputeName(cfg.recompute);
   return s;
 }
 

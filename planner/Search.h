@@ -127,4 +127,8 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
                                 const Cluster &cluster, const CostModel &cost,
                                 const SearchOptions &options);
 
+/// The schedule's spelling in `--fix` and plan files ("gpipe", "1f1b",
+/// "interleaved", "zero-bubble").
+const char *scheduleKey(PipelineSchedule s);
+
 } // namespace dlopt::planner
