@@ -16,6 +16,7 @@
 //===----------------------------------------------------------------------===//
 #pragma once
 
+#include "runtime/comm/Communicator.h"
 #include "runtime/cpu/CpuKernels.h" // TensorRef
 #include "runtime/format/Executable.h"
 #include "runtime/support/Status.h"
@@ -31,17 +32,7 @@ namespace dlopt::rt {
 
 class Backend;
 
-/// Collective/point-to-point communication among the ranks of one run.
-/// Implementations (in-process threads, MPI, NCCL) arrive with the
-/// communication instructions; single-rank runs pass none.
-class Communicator {
-public:
-  virtual ~Communicator() = default;
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
-};
-
-/// Where an instruction runs.
+/// Where an instruction runs. `comm` implements runtime/comm/Communicator.h.
 struct RunContext {
   int rank = 0;
   int worldSize = 1;
