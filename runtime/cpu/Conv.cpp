@@ -178,20 +178,9 @@ Status conv2dKernel(const Instr &instr, Ins ins, Outs outs) {
     std::vector<float> xb, wb, ob, col;
     const float *x, *wt;
     float *y;
-    if constexpr (std::is_same_v<T, float>) {
-      x = ins[0].as<float>();
-      wt = ins[1].as<float>();
-      y = outs[0].as<float>();
-    } else {
-      xb.resize(size_t(ins[0].numElements()));
-      wb.resize(size_t(ins[1].numElements()));
-      ob.resize(size_t(outs[0].numElements()));
-      loadF32(ins[0].as<T>(), xb.data(), ins[0].numElements());
-      loadF32(ins[1].as<T>(), wb.data(), ins[1].numElements());
-      x = xb.data();
-      wt = wb.data();
-      y = ob.data();
-    }
+    x = asF32<T>(ins[0], xb);
+    wt = asF32<T>(ins[1], wb);
+    y = outF32<T>(outs[0], ob);
     if (!direct)
       col.resize(size_t(ckk * rowsPerChunk * ow));
     for (int64_t ni = 0; ni < n; ++ni) {
@@ -225,8 +214,7 @@ Status conv2dKernel(const Instr &instr, Ins ins, Outs outs) {
         }
       });
     }
-    if constexpr (!std::is_same_v<T, float>)
-      storeF32(y, outs[0].as<T>(), outs[0].numElements());
+    finishF32<T>(outs[0], y);
     return Status::ok();
   });
 }
@@ -369,20 +357,9 @@ Status conv2dGradInputKernel(const Instr &instr, Ins ins, Outs outs) {
     std::vector<float> dyb, wb, dxb, col;
     const float *dy, *wt;
     float *dx;
-    if constexpr (std::is_same_v<T, float>) {
-      dy = ins[0].as<float>();
-      wt = ins[1].as<float>();
-      dx = outs[0].as<float>();
-    } else {
-      dyb.resize(size_t(ins[0].numElements()));
-      wb.resize(size_t(ins[1].numElements()));
-      dxb.resize(size_t(outs[0].numElements()));
-      loadF32(ins[0].as<T>(), dyb.data(), ins[0].numElements());
-      loadF32(ins[1].as<T>(), wb.data(), ins[1].numElements());
-      dy = dyb.data();
-      wt = wb.data();
-      dx = dxb.data();
-    }
+    dy = asF32<T>(ins[0], dyb);
+    wt = asF32<T>(ins[1], wb);
+    dx = outF32<T>(outs[0], dxb);
     std::fill(dx, dx + outs[0].numElements(), 0.0f);
     if (!direct && plane > 0)
       col.resize(size_t(ckk * rowsPerChunk * ow));
@@ -405,8 +382,7 @@ Status conv2dGradInputKernel(const Instr &instr, Ins ins, Outs outs) {
         }
       }
     }
-    if constexpr (!std::is_same_v<T, float>)
-      storeF32(dx, outs[0].as<T>(), outs[0].numElements());
+    finishF32<T>(outs[0], dx);
     return Status::ok();
   });
 }
@@ -431,20 +407,9 @@ Status conv2dGradFilterKernel(const Instr &instr, Ins ins, Outs outs) {
     std::vector<float> xb, dyb, dwb, col;
     const float *x, *dy;
     float *dw;
-    if constexpr (std::is_same_v<T, float>) {
-      x = ins[0].as<float>();
-      dy = ins[1].as<float>();
-      dw = outs[0].as<float>();
-    } else {
-      xb.resize(size_t(ins[0].numElements()));
-      dyb.resize(size_t(ins[1].numElements()));
-      dwb.resize(size_t(outs[0].numElements()));
-      loadF32(ins[0].as<T>(), xb.data(), ins[0].numElements());
-      loadF32(ins[1].as<T>(), dyb.data(), ins[1].numElements());
-      x = xb.data();
-      dy = dyb.data();
-      dw = dwb.data();
-    }
+    x = asF32<T>(ins[0], xb);
+    dy = asF32<T>(ins[1], dyb);
+    dw = outF32<T>(outs[0], dwb);
     std::fill(dw, dw + outs[0].numElements(), 0.0f);
     if (!direct && plane > 0)
       col.resize(size_t(ckk * rowsPerChunk * ow));
@@ -467,8 +432,7 @@ Status conv2dGradFilterKernel(const Instr &instr, Ins ins, Outs outs) {
         }
       }
     }
-    if constexpr (!std::is_same_v<T, float>)
-      storeF32(dw, outs[0].as<T>(), outs[0].numElements());
+    finishF32<T>(outs[0], dw);
     return Status::ok();
   });
 }

@@ -23,35 +23,6 @@
 namespace dlopt::rt::cpu {
 namespace {
 
-/// f32 view of a float tensor: the tensor itself for f32, else a widened
-/// copy kept in `buf`.
-template <typename T>
-const float *widenF32(const TensorRef &t, std::vector<float> &buf) {
-  if constexpr (std::is_same_v<T, float>) {
-    return t.as<float>();
-  } else {
-    buf.resize(size_t(t.numElements()));
-    loadF32(t.as<T>(), buf.data(), t.numElements());
-    return buf.data();
-  }
-}
-
-/// f32 destination for a float result: the result itself for f32, else a
-/// zeroed buffer to be stored with storeF32 at the end.
-template <typename T> float *outF32(const TensorRef &t, std::vector<float> &buf) {
-  if constexpr (std::is_same_v<T, float>) {
-    return t.as<float>();
-  } else {
-    buf.assign(size_t(t.numElements()), 0.0f);
-    return buf.data();
-  }
-}
-
-template <typename T> void finishF32(const TensorRef &t, const float *buf) {
-  if constexpr (!std::is_same_v<T, float>)
-    storeF32(buf, t.as<T>(), t.numElements());
-}
-
 /// Reads an int tensor (i32/i64) element as int64.
 inline int64_t intAt(const TensorRef &t, int64_t i) {
   return t.type.dtype == DType::I32 ? int64_t(t.as<int32_t>()[i])
@@ -339,8 +310,8 @@ Status attentionGradKernel(const Instr &instr, Ins ins, Outs outs) {
   return dispatchFloat(tq.dtype, [&](auto tag) -> Status {
     using T = decltype(tag);
     std::vector<float> qb, kb, vb, dob, dqb, dkb, dvb;
-    const float *q = widenF32<T>(ins[0], qb), *k = widenF32<T>(ins[1], kb),
-                *v = widenF32<T>(ins[2], vb), *dout = widenF32<T>(ins[3], dob);
+    const float *q = asF32<T>(ins[0], qb), *k = asF32<T>(ins[1], kb),
+                *v = asF32<T>(ins[2], vb), *dout = asF32<T>(ins[3], dob);
     float *dq = outF32<T>(outs[0], dqb), *dk = outF32<T>(outs[1], dkb),
           *dv = outF32<T>(outs[2], dvb);
     std::fill(dq, dq + outs[0].numElements(), 0.0f);

@@ -84,6 +84,37 @@ inline void storeF32(const float *src, T *dst, int64_t n) {
       dst[i] = fromF32<T>(src[i]);
 }
 
+/// f32 view of a float tensor: the tensor itself for f32, else a widened
+/// copy kept in `buf`.
+template <typename T>
+inline const float *asF32(const TensorRef &t, std::vector<float> &buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return t.as<float>();
+  } else {
+    buf.resize(size_t(t.numElements()));
+    loadF32(t.as<T>(), buf.data(), t.numElements());
+    return buf.data();
+  }
+}
+
+/// f32 destination for a float result: the result itself for f32 (contents
+/// unspecified), else a zeroed buffer that finishF32 stores at the end.
+template <typename T>
+inline float *outF32(const TensorRef &t, std::vector<float> &buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return t.as<float>();
+  } else {
+    buf.assign(size_t(t.numElements()), 0.0f);
+    return buf.data();
+  }
+}
+
+/// Stores an outF32 buffer into its result (a no-op for f32).
+template <typename T> inline void finishF32(const TensorRef &t, const float *buf) {
+  if constexpr (!std::is_same_v<T, float>)
+    storeF32(buf, t.as<T>(), t.numElements());
+}
+
 //===----------------------------------------------------------------------===//
 // Errors and checks
 //===----------------------------------------------------------------------===//

@@ -38,19 +38,6 @@ void gemmF32(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
 
 namespace {
 
-/// Returns f32 data for a float tensor: the tensor itself for f32, else a
-/// widened copy kept in `buf`.
-template <typename T>
-const float *asF32(const TensorRef &t, std::vector<float> &buf) {
-  if constexpr (std::is_same_v<T, float>) {
-    return t.as<float>();
-  } else {
-    buf.resize(size_t(t.numElements()));
-    loadF32(t.as<T>(), buf.data(), t.numElements());
-    return buf.data();
-  }
-}
-
 Status matmulKernel(const Instr &instr, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
   const TensorType &ta = ins[0].type, &tb = ins[1].type;
@@ -115,13 +102,7 @@ Status matmulKernel(const Instr &instr, Ins ins, Outs outs) {
     std::vector<float> abuf, bbuf, cbuf;
     const float *a = asF32<T>(ins[0], abuf);
     const float *b = asF32<T>(ins[1], bbuf);
-    float *c;
-    if constexpr (std::is_same_v<T, float>) {
-      c = outs[0].as<float>();
-    } else {
-      cbuf.resize(size_t(outs[0].numElements()));
-      c = cbuf.data();
-    }
+    float *c = outF32<T>(outs[0], cbuf);
     int64_t lda = transA ? m : k, ldb = transB ? k : n;
     if (numBBatch == 1 && numABatch == numBatch && !transA) {
       // [batch*M, K] x [K, N] in one call.
@@ -141,8 +122,7 @@ Status matmulKernel(const Instr &instr, Ins ins, Outs outs) {
                 b + offB * k * n, ldb, 0.0f, c + i * m * n, n);
       }
     }
-    if constexpr (!std::is_same_v<T, float>)
-      storeF32(c, outs[0].as<T>(), outs[0].numElements());
+    finishF32<T>(outs[0], c);
     return Status::ok();
   });
 }
