@@ -40,6 +40,17 @@ struct Calibration {
   double gradOverlapEfficiency = 0.80; ///< grad_overlap_efficiency
   double p2pOverlapEfficiency = 0.90;  ///< p2p_overlap_efficiency
 
+  // Context parallelism: share of the attention compute that hides the ring
+  // exchange of K/V chunks (Megatron-LM overlaps each step's send/recv with
+  // the previous chunk's attention).
+  double cpOverlapEfficiency = 0.90; ///< cp_overlap_efficiency
+
+  // Process layout (in-graph vs between-graph), host side.
+  double kernelLaunchSeconds = 4e-6;    ///< kernel_launch_us: host cost/launch
+  double inGraphLaunchContention = 0.05; ///< in_graph_launch_contention
+  double processHostBytes = 4.0 * (1ull << 30); ///< process_host_gib
+  double deviceHostStagingBytes = 2.0 * (1ull << 30); ///< host_staging_gib
+
   // Memory: what a device holds beyond tensors the model names.
   double runtimeReservedBytes = 1.0 * (1ull << 30); ///< runtime_reserved_gib
   double ncclBufferBytes = 64.0 * (1ull << 20);     ///< nccl_buffer_mib

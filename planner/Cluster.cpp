@@ -88,6 +88,7 @@ struct PresetDef {
   int gpusPerNode;
   IntraNodeLink intra;
   NetworkLink network;
+  HostSpec host;
 };
 
 const std::map<std::string, PresetDef> &presetTable() {
@@ -98,22 +99,26 @@ const std::map<std::string, PresetDef> &presetTable() {
        {"a100-sxm-80gb",
         8,
         {IntraTopology::NVSwitch, 300 * kG, 1 * kUs},
-        {8 * 200 / 8.0 * kG, 5 * kUs}}},
+        {8 * 200 / 8.0 * kG, 5 * kUs},
+        {128, 1024 * kG}}}, // 2x EPYC 7742, 1 TB (DGX A100 user guide)
       {"dgx-h100",
        {"h100-sxm-80gb",
         8,
         {IntraTopology::NVSwitch, 450 * kG, 1 * kUs},
-        {8 * 400 / 8.0 * kG, 5 * kUs}}},
+        {8 * 400 / 8.0 * kG, 5 * kUs},
+        {112, 2048 * kG}}}, // 2x Xeon 8480C, 2 TB (DGX H100 user guide)
       {"dgx-h200",
        {"h200-sxm-141gb",
         8,
         {IntraTopology::NVSwitch, 450 * kG, 1 * kUs},
-        {8 * 400 / 8.0 * kG, 5 * kUs}}},
+        {8 * 400 / 8.0 * kG, 5 * kUs},
+        {112, 2048 * kG}}}, // 2x Xeon 8480C, 2 TB (DGX H200)
       {"cpu",
        {"cpu-device",
         2,
         {IntraTopology::NVSwitch, 10 * kG, 5 * kUs},
-        {1.25 * kG, 50 * kUs}}},
+        {1.25 * kG, 50 * kUs},
+        {2, 24 * kG}}},
   };
   return t;
 }
@@ -187,6 +192,7 @@ Expected<Cluster> clusterPreset(std::string_view name, int nodes) {
   g.gpu = gpuTable().at(p.gpu);
   g.intra = p.intra;
   g.network = p.network;
+  g.host = p.host;
   c.groups.push_back(g);
   return c;
 }
@@ -386,6 +392,14 @@ std::string Cluster::toJson() const {
                         {"latency_us", g.intra.latency / kUs}};
     gj["network"] = {{"bandwidth_gb_s", g.network.bandwidth / kG},
                      {"latency_us", g.network.latency / kUs}};
+    if (g.host.cpuCores > 0 || g.host.memoryBytes > 0) {
+      json h;
+      if (g.host.cpuCores > 0)
+        h["cpu_cores"] = g.host.cpuCores;
+      if (g.host.memoryBytes > 0)
+        h["memory_gb"] = g.host.memoryBytes / kG;
+      gj["host"] = h;
+    }
     nodes.push_back(gj);
   }
   j["nodes"] = nodes;
@@ -750,6 +764,27 @@ Expected<NodeGroup> parseGroup(const Reader &rd, const json &top,
     return missing("intra_node");
   }
 
+  auto [host, hostPath] = pick("host");
+  if (host) {
+    DLOPT_RETURN_IF_ERROR(rd.expectObject(*host, hostPath));
+    DLOPT_RETURN_IF_ERROR(
+        rd.checkKeys(*host, hostPath, {"cpu_cores", "memory_gb"}));
+    if (host->contains("cpu_cores")) {
+      auto cores = rd.positiveInt((*host)["cpu_cores"],
+                                  Reader::child(hostPath, "cpu_cores"));
+      if (!cores)
+        return cores.status();
+      g.host.cpuCores = *cores;
+    }
+    if (host->contains("memory_gb")) {
+      auto mem = rd.number((*host)["memory_gb"],
+                           Reader::child(hostPath, "memory_gb"), true);
+      if (!mem)
+        return mem.status();
+      g.host.memoryBytes = *mem * kG;
+    }
+  }
+
   auto [net, netPath] = pick("network");
   if (net) {
     auto l = parseNetwork(rd, *net, netPath);
@@ -767,7 +802,8 @@ Expected<Cluster> parseTree(const Reader &rd, const json &top,
   DLOPT_RETURN_IF_ERROR(rd.expectObject(top, ""));
   DLOPT_RETURN_IF_ERROR(rd.checkKeys(
       top, "",
-      {"name", "nodes", "gpus_per_node", "gpu", "intra_node", "network"}));
+      {"name", "nodes", "gpus_per_node", "gpu", "intra_node", "network",
+       "host"}));
   Cluster c;
   c.name = std::string(source);
   if (top.contains("name")) {
@@ -790,7 +826,8 @@ Expected<Cluster> parseTree(const Reader &rd, const json &top,
       DLOPT_RETURN_IF_ERROR(rd.expectObject(nodes[i], p));
       DLOPT_RETURN_IF_ERROR(rd.checkKeys(
           nodes[i], p,
-          {"count", "gpus_per_node", "gpu", "intra_node", "network"}));
+          {"count", "gpus_per_node", "gpu", "intra_node", "network",
+           "host"}));
       if (!nodes[i].contains("count"))
         return rd.error(p, "missing required field 'count'");
       auto cnt = rd.positiveInt(nodes[i]["count"], p + ".count");

@@ -57,6 +57,13 @@ struct NetworkLink {
   double latency = 0;   ///< seconds per hop
 };
 
+/// The host side of a node: what the process layout (in-graph or
+/// between-graph) is constrained by. 0 means unknown (no constraint).
+struct HostSpec {
+  int cpuCores = 0;
+  double memoryBytes = 0;
+};
+
 /// `count` identical nodes.
 struct NodeGroup {
   int count = 1;
@@ -64,6 +71,7 @@ struct NodeGroup {
   GpuSpec gpu;
   IntraNodeLink intra;
   NetworkLink network;
+  HostSpec host;
 };
 
 /// Where a global rank lives. Ranks are numbered node by node, group by

@@ -112,7 +112,7 @@ double activationBytesPerLayer(const TransformerSpec &spec,
                                const TrainingConfig &cfg) {
   double s = spec.seqLen, b = cfg.microBatchSize, h = spec.hidden,
          a = spec.heads, t = cfg.tp;
-  double sbh = s * b * h;
+  double sbh = s / std::max(1, cfg.cp) * b * h;
   double scale = cfg.precision.activationBytes / 2.0;
   bool sp = cfg.sequenceParallel;
   double bytes = 0;
@@ -169,6 +169,7 @@ Status checkConfig(const TransformerSpec &spec, const TrainingConfig &cfg) {
   DLOPT_RETURN_IF_ERROR(atLeast1("dp", cfg.dp));
   DLOPT_RETURN_IF_ERROR(atLeast1("tp", cfg.tp));
   DLOPT_RETURN_IF_ERROR(atLeast1("pp", cfg.pp));
+  DLOPT_RETURN_IF_ERROR(atLeast1("cp", cfg.cp));
   DLOPT_RETURN_IF_ERROR(atLeast1("the micro-batch size", cfg.microBatchSize));
   DLOPT_RETURN_IF_ERROR(
       atLeast1("the number of micro-batches", cfg.numMicroBatches));
@@ -188,6 +189,18 @@ Status checkConfig(const TransformerSpec &spec, const TrainingConfig &cfg) {
     return Status::error("sequence parallelism: tp=" + std::to_string(cfg.tp) +
                          " does not divide the sequence length " +
                          std::to_string(spec.seqLen));
+  if (cfg.cp > 1 && spec.seqLen % (2 * int64_t(cfg.cp)) != 0)
+    return Status::error("context parallelism: 2*cp = " +
+                         std::to_string(2 * cfg.cp) +
+                         " (two load-balanced chunks per rank) does not "
+                         "divide the sequence length " +
+                         std::to_string(spec.seqLen));
+  if (cfg.sequenceParallel && cfg.cp > 1 &&
+      (spec.seqLen / cfg.cp) % cfg.tp != 0)
+    return Status::error("sequence parallelism: tp=" + std::to_string(cfg.tp) +
+                         " does not divide the " +
+                         std::to_string(spec.seqLen / cfg.cp) +
+                         " tokens of a context-parallel rank");
   if (spec.numLayers < cfg.pp)
     return Status::error("pp=" + std::to_string(cfg.pp) + " needs at least " +
                          std::to_string(cfg.pp) + " layers, got " +
@@ -219,7 +232,8 @@ Expected<MemoryBreakdown> transformerStageMemory(const TransformerSpec &spec,
   if (stage < 0 || stage >= cfg.pp)
     return Status::error("stage " + std::to_string(stage) +
                          " is out of range for pp=" + std::to_string(cfg.pp));
-  const double h = spec.hidden, s = spec.seqLen, v = spec.vocab;
+  const double h = spec.hidden, v = spec.vocab;
+  const double s = double(spec.seqLen) / cfg.cp; // tokens on this rank
   const double b = cfg.microBatchSize, t = cfg.tp;
   const bool first = stage == 0, last = stage == cfg.pp - 1;
   const double spDiv = cfg.sequenceParallel ? t : 1.0;
@@ -229,13 +243,15 @@ Expected<MemoryBreakdown> transformerStageMemory(const TransformerSpec &spec,
   double layers = layersOnStage(spec, cfg.pp, stage);
   double params = layers * layerParamsPerTpRank(spec, cfg.tp);
   if (first)
-    params += v * h / t + (spec.learnedPositions ? s * h : 0.0);
+    params += v * h / t + (spec.learnedPositions ? spec.seqLen * h : 0.0);
   if (last) {
     params += 2 * h; // final layer norm
     if (cfg.pp > 1 || !spec.tiedEmbeddings)
       params += v * h / t; // output matrix (a tied copy when pp > 1)
   }
-  auto states = stateMemory(params, cfg.dp, cfg.zeroStage, cfg.optimizer, pr);
+  // ZeRO shards over the dp * cp ranks that hold the same parameters.
+  auto states =
+      stateMemory(params, cfg.dp * cfg.cp, cfg.zeroStage, cfg.optimizer, pr);
   if (!states)
     return states.status();
 
@@ -263,17 +279,20 @@ Expected<MemoryBreakdown> transformerStageMemory(const TransformerSpec &spec,
     if (cfg.recompute == RecomputePolicy::Full)
       m.transient = activationBytesPerLayer(spec, noRecompute);
     else // the attention scores, softmax, dropout of one layer
-      m.transient = 5 * spec.heads * s * s * b / t * scale;
+      m.transient = 5 * spec.heads * s * spec.seqLen * b / t * scale;
   }
 
   // Communication buffers.
-  int comms = (cfg.tp > 1) + (cfg.dp > 1) + (cfg.pp > 1);
+  const int replicas = cfg.dp * cfg.cp; // ranks sharing the parameters
+  int comms = (cfg.tp > 1) + (replicas > 1) + (cfg.pp > 1) + (cfg.cp > 1);
   m.commBuffers = comms * cal.ncclBufferBytes;
+  if (cfg.cp > 1) // K/V chunk in flight + being received, fwd and bwd (dK/dV)
+    m.commBuffers += 4 * 2 * s * b * h / t * pr.activationBytes;
   if (cfg.pp > 1) // one send and one receive activation buffer
     m.commBuffers += 2 * s * b * h / spDiv * pr.activationBytes;
-  if (cfg.dp > 1 && cfg.zeroStage < 3) // bucket being reduced + being filled
+  if (replicas > 1 && cfg.zeroStage < 3) // bucket being reduced + being filled
     m.commBuffers += 2 * cal.gradBucketBytes;
-  if (cfg.dp > 1 && cfg.zeroStage == 3) // gathered layer + prefetched layer
+  if (replicas > 1 && cfg.zeroStage == 3) // gathered layer + prefetched layer
     m.commBuffers += 2 * layerParamsPerTpRank(spec, cfg.tp) * pr.paramBytes;
 
   m.workspace =

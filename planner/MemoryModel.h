@@ -73,6 +73,10 @@ struct TransformerSpec {
 /// The parallel configuration the memory depends on.
 struct TrainingConfig {
   int dp = 1, tp = 1, pp = 1;
+  /// Context parallelism: the sequence is split over cp ranks (ring
+  /// attention); parameters are replicated over cp and their gradients and
+  /// ZeRO shards span dp * cp ranks (Megatron-LM's layout).
+  int cp = 1;
   int zeroStage = 0;
   int64_t microBatchSize = 1;  ///< b
   int64_t numMicroBatches = 1; ///< m, per pipeline per step
@@ -91,7 +95,10 @@ struct TrainingConfig {
 ///   selective, no SP:     sbh (10 + 24/t)
 ///   selective, SP:        sbh/t * 34
 ///   full:                 2sbh (/t with SP)
-/// with t = 1 this is sbh(34 + 5as/h). Scaled by activationBytes/2.
+/// with t = 1 this is sbh(34 + 5as/h). Scaled by activationBytes/2. With
+/// context parallelism each rank keeps s/cp tokens: s becomes s/cp in sbh,
+/// while the attention-score term 5as/h keeps the full s (a local query
+/// attends to every key).
 double activationBytesPerLayer(const TransformerSpec &spec,
                                const TrainingConfig &cfg);
 

@@ -68,10 +68,40 @@ Derived derive(const PlanResult &p, int devices) {
 
 RankCoords rankCoords(const TrainingConfig &cfg, int rank) {
   RankCoords c;
+  int cp = std::max(1, cfg.cp);
   c.tp = rank % cfg.tp;
-  c.dp = (rank / cfg.tp) % cfg.dp;
-  c.stage = rank / (cfg.tp * cfg.dp);
+  c.cp = (rank / cfg.tp) % cp;
+  c.dp = (rank / (cfg.tp * cp)) % cfg.dp;
+  c.stage = rank / (cfg.tp * cp * cfg.dp);
   return c;
+}
+
+int processOf(const Cluster &cluster, ProcessLayout layout, int rank) {
+  if (layout == ProcessLayout::BetweenGraph)
+    return rank;
+  auto loc = cluster.locate(rank);
+  return loc ? loc->node : -1;
+}
+
+std::string launchCommand(const Cluster &cluster, const ProcessPlan &p,
+                          const std::string &planFile) {
+  const int nodes = cluster.numNodes();
+  const int devices = cluster.numDevices();
+  const int perNode = p.processesPerNode;
+  // CPU "devices" (the cpu preset) run on the CPU backend.
+  bool cpu = !cluster.groups.empty() &&
+             cluster.groups.front().gpu.name.rfind("CPU", 0) == 0;
+  std::string run =
+      std::string("dlopt-run --backend ") + (cpu ? "cpu" : "cuda");
+  if (p.layout == ProcessLayout::InGraph)
+    run += " --devices-per-process " +
+           std::to_string(devices / std::max(1, nodes));
+  run += " " + planFile;
+  int procs = p.layout == ProcessLayout::InGraph ? nodes : devices;
+  if (procs == 1)
+    return run;
+  return "mpirun -np " + std::to_string(procs) + " --map-by ppr:" +
+         std::to_string(perNode) + ":node --hostfile HOSTS " + run;
 }
 
 std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
@@ -92,8 +122,13 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
               (long long)p.globalBatch, (long long)p.seq);
 
   r += "== plan ==\n";
-  r += printf("  dp=%d tp=%d pp=%d (dp*tp*pp = %d devices)\n", cfg.dp, cfg.tp,
-              cfg.pp, cfg.dp * cfg.tp * cfg.pp);
+  if (cfg.cp > 1)
+    r += printf("  dp=%d tp=%d pp=%d cp=%d (dp*tp*pp*cp = %d devices)\n",
+                cfg.dp, cfg.tp, cfg.pp, cfg.cp,
+                cfg.dp * cfg.tp * cfg.pp * cfg.cp);
+  else
+    r += printf("  dp=%d tp=%d pp=%d (dp*tp*pp = %d devices)\n", cfg.dp,
+                cfg.tp, cfg.pp, cfg.dp * cfg.tp * cfg.pp);
   r += printf("  micro-batch size %lld, %lld micro-batches per step\n",
               (long long)cfg.microBatchSize, (long long)cfg.numMicroBatches);
   r += std::string("  schedule ") + scheduleKey(cfg.schedule);
@@ -101,26 +136,45 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
     r += printf(" (v=%d)", cfg.virtualStages);
   r += printf(", zero %d, recompute %s, optimizer %s\n", cfg.zeroStage,
               recomputeName(cfg.recompute), optimizerName(cfg.optimizer));
-  r += "  processes: one per GPU (between-graph)\n";
-  r += printf("  sharding: matmul %s, attention %s, other ops replicated "
-              "over tp\n",
-              cfg.tp > 1 ? "column/row-parallel (Megatron)" : "unsharded",
-              cfg.tp > 1 ? "by heads" : "unsharded");
+  const ProcessPlan &proc = p.best.process;
+  const int nodes = cluster.numNodes();
+  r += printf("  processes: %s, %d per node (%s)\n",
+              layoutName(proc.layout, nodes), proc.processesPerNode,
+              proc.why.c_str());
+  r += "  launch: " + launchCommand(cluster, proc, "model.plan") + "\n";
+  {
+    std::string shard = "  sharding: matmul ";
+    shard += cfg.tp > 1 ? "column/row-parallel over tp (Megatron)"
+                        : "unsharded";
+    shard += ", attention ";
+    shard += cfg.tp > 1 ? "by heads" : "unsharded";
+    if (cfg.cp > 1)
+      shard += " and by sequence over cp (ring, load-balanced causal chunks)";
+    shard += ", norms/dropout/residual ";
+    shard += cfg.sequenceParallel ? "split by sequence over tp (sequence "
+                                    "parallel)"
+             : cfg.tp > 1         ? "replicated over tp"
+                                  : "unsharded";
+    if (cfg.cp > 1)
+      shard += ", all activations split by sequence over cp";
+    r += shard + "\n";
+  }
 
   r += "\n== ranks ==\n";
-  r += "  rank  node  gpu  process  stage  tp  dp\n";
+  r += "  rank  node  gpu  process  stage  tp  cp  dp\n";
   int shown = std::min(devices, o.maxRanks);
   for (int rank = 0; rank < shown; ++rank) {
     auto loc = cluster.locate(rank);
     RankCoords c = rankCoords(cfg, rank);
-    r += printf("  %4d  %4d  %3d  %7d  %5d  %2d  %2d\n", rank,
-                loc ? loc->node : -1, loc ? loc->local : -1, rank, c.stage,
-                c.tp, c.dp);
+    r += printf("  %4d  %4d  %3d  %7d  %5d  %2d  %2d  %2d\n", rank,
+                loc ? loc->node : -1, loc ? loc->local : -1,
+                processOf(cluster, proc.layout, rank), c.stage, c.tp, c.cp,
+                c.dp);
   }
   if (shown < devices)
-    r += printf("  ... %d more ranks: rank = (stage*%d + dp)*%d + tp; node = "
-                "rank / gpus per node\n",
-                devices - shown, cfg.dp, cfg.tp);
+    r += printf("  ... %d more ranks: rank = ((stage*%d + dp)*%d + cp)*%d + "
+                "tp; node = rank / gpus per node\n",
+                devices - shown, cfg.dp, cfg.cp, cfg.tp);
 
   r += "\n== stages ==\n";
   for (size_t s = 0; s < p.stageLayers.size(); ++s) {
@@ -149,12 +203,16 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
   r += printf("  total            %s\n", seconds(d.step).c_str());
   r += printf("  compute          %s (%.1f%%)\n", seconds(t.compute).c_str(),
               100 * t.compute / d.step);
-  r += printf("  exposed comm     %s (%.1f%%): tp %s, pp %s, dp %s\n",
+  r += printf("  exposed comm     %s (%.1f%%): tp %s, cp %s, pp %s, dp %s\n",
               seconds(t.exposedComm()).c_str(), 100 * t.exposedComm() / d.step,
-              seconds(t.tpComm).c_str(), seconds(t.ppComm).c_str(),
-              seconds(t.dpComm).c_str());
+              seconds(t.tpComm).c_str(), seconds(t.cpComm).c_str(),
+              seconds(t.ppComm).c_str(), seconds(t.dpComm).c_str());
   r += printf("  bubble           %s (%.1f%%)\n", seconds(t.bubble).c_str(),
               100 * t.bubble / d.step);
+  r += printf("  host dispatch    %s (%.1f%%): %s of launches per step, "
+              "hidden unless longer than the devices' time\n",
+              seconds(t.host).c_str(), 100 * t.host / d.step,
+              seconds(proc.hostDispatch).c_str());
   r += "\n== throughput ==\n";
   r += printf("  %.4g samples/s, %.4g tokens/s\n", d.samples, d.tokens);
   r += printf("  model %.1f TFLOP/s per GPU, MFU %.1f%% (%s peak %.1f "
@@ -212,12 +270,16 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
     j["dp"] = c.cfg.dp;
     j["tp"] = c.cfg.tp;
     j["pp"] = c.cfg.pp;
+    j["cp"] = c.cfg.cp;
+    j["sequence_parallel"] = c.cfg.sequenceParallel;
     j["micro_batch_size"] = c.cfg.microBatchSize;
     j["num_micro_batches"] = c.cfg.numMicroBatches;
     j["schedule"] = scheduleKey(c.cfg.schedule);
     j["virtual_stages"] = c.cfg.virtualStages;
     j["zero_stage"] = c.cfg.zeroStage;
     j["recompute"] = recomputeName(c.cfg.recompute);
+    j["layout"] = c.process.layout == ProcessLayout::InGraph ? "in-graph"
+                                                             : "between-graph";
     return j;
   };
   auto memory = [](const MemoryBreakdown &m, double cap) {
@@ -233,13 +295,14 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
                 {"capacity", cap}};
   };
   auto time = [](const StepTime &t) {
-    return json{{"total", t.total()},   {"compute", t.compute},
-                {"tp_comm", t.tpComm},  {"pp_comm", t.ppComm},
-                {"dp_comm", t.dpComm},  {"bubble", t.bubble}};
+    return json{{"total", t.total()},  {"compute", t.compute},
+                {"tp_comm", t.tpComm}, {"cp_comm", t.cpComm},
+                {"pp_comm", t.ppComm}, {"dp_comm", t.dpComm},
+                {"bubble", t.bubble},  {"host", t.host}};
   };
   json j;
   j["format"] = "dlopt-plan";
-  j["version"] = 1;
+  j["version"] = 2;
   j["mode"] = p.training ? "training" : "forward";
   j["model"] = {{"name", g.modelName},
                 {"layers", p.spec.numLayers},
@@ -253,9 +316,18 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
                 {"precision", precisionName(p.precision)}};
   j["cluster"] = {{"summary", cluster.summary()},
                   {"devices", devices},
-                  {"nodes", cluster.numNodes()}};
+                  {"nodes", cluster.numNodes()},
+                  {"definition", json::parse(cluster.toJson())}};
   j["global_batch"] = p.globalBatch;
   j["config"] = config(p.best);
+  j["processes"] = {
+      {"layout", layoutName(p.best.process.layout, cluster.numNodes())},
+      {"per_node", p.best.process.processesPerNode},
+      {"host_dispatch", p.best.process.hostDispatch},
+      {"host_memory_per_node", p.best.process.hostMemory},
+      {"host_memory_capacity", p.best.process.hostCapacity},
+      {"why", p.best.process.why},
+      {"launch", launchCommand(cluster, p.best.process, "model.plan")}};
   json stages = json::array();
   for (size_t s = 0; s < p.stageLayers.size(); ++s)
     stages.push_back({{"stage", s},
@@ -268,10 +340,12 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
   for (int rank = 0; rank < devices; ++rank) {
     auto loc = cluster.locate(rank);
     RankCoords c = rankCoords(cfg, rank);
-    ranks.push_back({rank, loc ? loc->node : -1, loc ? loc->local : -1, rank,
-                     c.stage, c.tp, c.dp});
+    ranks.push_back({rank, loc ? loc->node : -1, loc ? loc->local : -1,
+                     processOf(cluster, p.best.process.layout, rank), c.stage,
+                     c.tp, c.cp, c.dp});
   }
-  j["rank_columns"] = {"rank", "node", "gpu", "process", "stage", "tp", "dp"};
+  j["rank_columns"] = {"rank",  "node", "gpu", "process",
+                       "stage", "tp",   "cp",  "dp"};
   j["ranks"] = ranks;
   json comms = json::array();
   for (const CommOp &c : p.comms)

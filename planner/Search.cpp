@@ -74,6 +74,20 @@ std::optional<RecomputePolicy> parseRecompute(std::string_view s) {
   return std::nullopt;
 }
 
+const char *layoutName(ProcessLayout l, int nodes) {
+  if (l == ProcessLayout::BetweenGraph)
+    return "between-graph";
+  return nodes > 1 ? "hybrid" : "in-graph";
+}
+
+std::optional<ProcessLayout> parseLayout(std::string_view s) {
+  if (s == "in-graph" || s == "hybrid")
+    return ProcessLayout::InGraph;
+  if (s == "between-graph")
+    return ProcessLayout::BetweenGraph;
+  return std::nullopt;
+}
+
 const char *scheduleKey(PipelineSchedule s) {
   switch (s) {
   case PipelineSchedule::GPipe:
@@ -109,6 +123,22 @@ Expected<FixSpec> parseFix(std::string_view text) {
       f.schedule = s;
       continue;
     }
+    if (k == "layout") {
+      auto l = parseLayout(v);
+      if (!l)
+        return Status::error("--fix: layout '" + v +
+                             "' is not one of in-graph, hybrid, "
+                             "between-graph");
+      f.layout = l;
+      continue;
+    }
+    if (k == "sp") {
+      if (v != "0" && v != "1")
+        return Status::error("--fix: sp=" + v +
+                             " is not 0 or 1 (sequence parallelism off/on)");
+      f.sp = v == "1";
+      continue;
+    }
     if (k == "recompute") {
       auto r = parseRecompute(v);
       if (!r)
@@ -117,12 +147,12 @@ Expected<FixSpec> parseFix(std::string_view text) {
       f.recompute = r;
       continue;
     }
-    static const char *known[] = {"dp", "tp", "pp", "v", "mbs", "mb",
+    static const char *known[] = {"dp", "tp", "pp", "cp", "v", "mbs", "mb",
                                   "num_mb", "zero"};
     if (std::find(std::begin(known), std::end(known), k) == std::end(known))
       return Status::error("--fix: unknown key '" + k +
-                           "' (expected dp, tp, pp, mbs, mb, schedule, v, "
-                           "zero, recompute)");
+                           "' (expected dp, tp, pp, cp, sp, mbs, mb, "
+                           "schedule, v, zero, recompute, layout)");
     auto n = parseInt(v);
     if (!n || (*n < 1 && k != "zero") || *n > (int64_t(1) << 30))
       return Status::error("--fix: " + k + "=" + v +
@@ -133,6 +163,8 @@ Expected<FixSpec> parseFix(std::string_view text) {
       f.tp = int(*n);
     else if (k == "pp")
       f.pp = int(*n);
+    else if (k == "cp")
+      f.cp = int(*n);
     else if (k == "v")
       f.v = int(*n);
     else if (k == "mbs")
@@ -145,8 +177,8 @@ Expected<FixSpec> parseFix(std::string_view text) {
       f.zero = int(*n);
     } else
       return Status::error("--fix: unknown key '" + k +
-                           "' (expected dp, tp, pp, mbs, mb, schedule, v, "
-                           "zero, recompute)");
+                           "' (expected dp, tp, pp, cp, sp, mbs, mb, schedule, v, "
+                           "zero, recompute, layout)");
   }
   return f;
 }
@@ -157,19 +189,28 @@ std::string FixSpec::str() const {
   if (dp) add("dp=" + std::to_string(*dp));
   if (tp) add("tp=" + std::to_string(*tp));
   if (pp) add("pp=" + std::to_string(*pp));
+  if (cp) add("cp=" + std::to_string(*cp));
+  if (sp) add(std::string("sp=") + (*sp ? "1" : "0"));
   if (mbs) add("mbs=" + std::to_string(*mbs));
   if (numMicroBatches) add("mb=" + std::to_string(*numMicroBatches));
   if (schedule) add(std::string("schedule=") + scheduleKey(*schedule));
   if (v) add("v=" + std::to_string(*v));
   if (zero) add("zero=" + std::to_string(*zero));
   if (recompute) add(std::string("recompute=") + recomputeName(*recompute));
+  if (layout)
+    add(std::string("layout=") +
+        (*layout == ProcessLayout::InGraph ? "in-graph" : "between-graph"));
   return s;
 }
 
 std::string Candidate::key() const {
   std::string s = "dp=" + std::to_string(cfg.dp) + " tp=" +
-                  std::to_string(cfg.tp) + " pp=" + std::to_string(cfg.pp) +
-                  " mbs=" + std::to_string(cfg.microBatchSize) + " mb=" +
+                  std::to_string(cfg.tp) + " pp=" + std::to_string(cfg.pp);
+  if (cfg.cp > 1)
+    s += " cp=" + std::to_string(cfg.cp);
+  if (cfg.sequenceParallel)
+    s += " sp=1";
+  s += " mbs=" + std::to_string(cfg.microBatchSize) + " mb=" +
                   std::to_string(cfg.numMicroBatches) + " schedule=" +
                   scheduleKey(cfg.schedule);
   if (cfg.schedule == PipelineSchedule::Interleaved1F1B)
@@ -228,21 +269,33 @@ namespace {
 struct GroupCost {
   double mmFlops = 0, mmBytes = 0, attFlops = 0, attBytes = 0, otFlops = 0,
          otBytes = 0;
+  /// The part of the elementwise work on [s, h] tensors (layer norms,
+  /// residual adds, dropouts) that tensor parallelism replicates unless
+  /// sequence parallelism splits it.
+  double repFlops = 0, repBytes = 0;
+  double ops = 0; ///< kernels per forward
 };
 
-/// Forward seconds of each layer (and pre/post) for one (mbs, tp).
+/// Passes over an [s, h] activation one layer makes outside its matmuls and
+/// attention (two layer norms read+write 4, two residual adds 6, two
+/// dropouts with their masks 5) and the FLOPs per element they do.
+constexpr double kReplicatedPasses = 15;
+constexpr double kReplicatedFlopsPerElement = 20;
+
+/// Forward seconds of each layer (and pre/post) for one (mbs, tp, cp, sp).
 struct LayerTimes {
   std::vector<double> fwd;       ///< per layer, in mark order
   std::vector<double> attention; ///< the attention-core part of fwd
   std::vector<double> prefix;    ///< prefix sums of fwd
   std::vector<double> attPrefix;
+  std::vector<double> opsPrefix; ///< prefix sums of kernels per forward
   double pre = 0, post = 0;
 };
 
 struct Shape {
-  int dp, tp, pp;
+  int dp, tp, pp, cp;
   bool operator<(const Shape &o) const {
-    return std::tie(dp, tp, pp) < std::tie(o.dp, o.tp, o.pp);
+    return std::tie(dp, tp, pp, cp) < std::tie(o.dp, o.tp, o.pp, o.cp);
   }
 };
 
@@ -255,9 +308,12 @@ struct Ctx {
   GpuSpec gpu{}; ///< the slowest GPU kind
   double capacity = 0;
   double modelBatch = 1;
+  double kvFraction = 1; ///< key/value heads / query heads
+  int gpusPerNode = 1;
+  HostSpec host{}; ///< the most constrained host
   std::vector<GroupCost> layers{};
   GroupCost pre{}, post{};
-  std::map<std::pair<int64_t, int>, LayerTimes> timeCache{};
+  std::map<std::tuple<int64_t, int, int, bool>, LayerTimes> timeCache{};
   std::map<std::pair<int, int>, Expected<CommGroup>> groupCache{};
 
   double roofline(OpKind kind, double flops, double bytes) const {
@@ -268,40 +324,50 @@ struct Ctx {
     return e ? e->time : 0;
   }
 
-  double groupTime(const GroupCost &g, double scale, int tp,
+  /// Forward time of a group for `scale` samples of s/cp tokens each, with
+  /// its matmuls, attention and split elementwise work divided by tp and the
+  /// replicated part divided by tp only under sequence parallelism.
+  double groupTime(const GroupCost &g, double scale, int tp, bool sp,
                    double *attention) const {
     double att = roofline(OpKind::Attention, g.attFlops * scale / tp,
                           g.attBytes * scale / tp);
     if (attention)
       *attention = att;
+    double repDiv = sp ? tp : 1;
     return roofline(OpKind::Matmul, g.mmFlops * scale / tp,
                     g.mmBytes * scale / tp) +
            att +
-           // Norms, residuals, dropout stay replicated over tp (no sequence
-           // parallelism); the rest of the elementwise work is split.
-           roofline(OpKind::Elementwise, g.otFlops * scale / tp,
-                    g.otBytes * scale / tp);
+           roofline(OpKind::Elementwise,
+                    (g.otFlops - g.repFlops) * scale / tp +
+                        g.repFlops * scale / repDiv,
+                    (g.otBytes - g.repBytes) * scale / tp +
+                        g.repBytes * scale / repDiv);
   }
 
-  const LayerTimes &times(int64_t mbs, int tp) {
-    auto key = std::make_pair(mbs, tp);
+  const LayerTimes &times(int64_t mbs, int tp, int cp, bool sp) {
+    auto key = std::make_tuple(mbs, tp, cp, sp);
     auto it = timeCache.find(key);
     if (it != timeCache.end())
       return it->second;
     LayerTimes t;
-    double scale = static_cast<double>(mbs);
+    // A context-parallel rank holds s/cp tokens of each sample; causal
+    // attention is load-balanced (two chunks per rank), so every part of
+    // the work divides by cp.
+    double scale = static_cast<double>(mbs) / cp;
     t.prefix.push_back(0);
     t.attPrefix.push_back(0);
+    t.opsPrefix.push_back(0);
     for (const GroupCost &g : layers) {
       double att = 0;
-      double f = groupTime(g, scale, tp, &att);
+      double f = groupTime(g, scale, tp, sp, &att);
       t.fwd.push_back(f);
       t.attention.push_back(att);
       t.prefix.push_back(t.prefix.back() + f);
       t.attPrefix.push_back(t.attPrefix.back() + att);
+      t.opsPrefix.push_back(t.opsPrefix.back() + g.ops);
     }
-    t.pre = groupTime(pre, scale, tp, nullptr);
-    t.post = groupTime(post, scale, tp, nullptr);
+    t.pre = groupTime(pre, scale, tp, sp, nullptr);
+    t.post = groupTime(post, scale, tp, sp, nullptr);
     return timeCache.emplace(key, std::move(t)).first->second;
   }
 
@@ -343,11 +409,87 @@ std::vector<int64_t> stageStarts(int64_t layers, int pp) {
   return starts;
 }
 
+/// Chooses the process layout: the host time each layout spends issuing a
+/// step's launches (exposed only when it exceeds the devices' step time,
+/// since the host runs ahead), under the node's host memory. Ties go to
+/// in-graph: one process per node needs no launcher on one node, keeps one
+/// loader and one copy of the plan per node, and saves (G-1) processes of
+/// host memory.
+void chooseLayout(Ctx &c, Candidate &cand, double launchesPerStep,
+                  double deviceTime) {
+  const Calibration &cal = c.cost.calibration();
+  const int G = c.gpusPerNode;
+  const int nodes = c.cluster.numNodes();
+  double coreFactor =
+      c.host.cpuCores > 0 ? std::max(1.0, double(G) / c.host.cpuCores) : 1.0;
+  struct Option {
+    ProcessLayout layout;
+    int procs;
+    double dispatch, memory, exposed;
+    bool fits;
+  };
+  auto make = [&](ProcessLayout l) {
+    Option o;
+    o.layout = l;
+    o.procs = l == ProcessLayout::InGraph ? 1 : G;
+    double contention =
+        l == ProcessLayout::InGraph ? 1 + cal.inGraphLaunchContention * (G - 1)
+                                    : 1.0;
+    o.dispatch =
+        launchesPerStep * cal.kernelLaunchSeconds * contention * coreFactor;
+    o.memory = o.procs * cal.processHostBytes + G * cal.deviceHostStagingBytes;
+    o.fits = c.host.memoryBytes <= 0 || o.memory <= c.host.memoryBytes;
+    o.exposed = std::max(0.0, o.dispatch - deviceTime);
+    return o;
+  };
+  Option in = make(ProcessLayout::InGraph);
+  Option bg = make(ProcessLayout::BetweenGraph);
+  const Option *pick = &in;
+  std::string why;
+  auto ms = [](double s) { return fmt("%.3f ms", s * 1e3); };
+  auto gib = [](double b) { return fmt("%.1f GiB", b / kGiB); };
+  if (c.opt.fix.layout) {
+    pick = *c.opt.fix.layout == ProcessLayout::InGraph ? &in : &bg;
+    why = "fixed by --fix or the plan file";
+  } else if (G == 1) {
+    pick = &bg;
+    why = "one GPU per node: the layouts coincide";
+  } else if (!in.fits && bg.fits) {
+    pick = &bg;
+    why = "in-graph would need " + gib(in.memory) + " of host memory";
+  } else if (in.fits && !bg.fits) {
+    why = "between-graph would need " + gib(bg.memory) + " of host memory, " +
+          "over the node's " + gib(c.host.memoryBytes);
+  } else if (bg.exposed + 1e-12 < in.exposed) {
+    pick = &bg;
+    why = "host-bound step: one process driving " + std::to_string(G) +
+          " GPUs would issue " + ms(in.dispatch) + " of launches against " +
+          ms(bg.dispatch) + " per process, over the " + ms(deviceTime) +
+          " the devices take";
+  } else {
+    why = "host dispatch hidden either way (" + ms(in.dispatch) +
+          " of launches per step against " + ms(deviceTime) +
+          " on the devices); one process per node saves " +
+          gib(bg.memory - in.memory) + " of host memory" +
+          (nodes == 1 ? " and needs no launcher" : "");
+  }
+  ProcessPlan &p = cand.process;
+  p.layout = pick->layout;
+  p.processesPerNode = pick->procs;
+  p.hostDispatch = pick->dispatch;
+  p.hostMemory = pick->memory;
+  p.hostCapacity = c.host.memoryBytes;
+  p.why = why;
+  cand.time.host = pick->exposed;
+}
+
 /// Prices one candidate: memory and step time. Records the collectives when
 /// `comms` is given.
 void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   TrainingConfig &cfg = cand.cfg;
   const bool train = c.opt.training;
+  const int cp = cfg.cp;
+  const bool sp = cfg.sequenceParallel && cfg.tp > 1;
   cand.capacity = c.capacity;
   cand.time = StepTime{};
   cand.memory = MemoryBreakdown{};
@@ -371,29 +513,37 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   }
 
   // Compute per micro-batch on each stage; the slowest stage sets the pace.
-  const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp);
+  const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp);
   auto starts = stageStarts(c.spec.numLayers, cfg.pp);
-  double worstTrain = 0, worstFwd = 0;
+  double worstTrain = 0, worstFwd = 0, worstAtt = 0, worstOps = 0;
   int64_t worstLayers = 0;
   for (int st = 0; st < cfg.pp; ++st) {
     double f = lt.prefix[starts[st + 1]] - lt.prefix[starts[st]];
     double att = lt.attPrefix[starts[st + 1]] - lt.attPrefix[starts[st]];
-    if (st == 0)
+    double ops = lt.opsPrefix[starts[st + 1]] - lt.opsPrefix[starts[st]];
+    if (st == 0) {
       f += lt.pre;
-    if (st == cfg.pp - 1)
+      ops += c.pre.ops;
+    }
+    if (st == cfg.pp - 1) {
       f += lt.post;
+      ops += c.post.ops;
+    }
     double t = train ? c.cost.trainingTime(f, cfg.recompute, att) : f;
     if (t > worstTrain) {
       worstTrain = t;
       worstFwd = f;
+      worstAtt = att;
+      worstOps = ops;
       worstLayers = starts[st + 1] - starts[st];
     }
   }
 
   const double m = static_cast<double>(cfg.numMicroBatches);
   const double actBytes = cfg.precision.activationBytes;
-  const double boundary =
-      double(cfg.microBatchSize) * c.spec.seqLen * c.spec.hidden * actBytes;
+  // One micro-batch's [s/cp, b, h] activation.
+  const double boundary = double(cfg.microBatchSize) * c.spec.seqLen / cp *
+                          c.spec.hidden * actBytes;
   auto record = [&](const std::string &what, Collective coll, int size,
                     int stride, double bytes, double calls, double exposed) {
     if (!comms || size <= 1 || calls <= 0)
@@ -408,38 +558,86 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     op.exposed = exposed;
     comms->push_back(op);
   };
+  // Forward passes per micro-batch whose layers communicate: 1, plus the
+  // backward (counted as one more), plus a recomputed forward.
+  const double passes =
+      train ? 2 + (cfg.recompute == RecomputePolicy::Full ? 1 : 0) : 1;
 
-  // Tensor parallelism: 2 all-reduces per layer forward, 2 backward, 2 more
-  // for a fully recomputed forward; on the critical path.
+  // Tensor parallelism: 2 all-reduces per layer per pass (forward,
+  // backward, recomputed forward), on the critical path. Under sequence
+  // parallelism each becomes an all-gather plus a reduce-scatter of the
+  // same activation (Korthikanti et al. 2022): the same ring volume.
   double tpPerMb = 0;
   if (cfg.tp > 1) {
-    double perLayer = 2;
-    if (train)
-      perLayer += 2 + (cfg.recompute == RecomputePolicy::Full ? 2 : 0);
-    double one = c.comm(Collective::AllReduce, boundary, cfg.tp, 1);
-    tpPerMb = perLayer * worstLayers * one;
-    record("tp all-reduce (layer in/out)", Collective::AllReduce, cfg.tp, 1,
-           boundary, perLayer * worstLayers * m, tpPerMb * m);
+    double perLayer = 2 * passes;
+    double calls = perLayer * worstLayers * m;
+    if (!sp) {
+      double one = c.comm(Collective::AllReduce, boundary, cfg.tp, 1);
+      tpPerMb = perLayer * worstLayers * one;
+      record("tp all-reduce (layer in/out)", Collective::AllReduce, cfg.tp, 1,
+             boundary, calls, tpPerMb * m);
+    } else {
+      double ag = c.comm(Collective::AllGather, boundary, cfg.tp, 1);
+      double rs = c.comm(Collective::ReduceScatter, boundary, cfg.tp, 1);
+      tpPerMb = perLayer * worstLayers * (ag + rs);
+      record("tp all-gather (sequence parallel)", Collective::AllGather,
+             cfg.tp, 1, boundary, calls, perLayer * worstLayers * ag * m);
+      record("tp reduce-scatter (sequence parallel)",
+             Collective::ReduceScatter, cfg.tp, 1, boundary, calls,
+             perLayer * worstLayers * rs * m);
+    }
+  }
+
+  // Context parallelism: ring attention passes K and V chunks (cp - 1 steps
+  // per layer forward; K/V plus their gradients backward), each step hidden
+  // behind the attention of the chunk in hand.
+  double cpPerMb = 0;
+  if (cp > 1) {
+    double kv = 2 * double(cfg.microBatchSize) * c.spec.seqLen / cp *
+                c.spec.hidden * c.kvFraction / cfg.tp * actBytes;
+    // The ring's slowest hop: inside a node when tp*cp fits in one.
+    int hopStride = cfg.tp * cp <= c.gpusPerNode ? cfg.tp : c.gpusPerNode;
+    double hop = c.comm(Collective::SendRecv, kv, 2, hopStride);
+    double eff = c.cost.calibration().cpOverlapEfficiency;
+    double attPerLayer = worstLayers > 0 ? worstAtt / worstLayers : 0;
+    double fwdComm = (cp - 1) * hop;
+    double perLayer = CostModel::exposed(fwdComm, attPerLayer, eff);
+    double calls = (cp - 1) * worstLayers * m;
+    if (train) {
+      double bwdComm = 2 * fwdComm;
+      perLayer += CostModel::exposed(
+          bwdComm, attPerLayer * c.cost.calibration().backwardFlopsRatio, eff);
+      calls *= 3;
+      if (cfg.recompute == RecomputePolicy::Full) {
+        perLayer += CostModel::exposed(fwdComm, attPerLayer, eff);
+        calls += (cp - 1) * worstLayers * m;
+      }
+    }
+    cpPerMb = perLayer * worstLayers;
+    record("cp K/V ring send/recv (attention)", Collective::SendRecv, 2,
+           hopStride, kv, calls, cpPerMb * m);
   }
 
   // Pipeline send/recv: activations forward, gradients backward, v times
   // per micro-batch when interleaved; overlapped with the micro-batch.
+  const int ppStride = cfg.tp * cp * cfg.dp;
   double ppExposed = 0;
   if (cfg.pp > 1) {
     double v = cfg.schedule == PipelineSchedule::Interleaved1F1B
                    ? cfg.virtualStages
                    : 1;
     double perMb = (train ? 2 : 1) * v;
-    double one = c.comm(Collective::SendRecv, boundary, 2, cfg.tp * cfg.dp);
+    double one = c.comm(Collective::SendRecv, boundary, 2, ppStride);
     ppExposed = m * c.cost.exposedP2P(perMb * one, worstTrain);
-    record("pp send/recv (stage boundary)", Collective::SendRecv, 2,
-           cfg.tp * cfg.dp, boundary, perMb * m, ppExposed);
+    record("pp send/recv (stage boundary)", Collective::SendRecv, 2, ppStride,
+           boundary, perMb * m, ppExposed);
   }
 
   StepTime &T = cand.time;
-  double perMb = worstTrain + tpPerMb;
+  double perMb = worstTrain + tpPerMb + cpPerMb;
   T.compute = m * worstTrain;
   T.tpComm = m * tpPerMb;
+  T.cpComm = m * cpPerMb;
   T.ppComm = ppExposed;
   if (cfg.pp > 1) {
     double fill = (cfg.pp - 1) * perMb;
@@ -462,53 +660,79 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     }
   }
 
-  // Data parallelism: gradient sync (all-reduce, or reduce-scatter plus a
-  // parameter all-gather under ZeRO), overlapped with the last micro-batch's
+  // Data parallelism: gradient sync over the dp * cp ranks that hold the
+  // same parameters (all-reduce, or reduce-scatter plus a parameter
+  // all-gather under ZeRO), overlapped with the last micro-batch's
   // backward; ZeRO-3 gathers parameters for every forward and backward.
-  if (train && cfg.dp > 1) {
+  const int replicas = cfg.dp * cp;
+  double zero3Calls = 0;
+  if (train && replicas > 1) {
     double pBytes = cfg.precision.paramBytes;
     double paramsOnDevice = cand.memory.params / pBytes *
-                            (cfg.zeroStage == 3 ? cfg.dp : 1);
+                            (cfg.zeroStage == 3 ? replicas : 1);
     double gradBytes = paramsOnDevice * cfg.precision.gradBytes;
     double paramBytes = paramsOnDevice * pBytes;
     double backward = worstTrain - worstFwd;
-    int dp = cfg.dp, stride = cfg.tp;
+    int dp = replicas, stride = cfg.tp;
+    const char *grp = cp > 1 ? "dp*cp" : "dp";
     if (cfg.zeroStage == 0) {
       double t = c.comm(Collective::AllReduce, gradBytes, dp, stride);
       double e = c.cost.exposedGradSync(t, backward);
       T.dpComm += e;
-      record("dp gradient all-reduce", Collective::AllReduce, dp, stride,
-             gradBytes, 1, e);
+      record(std::string(grp) + " gradient all-reduce", Collective::AllReduce,
+             dp, stride, gradBytes, 1, e);
     } else {
       double rs = c.comm(Collective::ReduceScatter, gradBytes, dp, stride);
       double e = c.cost.exposedGradSync(rs, backward);
       T.dpComm += e;
-      record("dp gradient reduce-scatter", Collective::ReduceScatter, dp,
-             stride, gradBytes, 1, e);
+      record(std::string(grp) + " gradient reduce-scatter",
+             Collective::ReduceScatter, dp, stride, gradBytes, 1, e);
       double ag = c.comm(Collective::AllGather, paramBytes, dp, stride);
       if (cfg.zeroStage < 3) {
         // Updated parameters, gathered before the next forward.
         T.dpComm += ag;
-        record("dp parameter all-gather (after update)",
+        record(std::string(grp) + " parameter all-gather (after update)",
                Collective::AllGather, dp, stride, paramBytes, 1, ag);
       } else {
+        // Layer by layer (FSDP-style prefetch): one gather per layer in the
+        // forward and one in the backward, each paying its own latency.
+        double layersHere = std::max<int64_t>(1, worstLayers);
+        double perLayer = paramBytes / layersHere;
+        double ag1 = c.comm(Collective::AllGather, perLayer, dp, stride);
         double e3 = m * CostModel::exposed(
-                            2 * ag, worstTrain,
+                            2 * layersHere * ag1, worstTrain,
                             c.cost.calibration().gradOverlapEfficiency);
         T.dpComm += e3;
-        record("zero-3 parameter all-gather (fwd+bwd)", Collective::AllGather,
-               dp, stride, paramBytes, 2 * m, e3);
+        zero3Calls = 2 * layersHere * m;
+        record("zero-3 parameter all-gather (per layer, fwd+bwd)",
+               Collective::AllGather, dp, stride, perLayer, zero3Calls, e3);
       }
     }
   }
+
+  // Host dispatch: kernels of the worst stage per micro-batch (forward,
+  // about twice as many backward, a recomputed forward) plus its
+  // collectives, against the devices' step time.
+  double kernelsPerMb =
+      worstOps * (train ? 1 + c.cost.calibration().backwardFlopsRatio : 1) +
+      (cfg.recompute == RecomputePolicy::Full && train ? worstOps : 0) +
+      (cfg.tp > 1 ? 2 * passes * worstLayers * (sp ? 2 : 1) : 0) +
+      (cp > 1 ? (cp - 1) * worstLayers * (train ? 3 : 1) : 0) +
+      (cfg.pp > 1 ? (train ? 2 : 1) : 0);
+  chooseLayout(c, cand, kernelsPerMb * m + zero3Calls, T.total());
 }
 
 bool better(const Candidate &a, const Candidate &b) {
   double ta = a.time.total(), tb = b.time.total();
   if (ta != tb)
     return ta < tb;
+  // Equal time: the plan with more memory headroom.
+  double ma = a.memory.total(), mb = b.memory.total();
+  if (ma != mb)
+    return ma < mb;
   auto k = [](const Candidate &c) {
-    return std::make_tuple(c.cfg.tp, c.cfg.pp, c.cfg.dp, c.cfg.microBatchSize,
+    return std::make_tuple(c.cfg.tp, c.cfg.pp, c.cfg.cp, c.cfg.dp,
+                           c.cfg.sequenceParallel, c.cfg.microBatchSize,
                            int(c.cfg.schedule), c.cfg.virtualStages,
                            c.cfg.zeroStage, int(c.cfg.recompute));
   };
@@ -532,11 +756,13 @@ std::string explainFix(const FixSpec &f, const TransformerSpec &spec,
                        int devices, int64_t gb) {
   auto str = [](int64_t v) { return std::to_string(v); };
   std::vector<std::string> why;
-  int64_t prod = int64_t(f.dp.value_or(1)) * f.tp.value_or(1) * f.pp.value_or(1);
+  int64_t prod = int64_t(f.dp.value_or(1)) * f.tp.value_or(1) *
+                 f.pp.value_or(1) * f.cp.value_or(1);
   if (f.dp && f.tp && f.pp && prod != devices)
-    why.push_back("dp*tp*pp = " + str(*f.dp) + "*" + str(*f.tp) + "*" +
-                  str(*f.pp) + " = " + str(prod) + " but the cluster has " +
-                  str(devices) + " devices");
+    why.push_back("dp*tp*pp*cp = " + str(*f.dp) + "*" + str(*f.tp) + "*" +
+                  str(*f.pp) + "*" + str(f.cp.value_or(1)) + " = " +
+                  str(prod) + " but the cluster has " + str(devices) +
+                  " devices");
   else if (devices % prod != 0)
     why.push_back("the fixed degrees multiply to " + str(prod) +
                   ", which does not divide the " + str(devices) + " devices");
@@ -547,6 +773,16 @@ std::string explainFix(const FixSpec &f, const TransformerSpec &spec,
   if (f.tp && spec.ffn() % *f.tp)
     why.push_back("tp=" + str(*f.tp) + " does not divide the ffn width " +
                   str(spec.ffn()));
+  if (f.cp && *f.cp > 1 && spec.seqLen % (2 * int64_t(*f.cp)))
+    why.push_back("cp=" + str(*f.cp) + ": 2*cp = " + str(2 * *f.cp) +
+                  " (two load-balanced chunks per rank) does not divide the "
+                  "sequence length " + str(spec.seqLen));
+  if (f.sp && *f.sp && f.tp && *f.tp == 1)
+    why.push_back("sp=1 (sequence parallelism) needs tp > 1");
+  if (f.sp && *f.sp && f.tp &&
+      (spec.seqLen / f.cp.value_or(1)) % *f.tp)
+    why.push_back("sp=1: tp=" + str(*f.tp) + " does not divide the " +
+                  str(spec.seqLen / f.cp.value_or(1)) + " tokens per rank");
   if (f.pp && *f.pp > spec.numLayers)
     why.push_back("pp=" + str(*f.pp) + " exceeds the " +
                   str(spec.numLayers) + " layers");
@@ -555,7 +791,7 @@ std::string explainFix(const FixSpec &f, const TransformerSpec &spec,
                   str(spec.numLayers) + " layers (remainder " +
                   str(spec.numLayers % *f.pp) + ")");
   if (!f.dp && f.tp && f.pp && devices % prod == 0 && gb % (devices / prod))
-    why.push_back("tp*pp = " + str(prod) + " leaves dp = " +
+    why.push_back("tp*pp*cp = " + str(prod) + " leaves dp = " +
                   str(devices / prod) + ", which does not divide the global "
                   "batch " + str(gb) + " (set --global-batch)");
   int64_t batchProd = int64_t(f.dp.value_or(1)) * f.mbs.value_or(1) *
@@ -623,8 +859,32 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
     gc.mmBytes *= scale;
     gc.attBytes *= scale;
     gc.otBytes *= scale;
+    gc.ops = double(g.numOps);
+    if (g.layer >= 0) {
+      double sh = double(graph.seq) * double(c.spec.hidden);
+      gc.repBytes =
+          std::min(gc.otBytes, kReplicatedPasses * sh * opt.bytes.activationBytes);
+      gc.repFlops = std::min(gc.otFlops, kReplicatedFlopsPerElement * sh);
+    }
     return gc;
   };
+  c.kvFraction = graph.heads > 0 && graph.kvHeads > 0
+                     ? double(graph.kvHeads) / double(graph.heads)
+                     : 1.0;
+  c.gpusPerNode = cluster.groups.empty() ? 1 : cluster.groups.front().gpusPerNode;
+  // The most constrained host: fewest cores and least memory per GPU.
+  for (size_t i = 0; i < cluster.groups.size(); ++i) {
+    const HostSpec &h = cluster.groups[i].host;
+    if (i == 0) {
+      c.host = h;
+      continue;
+    }
+    if (h.cpuCores > 0 && (c.host.cpuCores == 0 || h.cpuCores < c.host.cpuCores))
+      c.host.cpuCores = h.cpuCores;
+    if (h.memoryBytes > 0 &&
+        (c.host.memoryBytes == 0 || h.memoryBytes < c.host.memoryBytes))
+      c.host.memoryBytes = h.memoryBytes;
+  }
   for (const OpGroupSummary &g : graph.groups) {
     if (g.layer >= 0)
       c.layers.push_back(perSample(g));
@@ -671,7 +931,19 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
       prune("tp spans nodes (kept within a node)");
       continue;
     }
-    for (int64_t pp64 : divisors(devices / tp)) {
+   for (int64_t cp64 : divisors(devices / tp)) {
+    int cp = int(cp64);
+    if (fix.cp ? *fix.cp != cp : cp > 1 && spec.seqLen < opt.contextParallelMinSeq) {
+      if (!fix.cp)
+        prune("cp > 1 (only searched for sequences of at least " +
+              std::to_string(opt.contextParallelMinSeq) + " tokens)");
+      continue;
+    }
+    if (cp > 1 && spec.seqLen % (2 * int64_t(cp))) {
+      prune("2*cp does not divide the sequence");
+      continue;
+    }
+    for (int64_t pp64 : divisors(devices / tp / cp)) {
       int pp = int(pp64);
       if (fix.pp && *fix.pp != pp)
         continue;
@@ -679,7 +951,7 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
         prune("pp does not divide the layers");
         continue;
       }
-      int dp = devices / tp / pp;
+      int dp = devices / tp / pp / cp;
       if (fix.dp && *fix.dp != dp)
         continue;
       if (gb % dp) {
@@ -734,11 +1006,21 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
               if (!fix.recompute && !opt.training &&
                   rc != RecomputePolicy::None)
                 continue;
+             for (bool sp : {false, true}) {
+              if (fix.sp && *fix.sp != sp)
+                continue;
+              if (sp && (tp == 1 || (spec.seqLen / cp) % tp)) {
+                if (tp > 1)
+                  prune("sp: tp does not divide the tokens per rank");
+                continue;
+              }
               Candidate cand;
               TrainingConfig &cfg = cand.cfg;
               cfg.dp = dp;
               cfg.tp = tp;
               cfg.pp = pp;
+              cfg.cp = cp;
+              cfg.sequenceParallel = sp;
               cfg.zeroStage = zero;
               cfg.microBatchSize = mbs;
               cfg.numMicroBatches = m;
@@ -749,7 +1031,7 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
               cfg.precision = opt.bytes;
               price(c, cand, nullptr);
               ++st.enumerated;
-              Shape shape{dp, tp, pp};
+              Shape shape{dp, tp, pp, cp};
               auto sa = shapeAny.find(shape);
               if (sa == shapeAny.end())
                 shapeAny.emplace(shape, cand);
@@ -778,10 +1060,12 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
                   topFeasible.pop_back();
               }
             }
+             }
           }
         }
       }
     }
+   }
   }
 
   auto fixNote = fix.empty() ? std::string() : " with --fix " + fix.str();

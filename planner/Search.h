@@ -24,19 +24,31 @@
 
 namespace dlopt::planner {
 
+/// How ranks map to operating-system processes. InGraph: one process per
+/// node drives all of the node's GPUs (on several nodes this is the hybrid
+/// layout: in-graph inside a node, between-graph across nodes).
+/// BetweenGraph: one process per GPU.
+enum class ProcessLayout { InGraph, BetweenGraph };
+/// "in-graph", "hybrid" (in-graph on several nodes) or "between-graph".
+const char *layoutName(ProcessLayout l, int nodes);
+std::optional<ProcessLayout> parseLayout(std::string_view s);
+
 /// Choices a user pins with --fix; unset ones are searched.
 struct FixSpec {
-  std::optional<int> dp, tp, pp, zero, v;
+  std::optional<int> dp, tp, pp, cp, zero, v;
+  std::optional<bool> sp;
   std::optional<int64_t> mbs, numMicroBatches;
   std::optional<PipelineSchedule> schedule;
   std::optional<RecomputePolicy> recompute;
+  std::optional<ProcessLayout> layout;
   bool empty() const {
-    return !dp && !tp && !pp && !zero && !v && !mbs && !numMicroBatches &&
-           !schedule && !recompute;
+    return !dp && !tp && !pp && !cp && !sp && !zero && !v && !mbs &&
+           !numMicroBatches && !schedule && !recompute && !layout;
   }
   std::string str() const;
 };
-/// Parses "tp=8,pp=8,mbs=1,schedule=1f1b,recompute=full,zero=1,dp=4,mb=16,v=2".
+/// Parses "tp=8,pp=8,mbs=1,schedule=1f1b,recompute=full,zero=1,dp=4,mb=16,
+/// v=2,cp=2,sp=1,layout=between-graph".
 Expected<FixSpec> parseFix(std::string_view text);
 std::optional<PipelineSchedule> parseSchedule(std::string_view s);
 std::optional<RecomputePolicy> parseRecompute(std::string_view s);
@@ -51,26 +63,46 @@ struct SearchOptions {
   int topK = 3;
   /// Largest micro-batch size tried (0: no limit other than the batch).
   int64_t maxMicroBatch = 64;
+  /// Context parallelism is searched for sequences of at least this many
+  /// tokens (shorter ones spend more on the K/V ring than attention saves);
+  /// `--fix cp=N` applies at any length.
+  int64_t contextParallelMinSeq = 8192;
 };
 
 /// The time of one step of one candidate, in seconds.
 struct StepTime {
   double compute = 0;     ///< m micro-batches of the slowest stage
   double tpComm = 0;      ///< tensor-parallel all-reduces (not overlapped)
+  double cpComm = 0;      ///< exposed context-parallel K/V ring exchange
   double ppComm = 0;      ///< exposed pipeline send/recv
   double dpComm = 0;      ///< exposed gradient sync / ZeRO gathers
   double bubble = 0;      ///< pipeline fill and drain
-  double total() const { return compute + tpComm + ppComm + dpComm + bubble; }
-  double exposedComm() const { return tpComm + ppComm + dpComm; }
+  double host = 0;        ///< host dispatch the devices wait for
+  double total() const {
+    return compute + tpComm + cpComm + ppComm + dpComm + bubble + host;
+  }
+  double exposedComm() const { return tpComm + cpComm + ppComm + dpComm; }
+};
+
+/// The process layout of a candidate and its host-side figures.
+struct ProcessPlan {
+  ProcessLayout layout = ProcessLayout::BetweenGraph;
+  int processesPerNode = 1;
+  double hostDispatch = 0;   ///< seconds of launches per step, per device
+  double hostMemory = 0;     ///< bytes per node (processes + staging)
+  double hostCapacity = 0;   ///< the node's host memory; 0 = unknown
+  std::string why;           ///< why this layout over the other
 };
 
 struct Candidate {
   TrainingConfig cfg;
+  ProcessPlan process;
   StepTime time;
   MemoryBreakdown memory; ///< the stage with the largest total
   double capacity = 0;    ///< device memory
   bool fits() const { return memory.total() <= capacity; }
-  /// "dp=4 tp=2 pp=1 mbs=1 mb=8 schedule=1f1b zero=1 recompute=none".
+  /// "dp=4 tp=2 pp=1 mbs=1 mb=8 schedule=1f1b zero=1 recompute=none"
+  /// (plus cp=N, sp=1 and the layout when they apply).
   std::string key() const;
 };
 

@@ -9,6 +9,8 @@
 #include "passes/Export/GraphSummary.h"
 #include "planner/Calibration.h"
 #include "planner/Cluster.h"
+#include "planner/PlanFile.h"
+#include <optional>
 #include "planner/Report.h"
 #include "planner/Search.h"
 #include "passes/Passes.h"
@@ -119,9 +121,16 @@ static cl::opt<bool> dryRun(
     cl::cat(planCategory));
 static cl::opt<std::string> fixOpt(
     "fix", cl::value_desc("k=v,..."),
-    cl::desc("Pin planner choices: dp, tp, pp, mbs, mb, schedule "
-             "(gpipe|1f1b|interleaved|zero-bubble), v, zero (0-3), recompute "
-             "(none|selective|full)"),
+    cl::desc("Pin planner choices: dp, tp, pp, cp, sp (0|1), mbs, mb, "
+             "schedule (gpipe|1f1b|interleaved|zero-bubble), v, zero (0-3), "
+             "recompute (none|selective|full), layout "
+             "(in-graph|hybrid|between-graph)"),
+    cl::cat(planCategory));
+static cl::opt<std::string> planFileOpt(
+    "plan", cl::value_desc("file"),
+    cl::desc("A plan file from --dry-run --format json: check it against the "
+             "model and re-price it (its cluster is embedded; --cluster "
+             "overrides it)"),
     cl::cat(planCategory));
 enum class Format { Text, Json };
 static cl::opt<Format> formatOpt(
@@ -177,17 +186,37 @@ static int runDryRun(ModuleOp module) {
     return rc;
   };
   if (!dryRun)
-    return fail("--cluster, --fix, --format, --top-k, --explain, "
-                "--calibration and --global-batch need --dry-run (planned "
-                "execution is not implemented yet)",
+    return fail(std::string(planFileOpt.empty() ? "" : "--plan: ") +
+                    "--cluster, --fix, --plan, --format, --top-k, --explain, "
+                    "--calibration and --global-batch need --dry-run "
+                    "(emitting per-rank programs from a plan comes with plan "
+                    "application and is not implemented yet)",
                 2);
-  if (clusterOpt.empty())
+  std::optional<LoadedPlan> loaded;
+  if (!planFileOpt.empty()) {
+    auto lp = loadPlanFile(planFileOpt);
+    if (!lp)
+      return fail(lp.status().message());
+    if (!fixOpt.empty())
+      return fail("--plan and --fix cannot be combined: the plan file pins "
+                  "every choice",
+                  2);
+    if (lp->training != (train || autodiff))
+      return fail(planFileOpt + ": the plan is for a " +
+                      (lp->training ? "training step (pass --train)"
+                                    : "forward pass (drop --train)"),
+                  2);
+    loaded = *lp;
+  }
+  if (clusterOpt.empty() && !loaded)
     return fail("--dry-run needs --cluster (a preset such as dgx-a100:2, or "
                 "a cluster file)",
                 2);
   if (topK < 0)
     return fail("--top-k must be >= 0", 2);
-  auto cluster = resolveCluster(clusterOpt.getValue());
+  Expected<Cluster> cluster = loaded && clusterOpt.empty()
+                                  ? Expected<Cluster>(loaded->cluster)
+                                  : resolveCluster(clusterOpt.getValue());
   if (!cluster)
     return fail(cluster.status().message());
   Calibration cal;
@@ -208,6 +237,18 @@ static int runDryRun(ModuleOp module) {
   so.training = train || autodiff;
   so.globalBatch = globalBatchOpt;
   so.fix = *fix;
+  if (loaded) {
+    if (Status st = checkPlanMatchesModel(*loaded, *graph); !st.isOk())
+      return fail(planFileOpt + ": " + st.message());
+    if (globalBatchOpt.getNumOccurrences() &&
+        globalBatchOpt != loaded->globalBatch)
+      return fail(planFileOpt + ": the plan is for a global batch of " +
+                      std::to_string(loaded->globalBatch) + ", not " +
+                      std::to_string(globalBatchOpt),
+                  2);
+    so.globalBatch = loaded->globalBatch;
+    so.fix = loaded->fix;
+  }
   so.topK = topK;
   so.optimizer = optName == "sgd"
                      ? (momentumOpt != 0 ? Optimizer::Momentum : Optimizer::SGD)
@@ -215,6 +256,8 @@ static int runDryRun(ModuleOp module) {
   // Compute precision: --precision when given, else the model's dtype.
   std::string prec = precisionOpt.getNumOccurrences() ? precisionOpt.getValue()
                                                       : graph->dtype;
+  if (loaded && !precisionOpt.getNumOccurrences())
+    prec = loaded->precision;
   if (prec == "bf16") {
     so.precision = Precision::BF16;
   } else if (prec == "fp16" || prec == "f16") {
@@ -280,7 +323,7 @@ int main(int argc, char **argv) {
   phase("parse");
 
   if (dryRun || !clusterOpt.empty() || !fixOpt.empty() ||
-      formatOpt.getNumOccurrences() || explainOpt ||
+      formatOpt.getNumOccurrences() || explainOpt || !planFileOpt.empty() ||
       !calibrationOpt.empty() || topK.getNumOccurrences() ||
       globalBatchOpt.getNumOccurrences()) {
     int rc = runDryRun(*module);

@@ -68,7 +68,7 @@ SearchOptions opts(int64_t batch) {
 
 void checkInvariants(const PlanResult &p, const Cluster &c) {
   const TrainingConfig &cfg = p.best.cfg;
-  EXPECT_EQ(cfg.dp * cfg.tp * cfg.pp, c.numDevices());
+  EXPECT_EQ(cfg.dp * cfg.tp * cfg.pp * cfg.cp, c.numDevices());
   EXPECT_EQ(cfg.dp * cfg.microBatchSize * cfg.numMicroBatches, p.globalBatch);
   EXPECT_LE(p.best.memory.total(), c.minDeviceMemory());
   EXPECT_GT(p.best.time.total(), 0);
@@ -83,15 +83,16 @@ void checkInvariants(const PlanResult &p, const Cluster &c) {
   for (size_t i = 0; i < all.size(); ++i)
     EXPECT_EQ(all[i], int64_t(i));
   for (const Alternative &a : p.alternatives) {
-    EXPECT_EQ(a.cand.cfg.dp * a.cand.cfg.tp * a.cand.cfg.pp, c.numDevices());
+    EXPECT_EQ(a.cand.cfg.dp * a.cand.cfg.tp * a.cand.cfg.pp * a.cand.cfg.cp,
+              c.numDevices());
     if (a.cand.fits())
       EXPECT_GE(a.cand.time.total(), p.best.time.total()) << a.cand.key();
   }
-  // Ranks map onto distinct (stage, dp, tp) coordinates.
-  std::set<std::tuple<int, int, int>> coords;
+  // Ranks map onto distinct (stage, dp, cp, tp) coordinates.
+  std::set<std::tuple<int, int, int, int>> coords;
   for (int r = 0; r < c.numDevices(); ++r) {
     RankCoords rc = rankCoords(cfg, r);
-    coords.insert({rc.stage, rc.dp, rc.tp});
+    coords.insert({rc.stage, rc.dp, rc.cp, rc.tp});
   }
   EXPECT_EQ(int(coords.size()), c.numDevices());
 }
@@ -198,4 +199,121 @@ TEST(Search, NotATransformer) {
   auto p = searchPlan(g, *c, CostModel(), opts(1));
   ASSERT_FALSE(p);
   EXPECT_NE(p.status().message().find("layer marks"), std::string::npos);
+}
+
+TEST(Search, LongSequencesUseContextParallelism) {
+  // 32k tokens: one layer's activations alone outgrow the device without
+  // splitting the sequence; cp must appear, and the invariants hold.
+  GraphSummary g = gpt(8, 4096, 32, 32768, 32000);
+  auto c = resolveCluster("dgx-h100:2");
+  ASSERT_TRUE(c);
+  auto p = searchPlan(g, *c, CostModel(), opts(16));
+  ASSERT_TRUE(p) << p.status().message();
+  checkInvariants(*p, *c);
+  EXPECT_GT(p->best.cfg.cp, 1) << p->best.key();
+  bool ring = false;
+  for (const CommOp &op : p->comms)
+    ring |= op.what.find("cp K/V ring") != std::string::npos;
+  EXPECT_TRUE(ring);
+  // Short sequences do not search cp.
+  GraphSummary s = gpt(8, 4096, 32, 2048, 32000);
+  auto q = searchPlan(s, *c, CostModel(), opts(16));
+  ASSERT_TRUE(q);
+  EXPECT_EQ(q->best.cfg.cp, 1);
+  EXPECT_GT(q->stats.pruned.size(), 0u);
+}
+
+TEST(Search, ContextParallelDividesActivationsAndAddsRing) {
+  GraphSummary g = gpt(8, 4096, 32, 16384, 32000);
+  auto c = resolveCluster("dgx-h100:1");
+  ASSERT_TRUE(c);
+  SearchOptions o = opts(8);
+  o.fix = *parseFix("tp=4,pp=1,cp=1,mbs=1,recompute=selective,zero=1,sp=1");
+  auto one = searchPlan(g, *c, CostModel(), o);
+  o.fix = *parseFix("tp=4,pp=1,cp=2,mbs=1,recompute=selective,zero=1,sp=1");
+  auto two = searchPlan(g, *c, CostModel(), o);
+  ASSERT_TRUE(one && two) << (one ? two.status().message()
+                                  : one.status().message());
+  // Half the tokens per rank: selective recompute keeps sbh/t * 34 per
+  // layer (no score term), so the stored activations halve exactly.
+  EXPECT_DOUBLE_EQ(two->best.memory.activations,
+                   one->best.memory.activations / 2);
+  EXPECT_EQ(one->best.time.cpComm, 0);
+  double ringTime = 0;
+  for (const CommOp &op : two->comms)
+    if (op.what.find("cp K/V ring") != std::string::npos)
+      ringTime = op.time;
+  EXPECT_GT(ringTime, 0);
+  // 8 GPUs / (tp 4 * cp 2) leave dp = 1: gradients still sync over the
+  // dp*cp = 2 ranks that hold the same parameters.
+  EXPECT_EQ(two->best.cfg.dp, 1);
+  bool dpcp = false;
+  for (const CommOp &op : two->comms)
+    dpcp |= op.what.rfind("dp*cp", 0) == 0 && op.groupSize == 2;
+  EXPECT_TRUE(dpcp);
+}
+
+TEST(Search, SequenceParallelSplitsReplicatedWork) {
+  GraphSummary g = gpt(8, 4096, 32, 4096, 32000);
+  auto c = resolveCluster("dgx-a100:1");
+  ASSERT_TRUE(c);
+  SearchOptions o = opts(8);
+  o.fix = *parseFix("tp=8,pp=1,mbs=1,recompute=none,zero=1,sp=0");
+  auto off = searchPlan(g, *c, CostModel(), o);
+  o.fix = *parseFix("tp=8,pp=1,mbs=1,recompute=none,zero=1,sp=1");
+  auto on = searchPlan(g, *c, CostModel(), o);
+  ASSERT_TRUE(off && on);
+  // Norms/dropouts split over tp: less compute and less activation memory;
+  // the all-gather + reduce-scatter pair moves what the all-reduce moved.
+  EXPECT_LT(on->best.time.compute, off->best.time.compute);
+  EXPECT_LT(on->best.memory.activations, off->best.memory.activations);
+  EXPECT_NEAR(on->best.time.tpComm, off->best.time.tpComm,
+              0.05 * off->best.time.tpComm);
+}
+
+TEST(Search, ProcessLayoutIsADecision) {
+  // Large model: dispatch hidden, in-graph (hybrid) saves host memory.
+  GraphSummary big = gpt(24, 2048, 16, 2048, 50257);
+  auto c = resolveCluster("dgx-a100:2");
+  ASSERT_TRUE(c);
+  auto p = searchPlan(big, *c, CostModel(), opts(64));
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->best.process.layout, ProcessLayout::InGraph);
+  EXPECT_EQ(p->best.process.processesPerNode, 1);
+  EXPECT_STREQ(layoutName(p->best.process.layout, c->numNodes()), "hybrid");
+  EXPECT_EQ(p->best.time.host, 0);
+  // Tiny model with many small kernels: host-bound, one process per GPU.
+  GraphSummary tiny = gpt(2, 64, 4, 16, 128);
+  for (auto &grp : tiny.groups)
+    grp.numOps = 40;
+  auto q = searchPlan(tiny, *c, CostModel(), opts(16));
+  ASSERT_TRUE(q);
+  EXPECT_EQ(q->best.process.layout, ProcessLayout::BetweenGraph);
+  EXPECT_EQ(q->best.process.processesPerNode, 8);
+  EXPECT_GT(q->best.time.host, 0);
+  // A host too small for 8 processes forces in-graph.
+  Cluster small = *c;
+  small.groups[0].host.memoryBytes = 40e9;
+  auto r = searchPlan(tiny, small, CostModel(), opts(16));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->best.process.layout, ProcessLayout::InGraph);
+  EXPECT_NE(r->best.process.why.find("host memory"), std::string::npos);
+  // And --fix wins.
+  SearchOptions o = opts(64);
+  o.fix.layout = ProcessLayout::BetweenGraph;
+  auto f = searchPlan(big, *c, CostModel(), o);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->best.process.layout, ProcessLayout::BetweenGraph);
+}
+
+TEST(Search, FixParsesNewKeys) {
+  auto f = parseFix("cp=4,sp=1,layout=hybrid");
+  ASSERT_TRUE(f) << f.status().message();
+  EXPECT_EQ(*f->cp, 4);
+  EXPECT_TRUE(*f->sp);
+  EXPECT_EQ(*f->layout, ProcessLayout::InGraph);
+  EXPECT_EQ(f->str(), "cp=4,sp=1,layout=in-graph");
+  EXPECT_FALSE(parseFix("sp=2"));
+  EXPECT_FALSE(parseFix("layout=nope"));
+  EXPECT_FALSE(parseFix("cp=0"));
 }
