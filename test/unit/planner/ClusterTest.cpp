@@ -480,3 +480,42 @@ TEST(ClusterFileErrors, TooManyDevicesAndBadUtf8) {
       yaml("nodes: 1\ngpus_per_node: \"\xff\xfe\"\ngpu: h100-sxm-80gb\n"),
       "gpus_per_node: expected a positive integer"));
 }
+
+TEST(ClusterFile, HostFieldsParseAndRoundTrip) {
+  auto c = yaml("nodes: 2\n"
+                "gpus_per_node: 8\n"
+                "gpu: h100-sxm-80gb\n"
+                "intra_node: {topology: nvswitch, bandwidth_gb_s: 450}\n"
+                "network: {bandwidth_gb_s: 400}\n"
+                "host: {cpu_cores: 96, memory_gb: 1536}\n");
+  ASSERT_TRUE(c) << c.status().message();
+  EXPECT_EQ(c->groups[0].host.cpuCores, 96);
+  EXPECT_DOUBLE_EQ(c->groups[0].host.memoryBytes, 1536e9);
+  auto again = parseCluster(c->toJson(), ClusterFormat::Json, "again.json");
+  ASSERT_TRUE(again) << again.status().message();
+  EXPECT_EQ(again->groups[0].host.cpuCores, 96);
+  EXPECT_DOUBLE_EQ(again->groups[0].host.memoryBytes, 1536e9);
+  // Presets carry their hosts; an unknown host stays 0 (no constraint).
+  auto p = clusterPreset("dgx-a100", 1);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->groups[0].host.cpuCores, 128);
+  EXPECT_DOUBLE_EQ(p->groups[0].host.memoryBytes, 1024e9);
+  auto bare = yaml("nodes: 1\ngpus_per_node: 1\ngpu: a100-sxm-80gb\n");
+  ASSERT_TRUE(bare) << bare.status().message();
+  EXPECT_EQ(bare->groups[0].host.cpuCores, 0);
+  EXPECT_EQ(bare->groups[0].host.memoryBytes, 0);
+}
+
+TEST(ClusterFileErrors, BadHostFields) {
+  const char *base = "nodes: 1\ngpus_per_node: 1\ngpu: a100-sxm-80gb\n";
+  auto bad = [&](const std::string &host, const std::string &needle) {
+    auto c = yaml(std::string(base) + host);
+    ASSERT_FALSE(c) << host;
+    EXPECT_NE(c.status().message().find(needle), std::string::npos)
+        << c.status().message();
+  };
+  bad("host: {memory_gb: -4}\n", "host.memory_gb");
+  bad("host: {cpu_cores: 0}\n", "host.cpu_cores");
+  bad("host: {cpu_cores: 8, disks: 2}\n", "unknown field 'disks'");
+  bad("host: 12\n", "host: expected a mapping");
+}
