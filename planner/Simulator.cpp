@@ -1,0 +1,593 @@
+//===- Simulator.cpp - Discrete-event simulation of one pipelined step ----===//
+#include "planner/Simulator.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <queue>
+
+namespace dlopt::planner {
+
+const char *laneName(SimLane l) {
+  switch (l) {
+  case SimLane::Compute:
+    return "compute";
+  case SimLane::P2P:
+    return "p2p";
+  case SimLane::DPComm:
+    return "dp-comm";
+  }
+  return "?";
+}
+
+const char *opName(SimOp o) {
+  switch (o) {
+  case SimOp::Forward:
+    return "forward";
+  case SimOp::Backward:
+    return "backward";
+  case SimOp::WeightGrad:
+    return "weight-grad";
+  case SimOp::Send:
+    return "send";
+  case SimOp::GradSync:
+    return "grad-sync";
+  case SimOp::Optimizer:
+    return "optimizer";
+  }
+  return "?";
+}
+
+namespace {
+
+/// (micro-batch, virtual stage) pairs above this are refused: the simulator
+/// keeps a few doubles per pair.
+constexpr int64_t kMaxPairs = int64_t(1) << 24;
+
+enum class Kind : uint8_t { F, B, W };
+
+/// One compute task in a stage's order.
+struct Task {
+  Kind kind;
+  int chunk;
+  int64_t mb;
+};
+
+Status checkValue(double v, const std::string &what) {
+  if (!std::isfinite(v) || v < 0)
+    return Status::error(what + ": expected a finite value >= 0, got " +
+                         std::to_string(v));
+  return Status::ok();
+}
+
+Status validate(const SimInput &in) {
+  if (in.stages.empty())
+    return Status::error("simulator: expected at least one pipeline stage");
+  if (in.microBatches < 1)
+    return Status::error("simulator: expected at least one micro-batch, got " +
+                         std::to_string(in.microBatches));
+  if (in.virtualStages < 1)
+    return Status::error("simulator: expected virtualStages >= 1, got " +
+                         std::to_string(in.virtualStages));
+  int64_t pp = static_cast<int64_t>(in.stages.size());
+  bool interleaved = in.schedule == PipelineSchedule::Interleaved1F1B;
+  if (!interleaved && in.virtualStages != 1)
+    return Status::error(std::string("simulator: virtualStages = ") +
+                         std::to_string(in.virtualStages) +
+                         " needs the interleaved schedule, got " +
+                         scheduleName(in.schedule));
+  if (interleaved && in.microBatches % pp != 0)
+    return Status::error("simulator: interleaved 1F1B needs micro-batches (" +
+                         std::to_string(in.microBatches) +
+                         ") divisible by the pipeline stages (" +
+                         std::to_string(pp) + ")");
+  if (in.microBatches > kMaxPairs ||
+      in.microBatches * pp * in.virtualStages > kMaxPairs)
+    return Status::error(
+        "simulator: " + std::to_string(in.microBatches) + " micro-batches x " +
+        std::to_string(pp) + " stages x " + std::to_string(in.virtualStages) +
+        " chunks is more than the 2^24 tasks the simulator accepts");
+  DLOPT_RETURN_IF_ERROR(checkValue(in.p2p, "simulator: p2p"));
+  if (!std::isfinite(in.gradOverlap) || in.gradOverlap < 0 ||
+      in.gradOverlap > 1)
+    return Status::error("simulator: gradOverlap: expected a value in [0, 1], "
+                         "got " +
+                         std::to_string(in.gradOverlap));
+  for (size_t s = 0; s < in.stages.size(); ++s) {
+    const SimStage &st = in.stages[s];
+    std::string where = "simulator: stage " + std::to_string(s) + " ";
+    const std::pair<const char *, double> fields[] = {
+        {"forward", st.forward},
+        {"backward", st.backward},
+        {"weightGrad", st.weightGrad},
+        {"staticBytes", st.staticBytes},
+        {"activationBytes", st.activationBytes},
+        {"transientBytes", st.transientBytes},
+        {"gradSync", st.gradSync},
+        {"optimizer", st.optimizer}};
+    for (const auto &[name, value] : fields)
+      DLOPT_RETURN_IF_ERROR(checkValue(value, where + name));
+    if (st.weightGrad > st.backward)
+      return Status::error(where + "weightGrad: expected at most backward (" +
+                           std::to_string(st.backward) + "), got " +
+                           std::to_string(st.weightGrad));
+  }
+  return Status::ok();
+}
+
+//===----------------------------------------------------------------------===//
+// Orders
+//===----------------------------------------------------------------------===//
+
+/// GPipe: every forward, then every backward, both in micro-batch order.
+std::vector<Task> gpipeOrder(int64_t m) {
+  std::vector<Task> o;
+  for (int64_t i = 0; i < m; ++i)
+    o.push_back({Kind::F, 0, i});
+  for (int64_t i = 0; i < m; ++i)
+    o.push_back({Kind::B, 0, i});
+  return o;
+}
+
+/// 1F1B (PipeDream-flush, Megatron's non-interleaved schedule): warmup of
+/// min(pp-s-1, m) forwards, then one forward and one backward, then the
+/// remaining backwards.
+std::vector<Task> oneFOneBOrder(int64_t pp, int64_t s, int64_t m) {
+  std::vector<Task> o;
+  int64_t warmup = std::min(pp - s - 1, m);
+  for (int64_t i = 0; i < warmup; ++i)
+    o.push_back({Kind::F, 0, i});
+  for (int64_t i = 0; i < m - warmup; ++i) {
+    o.push_back({Kind::F, 0, warmup + i});
+    o.push_back({Kind::B, 0, i});
+  }
+  for (int64_t i = m - warmup; i < m; ++i)
+    o.push_back({Kind::B, 0, i});
+  return o;
+}
+
+/// Megatron-LM's interleaved 1F1B (forward_backward_pipelining_with_
+/// interleaving, microbatch_group_size_per_vp_stage = pp): virtual
+/// micro-batch k runs micro-batch table[k] of chunk c(k), the table going
+/// through groups of pp micro-batches chunk by chunk; backwards use the same
+/// table with the chunk mirrored. Warmup: 2(pp-s-1) + (v-1)pp forwards.
+std::vector<Task> interleavedOrder(int64_t pp, int64_t s, int64_t m, int v) {
+  std::vector<std::pair<int64_t, int>> table; // (micro-batch, chunk)
+  table.reserve(m * v);
+  for (int64_t g = 0; g < m; g += pp)
+    for (int c = 0; c < v; ++c)
+      for (int64_t i = g; i < g + pp; ++i)
+        table.push_back({i, c});
+  int64_t total = m * v;
+  int64_t warmup = std::min(2 * (pp - s - 1) + (v - 1) * pp, total);
+  auto fwd = [&](int64_t k) {
+    return Task{Kind::F, table[k].second, table[k].first};
+  };
+  auto bwd = [&](int64_t k) {
+    return Task{Kind::B, v - 1 - table[k].second, table[k].first};
+  };
+  std::vector<Task> o;
+  o.reserve(2 * total);
+  for (int64_t k = 0; k < warmup; ++k)
+    o.push_back(fwd(k));
+  for (int64_t k = 0; k < total - warmup; ++k) {
+    o.push_back(fwd(k + warmup));
+    o.push_back(bwd(k));
+  }
+  for (int64_t k = total - warmup; k < total; ++k)
+    o.push_back(bwd(k));
+  return o;
+}
+
+/// ZB-H1 (Qi et al. 2023, the handcrafted schedule as in the authors'
+/// DeepSpeed implementation): 1F1B's warmup, then stage s runs s
+/// forward + input-gradient pairs whose weight gradients wait, then
+/// F B W triples (W of the oldest waiting micro-batch), then B W pairs, then
+/// the s waiting W. Stage s thus holds up to min(pp, m) micro-batches: the
+/// peak over stages equals 1F1B's (stage 0).
+std::vector<Task> zeroBubbleOrder(int64_t pp, int64_t s, int64_t m) {
+  std::vector<Task> o;
+  int64_t f = 0, b = 0, w = 0;
+  int64_t warmup = std::min(pp - s - 1, m);
+  for (; f < warmup; ++f)
+    o.push_back({Kind::F, 0, f});
+  for (int64_t i = 0; i < s && f < m; ++i, ++f, ++b) {
+    o.push_back({Kind::F, 0, f});
+    o.push_back({Kind::B, 0, b});
+  }
+  for (; f < m; ++f, ++b, ++w) {
+    o.push_back({Kind::F, 0, f});
+    o.push_back({Kind::B, 0, b});
+    o.push_back({Kind::W, 0, w});
+  }
+  for (; b < m; ++b, ++w) {
+    o.push_back({Kind::B, 0, b});
+    o.push_back({Kind::W, 0, w});
+  }
+  for (; w < m; ++w)
+    o.push_back({Kind::W, 0, w});
+  return o;
+}
+
+std::vector<Task> stageOrder(const SimInput &in, int64_t s) {
+  int64_t pp = static_cast<int64_t>(in.stages.size()), m = in.microBatches;
+  switch (in.schedule) {
+  case PipelineSchedule::GPipe:
+    return gpipeOrder(m);
+  case PipelineSchedule::OneFOneB:
+    return oneFOneBOrder(pp, s, m);
+  case PipelineSchedule::Interleaved1F1B:
+    return interleavedOrder(pp, s, m, in.virtualStages);
+  case PipelineSchedule::ZeroBubble:
+    return zeroBubbleOrder(pp, s, m);
+  }
+  return {};
+}
+
+std::string taskName(char kind, int64_t mb, int chunk, int v) {
+  std::string n(1, kind);
+  n += std::to_string(mb);
+  if (v > 1) {
+    n += '.';
+    n += std::to_string(chunk);
+  }
+  return n;
+}
+
+constexpr double kUnset = -1;
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Simulation
+//===----------------------------------------------------------------------===//
+
+Expected<SimResult> simulateStep(const SimInput &in) {
+  DLOPT_RETURN_IF_ERROR(validate(in));
+  const int pp = static_cast<int>(in.stages.size());
+  const int v = in.virtualStages;
+  const int64_t m = in.microBatches;
+  const int64_t V = int64_t(pp) * v; // virtual stages
+  const bool zb = in.schedule == PipelineSchedule::ZeroBubble;
+
+  std::vector<std::vector<Task>> order(pp);
+  size_t remaining = 0;
+  for (int s = 0; s < pp; ++s) {
+    order[s] = stageOrder(in, s);
+    remaining += order[s].size();
+  }
+
+  // Per (virtual stage, micro-batch): when its output is usable by the
+  // consumer (after the send when the consumer is on another stage), and when
+  // the task itself ended.
+  auto idx = [m](int64_t vs, int64_t mb) { return vs * m + mb; };
+  std::vector<double> fArrive(V * m, kUnset), bArrive(V * m, kUnset);
+  std::vector<double> fEnd(V * m, kUnset), bEnd(V * m, kUnset);
+
+  SimResult r;
+  r.stageBusy.assign(pp, 0);
+  r.memory.resize(pp);
+  r.peakMemory.assign(pp, 0);
+  // Events per (stage, lane), each in issue order, which is also start
+  // order; merged at the end.
+  std::vector<std::vector<SimEvent>> lanes(size_t(pp) * 3);
+  auto lane = [&](int s, SimLane l) -> std::vector<SimEvent> & {
+    return lanes[size_t(s) * 3 + size_t(l)];
+  };
+  for (int s = 0; s < pp; ++s) {
+    lane(s, SimLane::Compute).reserve(order[s].size() + 1);
+    if (in.p2p > 0)
+      lane(s, SimLane::P2P).reserve(order[s].size());
+  }
+
+  std::vector<size_t> next(pp, 0);
+  std::vector<double> computeFree(pp, 0), p2pFree(pp, 0);
+  std::vector<double> lastStart(pp, 0), lastEnd(pp, 0);
+  // Memory state: activations held and whether a backward runs.
+  std::vector<int64_t> held(pp, 0);
+  auto memPoint = [&](int s, double t, bool running) {
+    const SimStage &st = in.stages[s];
+    double bytes = st.staticBytes + st.activationBytes * double(held[s]) +
+                   (running ? st.transientBytes : 0.0);
+    auto &pts = r.memory[s];
+    if (!pts.empty() && pts.back().time == t)
+      pts.back().bytes = bytes;
+    else
+      pts.push_back({t, bytes});
+  };
+  for (int s = 0; s < pp; ++s)
+    memPoint(s, 0, false);
+
+  auto send = [&](int s, int peer, double ready, const std::string &what,
+                  int64_t mb, int chunk) {
+    double start = std::max(ready, p2pFree[s]);
+    double end = start + in.p2p;
+    p2pFree[s] = end;
+    if (in.p2p > 0)
+      lane(s, SimLane::P2P)
+          .push_back({s, SimLane::P2P, SimOp::Send, "send " + what, mb, chunk,
+                      peer, start, end});
+    return end;
+  };
+
+  while (remaining > 0) {
+    bool progress = false;
+    for (int s = 0; s < pp; ++s) {
+      const SimStage &st = in.stages[s];
+      while (next[s] < order[s].size()) {
+        const Task &t = order[s][next[s]];
+        int64_t vs = int64_t(t.chunk) * pp + s;
+        double ready = 0;
+        switch (t.kind) {
+        case Kind::F:
+          ready = vs > 0 ? fArrive[idx(vs - 1, t.mb)] : 0;
+          break;
+        case Kind::B:
+          // The gradient from the next virtual stage; the last one starts
+          // from its own forward's loss.
+          ready = vs + 1 < V ? bArrive[idx(vs + 1, t.mb)] : 0;
+          if (fEnd[idx(vs, t.mb)] == kUnset)
+            ready = kUnset;
+          else if (ready != kUnset)
+            ready = std::max(ready, fEnd[idx(vs, t.mb)]);
+          break;
+        case Kind::W:
+          ready = bEnd[idx(vs, t.mb)];
+          break;
+        }
+        if (ready == kUnset)
+          break; // blocked on another stage (or, for B, on its own F)
+
+        double dur = t.kind == Kind::F   ? st.forward
+                     : t.kind == Kind::W ? st.weightGrad
+                     : zb                ? st.backward - st.weightGrad
+                                         : st.backward;
+        double start = std::max(ready, computeFree[s]);
+        double end = start + dur;
+        computeFree[s] = end;
+        r.stageBusy[s] += dur;
+        lastStart[s] = start;
+        lastEnd[s] = end;
+        char letter = t.kind == Kind::F ? 'F' : t.kind == Kind::B ? 'B' : 'W';
+        std::string name = taskName(letter, t.mb, t.chunk, v);
+        SimOp op = t.kind == Kind::F   ? SimOp::Forward
+                   : t.kind == Kind::B ? SimOp::Backward
+                                       : SimOp::WeightGrad;
+        lane(s, SimLane::Compute)
+            .push_back(
+                {s, SimLane::Compute, op, name, t.mb, t.chunk, -1, start, end});
+
+        switch (t.kind) {
+        case Kind::F: {
+          ++held[s];
+          memPoint(s, start, false);
+          fEnd[idx(vs, t.mb)] = end;
+          if (vs + 1 < V) {
+            int peer = int((vs + 1) % pp);
+            fArrive[idx(vs, t.mb)] =
+                peer == s ? end : send(s, peer, end, name, t.mb, t.chunk);
+          }
+          break;
+        }
+        case Kind::B: {
+          memPoint(s, start, true);
+          if (!zb)
+            --held[s];
+          memPoint(s, end, false);
+          bEnd[idx(vs, t.mb)] = end;
+          if (vs > 0) {
+            int peer = int((vs - 1) % pp);
+            bArrive[idx(vs, t.mb)] =
+                peer == s ? end : send(s, peer, end, name, t.mb, t.chunk);
+          }
+          break;
+        }
+        case Kind::W:
+          memPoint(s, start, true);
+          --held[s];
+          memPoint(s, end, false);
+          break;
+        }
+        ++next[s];
+        --remaining;
+        progress = true;
+      }
+    }
+    if (!progress)
+      return Status::error("simulator: internal error: the " +
+                           std::string(scheduleName(in.schedule)) +
+                           " order deadlocks");
+  }
+
+  // Gradient sync, then the optimizer, per stage.
+  for (int s = 0; s < pp; ++s) {
+    const SimStage &st = in.stages[s];
+    r.pipelineTime = std::max(r.pipelineTime, lastEnd[s]);
+    double syncEnd = lastEnd[s];
+    if (st.gradSync > 0) {
+      double hidden =
+          std::min(in.gradOverlap * st.gradSync, lastEnd[s] - lastStart[s]);
+      syncEnd = lastEnd[s] + st.gradSync - hidden;
+      lane(s, SimLane::DPComm)
+          .push_back({s, SimLane::DPComm, SimOp::GradSync, "grad sync", -1, -1,
+                      -1, syncEnd - st.gradSync, syncEnd});
+    }
+    double optStart = std::max(computeFree[s], syncEnd);
+    double optEnd = optStart + st.optimizer;
+    if (st.optimizer > 0)
+      lane(s, SimLane::Compute)
+          .push_back({s, SimLane::Compute, SimOp::Optimizer, "optimizer", -1,
+                      -1, -1, optStart, optEnd});
+    r.stepTime = std::max(r.stepTime, optEnd);
+  }
+
+  // From the final points: a zero-length task leaves no spike behind.
+  for (int s = 0; s < pp; ++s)
+    for (const SimMemoryPoint &p : r.memory[s])
+      r.peakMemory[s] = std::max(r.peakMemory[s], p.bytes);
+
+  double busiest = *std::max_element(r.stageBusy.begin(), r.stageBusy.end());
+  r.bubbleFraction = r.pipelineTime > 0 ? 1.0 - busiest / r.pipelineTime : 0.0;
+
+  // Merge the lanes by (start, stage, lane); each lane keeps issue order.
+  using Head = std::pair<double, size_t>; // (start, lane index)
+  std::priority_queue<Head, std::vector<Head>, std::greater<Head>> heads;
+  std::vector<size_t> pos(lanes.size(), 0);
+  size_t total = 0;
+  for (size_t l = 0; l < lanes.size(); ++l) {
+    total += lanes[l].size();
+    if (!lanes[l].empty())
+      heads.push({lanes[l][0].start, l});
+  }
+  r.events.reserve(total);
+  while (!heads.empty()) {
+    size_t l = heads.top().second;
+    heads.pop();
+    r.events.push_back(std::move(lanes[l][pos[l]++]));
+    if (pos[l] < lanes[l].size())
+      heads.push({lanes[l][pos[l]].start, l});
+  }
+  return r;
+}
+
+//===----------------------------------------------------------------------===//
+// Chrome trace
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+void appendEscaped(std::string &out, const std::string &s) {
+  out += '"';
+  for (unsigned char c : s) {
+    switch (c) {
+    case '"':
+      out += "\\\"";
+      break;
+    case '\\':
+      out += "\\\\";
+      break;
+    case '\n':
+      out += "\\n";
+      break;
+    case '\t':
+      out += "\\t";
+      break;
+    default:
+      if (c < 0x20) {
+        char buf[8];
+        std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+        out += buf;
+      } else {
+        out += static_cast<char>(c);
+      }
+    }
+  }
+  out += '"';
+}
+
+/// Shortest round-tripping text of a finite double (JSON has no inf/nan).
+std::string num(double v) {
+  if (!std::isfinite(v))
+    return "0";
+  char buf[32];
+  auto res = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, res.ptr);
+}
+
+/// Seconds to trace microseconds, rounded to nanoseconds.
+std::string micros(double seconds) {
+  return num(std::round(seconds * 1e9) / 1e3);
+}
+
+int laneTid(SimLane l) { return static_cast<int>(l); }
+
+} // namespace
+
+std::string chromeTrace(const SimResult &r, const std::string &title) {
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  std::string out;
+  out.reserve(128 * (r.events.size() + 16));
+  bool first = true;
+  auto begin = [&]() {
+    out += first ? "\n" : ",\n";
+    first = false;
+  };
+
+  out += "{\"traceEvents\":[";
+  int pp = static_cast<int>(r.memory.size());
+  for (int s = 0; s < pp; ++s) {
+    begin();
+    out +=
+        "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + std::to_string(s) +
+        ",\"tid\":0,\"args\":{\"name\":\"stage " + std::to_string(s) + "\"}}";
+    begin();
+    out += "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":" +
+           std::to_string(s) +
+           ",\"tid\":0,\"args\":{\"sort_index\":" + std::to_string(s) + "}}";
+    for (SimLane l : {SimLane::Compute, SimLane::P2P, SimLane::DPComm}) {
+      std::string pidTid = "\"pid\":" + std::to_string(s) +
+                           ",\"tid\":" + std::to_string(laneTid(l));
+      begin();
+      out += "{\"name\":\"thread_name\",\"ph\":\"M\"," + pidTid +
+             ",\"args\":{\"name\":\"" + laneName(l) + "\"}}";
+      begin();
+      out += "{\"name\":\"thread_sort_index\",\"ph\":\"M\"," + pidTid +
+             ",\"args\":{\"sort_index\":" + std::to_string(laneTid(l)) + "}}";
+    }
+  }
+
+  for (const SimEvent &e : r.events) {
+    begin();
+    out += "{\"name\":";
+    appendEscaped(out, e.name);
+    out += ",\"cat\":\"";
+    out += opName(e.op);
+    out += "\",\"ph\":\"X\",\"ts\":" + micros(e.start) +
+           ",\"dur\":" + micros(e.end - e.start) +
+           ",\"pid\":" + std::to_string(e.stage) +
+           ",\"tid\":" + std::to_string(laneTid(e.lane)) + ",\"args\":{";
+    bool firstArg = true;
+    auto arg = [&](const char *k, const std::string &v) {
+      if (!firstArg)
+        out += ',';
+      firstArg = false;
+      out += '"';
+      out += k;
+      out += "\":";
+      out += v;
+    };
+    if (e.microBatch >= 0)
+      arg("micro_batch", std::to_string(e.microBatch));
+    if (e.chunk >= 0)
+      arg("chunk", std::to_string(e.chunk));
+    if (e.peer >= 0)
+      arg("to_stage", std::to_string(e.peer));
+    out += "}}";
+  }
+
+  for (int s = 0; s < pp; ++s) {
+    auto counter = [&](double t, double bytes) {
+      begin();
+      out += "{\"name\":\"memory (GiB)\",\"ph\":\"C\",\"ts\":" + micros(t) +
+             ",\"pid\":" + std::to_string(s) +
+             ",\"args\":{\"GiB\":" + num(bytes / kGiB) + "}}";
+    };
+    for (const SimMemoryPoint &p : r.memory[s])
+      counter(p.time, p.bytes);
+    // Carry the last value to the end of the step so the track spans it.
+    if (!r.memory[s].empty() && r.memory[s].back().time < r.stepTime)
+      counter(r.stepTime, r.memory[s].back().bytes);
+  }
+
+  out += "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"title\":";
+  appendEscaped(out, title);
+  out += ",\"step_time_s\":" + num(r.stepTime) +
+         ",\"pipeline_time_s\":" + num(r.pipelineTime) +
+         ",\"bubble_fraction\":" + num(r.bubbleFraction) +
+         ",\"stages\":" + std::to_string(pp) + "}}\n";
+  return out;
+}
+
+} // namespace dlopt::planner

@@ -1,0 +1,119 @@
+//===- Simulator.h - Discrete-event simulation of one pipelined step ------===//
+//
+// Replays one training step of a pipeline-parallel plan task by task: each
+// stage runs its forwards and backwards strictly in the order of its
+// schedule (GPipe, 1F1B, Megatron-LM's interleaved 1F1B, zero-bubble ZB-H1),
+// each waits for its input from the neighbouring stage, activations and
+// gradients travel on a p2p lane, the data-parallel gradient sync runs on its
+// own lane and the optimizer closes the step. The result is the step time,
+// the bubble, a memory timeline per stage and every event, which
+// chromeTrace() turns into a trace for Perfetto. Semantics: docs/simulator.md.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "planner/MemoryModel.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dlopt::planner {
+
+/// One pipeline stage, i.e. one device (its tp/dp replicas behave alike).
+/// Times in seconds, sizes in bytes; all finite and >= 0.
+struct SimStage {
+  /// One micro-batch's forward through ONE model chunk of this stage (with v
+  /// virtual stages a stage holds v chunks), tensor-parallel comm included.
+  double forward = 0;
+  /// One micro-batch's backward through one chunk: input gradient plus
+  /// weight gradient, recompute included.
+  double backward = 0;
+  /// The weight-gradient part of `backward` (0 <= weightGrad <= backward);
+  /// only zero-bubble schedules run it as a separate, deferred task.
+  double weightGrad = 0;
+  double staticBytes = 0;     ///< params, grads, optimizer state, buffers
+  double activationBytes = 0; ///< kept per micro-batch per chunk
+  double transientBytes = 0;  ///< extra working set while a backward runs
+  /// Data-parallel gradient sync of the whole stage (all-reduce, or
+  /// reduce-scatter + all-gather), on the stage's dp-comm lane.
+  double gradSync = 0;
+  double optimizer = 0; ///< optimizer step, on the compute lane, at the end
+};
+
+struct SimInput {
+  PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+  int virtualStages = 1;    ///< v: chunks per stage, > 1 only if interleaved
+  int64_t microBatches = 1; ///< m per step
+  std::vector<SimStage> stages; ///< pp entries, stage 0 first
+  /// One activation or gradient send between adjacent stages. Sends run on
+  /// the sender's p2p lane: they overlap compute and serialize with each
+  /// other.
+  double p2p = 0;
+  /// Fraction in [0, 1] of a stage's gradSync that may hide behind its last
+  /// weight-gradient task (the last B, or the last W under zero-bubble),
+  /// as bucketed all-reduces do. With that task on [bs, be] the sync ends at
+  /// be + gradSync - min(gradOverlap * gradSync, be - bs).
+  double gradOverlap = 1.0;
+};
+
+enum class SimLane { Compute, P2P, DPComm };
+/// "compute", "p2p", "dp-comm".
+const char *laneName(SimLane l);
+
+enum class SimOp { Forward, Backward, WeightGrad, Send, GradSync, Optimizer };
+/// "forward", "backward", "weight-grad", "send", "grad-sync", "optimizer".
+const char *opName(SimOp o);
+
+struct SimEvent {
+  int stage = 0; ///< the stage whose lane runs it (the sender for a Send)
+  SimLane lane = SimLane::Compute;
+  SimOp op = SimOp::Forward;
+  /// "F3", "B3", "W3" (micro-batch 3; "F3.1" for chunk 1 when v > 1),
+  /// "send F3" / "send B3.1", "grad sync", "optimizer".
+  std::string name;
+  int64_t microBatch = -1; ///< -1 for grad sync and optimizer
+  int chunk = -1;          ///< model chunk on this stage; -1 as above
+  int peer = -1;           ///< receiving stage of a Send, else -1
+  double start = 0, end = 0;
+};
+
+/// A step function: `bytes` holds from `time` until the next point.
+struct SimMemoryPoint {
+  double time = 0;
+  double bytes = 0;
+};
+
+struct SimResult {
+  /// End of the last optimizer step (of the last compute task when there is
+  /// no gradient sync or optimizer time).
+  double stepTime = 0;
+  /// End of the last forward/backward/weight-gradient task on any stage.
+  double pipelineTime = 0;
+  /// Idle share of the pipeline phase [0, pipelineTime] on the busiest
+  /// stage: 1 - max(stageBusy) / pipelineTime. Uniform stages, no p2p:
+  /// (pp-1)/(m+pp-1) for GPipe and 1F1B.
+  double bubbleFraction = 0;
+  std::vector<double> stageBusy;  ///< forward+backward(+W) seconds per stage
+  std::vector<double> peakMemory; ///< bytes per stage
+  /// Per stage: static + activationBytes x (chunk forwards started whose
+  /// backward, or W under zero-bubble, has not ended) + transientBytes while
+  /// a B or W runs; a point at t = 0 and at every change.
+  std::vector<std::vector<SimMemoryPoint>> memory;
+  /// Sorted by start, then stage, then lane, then issue order.
+  std::vector<SimEvent> events;
+};
+
+/// Simulates one step. Errors name the offending field: no stages, m < 1,
+/// v < 1, v > 1 without interleaving, interleaving with m % pp != 0, a
+/// negative or non-finite time or size, weightGrad > backward, gradOverlap
+/// outside [0, 1], more than 2^24 (micro-batch, virtual stage) pairs.
+Expected<SimResult> simulateStep(const SimInput &in);
+
+/// Chrome trace JSON (opens in ui.perfetto.dev or chrome://tracing): one
+/// process per stage ("stage N"), threads "compute", "p2p" and "dp-comm",
+/// complete events (ph "X", microseconds) and a "memory (GiB)" counter per
+/// stage; `title` and the headline numbers go to "otherData".
+std::string chromeTrace(const SimResult &r, const std::string &title);
+
+} // namespace dlopt::planner
