@@ -6,7 +6,9 @@
 // layer uses first and the bytes of the float values it produces, plus one
 // "pre" group (unmarked ops before the first layer) and one "post" group
 // (unmarked ops after it). No MLIR here. Counts are for the model's own
-// batch (`batch`); the search scales them to a micro-batch.
+// batch (`batch`); the search scales them to a micro-batch. Alongside the
+// groups, an op-level description (OpNode/ArgNode: every op with its shapes,
+// operands, FLOPs and bytes) feeds the op-level planner for any graph.
 //
 //===----------------------------------------------------------------------===//
 #pragma once
@@ -37,6 +39,85 @@ struct OpGroupSummary {
   double bytes() const { return matmulBytes + attentionBytes + otherBytes; }
 };
 
+/// How the op-level planner (planner/OpSharding.h) treats an op: which
+/// sharding rules apply. The exact op is in OpNode::op.
+enum class OpClass {
+  Constant,    ///< arith.constant, dlopt.iota: replicated, free
+  Elementwise, ///< unary, binary (broadcasting), select, compare, cast, dropout
+  Matmul,
+  Reduction,   ///< sum, mean, max over OpNode::dims
+  Softmax,     ///< softmax, log_softmax over OpNode::dims[0]
+  Norm,        ///< layer_norm, rms_norm over dims [OpNode::dims[0], rank)
+  Gather,      ///< table rows by ids
+  Attention,
+  Rope,        ///< elementwise except the last two dims
+  Conv2D,
+  Pool,        ///< max_pool2d, avg_pool2d
+  BatchNorm,
+  Loss,        ///< cross_entropy, mse
+  Reshape,
+  Transpose,   ///< OpNode::dims = perm
+  Broadcast,   ///< broadcast_to
+  Concat,      ///< along OpNode::dims[0]
+  Slice,       ///< OpNode::dims = the dims actually sliced
+  Other,       ///< anything else (gradient ops, scatter_add, ...)
+};
+
+/// A reference to a value of the entry function: the result `result` of op
+/// `producer` (producer >= 0), or function argument `-(producer + 1)`.
+struct ValueRef {
+  int producer = 0;
+  int result = 0;
+  bool isArg() const { return producer < 0; }
+  int argIndex() const { return -(producer + 1); }
+};
+
+/// One op of the entry function, in program (topological) order. Counts are
+/// for the model's own batch (GraphSummary::batch), like the group sums.
+struct OpNode {
+  int id = 0;          ///< index in GraphSummary::ops
+  std::string op;      ///< "dlopt.matmul", "arith.constant", ...
+  OpClass kind = OpClass::Other;
+  std::vector<int64_t> shape; ///< result #0 (empty for a scalar)
+  std::string dtype;          ///< element type of result #0 ("f32", "i32")
+  int elemBytes = 4;          ///< bytes per element of result #0
+  bool isFloat = true;        ///< result #0 has a float element type
+  int numResults = 1;
+  /// Operands: who produces them, their shapes and bytes per element.
+  std::vector<ValueRef> operands;
+  std::vector<std::vector<int64_t>> operandShapes;
+  std::vector<int> operandElemBytes;
+  std::vector<bool> operandIsFloat;
+  /// FLOPs as the groups count them, except conv2d and its gradients, which
+  /// count 2 * MACs here (the groups count them as one FLOP per element).
+  double flops = 0;
+  double bytes = 0;      ///< operands read once + results written once
+  double paramElems = 0; ///< elements of params first used by this op
+  double resultBytes = 0;      ///< all results
+  double floatResultBytes = 0; ///< float results (activations)
+  int64_t layer = -1;          ///< the dlopt.layer mark, -1 if none
+  bool backward = false;       ///< made by dlopt-autodiff (dlopt.backward)
+  /// Integer attributes the sharding rules need (meaning by kind above).
+  std::vector<int64_t> dims;
+  bool transposeA = false, transposeB = false; ///< matmul
+  int64_t groups = 1;          ///< conv2d
+  bool hasBias = false;        ///< conv2d
+  bool keepDims = false;       ///< reductions
+  bool training = true;        ///< batch_norm statistics from the batch
+};
+
+/// One argument of the entry function.
+struct ArgNode {
+  enum class Role { Param, Input, State, Other };
+  int index = 0;
+  std::string name; ///< the dlopt.param/input/state name, else "argN"
+  Role role = Role::Other;
+  std::vector<int64_t> shape;
+  std::string dtype;
+  int elemBytes = 4;
+  bool isFloat = true;
+};
+
 struct GraphSummary {
   std::string modelName;
   /// "pre" (if any), then layers in mark order, then "post" (if any).
@@ -56,6 +137,13 @@ struct GraphSummary {
   int dtypeBytes = 4;
   double totalParams = 0;     ///< elements of every dlopt.param argument
   double totalParamBytes = 0; ///< their bytes
+
+  /// The op-level description (planner/OpSearch.h plans from it): every op
+  /// of the entry function but the terminator, in program order, every
+  /// argument, and the values the function returns.
+  std::vector<OpNode> ops;
+  std::vector<ArgNode> args;
+  std::vector<ValueRef> outputs;
 
   bool isTransformer() const { return numLayers > 0 && heads > 0 && seq > 0; }
   double totalFlops() const {

@@ -53,6 +53,122 @@ static std::string typeName(Type elem) {
   return s;
 }
 
+static std::vector<int64_t> shapeOf(Type t) {
+  auto rt = dyn_cast<RankedTensorType>(t);
+  if (!rt)
+    return {};
+  return std::vector<int64_t>(rt.getShape().begin(), rt.getShape().end());
+}
+
+static std::string elemTypeName(Type t) {
+  if (auto rt = dyn_cast<RankedTensorType>(t))
+    return typeName(rt.getElementType());
+  return typeName(t);
+}
+
+static int64_t normDim(int64_t d, int64_t rank) { return d < 0 ? d + rank : d; }
+
+/// The op-level class of an op (planner/Graph.h, OpClass).
+static planner::OpClass classify(Operation &op) {
+  using C = planner::OpClass;
+  StringRef n = op.getName().getStringRef();
+  if (n == "arith.constant" || isa<dl::IotaOp>(op))
+    return C::Constant;
+  if (isa<dl::MatmulOp>(op))
+    return C::Matmul;
+  if (isa<dl::SumOp, dl::MeanOp, dl::MaxOp>(op))
+    return C::Reduction;
+  if (isa<dl::SoftmaxOp, dl::LogSoftmaxOp>(op))
+    return C::Softmax;
+  if (isa<dl::LayerNormOp, dl::RMSNormOp>(op))
+    return C::Norm;
+  if (isa<dl::GatherOp>(op))
+    return C::Gather;
+  if (isa<dl::AttentionOp>(op))
+    return C::Attention;
+  if (isa<dl::RopeOp>(op))
+    return C::Rope;
+  if (isa<dl::Conv2DOp>(op))
+    return C::Conv2D;
+  if (isa<dl::MaxPool2DOp, dl::AvgPool2DOp>(op))
+    return C::Pool;
+  if (isa<dl::BatchNormOp>(op))
+    return C::BatchNorm;
+  if (isa<dl::CrossEntropyOp, dl::MSEOp>(op))
+    return C::Loss;
+  if (isa<dl::ReshapeOp>(op))
+    return C::Reshape;
+  if (isa<dl::TransposeOp>(op))
+    return C::Transpose;
+  if (isa<dl::BroadcastToOp>(op))
+    return C::Broadcast;
+  if (isa<dl::ConcatOp>(op))
+    return C::Concat;
+  if (isa<dl::SliceOp>(op))
+    return C::Slice;
+  if (op.hasTrait<OpTrait::Elementwise>() ||
+      isa<dl::AddOp, dl::SubOp, dl::MulOp, dl::DivOp, dl::MaximumOp,
+          dl::MinimumOp, dl::PowOp, dl::CompareOp, dl::SelectOp,
+          dl::DropoutOp, dl::GeluGradOp>(op))
+    return C::Elementwise;
+  return C::Other;
+}
+
+/// The rule attributes and better FLOP counts of one op node.
+static void describeOp(Operation &op, planner::OpNode &n) {
+  int64_t rank = static_cast<int64_t>(n.shape.size());
+  double outElems = 1;
+  for (int64_t d : n.shape)
+    outElems *= static_cast<double>(d);
+  if (auto mm = dyn_cast<dl::MatmulOp>(op)) {
+    n.transposeA = mm.getTransposeA();
+    n.transposeB = mm.getTransposeB();
+  } else if (auto r = dyn_cast<dl::SumOp>(op)) {
+    n.dims.assign(r.getDims().begin(), r.getDims().end());
+    n.keepDims = r.getKeepdims();
+  } else if (auto r = dyn_cast<dl::MeanOp>(op)) {
+    n.dims.assign(r.getDims().begin(), r.getDims().end());
+    n.keepDims = r.getKeepdims();
+  } else if (auto r = dyn_cast<dl::MaxOp>(op)) {
+    n.dims.assign(r.getDims().begin(), r.getDims().end());
+    n.keepDims = r.getKeepdims();
+  } else if (auto sm = dyn_cast<dl::SoftmaxOp>(op)) {
+    n.dims = {normDim(sm.getDim(), rank)};
+  } else if (auto sm = dyn_cast<dl::LogSoftmaxOp>(op)) {
+    n.dims = {normDim(sm.getDim(), rank)};
+  } else if (auto ln = dyn_cast<dl::LayerNormOp>(op)) {
+    n.dims = {normDim(ln.getAxis(), rank)};
+  } else if (auto ln = dyn_cast<dl::RMSNormOp>(op)) {
+    n.dims = {normDim(ln.getAxis(), rank)};
+  } else if (auto tr = dyn_cast<dl::TransposeOp>(op)) {
+    n.dims.assign(tr.getPerm().begin(), tr.getPerm().end());
+  } else if (auto c = dyn_cast<dl::ConcatOp>(op)) {
+    n.dims = {normDim(c.getDim(), rank)};
+  } else if (isa<dl::SliceOp>(op)) {
+    // The dims whose size changes; the others are copied whole.
+    auto in = shapeOf(op.getOperand(0).getType());
+    for (int64_t d = 0; d < rank && d < int64_t(in.size()); ++d)
+      if (in[d] != n.shape[d])
+        n.dims.push_back(d);
+  } else if (auto conv = dyn_cast<dl::Conv2DOp>(op)) {
+    n.groups = conv.getGroups();
+    n.hasBias = static_cast<bool>(conv.getBias());
+    auto w = shapeOf(conv.getFilter().getType());
+    if (w.size() == 4)
+      n.flops = 2.0 * outElems * double(w[1]) * double(w[2]) * double(w[3]);
+  } else if (auto bn = dyn_cast<dl::BatchNormOp>(op)) {
+    n.training = bn.getTraining();
+  } else if (isa<dl::Conv2DGradInputOp>(op)) {
+    auto w = shapeOf(op.getOperand(1).getType());
+    if (w.size() == 4 && n.groups > 0)
+      n.flops = 2.0 * outElems * double(w[0]) * double(w[2]) * double(w[3]);
+  } else if (isa<dl::Conv2DGradFilterOp>(op)) {
+    auto dy = shapeOf(op.getOperand(0).getType());
+    if (dy.size() == 4)
+      n.flops = 2.0 * outElems * double(dy[0]) * double(dy[2]) * double(dy[3]);
+  }
+}
+
 FailureOr<planner::GraphSummary> dlopt::summarizeGraph(ModuleOp module,
                                                        StringRef entry) {
   FailureOr<func::FuncOp> fnOr = findEntryFunction(module, entry);
@@ -68,6 +184,29 @@ FailureOr<planner::GraphSummary> dlopt::summarizeGraph(ModuleOp module,
   Value tokens;
   for (unsigned i = 0, e = fn.getNumArguments(); i < e; ++i) {
     Value arg = fn.getArgument(i);
+    {
+      planner::ArgNode a;
+      a.index = static_cast<int>(i);
+      a.shape = shapeOf(arg.getType());
+      a.dtype = elemTypeName(arg.getType());
+      a.elemBytes = elemBytes(arg.getType());
+      a.isFloat = isFloatTensor(arg.getType());
+      a.name = "arg" + std::to_string(i);
+      using Role = planner::ArgNode::Role;
+      if (auto n = fn.getArgAttrOfType<StringAttr>(i, DLOptDialect::kParamAttr)) {
+        a.role = Role::Param;
+        a.name = n.getValue().str();
+      } else if (auto n = fn.getArgAttrOfType<StringAttr>(
+                     i, DLOptDialect::kInputAttr)) {
+        a.role = Role::Input;
+        a.name = n.getValue().str();
+      } else if (auto n = fn.getArgAttrOfType<StringAttr>(
+                     i, DLOptDialect::kStateAttr)) {
+        a.role = Role::State;
+        a.name = n.getValue().str();
+      }
+      s.args.push_back(std::move(a));
+    }
     if (fn.getArgAttrOfType<StringAttr>(i, DLOptDialect::kParamAttr)) {
       params.insert(arg);
       s.totalParams += elements(arg.getType());
@@ -108,9 +247,89 @@ FailureOr<planner::GraphSummary> dlopt::summarizeGraph(ModuleOp module,
 
   Block &body = fn.getBody().front();
   Operation *terminator = body.getTerminator();
+  llvm::DenseMap<Operation *, int> opIds;
+  auto refOf = [&](Value v) {
+    planner::ValueRef r;
+    if (auto ba = dyn_cast<BlockArgument>(v)) {
+      r.producer = -(static_cast<int>(ba.getArgNumber()) + 1);
+      return r;
+    }
+    auto res = cast<OpResult>(v);
+    auto it = opIds.find(res.getOwner());
+    r.producer = it == opIds.end() ? -1 : it->second;
+    r.result = static_cast<int>(res.getResultNumber());
+    return r;
+  };
+  // Params already used by an earlier op node (for OpNode::paramElems).
+  llvm::DenseSet<Value> nodeParams;
   for (Operation &op : body) {
     if (&op == terminator)
       break;
+    {
+      planner::OpNode n;
+      n.id = static_cast<int>(s.ops.size());
+      n.op = op.getName().getStringRef().str();
+      n.kind = classify(op);
+      n.numResults = static_cast<int>(op.getNumResults());
+      if (op.getNumResults() > 0) {
+        Type r0 = op.getResult(0).getType();
+        n.shape = shapeOf(r0);
+        n.dtype = elemTypeName(r0);
+        n.elemBytes = elemBytes(r0);
+        n.isFloat = isFloatTensor(r0);
+      }
+      double outElems = 0;
+      for (Value r : op.getResults()) {
+        n.resultBytes += tensorBytes(r.getType());
+        outElems += elements(r.getType());
+        if (isFloatTensor(r.getType()))
+          n.floatResultBytes += tensorBytes(r.getType());
+      }
+      for (Value v : op.getOperands()) {
+        n.operands.push_back(refOf(v));
+        n.operandShapes.push_back(shapeOf(v.getType()));
+        n.operandElemBytes.push_back(elemBytes(v.getType()));
+        n.operandIsFloat.push_back(isFloatTensor(v.getType()));
+        n.bytes += tensorBytes(v.getType());
+        if (params.contains(v) && nodeParams.insert(v).second)
+          n.paramElems += elements(v.getType());
+      }
+      n.bytes += n.resultBytes;
+      if (auto mark = op.getAttrOfType<IntegerAttr>(DLOptDialect::kLayerAttr))
+        n.layer = mark.getInt();
+      n.backward = op.hasAttr(DLOptDialect::kBackwardAttr);
+      // FLOPs as the groups count them (below); conv2d and its gradients
+      // get their multiply-adds in describeOp.
+      if (auto mm = dyn_cast<dl::MatmulOp>(op)) {
+        auto lhs = cast<RankedTensorType>(mm.getLhs().getType());
+        int64_t k = mm.getTransposeA() ? lhs.getDimSize(lhs.getRank() - 2)
+                                       : lhs.getDimSize(lhs.getRank() - 1);
+        n.flops = 2.0 * outElems * static_cast<double>(k);
+      } else if (auto at = dyn_cast<dl::AttentionOp>(op)) {
+        auto q = cast<RankedTensorType>(at.getQuery().getType());
+        auto k = cast<RankedTensorType>(at.getKey().getType());
+        if (q.getRank() == 4 && k.getRank() == 4)
+          n.flops = 4.0 * q.getDimSize(0) * q.getDimSize(1) * q.getDimSize(2) *
+                    q.getDimSize(3) * k.getDimSize(2);
+        else
+          n.flops = 4.0 * outElems * elements(k) /
+                    std::max<double>(1.0, k.getShape().back());
+      } else if (n.kind == planner::OpClass::Constant) {
+        n.flops = 0;
+      } else {
+        n.flops = outElems;
+      }
+      if (isa<dl::AttentionGradOp>(op) && op.getNumOperands() >= 2) {
+        // Recomputes the scores and forms four products: ~2x the forward.
+        auto q = shapeOf(op.getOperand(0).getType());
+        auto k = shapeOf(op.getOperand(1).getType());
+        if (q.size() == 4 && k.size() == 4)
+          n.flops = 8.0 * q[0] * q[1] * q[2] * q[3] * k[2];
+      }
+      describeOp(op, n);
+      opIds[&op] = n.id;
+      s.ops.push_back(std::move(n));
+    }
     planner::OpGroupSummary *g;
     if (auto mark = op.getAttrOfType<IntegerAttr>(DLOptDialect::kLayerAttr)) {
       seenLayer = true;
@@ -188,6 +407,9 @@ FailureOr<planner::GraphSummary> dlopt::summarizeGraph(ModuleOp module,
     g->otherFlops += outElems;
     g->otherBytes += inBytes + outBytes;
   }
+
+  for (Value v : terminator->getOperands())
+    s.outputs.push_back(refOf(v));
 
   if (pre.numOps)
     s.groups.push_back(std::move(pre));

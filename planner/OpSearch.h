@@ -1,0 +1,194 @@
+//===- OpSearch.h - Op-level plans for any dlopt graph --------------------===//
+//
+// Plans a graph without the transformer layout Search.h needs: the devices
+// form a dp x tp x pp mesh; over tp every op picks one of its sharding
+// strategies (planner/OpSharding.h) so that compute, intrinsic
+// communication and the resharding between ops are cheapest (an Alpa-style
+// ILP, solved with COIN-OR CBC after exact series-parallel elimination);
+// pipeline stages are contiguous in op order (by layer mark where marks
+// exist) and balanced by an exact min-max partition; dp, tp, pp, the
+// micro-batch size and the ZeRO stage are enumerated around it with the
+// memory model as a constraint. docs/op-sharding.md has the formulation.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "planner/OpSharding.h"
+#include "planner/Report.h"
+#include "planner/Search.h"
+
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dlopt::planner {
+
+//===----------------------------------------------------------------------===//
+// The strategy-selection problem and its solvers
+//===----------------------------------------------------------------------===//
+
+/// Pick one strategy per node; pay node costs and, per edge, the cost of the
+/// pair of strategies at its ends; keep the summed node memory within the
+/// budget.
+struct ShardingProblem {
+  struct Node {
+    std::vector<double> cost; ///< per strategy
+    std::vector<double> mem;  ///< per strategy (empty: all 0)
+  };
+  struct Edge {
+    int u = 0, v = 0;
+    std::vector<double> cost; ///< |K_u| x |K_v|, row-major
+  };
+  std::vector<Node> nodes;
+  std::vector<Edge> edges;
+  double memBudget = std::numeric_limits<double>::infinity();
+
+  bool constrained() const { return memBudget < 1e300; }
+  /// Cost of a full assignment; `mem` gets its memory.
+  double evaluate(const std::vector<int> &choice, double *mem = nullptr) const;
+  Status validate() const;
+};
+
+enum class SolverKind {
+  Auto,       ///< elimination, then the ILP on what is left (greedy if none)
+  Ilp,        ///< the ILP on the whole problem, no elimination (benchmarks)
+  Greedy,     ///< elimination, then greedy + local search on what is left
+  BruteForce, ///< every assignment (tiny problems, tests)
+};
+const char *solverName(SolverKind k);
+
+struct SolveOptions {
+  SolverKind kind = SolverKind::Auto;
+  double timeLimit = 20;       ///< seconds per ILP
+  int64_t maxIlpVars = 400000; ///< above: greedy instead (said in the result)
+  int64_t maxBruteForce = 20000000;
+};
+
+struct SolveResult {
+  std::vector<int> choice;
+  double cost = 0, mem = 0;
+  bool feasible = true; ///< within the memory budget
+  bool optimal = false; ///< proven optimal (elimination, ILP or brute force)
+  std::string method;   ///< "elimination", "elimination + ilp (cbc)", ...
+  std::string note;     ///< why a fallback was taken
+  int coreNodes = 0;    ///< nodes left after elimination
+  int64_t ilpVars = 0, ilpRows = 0;
+  double ilpSeconds = 0;
+};
+
+/// True when the planner was built with CBC.
+bool haveIlpSolver();
+Expected<SolveResult> solveSharding(const ShardingProblem &p,
+                                    const SolveOptions &options = {});
+
+/// Contiguous balanced partition: `stages` non-empty ranges of `times` (in
+/// order) minimizing the largest range sum (exact, O(stages n log n)).
+/// Returns the `stages + 1` start indices (first 0, last n). Empty if n <
+/// stages or stages < 1.
+std::vector<int> partitionStages(const std::vector<double> &times, int stages);
+
+//===----------------------------------------------------------------------===//
+// The op-level plan
+//===----------------------------------------------------------------------===//
+
+/// The strategy chosen for one op.
+struct OpChoice {
+  int op = 0;
+  std::string strategy;
+  std::vector<Layout> operands;
+  Layout result;
+  double time = 0; ///< per micro-batch: compute (+ backward) and its comm
+};
+
+/// One resharding or intrinsic collective the plan inserts.
+struct ReshardOp {
+  int consumer = 0;     ///< op id
+  int operand = -1;     ///< operand index; -1 for an intrinsic collective
+  std::string producer; ///< "#12 dlopt.matmul" or "param fc0.weight"
+  std::string what;     ///< "all-reduce P->R", "batch-norm statistics"
+  bool backward = false;
+  bool perStep = false; ///< once per step (parameter gradients), else per mb
+  Collective collective = Collective::AllReduce;
+  int groupSize = 1;
+  double bytes = 0; ///< per call
+  LinkKind link = LinkKind::None;
+  double time = 0; ///< per call
+};
+
+struct OpStage {
+  int firstOp = 0, lastOp = 0; ///< inclusive op ids
+  int numOps = 0;
+  int64_t firstLayer = -1, lastLayer = -1; ///< marks inside, -1 if none
+  double timePerMicroBatch = 0;
+  double boundaryBytes = 0; ///< sent to the next stage per micro-batch
+};
+
+struct OpCandidate {
+  TrainingConfig cfg; ///< dp, tp (= the sharding axis t), pp, mbs, m, zero
+  StepTime time;
+  MemoryBreakdown memory;
+  double capacity = 0;
+  bool memoryConstrained = false; ///< the ILP ran with the memory row
+  bool fits() const { return memory.total() <= capacity; }
+  std::string key() const; ///< "dp=2 tp=4 pp=1 mbs=4 mb=2 zero=1"
+};
+
+struct OpAlternative {
+  OpCandidate cand;
+  std::string why;
+};
+
+struct OpSearchStats {
+  int64_t priced = 0, feasible = 0, outOfMemory = 0;
+  int64_t solves = 0;         ///< strategy problems solved
+  int64_t ilpSolves = 0;      ///< of which reached the ILP
+  int64_t maxCoreNodes = 0;   ///< largest problem left after elimination
+  int64_t maxIlpVars = 0, maxIlpRows = 0;
+  double ilpSeconds = 0;      ///< summed
+  int64_t problemNodes = 0, problemEdges = 0; ///< of the chosen plan
+  std::vector<std::string> notes; ///< fallbacks taken
+  std::map<std::string, int64_t> pruned;
+  double seconds = 0;
+};
+
+struct OpPlanResult {
+  OpCandidate best;
+  std::vector<OpAlternative> alternatives;
+  OpSearchStats stats;
+  SolveResult solve; ///< of the chosen plan's strategy problem
+  std::vector<OpChoice> choices;  ///< per op (backward ops excluded)
+  std::vector<std::pair<std::string, Layout>> params; ///< name, layout
+  std::vector<ReshardOp> reshards;
+  std::vector<CommOp> comms; ///< per step, like the transformer report
+  std::vector<OpStage> stages;
+  bool stagesByLayer = false;
+  int64_t globalBatch = 0;
+  bool training = true;
+  Precision precision = Precision::BF16;
+  double peakFlops = 0;
+  double modelFlopsPerStep = 0; ///< forward FLOPs x (1 + backward ratio)
+  double backwardRatio = 2;     ///< measured from backward ops, else calibration
+  bool backwardFromGraph = false;
+  int numForwardOps = 0, numBackwardOps = 0;
+};
+
+/// Runs the op-level search. Honours --fix dp, tp, pp, mbs, mb, zero and
+/// schedule 1f1b/gpipe; other fixed settings are errors that say why.
+Expected<OpPlanResult> searchOpPlan(const GraphSummary &graph,
+                                    const Cluster &cluster,
+                                    const CostModel &cost,
+                                    const SearchOptions &options);
+
+std::string formatOpTextReport(const OpPlanResult &plan,
+                               const Cluster &cluster,
+                               const GraphSummary &graph,
+                               const ReportOptions &options = {});
+std::string formatOpJsonReport(const OpPlanResult &plan,
+                               const Cluster &cluster,
+                               const GraphSummary &graph,
+                               const ReportOptions &options = {});
+
+} // namespace dlopt::planner
