@@ -137,8 +137,11 @@ double microBatchesInFlight(const TrainingConfig &cfg, int stage) {
   case PipelineSchedule::GPipe:
     return m;
   case PipelineSchedule::OneFOneB:
-  case PipelineSchedule::ZeroBubble:
     return std::min(p - stage, m);
+  case PipelineSchedule::ZeroBubble:
+    // ZB-H1 keeps a micro-batch's activations until its deferred weight
+    // gradient: stage s defers s W passes, so every stage holds up to pp.
+    return std::min(p, m);
   case PipelineSchedule::Interleaved1F1B:
     // Narayanan et al. 2021: stage 0 holds p (1 + (p-1)/(p v)) micro-batches
     // worth of its layers; later stages hold fewer, stage 0 bounds them.

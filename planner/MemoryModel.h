@@ -103,8 +103,8 @@ double activationBytesPerLayer(const TransformerSpec &spec,
                                const TrainingConfig &cfg);
 
 /// Micro-batches whose activations stage `stage` holds at its peak, in units
-/// of that stage's full layer set: GPipe m; 1F1B and zero-bubble (ZB-H1)
-/// min(pp - stage, m); interleaved 1F1B (stage 0 worst) pp (1 + (pp-1)/(pp v))
+/// of that stage's full layer set: GPipe m; 1F1B min(pp - stage, m);
+/// zero-bubble (ZB-H1) min(pp, m) on every stage (W is deferred); interleaved 1F1B (stage 0 worst) pp (1 + (pp-1)/(pp v))
 /// capped at m.
 double microBatchesInFlight(const TrainingConfig &cfg, int stage);
 

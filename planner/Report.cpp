@@ -213,6 +213,29 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
               "hidden unless longer than the devices' time\n",
               seconds(t.host).c_str(), 100 * t.host / d.step,
               seconds(proc.hostDispatch).c_str());
+  r += "\n== simulated step (discrete-event, docs/simulator.md) ==\n";
+  if (p.simulated) {
+    const SimResult &sr = *p.simulated;
+    double peak = 0;
+    int peakStage = 0;
+    for (size_t i = 0; i < sr.peakMemory.size(); ++i)
+      if (sr.peakMemory[i] > peak) {
+        peak = sr.peakMemory[i];
+        peakStage = int(i);
+      }
+    r += printf("  step             %s (analytical %s, %+.1f%%; includes the "
+                "optimizer step)\n",
+                seconds(sr.stepTime).c_str(), seconds(d.step).c_str(),
+                d.step > 0 ? 100 * (sr.stepTime / d.step - 1) : 0.0);
+    r += printf("  pipeline phase   %s, bubble %.1f%% on the busiest stage\n",
+                seconds(sr.pipelineTime).c_str(), 100 * sr.bubbleFraction);
+    r += printf("  peak memory      %.3f GiB (stage %d) over the step\n",
+                peak / kGiB, peakStage);
+    r += printf("  events           %zu (write them with --trace FILE)\n",
+                sr.events.size());
+  } else {
+    r += "  none: " + p.simError + "\n";
+  }
   r += "\n== throughput ==\n";
   r += printf("  %.4g samples/s, %.4g tokens/s\n", d.samples, d.tokens);
   r += printf("  model %.1f TFLOP/s per GPU, MFU %.1f%% (%s peak %.1f "
@@ -364,6 +387,18 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
                      {"model_tflops_per_gpu", d.tflopsPerGpu / 1e12},
                      {"mfu", d.mfu}};
   j["memory"] = memory(p.best.memory, p.best.capacity);
+  if (p.simulated) {
+    json peaks = json::array();
+    for (double b : p.simulated->peakMemory)
+      peaks.push_back(b);
+    j["simulation"] = {{"step_time", p.simulated->stepTime},
+                       {"pipeline_time", p.simulated->pipelineTime},
+                       {"bubble_fraction", p.simulated->bubbleFraction},
+                       {"peak_memory_per_stage", peaks},
+                       {"events", p.simulated->events.size()}};
+  } else {
+    j["simulation"] = {{"error", p.simError}};
+  }
   json alts = json::array();
   for (const Alternative &a : p.alternatives)
     alts.push_back({{"config", config(a.cand)},

@@ -650,11 +650,16 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       T.bubble = fill / cfg.virtualStages;
       break;
     case PipelineSchedule::ZeroBubble: {
-      // ZB-H1: the weight-gradient half of the backward fills the bubble,
-      // leaving (pp-1) * (t_F + t_B - t_W) with t_B = t_W.
+      // ZB-H1 (Qi et al. 2023): deferred weight-gradient passes fill the
+      // cooldown, leaving (pp-1) * (t_F + t_B - t_W) where t_B is the
+      // input-gradient part (t_B + t_W = the backward), i.e. the 1F1B
+      // bubble less 2 (pp-1) t_W; it cannot drop below (pp-1) max(t_F,
+      // t_B) (the simulator shows the same floor).
       double weightGrad =
           worstFwd * c.cost.calibration().backwardFlopsRatio / 2;
-      T.bubble = (cfg.pp - 1) * std::max(0.0, perMb - weightGrad);
+      double inputGrad = std::max(0.0, perMb - worstFwd - weightGrad);
+      T.bubble = (cfg.pp - 1) * std::max(perMb - 2 * weightGrad,
+                                         std::max(worstFwd, inputGrad));
       break;
     }
     }
@@ -720,6 +725,97 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       (cp > 1 ? (cp - 1) * worstLayers * (train ? 3 : 1) : 0) +
       (cfg.pp > 1 ? (train ? 2 : 1) : 0);
   chooseLayout(c, cand, kernelsPerMb * m + zero3Calls, T.total());
+}
+
+/// The simulator's view of a priced candidate: per stage, one micro-batch's
+/// forward and backward per model chunk (tensor- and context-parallel
+/// communication included, as in the analytical model), memory, gradient
+/// sync and a memory-bound optimizer step.
+SimInput simInputFor(Ctx &c, const Candidate &cand) {
+  const TrainingConfig &cfg = cand.cfg;
+  const Calibration &cal = c.cost.calibration();
+  const int cp = cfg.cp;
+  const bool sp = cfg.sequenceParallel && cfg.tp > 1;
+  const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp);
+  auto starts = stageStarts(c.spec.numLayers, cfg.pp);
+  const double v = cfg.schedule == PipelineSchedule::Interleaved1F1B
+                       ? cfg.virtualStages
+                       : 1;
+  const double actBytes = cfg.precision.activationBytes;
+  const double boundary = double(cfg.microBatchSize) * c.spec.seqLen / cp *
+                          c.spec.hidden * actBytes;
+  const double passes = 2 + (cfg.recompute == RecomputePolicy::Full ? 1 : 0);
+  double tpLayer = 0;
+  if (cfg.tp > 1)
+    tpLayer = 2 * passes *
+              (sp ? c.comm(Collective::AllGather, boundary, cfg.tp, 1) +
+                        c.comm(Collective::ReduceScatter, boundary, cfg.tp, 1)
+                  : c.comm(Collective::AllReduce, boundary, cfg.tp, 1));
+  SimInput in;
+  in.schedule = cfg.schedule;
+  in.virtualStages = int(v);
+  in.microBatches = cfg.numMicroBatches;
+  in.gradOverlap = cal.gradOverlapEfficiency;
+  if (cfg.pp > 1)
+    in.p2p = c.comm(Collective::SendRecv, boundary, 2, cfg.tp * cp * cfg.dp);
+  const double tAct = activationBytesPerLayer(c.spec, cfg);
+  for (int st = 0; st < cfg.pp; ++st) {
+    double f = lt.prefix[starts[st + 1]] - lt.prefix[starts[st]];
+    double att = lt.attPrefix[starts[st + 1]] - lt.attPrefix[starts[st]];
+    if (st == 0)
+      f += lt.pre;
+    if (st == cfg.pp - 1)
+      f += lt.post;
+    double layers = double(starts[st + 1] - starts[st]);
+    double t = c.cost.trainingTime(f, cfg.recompute, att);
+    // Communication on the critical path of every pass, split as the
+    // passes are: a third (or a quarter with full recompute) forward.
+    double comm = tpLayer * layers;
+    SimStage s;
+    s.forward = (f + comm / passes) / v;
+    s.backward = (t - f + comm * (passes - 1) / passes) / v;
+    s.weightGrad = std::min(s.backward, f * cal.backwardFlopsRatio / 2 / v);
+    auto mem = transformerStageMemory(c.spec, cfg, st, cal);
+    if (mem) {
+      s.staticBytes = mem->params + mem->grads + mem->optimizer +
+                      mem->commBuffers + mem->workspace;
+      s.transientBytes = mem->transient;
+    }
+    s.activationBytes = tAct * layers / v;
+    // Gradient sync of this stage's parameters over dp*cp.
+    int replicas = cfg.dp * cp;
+    if (replicas > 1 && mem) {
+      double pBytes = cfg.precision.paramBytes;
+      double params =
+          mem->params / pBytes * (cfg.zeroStage == 3 ? replicas : 1);
+      double grads = params * cfg.precision.gradBytes;
+      s.gradSync =
+          cfg.zeroStage == 0
+              ? c.comm(Collective::AllReduce, grads, replicas, cfg.tp)
+              : c.comm(Collective::ReduceScatter, grads, replicas, cfg.tp) +
+                    (cfg.zeroStage < 3
+                         ? c.comm(Collective::AllGather, params * pBytes,
+                                  replicas, cfg.tp)
+                         : 0);
+    }
+    // Optimizer step: memory-bound over the local optimizer shard (Adam
+    // with fp32 master weights reads and writes about 28 bytes/param).
+    if (mem) {
+      double shard = mem->optimizer /
+                     std::max(1.0, cfg.precision.optimizerStateBytes *
+                                       (cfg.optimizer == Optimizer::Adam ? 2
+                                        : cfg.optimizer == Optimizer::SGD ? 0.0
+                                                                          : 1) +
+                                   (cfg.precision.masterWeights
+                                        ? cfg.precision.masterBytes
+                                        : 0));
+      double bytesPerParam = cfg.optimizer == Optimizer::Adam ? 28 : 16;
+      s.optimizer = c.roofline(OpKind::Elementwise, 10 * shard,
+                               bytesPerParam * shard);
+    }
+    in.stages.push_back(s);
+  }
+  return in;
 }
 
 bool better(const Candidate &a, const Candidate &b) {
@@ -1092,6 +1188,16 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
 
   res.best = *best;
   price(c, res.best, &res.comms);
+  if (opt.training) {
+    res.simInput = simInputFor(c, res.best);
+    auto sim = simulateStep(res.simInput);
+    if (sim)
+      res.simulated = std::move(*sim);
+    else
+      res.simError = sim.status().message();
+  } else {
+    res.simError = "forward-only plans are not simulated";
+  }
 
   // Alternatives: the best of every other (dp, tp, pp), including shapes
   // that would be faster but do not fit; then the runners-up of any shape.

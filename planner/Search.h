@@ -15,6 +15,7 @@
 #include "planner/CostModel.h"
 #include "planner/Graph.h"
 #include "planner/MemoryModel.h"
+#include "planner/Simulator.h"
 
 #include <map>
 #include <optional>
@@ -147,6 +148,12 @@ struct PlanResult {
   double peakFlops = 0;         ///< per device, chosen precision
   Precision precision = Precision::BF16;
   bool training = true;
+  /// The best plan replayed by the discrete-event simulator (training
+  /// plans): per-stage times and memory from the same cost and memory
+  /// models, plus the optimizer step the analytical total leaves out.
+  SimInput simInput;
+  std::optional<SimResult> simulated;
+  std::string simError; ///< why there is no simulation, if there is none
 };
 
 /// The TransformerSpec the memory model uses for a summarized graph.

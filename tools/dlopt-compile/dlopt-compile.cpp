@@ -9,6 +9,7 @@
 #include "passes/Export/GraphSummary.h"
 #include "planner/Calibration.h"
 #include "planner/Cluster.h"
+#include "planner/OpSearch.h"
 #include "planner/PlanFile.h"
 #include <optional>
 #include "planner/Report.h"
@@ -126,6 +127,11 @@ static cl::opt<std::string> fixOpt(
              "recompute (none|selective|full), layout "
              "(in-graph|hybrid|between-graph)"),
     cl::cat(planCategory));
+static cl::opt<std::string> traceOpt(
+    "trace", cl::value_desc("file"),
+    cl::desc("Write the simulated timeline of the chosen plan's step as a "
+             "Chrome trace JSON (open in ui.perfetto.dev)"),
+    cl::cat(planCategory));
 static cl::opt<std::string> planFileOpt(
     "plan", cl::value_desc("file"),
     cl::desc("A plan file from --dry-run --format json: check it against the "
@@ -187,7 +193,7 @@ static int runDryRun(ModuleOp module) {
   };
   if (!dryRun)
     return fail(std::string(planFileOpt.empty() ? "" : "--plan: ") +
-                    "--cluster, --fix, --plan, --format, --top-k, --explain, "
+                    "--cluster, --fix, --plan, --trace, --format, --top-k, --explain, "
                     "--calibration and --global-batch need --dry-run "
                     "(emitting per-rank programs from a plan comes with plan "
                     "application and is not implemented yet)",
@@ -269,9 +275,32 @@ static int runDryRun(ModuleOp module) {
     so.bytes.masterWeights = false;
     so.bytes.activationBytes = 4;
   }
+  if (!graph->isTransformer() && !loaded) {
+    // Any other graph: per-op sharding rules and an ILP (planner/OpSearch.h).
+    auto opPlan = searchOpPlan(*graph, *cluster, CostModel(cal), so);
+    if (!opPlan)
+      return fail(opPlan.status().message());
+    ReportOptions ro;
+    ro.explain = explainOpt;
+    llvm::outs() << (formatOpt == Format::Json
+                         ? formatOpJsonReport(*opPlan, *cluster, *graph, ro)
+                         : formatOpTextReport(*opPlan, *cluster, *graph, ro));
+    return 0;
+  }
   auto plan = searchPlan(*graph, *cluster, CostModel(cal), so);
   if (!plan)
     return fail(plan.status().message());
+  if (!traceOpt.empty()) {
+    if (!plan->simulated)
+      return fail("--trace: no simulated timeline: " + plan->simError);
+    std::error_code ec;
+    llvm::raw_fd_ostream out(traceOpt, ec);
+    if (ec)
+      return fail("--trace: cannot write '" + traceOpt + "': " + ec.message());
+    out << chromeTrace(*plan->simulated,
+                       "dlopt plan " + plan->best.key() + " on " +
+                           cluster->summary());
+  }
   ReportOptions ro;
   ro.explain = explainOpt;
   llvm::outs() << (formatOpt == Format::Json
@@ -324,6 +353,7 @@ int main(int argc, char **argv) {
 
   if (dryRun || !clusterOpt.empty() || !fixOpt.empty() ||
       formatOpt.getNumOccurrences() || explainOpt || !planFileOpt.empty() ||
+      !traceOpt.empty() ||
       !calibrationOpt.empty() || topK.getNumOccurrences() ||
       globalBatchOpt.getNumOccurrences()) {
     int rc = runDryRun(*module);

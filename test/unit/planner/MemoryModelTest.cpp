@@ -159,8 +159,8 @@ TEST(Activations, MicroBatchesInFlight) {
   c.schedule = PipelineSchedule::OneFOneB;
   EXPECT_DOUBLE_EQ(microBatchesInFlight(c, 0), 16); // first stage holds pp
   EXPECT_DOUBLE_EQ(microBatchesInFlight(c, 15), 1);
-  c.schedule = PipelineSchedule::ZeroBubble;
-  EXPECT_DOUBLE_EQ(microBatchesInFlight(c, 3), 13);
+  c.schedule = PipelineSchedule::ZeroBubble; // W deferred: pp on every stage
+  EXPECT_DOUBLE_EQ(microBatchesInFlight(c, 3), 16);
   c.schedule = PipelineSchedule::Interleaved1F1B;
   c.virtualStages = 2; // 16 * (1 + 15/32) = 23.5
   EXPECT_DOUBLE_EQ(microBatchesInFlight(c, 0), 23.5);
