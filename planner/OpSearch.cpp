@@ -486,13 +486,15 @@ struct IlpOutcome {
 /// The one-hot product formulation (Alpa): binary s[v][k], continuous
 /// e[uv][k][l] in [0, 1] with sum_l e = s[u][k] and sum_k e = s[v][l], so
 /// e = s[u][k] * s[v][l] at integer points; minimize sum c s + sum E e with
-/// sum mem s <= budget. Costs are scaled to microseconds, memory to GiB.
+/// sum mem s <= budget. Costs are scaled to microseconds, memory to the
+/// budget.
 IlpOutcome solveIlp(const ShardingProblem &p, double timeLimit,
-                    const std::vector<int> &start) {
+                    int64_t maxNodes, const std::vector<int> &start) {
   IlpOutcome out;
 #ifndef DLOPT_HAVE_CBC
   (void)p;
   (void)timeLimit;
+  (void)maxNodes;
   (void)start;
   out.note = "built without CBC";
   return out;
@@ -557,21 +559,25 @@ IlpOutcome solveIlp(const ShardingProblem &p, double timeLimit,
     }
   }
   if (p.constrained()) {
+    // In units of the budget, so that the row is well scaled for any unit.
+    double unit = p.memBudget > 0 ? p.memBudget : 1.0;
     idx.clear();
     val.clear();
     for (int v = 0; v < n; ++v)
       for (size_t k = 0; k < numStrategies(p.nodes[v]); ++k) {
         idx.push_back(sBase[v] + int(k));
-        val.push_back(memOf(p.nodes[v], int(k)) / kGiB);
+        val.push_back(memOf(p.nodes[v], int(k)) / unit);
       }
     Cbc_addRow(model, "", int(idx.size()), idx.data(), val.data(), 'L',
-               p.memBudget / kGiB);
+               p.memBudget / unit);
     ++rows;
   }
   out.vars = col;
   out.rows = rows;
   Cbc_setObjSense(model, 1);
   Cbc_setMaximumSeconds(model, timeLimit);
+  if (maxNodes > 0)
+    Cbc_setMaximumNodes(model, int(std::min<int64_t>(maxNodes, 1 << 30)));
   Cbc_setParameter(model, "threads", "1");
   if (int(start.size()) == n) {
     std::vector<int> ci;
@@ -602,6 +608,9 @@ IlpOutcome solveIlp(const ShardingProblem &p, double timeLimit,
   }
   if (Cbc_isSecondsLimitReached(model))
     out.note = strf("the ILP stopped at its %.0f s time limit", timeLimit);
+  else if (Cbc_isNodeLimitReached(model))
+    out.note = "the ILP stopped at its limit of " + std::to_string(maxNodes) +
+               " branch-and-bound nodes";
   Cbc_deleteModel(model);
   out.seconds = since(t0);
   return out;
@@ -612,7 +621,7 @@ IlpOutcome solveIlp(const ShardingProblem &p, double timeLimit,
 /// and greedy when not proven optimal), else greedy with a Lagrangian memory
 /// penalty.
 SolveResult solveCore(const ShardingProblem &p, const SolveOptions &o,
-                      bool allowIlp) {
+                      bool allowIlp, const std::vector<int> *start) {
   SolveResult r;
   r.coreNodes = int(p.nodes.size());
   if (p.nodes.empty()) {
@@ -620,11 +629,13 @@ SolveResult solveCore(const ShardingProblem &p, const SolveOptions &o,
     r.method = "elimination";
     return r;
   }
-  // Greedy start (penalized until it fits when there is a budget).
-  std::vector<int> g = greedy(p, 0);
+  // Greedy start (penalized until it fits when there is a budget), unless
+  // the caller has one.
+  std::vector<int> g =
+      start && start->size() == p.nodes.size() ? *start : greedy(p, 0);
   double gm = 0;
   double gc = p.evaluate(g, &gm);
-  if (p.constrained() && gm > p.memBudget) {
+  if (!start && p.constrained() && gm > p.memBudget) {
     double lo = 0, hi = 1e-15;
     std::vector<int> fit;
     while (hi < 1e6) {
@@ -679,7 +690,7 @@ SolveResult solveCore(const ShardingProblem &p, const SolveOptions &o,
              "): greedy with local search";
     return r;
   }
-  IlpOutcome ilp = solveIlp(p, o.timeLimit, g);
+  IlpOutcome ilp = solveIlp(p, o.timeLimit, o.maxNodes, g);
   r.ilpVars = ilp.vars;
   r.ilpRows = ilp.rows;
   r.ilpSeconds = ilp.seconds;
@@ -707,6 +718,96 @@ SolveResult solveCore(const ShardingProblem &p, const SolveOptions &o,
 
 } // namespace
 
+namespace {
+
+/// Exact elimination, then the core (the ILP when allowed, else greedy).
+/// Exact when the core is empty or the ILP proves optimality. A budget is
+/// ignored unless `keepBudget` (then only eliminations exact under it run).
+SolveResult eliminateAndSolve(const ShardingProblem &p, const SolveOptions &o,
+                              bool allowIlp,
+                              const std::vector<int> *start = nullptr) {
+  Eliminator el(p);
+  el.run();
+  ShardingProblem core = el.core(p.memBudget);
+  std::vector<int> coreStart;
+  if (start) {
+    for (int id : el.coreIds())
+      coreStart.push_back((*start)[id]);
+  }
+  SolveResult cr = solveCore(core, o, allowIlp, start ? &coreStart : nullptr);
+  SolveResult r = cr;
+  r.choice = el.expand(cr.choice);
+  if (core.nodes.empty()) {
+    r.method = "elimination";
+    r.optimal = true;
+  } else {
+    r.method = "elimination + " + cr.method;
+  }
+  return r;
+}
+
+/// Memory as a price: for a multiplier lambda the problem min cost + lambda
+/// * mem has no budget, so exact elimination solves it; bisection on lambda
+/// finds the cheapest assignment within the budget among those solutions.
+/// Not proven optimal when the budget binds (the ILP polish may improve it).
+SolveResult lagrangian(const ShardingProblem &p, const SolveOptions &o) {
+  ShardingProblem q = p;
+  q.memBudget = kInf;
+  auto at = [&](double lambda) {
+    for (size_t i = 0; i < p.nodes.size(); ++i)
+      for (size_t k = 0; k < p.nodes[i].cost.size(); ++k)
+        q.nodes[i].cost[k] =
+            p.nodes[i].cost[k] + lambda * memOf(p.nodes[i], int(k));
+    // The core of a graph that is not series-parallel gets greedy here; the
+    // final polish runs the ILP on the real problem.
+    SolveResult r = eliminateAndSolve(q, o, false);
+    r.cost = p.evaluate(r.choice, &r.mem);
+    r.feasible = r.mem <= p.memBudget;
+    return r;
+  };
+  SolveResult r0 = at(0);
+  if (r0.feasible)
+    return r0; // the unconstrained optimum fits: optimal for the budget too
+  std::optional<SolveResult> best;
+  SolveResult least = r0;
+  auto consider = [&](const SolveResult &r) {
+    if (r.feasible && (!best || r.cost < best->cost))
+      best = r;
+    if (r.mem < least.mem)
+      least = r;
+  };
+  double lo = 0, hi = 1e-18;
+  bool found = false;
+  for (int i = 0; i < 40; ++i, hi *= 10) {
+    SolveResult r = at(hi);
+    consider(r);
+    if (r.feasible) {
+      found = true;
+      break;
+    }
+    lo = hi;
+  }
+  if (found) {
+    for (int i = 0; i < 30; ++i) {
+      double mid = lo > 0 ? std::sqrt(lo * hi) : hi / 10;
+      SolveResult r = at(mid);
+      consider(r);
+      if (r.feasible)
+        hi = mid;
+      else
+        lo = mid;
+    }
+  }
+  SolveResult r = best ? *best : least;
+  r.optimal = false;
+  r.method = "lagrangian + " + r.method;
+  if (!best)
+    r.note = "no assignment found within the memory budget";
+  return r;
+}
+
+} // namespace
+
 Expected<SolveResult> solveSharding(const ShardingProblem &p,
                                     const SolveOptions &o) {
   DLOPT_RETURN_IF_ERROR(p.validate());
@@ -720,22 +821,31 @@ Expected<SolveResult> solveSharding(const ShardingProblem &p,
     r.optimal = true;
     r.method = "brute force";
   } else if (o.kind == SolverKind::Ilp) {
-    r = solveCore(p, o, true);
+    r = solveCore(p, o, true, nullptr);
     r.coreNodes = int(p.nodes.size());
     r.method = r.method == "ilp (cbc)" ? "ilp (cbc, no elimination)"
                                        : r.method;
+  } else if (!p.constrained()) {
+    r = eliminateAndSolve(p, o, o.kind == SolverKind::Auto);
   } else {
-    Eliminator el(p);
-    el.run();
-    ShardingProblem core = el.core(p.memBudget);
-    SolveResult cr = solveCore(core, o, o.kind == SolverKind::Auto);
-    r = cr;
-    r.choice = el.expand(cr.choice);
-    if (core.nodes.empty()) {
-      r.method = "elimination";
-      r.optimal = true;
-    } else {
-      r.method = "elimination + " + cr.method;
+    r = lagrangian(p, o);
+    if (o.kind == SolverKind::Auto && o.polish && !r.optimal) {
+      // The ILP with the memory row, started from the Lagrangian solution.
+      SolveResult il =
+          eliminateAndSolve(p, o, true, r.choice.empty() ? nullptr : &r.choice);
+      double mem = 0;
+      double cost = p.evaluate(il.choice, &mem);
+      bool ok = mem <= p.memBudget * (1 + 1e-9);
+      bool rOk = r.mem <= p.memBudget * (1 + 1e-9);
+      if (ok && (!rOk || cost <= r.cost || il.optimal)) {
+        il.method = "lagrangian + " + il.method;
+        r = il;
+      } else {
+        r.ilpVars = il.ilpVars;
+        r.ilpRows = il.ilpRows;
+        r.ilpSeconds = il.ilpSeconds;
+        r.note = il.note;
+      }
     }
   }
   if (p.nodes.empty())
@@ -815,6 +925,13 @@ std::string OpCandidate::key() const {
 
 namespace {
 
+/// Memory weights for the constrained ILP of one (pp, zero).
+struct MemWeights {
+  double paramPerElem = 0; ///< bytes per parameter element on a device
+  double activation = 0;   ///< factor on per-micro-batch activation bytes
+  double budget = kInf;
+};
+
 /// A solved strategy problem for one (tp, dp, mbs) and what it costs per op.
 struct Solved {
   int t = 1, dp = 1;
@@ -836,6 +953,7 @@ struct Solved {
   std::vector<Layout> paramLayout;  ///< per arg
   std::vector<std::vector<int>> paramsOf; ///< per op id: param args it uses
   bool constrained = false;
+  MemWeights weights; ///< when constrained
 
   Solved(const GraphSummary &g, int64_t microBatch, double floatBytes)
       : geo(g, microBatch, floatBytes) {}
@@ -888,12 +1006,12 @@ double stateBytesPerElem(const SearchOptions &opt, bool train) {
          (pr.masterWeights ? pr.masterBytes : 0.0);
 }
 
-/// Memory weights for the constrained ILP of one (pp, zero).
-struct MemWeights {
-  double paramPerElem = 0; ///< bytes per parameter element on a device
-  double activation = 0;   ///< factor on per-micro-batch activation bytes
-  double budget = kInf;
-};
+/// One optimizer step over `elems` parameters: a memory-bound elementwise
+/// pass reading and writing every state.
+double optimizerTime(const Ctx &c, double elems) {
+  return c.roofline(OpKind::Elementwise, 10 * elems,
+                    2 * elems * stateBytesPerElem(c.opt, true));
+}
 
 /// Builds and solves the strategy problem of (t, dp, mbs).
 std::unique_ptr<Solved> solveFor(Ctx &c, int t, int dp, int64_t mbs,
@@ -905,6 +1023,8 @@ std::unique_ptr<Solved> solveFor(Ctx &c, int t, int dp, int64_t mbs,
   s->mbs = mbs;
   s->m = m;
   s->constrained = mw != nullptr;
+  if (mw)
+    s->weights = *mw;
   const size_t nOps = g.ops.size(), nArgs = g.args.size();
   s->strategies.resize(nOps);
   s->argLayouts.resize(nArgs);
@@ -934,7 +1054,12 @@ std::unique_ptr<Solved> solveFor(Ctx &c, int t, int dp, int64_t mbs,
       if (train && dp > 1)
         sync = c.pricer.time(Collective::AllReduce,
                              elems / div * c.opt.bytes.gradBytes, dp, t);
-      n.cost.push_back(sync);
+      // The optimizer updates what the device holds; without training, a
+      // tie-breaker of 0.1 ns per GB held keeps weights sharded when that
+      // is free.
+      double update = train ? optimizerTime(c, elems / div)
+                            : 1e-19 * elems / div * c.opt.bytes.paramBytes;
+      n.cost.push_back(sync + update);
       n.mem.push_back(mw ? elems / div * mw->paramPerElem : 0.0);
     }
     s->nodeOfArg[a] = int(p.nodes.size());
@@ -1242,6 +1367,12 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
   const double perMb = ss[w].compute + ss[w].comm;
   StepTime &T = cand.time;
   T.compute = m * ss[w].compute;
+  if (train) {
+    double update = 0;
+    for (const StageSum &x : ss)
+      update = std::max(update, optimizerTime(c, x.paramElems));
+    T.compute += update;
+  }
   double step = 0;
   for (const StageSum &x : ss)
     step = std::max(step, x.step);
@@ -1394,6 +1525,9 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
   c.floatBytes = opt.bytes.activationBytes;
   c.capacity = cluster.minDeviceMemory();
   c.solveOptions.kind = solverFromEnv();
+  // Memory-constrained problems get the Lagrangian search while enumerating;
+  // the ILP polishes the chosen plan only.
+  c.solveOptions.polish = false;
   bool haveGpu = false;
   for (const NodeGroup &grp : cluster.groups)
     if (!haveGpu || grp.gpu.peak(opt.precision) < c.gpu.peak(opt.precision)) {
@@ -1410,10 +1544,18 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
                          fixWhy);
 
   double fwdFlops = 0, bwdFlops = 0;
+  // A graph that is already a training step (dlopt-compile --train --emit
+  // mlir) has backward ops (dlopt.backward) and, after them, the optimizer
+  // update: the update is priced as the optimizer step, not planned per op.
+  bool seenBackward = false;
   for (const OpNode &op : g.ops) {
     if (op.backward) {
       bwdFlops += op.flops;
       ++res.numBackwardOps;
+      // (Constants are hoisted to the top by canonicalization.)
+      seenBackward |= op.kind != OpClass::Constant;
+    } else if (seenBackward) {
+      ++res.numUpdateOps;
     } else {
       fwdFlops += op.flops;
       c.fwdOps.push_back(op.id);
@@ -1646,6 +1788,19 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
     alts.resize(std::max(0, opt.topK));
   res.alternatives = std::move(alts);
 
+  std::unique_ptr<Solved> polished;
+  if (bestSolved->constrained && c.solveOptions.kind == SolverKind::Auto) {
+    c.solveOptions.polish = true;
+    const TrainingConfig &bc = best->cfg;
+    polished = solveFor(c, bc.tp, bc.dp, bc.microBatchSize, bc.numMicroBatches,
+                        &bestSolved->weights);
+    Priced pp = price(c, *polished, bc);
+    if (pp.cand.fits() && pp.cand.time.total() <= best->time.total()) {
+      best = pp.cand;
+      bestSolved = polished.get();
+    }
+  }
+
   // The chosen plan in detail.
   const Solved &s = *bestSolved;
   Priced pr = price(c, s, best->cfg);
@@ -1762,7 +1917,7 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
   if (t > 1 && !res.reshards.empty()) {
     // Summed: the per-op list is in `reshards`.
     CommOp op;
-    op.what = "tp resharding + intrinsic (all ops)";
+    op.what = "tp resharding + op collectives (all)";
     op.collective = Collective::AllReduce;
     op.groupSize = t;
     op.calls = 0;
@@ -1962,6 +2117,11 @@ std::string formatOpTextReport(const OpPlanResult &p, const Cluster &cluster,
                   ? strf("%d backward ops in the graph",
                          p.numBackwardOps).c_str()
                   : "backward_flops_ratio of the calibration");
+  if (p.numBackwardOps > 0)
+    r += strf("backward ops (%d) follow their forward ops' sharding and "
+              "stage; %d update ops after them are priced as the optimizer "
+              "step\n",
+              p.numBackwardOps, p.numUpdateOps);
   r += strf("global batch %lld samples\n\n", (long long)p.globalBatch);
 
   r += "== plan ==\n";
@@ -1988,6 +2148,16 @@ std::string formatOpTextReport(const OpPlanResult &p, const Cluster &cluster,
               s.optimal ? "optimal" : "not proven optimal");
     if (!s.note.empty())
       r += "  note: " + s.note + "\n";
+  }
+  if (cfg.tp > 1) {
+    bool allReplicated = true;
+    for (const OpChoice &c : p.choices)
+      allReplicated &= c.strategy == "replicated";
+    if (allReplicated)
+      r += strf("  note: every op is replicated over tp=%d: the %d devices "
+                "of a tp group compute the same thing (the model is too "
+                "small for more devices to pay off)\n",
+                cfg.tp, cfg.tp);
   }
 
   r += strf("\n== sharding over tp=%d (op: strategy count) ==\n", cfg.tp);
@@ -2208,6 +2378,7 @@ std::string formatOpJsonReport(const OpPlanResult &p, const Cluster &cluster,
   j["model"] = {{"name", g.modelName},
                 {"ops", p.numForwardOps},
                 {"backward_ops", p.numBackwardOps},
+                {"update_ops", p.numUpdateOps},
                 {"params", g.totalParams},
                 {"param_tensors", p.params.size()},
                 {"dtype", g.dtype},

@@ -53,7 +53,9 @@ struct ShardingProblem {
 };
 
 enum class SolverKind {
-  Auto,       ///< elimination, then the ILP on what is left (greedy if none)
+  /// Elimination, then the ILP on what is left (greedy without CBC); with a
+  /// memory budget, a Lagrangian search by elimination, then the ILP.
+  Auto,
   Ilp,        ///< the ILP on the whole problem, no elimination (benchmarks)
   Greedy,     ///< elimination, then greedy + local search on what is left
   BruteForce, ///< every assignment (tiny problems, tests)
@@ -62,7 +64,12 @@ const char *solverName(SolverKind k);
 
 struct SolveOptions {
   SolverKind kind = SolverKind::Auto;
-  double timeLimit = 20;       ///< seconds per ILP
+  double timeLimit = 20;       ///< seconds per ILP (a safety net)
+  /// Branch-and-bound nodes per ILP: the limit that normally stops a hard
+  /// ILP, deterministic unlike the time limit.
+  int64_t maxNodes = 2000;
+  /// With a memory budget: run the ILP after the Lagrangian search.
+  bool polish = true;
   int64_t maxIlpVars = 400000; ///< above: greedy instead (said in the result)
   int64_t maxBruteForce = 20000000;
 };
@@ -172,7 +179,9 @@ struct OpPlanResult {
   double modelFlopsPerStep = 0; ///< forward FLOPs x (1 + backward ratio)
   double backwardRatio = 2;     ///< measured from backward ops, else calibration
   bool backwardFromGraph = false;
-  int numForwardOps = 0, numBackwardOps = 0;
+  /// Ops planned; backward ops (dlopt.backward); ops after the backward
+  /// pass (the optimizer update of a training-step graph).
+  int numForwardOps = 0, numBackwardOps = 0, numUpdateOps = 0;
 };
 
 /// Runs the op-level search. Honours --fix dp, tp, pp, mbs, mb, zero and

@@ -1,0 +1,833 @@
+//===- OpShardingTest.cpp - Op-level rules, resharding, ILP, stages -------===//
+#include "planner/OpSearch.h"
+#include "planner/OpSharding.h"
+
+#include "TestUtil.h"
+
+#include <algorithm>
+#include <functional>
+#include <random>
+#include <set>
+
+using namespace dlopt::planner;
+
+namespace dlopt::planner {
+void PrintTo(const Layout &l, std::ostream *os) { *os << l.str(); }
+} // namespace dlopt::planner
+
+namespace {
+
+/// Builds a GraphSummary op by op, as passes/Export/GraphSummary.cpp would.
+struct Builder {
+  GraphSummary g;
+  std::vector<std::vector<int64_t>> argShapes;
+
+  explicit Builder(int64_t batch) {
+    g.modelName = "main";
+    g.batch = batch;
+    g.dtype = "f32";
+    g.dtypeBytes = 4;
+  }
+  ValueRef arg(const std::string &name, ArgNode::Role role,
+               std::vector<int64_t> shape, bool isFloat = true) {
+    ArgNode a;
+    a.index = int(g.args.size());
+    a.name = name;
+    a.role = role;
+    a.shape = shape;
+    a.isFloat = isFloat;
+    a.dtype = isFloat ? "f32" : "i32";
+    a.elemBytes = 4;
+    if (role == ArgNode::Role::Param) {
+      double e = 1;
+      for (int64_t d : shape)
+        e *= double(d);
+      g.totalParams += e;
+      g.totalParamBytes += 4 * e;
+    }
+    g.args.push_back(a);
+    return ValueRef{-(a.index + 1), 0};
+  }
+  ValueRef param(const std::string &name, std::vector<int64_t> shape) {
+    return arg(name, ArgNode::Role::Param, std::move(shape));
+  }
+  ValueRef input(const std::string &name, std::vector<int64_t> shape,
+                 bool isFloat = true) {
+    return arg(name, ArgNode::Role::Input, std::move(shape), isFloat);
+  }
+  const std::vector<int64_t> &shapeOf(ValueRef r) const {
+    return r.isArg() ? g.args[r.argIndex()].shape : g.ops[r.producer].shape;
+  }
+  bool isFloat(ValueRef r) const {
+    return r.isArg() ? g.args[r.argIndex()].isFloat : g.ops[r.producer].isFloat;
+  }
+  OpNode &op(const std::string &name, OpClass kind, std::vector<int64_t> shape,
+             std::vector<ValueRef> operands, double flops = -1) {
+    OpNode n;
+    n.id = int(g.ops.size());
+    n.op = name;
+    n.kind = kind;
+    n.shape = shape;
+    n.dtype = "f32";
+    double out = 1;
+    for (int64_t d : shape)
+      out *= double(d);
+    n.resultBytes = n.floatResultBytes = 4 * out;
+    n.bytes = n.resultBytes;
+    for (ValueRef r : operands) {
+      n.operands.push_back(r);
+      n.operandShapes.push_back(shapeOf(r));
+      n.operandElemBytes.push_back(4);
+      n.operandIsFloat.push_back(isFloat(r));
+      double e = 4;
+      for (int64_t d : shapeOf(r))
+        e *= double(d);
+      n.bytes += e;
+    }
+    n.flops = flops >= 0 ? flops : out;
+    g.ops.push_back(n);
+    return g.ops.back();
+  }
+  ValueRef ref(const OpNode &n) const { return ValueRef{n.id, 0}; }
+  ValueRef matmul(ValueRef a, ValueRef b) {
+    auto sa = shapeOf(a), sb = shapeOf(b);
+    std::vector<int64_t> out(sa.begin(), sa.end() - 1);
+    out.push_back(sb.back());
+    double f = 2.0 * double(sa.back());
+    for (int64_t d : out)
+      f *= double(d);
+    return ref(op("dlopt.matmul", OpClass::Matmul, out, {a, b}, f));
+  }
+  ValueRef unary(const std::string &name, ValueRef a) {
+    return ref(op(name, OpClass::Elementwise, shapeOf(a), {a}));
+  }
+  ValueRef binary(const std::string &name, ValueRef a, ValueRef b) {
+    auto s = shapeOf(a).size() >= shapeOf(b).size() ? shapeOf(a) : shapeOf(b);
+    return ref(op(name, OpClass::Elementwise, s, {a, b}));
+  }
+};
+
+/// x[B, in] -> matmul w1 [in, hidden] -> relu -> matmul w2 [hidden, in] ->
+/// mse against y.
+GraphSummary mlp2(int64_t batch, int64_t in, int64_t hidden) {
+  Builder b(batch);
+  ValueRef x = b.input("x", {batch, in});
+  ValueRef y = b.input("y", {batch, in});
+  ValueRef w1 = b.param("w1", {in, hidden});
+  ValueRef w2 = b.param("w2", {hidden, in});
+  ValueRef h = b.unary("dlopt.relu", b.matmul(x, w1));
+  ValueRef o = b.matmul(h, w2);
+  b.op("dlopt.mse", OpClass::Loss, {}, {o, y});
+  return b.g;
+}
+
+std::set<std::string> names(const std::vector<Strategy> &ss) {
+  std::set<std::string> out;
+  for (const Strategy &s : ss)
+    out.insert(s.name);
+  return out;
+}
+
+const Strategy *find(const std::vector<Strategy> &ss, const std::string &n) {
+  for (const Strategy &s : ss)
+    if (s.name == n)
+      return &s;
+  return nullptr;
+}
+
+Cluster preset(const char *name, int nodes = 0) {
+  auto c = clusterPreset(name, nodes);
+  EXPECT_TRUE(c) << c.status().message();
+  return *c;
+}
+
+SearchOptions bf16Training(int64_t globalBatch = 0) {
+  SearchOptions o;
+  o.training = true;
+  o.precision = Precision::BF16;
+  o.globalBatch = globalBatch;
+  return o;
+}
+
+//===----------------------------------------------------------------------===//
+// Rules
+//===----------------------------------------------------------------------===//
+
+TEST(OpSharding, MatmulRules) {
+  GraphSummary g = mlp2(8, 64, 256);
+  GraphGeometry geo(g, 8, 4);
+  auto ss = shardingRules(geo, 0, 4);
+  EXPECT_EQ(names(ss), (std::set<std::string>{"replicated", "batch", "column",
+                                              "row"}));
+  const Strategy *col = find(ss, "column");
+  ASSERT_TRUE(col);
+  EXPECT_EQ(col->operands[0], Layout::rep());
+  EXPECT_EQ(col->operands[1], Layout::split(1));
+  EXPECT_EQ(col->result, Layout::split(1));
+  EXPECT_EQ(col->divisor, 4);
+  const Strategy *row = find(ss, "row");
+  ASSERT_TRUE(row);
+  EXPECT_EQ(row->operands[0], Layout::split(1));
+  EXPECT_EQ(row->operands[1], Layout::split(0));
+  EXPECT_EQ(row->result, Layout::partial());
+  const Strategy *batch = find(ss, "batch");
+  ASSERT_TRUE(batch);
+  EXPECT_EQ(batch->operands[0], Layout::split(0));
+  EXPECT_EQ(batch->operands[1], Layout::rep());
+  // One device, or dims that t does not divide: fewer strategies.
+  EXPECT_EQ(names(shardingRules(geo, 0, 1)),
+            std::set<std::string>{"replicated"});
+  GraphGeometry geo1(g, 1, 4); // micro-batch 1: no batch split
+  EXPECT_FALSE(find(shardingRules(geo1, 0, 4), "batch"));
+  EXPECT_FALSE(find(shardingRules(geo, 0, 3), "column"));
+}
+
+TEST(OpSharding, ElementwiseBroadcastAndPartial) {
+  Builder b(8);
+  ValueRef x = b.input("x", {8, 16});
+  ValueRef bias = b.param("bias", {16});
+  ValueRef s = b.binary("dlopt.add", x, bias);
+  b.unary("dlopt.relu", s);
+  GraphGeometry geo(b.g, 8, 4);
+  auto add = shardingRules(geo, 0, 2);
+  const Strategy *batch = find(add, "batch");
+  ASSERT_TRUE(batch);
+  EXPECT_EQ(batch->operands[1], Layout::rep()); // bias has no batch dim
+  const Strategy *d1 = find(add, "dim 1");
+  ASSERT_TRUE(d1);
+  EXPECT_EQ(d1->operands[0], Layout::split(1));
+  EXPECT_EQ(d1->operands[1], Layout::split(0)); // aligned at the end
+  const Strategy *part = find(add, "partial");
+  ASSERT_TRUE(part);
+  EXPECT_EQ(part->operands[0], Layout::partial());
+  EXPECT_EQ(part->result, Layout::partial());
+  // relu is not linear: no partial pass-through.
+  EXPECT_FALSE(find(shardingRules(geo, 1, 2), "partial"));
+}
+
+TEST(OpSharding, NormSoftmaxReductionRules) {
+  Builder b(4);
+  ValueRef x = b.input("x", {4, 8, 16});
+  ValueRef w = b.param("w", {16});
+  OpNode &ln = b.op("dlopt.layer_norm", OpClass::Norm, {4, 8, 16}, {x, w});
+  ln.dims = {2};
+  OpNode &sm = b.op("dlopt.softmax", OpClass::Softmax, {4, 8, 16}, {x});
+  sm.dims = {1};
+  OpNode &sum = b.op("dlopt.sum", OpClass::Reduction, {4, 8}, {x});
+  sum.dims = {2};
+  OpNode &mx = b.op("dlopt.max", OpClass::Reduction, {4, 8}, {x});
+  mx.dims = {2};
+  GraphGeometry geo(b.g, 4, 4);
+  for (const Strategy &s : shardingRules(geo, 0, 2)) {
+    EXPECT_NE(s.result, Layout::split(2)) << "layer_norm split its axis";
+    if (s.result.kind == Layout::S)
+      EXPECT_EQ(s.operands[1], Layout::rep()); // weight over the axis
+  }
+  for (const Strategy &s : shardingRules(geo, 1, 2))
+    EXPECT_NE(s.result, Layout::split(1)) << "softmax split its dim";
+  // Sum over a split dim leaves a partial sum; max needs an all-reduce.
+  bool sawPartial = false;
+  for (const Strategy &s : shardingRules(geo, 2, 2))
+    if (s.operands[0] == Layout::split(2)) {
+      EXPECT_EQ(s.result, Layout::partial());
+      sawPartial = true;
+    }
+  EXPECT_TRUE(sawPartial);
+  bool sawReduce = false;
+  for (const Strategy &s : shardingRules(geo, 3, 2))
+    if (s.operands[0] == Layout::split(2)) {
+      EXPECT_EQ(s.result, Layout::rep());
+      ASSERT_EQ(s.comms.size(), 1u);
+      EXPECT_EQ(s.comms[0].collective, Collective::AllReduce);
+      sawReduce = true;
+    }
+  EXPECT_TRUE(sawReduce);
+}
+
+TEST(OpSharding, ReshapeTransposeAttentionRules) {
+  // [B, S, H] -> [B, S, heads, d] -> [B, heads, S, d] -> attention.
+  Builder b(2);
+  ValueRef x = b.input("x", {2, 16, 64});
+  OpNode &r = b.op("dlopt.reshape", OpClass::Reshape, {2, 16, 4, 16}, {x});
+  OpNode &t = b.op("dlopt.transpose", OpClass::Transpose, {2, 4, 16, 16},
+                   {b.ref(r)});
+  t.dims = {0, 2, 1, 3};
+  ValueRef q = b.ref(t);
+  b.op("dlopt.attention", OpClass::Attention, {2, 4, 16, 16}, {q, q, q});
+  OpNode &flat = b.op("dlopt.reshape", OpClass::Reshape, {32, 64}, {x});
+  (void)flat;
+  GraphGeometry geo(b.g, 2, 4);
+  auto rs = shardingRules(geo, 0, 4);
+  bool hidden = false;
+  for (const Strategy &s : rs) {
+    if (s.operands[0] == Layout::split(2)) {
+      EXPECT_EQ(s.result, Layout::split(2)); // hidden -> heads
+      hidden = true;
+    }
+    EXPECT_NE(s.result, Layout::split(3)); // the inner factor never splits
+  }
+  EXPECT_TRUE(hidden);
+  bool heads = false;
+  for (const Strategy &s : shardingRules(geo, 1, 4))
+    if (s.operands[0] == Layout::split(2)) {
+      EXPECT_EQ(s.result, Layout::split(1));
+      heads = true;
+    }
+  EXPECT_TRUE(heads);
+  auto att = shardingRules(geo, 2, 4);
+  const Strategy *h = find(att, "heads");
+  ASSERT_TRUE(h);
+  for (const Layout &l : h->operands)
+    EXPECT_EQ(l, Layout::split(1));
+  // [B, S, H] -> [B*S, H]: the batch dim merges into dim 0.
+  EXPECT_EQ(geo.batchDim(3), 0);
+  GraphGeometry half(b.g, 1, 4);
+  EXPECT_EQ(half.result(3).shape, (std::vector<int64_t>{16, 64}));
+}
+
+TEST(OpSharding, ConvBatchNormGatherLossRules) {
+  Builder b(8);
+  ValueRef img = b.input("img", {8, 16, 8, 8});
+  ValueRef w = b.param("w", {32, 16, 3, 3});
+  OpNode &conv = b.op("dlopt.conv2d", OpClass::Conv2D, {8, 32, 8, 8}, {img, w});
+  conv.groups = 1;
+  ValueRef bw = b.param("bn.w", {32}), bb = b.param("bn.b", {32});
+  ValueRef rm = b.arg("bn.mean", ArgNode::Role::State, {32});
+  ValueRef rv = b.arg("bn.var", ArgNode::Role::State, {32});
+  b.op("dlopt.batch_norm", OpClass::BatchNorm, {8, 32, 8, 8},
+       {b.ref(conv), bw, bb, rm, rv});
+  ValueRef table = b.param("wte", {128, 32});
+  ValueRef ids = b.input("ids", {8, 4}, false);
+  b.op("dlopt.gather", OpClass::Gather, {8, 4, 32}, {table, ids});
+  ValueRef logits = b.input("logits", {8, 128});
+  ValueRef labels = b.input("labels", {8}, false);
+  b.op("dlopt.cross_entropy", OpClass::Loss, {}, {logits, labels});
+  b.op("dlopt.scatter_add", OpClass::Other, {128, 32}, {ids, table});
+  GraphGeometry geo(b.g, 8, 4);
+
+  auto cs = shardingRules(geo, 0, 4);
+  EXPECT_EQ(names(cs), (std::set<std::string>{"replicated", "batch",
+                                              "out-channel", "in-channel"}));
+  EXPECT_EQ(find(cs, "in-channel")->result, Layout::partial());
+  EXPECT_EQ(find(cs, "out-channel")->result, Layout::split(1));
+
+  auto bn = shardingRules(geo, 1, 4);
+  const Strategy *bnBatch = find(bn, "batch");
+  ASSERT_TRUE(bnBatch);
+  ASSERT_EQ(bnBatch->comms.size(), 2u); // statistics fwd, sums bwd
+  EXPECT_FALSE(bnBatch->comms[0].backward);
+  EXPECT_TRUE(bnBatch->comms[1].backward);
+  const Strategy *bnCh = find(bn, "channel");
+  ASSERT_TRUE(bnCh);
+  EXPECT_TRUE(bnCh->comms.empty());
+
+  auto ga = shardingRules(geo, 2, 4);
+  EXPECT_EQ(find(ga, "vocab rows")->result, Layout::partial());
+  EXPECT_EQ(find(ga, "batch")->operands[1], Layout::split(0));
+
+  auto ce = shardingRules(geo, 3, 4);
+  EXPECT_EQ(find(ce, "batch")->result, Layout::partial());
+  const Strategy *cls = find(ce, "class");
+  ASSERT_TRUE(cls);
+  EXPECT_EQ(cls->result, Layout::rep());
+  EXPECT_EQ(cls->comms.size(), 1u);
+
+  // Anything else is replicated only.
+  EXPECT_EQ(names(shardingRules(geo, 4, 4)),
+            std::set<std::string>{"replicated"});
+}
+
+//===----------------------------------------------------------------------===//
+// Resharding
+//===----------------------------------------------------------------------===//
+
+TEST(OpSharding, ReshardTable) {
+  const double B = 1 << 20;
+  auto r = [&](Layout a, Layout b) { return reshard(a, b, B, 4); };
+  EXPECT_FALSE(r(Layout::split(1), Layout::split(1)).needed);
+  EXPECT_FALSE(r(Layout::rep(), Layout::split(0)).needed);
+  EXPECT_FALSE(r(Layout::rep(), Layout::partial()).needed);
+  EXPECT_FALSE(r(Layout::partial(), Layout::partial()).needed);
+  Reshard ag = r(Layout::split(0), Layout::rep());
+  EXPECT_TRUE(ag.needed);
+  EXPECT_EQ(ag.collective, Collective::AllGather);
+  EXPECT_EQ(ag.bytes, B);
+  Reshard a2a = r(Layout::split(0), Layout::split(1));
+  EXPECT_EQ(a2a.collective, Collective::AllToAll);
+  EXPECT_EQ(a2a.bytes, B / 4);
+  EXPECT_EQ(r(Layout::partial(), Layout::rep()).collective,
+            Collective::AllReduce);
+  EXPECT_EQ(r(Layout::partial(), Layout::split(1)).collective,
+            Collective::ReduceScatter);
+  EXPECT_FALSE(reshard(Layout::partial(), Layout::rep(), B, 1).needed);
+  // Gradients: a replicated operand of split compute gets a partial sum.
+  EXPECT_EQ(gradLayout(Layout::rep(), 4), Layout::partial());
+  EXPECT_EQ(gradLayout(Layout::rep(), 1), Layout::rep());
+  EXPECT_EQ(gradLayout(Layout::partial(), 1), Layout::rep());
+  EXPECT_EQ(gradLayout(Layout::split(2), 4), Layout::split(2));
+  EXPECT_EQ(gradNeed(Layout::partial()), Layout::rep());
+}
+
+TEST(OpSharding, ReshardCostsAreCostModelCollectives) {
+  Cluster cl = preset("dgx-a100", 2);
+  CostModel cost;
+  CommPricer pricer(cl, cost);
+  const double B = 48.0 * (1 << 20);
+  for (int t : {2, 4, 8}) {
+    auto g = cl.stridedGroup(t, 1, 0);
+    ASSERT_TRUE(g);
+    struct Case {
+      Layout a, b;
+      Collective c;
+      double bytes;
+    } cases[] = {
+        {Layout::split(0), Layout::rep(), Collective::AllGather, B},
+        {Layout::partial(), Layout::rep(), Collective::AllReduce, B},
+        {Layout::partial(), Layout::split(0), Collective::ReduceScatter, B},
+        {Layout::split(0), Layout::split(1), Collective::AllToAll, B / t},
+    };
+    for (const Case &cs : cases) {
+      auto want = cost.commTime(cs.c, cs.bytes, *g);
+      ASSERT_TRUE(want);
+      EXPECT_DOUBLE_EQ(pricer.time(reshard(cs.a, cs.b, B, t), t), want->time)
+          << collectiveName(cs.c) << " t=" << t;
+    }
+    EXPECT_EQ(pricer.time(reshard(Layout::rep(), Layout::split(0), B, t), t),
+              0.0);
+  }
+  // Across nodes the dp group's all-reduce uses the network.
+  LinkKind link = LinkKind::None;
+  EXPECT_GT(pricer.time(Collective::AllReduce, B, 2, 8, &link), 0);
+  EXPECT_EQ(link, LinkKind::Network);
+}
+
+//===----------------------------------------------------------------------===//
+// Solvers
+//===----------------------------------------------------------------------===//
+
+/// Random problems: 2..7 nodes with 1..4 strategies, random edges (cycles
+/// included), costs with ties and zeros, memory with a budget.
+ShardingProblem randomProblem(std::mt19937 &rng, bool budget, bool tree) {
+  std::uniform_int_distribution<int> nodes(2, 7), ks(1, 4), coin(0, 9);
+  std::uniform_real_distribution<double> cost(0, 10), mem(0, 5);
+  ShardingProblem p;
+  int n = nodes(rng);
+  for (int i = 0; i < n; ++i) {
+    ShardingProblem::Node nd;
+    int k = ks(rng);
+    for (int j = 0; j < k; ++j) {
+      nd.cost.push_back(coin(rng) < 2 ? 0.0 : std::round(cost(rng) * 4) / 4);
+      nd.mem.push_back(mem(rng));
+    }
+    p.nodes.push_back(nd);
+  }
+  auto edge = [&](int u, int v) {
+    ShardingProblem::Edge e{u, v, {}};
+    for (size_t a = 0; a < p.nodes[u].cost.size(); ++a)
+      for (size_t b = 0; b < p.nodes[v].cost.size(); ++b)
+        e.cost.push_back(coin(rng) < 3 ? 0.0 : cost(rng));
+    p.edges.push_back(e);
+  };
+  for (int v = 1; v < n; ++v) {
+    std::uniform_int_distribution<int> parent(0, v - 1);
+    edge(parent(rng), v);
+    if (!tree)
+      for (int u = 0; u < v; ++u)
+        if (coin(rng) < 3)
+          edge(u, v);
+  }
+  if (budget) {
+    double lo = 0, hi = 0;
+    for (const auto &nd : p.nodes) {
+      lo += *std::min_element(nd.mem.begin(), nd.mem.end());
+      hi += *std::max_element(nd.mem.begin(), nd.mem.end());
+    }
+    p.memBudget = lo + (hi - lo) * std::uniform_real_distribution<>(0.2, 0.8)(rng);
+  }
+  return p;
+}
+
+SolveResult solve(const ShardingProblem &p, SolverKind kind) {
+  SolveOptions o;
+  o.kind = kind;
+  o.maxNodes = 100000;
+  auto r = solveSharding(p, o);
+  EXPECT_TRUE(r) << r.status().message();
+  return r ? *r : SolveResult{};
+}
+
+TEST(OpShardingSolver, IlpEqualsBruteForceOnRandomGraphs) {
+  if (!haveIlpSolver())
+    GTEST_SKIP() << "built without CBC (coinor-libcbc-dev)";
+  std::mt19937 rng(12345);
+  int constrained = 0, compared = 0;
+  for (int it = 0; it < 60; ++it) {
+    bool budget = it % 2 == 1;
+    ShardingProblem p = randomProblem(rng, budget, false);
+    SolveResult bf = solve(p, SolverKind::BruteForce);
+    ASSERT_TRUE(bf.feasible);
+    for (SolverKind k : {SolverKind::Ilp, SolverKind::Auto}) {
+      SolveResult r = solve(p, k);
+      EXPECT_TRUE(r.feasible) << "case " << it;
+      EXPECT_NEAR(r.cost, bf.cost, 1e-6 * std::max(1.0, bf.cost))
+          << "case " << it << " solver " << solverName(k) << " ("
+          << r.method << ", " << r.note << ")";
+      EXPECT_EQ(r.cost, p.evaluate(r.choice));
+      EXPECT_TRUE(r.optimal) << r.method << ": " << r.note;
+      ++compared;
+    }
+    constrained += budget;
+  }
+  EXPECT_EQ(compared, 120);
+  EXPECT_EQ(constrained, 30);
+}
+
+TEST(OpShardingSolver, EliminationIsExactOnTreesAndSeriesParallel) {
+  std::mt19937 rng(777);
+  for (int it = 0; it < 60; ++it) {
+    ShardingProblem p = randomProblem(rng, false, true);
+    SolveResult bf = solve(p, SolverKind::BruteForce);
+    SolveResult el = solve(p, SolverKind::Greedy); // no ILP at all
+    EXPECT_EQ(el.method, "elimination") << "case " << it;
+    EXPECT_TRUE(el.optimal);
+    EXPECT_NEAR(el.cost, bf.cost, 1e-9 * std::max(1.0, bf.cost)) << it;
+  }
+  // A diamond (u -> a, b -> w) plus a chain is series-parallel too.
+  ShardingProblem d;
+  for (int i = 0; i < 5; ++i)
+    d.nodes.push_back({{1.0 * i, 2.0, 0.5}, {}});
+  auto e = [&](int u, int v, std::vector<double> c) {
+    d.edges.push_back({u, v, c});
+  };
+  std::vector<double> m{0, 3, 1, 2, 0, 5, 4, 1, 0};
+  e(0, 1, m);
+  e(0, 2, m);
+  e(1, 3, m);
+  e(2, 3, m);
+  e(3, 4, m);
+  SolveResult el = solve(d, SolverKind::Greedy);
+  EXPECT_EQ(el.method, "elimination");
+  EXPECT_NEAR(el.cost, solve(d, SolverKind::BruteForce).cost, 1e-12);
+}
+
+TEST(OpShardingSolver, GreedyIsFeasibleAndNeverBelowOptimum) {
+  std::mt19937 rng(4242);
+  for (int it = 0; it < 40; ++it) {
+    ShardingProblem p = randomProblem(rng, it % 2 == 1, false);
+    SolveResult bf = solve(p, SolverKind::BruteForce);
+    SolveResult gr = solve(p, SolverKind::Greedy);
+    EXPECT_GE(gr.cost, bf.cost - 1e-9) << it;
+    EXPECT_TRUE(gr.feasible) << it;
+  }
+}
+
+TEST(OpShardingSolver, Deterministic) {
+  std::mt19937 rng(99);
+  for (int it = 0; it < 20; ++it) {
+    ShardingProblem p = randomProblem(rng, it % 2 == 1, false);
+    for (SolverKind k : {SolverKind::Auto, SolverKind::Greedy}) {
+      SolveResult a = solve(p, k), b = solve(p, k);
+      EXPECT_EQ(a.choice, b.choice);
+      EXPECT_EQ(a.cost, b.cost);
+    }
+  }
+}
+
+TEST(OpShardingSolver, RejectsMalformedProblems) {
+  ShardingProblem p;
+  p.nodes.push_back({{1.0}, {}});
+  p.nodes.push_back({{}, {}});
+  EXPECT_FALSE(solveSharding(p));
+  p.nodes[1].cost = {1, 2};
+  p.edges.push_back({0, 1, {1.0}}); // needs 1 x 2 entries
+  auto r = solveSharding(p);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.status().message().find("wrong size"), std::string::npos);
+}
+
+//===----------------------------------------------------------------------===//
+// Stage partition
+//===----------------------------------------------------------------------===//
+
+double maxStage(const std::vector<double> &t, const std::vector<int> &starts) {
+  double worst = 0;
+  for (size_t s = 0; s + 1 < starts.size(); ++s) {
+    double sum = 0;
+    for (int i = starts[s]; i < starts[s + 1]; ++i)
+      sum += t[i];
+    worst = std::max(worst, sum);
+  }
+  return worst;
+}
+
+/// Every contiguous split into k non-empty ranges.
+double bruteForcePartition(const std::vector<double> &t, int k) {
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<int> starts{0};
+  std::function<void(int)> rec = [&](int left) {
+    if (left == 1) {
+      starts.push_back(int(t.size()));
+      best = std::min(best, maxStage(t, starts));
+      starts.pop_back();
+      return;
+    }
+    for (int next = starts.back() + 1; next <= int(t.size()) - (left - 1);
+         ++next) {
+      starts.push_back(next);
+      rec(left - 1);
+      starts.pop_back();
+    }
+  };
+  rec(k);
+  return best;
+}
+
+TEST(OpShardingStages, PartitionCoversEveryOpOnceAndIsOptimal) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> time(0, 1);
+  for (int it = 0; it < 200; ++it) {
+    int n = 1 + int(rng() % 12), k = 1 + int(rng() % 5);
+    std::vector<double> t(n);
+    for (double &x : t)
+      x = rng() % 4 == 0 ? 0.0 : time(rng);
+    auto starts = partitionStages(t, k);
+    if (n < k) {
+      EXPECT_TRUE(starts.empty());
+      continue;
+    }
+    ASSERT_EQ(int(starts.size()), k + 1);
+    EXPECT_EQ(starts.front(), 0);
+    EXPECT_EQ(starts.back(), n);
+    std::vector<int> owner(n, -1);
+    for (int s = 0; s < k; ++s) {
+      EXPECT_LT(starts[s], starts[s + 1]) << "empty stage";
+      for (int i = starts[s]; i < starts[s + 1]; ++i) {
+        EXPECT_EQ(owner[i], -1) << "op " << i << " in two stages";
+        owner[i] = s;
+      }
+    }
+    for (int i = 0; i < n; ++i)
+      EXPECT_NE(owner[i], -1) << "op " << i << " in no stage";
+    EXPECT_NEAR(maxStage(t, starts), bruteForcePartition(t, k), 1e-12);
+  }
+}
+
+TEST(OpShardingStages, LargePartitionsAreBalanced) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> time(0.1, 2.0);
+  std::vector<double> t(3000);
+  double total = 0, biggest = 0;
+  for (double &x : t) {
+    x = time(rng);
+    total += x;
+    biggest = std::max(biggest, x);
+  }
+  for (int k : {2, 4, 8, 16, 64}) {
+    auto starts = partitionStages(t, k);
+    ASSERT_EQ(int(starts.size()), k + 1);
+    double m = maxStage(t, starts);
+    // The optimum lies in [total/k, total/k + biggest].
+    EXPECT_GE(m, total / k - 1e-9);
+    EXPECT_LE(m, total / k + biggest + 1e-9);
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// The search
+//===----------------------------------------------------------------------===//
+
+std::map<std::string, std::string> strategiesOf(const OpPlanResult &p,
+                                                const GraphSummary &g) {
+  std::map<std::string, std::string> out;
+  for (const OpChoice &c : p.choices)
+    out["#" + std::to_string(c.op) + " " + g.ops[c.op].op] = c.strategy;
+  return out;
+}
+
+TEST(OpSearch, MegatronPairingWinsForWideLayers) {
+  // Wide layers, few samples: column-parallel then row-parallel beats
+  // replication and batch splitting (whose weight-gradient all-reduce is
+  // the size of the weights).
+  GraphSummary g = mlp2(8, 8192, 32768);
+  Cluster cl = preset("dgx-a100");
+  for (int t : {2, 4, 8}) {
+    SearchOptions o = bf16Training();
+    o.fix.tp = t;
+    o.fix.pp = 1;
+    auto p = searchOpPlan(g, cl, CostModel(), o);
+    ASSERT_TRUE(p) << p.status().message();
+    auto s = strategiesOf(*p, g);
+    EXPECT_EQ(s["#0 dlopt.matmul"], "column") << "t=" << t;
+    EXPECT_EQ(s["#2 dlopt.matmul"], "row") << "t=" << t;
+    EXPECT_EQ(s["#1 dlopt.relu"], "dim 1") << "t=" << t;
+    // Megatron's two all-reduces: row output forward, column input backward.
+    int fwdAr = 0, bwdAr = 0;
+    for (const ReshardOp &r : p->reshards)
+      if (r.collective == Collective::AllReduce && r.operand >= 0)
+        (r.backward ? bwdAr : fwdAr) += 1;
+    EXPECT_EQ(fwdAr, 1) << "t=" << t;
+    EXPECT_EQ(bwdAr, 0) << "the input x needs no gradient";
+    // Sharded weights: a 1/t share of both matrices per device.
+    for (const auto &[name, layout] : p->params)
+      EXPECT_EQ(layout.kind, Layout::S) << name;
+  }
+  // The search without fixes shards the weights too.
+  auto p = searchOpPlan(g, cl, CostModel(), bf16Training());
+  ASSERT_TRUE(p) << p.status().message();
+  EXPECT_GT(p->best.cfg.tp, 1);
+}
+
+TEST(OpSearch, DataParallelWinsForSmallModels) {
+  // 2M parameters, 100 GFLOP per step: splitting the batch is worth it, the
+  // weights are cheap to replicate and their gradients cheap to reduce.
+  GraphSummary g = mlp2(8192, 512, 2048);
+  Cluster cl = preset("dgx-a100");
+  auto p = searchOpPlan(g, cl, CostModel(), bf16Training());
+  ASSERT_TRUE(p) << p.status().message();
+  // Either dp over all devices or every op batch-split over tp.
+  if (p->best.cfg.tp > 1) {
+    for (const OpChoice &c : p->choices)
+      EXPECT_EQ(c.strategy, "batch") << g.ops[c.op].op;
+  } else {
+    EXPECT_EQ(p->best.cfg.dp, 8);
+  }
+  EXPECT_EQ(p->best.cfg.pp, 1);
+  for (const auto &[name, layout] : p->params)
+    EXPECT_EQ(layout, Layout::rep()) << name;
+}
+
+TEST(OpSearch, PipelineStagesCoverTheGraph) {
+  // 12 layers without marks: stages by op.
+  Builder b(16);
+  ValueRef h = b.input("x", {16, 1024});
+  for (int l = 0; l < 12; ++l)
+    h = b.unary("dlopt.relu",
+                b.matmul(h, b.param("w" + std::to_string(l), {1024, 1024})));
+  b.op("dlopt.mse", OpClass::Loss, {}, {h, b.input("y", {16, 1024})});
+  SearchOptions o = bf16Training();
+  o.fix.pp = 4;
+  o.fix.tp = 2;
+  auto p = searchOpPlan(b.g, preset("dgx-a100"), CostModel(), o);
+  ASSERT_TRUE(p) << p.status().message();
+  ASSERT_EQ(p->stages.size(), 4u);
+  EXPECT_FALSE(p->stagesByLayer);
+  int next = 0, total = 0;
+  double worst = 0, sum = 0;
+  for (const OpStage &s : p->stages) {
+    EXPECT_EQ(s.firstOp, next);
+    EXPECT_GE(s.lastOp, s.firstOp);
+    total += s.numOps;
+    next = s.lastOp + 1;
+    worst = std::max(worst, s.timePerMicroBatch);
+    sum += s.timePerMicroBatch;
+  }
+  EXPECT_EQ(total, int(b.g.ops.size()));
+  EXPECT_EQ(next, int(b.g.ops.size()));
+  EXPECT_LT(worst, 1.5 * sum / 4); // 25 ops of similar size: balanced
+  // With layer marks the boundaries fall between layers.
+  for (OpNode &op : b.g.ops)
+    op.layer = op.id / 2;
+  auto q = searchOpPlan(b.g, preset("dgx-a100"), CostModel(), o);
+  ASSERT_TRUE(q);
+  EXPECT_TRUE(q->stagesByLayer);
+  for (const OpStage &s : q->stages)
+    EXPECT_EQ(s.firstOp % 2, 0);
+}
+
+TEST(OpSearch, OneDeviceAndForwardOnly) {
+  auto one = parseCluster("nodes: 1\ngpus_per_node: 1\ngpu: a100-sxm-80gb\n",
+                          ClusterFormat::Yaml, "one.yaml");
+  ASSERT_TRUE(one) << one.status().message();
+  GraphSummary g = mlp2(32, 256, 1024);
+  auto p = searchOpPlan(g, *one, CostModel(), bf16Training());
+  ASSERT_TRUE(p) << p.status().message();
+  EXPECT_EQ(p->best.cfg.dp * p->best.cfg.tp * p->best.cfg.pp, 1);
+  EXPECT_TRUE(p->reshards.empty());
+  SearchOptions fwd = bf16Training();
+  fwd.training = false;
+  auto f = searchOpPlan(g, *one, CostModel(), fwd);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->best.memory.grads, 0);
+  EXPECT_EQ(f->best.memory.optimizer, 0);
+  EXPECT_LT(f->best.time.total(), p->best.time.total());
+}
+
+TEST(OpSearch, ErrorsSayWhy) {
+  Cluster cl = preset("dgx-a100");
+  // Too big for any plan: the best memory against the capacity.
+  GraphSummary big = mlp2(8, 131072, 262144);
+  auto p = searchOpPlan(big, cl, CostModel(), bf16Training());
+  ASSERT_FALSE(p);
+  EXPECT_NE(p.status().message().find("no plan fits in memory"),
+            std::string::npos)
+      << p.status().message();
+  EXPECT_NE(p.status().message().find("against a capacity of 74.51 GiB"),
+            std::string::npos)
+      << p.status().message();
+  GraphSummary empty;
+  empty.modelName = "empty";
+  auto e = searchOpPlan(empty, cl, CostModel(), bf16Training());
+  ASSERT_FALSE(e);
+  EXPECT_NE(e.status().message().find("has no ops"), std::string::npos);
+  SearchOptions bad = bf16Training();
+  bad.fix.schedule = PipelineSchedule::Interleaved1F1B;
+  auto s = searchOpPlan(mlp2(8, 64, 64), cl, CostModel(), bad);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.status().message().find("not available to op-level plans"),
+            std::string::npos);
+  SearchOptions dp3 = bf16Training();
+  dp3.fix.tp = 3;
+  auto d = searchOpPlan(mlp2(8, 64, 64), cl, CostModel(), dp3);
+  ASSERT_FALSE(d);
+  EXPECT_NE(d.status().message().find("no candidate plan"), std::string::npos);
+}
+
+TEST(OpSearch, MemoryConstraintShardsWhatDoesNotFit) {
+  // Batch splitting is fastest, but replicated weights do not fit in 80 GB:
+  // the memory-constrained solve shards enough of them.
+  Builder b(64);
+  ValueRef h = b.input("x", {64, 16384});
+  for (int l = 0; l < 24; ++l)
+    h = b.unary("dlopt.relu",
+                b.matmul(h, b.param("w" + std::to_string(l), {16384, 16384})));
+  b.op("dlopt.mse", OpClass::Loss, {}, {h, b.input("y", {64, 16384})});
+  SearchOptions o = bf16Training(65536); // 1024 micro-batches
+  o.fix.tp = 8;
+  o.fix.pp = 1;
+  o.fix.mbs = 64;
+  auto p = searchOpPlan(b.g, preset("dgx-a100"), CostModel(), o);
+  ASSERT_TRUE(p) << p.status().message();
+  EXPECT_TRUE(p->best.fits());
+  EXPECT_TRUE(p->best.memoryConstrained);
+  int split = 0;
+  for (const auto &pl : p->params)
+    split += pl.second.kind == Layout::S;
+  EXPECT_GT(split, 0);
+  EXPECT_LT(split, 24);
+  // It reports the faster plan that does not fit.
+  bool oom = false;
+  for (const OpAlternative &a : p->alternatives)
+    oom |= a.why.find("out of memory") != std::string::npos;
+  EXPECT_TRUE(oom);
+}
+
+TEST(OpSearch, ReportsAreDeterministicAndParse) {
+  GraphSummary g = mlp2(64, 4096, 16384);
+  Cluster cl = preset("dgx-a100", 2);
+  SearchOptions o = bf16Training(256);
+  auto a = searchOpPlan(g, cl, CostModel(), o);
+  auto b = searchOpPlan(g, cl, CostModel(), o);
+  ASSERT_TRUE(a && b);
+  ReportOptions ro;
+  std::string ta = formatOpTextReport(*a, cl, g, ro);
+  EXPECT_EQ(ta, formatOpTextReport(*b, cl, g, ro));
+  EXPECT_NE(ta.find("== sharding over tp="), std::string::npos);
+  EXPECT_NE(ta.find("dlopt.matmul x2:"), std::string::npos);
+  EXPECT_NE(ta.find("== memory per device"), std::string::npos);
+  std::string ja = formatOpJsonReport(*a, cl, g, ro);
+  EXPECT_EQ(ja, formatOpJsonReport(*b, cl, g, ro));
+  EXPECT_NE(ja.find("\"kind\": \"op-level\""), std::string::npos);
+  EXPECT_NE(ja.find("\"format\": \"dlopt-plan\""), std::string::npos);
+}
+
+} // namespace
