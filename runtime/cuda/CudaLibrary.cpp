@@ -27,31 +27,24 @@ template <typename Fn> bool loadSym(void *h, const char *name, Fn &slot) {
   return slot != nullptr;
 }
 
-std::once_flag gOnce;
+std::once_flag gCoreOnce, gNcclOnce;
 CudaLibrary gLib;
-Status gStatus;
-bool gLoaded = false;
+Status gCoreStatus, gNcclStatus;
+bool gCoreLoaded = false, gNcclLoaded = false;
 
-Status loadAll(CudaLibrary &lib) {
-  struct Lib {
-    std::vector<std::string> names;
-    std::string *path;
-    void *handle = nullptr;
-  } libs[] = {{{"libcudart.so.13", "libcudart.so.12"}, &lib.cudartPath},
-              {{"libcublas.so.13", "libcublas.so.12"}, &lib.cublasPath},
-              {{"libcublasLt.so.13", "libcublasLt.so.12"}, &lib.cublasLtPath},
-              {{"libnccl.so.2"}, &lib.ncclPath}};
-  for (auto &l : libs) {
-    auto h = openFirstLibrary(l.names);
-    if (!h)
-      return h.status();
-    l.handle = *h;
-    *l.path = l.names[0];
-    char path[4096];
-    if (dlinfo(l.handle, RTLD_DI_ORIGIN, path) == 0)
-      *l.path = std::string(path);
-  }
-  std::string missing;
+/// Opens one library (first soname found) and records where it came from.
+Expected<void *> openRecording(const std::vector<std::string> &names,
+                               std::string &path) {
+  auto h = openFirstLibrary(names);
+  if (!h)
+    return h.status();
+  path = names[0];
+  char dir[4096];
+  if (dlinfo(*h, RTLD_DI_ORIGIN, dir) == 0)
+    path = std::string(dir);
+  return h;
+}
+
 #define DLOPT_REQ(h, lname)                                                    \
   [&](const char *name, auto &slot) {                                         \
     if (!loadSym(h, name, slot))                                               \
@@ -59,42 +52,64 @@ Status loadAll(CudaLibrary &lib) {
                  lname;                                                        \
   }
 #define DLOPT_OPT(h) [&](const char *name, auto &slot) { loadSym(h, name, slot); }
-  {
-    auto req = DLOPT_REQ(libs[0].handle, libs[0].names[0]);
-    auto opt = DLOPT_OPT(libs[0].handle);
-    (void)opt;
 #define R(name, ret, params) req(#name, lib.name);
 #define O(name, ret, params) opt(#name, lib.name);
+
+Status loadCore(CudaLibrary &lib) {
+  auto rt = openRecording({"libcudart.so.13", "libcudart.so.12"}, lib.cudartPath);
+  if (!rt)
+    return rt.status();
+  auto blas = openRecording({"libcublas.so.13", "libcublas.so.12"}, lib.cublasPath);
+  if (!blas)
+    return blas.status();
+  auto lt = openRecording({"libcublasLt.so.13", "libcublasLt.so.12"},
+                          lib.cublasLtPath);
+  if (!lt)
+    return lt.status();
+  std::string missing;
+  {
+    auto req = DLOPT_REQ(*rt, "libcudart");
+    auto opt = DLOPT_OPT(*rt);
+    (void)opt;
     DLOPT_CUDART_SYMBOLS(R, O)
   }
   {
-    auto req = DLOPT_REQ(libs[1].handle, libs[1].names[0]);
-    auto opt = DLOPT_OPT(libs[1].handle);
+    auto req = DLOPT_REQ(*blas, "libcublas");
+    auto opt = DLOPT_OPT(*blas);
     (void)opt;
     DLOPT_CUBLAS_SYMBOLS(R, O)
   }
   {
-    auto req = DLOPT_REQ(libs[2].handle, libs[2].names[0]);
-    auto opt = DLOPT_OPT(libs[2].handle);
+    auto req = DLOPT_REQ(*lt, "libcublasLt");
+    auto opt = DLOPT_OPT(*lt);
     (void)opt;
     DLOPT_CUBLASLT_SYMBOLS(R, O)
   }
-  {
-    auto req = DLOPT_REQ(libs[3].handle, libs[3].names[0]);
-    auto opt = DLOPT_OPT(libs[3].handle);
-    (void)opt;
-    DLOPT_NCCL_SYMBOLS(R, O)
-  }
-#undef R
-#undef O
-#undef DLOPT_REQ
-#undef DLOPT_OPT
   if (!missing.empty())
     return Status::error("CUDA libraries lack required symbols: " + missing);
   return Status::ok();
 }
 
-const CudaLibrary *loaded() { return gLoaded ? &gLib : nullptr; }
+Status loadNccl(CudaLibrary &lib) {
+  auto h = openRecording({"libnccl.so.2"}, lib.ncclPath);
+  if (!h)
+    return h.status();
+  std::string missing;
+  auto req = DLOPT_REQ(*h, "libnccl.so.2");
+  auto opt = DLOPT_OPT(*h);
+  (void)opt;
+  DLOPT_NCCL_SYMBOLS(R, O)
+  if (!missing.empty())
+    return Status::error("CUDA libraries lack required symbols: " + missing);
+  return Status::ok();
+}
+#undef R
+#undef O
+#undef DLOPT_REQ
+#undef DLOPT_OPT
+
+/// The table once the core libraries are loaded (error strings), else null.
+const CudaLibrary *loaded() { return gCoreLoaded ? &gLib : nullptr; }
 
 std::string hexDigits(int v) {
   char b[16];
@@ -123,18 +138,31 @@ Expected<void *> openFirstLibrary(const std::vector<std::string> &sonames) {
                                "$CUDA_HOME/lib64, /usr/local/cuda/lib64");
 }
 
-Expected<const CudaLibrary *> loadCuda() {
-  std::call_once(gOnce, [] {
-    gStatus = loadAll(gLib);
-    gLoaded = gStatus.isOk();
+Expected<const CudaLibrary *> loadCudaCore() {
+  std::call_once(gCoreOnce, [] {
+    gCoreStatus = loadCore(gLib);
+    gCoreLoaded = gCoreStatus.isOk();
   });
-  if (!gLoaded)
-    return gStatus;
+  if (!gCoreLoaded)
+    return gCoreStatus;
+  return static_cast<const CudaLibrary *>(&gLib);
+}
+
+Expected<const CudaLibrary *> loadCuda() {
+  auto core = loadCudaCore();
+  if (!core)
+    return core;
+  std::call_once(gNcclOnce, [] {
+    gNcclStatus = loadNccl(gLib);
+    gNcclLoaded = gNcclStatus.isOk();
+  });
+  if (!gNcclLoaded)
+    return gNcclStatus;
   return static_cast<const CudaLibrary *>(&gLib);
 }
 
 int deviceCount(std::string *reason) {
-  auto lib = loadCuda();
+  auto lib = loadCudaCore();
   if (!lib) {
     if (reason)
       *reason = "CUDA not loadable: " + lib.status().message();
@@ -194,8 +222,8 @@ std::string ncclResultMessage(ncclResult_t r) {
                                 "ncclInvalidArgument", "ncclInvalidUsage",
                                 "ncclRemoteError",   "ncclInProgress"};
   std::string name = r >= 0 && r < 8 ? names[r] : "ncclResult " + hexDigits(r);
-  if (const CudaLibrary *l = loaded())
-    return name + " (" + l->ncclGetErrorString(r) + ")";
+  if (gNcclLoaded)
+    return name + " (" + gLib.ncclGetErrorString(r) + ")";
   return name;
 }
 
@@ -214,8 +242,8 @@ Status cublasFailure(cublasStatus_t s, const char *expr, const char *file,
 Status ncclFailure(ncclResult_t r, const char *expr, const char *file,
                    int line) {
   std::string msg = where(expr, file, line) + ncclResultMessage(r);
-  if (const CudaLibrary *l = loaded(); l && l->ncclGetLastError)
-    if (const char *last = l->ncclGetLastError(nullptr); last && *last)
+  if (gNcclLoaded && gLib.ncclGetLastError)
+    if (const char *last = gLib.ncclGetLastError(nullptr); last && *last)
       msg += ": " + std::string(last);
   return Status::error(msg);
 }

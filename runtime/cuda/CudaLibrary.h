@@ -22,6 +22,7 @@
 #include "runtime/support/Status.h"
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,6 +38,24 @@ using cudaEvent_t = struct CUevent_st *;
 using cublasHandle_t = struct cublasContext *;
 using cublasLtHandle_t = struct cublasLtContext *;
 using ncclComm_t = struct ncclComm *;
+using cudaGraph_t = struct CUgraph_st *;
+using cudaGraphExec_t = struct CUgraphExec_st *;
+using cublasLtMatmulDesc_t = struct cublasLtMatmulDescOpaque *;
+using cublasLtMatrixLayout_t = struct cublasLtMatrixLayoutOpaque *;
+using cublasLtMatmulPreference_t = struct cublasLtMatmulPreferenceOpaque *;
+/// cuBLASLt's algorithm descriptor and heuristic result (layout as in
+/// cublasLt.h; checked against the real header in CudaAbiCheck.cpp when the
+/// toolkit is present at build time).
+struct cublasLtMatmulAlgo_t {
+  uint64_t data[8];
+};
+struct cublasLtMatmulHeuristicResult_t {
+  cublasLtMatmulAlgo_t algo;
+  size_t workspaceSize;
+  cublasStatus_t state;
+  float wavesCount;
+  int reserved[4];
+};
 inline constexpr int kNcclUniqueIdBytes = 128;
 struct ncclUniqueId {
   char internal[kNcclUniqueIdBytes];
@@ -54,6 +73,27 @@ enum ncclDataType_t : int {
   ncclBfloat16 = 9
 };
 enum ncclRedOp_t : int { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4 };
+inline constexpr ncclResult_t ncclInProgress = 7;
+inline constexpr cudaError_t cudaErrorNotReady = 600;
+inline constexpr unsigned kCudaStreamNonBlocking = 1; // cudaStreamNonBlocking
+inline constexpr unsigned kCudaEventDisableTiming = 2; // cudaEventDisableTiming
+inline constexpr int cudaStreamCaptureModeThreadLocal = 1;
+inline constexpr int cudaDevAttrMultiProcessorCount = 16;
+inline constexpr int cudaDevAttrComputeCapabilityMajor = 75;
+inline constexpr int cudaDevAttrComputeCapabilityMinor = 76;
+// cuBLAS / cuBLASLt enum values (library_types.h, cublas_api.h, cublasLt.h).
+inline constexpr int CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14;
+inline constexpr int CUBLAS_OP_N = 0, CUBLAS_OP_T = 1;
+inline constexpr int CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_FAST_TF32 = 77;
+inline constexpr int CUBLASLT_MATMUL_DESC_TRANSA = 3,
+                     CUBLASLT_MATMUL_DESC_TRANSB = 4;
+inline constexpr int CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT = 5,
+                     CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET = 6;
+inline constexpr int CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
+                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
+                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
+                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8;
 
 // X(name, return type, parameter list). Required symbols fail loadCuda()
 // when absent; optional ones are left null (newer-version entry points).
@@ -81,7 +121,20 @@ enum ncclRedOp_t : int { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, nc
   X(cudaEventDestroy, cudaError_t, (cudaEvent_t))                              \
   X(cudaEventRecord, cudaError_t, (cudaEvent_t, cudaStream_t))                 \
   X(cudaEventSynchronize, cudaError_t, (cudaEvent_t))                          \
-  X(cudaEventElapsedTime, cudaError_t, (float *, cudaEvent_t, cudaEvent_t))
+  X(cudaEventElapsedTime, cudaError_t, (float *, cudaEvent_t, cudaEvent_t))   \
+  X(cudaEventQuery, cudaError_t, (cudaEvent_t))                                \
+  X(cudaStreamQuery, cudaError_t, (cudaStream_t))                              \
+  X(cudaStreamCreateWithFlags, cudaError_t, (cudaStream_t *, unsigned))        \
+  X(cudaEventCreateWithFlags, cudaError_t, (cudaEvent_t *, unsigned))          \
+  X(cudaMemsetAsync, cudaError_t, (void *, int, size_t, cudaStream_t))         \
+  X(cudaDeviceGetAttribute, cudaError_t, (int *, int, int))                    \
+  OPT(cudaStreamBeginCapture, cudaError_t, (cudaStream_t, int))                \
+  OPT(cudaStreamEndCapture, cudaError_t, (cudaStream_t, cudaGraph_t *))        \
+  OPT(cudaGraphInstantiate, cudaError_t,                                       \
+      (cudaGraphExec_t *, cudaGraph_t, unsigned long long))                    \
+  OPT(cudaGraphLaunch, cudaError_t, (cudaGraphExec_t, cudaStream_t))           \
+  OPT(cudaGraphExecDestroy, cudaError_t, (cudaGraphExec_t))                    \
+  OPT(cudaGraphDestroy, cudaError_t, (cudaGraph_t))
 
 #define DLOPT_CUBLAS_SYMBOLS(X, OPT)                                           \
   X(cublasCreate_v2, cublasStatus_t, (cublasHandle_t *))                       \
@@ -93,7 +146,34 @@ enum ncclRedOp_t : int { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, nc
 #define DLOPT_CUBLASLT_SYMBOLS(X, OPT)                                         \
   X(cublasLtCreate, cublasStatus_t, (cublasLtHandle_t *))                      \
   X(cublasLtDestroy, cublasStatus_t, (cublasLtHandle_t))                       \
-  X(cublasLtGetVersion, size_t, ())
+  X(cublasLtGetVersion, size_t, ())                                            \
+  X(cublasLtMatmulDescCreate, cublasStatus_t,                                  \
+    (cublasLtMatmulDesc_t *, int, int))                                        \
+  X(cublasLtMatmulDescDestroy, cublasStatus_t, (cublasLtMatmulDesc_t))         \
+  X(cublasLtMatmulDescSetAttribute, cublasStatus_t,                            \
+    (cublasLtMatmulDesc_t, int, const void *, size_t))                         \
+  X(cublasLtMatrixLayoutCreate, cublasStatus_t,                                \
+    (cublasLtMatrixLayout_t *, int, uint64_t, uint64_t, int64_t))              \
+  X(cublasLtMatrixLayoutDestroy, cublasStatus_t, (cublasLtMatrixLayout_t))     \
+  X(cublasLtMatrixLayoutSetAttribute, cublasStatus_t,                          \
+    (cublasLtMatrixLayout_t, int, const void *, size_t))                       \
+  X(cublasLtMatmulPreferenceCreate, cublasStatus_t,                            \
+    (cublasLtMatmulPreference_t *))                                            \
+  X(cublasLtMatmulPreferenceDestroy, cublasStatus_t,                           \
+    (cublasLtMatmulPreference_t))                                              \
+  X(cublasLtMatmulPreferenceSetAttribute, cublasStatus_t,                      \
+    (cublasLtMatmulPreference_t, int, const void *, size_t))                   \
+  X(cublasLtMatmulAlgoGetHeuristic, cublasStatus_t,                            \
+    (cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,           \
+     cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,   \
+     cublasLtMatmulPreference_t, int, cublasLtMatmulHeuristicResult_t *,       \
+     int *))                                                                   \
+  X(cublasLtMatmul, cublasStatus_t,                                            \
+    (cublasLtHandle_t, cublasLtMatmulDesc_t, const void *, const void *,       \
+     cublasLtMatrixLayout_t, const void *, cublasLtMatrixLayout_t,             \
+     const void *, const void *, cublasLtMatrixLayout_t, void *,               \
+     cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t *, void *, size_t,     \
+     cudaStream_t))
 
 #define DLOPT_NCCL_SYMBOLS(X, OPT)                                             \
   X(ncclGetVersion, ncclResult_t, (int *))                                     \
@@ -124,7 +204,8 @@ enum ncclRedOp_t : int { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, nc
   X(ncclRecv, ncclResult_t,                                                    \
     (void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t))           \
   OPT(ncclGetLastError, const char *, (ncclComm_t))                            \
-  OPT(ncclCommSplit, ncclResult_t, (ncclComm_t, int, int, ncclComm_t *, void *))
+  OPT(ncclCommSplit, ncclResult_t, (ncclComm_t, int, int, ncclComm_t *, void *)) \
+  OPT(ncclCommFinalize, ncclResult_t, (ncclComm_t))
 
 /// The symbol table: every entry point the runtime uses, from one load.
 struct CudaLibrary {
@@ -139,11 +220,16 @@ struct CudaLibrary {
 };
 
 /// Loads (once per process; later calls return the same answer) libcudart
-/// (.so.13, .so.12), libcublas, libcublasLt and libnccl.so.2. Each soname is
+/// (.so.13, .so.12), libcublas, libcublasLt and libnccl.so.2 (loadCudaCore()
+/// first, then NCCL). Each soname is
 /// tried as is (LD_LIBRARY_PATH, ld.so.cache), then under $DLOPT_CUDA_LIB_DIR,
 /// $CUDA_HOME/lib64 and /usr/local/cuda/lib64. The error names the missing
 /// library ("libnccl.so.2 not found (dlopen: ...)") or symbol.
 Expected<const CudaLibrary *> loadCuda();
+
+/// Loads libcudart, libcublas and libcublasLt only (what one GPU needs; the
+/// NCCL entries stay null until loadCuda() succeeds). Once per process.
+Expected<const CudaLibrary *> loadCudaCore();
 
 /// dlopen()s the first of `sonames` found in the search order above; the
 /// error lists every name tried with dlerror(). (Exposed for tests.)

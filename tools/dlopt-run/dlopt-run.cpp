@@ -11,6 +11,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/exec/CudaBackend.h"
 #include "runtime/exec/DataLoader.h"
 #include "runtime/exec/Npy.h"
 #include "runtime/exec/ParamInit.h"
@@ -45,7 +46,8 @@ options:
   --seed N                seed for initializing unbound params (default 0)
   --output-dir DIR        write every output as DIR/NAME.npy
   --save-params DIR       write every param (bound or initialized) as DIR/NAME.npy
-  --backend NAME          backend to run on (default cpu; available: cpu)
+  --backend NAME          backend to run on (default cpu; available: cpu,
+                          cuda; docs/gpu.md)
   --threads N             kernel worker threads (default: all cores)
   --dump                  print the plan file readably and exit
   --quiet                 print nothing but errors
@@ -97,6 +99,35 @@ struct Options {
   /// Training options given, for "needs --steps" errors.
   std::vector<std::string> trainingFlags;
 };
+
+/// createBackend(), plus the cuda backend (runtime/exec/CudaBackend.h).
+Expected<std::unique_ptr<Backend>> createNamedBackend(const std::string &name,
+                                                      const BackendOptions &o) {
+  if (name != "cuda")
+    return createBackend(name, o);
+  auto cuda = CudaBackend::create(CudaBackend::optionsFromEnv());
+  if (!cuda)
+    return cuda.status();
+  return std::unique_ptr<Backend>(cuda.take());
+}
+
+/// "device memory: planned X, peak Y" for the cuda backend.
+void printDeviceMemory(Session &s) {
+  auto *cuda = dynamic_cast<CudaBackend *>(&s.backend());
+  if (!cuda)
+    return;
+  CudaMemoryStats m = cuda->memoryStats(s.rank());
+  std::printf("device memory: planned %s, peak %s (arena %s + kernel "
+              "workspace %s + cuBLASLt workspace %s; cudaMemGetInfo delta "
+              "%s) on %s\n",
+              formatBytes(s.memory().plannedBytes).c_str(),
+              formatBytes(m.trackedPeakBytes).c_str(),
+              formatBytes(m.arenaBytes).c_str(),
+              formatBytes(m.workspaceBytes).c_str(),
+              formatBytes(m.gemmWorkspaceBytes).c_str(),
+              formatBytes(m.memGetInfoPeakBytes).c_str(),
+              cuda->deviceDescription(s.rank()).c_str());
+}
 
 /// Thrown only inside this file: parse errors carry their exit code.
 struct Exit {
@@ -248,7 +279,7 @@ Options parseArgs(int argc, char **argv) {
           usageError("--save-params needs a directory");
         opts.saveParamsDir = value;
       } else if (name == "--backend") {
-        bool ok = false;
+        bool ok = value == "cuda";
         std::string list;
         for (const std::string &b : availableBackends()) {
           ok |= b == value;
@@ -256,7 +287,7 @@ Options parseArgs(int argc, char **argv) {
         }
         if (!ok)
           usageError("unknown backend '" + value + "' (available: " + list +
-                     ")");
+                     "), or cuda on a machine with an NVIDIA GPU");
         opts.backend = value;
       }
       continue;
@@ -503,6 +534,7 @@ int runTraining(const Options &opts, Session &s, const std::string &header) {
                 formatBytes(m.persistentBytes).c_str(),
                 formatBytes(m.scratchBytes).c_str(),
                 formatBytes(m.peakAllocatedBytes).c_str());
+    printDeviceMemory(s);
   }
   if (opts.profile)
     printProfile(s);
@@ -544,7 +576,7 @@ int runMain(int argc, char **argv) {
   BackendOptions bopts;
   bopts.threads = opts.threads;
   Expected<std::unique_ptr<Backend>> backend =
-      createBackend(opts.backend, bopts);
+      createNamedBackend(opts.backend, bopts);
   if (!backend)
     error(backend.status().message());
   SessionOptions sopts;
@@ -611,6 +643,7 @@ int runMain(int argc, char **argv) {
                 formatBytes(m.persistentBytes).c_str(),
                 formatBytes(m.scratchBytes).c_str(),
                 formatBytes(m.peakAllocatedBytes).c_str());
+    printDeviceMemory(s);
     std::printf("time: %.3f ms (%s backend)\n", s.lastRunSeconds() * 1e3,
                 s.backend().name().c_str());
     if (!opts.outputDir.empty())

@@ -1,0 +1,204 @@
+//===- CudaKernels.h - Host entry points of the nvcc-built kernels --------===//
+//
+// The CUDA backend (runtime/exec/CudaBackend.cpp) calls these launchers; they
+// are defined in runtime/cuda/kernels/*.cu, built only when CMake finds nvcc
+// (DLOPT_ENABLE_CUDA, docs/gpu.md), and the backend compiles its calls only
+// when DLOPT_CUDA_KERNELS is defined. This header itself needs no CUDA
+// headers: streams travel as void*, element types as DType.
+//
+// Every launcher validates nothing (the backend checked shapes, attributes
+// and types on the host), enqueues its kernels on `stream`, and returns the
+// cudaError_t of cudaGetLastError() right after the launches (0 = launched;
+// an asynchronous fault shows up at the next synchronize).
+//
+// Data-dependent errors (an id or label out of range, an integer division
+// by zero) cannot be checked on the host without a copy, so kernels record
+// the first one in a DeviceError word that the backend reads when it
+// synchronizes, and report it with the op and its location.
+//
+// Status: compiled here (CUDA 13, sm_80 and sm_90), never run on a GPU.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "runtime/support/DType.h"
+
+#include <cstdint>
+
+namespace dlopt::rt::cuda {
+struct CudaLibrary;
+}
+
+namespace dlopt::rt::cuda::kernels {
+
+using Stream = void *; ///< a cudaStream_t
+
+/// Most dims a strided view may keep after size-1 dims are dropped and
+/// mergeable neighbours merged.
+inline constexpr int kMaxDims = 8;
+/// Most operands a strided elementwise kernel reads (select reads 3).
+inline constexpr int kMaxOperands = 3;
+
+/// The index space of an elementwise kernel: `rank` dims of `size`, and per
+/// operand (0..kMaxOperands) element strides over those dims. The output is
+/// contiguous (row-major over `size`) unless a kernel says otherwise.
+struct StridedIndex {
+  int rank = 0;
+  int64_t size[kMaxDims] = {};
+  int64_t stride[kMaxOperands][kMaxDims] = {};
+  /// Operand k is contiguous over the whole index space (offset = index).
+  bool contiguous[kMaxOperands] = {};
+};
+
+/// First data-dependent error of a run, written by kernels on the device.
+struct DeviceError {
+  int code = 0;     ///< ErrorCode; 0 = none
+  int tag = 0;      ///< the backend's tag of the instruction that failed
+  long long a = 0;  ///< bad value (id, label)
+  long long b = 0;  ///< its position
+  long long c = 0;  ///< the bound (V, C)
+};
+enum ErrorCode : int {
+  kErrNone = 0,
+  kErrIdOutOfRange = 1,    ///< gather / scatter_add: a = id, b = pos, c = V
+  kErrLabelOutOfRange = 2, ///< cross_entropy(_grad): a = label, b = row, c = C
+  kErrIntDivByZero = 3,    ///< div: b = flat index of the zero in operand #1
+};
+
+/// True when this build has the kernels (always true where this header's
+/// definitions are linked in).
+bool built();
+/// "CUDA 13.0, sm_80 sm_90" style description of what nvcc built.
+const char *buildDescription();
+
+/// The CUDA symbol table the backend must use with these kernels: the
+/// cuBLAS(Lt) entries of loadCudaCore() and the CUDA runtime entries of the
+/// runtime linked into the kernels (cudart_static), so kernels, memory and
+/// streams share one CUDA runtime. Error: the libraries cannot be loaded.
+/// Declared with an out-parameter to keep Status out of this header.
+const CudaLibrary *runtimeTable(const char **error);
+
+//===--- Elementwise ----------------------------------------------------===//
+
+enum class UnaryOp : int {
+  Neg, Abs, Relu, Exp, Log, Sqrt, Rsqrt, Tanh, Sin, Cos, Sigmoid, Silu,
+  GeluErf, GeluTanh
+};
+enum class BinaryOp : int {
+  Add, Sub, Mul, Div, Max, Min, Pow,
+  /// gelu_grad(x = a, dy = b) for the erf and the tanh form (same shapes).
+  GeluErfGrad, GeluTanhGrad
+};
+enum class ComparePred : int { Eq, Ne, Lt, Le, Gt, Ge };
+
+/// y = op(x) over n contiguous elements (float types; Neg/Abs/Relu also int).
+int unary(Stream s, UnaryOp op, DType t, const void *x, void *y, int64_t n);
+/// y = cast(x) with the conversions of docs/ops.md.
+int cast(Stream s, DType from, DType to, const void *x, void *y, int64_t n);
+/// out = a op b over `idx` (operands 0 = a, 1 = b). Integer Div records
+/// kErrIntDivByZero (with `tag`) and writes 0 for that element.
+int binary(Stream s, BinaryOp op, DType t, const StridedIndex &idx,
+           const void *a, const void *b, void *out, int64_t n,
+           DeviceError *err, int tag);
+/// out (i1) = a pred b over `idx`.
+int compare(Stream s, ComparePred p, DType t, const StridedIndex &idx,
+            const void *a, const void *b, void *out, int64_t n);
+/// out = c ? a : b over `idx` (operands 0 = c, 1 = a, 2 = b), by element size.
+int select(Stream s, int elemBytes, const StridedIndex &idx, const void *c,
+           const void *a, const void *b, void *out, int64_t n);
+/// dst[offset0(i)] = src[offset1(i)] for i over `idx` (operand 0 = dst
+/// strides, 1 = src strides): transpose, broadcast_to, slice, slice_grad and
+/// concat are all this copy.
+int stridedCopy(Stream s, int elemBytes, const StridedIndex &idx,
+                const void *src, void *dst, int64_t n);
+/// y[i] = (i / inner) % size (int or float element type).
+int iota(Stream s, DType t, void *y, int64_t n, int64_t size, int64_t inner);
+/// The counter-based dropout of docs/ops.md. `offset` is null or a rank-0
+/// device tensor of `offsetType` (i32/i64) read on the device, so the seed
+/// follows the step counter without a copy.
+int dropout(Stream s, DType t, const void *x, void *y, int64_t n,
+            uint64_t seed, const void *offset, DType offsetType, double rate,
+            float scale);
+
+//===--- Gather, scatter, reductions, normalization, losses ----------------===//
+
+/// out[i, :] = table[ids[i], :] (rowBytes bytes per row), V rows.
+int gather(Stream s, const void *table, const void *ids, DType idType,
+           int64_t n, int64_t v, int64_t rowBytes, void *out,
+           DeviceError *err, int tag);
+/// out = zeros; out[ids[i], :] += updates[i, :] (f32 accumulation in the
+/// row-major order of ids). `ws`: scatterAddWorkspaceBytes() (f16/bf16).
+int scatterAdd(Stream s, DType t, const void *ids, DType idType,
+               const void *updates, void *out, int64_t n, int64_t v,
+               int64_t rest, float *ws, DeviceError *err, int tag);
+int64_t scatterAddWorkspaceBytes(DType t, int64_t v, int64_t rest);
+
+enum class ReduceKind : int { Sum, Mean, Max };
+/// A reduction seen as kept dims (outer, row-major order of the output) and
+/// reduced dims, with input strides (size-1 dims dropped, runs merged).
+struct ReducePlan {
+  int keptRank = 0, redRank = 0;
+  int64_t keptSize[kMaxDims] = {}, keptStride[kMaxDims] = {};
+  int64_t redSize[kMaxDims] = {}, redStride[kMaxDims] = {};
+  int64_t numOut = 1, numRed = 1;
+};
+int reduce(Stream s, ReduceKind k, DType t, const ReducePlan &p,
+           const void *x, void *y);
+
+/// softmax / log_softmax of x viewed as [outer, n, inner] along n.
+int softmax(Stream s, bool log, DType t, const void *x, void *y,
+            int64_t outer, int64_t n, int64_t inner);
+int softmaxGrad(Stream s, bool log, DType t, const void *y, const void *dy,
+                void *dx, int64_t outer, int64_t n, int64_t inner);
+
+/// layer_norm (rms = false) or rms_norm over rows of n; w/b may be null.
+int norm(Stream s, bool rms, DType t, const void *x, const void *w,
+         const void *b, void *y, int64_t rows, int64_t n, double eps);
+/// Gradients of norm: dx, dw (and db for layer_norm; null for rms_norm).
+/// `ws`: normGradWorkspaceBytes().
+int normGrad(Stream s, bool rms, DType t, const void *x, const void *dy,
+             const void *w, void *dx, void *dw, void *db, int64_t rows,
+             int64_t n, double eps, float *ws);
+int64_t normGradWorkspaceBytes(int64_t rows, int64_t n);
+
+/// Scalar mean cross entropy of logits [n, c] and int labels [n].
+/// `ws`: lossWorkspaceBytes(n).
+int crossEntropy(Stream s, DType t, const void *logits, const void *labels,
+                 DType labelType, void *loss, int64_t n, int64_t c,
+                 int64_t ignoreIndex, float *ws, DeviceError *err, int tag);
+/// dlogits = (softmax - onehot) * dloss / count. `ws`: lossWorkspaceBytes(n).
+int crossEntropyGrad(Stream s, DType t, const void *logits,
+                     const void *labels, DType labelType, const void *dloss,
+                     void *dlogits, int64_t n, int64_t c, int64_t ignoreIndex,
+                     float *ws, DeviceError *err, int tag);
+/// Scalar mean((a-b)^2) over n elements. `ws`: lossWorkspaceBytes(...).
+int mse(Stream s, DType t, const void *a, const void *b, void *out,
+        int64_t n, float *ws);
+int64_t lossWorkspaceBytes(int64_t rows);
+
+//===--- Attention and rope -------------------------------------------------===//
+
+struct AttentionDims {
+  int64_t b = 0, h = 0, g = 0, s = 0, t = 0, d = 0, e = 0;
+  float scale = 1.0f;
+  bool causal = false;
+};
+/// Most head dim (D and E) the attention kernels take.
+inline constexpr int64_t kMaxHeadDim = 256;
+/// out = softmax(scale q k^T + mask) v: tiled over keys with an online
+/// softmax (flash-attention style, f32 math on CUDA cores).
+int attention(Stream s, DType t, const AttentionDims &dims, const void *q,
+              const void *k, const void *v, void *out);
+/// dq, dk, dv of attention (recomputes the forward pass; no atomics, dk/dv
+/// sum over the query heads of each kv head in a fixed order).
+/// `ws`: attentionGradWorkspaceBytes().
+int attentionGrad(Stream s, DType t, const AttentionDims &dims,
+                  const void *q, const void *k, const void *v,
+                  const void *dout, void *dq, void *dk, void *dv, float *ws);
+int64_t attentionGradWorkspaceBytes(const AttentionDims &dims);
+
+/// rope over rows of d (positions along the dim of size `seq`).
+int rope(Stream s, DType t, const void *x, void *y, int64_t rows,
+         int64_t seq, int64_t d, double theta, bool inverse);
+
+} // namespace dlopt::rt::cuda::kernels

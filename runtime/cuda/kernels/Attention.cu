@@ -1,0 +1,458 @@
+//===- Attention.cu - Tiled attention (online softmax) and rope -----------===//
+//
+// Forward: a block takes 16 query rows of one (batch, head), 8 threads per
+// row, and walks the keys in tiles of 32 held in shared memory, keeping the
+// running max m, the running sum l and the output accumulator in registers
+// (flash-attention's online softmax), so the [S, T] score matrix never
+// exists. Causal blocks stop at the last key their last row may see.
+//
+// Backward recomputes instead of storing: (1) the forward kernel in "stats"
+// mode writes each row's log-sum-exp and D_i = dout_i . out_i; (2) a dq
+// kernel walks key tiles per block of query rows; (3) a dk/dv kernel owns 16
+// keys of one (batch, kv head) and walks every query of the heads sharing
+// that kv head. Each output element is summed by one thread in a fixed
+// order: no atomics, deterministic.
+//
+// The math runs in f32 on CUDA cores (no tensor cores yet): correct and
+// memory-frugal, not yet fast. Head dims up to kMaxHeadDim (256).
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cuda/kernels/Common.cuh"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <type_traits>
+
+namespace dlopt::rt::cuda::kernels {
+namespace {
+
+constexpr int BQ = 16;       ///< query rows per block (forward, dq)
+constexpr int BK = 32;       ///< keys per tile (forward, dq)
+constexpr int KR = 16;       ///< key rows per block (dk/dv)
+constexpr int QT = 32;       ///< queries per tile (dk/dv)
+constexpr int kAttnThreads = 128; ///< 8 threads per row
+
+__device__ __forceinline__ float groupMax8(float v) {
+#pragma unroll
+  for (int o = 4; o > 0; o /= 2)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o, 8));
+  return v;
+}
+__device__ __forceinline__ float groupSum8(float v) {
+#pragma unroll
+  for (int o = 4; o > 0; o /= 2)
+    v += __shfl_xor_sync(0xffffffffu, v, o, 8);
+  return v;
+}
+
+/// Number of keys query i may attend to.
+__device__ __forceinline__ int64_t keyLimit(const AttentionDims &a, int64_t i) {
+  if (!a.causal)
+    return a.t;
+  int64_t l = i + (a.t - a.s) + 1;
+  return l < 0 ? 0 : (l > a.t ? a.t : l);
+}
+
+template <typename T>
+__device__ __forceinline__ void loadTile(float *dst, int stride, const T *src,
+                                         int64_t row0, int64_t rows,
+                                         int64_t limit, int cols) {
+  for (int idx = threadIdx.x; idx < rows * cols; idx += blockDim.x) {
+    int rr = idx / cols, c = idx % cols;
+    int64_t row = row0 + rr;
+    dst[rr * stride + c] = row < limit ? toF(src[row * cols + c]) : 0.0f;
+  }
+}
+
+__device__ __forceinline__ float dot(const float *a, const float *b, int n) {
+  float s = 0.0f;
+  for (int c = 0; c < n; ++c)
+    s += a[c] * b[c];
+  return s;
+}
+
+/// Forward; with `lse` set ("stats" mode) it writes, instead of the output,
+/// each row's log-sum-exp and D_i = dout_i . out_i for the backward pass.
+template <typename T, int CPT>
+__global__ void __launch_bounds__(kAttnThreads)
+    attnFwdKernel(AttentionDims a, const T *q, const T *k, const T *v, T *out,
+                  float *lse, const T *dout, float *dvec) {
+  extern __shared__ float smem[];
+  const int D = int(a.d), E = int(a.e), DP = D + 1;
+  float *qs = smem;           // BQ x DP
+  float *ks = qs + BQ * DP;   // BK x DP
+  float *vs = ks + BK * DP;   // BK x E
+  float *ps = vs + BK * E;    // BQ x BK
+  int r = threadIdx.x / 8, lane = threadIdx.x % 8;
+  int64_t bh = blockIdx.x, b = bh / a.h, h = bh % a.h;
+  int64_t kvh = b * a.g + h / (a.h / a.g);
+  int64_t q0 = int64_t(blockIdx.y) * BQ, qi = q0 + r;
+  bool valid = qi < a.s;
+  const T *kb = k + kvh * a.t * D;
+  const T *vb = v + kvh * a.t * E;
+  loadTile(qs, DP, q + bh * a.s * D, q0, BQ, a.s, D);
+  int64_t myLimit = valid ? keyLimit(a, qi) : 0;
+  int64_t last = (q0 + BQ < a.s ? q0 + BQ : a.s) - 1;
+  int64_t blockLimit = keyLimit(a, last);
+  float m = -INFINITY, l = 0.0f, acc[CPT];
+#pragma unroll
+  for (int i = 0; i < CPT; ++i)
+    acc[i] = 0.0f;
+  for (int64_t k0 = 0; k0 < blockLimit; k0 += BK) {
+    __syncthreads();
+    loadTile(ks, DP, kb, k0, BK, a.t, D);
+    loadTile(vs, E, vb, k0, BK, a.t, E);
+    __syncthreads();
+    float sc[BK / 8], tmax = -INFINITY;
+#pragma unroll
+    for (int t = 0; t < BK / 8; ++t) {
+      int jj = lane + 8 * t;
+      float s = -INFINITY;
+      if (valid && k0 + jj < myLimit)
+        s = dot(qs + r * DP, ks + jj * DP, D) * a.scale;
+      sc[t] = s;
+      tmax = fmaxf(tmax, s);
+    }
+    tmax = groupMax8(tmax);
+    float mNew = fmaxf(m, tmax), psum = 0.0f, corr = 1.0f;
+    if (mNew != -INFINITY) {
+      corr = expf(m - mNew);
+#pragma unroll
+      for (int t = 0; t < BK / 8; ++t) {
+        sc[t] = expf(sc[t] - mNew);
+        psum += sc[t];
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < BK / 8; ++t)
+        sc[t] = 0.0f;
+    }
+#pragma unroll
+    for (int t = 0; t < BK / 8; ++t)
+      ps[r * BK + lane + 8 * t] = sc[t];
+    psum = groupSum8(psum);
+    l = l * corr + psum;
+    m = mNew;
+#pragma unroll
+    for (int i = 0; i < CPT; ++i)
+      acc[i] *= corr;
+    __syncwarp();
+    for (int jj = 0; jj < BK; ++jj) {
+      float p = ps[r * BK + jj];
+#pragma unroll
+      for (int i = 0; i < CPT; ++i) {
+        int c = lane + 8 * i;
+        if (c < E)
+          acc[i] += p * vs[jj * E + c];
+      }
+    }
+  }
+  float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  int64_t row = bh * a.s + qi;
+  if (!lse) {
+    if (valid)
+#pragma unroll
+      for (int i = 0; i < CPT; ++i) {
+        int c = lane + 8 * i;
+        if (c < E)
+          out[row * E + c] = fromF<T>(acc[i] * inv);
+      }
+    return;
+  }
+  float dsum = 0.0f;
+  if (valid)
+#pragma unroll
+    for (int i = 0; i < CPT; ++i) {
+      int c = lane + 8 * i;
+      if (c < E)
+        dsum += toF(dout[row * E + c]) * (acc[i] * inv);
+    }
+  dsum = groupSum8(dsum); // every lane of the warp takes part
+  if (valid && lane == 0) {
+    lse[row] = l > 0.0f ? m + logf(l) : 0.0f;
+    dvec[row] = dsum;
+  }
+}
+
+/// dq = scale * sum_j P_ij (dP_ij - D_i) k_j over the key tiles.
+template <typename T, int CPT>
+__global__ void __launch_bounds__(kAttnThreads)
+    attnDqKernel(AttentionDims a, const T *q, const T *k, const T *v,
+                 const T *dout, const float *lse, const float *dvec, T *dq) {
+  extern __shared__ float smem[];
+  const int D = int(a.d), E = int(a.e), DP = D + 1, EP = E + 1;
+  float *qs = smem;            // BQ x DP
+  float *dos = qs + BQ * DP;   // BQ x EP
+  float *ks = dos + BQ * EP;   // BK x DP
+  float *vs = ks + BK * DP;    // BK x EP
+  float *ps = vs + BK * EP;    // BQ x BK
+  int r = threadIdx.x / 8, lane = threadIdx.x % 8;
+  int64_t bh = blockIdx.x, b = bh / a.h, h = bh % a.h;
+  int64_t kvh = b * a.g + h / (a.h / a.g);
+  int64_t q0 = int64_t(blockIdx.y) * BQ, qi = q0 + r;
+  bool valid = qi < a.s;
+  int64_t row = bh * a.s + qi;
+  loadTile(qs, DP, q + bh * a.s * D, q0, BQ, a.s, D);
+  loadTile(dos, EP, dout + bh * a.s * E, q0, BQ, a.s, E);
+  float rowLse = valid ? lse[row] : 0.0f, rowD = valid ? dvec[row] : 0.0f;
+  int64_t myLimit = valid ? keyLimit(a, qi) : 0;
+  int64_t last = (q0 + BQ < a.s ? q0 + BQ : a.s) - 1;
+  int64_t blockLimit = keyLimit(a, last);
+  const T *kb = k + kvh * a.t * D;
+  const T *vb = v + kvh * a.t * E;
+  float acc[CPT];
+#pragma unroll
+  for (int i = 0; i < CPT; ++i)
+    acc[i] = 0.0f;
+  for (int64_t k0 = 0; k0 < blockLimit; k0 += BK) {
+    __syncthreads();
+    loadTile(ks, DP, kb, k0, BK, a.t, D);
+    loadTile(vs, EP, vb, k0, BK, a.t, E);
+    __syncthreads();
+#pragma unroll
+    for (int t = 0; t < BK / 8; ++t) {
+      int jj = lane + 8 * t;
+      float ds = 0.0f;
+      if (valid && k0 + jj < myLimit) {
+        float p = expf(dot(qs + r * DP, ks + jj * DP, D) * a.scale - rowLse);
+        float dp = dot(dos + r * EP, vs + jj * EP, E);
+        ds = p * (dp - rowD);
+      }
+      ps[r * BK + jj] = ds;
+    }
+    __syncwarp();
+    for (int jj = 0; jj < BK; ++jj) {
+      float ds = ps[r * BK + jj];
+#pragma unroll
+      for (int i = 0; i < CPT; ++i) {
+        int c = lane + 8 * i;
+        if (c < D)
+          acc[i] += ds * ks[jj * DP + c];
+      }
+    }
+  }
+  if (valid)
+#pragma unroll
+    for (int i = 0; i < CPT; ++i) {
+      int c = lane + 8 * i;
+      if (c < D)
+        dq[row * D + c] = fromF<T>(acc[i] * a.scale);
+    }
+}
+
+/// dk, dv of 16 keys of one (batch, kv head), summed over every query of
+/// every query head that shares the kv head.
+template <typename T, int CPT>
+__global__ void __launch_bounds__(kAttnThreads)
+    attnDkDvKernel(AttentionDims a, const T *q, const T *k, const T *v,
+                   const T *dout, const float *lse, const float *dvec, T *dk,
+                   T *dv) {
+  extern __shared__ float smem[];
+  const int D = int(a.d), E = int(a.e), DP = D + 1, EP = E + 1;
+  float *ks = smem;            // KR x DP
+  float *vs = ks + KR * DP;    // KR x EP
+  float *qs = vs + KR * EP;    // QT x DP
+  float *dos = qs + QT * DP;   // QT x EP
+  float *ls = dos + QT * EP;   // QT
+  float *dsv = ls + QT;        // QT
+  float *pS = dsv + QT;        // KR x QT
+  float *dS = pS + KR * QT;    // KR x QT
+  int kr = threadIdx.x / 8, lane = threadIdx.x % 8;
+  int64_t kvh = blockIdx.x, b = kvh / a.g, gi = kvh % a.g;
+  int64_t k0 = int64_t(blockIdx.y) * KR, j = k0 + kr;
+  bool validK = j < a.t;
+  int64_t shift = a.t - a.s;
+  loadTile(ks, DP, k + kvh * a.t * D, k0, KR, a.t, D);
+  loadTile(vs, EP, v + kvh * a.t * E, k0, KR, a.t, E);
+  float accK[CPT], accV[CPT];
+#pragma unroll
+  for (int i = 0; i < CPT; ++i)
+    accK[i] = accV[i] = 0.0f;
+  int64_t hpg = a.h / a.g;
+  // The first query that may see key k0 (causal: i + shift >= k0).
+  int64_t iStart = a.causal ? (k0 - shift > 0 ? k0 - shift : 0) : 0;
+  for (int64_t hh = 0; hh < hpg; ++hh) {
+    int64_t bh = b * a.h + gi * hpg + hh;
+    for (int64_t i0 = iStart; i0 < a.s; i0 += QT) {
+      __syncthreads();
+      loadTile(qs, DP, q + bh * a.s * D, i0, QT, a.s, D);
+      loadTile(dos, EP, dout + bh * a.s * E, i0, QT, a.s, E);
+      for (int t = threadIdx.x; t < QT; t += blockDim.x) {
+        int64_t i = i0 + t;
+        ls[t] = i < a.s ? lse[bh * a.s + i] : 0.0f;
+        dsv[t] = i < a.s ? dvec[bh * a.s + i] : 0.0f;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int t = 0; t < QT / 8; ++t) {
+        int qq = lane + 8 * t;
+        int64_t i = i0 + qq;
+        float p = 0.0f, ds = 0.0f;
+        if (validK && i < a.s && (!a.causal || j <= i + shift)) {
+          p = expf(dot(qs + qq * DP, ks + kr * DP, D) * a.scale - ls[qq]);
+          float dp = dot(dos + qq * EP, vs + kr * EP, E);
+          ds = p * (dp - dsv[qq]);
+        }
+        pS[kr * QT + qq] = p;
+        dS[kr * QT + qq] = ds;
+      }
+      __syncwarp();
+      for (int qq = 0; qq < QT; ++qq) {
+        float p = pS[kr * QT + qq], ds = dS[kr * QT + qq];
+#pragma unroll
+        for (int i = 0; i < CPT; ++i) {
+          int c = lane + 8 * i;
+          if (c < E)
+            accV[i] += p * dos[qq * EP + c];
+          if (c < D)
+            accK[i] += ds * qs[qq * DP + c];
+        }
+      }
+    }
+  }
+  if (validK)
+#pragma unroll
+    for (int i = 0; i < CPT; ++i) {
+      int c = lane + 8 * i;
+      if (c < D)
+        dk[(kvh * a.t + j) * D + c] = fromF<T>(accK[i] * a.scale);
+      if (c < E)
+        dv[(kvh * a.t + j) * E + c] = fromF<T>(accV[i]);
+    }
+}
+
+template <typename T>
+__global__ void ropeKernel(const T *x, T *y, int64_t rows, int64_t seq,
+                           int64_t d, double theta, bool inverse) {
+  int64_t half = d / 2;
+  DLOPT_GRID_STRIDE(idx, rows * half) {
+    int64_t r = idx / half, i = idx % half, p = r % seq;
+    double ang = double(p) * pow(theta, -2.0 * double(i) / double(d));
+    float c = float(cos(ang)), s = float(inverse ? -sin(ang) : sin(ang));
+    float x0 = toF(x[r * d + i]), x1 = toF(x[r * d + i + half]);
+    y[r * d + i] = fromF<T>(x0 * c - x1 * s);
+    y[r * d + i + half] = fromF<T>(x1 * c + x0 * s);
+  }
+}
+
+/// Columns per thread for head dims up to `dim`.
+template <typename Fn> int dispatchCpt(int64_t dim, Fn &&fn) {
+  if (dim <= 64)
+    return fn(std::integral_constant<int, 8>{});
+  if (dim <= 128)
+    return fn(std::integral_constant<int, 16>{});
+  if (dim <= kMaxHeadDim)
+    return fn(std::integral_constant<int, 32>{});
+  return int(cudaErrorInvalidValue);
+}
+
+/// Launches with `smem` bytes of dynamic shared memory, raising the
+/// kernel's limit first when it is above the default 48 KiB.
+template <typename K, typename... Args>
+int launch(K kernel, dim3 grid, size_t smem, cudaStream_t st, Args... args) {
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (e != cudaSuccess)
+      return int(e);
+  }
+  kernel<<<grid, kAttnThreads, smem, st>>>(args...);
+  return lastError();
+}
+
+size_t fwdSmem(const AttentionDims &a) {
+  return sizeof(float) *
+         size_t(BQ * (a.d + 1) + BK * (a.d + 1) + BK * a.e + BQ * BK);
+}
+size_t dqSmem(const AttentionDims &a) {
+  return sizeof(float) * size_t((BQ + BK) * (a.d + 1) + (BQ + BK) * (a.e + 1) +
+                                BQ * BK);
+}
+size_t dkdvSmem(const AttentionDims &a) {
+  return sizeof(float) * size_t((KR + QT) * (a.d + 1) + (KR + QT) * (a.e + 1) +
+                                2 * QT + 2 * KR * QT);
+}
+
+} // namespace
+
+int attention(Stream s, DType t, const AttentionDims &a, const void *q,
+              const void *k, const void *v, void *out) {
+  if (a.b * a.h * a.s * a.e == 0)
+    return 0;
+  auto st = static_cast<cudaStream_t>(s);
+  dim3 grid{unsigned(a.b * a.h), unsigned((a.s + BQ - 1) / BQ)};
+  return dispatchFloat(t, [&](auto tt) {
+    using T = decltype(tt);
+    return dispatchCpt(std::max(a.d, a.e), [&](auto cpt) {
+      constexpr int CPT = decltype(cpt)::value;
+      return launch(attnFwdKernel<T, CPT>, grid, fwdSmem(a), st, a,
+                    static_cast<const T *>(q), static_cast<const T *>(k),
+                    static_cast<const T *>(v), static_cast<T *>(out),
+                    static_cast<float *>(nullptr),
+                    static_cast<const T *>(nullptr),
+                    static_cast<float *>(nullptr));
+    });
+  });
+}
+
+int64_t attentionGradWorkspaceBytes(const AttentionDims &a) {
+  return 2 * a.b * a.h * a.s * int64_t(sizeof(float));
+}
+
+int attentionGrad(Stream s, DType t, const AttentionDims &a, const void *q,
+                  const void *k, const void *v, const void *dout, void *dq,
+                  void *dk, void *dv, float *ws) {
+  auto st = static_cast<cudaStream_t>(s);
+  float *lse = ws, *dvec = ws + a.b * a.h * a.s;
+  return dispatchFloat(t, [&](auto tt) {
+    using T = decltype(tt);
+    // Without queries every key gets a zero gradient (and dq is empty).
+    if (a.b * a.h * a.s == 0) {
+      cudaError_t e = cudaMemsetAsync(
+          dk, 0, size_t(a.b * a.g * a.t * a.d) * sizeof(T), st);
+      if (e == cudaSuccess)
+        e = cudaMemsetAsync(dv, 0, size_t(a.b * a.g * a.t * a.e) * sizeof(T),
+                            st);
+      return int(e);
+    }
+    return dispatchCpt(std::max(a.d, a.e), [&](auto cpt) {
+      constexpr int CPT = decltype(cpt)::value;
+      const T *tq = static_cast<const T *>(q), *tk = static_cast<const T *>(k),
+              *tv = static_cast<const T *>(v),
+              *tdo = static_cast<const T *>(dout);
+      dim3 qgrid{unsigned(a.b * a.h), unsigned((a.s + BQ - 1) / BQ)};
+      int rc = launch(attnFwdKernel<T, CPT>, qgrid, fwdSmem(a), st, a, tq, tk,
+                      tv, static_cast<T *>(nullptr), lse, tdo, dvec);
+      if (rc)
+        return rc;
+      rc = launch(attnDqKernel<T, CPT>, qgrid, dqSmem(a), st, a, tq, tk, tv,
+                  tdo, static_cast<const float *>(lse),
+                  static_cast<const float *>(dvec), static_cast<T *>(dq));
+      if (rc || a.t == 0)
+        return rc;
+      dim3 kgrid{unsigned(a.b * a.g), unsigned((a.t + KR - 1) / KR)};
+      return launch(attnDkDvKernel<T, CPT>, kgrid, dkdvSmem(a), st, a, tq, tk,
+                    tv, tdo, static_cast<const float *>(lse),
+                    static_cast<const float *>(dvec), static_cast<T *>(dk),
+                    static_cast<T *>(dv));
+    });
+  });
+}
+
+int rope(Stream s, DType t, const void *x, void *y, int64_t rows, int64_t seq,
+         int64_t d, double theta, bool inverse) {
+  if (rows == 0 || d == 0)
+    return 0;
+  auto st = static_cast<cudaStream_t>(s);
+  return dispatchFloat(t, [&](auto tt) {
+    using T = decltype(tt);
+    ropeKernel<T><<<gridFor(rows * (d / 2)), kThreads, 0, st>>>(
+        static_cast<const T *>(x), static_cast<T *>(y), rows, seq, d, theta,
+        inverse);
+    return lastError();
+  });
+}
+
+} // namespace dlopt::rt::cuda::kernels

@@ -1,0 +1,379 @@
+//===- Elementwise.cu - unary, cast, binary, compare, select, copies ------===//
+//
+// One generic strided kernel per family: the op is a run-time switch (the
+// branch is uniform across a launch, so it costs nothing next to the memory
+// traffic) and the element type a template parameter. Operands flagged
+// contiguous skip the index arithmetic. Semantics follow runtime/cpu
+// (Elementwise.cpp, NN.cpp dropout, Grad.cpp gelu_grad) operation for
+// operation, so f32 results agree to rounding and data movement is exact.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cuda/kernels/Common.cuh"
+
+#include <cuda_runtime_api.h>
+
+#include <type_traits>
+
+namespace dlopt::rt::cuda::kernels {
+namespace {
+
+//===--- Unary ----------------------------------------------------------===//
+
+__device__ __forceinline__ float unaryF(UnaryOp op, float x) {
+  switch (op) {
+  case UnaryOp::Neg: return -x;
+  case UnaryOp::Abs: return fabsf(x);
+  case UnaryOp::Relu: return x < 0.0f ? 0.0f : x; // NaN stays NaN
+  case UnaryOp::Exp: return expf(x);
+  case UnaryOp::Log: return logf(x);
+  case UnaryOp::Sqrt: return sqrtf(x);
+  case UnaryOp::Rsqrt: return 1.0f / sqrtf(x);
+  case UnaryOp::Tanh: return tanhf(x);
+  case UnaryOp::Sin: return sinf(x);
+  case UnaryOp::Cos: return cosf(x);
+  case UnaryOp::Sigmoid: return 1.0f / (1.0f + expf(-x));
+  case UnaryOp::Silu: return x / (1.0f + expf(-x));
+  case UnaryOp::GeluErf:
+    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+  case UnaryOp::GeluTanh:
+    return 0.5f * x *
+           (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+  }
+  return x;
+}
+
+template <typename I> __device__ __forceinline__ I unaryI(UnaryOp op, I x) {
+  using U = typename std::make_unsigned<I>::type;
+  switch (op) {
+  case UnaryOp::Neg: return I(U(0) - U(x));
+  case UnaryOp::Abs: return x < 0 ? I(U(0) - U(x)) : x;
+  default: return x < 0 ? I(0) : x; // Relu
+  }
+}
+
+template <typename T>
+__global__ void unaryKernel(UnaryOp op, const T *x, T *y, int64_t n) {
+  DLOPT_GRID_STRIDE(i, n) {
+    if constexpr (IsFloatStorage<T>::value)
+      y[i] = fromF<T>(unaryF(op, toF(x[i])));
+    else
+      y[i] = unaryI(op, x[i]);
+  }
+}
+
+//===--- Cast -------------------------------------------------------------===//
+
+/// Saturating, truncating float -> int (NaN -> 0), as runtime/cpu floatToInt.
+template <typename I> __device__ __forceinline__ I floatToInt(double x) {
+  if (x != x)
+    return 0;
+  const double lo = sizeof(I) == 8 ? -9223372036854775808.0 : -2147483648.0;
+  const double hi = -lo;
+  if (x >= hi)
+    return sizeof(I) == 8 ? I(0x7FFFFFFFFFFFFFFFll) : I(0x7FFFFFFF);
+  if (x <= lo)
+    return sizeof(I) == 8 ? I(-0x7FFFFFFFFFFFFFFFll - 1) : I(-0x7FFFFFFF - 1);
+  return I(x);
+}
+
+template <typename D, typename S> __device__ __forceinline__ D castElem(S x) {
+  constexpr bool sf = IsFloatStorage<S>::value, df = IsFloatStorage<D>::value;
+  constexpr bool sb = std::is_same<S, uint8_t>::value;
+  if constexpr (std::is_same<D, uint8_t>::value) {
+    if constexpr (sf)
+      return toF(x) != 0.0f ? 1 : 0;
+    else
+      return x != 0 ? 1 : 0;
+  } else if constexpr (df) {
+    if constexpr (sf)
+      return fromF<D>(toF(x));
+    else if constexpr (sb)
+      return fromF<D>(x != 0 ? 1.0f : 0.0f);
+    else
+      return fromF<D>(float(x));
+  } else {
+    if constexpr (sf)
+      return floatToInt<D>(double(toF(x)));
+    else if constexpr (sb)
+      return D(x != 0 ? 1 : 0);
+    else
+      return D(x); // int -> int wraps
+  }
+}
+
+template <typename D, typename S>
+__global__ void castKernel(const S *x, D *y, int64_t n) {
+  DLOPT_GRID_STRIDE(i, n) { y[i] = castElem<D>(x[i]); }
+}
+
+//===--- Binary -----------------------------------------------------------===//
+
+__device__ __forceinline__ float geluDeriv(float x, bool tanhForm) {
+  if (tanhForm) {
+    const float c = 0.79788456080286536f, k = 0.044715f;
+    float t = tanhf(c * (x + k * x * x * x));
+    return 0.5f * (1.0f + t) +
+           0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * k * x * x);
+  }
+  return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) +
+         x * 0.39894228040143268f * expf(-0.5f * x * x);
+}
+
+__device__ __forceinline__ float binaryF(BinaryOp op, float a, float b) {
+  switch (op) {
+  case BinaryOp::Add: return a + b;
+  case BinaryOp::Sub: return a - b;
+  case BinaryOp::Mul: return a * b;
+  case BinaryOp::Div: return a / b;
+  case BinaryOp::Max: return a != a ? a : (b != b ? b : (a > b ? a : b));
+  case BinaryOp::Min: return a != a ? a : (b != b ? b : (a < b ? a : b));
+  case BinaryOp::Pow: return powf(a, b);
+  case BinaryOp::GeluErfGrad: return b * geluDeriv(a, false);
+  case BinaryOp::GeluTanhGrad: return b * geluDeriv(a, true);
+  }
+  return a;
+}
+
+template <typename T>
+__global__ void binaryKernel(BinaryOp op, StridedIndex ix, const T *a,
+                             const T *b, T *out, int64_t n, DeviceError *err,
+                             int tag) {
+  bool fast = ix.contiguous[0] && ix.contiguous[1];
+  DLOPT_GRID_STRIDE(i, n) {
+    int64_t off[2] = {i, i};
+    if (!fast)
+      stridedOffsets<2>(ix, i, off);
+    T x = a[off[0]], y = b[off[1]];
+    if constexpr (IsFloatStorage<T>::value) {
+      out[i] = fromF<T>(binaryF(op, toF(x), toF(y)));
+    } else {
+      using U = typename std::make_unsigned<T>::type;
+      T r;
+      switch (op) {
+      case BinaryOp::Add: r = T(U(x) + U(y)); break;
+      case BinaryOp::Sub: r = T(U(x) - U(y)); break;
+      case BinaryOp::Mul: r = T(U(x) * U(y)); break;
+      case BinaryOp::Div:
+        if (y == 0) {
+          raise(err, kErrIntDivByZero, tag, 0, off[1], 0);
+          r = 0;
+        } else {
+          r = y == -1 ? T(U(0) - U(x)) : T(x / y);
+        }
+        break;
+      case BinaryOp::Max: r = x > y ? x : y; break;
+      default: r = x < y ? x : y; break; // Min
+      }
+      out[i] = r;
+    }
+  }
+}
+
+template <typename T>
+__global__ void compareKernel(ComparePred p, StridedIndex ix, const T *a,
+                              const T *b, uint8_t *out, int64_t n) {
+  bool fast = ix.contiguous[0] && ix.contiguous[1];
+  DLOPT_GRID_STRIDE(i, n) {
+    int64_t off[2] = {i, i};
+    if (!fast)
+      stridedOffsets<2>(ix, i, off);
+    uint8_t r;
+    if constexpr (IsFloatStorage<T>::value) {
+      float x = toF(a[off[0]]), y = toF(b[off[1]]);
+      switch (p) {
+      case ComparePred::Eq: r = x == y; break;
+      case ComparePred::Ne: r = x != y; break;
+      case ComparePred::Lt: r = x < y; break;
+      case ComparePred::Le: r = x <= y; break;
+      case ComparePred::Gt: r = x > y; break;
+      default: r = x >= y; break;
+      }
+    } else {
+      T x = a[off[0]], y = b[off[1]];
+      switch (p) {
+      case ComparePred::Eq: r = x == y; break;
+      case ComparePred::Ne: r = x != y; break;
+      case ComparePred::Lt: r = x < y; break;
+      case ComparePred::Le: r = x <= y; break;
+      case ComparePred::Gt: r = x > y; break;
+      default: r = x >= y; break;
+      }
+    }
+    out[i] = r;
+  }
+}
+
+template <typename T>
+__global__ void selectKernel(StridedIndex ix, const uint8_t *c, const T *a,
+                             const T *b, T *out, int64_t n) {
+  bool fast = ix.contiguous[0] && ix.contiguous[1] && ix.contiguous[2];
+  DLOPT_GRID_STRIDE(i, n) {
+    int64_t off[3] = {i, i, i};
+    if (!fast)
+      stridedOffsets<3>(ix, i, off);
+    out[i] = c[off[0]] ? a[off[1]] : b[off[2]];
+  }
+}
+
+template <typename T>
+__global__ void stridedCopyKernel(StridedIndex ix, const T *src, T *dst,
+                                  int64_t n) {
+  DLOPT_GRID_STRIDE(i, n) {
+    int64_t off[2] = {i, i};
+    if (!(ix.contiguous[0] && ix.contiguous[1]))
+      stridedOffsets<2>(ix, i, off);
+    dst[off[0]] = src[off[1]];
+  }
+}
+
+template <typename T>
+__global__ void iotaKernel(T *y, int64_t n, int64_t size, int64_t inner) {
+  DLOPT_GRID_STRIDE(i, n) {
+    int64_t v = (i / inner) % size;
+    if constexpr (IsFloatStorage<T>::value)
+      y[i] = fromF<T>(float(v));
+    else
+      y[i] = T(v);
+  }
+}
+
+//===--- Dropout (docs/ops.md: the counter-based uniform) -----------------===//
+
+__device__ __forceinline__ double dropoutUniform(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z = z ^ (z >> 31);
+  return double(z >> 40) * 0x1p-24;
+}
+
+template <typename T>
+__global__ void dropoutKernel(const T *x, T *y, int64_t n, uint64_t seed,
+                              const void *offset, bool offset64, double rate,
+                              float scale) {
+  int64_t o = offset ? loadId(offset, offset64, 0) : 0;
+  uint64_t s = seed + uint64_t(o) * 0xD1B54A32D192ED03ull;
+  DLOPT_GRID_STRIDE(i, n) {
+    y[i] = dropoutUniform(s, uint64_t(i)) >= rate ? fromF<T>(toF(x[i]) * scale)
+                                                  : fromF<T>(0.0f);
+  }
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Launchers
+//===----------------------------------------------------------------------===//
+
+int unary(Stream s, UnaryOp op, DType t, const void *x, void *y, int64_t n) {
+  if (n == 0)
+    return 0;
+  auto st = static_cast<cudaStream_t>(s);
+  return dispatchNumeric(t, [&](auto tag) {
+    using T = decltype(tag);
+    unaryKernel<T><<<gridFor(n), kThreads, 0, st>>>(
+        op, static_cast<const T *>(x), static_cast<T *>(y), n);
+    return lastError();
+  });
+}
+
+int cast(Stream s, DType from, DType to, const void *x, void *y, int64_t n) {
+  if (n == 0)
+    return 0;
+  auto st = static_cast<cudaStream_t>(s);
+  return dispatchAny(from, [&](auto stag) {
+    using S = decltype(stag);
+    return dispatchAny(to, [&](auto dtag) {
+      using D = decltype(dtag);
+      castKernel<D, S><<<gridFor(n), kThreads, 0, st>>>(
+          static_cast<const S *>(x), static_cast<D *>(y), n);
+      return lastError();
+    });
+  });
+}
+
+int binary(Stream s, BinaryOp op, DType t, const StridedIndex &idx,
+           const void *a, const void *b, void *out, int64_t n,
+           DeviceError *err, int tag) {
+  if (n == 0)
+    return 0;
+  auto st = static_cast<cudaStream_t>(s);
+  return dispatchNumeric(t, [&](auto ttag) {
+    using T = decltype(ttag);
+    binaryKernel<T><<<gridFor(n), kThreads, 0, st>>>(
+        op, idx, static_cast<const T *>(a), static_cast<const T *>(b),
+        static_cast<T *>(out), n, err, tag);
+    return lastError();
+  });
+}
+
+int compare(Stream s, ComparePred p, DType t, const StridedIndex &idx,
+            const void *a, const void *b, void *out, int64_t n) {
+  if (n == 0)
+    return 0;
+  auto st = static_cast<cudaStream_t>(s);
+  return dispatchNumeric(t, [&](auto ttag) {
+    using T = decltype(ttag);
+    compareKernel<T><<<gridFor(n), kThreads, 0, st>>>(
+        p, idx, static_cast<const T *>(a), static_cast<const T *>(b),
+        static_cast<uint8_t *>(out), n);
+    return lastError();
+  });
+}
+
+int select(Stream s, int elemBytes, const StridedIndex &idx, const void *c,
+           const void *a, const void *b, void *out, int64_t n) {
+  if (n == 0)
+    return 0;
+  auto st = static_cast<cudaStream_t>(s);
+  return dispatchBySize(elemBytes, [&](auto ttag) {
+    using T = decltype(ttag);
+    selectKernel<T><<<gridFor(n), kThreads, 0, st>>>(
+        idx, static_cast<const uint8_t *>(c), static_cast<const T *>(a),
+        static_cast<const T *>(b), static_cast<T *>(out), n);
+    return lastError();
+  });
+}
+
+int stridedCopy(Stream s, int elemBytes, const StridedIndex &idx,
+                const void *src, void *dst, int64_t n) {
+  if (n == 0)
+    return 0;
+  auto st = static_cast<cudaStream_t>(s);
+  return dispatchBySize(elemBytes, [&](auto ttag) {
+    using T = decltype(ttag);
+    stridedCopyKernel<T><<<gridFor(n), kThreads, 0, st>>>(
+        idx, static_cast<const T *>(src), static_cast<T *>(dst), n);
+    return lastError();
+  });
+}
+
+int iota(Stream s, DType t, void *y, int64_t n, int64_t size, int64_t inner) {
+  if (n == 0)
+    return 0;
+  auto st = static_cast<cudaStream_t>(s);
+  return dispatchNumeric(t, [&](auto ttag) {
+    using T = decltype(ttag);
+    iotaKernel<T><<<gridFor(n), kThreads, 0, st>>>(static_cast<T *>(y), n,
+                                                   size, inner);
+    return lastError();
+  });
+}
+
+int dropout(Stream s, DType t, const void *x, void *y, int64_t n,
+            uint64_t seed, const void *offset, DType offsetType, double rate,
+            float scale) {
+  if (n == 0)
+    return 0;
+  auto st = static_cast<cudaStream_t>(s);
+  return dispatchFloat(t, [&](auto ttag) {
+    using T = decltype(ttag);
+    dropoutKernel<T><<<gridFor(n), kThreads, 0, st>>>(
+        static_cast<const T *>(x), static_cast<T *>(y), n, seed, offset,
+        offsetType == DType::I64, rate, scale);
+    return lastError();
+  });
+}
+
+} // namespace dlopt::rt::cuda::kernels

@@ -1,0 +1,1581 @@
+//===- CudaBackend.cpp - Runs instructions on NVIDIA GPUs -----------------===//
+//
+// Host side of the cuda backend: per-rank device state (streams, cuBLASLt,
+// workspaces, the device error word), the stream/event bookkeeping of
+// runtime/cuda/StreamSchedule.h, and one handler per op that checks the
+// instruction like the CPU kernel does (runtime/cpu; the same messages) and
+// then launches cuBLASLt or a kernel of runtime/cuda/kernels.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/exec/CudaBackend.h"
+
+#include "runtime/cpu/KernelUtil.h"
+#include "runtime/cuda/CudaGemm.h"
+#include "runtime/cuda/CudaHandles.h"
+#include "runtime/cuda/CudaLibrary.h"
+#include "runtime/cuda/StreamSchedule.h"
+#ifdef DLOPT_CUDA_KERNELS
+#include "runtime/cuda/CudaKernels.h"
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <unordered_map>
+
+namespace dlopt::rt {
+
+using namespace cuda;
+using cpu::checkArity;
+using cpu::checkArityRange;
+using cpu::checkDType;
+using cpu::checkFloat;
+using cpu::checkInt;
+using cpu::checkNumeric;
+using cpu::checkShape;
+using cpu::checkType;
+using cpu::opError;
+using cpu::shapeStr;
+using cpu::typeStr;
+using Ins = std::span<const TensorRef>;
+using Outs = std::span<const TensorRef>;
+
+namespace {
+
+constexpr int64_t kArenaAlignment = 256;
+
+bool envFlag(const char *name) {
+  const char *v = std::getenv(name);
+  return v && (std::strcmp(v, "1") == 0 || std::strcmp(v, "true") == 0);
+}
+
+bool inRange(int64_t offset, int64_t bytes, int64_t size) {
+  return offset >= 0 && bytes >= 0 && offset <= size && bytes <= size - offset;
+}
+
+Status rangeError(const char *what, int64_t offset, int64_t bytes,
+                  int64_t size) {
+  return Status::error(std::string(what) + ": bytes [" +
+                       std::to_string(offset) + ", " +
+                       std::to_string(offset + bytes) +
+                       ") are outside the arena of " + std::to_string(size) +
+                       " bytes");
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Per-rank state
+//===----------------------------------------------------------------------===//
+
+struct CudaBackend::Rank {
+  CudaBackend *owner = nullptr;
+  const CudaLibrary *lib = nullptr;
+  int rank = 0, device = 0;
+  Stream streams[kNumStreams];
+  CublasLtHandle lt;
+  DeviceBuffer gemmWorkspace;
+  std::unique_ptr<GemmRunner> gemm;
+  DeviceBuffer workspace;
+  DeviceBuffer errorWord;
+  // Arena bounds, for the scheduler's byte ranges.
+  const char *arenaBase = nullptr;
+  int64_t arenaBytes = 0;
+  // Stream bookkeeping since the last synchronize.
+  StreamScheduler sched;
+  std::vector<StreamKind> nodeStream;
+  int32_t lastNode[kNumStreams] = {-1, -1};
+  struct Recorded {
+    int event = -1;
+    int32_t covers = -1; ///< last node of the stream the event follows
+  } recorded[kNumStreams];
+  std::vector<Event> events;
+  size_t eventsUsed = 0;
+  // Instruction descriptions for device errors (index = tag).
+  std::vector<std::string> tags;
+  // Memory.
+  int64_t trackedNow = 0, trackedPeak = 0;
+  int64_t baselineFree = 0, memGetInfoPeak = 0;
+
+  cudaStream_t stream(StreamKind k) const { return streams[int(k)].get(); }
+
+  Status setDevice() const {
+    DLOPT_CUDA_CHECK(lib->cudaSetDevice(device));
+    return Status::ok();
+  }
+
+  void track(int64_t delta) {
+    trackedNow += delta;
+    trackedPeak = std::max(trackedPeak, trackedNow);
+    if (delta >= 0)
+      owner->noteAllocated(delta);
+    else
+      owner->noteFreed(-delta);
+  }
+
+  Status sampleMemGetInfo() {
+    size_t freeBytes = 0, total = 0;
+    DLOPT_CUDA_CHECK(lib->cudaMemGetInfo(&freeBytes, &total));
+    memGetInfoPeak =
+        std::max(memGetInfoPeak, baselineFree - int64_t(freeBytes));
+    return Status::ok();
+  }
+
+  /// Kernel scratch of at least `bytes`, grown (after the streams drain,
+  /// since queued kernels may still use the old one) when too small.
+  Expected<float *> scratch(int64_t bytes) {
+    if (bytes <= workspace.bytes() && workspace.get())
+      return static_cast<float *>(workspace.get());
+    for (const Stream &s : streams)
+      DLOPT_CUDA_CHECK(lib->cudaStreamSynchronize(s.get()));
+    int64_t want = std::max<int64_t>(
+        {bytes, workspace.bytes() + workspace.bytes() / 2, int64_t(1) << 20});
+    want = (want + (int64_t(1) << 20) - 1) / (int64_t(1) << 20) * (int64_t(1) << 20);
+    track(-workspace.bytes());
+    workspace.reset();
+    auto buf = DeviceBuffer::allocate(*lib, want);
+    if (!buf)
+      return buf.status().withContext("kernel workspace: ");
+    workspace = buf.take();
+    track(workspace.bytes());
+    return static_cast<float *>(workspace.get());
+  }
+
+  /// Orders a new node of `kind` after the cross-stream work it depends
+  /// on, per the scheduler; returns the node's stream.
+  Expected<cudaStream_t> schedule(StreamKind kind,
+                                  std::vector<ByteRange> reads,
+                                  std::vector<ByteRange> writes) {
+    SchedNode node{kind, std::move(reads), std::move(writes)};
+    std::vector<int32_t> waits = sched.add(node);
+    int32_t self = int32_t(nodeStream.size());
+    nodeStream.push_back(kind);
+    for (int32_t j : waits) {
+      int t = int(nodeStream[j]);
+      if (recorded[t].covers < j) {
+        // Record after everything queued on t so far (which includes j).
+        if (eventsUsed == events.size()) {
+          auto e = createEvent(*lib);
+          if (!e)
+            return e.status();
+          events.push_back(e.take());
+        }
+        int idx = int(eventsUsed++);
+        DLOPT_CUDA_CHECK(
+            lib->cudaEventRecord(events[idx].get(), streams[t].get()));
+        recorded[t] = {idx, lastNode[t]};
+      }
+      DLOPT_CUDA_CHECK(lib->cudaStreamWaitEvent(
+          stream(kind), events[recorded[t].event].get(), 0));
+    }
+    lastNode[int(kind)] = self;
+    return stream(kind);
+  }
+
+  ByteRange rangeOf(const TensorRef &t) const {
+    const char *p = static_cast<const char *>(t.data);
+    if (!p || p < arenaBase || p >= arenaBase + std::max<int64_t>(arenaBytes, 1))
+      return {0, 0};
+    int64_t b = p - arenaBase;
+    return {b, b + t.type.byteSize()};
+  }
+
+  void resetSchedule() {
+    sched.clear();
+    nodeStream.clear();
+    for (int s = 0; s < kNumStreams; ++s) {
+      lastNode[s] = -1;
+      recorded[s] = {};
+    }
+    eventsUsed = 0;
+    tags.clear();
+  }
+};
+
+class CudaBackend::Arena final : public DeviceArena {
+public:
+  Arena(Rank &r, DeviceBuffer buf, int64_t size)
+      : rank_(r), buf_(std::move(buf)), size_(size) {}
+  ~Arena() override {
+    int64_t bytes = buf_.bytes();
+    (void)rank_.setDevice();
+    buf_.reset();
+    rank_.track(-bytes);
+    if (rank_.arenaBase == static_cast<const char *>(data())) {
+      rank_.arenaBase = nullptr;
+      rank_.arenaBytes = 0;
+    }
+  }
+  void *data() const override { return buf_.get(); }
+  int64_t size() const override { return size_; }
+  int rank() const override { return rank_.rank; }
+
+private:
+  Rank &rank_;
+  DeviceBuffer buf_;
+  int64_t size_;
+};
+
+//===----------------------------------------------------------------------===//
+// Creation and device selection
+//===----------------------------------------------------------------------===//
+
+CudaBackend::CudaBackend(const CudaBackendOptions &opts,
+                         const CudaLibrary *lib, int numDevices)
+    : opts_(opts), lib_(lib), numDevices_(numDevices) {}
+
+CudaBackend::~CudaBackend() {
+  // Arenas must be gone (Session destroys its arena first); drain the
+  // devices so nothing queued outlives the handles below.
+  for (auto &[r, st] : ranks_) {
+    if (lib_->cudaSetDevice(st->device) == 0)
+      for (const Stream &s : st->streams)
+        (void)lib_->cudaStreamSynchronize(s.get());
+  }
+}
+
+CudaBackendOptions CudaBackend::optionsFromEnv() {
+  CudaBackendOptions o;
+  o.tf32 = envFlag("DLOPT_CUDA_TF32");
+  return o;
+}
+
+bool CudaBackend::kernelsBuilt() {
+#ifdef DLOPT_CUDA_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::string CudaBackend::buildDescription() {
+#ifdef DLOPT_CUDA_KERNELS
+  return std::string("kernels: ") + kernels::buildDescription();
+#else
+  return "built without CUDA kernels (nvcc was not found when this dlopt was "
+         "configured): only matmul and reshape run on the cuda backend";
+#endif
+}
+
+Expected<std::unique_ptr<CudaBackend>>
+CudaBackend::create(const CudaBackendOptions &opts) {
+  const CudaLibrary *lib = nullptr;
+#ifdef DLOPT_CUDA_KERNELS
+  const char *why = nullptr;
+  lib = kernels::runtimeTable(&why);
+  if (!lib)
+    return Status::error(std::string("cuda backend: no CUDA device "
+                                     "(cudaGetDeviceCount: CUDA not "
+                                     "loadable: ") +
+                         (why ? why : "?") + ")");
+#else
+  auto loaded = loadCudaCore();
+  if (!loaded)
+    return Status::error("cuda backend: no CUDA device (cudaGetDeviceCount: "
+                         "CUDA not loadable: " +
+                         loaded.status().message() + ")");
+  lib = *loaded;
+#endif
+  int n = 0;
+  cudaError_t e = lib->cudaGetDeviceCount(&n);
+  if (e != 0)
+    return Status::error("cuda backend: no CUDA device (cudaGetDeviceCount: " +
+                         cudaErrorMessage(e) + ")");
+  if (n == 0)
+    return Status::error("cuda backend: no CUDA device (cudaGetDeviceCount: "
+                         "0 devices visible; check CUDA_VISIBLE_DEVICES)");
+  return std::unique_ptr<CudaBackend>(new CudaBackend(opts, lib, n));
+}
+
+CudaBackend::Rank *CudaBackend::findRank(int rank) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ranks_.find(rank);
+  return it == ranks_.end() ? nullptr : it->second.get();
+}
+
+Expected<CudaBackend::Rank *> CudaBackend::rankState(int rank) {
+  if (Rank *r = findRank(rank))
+    return r;
+  // Which device: explicit, $DLOPT_CUDA_DEVICE, launcher local rank, rank.
+  int device = opts_.device;
+  std::string source = "--device";
+  if (device < 0)
+    if (const char *v = std::getenv("DLOPT_CUDA_DEVICE"); v && *v) {
+      char *end = nullptr;
+      long d = std::strtol(v, &end, 10);
+      if (*end || d < 0)
+        return Status::error("cuda backend: DLOPT_CUDA_DEVICE=\"" +
+                             std::string(v) +
+                             "\" is not a non-negative integer");
+      device = int(d);
+      source = "DLOPT_CUDA_DEVICE";
+    }
+  if (device < 0)
+    if (auto li = launchInfoFromEnv(); li && li->localRank >= 0) {
+      device = li->localRank;
+      source = "the launcher's local rank";
+    }
+  if (device < 0) {
+    device = rank % numDevices_;
+    source = "rank " + std::to_string(rank);
+  }
+  if (device >= numDevices_)
+    return Status::error("cuda backend: device " + std::to_string(device) +
+                         " (from " + source + ") does not exist: " +
+                         std::to_string(numDevices_) + " visible");
+
+  auto st = std::make_unique<Rank>();
+  Rank &r = *st;
+  r.owner = this;
+  r.lib = lib_;
+  r.rank = rank;
+  r.device = device;
+  const CudaLibrary &L = *lib_;
+  DLOPT_RETURN_IF_ERROR(r.setDevice());
+  DLOPT_CUDA_CHECK(L.cudaFree(nullptr)); // creates the context now
+  size_t freeBytes = 0, total = 0;
+  DLOPT_CUDA_CHECK(L.cudaMemGetInfo(&freeBytes, &total));
+  r.baselineFree = int64_t(freeBytes);
+  for (Stream &s : r.streams) {
+    auto made = createStream(L);
+    if (!made)
+      return made.status();
+    s = made.take();
+  }
+  cublasLtHandle_t lt = nullptr;
+  DLOPT_CUBLAS_CHECK(L.cublasLtCreate(&lt));
+  r.lt = CublasLtHandle(&L, lt);
+  auto ws = DeviceBuffer::allocate(L, int64_t(GemmRunner::kDefaultWorkspaceBytes));
+  if (!ws)
+    return ws.status().withContext("cuBLASLt workspace: ");
+  r.gemmWorkspace = ws.take();
+  r.track(r.gemmWorkspace.bytes());
+  r.gemm = std::make_unique<GemmRunner>(L, lt, r.gemmWorkspace.get(),
+                                        size_t(r.gemmWorkspace.bytes()),
+                                        opts_.tf32);
+#ifdef DLOPT_CUDA_KERNELS
+  auto ew = DeviceBuffer::allocate(L, int64_t(sizeof(kernels::DeviceError)));
+  if (!ew)
+    return ew.status().withContext("device error word: ");
+  r.errorWord = ew.take();
+  r.track(r.errorWord.bytes());
+  DLOPT_CUDA_CHECK(L.cudaMemsetAsync(r.errorWord.get(), 0,
+                                     sizeof(kernels::DeviceError),
+                                     r.stream(StreamKind::Compute)));
+  DLOPT_CUDA_CHECK(L.cudaStreamSynchronize(r.stream(StreamKind::Compute)));
+#endif
+  std::lock_guard<std::mutex> lock(mu_);
+  return ranks_.emplace(rank, std::move(st)).first->second.get();
+}
+
+std::string CudaBackend::deviceDescription(int rank) const {
+  Rank *r = findRank(rank);
+  int device = r ? r->device : 0;
+  int major = 0, minor = 0, sms = 0;
+  (void)lib_->cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                                     device);
+  (void)lib_->cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor,
+                                     device);
+  (void)lib_->cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
+                                     device);
+  return "device " + std::to_string(device) + " (sm_" + std::to_string(major) +
+         std::to_string(minor) + ", " + std::to_string(sms) + " SMs)";
+}
+
+CudaMemoryStats CudaBackend::memoryStats(int rank) const {
+  CudaMemoryStats m;
+  Rank *r = findRank(rank);
+  if (!r)
+    return m;
+  m.device = r->device;
+  m.arenaBytes = r->arenaBytes;
+  m.workspaceBytes = r->workspace.bytes();
+  m.gemmWorkspaceBytes = r->gemmWorkspace.bytes();
+  m.trackedPeakBytes = r->trackedPeak;
+  m.memGetInfoPeakBytes = r->memGetInfoPeak;
+  return m;
+}
+
+//===----------------------------------------------------------------------===//
+// Memory and copies
+//===----------------------------------------------------------------------===//
+
+Expected<std::unique_ptr<DeviceArena>>
+CudaBackend::allocateArena(int rank, int64_t bytes) {
+  if (bytes < 0)
+    return Status::error("cannot allocate a negative arena size");
+  auto st = rankState(rank);
+  if (!st)
+    return st.status();
+  Rank &r = **st;
+  DLOPT_RETURN_IF_ERROR(r.setDevice());
+  int64_t rounded = std::max<int64_t>(
+      kArenaAlignment,
+      (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment);
+  auto buf = DeviceBuffer::allocate(*lib_, rounded);
+  if (!buf)
+    return Status::error("cannot allocate the arena of rank " +
+                         std::to_string(rank) + " on CUDA device " +
+                         std::to_string(r.device) + ": " + formatBytes(bytes) +
+                         " (" + buf.status().message() + ")");
+  r.track(rounded);
+  r.arenaBase = static_cast<const char *>(buf->get());
+  r.arenaBytes = bytes;
+  DLOPT_RETURN_IF_ERROR(r.sampleMemGetInfo());
+  return std::unique_ptr<DeviceArena>(new Arena(r, buf.take(), bytes));
+}
+
+Status CudaBackend::copyToDevice(DeviceArena &arena, int64_t offset,
+                                 const void *src, int64_t bytes) {
+  if (!inRange(offset, bytes, arena.size()))
+    return rangeError("copy to device", offset, bytes, arena.size());
+  if (bytes == 0)
+    return Status::ok();
+  auto st = rankState(arena.rank());
+  if (!st)
+    return st.status();
+  Rank &r = **st;
+  DLOPT_RETURN_IF_ERROR(r.setDevice());
+  auto s = r.schedule(StreamKind::Compute, {}, {{offset, offset + bytes}});
+  if (!s)
+    return s.status();
+  // From pageable memory the call returns once `src` has been staged, so
+  // the caller may reuse it.
+  DLOPT_CUDA_CHECK(lib_->cudaMemcpyAsync(
+      static_cast<char *>(arena.data()) + offset, src, size_t(bytes),
+      cudaMemcpyHostToDevice, *s));
+  return Status::ok();
+}
+
+Status CudaBackend::copyToHost(void *dst, const DeviceArena &arena,
+                               int64_t offset, int64_t bytes) {
+  if (!inRange(offset, bytes, arena.size()))
+    return rangeError("copy to host", offset, bytes, arena.size());
+  if (bytes == 0)
+    return Status::ok();
+  auto st = rankState(arena.rank());
+  if (!st)
+    return st.status();
+  Rank &r = **st;
+  DLOPT_RETURN_IF_ERROR(r.setDevice());
+  for (const Stream &s : r.streams)
+    DLOPT_CUDA_CHECK(lib_->cudaStreamSynchronize(s.get()));
+  cudaStream_t cs = r.stream(StreamKind::Compute);
+  DLOPT_CUDA_CHECK(lib_->cudaMemcpyAsync(
+      dst, static_cast<const char *>(arena.data()) + offset, size_t(bytes),
+      cudaMemcpyDeviceToHost, cs));
+  DLOPT_CUDA_CHECK(lib_->cudaStreamSynchronize(cs));
+  return Status::ok();
+}
+
+Status CudaBackend::copyOnDevice(DeviceArena &arena, int64_t dstOffset,
+                                 int64_t srcOffset, int64_t bytes) {
+  if (!inRange(dstOffset, bytes, arena.size()))
+    return rangeError("copy on device (destination)", dstOffset, bytes,
+                      arena.size());
+  if (!inRange(srcOffset, bytes, arena.size()))
+    return rangeError("copy on device (source)", srcOffset, bytes,
+                      arena.size());
+  if (bytes == 0 || dstOffset == srcOffset)
+    return Status::ok();
+  auto st = rankState(arena.rank());
+  if (!st)
+    return st.status();
+  Rank &r = **st;
+  DLOPT_RETURN_IF_ERROR(r.setDevice());
+  auto s = r.schedule(StreamKind::Compute, {{srcOffset, srcOffset + bytes}},
+                      {{dstOffset, dstOffset + bytes}});
+  if (!s)
+    return s.status();
+  char *base = static_cast<char *>(arena.data());
+  DLOPT_CUDA_CHECK(lib_->cudaMemcpyAsync(base + dstOffset, base + srcOffset,
+                                         size_t(bytes),
+                                         cudaMemcpyDeviceToDevice, *s));
+  return Status::ok();
+}
+
+//===----------------------------------------------------------------------===//
+// Op handlers
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// What a handler needs: the rank's state, its stream, and the instruction.
+struct Launch {
+  CudaBackend::Rank &r;
+  cudaStream_t stream;
+  const Instr &instr;
+  const CudaLibrary &lib() const { return *r.lib; }
+};
+
+using Handler = Status (*)(Launch &, Ins, Outs);
+
+/// Turns a launcher's cudaError_t into a Status naming the op.
+#define DLOPT_LAUNCH(L, expr)                                                  \
+  do {                                                                         \
+    int dlopt_rc_ = (expr);                                                    \
+    if (dlopt_rc_ != 0)                                                        \
+      return opError((L).instr, cudaFailure(dlopt_rc_, #expr, __FILE__,        \
+                                            __LINE__)                          \
+                                    .message());                               \
+  } while (0)
+
+Status matmulHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
+  bool transA = false, transB = false;
+  DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(L.instr, "transpose_a", transA));
+  DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(L.instr, "transpose_b", transB));
+  auto plan = planMatmul(ins[0].type, ins[1].type, outs[0].type, transA, transB);
+  if (!plan)
+    return opError(L.instr, plan.status().message());
+  if (outs[0].numElements() == 0)
+    return Status::ok();
+  Status s = L.r.gemm->run(*plan, ins[0].data, ins[1].data, outs[0].data,
+                           L.stream);
+  return s ? s : opError(L.instr, s.message());
+}
+
+Status reshapeHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
+  DLOPT_RETURN_IF_ERROR(
+      checkDType(L.instr, "result", outs[0].type.dtype, ins[0].type.dtype));
+  if (outs[0].numElements() != ins[0].numElements())
+    return opError(L.instr, "expects the result to have " +
+                                std::to_string(ins[0].numElements()) +
+                                " elements like the operand, got " +
+                                typeStr(outs[0].type));
+  int64_t bytes = ins[0].type.byteSize();
+  if (bytes && outs[0].data != ins[0].data)
+    DLOPT_CUDA_CHECK(L.lib().cudaMemcpyAsync(outs[0].data, ins[0].data,
+                                             size_t(bytes),
+                                             cudaMemcpyDeviceToDevice,
+                                             L.stream));
+  return Status::ok();
+}
+
+#ifdef DLOPT_CUDA_KERNELS
+using kernels::StridedIndex;
+
+/// Drops size-1 dims and merges neighbours every operand walks with one
+/// stride, so the kernels do as little index arithmetic as possible.
+Status collapse(const Instr &instr, std::vector<int64_t> size,
+                std::vector<std::vector<int64_t>> strides, StridedIndex &ix) {
+  size_t nops = strides.size();
+  std::vector<int64_t> outSize;
+  std::vector<std::vector<int64_t>> outStride(nops);
+  for (size_t d = 0; d < size.size(); ++d) {
+    if (size[d] == 1)
+      continue;
+    bool merge = !outSize.empty();
+    for (size_t k = 0; merge && k < nops; ++k)
+      merge = outStride[k].back() == strides[k][d] * size[d];
+    if (merge) {
+      outSize.back() *= size[d];
+      for (size_t k = 0; k < nops; ++k)
+        outStride[k].back() = strides[k][d];
+    } else {
+      outSize.push_back(size[d]);
+      for (size_t k = 0; k < nops; ++k)
+        outStride[k].push_back(strides[k][d]);
+    }
+  }
+  if (outSize.empty()) {
+    outSize.push_back(1);
+    for (size_t k = 0; k < nops; ++k)
+      outStride[k].push_back(0);
+  }
+  if (outSize.size() > size_t(kernels::kMaxDims))
+    return opError(instr, "needs " + std::to_string(outSize.size()) +
+                              " dims after collapsing; the CUDA kernels "
+                              "take at most " +
+                              std::to_string(kernels::kMaxDims));
+  ix = StridedIndex{};
+  ix.rank = int(outSize.size());
+  for (size_t d = 0; d < outSize.size(); ++d) {
+    ix.size[d] = outSize[d];
+    for (size_t k = 0; k < nops; ++k)
+      ix.stride[k][d] = outStride[k][d];
+  }
+  for (size_t k = 0; k < nops; ++k) {
+    bool contiguous = true;
+    int64_t expect = 1;
+    for (size_t d = outSize.size(); d-- > 0;) {
+      if (outSize[d] != 1 && outStride[k][d] != expect)
+        contiguous = false;
+      expect *= outSize[d];
+    }
+    ix.contiguous[k] = contiguous;
+  }
+  return Status::ok();
+}
+
+/// The index of a broadcast over `outShape` (operands in `shapes`).
+Status broadcastIndex(const Instr &instr, const std::vector<int64_t> &outShape,
+                      const std::vector<std::vector<int64_t>> &shapes,
+                      StridedIndex &ix) {
+  cpu::BroadcastPlan p;
+  std::string err = cpu::planBroadcast(outShape, shapes, p);
+  if (!err.empty())
+    return opError(instr, err);
+  return collapse(instr, p.shape, p.strides, ix);
+}
+
+int tagOf(Launch &L) {
+  L.r.tags.push_back("op '" + L.instr.op + "'" +
+                     (L.instr.loc.empty() ? "" : " at " + L.instr.loc));
+  return int(L.r.tags.size()) - 1;
+}
+
+kernels::DeviceError *errorWord(Launch &L) {
+  return static_cast<kernels::DeviceError *>(L.r.errorWord.get());
+}
+
+//===--- Elementwise ---------------------------------------------------------===//
+
+template <kernels::UnaryOp Op, bool IntOk>
+Status unaryHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, ins[0].type));
+  if constexpr (IntOk)
+    DLOPT_RETURN_IF_ERROR(checkNumeric(L.instr, "operand #0", ins[0].type));
+  else
+    DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", ins[0].type));
+  DLOPT_LAUNCH(L, kernels::unary(L.stream, Op, ins[0].type.dtype, ins[0].data,
+                                 outs[0].data, ins[0].numElements()));
+  return Status::ok();
+}
+
+Status geluHandler(Launch &L, Ins ins, Outs outs) {
+  std::string approx = "none";
+  DLOPT_RETURN_IF_ERROR(cpu::getOptStringAttr(L.instr, "approximate", approx));
+  if (approx == "none")
+    return unaryHandler<kernels::UnaryOp::GeluErf, false>(L, ins, outs);
+  if (approx == "tanh")
+    return unaryHandler<kernels::UnaryOp::GeluTanh, false>(L, ins, outs);
+  return opError(L.instr, "expects attribute 'approximate' to be \"none\" or "
+                          "\"tanh\", got \"" + approx + "\"");
+}
+
+Status castHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
+  DLOPT_RETURN_IF_ERROR(
+      checkShape(L.instr, "result", outs[0].type.shape, ins[0].type.shape));
+  DLOPT_LAUNCH(L, kernels::cast(L.stream, ins[0].type.dtype, outs[0].type.dtype,
+                                ins[0].data, outs[0].data,
+                                ins[0].numElements()));
+  return Status::ok();
+}
+
+/// Shapes and types of a broadcasting binary op (as runtime/cpu planBinary).
+Status planBinary(const Instr &instr, Ins ins, Outs outs, StridedIndex &ix) {
+  if (ins[0].type.dtype != ins[1].type.dtype)
+    return opError(instr, "expects operands of the same element type, got " +
+                              typeStr(ins[0].type) + " and " +
+                              typeStr(ins[1].type));
+  std::vector<int64_t> shape;
+  if (!cpu::broadcastShapes(ins[0].type.shape, ins[1].type.shape, shape))
+    return opError(instr, "operand shapes " + shapeStr(ins[0].type.shape) +
+                              " and " + shapeStr(ins[1].type.shape) +
+                              " do not broadcast");
+  DLOPT_RETURN_IF_ERROR(checkShape(instr, "result", outs[0].type.shape, shape));
+  return broadcastIndex(instr, shape, {ins[0].type.shape, ins[1].type.shape},
+                        ix);
+}
+
+template <kernels::BinaryOp Op>
+Status binaryHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
+  StridedIndex ix;
+  DLOPT_RETURN_IF_ERROR(planBinary(L.instr, ins, outs, ix));
+  const TensorType &t = ins[0].type;
+  if constexpr (Op == kernels::BinaryOp::Pow)
+    DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", t));
+  else
+    DLOPT_RETURN_IF_ERROR(checkNumeric(L.instr, "operand #0", t));
+  DLOPT_RETURN_IF_ERROR(
+      checkDType(L.instr, "result", outs[0].type.dtype, t.dtype));
+  int tag = Op == kernels::BinaryOp::Div && isInteger(t.dtype) ? tagOf(L) : -1;
+  DLOPT_LAUNCH(L, kernels::binary(L.stream, Op, t.dtype, ix, ins[0].data,
+                                  ins[1].data, outs[0].data,
+                                  outs[0].numElements(), errorWord(L), tag));
+  return Status::ok();
+}
+
+Status compareHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
+  StridedIndex ix;
+  DLOPT_RETURN_IF_ERROR(planBinary(L.instr, ins, outs, ix));
+  DLOPT_RETURN_IF_ERROR(checkNumeric(L.instr, "operand #0", ins[0].type));
+  DLOPT_RETURN_IF_ERROR(
+      checkDType(L.instr, "result", outs[0].type.dtype, DType::I1));
+  std::string pred;
+  DLOPT_RETURN_IF_ERROR(cpu::getOptStringAttr(L.instr, "predicate", pred));
+  static const std::pair<const char *, kernels::ComparePred> preds[] = {
+      {"eq", kernels::ComparePred::Eq}, {"ne", kernels::ComparePred::Ne},
+      {"lt", kernels::ComparePred::Lt}, {"le", kernels::ComparePred::Le},
+      {"gt", kernels::ComparePred::Gt}, {"ge", kernels::ComparePred::Ge}};
+  for (const auto &[name, p] : preds)
+    if (pred == name) {
+      DLOPT_LAUNCH(L, kernels::compare(L.stream, p, ins[0].type.dtype, ix,
+                                       ins[0].data, ins[1].data, outs[0].data,
+                                       outs[0].numElements()));
+      return Status::ok();
+    }
+  return opError(L.instr, "expects attribute 'predicate' to be one of eq, ne, "
+                          "lt, le, gt, ge, got '" + pred + "'");
+}
+
+Status selectHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 3, 1));
+  DLOPT_RETURN_IF_ERROR(
+      checkDType(L.instr, "operand #0", ins[0].type.dtype, DType::I1));
+  if (ins[1].type.dtype != ins[2].type.dtype)
+    return opError(L.instr, "expects operands #1 and #2 of the same element "
+                            "type, got " + typeStr(ins[1].type) + " and " +
+                                typeStr(ins[2].type));
+  DLOPT_RETURN_IF_ERROR(
+      checkDType(L.instr, "result", outs[0].type.dtype, ins[1].type.dtype));
+  std::vector<int64_t> s01, shape;
+  if (!cpu::broadcastShapes(ins[0].type.shape, ins[1].type.shape, s01) ||
+      !cpu::broadcastShapes(s01, ins[2].type.shape, shape))
+    return opError(L.instr, "operand shapes " + shapeStr(ins[0].type.shape) +
+                                ", " + shapeStr(ins[1].type.shape) + " and " +
+                                shapeStr(ins[2].type.shape) +
+                                " do not broadcast");
+  DLOPT_RETURN_IF_ERROR(
+      checkShape(L.instr, "result", outs[0].type.shape, shape));
+  StridedIndex ix;
+  DLOPT_RETURN_IF_ERROR(broadcastIndex(
+      L.instr, shape,
+      {ins[0].type.shape, ins[1].type.shape, ins[2].type.shape}, ix));
+  DLOPT_LAUNCH(L, kernels::select(L.stream, int(dtypeSize(ins[1].type.dtype)),
+                                  ix, ins[0].data, ins[1].data, ins[2].data,
+                                  outs[0].data, outs[0].numElements()));
+  return Status::ok();
+}
+
+Status geluGradHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
+  const TensorType &t = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0 (x)", t));
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "operand #1 (dy)", ins[1].type, t));
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, t));
+  std::string approx = "none";
+  DLOPT_RETURN_IF_ERROR(cpu::getOptStringAttr(L.instr, "approximate", approx));
+  if (approx != "none" && approx != "tanh")
+    return opError(L.instr, "expects attribute 'approximate' to be \"none\" "
+                            "or \"tanh\", got \"" + approx + "\"");
+  StridedIndex ix;
+  DLOPT_RETURN_IF_ERROR(broadcastIndex(L.instr, t.shape, {t.shape, t.shape}, ix));
+  DLOPT_LAUNCH(L, kernels::binary(L.stream,
+                                  approx == "tanh"
+                                      ? kernels::BinaryOp::GeluTanhGrad
+                                      : kernels::BinaryOp::GeluErfGrad,
+                                  t.dtype, ix, ins[0].data, ins[1].data,
+                                  outs[0].data, t.numElements(), nullptr, -1));
+  return Status::ok();
+}
+
+Status dropoutHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArityRange(L.instr, ins, outs, 1, 2, 1));
+  const TensorType &t = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", t));
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, t));
+  double rate = 0;
+  int64_t seed = 0;
+  DLOPT_RETURN_IF_ERROR(cpu::getFloatAttr(L.instr, "rate", rate));
+  DLOPT_RETURN_IF_ERROR(cpu::getOptIntAttr(L.instr, "seed", seed));
+  if (!(rate >= 0.0 && rate < 1.0))
+    return opError(L.instr,
+                   "expects 'rate' in [0, 1), got " + std::to_string(rate));
+  const void *offset = nullptr;
+  DType offsetType = DType::I64;
+  if (ins.size() == 2) {
+    const TensorType &ot = ins[1].type;
+    if (!ot.shape.empty() ||
+        (ot.dtype != DType::I32 && ot.dtype != DType::I64))
+      return opError(L.instr, "expects operand #1 (offset) to be a rank-0 "
+                              "i32/i64 tensor, got " + typeStr(ot));
+    offset = ins[1].data;
+    offsetType = ot.dtype;
+  }
+  float scale = float(1.0 / (1.0 - rate));
+  DLOPT_LAUNCH(L, kernels::dropout(L.stream, t.dtype, ins[0].data,
+                                   outs[0].data, t.numElements(),
+                                   uint64_t(seed), offset, offsetType, rate,
+                                   scale));
+  return Status::ok();
+}
+
+//===--- Data movement -------------------------------------------------------===//
+
+Status transposeHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
+  const TensorType &in = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(
+      checkDType(L.instr, "result", outs[0].type.dtype, in.dtype));
+  std::vector<int64_t> perm;
+  DLOPT_RETURN_IF_ERROR(cpu::getIntsAttr(L.instr, "perm", perm));
+  size_t rank = in.shape.size();
+  std::vector<bool> seen(rank, false);
+  bool valid = perm.size() == rank;
+  for (size_t i = 0; valid && i < rank; ++i) {
+    valid = perm[i] >= 0 && perm[i] < int64_t(rank) && !seen[perm[i]];
+    if (valid)
+      seen[perm[i]] = true;
+  }
+  if (!valid)
+    return opError(L.instr, "expects 'perm' to be a permutation of [0, " +
+                                std::to_string(rank) + "), got " +
+                                shapeStr(perm));
+  std::vector<int64_t> expected(rank), srcStride(rank);
+  std::vector<int64_t> inStrides = cpu::contiguousStrides(in.shape);
+  for (size_t i = 0; i < rank; ++i) {
+    expected[i] = in.shape[perm[i]];
+    srcStride[i] = inStrides[perm[i]];
+  }
+  DLOPT_RETURN_IF_ERROR(
+      checkShape(L.instr, "result", outs[0].type.shape, expected));
+  if (outs[0].numElements() == 0)
+    return Status::ok();
+  StridedIndex ix;
+  DLOPT_RETURN_IF_ERROR(collapse(
+      L.instr, expected, {cpu::contiguousStrides(expected), srcStride}, ix));
+  DLOPT_LAUNCH(L, kernels::stridedCopy(L.stream, int(dtypeSize(in.dtype)), ix,
+                                       ins[0].data, outs[0].data,
+                                       outs[0].numElements()));
+  return Status::ok();
+}
+
+Status broadcastToHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
+  DLOPT_RETURN_IF_ERROR(
+      checkDType(L.instr, "result", outs[0].type.dtype, ins[0].type.dtype));
+  cpu::BroadcastPlan p;
+  std::string err = cpu::planBroadcast(outs[0].type.shape, {ins[0].type.shape}, p);
+  if (!err.empty())
+    return opError(L.instr, err);
+  if (outs[0].numElements() == 0)
+    return Status::ok();
+  StridedIndex ix;
+  DLOPT_RETURN_IF_ERROR(collapse(
+      L.instr, p.shape, {cpu::contiguousStrides(p.shape), p.strides[0]}, ix));
+  DLOPT_LAUNCH(L, kernels::stridedCopy(L.stream,
+                                       int(dtypeSize(ins[0].type.dtype)), ix,
+                                       ins[0].data, outs[0].data,
+                                       outs[0].numElements()));
+  return Status::ok();
+}
+
+Status concatHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArityRange(L.instr, ins, outs, 1, SIZE_MAX, 1));
+  const TensorType &t0 = ins[0].type;
+  size_t rank = t0.shape.size();
+  int64_t dim = 0;
+  DLOPT_RETURN_IF_ERROR(cpu::getDimAttr(L.instr, rank, dim));
+  std::vector<int64_t> expected = t0.shape;
+  expected[dim] = 0;
+  for (size_t k = 0; k < ins.size(); ++k) {
+    const TensorType &t = ins[k].type;
+    bool ok = t.dtype == t0.dtype && t.shape.size() == rank;
+    for (size_t i = 0; ok && i < rank; ++i)
+      ok = int64_t(i) == dim || t.shape[i] == t0.shape[i];
+    if (!ok)
+      return opError(L.instr, "operand #" + std::to_string(k) + " of type " +
+                                  typeStr(t) + " does not match operand #0 " +
+                                  typeStr(t0) + " outside dim " +
+                                  std::to_string(dim));
+    expected[dim] += t.shape[dim];
+  }
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type,
+                                  TensorType{t0.dtype, expected}));
+  int64_t es = dtypeSize(t0.dtype);
+  std::vector<int64_t> outStrides = cpu::contiguousStrides(expected);
+  int64_t at = 0;
+  for (const TensorRef &in : ins) {
+    int64_t n = in.numElements();
+    if (n) {
+      StridedIndex ix;
+      DLOPT_RETURN_IF_ERROR(collapse(L.instr, in.type.shape,
+                                     {outStrides,
+                                      cpu::contiguousStrides(in.type.shape)},
+                                     ix));
+      DLOPT_LAUNCH(L, kernels::stridedCopy(
+                          L.stream, int(es), ix, in.data,
+                          static_cast<char *>(outs[0].data) +
+                              at * outStrides[dim] * es,
+                          n));
+    }
+    at += in.type.shape[dim];
+  }
+  return Status::ok();
+}
+
+/// start/limit/stride of slice and slice_grad; `full` is the unsliced shape.
+Status sliceGeometry(const Instr &instr, const std::vector<int64_t> &full,
+                     std::vector<int64_t> &start, std::vector<int64_t> &stride,
+                     std::vector<int64_t> &sliced) {
+  size_t rank = full.size();
+  std::vector<int64_t> limit;
+  stride.assign(rank, 1);
+  DLOPT_RETURN_IF_ERROR(cpu::getIntsAttr(instr, "start", start));
+  DLOPT_RETURN_IF_ERROR(cpu::getIntsAttr(instr, "limit", limit));
+  DLOPT_RETURN_IF_ERROR(cpu::getOptIntsAttr(instr, "stride", stride));
+  if (start.size() != rank || limit.size() != rank || stride.size() != rank)
+    return opError(instr, "expects start/limit/stride of length " +
+                              std::to_string(rank) + ", got " +
+                              std::to_string(start.size()) + "/" +
+                              std::to_string(limit.size()) + "/" +
+                              std::to_string(stride.size()));
+  sliced.assign(rank, 0);
+  for (size_t i = 0; i < rank; ++i) {
+    if (start[i] < 0 || start[i] > limit[i] || limit[i] > full[i] ||
+        stride[i] < 1)
+      return opError(instr, "invalid slice of dim " + std::to_string(i) +
+                                " (size " + std::to_string(full[i]) +
+                                "): start " + std::to_string(start[i]) +
+                                ", limit " + std::to_string(limit[i]) +
+                                ", stride " + std::to_string(stride[i]));
+    sliced[i] = (limit[i] - start[i] + stride[i] - 1) / stride[i];
+  }
+  return Status::ok();
+}
+
+/// The strided view of a slice inside `full`: element offset and strides.
+void sliceView(const std::vector<int64_t> &full,
+               const std::vector<int64_t> &start,
+               const std::vector<int64_t> &stride, int64_t &base,
+               std::vector<int64_t> &strides) {
+  std::vector<int64_t> fs = cpu::contiguousStrides(full);
+  base = 0;
+  strides.assign(full.size(), 0);
+  for (size_t i = 0; i < full.size(); ++i) {
+    base += start[i] * fs[i];
+    strides[i] = fs[i] * stride[i];
+  }
+}
+
+Status sliceHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
+  const TensorType &in = ins[0].type;
+  std::vector<int64_t> start, stride, sliced;
+  DLOPT_RETURN_IF_ERROR(sliceGeometry(L.instr, in.shape, start, stride, sliced));
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type,
+                                  TensorType{in.dtype, sliced}));
+  if (outs[0].numElements() == 0)
+    return Status::ok();
+  int64_t base = 0, es = dtypeSize(in.dtype);
+  std::vector<int64_t> srcStride;
+  sliceView(in.shape, start, stride, base, srcStride);
+  StridedIndex ix;
+  DLOPT_RETURN_IF_ERROR(collapse(
+      L.instr, sliced, {cpu::contiguousStrides(sliced), srcStride}, ix));
+  DLOPT_LAUNCH(L, kernels::stridedCopy(
+                      L.stream, int(es), ix,
+                      static_cast<const char *>(ins[0].data) + base * es,
+                      outs[0].data, outs[0].numElements()));
+  return Status::ok();
+}
+
+Status sliceGradHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
+  const TensorType &tdy = ins[0].type, &tr = outs[0].type;
+  DLOPT_RETURN_IF_ERROR(checkDType(L.instr, "result", tr.dtype, tdy.dtype));
+  std::vector<int64_t> start, stride, sliced;
+  DLOPT_RETURN_IF_ERROR(sliceGeometry(L.instr, tr.shape, start, stride, sliced));
+  DLOPT_RETURN_IF_ERROR(
+      checkShape(L.instr, "operand #0 (dy)", tdy.shape, sliced));
+  int64_t es = dtypeSize(tr.dtype);
+  if (tr.byteSize())
+    DLOPT_CUDA_CHECK(L.lib().cudaMemsetAsync(outs[0].data, 0,
+                                             size_t(tr.byteSize()), L.stream));
+  if (ins[0].numElements() == 0)
+    return Status::ok();
+  int64_t base = 0;
+  std::vector<int64_t> dstStride;
+  sliceView(tr.shape, start, stride, base, dstStride);
+  StridedIndex ix;
+  DLOPT_RETURN_IF_ERROR(collapse(
+      L.instr, sliced, {dstStride, cpu::contiguousStrides(sliced)}, ix));
+  DLOPT_LAUNCH(L, kernels::stridedCopy(L.stream, int(es), ix, ins[0].data,
+                                       static_cast<char *>(outs[0].data) +
+                                           base * es,
+                                       ins[0].numElements()));
+  return Status::ok();
+}
+
+Status gatherHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
+  const TensorType &table = ins[0].type, &ids = ins[1].type;
+  if (table.shape.empty())
+    return opError(L.instr,
+                   "expects a table of rank >= 1, got " + typeStr(table));
+  DLOPT_RETURN_IF_ERROR(checkInt(L.instr, "operand #1 (ids)", ids));
+  std::vector<int64_t> expected = ids.shape;
+  expected.insert(expected.end(), table.shape.begin() + 1, table.shape.end());
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type,
+                                  TensorType{table.dtype, expected}));
+  int64_t rowBytes = cpu::product(table.shape, 1, table.shape.size()) *
+                     dtypeSize(table.dtype);
+  int64_t n = ins[1].numElements();
+  if (n == 0 || rowBytes == 0)
+    return Status::ok();
+  DLOPT_LAUNCH(L, kernels::gather(L.stream, ins[0].data, ins[1].data,
+                                  ids.dtype, n, table.shape[0], rowBytes,
+                                  outs[0].data, errorWord(L), tagOf(L)));
+  return Status::ok();
+}
+
+Status iotaHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 0, 1));
+  const TensorType &t = outs[0].type;
+  DLOPT_RETURN_IF_ERROR(checkNumeric(L.instr, "result", t));
+  cpu::DimSplit split;
+  DLOPT_RETURN_IF_ERROR(cpu::getDimSplit(L.instr, t.shape, split));
+  DLOPT_LAUNCH(L, kernels::iota(L.stream, t.dtype, outs[0].data,
+                                t.numElements(), split.n, split.inner));
+  return Status::ok();
+}
+
+Status scatterAddHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
+  const TensorType &ti = ins[0].type, &tu = ins[1].type, &tr = outs[0].type;
+  DLOPT_RETURN_IF_ERROR(checkInt(L.instr, "operand #0 (ids)", ti));
+  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #1 (updates)", tu));
+  if (tr.shape.empty())
+    return opError(L.instr, "expects a result of rank >= 1, got " + typeStr(tr));
+  std::vector<int64_t> expected = ti.shape;
+  expected.insert(expected.end(), tr.shape.begin() + 1, tr.shape.end());
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "operand #1 (updates)", tu,
+                                  TensorType{tr.dtype, expected}));
+  int64_t v = tr.shape[0], rest = cpu::product(tr.shape, 1, tr.shape.size());
+  auto ws = L.r.scratch(kernels::scatterAddWorkspaceBytes(tr.dtype, v, rest));
+  if (!ws)
+    return ws.status();
+  DLOPT_LAUNCH(L, kernels::scatterAdd(L.stream, tr.dtype, ins[0].data,
+                                      ti.dtype, ins[1].data, outs[0].data,
+                                      ins[0].numElements(), v, rest, *ws,
+                                      errorWord(L), tagOf(L)));
+  return Status::ok();
+}
+
+//===--- Reductions ---------------------------------------------------------===//
+
+template <kernels::ReduceKind K>
+Status reduceHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
+  const TensorType &in = ins[0].type;
+  if constexpr (K == kernels::ReduceKind::Mean)
+    DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", in));
+  else
+    DLOPT_RETURN_IF_ERROR(checkNumeric(L.instr, "operand #0", in));
+  DLOPT_RETURN_IF_ERROR(
+      checkDType(L.instr, "result", outs[0].type.dtype, in.dtype));
+  std::vector<int64_t> dims;
+  DLOPT_RETURN_IF_ERROR(cpu::getIntsAttr(L.instr, "dims", dims));
+  bool keepdims = false;
+  DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(L.instr, "keepdims", keepdims));
+  size_t rank = in.shape.size();
+  std::vector<bool> isRed(rank, false);
+  for (int64_t d : dims) {
+    if (d < 0 || d >= int64_t(rank) || isRed[d])
+      return opError(L.instr, "expects distinct dims in [0, " +
+                                  std::to_string(rank) + "), got " +
+                                  shapeStr(dims));
+    isRed[d] = true;
+  }
+  std::vector<int64_t> expected;
+  for (size_t i = 0; i < rank; ++i)
+    if (!isRed[i])
+      expected.push_back(in.shape[i]);
+    else if (keepdims)
+      expected.push_back(1);
+  DLOPT_RETURN_IF_ERROR(
+      checkShape(L.instr, "result", outs[0].type.shape, expected));
+  if (outs[0].numElements() == 0)
+    return Status::ok();
+  // Runs of kept / reduced dims, as the CPU kernel collapses them.
+  kernels::ReducePlan p;
+  std::vector<int64_t> strides = cpu::contiguousStrides(in.shape);
+  int lastKind = -1;
+  for (size_t i = 0; i < rank; ++i) {
+    if (in.shape[i] == 1)
+      continue;
+    int kind = isRed[i] ? 1 : 0;
+    int &r = kind ? p.redRank : p.keptRank;
+    int64_t *size = kind ? p.redSize : p.keptSize;
+    int64_t *stride = kind ? p.redStride : p.keptStride;
+    if (kind == lastKind) {
+      size[r - 1] *= in.shape[i];
+      stride[r - 1] = strides[i];
+    } else {
+      if (r == kernels::kMaxDims)
+        return opError(L.instr, "too many alternating kept/reduced dims for "
+                                "the CUDA reduction kernel");
+      size[r] = in.shape[i];
+      stride[r] = strides[i];
+      ++r;
+    }
+    lastKind = kind;
+  }
+  for (int i = 0; i < p.keptRank; ++i)
+    p.numOut *= p.keptSize[i];
+  for (int i = 0; i < p.redRank; ++i)
+    p.numRed *= p.redSize[i];
+  DLOPT_LAUNCH(L, kernels::reduce(L.stream, K, in.dtype, p, ins[0].data,
+                                  outs[0].data));
+  return Status::ok();
+}
+
+//===--- Softmax, norms, losses ----------------------------------------------===//
+
+template <bool Log> Status softmaxHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
+  const TensorType &t = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", t));
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, t));
+  cpu::DimSplit split;
+  DLOPT_RETURN_IF_ERROR(cpu::getDimSplit(L.instr, t.shape, split));
+  if (t.numElements() == 0)
+    return Status::ok();
+  DLOPT_LAUNCH(L, kernels::softmax(L.stream, Log, t.dtype, ins[0].data,
+                                   outs[0].data, split.outer, split.n,
+                                   split.inner));
+  return Status::ok();
+}
+
+template <bool Log> Status softmaxGradHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
+  const TensorType &t = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0 (y)", t));
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "operand #1 (dy)", ins[1].type, t));
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, t));
+  cpu::DimSplit split;
+  DLOPT_RETURN_IF_ERROR(cpu::getDimSplit(L.instr, t.shape, split));
+  if (t.numElements() == 0)
+    return Status::ok();
+  DLOPT_LAUNCH(L, kernels::softmaxGrad(L.stream, Log, t.dtype, ins[0].data,
+                                       ins[1].data, outs[0].data, split.outer,
+                                       split.n, split.inner));
+  return Status::ok();
+}
+
+/// axis/eps of layer_norm and rms_norm (and their gradients): the number of
+/// elements normalized per row.
+Status normGeometry(const Instr &instr, const TensorType &t, bool rms,
+                    double &eps, int64_t &n, std::vector<int64_t> &normShape) {
+  size_t rank = t.shape.size();
+  int64_t axis = rank > 0 ? int64_t(rank) - 1 : 0;
+  eps = rms ? 1e-6 : 1e-5;
+  DLOPT_RETURN_IF_ERROR(cpu::getOptIntAttr(instr, "axis", axis));
+  DLOPT_RETURN_IF_ERROR(cpu::getOptFloatAttr(instr, "eps", eps));
+  if (axis < 0 || axis > int64_t(rank) || (rank > 0 && axis == int64_t(rank)))
+    return opError(instr, "expects 'axis' in [0, " + std::to_string(rank) +
+                              "), got " + std::to_string(axis));
+  normShape.assign(t.shape.begin() + axis, t.shape.end());
+  n = cpu::product(normShape, 0, normShape.size());
+  return Status::ok();
+}
+
+template <bool Rms> Status normHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArityRange(L.instr, ins, outs, 1, Rms ? 2 : 3, 1));
+  const TensorType &t = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", t));
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, t));
+  bool hasWeight = ins.size() >= 2, hasBias = !Rms && ins.size() >= 3;
+  DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(L.instr, "has_weight", hasWeight));
+  if constexpr (!Rms)
+    DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(L.instr, "has_bias", hasBias));
+  if (ins.size() != 1 + size_t(hasWeight) + size_t(hasBias))
+    return opError(L.instr,
+                   "expects " + std::to_string(1 + hasWeight + hasBias) +
+                       " operands (has_weight = " + std::to_string(hasWeight) +
+                       ", has_bias = " + std::to_string(hasBias) + "), got " +
+                       std::to_string(ins.size()));
+  double eps;
+  int64_t n;
+  std::vector<int64_t> normShape;
+  DLOPT_RETURN_IF_ERROR(normGeometry(L.instr, t, Rms, eps, n, normShape));
+  for (size_t k = 1; k < ins.size(); ++k)
+    DLOPT_RETURN_IF_ERROR(checkType(L.instr,
+                                    k == 1 && hasWeight ? "weight" : "bias",
+                                    ins[k].type, TensorType{t.dtype, normShape}));
+  int64_t rows = n == 0 ? 0 : t.numElements() / n;
+  if (rows == 0)
+    return Status::ok();
+  const void *w = hasWeight ? ins[1].data : nullptr;
+  const void *b = hasBias ? ins[hasWeight ? 2 : 1].data : nullptr;
+  DLOPT_LAUNCH(L, kernels::norm(L.stream, Rms, t.dtype, ins[0].data, w, b,
+                                outs[0].data, rows, n, eps));
+  return Status::ok();
+}
+
+template <bool Rms> Status normGradHandler(Launch &L, Ins ins, Outs outs) {
+  size_t numOuts = Rms ? 2 : 3;
+  DLOPT_RETURN_IF_ERROR(checkArityRange(L.instr, ins, outs, 2, 3, numOuts));
+  const TensorType &t = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0 (x)", t));
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "operand #1 (dy)", ins[1].type, t));
+  bool hasWeight = ins.size() == 3;
+  DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(L.instr, "has_weight", hasWeight));
+  if (ins.size() != 2 + size_t(hasWeight))
+    return opError(L.instr, "expects " + std::to_string(2 + hasWeight) +
+                                " operands (has_weight = " +
+                                std::to_string(hasWeight) + "), got " +
+                                std::to_string(ins.size()));
+  double eps;
+  int64_t n;
+  std::vector<int64_t> normShape;
+  DLOPT_RETURN_IF_ERROR(normGeometry(L.instr, t, Rms, eps, n, normShape));
+  TensorType paramType{t.dtype, normShape};
+  if (hasWeight)
+    DLOPT_RETURN_IF_ERROR(checkType(L.instr, "weight", ins[2].type, paramType));
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result #0", outs[0].type, t));
+  for (size_t i = 1; i < numOuts; ++i)
+    DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result #" + std::to_string(i),
+                                    outs[i].type, paramType));
+  int64_t rows = n == 0 ? 0 : t.numElements() / n;
+  auto ws = L.r.scratch(kernels::normGradWorkspaceBytes(rows, n));
+  if (!ws)
+    return ws.status();
+  DLOPT_LAUNCH(L, kernels::normGrad(L.stream, Rms, t.dtype, ins[0].data,
+                                    ins[1].data,
+                                    hasWeight ? ins[2].data : nullptr,
+                                    outs[0].data, outs[1].data,
+                                    Rms ? nullptr : outs[2].data, rows, n, eps,
+                                    *ws));
+  return Status::ok();
+}
+
+Status crossEntropyChecks(const Instr &instr, Ins ins, int64_t &ignore) {
+  const TensorType &tl = ins[0].type, &ty = ins[1].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "logits", tl));
+  DLOPT_RETURN_IF_ERROR(checkInt(instr, "labels", ty));
+  if (tl.shape.size() != 2 || ty.shape.size() != 1 ||
+      ty.shape[0] != tl.shape[0])
+    return opError(instr, "expects logits [N, C] and labels [N], got " +
+                              typeStr(tl) + " and " + typeStr(ty));
+  ignore = -100;
+  return cpu::getOptIntAttr(instr, "ignore_index", ignore);
+}
+
+Status crossEntropyHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
+  int64_t ignore;
+  DLOPT_RETURN_IF_ERROR(crossEntropyChecks(L.instr, ins, ignore));
+  const TensorType &tl = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(
+      checkType(L.instr, "result", outs[0].type, TensorType{tl.dtype, {}}));
+  int64_t n = tl.shape[0], c = tl.shape[1];
+  auto ws = L.r.scratch(kernels::lossWorkspaceBytes(n));
+  if (!ws)
+    return ws.status();
+  DLOPT_LAUNCH(L, kernels::crossEntropy(L.stream, tl.dtype, ins[0].data,
+                                        ins[1].data, ins[1].type.dtype,
+                                        outs[0].data, n, c, ignore, *ws,
+                                        errorWord(L), tagOf(L)));
+  return Status::ok();
+}
+
+Status crossEntropyGradHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 3, 1));
+  int64_t ignore;
+  DLOPT_RETURN_IF_ERROR(crossEntropyChecks(L.instr, ins, ignore));
+  const TensorType &tl = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(
+      checkType(L.instr, "dloss", ins[2].type, TensorType{tl.dtype, {}}));
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, tl));
+  int64_t n = tl.shape[0], c = tl.shape[1];
+  auto ws = L.r.scratch(kernels::lossWorkspaceBytes(n));
+  if (!ws)
+    return ws.status();
+  DLOPT_LAUNCH(L, kernels::crossEntropyGrad(
+                      L.stream, tl.dtype, ins[0].data, ins[1].data,
+                      ins[1].type.dtype, ins[2].data, outs[0].data, n, c,
+                      ignore, *ws, errorWord(L), tagOf(L)));
+  return Status::ok();
+}
+
+Status mseHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
+  const TensorType &ta = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", ta));
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "operand #1", ins[1].type, ta));
+  DLOPT_RETURN_IF_ERROR(
+      checkType(L.instr, "result", outs[0].type, TensorType{ta.dtype, {}}));
+  auto ws = L.r.scratch(kernels::lossWorkspaceBytes(ta.numElements()));
+  if (!ws)
+    return ws.status();
+  DLOPT_LAUNCH(L, kernels::mse(L.stream, ta.dtype, ins[0].data, ins[1].data,
+                               outs[0].data, ta.numElements(), *ws));
+  return Status::ok();
+}
+
+//===--- Attention and rope ---------------------------------------------------===//
+
+Status attentionDims(const Instr &instr, Ins ins, bool grad,
+                     kernels::AttentionDims &a) {
+  const TensorType &tq = ins[0].type, &tk = ins[1].type, &tv = ins[2].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "q", tq));
+  size_t num = grad ? 4 : 3;
+  for (size_t i = 0; i < num; ++i)
+    if (ins[i].type.shape.size() != 4 || ins[i].type.dtype != tq.dtype)
+      return opError(instr, std::string("expects q, k, v") +
+                                (grad ? ", dout" : "") +
+                                " of rank 4 with one float element type, "
+                                "got " + typeStr(tq) + ", " + typeStr(tk) +
+                                ", " + typeStr(tv) +
+                                (grad ? ", " + typeStr(ins[3].type) : ""));
+  a.b = tq.shape[0];
+  a.h = tq.shape[1];
+  a.s = tq.shape[2];
+  a.d = tq.shape[3];
+  a.g = tk.shape[1];
+  a.t = tk.shape[2];
+  a.e = tv.shape[3];
+  if (tk.shape[0] != a.b || tv.shape[0] != a.b || tk.shape[3] != a.d ||
+      tv.shape[1] != a.g || tv.shape[2] != a.t || a.g == 0 || a.h % a.g != 0)
+    return opError(instr, "expects q [B,H,S,D], k [B,G,T,D], v [B,G,T,E] "
+                          "with H % G == 0, got " + typeStr(tq) + ", " +
+                              typeStr(tk) + ", " + typeStr(tv));
+  bool causal = false;
+  double scale = a.d > 0 ? 1.0 / std::sqrt(double(a.d)) : 1.0;
+  DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(instr, "causal", causal));
+  DLOPT_RETURN_IF_ERROR(cpu::getOptFloatAttr(instr, "scale", scale));
+  a.causal = causal;
+  a.scale = float(scale);
+  if (a.d > kernels::kMaxHeadDim || a.e > kernels::kMaxHeadDim)
+    return opError(instr, "head dims D = " + std::to_string(a.d) + ", E = " +
+                              std::to_string(a.e) +
+                              " exceed the CUDA attention kernels' limit of " +
+                              std::to_string(kernels::kMaxHeadDim));
+  return Status::ok();
+}
+
+Status attentionHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 3, 1));
+  kernels::AttentionDims a;
+  DLOPT_RETURN_IF_ERROR(attentionDims(L.instr, ins, false, a));
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type,
+                                  TensorType{ins[0].type.dtype,
+                                             {a.b, a.h, a.s, a.e}}));
+  if (outs[0].numElements() == 0)
+    return Status::ok();
+  DLOPT_LAUNCH(L, kernels::attention(L.stream, ins[0].type.dtype, a,
+                                     ins[0].data, ins[1].data, ins[2].data,
+                                     outs[0].data));
+  return Status::ok();
+}
+
+Status attentionGradHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 4, 3));
+  kernels::AttentionDims a;
+  DLOPT_RETURN_IF_ERROR(attentionDims(L.instr, ins, true, a));
+  DType dt = ins[0].type.dtype;
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "dout", ins[3].type,
+                                  TensorType{dt, {a.b, a.h, a.s, a.e}}));
+  DLOPT_RETURN_IF_ERROR(
+      checkType(L.instr, "result #0 (dq)", outs[0].type, ins[0].type));
+  DLOPT_RETURN_IF_ERROR(
+      checkType(L.instr, "result #1 (dk)", outs[1].type, ins[1].type));
+  DLOPT_RETURN_IF_ERROR(
+      checkType(L.instr, "result #2 (dv)", outs[2].type, ins[2].type));
+  auto ws = L.r.scratch(kernels::attentionGradWorkspaceBytes(a));
+  if (!ws)
+    return ws.status();
+  DLOPT_LAUNCH(L, kernels::attentionGrad(L.stream, dt, a, ins[0].data,
+                                         ins[1].data, ins[2].data, ins[3].data,
+                                         outs[0].data, outs[1].data,
+                                         outs[2].data, *ws));
+  return Status::ok();
+}
+
+Status ropeHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
+  const TensorType &tx = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", tx));
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, tx));
+  size_t rank = tx.shape.size();
+  if (rank < 2 || tx.shape[rank - 1] % 2 != 0)
+    return opError(L.instr, "expects rank >= 2 and an even last dim, got " +
+                                typeStr(tx));
+  double theta = 10000.0;
+  bool inverse = false;
+  DLOPT_RETURN_IF_ERROR(cpu::getOptFloatAttr(L.instr, "theta", theta));
+  DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(L.instr, "inverse", inverse));
+  int64_t s = tx.shape[rank - 2], d = tx.shape[rank - 1];
+  if (tx.numElements() == 0)
+    return Status::ok();
+  DLOPT_LAUNCH(L, kernels::rope(L.stream, tx.dtype, ins[0].data, outs[0].data,
+                                tx.numElements() / d, s, d, theta, inverse));
+  return Status::ok();
+}
+#endif // DLOPT_CUDA_KERNELS
+
+const std::unordered_map<std::string, Handler> &handlers() {
+  static const std::unordered_map<std::string, Handler> table = [] {
+    std::unordered_map<std::string, Handler> h;
+    h["matmul"] = matmulHandler;
+    h["reshape"] = reshapeHandler;
+#ifdef DLOPT_CUDA_KERNELS
+    using U = kernels::UnaryOp;
+    using B = kernels::BinaryOp;
+    using R = kernels::ReduceKind;
+    h["neg"] = unaryHandler<U::Neg, true>;
+    h["abs"] = unaryHandler<U::Abs, true>;
+    h["relu"] = unaryHandler<U::Relu, true>;
+    h["exp"] = unaryHandler<U::Exp, false>;
+    h["log"] = unaryHandler<U::Log, false>;
+    h["sqrt"] = unaryHandler<U::Sqrt, false>;
+    h["rsqrt"] = unaryHandler<U::Rsqrt, false>;
+    h["tanh"] = unaryHandler<U::Tanh, false>;
+    h["sin"] = unaryHandler<U::Sin, false>;
+    h["cos"] = unaryHandler<U::Cos, false>;
+    h["sigmoid"] = unaryHandler<U::Sigmoid, false>;
+    h["silu"] = unaryHandler<U::Silu, false>;
+    h["gelu"] = geluHandler;
+    h["cast"] = castHandler;
+    h["add"] = binaryHandler<B::Add>;
+    h["sub"] = binaryHandler<B::Sub>;
+    h["mul"] = binaryHandler<B::Mul>;
+    h["div"] = binaryHandler<B::Div>;
+    h["maximum"] = binaryHandler<B::Max>;
+    h["minimum"] = binaryHandler<B::Min>;
+    h["pow"] = binaryHandler<B::Pow>;
+    h["compare"] = compareHandler;
+    h["select"] = selectHandler;
+    h["gelu_grad"] = geluGradHandler;
+    h["dropout"] = dropoutHandler;
+    h["transpose"] = transposeHandler;
+    h["broadcast_to"] = broadcastToHandler;
+    h["concat"] = concatHandler;
+    h["slice"] = sliceHandler;
+    h["slice_grad"] = sliceGradHandler;
+    h["gather"] = gatherHandler;
+    h["iota"] = iotaHandler;
+    h["scatter_add"] = scatterAddHandler;
+    h["sum"] = reduceHandler<R::Sum>;
+    h["mean"] = reduceHandler<R::Mean>;
+    h["max"] = reduceHandler<R::Max>;
+    h["softmax"] = softmaxHandler<false>;
+    h["log_softmax"] = softmaxHandler<true>;
+    h["softmax_grad"] = softmaxGradHandler<false>;
+    h["log_softmax_grad"] = softmaxGradHandler<true>;
+    h["layer_norm"] = normHandler<false>;
+    h["rms_norm"] = normHandler<true>;
+    h["layer_norm_grad"] = normGradHandler<false>;
+    h["rms_norm_grad"] = normGradHandler<true>;
+    h["cross_entropy"] = crossEntropyHandler;
+    h["cross_entropy_grad"] = crossEntropyGradHandler;
+    h["mse"] = mseHandler;
+    h["attention"] = attentionHandler;
+    h["attention_grad"] = attentionGradHandler;
+    h["rope"] = ropeHandler;
+#endif
+    return h;
+  }();
+  return table;
+}
+
+} // namespace
+
+bool CudaBackend::supportsOp(const std::string &op) const {
+  return handlers().count(op) != 0;
+}
+
+std::vector<std::string> CudaBackend::supportedOps() {
+  std::vector<std::string> ops;
+  for (const auto &[name, fn] : handlers())
+    ops.push_back(name);
+  std::sort(ops.begin(), ops.end());
+  return ops;
+}
+
+//===----------------------------------------------------------------------===//
+// Running and synchronizing
+//===----------------------------------------------------------------------===//
+
+Status CudaBackend::run(const Instr &instr, std::span<const TensorRef> ins,
+                        std::span<const TensorRef> outs,
+                        const RunContext &ctx) {
+  auto it = handlers().find(instr.op);
+  if (it == handlers().end())
+    return Status::error("no CUDA kernel for op '" + instr.op + "'" +
+                         (instr.loc.empty() ? "" : " at " + instr.loc) +
+                         (kernelsBuilt() ? "" : " (" + buildDescription() + ")"));
+  for (size_t i = 0; i < ins.size(); ++i)
+    if (!ins[i].data && ins[i].numElements() > 0)
+      return opError(instr, "operand #" + std::to_string(i) + " has no buffer");
+  for (size_t i = 0; i < outs.size(); ++i)
+    if (!outs[i].data && outs[i].numElements() > 0)
+      return opError(instr, "result #" + std::to_string(i) + " has no buffer");
+  auto st = rankState(ctx.rank);
+  if (!st)
+    return st.status();
+  Rank &r = **st;
+  DLOPT_RETURN_IF_ERROR(r.setDevice());
+  std::vector<ByteRange> reads, writes;
+  for (const TensorRef &t : ins)
+    reads.push_back(r.rangeOf(t));
+  for (const TensorRef &t : outs)
+    writes.push_back(r.rangeOf(t));
+  StreamKind kind = isCommunicationOp(instr.op) ? StreamKind::Comm
+                                                 : StreamKind::Compute;
+  auto stream = r.schedule(kind, std::move(reads), std::move(writes));
+  if (!stream)
+    return stream.status();
+  Launch L{r, *stream, instr};
+  return it->second(L, ins, outs);
+}
+
+Status CudaBackend::synchronize(int rank) {
+  Rank *r = findRank(rank);
+  if (!r)
+    return Status::ok(); // nothing was ever queued for this rank
+  DLOPT_RETURN_IF_ERROR(r->setDevice());
+  for (const Stream &s : r->streams)
+    DLOPT_CUDA_CHECK(lib_->cudaStreamSynchronize(s.get()));
+  Status result = Status::ok();
+#ifdef DLOPT_CUDA_KERNELS
+  kernels::DeviceError err;
+  DLOPT_CUDA_CHECK(lib_->cudaMemcpy(&err, r->errorWord.get(), sizeof err,
+                                    cudaMemcpyDeviceToHost));
+  if (err.code != 0) {
+    std::string what = err.tag >= 0 && size_t(err.tag) < r->tags.size()
+                           ? r->tags[err.tag]
+                           : "an op";
+    std::string msg;
+    switch (err.code) {
+    case kernels::kErrIdOutOfRange:
+      msg = "id " + std::to_string(err.a) + " at position " +
+            std::to_string(err.b) + " is outside [0, " +
+            std::to_string(err.c) + ")";
+      break;
+    case kernels::kErrLabelOutOfRange:
+      msg = "label " + std::to_string(err.a) + " of row " +
+            std::to_string(err.b) + " is outside [0, " + std::to_string(err.c) +
+            ") and not ignore_index";
+      break;
+    case kernels::kErrIntDivByZero:
+      msg = "integer division by zero (element " + std::to_string(err.b) +
+            " of operand #1)";
+      break;
+    default:
+      msg = "device error code " + std::to_string(err.code);
+    }
+    result = Status::error(what + ": " + msg + " (found on the device at "
+                                             "synchronize)");
+    cudaStream_t cs = r->stream(StreamKind::Compute);
+    DLOPT_CUDA_CHECK(
+        lib_->cudaMemsetAsync(r->errorWord.get(), 0, sizeof err, cs));
+    DLOPT_CUDA_CHECK(lib_->cudaStreamSynchronize(cs));
+  }
+#endif
+  DLOPT_RETURN_IF_ERROR(r->sampleMemGetInfo());
+  r->resetSchedule();
+  return result;
+}
+
+} // namespace dlopt::rt

@@ -1,0 +1,110 @@
+//===- CudaBackend.h - Runs instructions on NVIDIA GPUs -------------------===//
+//
+// The "cuda" backend (dlopt-run --backend cuda): one cudaMalloc arena per
+// rank at the size of the rank's memory plan, host<->device copies, matmul
+// on cuBLASLt, and every other supported op on the nvcc-built kernels of
+// runtime/cuda/kernels (when this build has them; without nvcc the backend
+// runs matmul and plain copies only and says "built without CUDA kernels").
+// Instructions go to a compute stream and communication instructions to a
+// comm stream, with the events runtime/cuda/StreamSchedule.h derives.
+//
+// CUDA, cuBLAS(Lt) and NCCL are loaded at run time (CudaLibrary.h); without
+// a driver or device, create() fails with "cuda backend: no CUDA device
+// (cudaGetDeviceCount: ...)".
+//
+// Status: builds and reports its errors on machines without a GPU; nothing
+// of it has run on a GPU yet (docs/gpu.md lists what has not).
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "runtime/exec/Backend.h"
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace dlopt::rt::cuda {
+struct CudaLibrary;
+}
+
+namespace dlopt::rt {
+
+struct CudaBackendOptions {
+  /// Device of rank r: `device` when >= 0 (single-rank runs), else
+  /// $DLOPT_CUDA_DEVICE, else the launcher's local rank (between-graph),
+  /// else r modulo the number of visible devices (in-graph).
+  int device = -1;
+  /// TF32 for f32 GEMMs; default from DLOPT_CUDA_TF32=1.
+  bool tf32 = false;
+};
+
+/// Device memory of one rank, in bytes.
+struct CudaMemoryStats {
+  int device = -1;
+  int64_t arenaBytes = 0;       ///< the memory plan's arena
+  int64_t workspaceBytes = 0;   ///< kernel scratch (grown on demand)
+  int64_t gemmWorkspaceBytes = 0; ///< cuBLASLt workspace (allocated once)
+  int64_t trackedPeakBytes = 0; ///< most of the three held at once
+  /// Peak of (free memory when the rank's context was set up) - (free now),
+  /// sampled by cudaMemGetInfo at every synchronize: includes what cuBLAS,
+  /// NCCL and the CUDA runtime allocate on their own.
+  int64_t memGetInfoPeakBytes = 0;
+};
+
+class CudaBackend final : public Backend {
+public:
+  /// Loads CUDA and checks for a device; the error says why not.
+  static Expected<std::unique_ptr<CudaBackend>>
+  create(const CudaBackendOptions &opts = {});
+  /// Options from the environment (DLOPT_CUDA_TF32; DLOPT_CUDA_DEVICE is
+  /// read at device selection).
+  static CudaBackendOptions optionsFromEnv();
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+  bool supportsOp(const std::string &op) const override;
+  Expected<std::unique_ptr<DeviceArena>> allocateArena(int rank,
+                                                      int64_t bytes) override;
+  Status copyToDevice(DeviceArena &arena, int64_t offset, const void *src,
+                      int64_t bytes) override;
+  Status copyToHost(void *dst, const DeviceArena &arena, int64_t offset,
+                    int64_t bytes) override;
+  Status copyOnDevice(DeviceArena &arena, int64_t dstOffset, int64_t srcOffset,
+                      int64_t bytes) override;
+  Status run(const Instr &instr, std::span<const TensorRef> ins,
+             std::span<const TensorRef> outs, const RunContext &ctx) override;
+  Status synchronize(int rank) override;
+
+  /// Memory of `rank` (zeros before its arena exists).
+  CudaMemoryStats memoryStats(int rank) const;
+  /// "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs)" style, for reports.
+  std::string deviceDescription(int rank) const;
+
+  /// Whether this build has the nvcc-built kernels, and a description of
+  /// the build ("kernels: CUDA 13.0, sm_80 sm_90" or "built without CUDA
+  /// kernels (nvcc was not found at configure time)").
+  static bool kernelsBuilt();
+  static std::string buildDescription();
+  /// Every op name supportsOp() accepts in this build, sorted.
+  static std::vector<std::string> supportedOps();
+
+  struct Rank; ///< per-rank device state (CudaBackend.cpp)
+
+private:
+  class Arena;
+  CudaBackend(const CudaBackendOptions &opts, const cuda::CudaLibrary *lib,
+              int numDevices);
+  Expected<Rank *> rankState(int rank);
+  Rank *findRank(int rank) const;
+
+  CudaBackendOptions opts_;
+  const cuda::CudaLibrary *lib_; ///< the symbol table in use
+  int numDevices_;
+  mutable std::mutex mu_;
+  std::map<int, std::unique_ptr<Rank>> ranks_;
+};
+
+} // namespace dlopt::rt

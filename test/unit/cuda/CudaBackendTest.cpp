@@ -1,0 +1,543 @@
+//===- CudaBackendTest.cpp - The cuda backend against the cpu backend -----===//
+//
+// Without a GPU: the backend's error is the documented one, its op list is
+// exact (a subset of the CPU kernels, no conv/pool/batch_norm) and the build
+// says whether it has kernels. With a GPU (tests named CudaGpu*, ctest label
+// `gpu`, skipped with the reason elsewhere): every supported op, for every
+// float dtype it takes, runs on random data through a Session on both
+// backends and the outputs agree within per-dtype tolerances (ints, i1 and
+// data movement exactly); device-side errors name their op.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cpu/CpuKernels.h"
+#include "runtime/cuda/CudaLibrary.h"
+#include "runtime/exec/CpuBackend.h"
+#include "runtime/exec/CudaBackend.h"
+#include "runtime/exec/Session.h"
+#include "test/unit/runtime/TestUtil.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+using namespace dlopt::rt;
+using dlopt::rt::test::contains;
+using dlopt::rt::test::ExeBuilder;
+
+namespace {
+
+TensorType T(std::vector<int64_t> shape, DType d) { return {d, std::move(shape)}; }
+
+//===--- Without a GPU ------------------------------------------------------===//
+
+TEST(CudaBackend, CreateFailsClearlyWithoutADevice) {
+  std::string why;
+  int n = cuda::deviceCount(&why);
+  auto b = CudaBackend::create();
+  if (n > 0) {
+    ASSERT_TRUE(b) << b.status().message();
+    EXPECT_EQ((*b)->name(), "cuda");
+    return;
+  }
+  ASSERT_FALSE(b);
+  EXPECT_TRUE(contains(b.status().message(),
+                       "cuda backend: no CUDA device (cudaGetDeviceCount: "))
+      << b.status().message();
+  std::cout << "no GPU here: " << b.status().message() << "\n";
+}
+
+TEST(CudaBackend, SupportedOpsAreExact) {
+  std::vector<std::string> ops = CudaBackend::supportedOps();
+  ASSERT_FALSE(ops.empty());
+  // Every op the cuda backend runs has a CPU reference kernel.
+  for (const std::string &op : ops)
+    EXPECT_TRUE(cpu::hasKernel(op)) << op;
+  auto has = [&](const std::string &op) {
+    return std::find(ops.begin(), ops.end(), op) != ops.end();
+  };
+  EXPECT_TRUE(has("matmul"));
+  EXPECT_TRUE(has("reshape"));
+  // No CUDA kernels for these yet (docs/gpu.md): supportsOp must say so, so
+  // plans using them fail at load naming the op.
+  for (const char *op : {"conv2d", "conv2d_grad_input", "conv2d_grad_filter",
+                         "max_pool2d", "avg_pool2d", "max_pool2d_grad",
+                         "avg_pool2d_grad", "batch_norm", "batch_norm_grad",
+                         "all_reduce", "no_such_op"})
+    EXPECT_FALSE(has(op)) << op;
+  if (CudaBackend::kernelsBuilt()) {
+    for (const char *op :
+         {"add", "mul", "cast", "sum", "softmax", "layer_norm",
+          "layer_norm_grad", "gelu", "gelu_grad", "gather", "scatter_add",
+          "cross_entropy", "cross_entropy_grad", "attention", "attention_grad",
+          "dropout", "transpose", "slice", "concat", "broadcast_to", "rope",
+          "rms_norm", "rms_norm_grad", "mse", "select", "compare", "iota"})
+      EXPECT_TRUE(has(op)) << op;
+  } else {
+    EXPECT_EQ(ops, (std::vector<std::string>{"matmul", "reshape"}));
+  }
+}
+
+TEST(CudaBackend, BuildDescriptionSaysWhatWasBuilt) {
+  std::string d = CudaBackend::buildDescription();
+  if (CudaBackend::kernelsBuilt())
+    EXPECT_TRUE(contains(d, "kernels: CUDA")) << d;
+  else
+    EXPECT_TRUE(contains(d, "built without CUDA kernels")) << d;
+}
+
+//===--- With a GPU -----------------------------------------------------------===//
+
+/// The backend, or why there is none (the test then skips).
+std::unique_ptr<Backend> cudaOrSkip(std::string &why) {
+  auto b = CudaBackend::create();
+  if (!b) {
+    why = b.status().message();
+    return nullptr;
+  }
+  return std::unique_ptr<Backend>(b.take());
+}
+
+enum class Dist { Normal, Positive, Ints, Bool };
+
+/// One conformance case: inputs with their random data, ops, outputs.
+struct Case {
+  ExeBuilder b;
+  std::vector<std::pair<std::string, HostTensor>> data;
+  std::mt19937_64 rng{12345};
+  int outputs = 0;
+
+  int32_t in(TensorType t, Dist d = Dist::Normal, int64_t lo = 0,
+             int64_t hi = 1) {
+    std::string name = "in" + std::to_string(data.size());
+    int32_t id = b.input(name, t);
+    HostTensor h(t);
+    std::normal_distribution<double> normal(0.0, 1.0);
+    std::uniform_real_distribution<double> pos(0.1, 4.0);
+    std::uniform_int_distribution<int64_t> ints(lo, hi - 1);
+    for (int64_t i = 0; i < h.numElements(); ++i) {
+      double v = d == Dist::Normal     ? normal(rng)
+                 : d == Dist::Positive ? pos(rng)
+                 : d == Dist::Ints     ? double(ints(rng))
+                                       : double(ints(rng) % 2);
+      h.setElementFromDouble(i, v);
+    }
+    data.emplace_back(name, std::move(h));
+    return id;
+  }
+  int32_t op(const std::string &name, std::vector<int32_t> operands,
+             TensorType t, std::map<std::string, AttrValue> attrs = {}) {
+    return b.op(name, std::move(operands), std::move(t), std::move(attrs));
+  }
+  /// A multi-result op: results are fresh temps of `types`.
+  std::vector<int32_t> ops(const std::string &name,
+                           std::vector<int32_t> operands,
+                           std::vector<TensorType> types,
+                           std::map<std::string, AttrValue> attrs = {}) {
+    std::vector<int32_t> rs;
+    for (TensorType &t : types)
+      rs.push_back(b.temp(t));
+    Instr in;
+    in.op = name;
+    in.operands = std::move(operands);
+    in.results = rs;
+    in.attrs = std::move(attrs);
+    in.loc = "conformance:" + std::to_string(b.instrs.size() + 1);
+    b.instrs.push_back(in);
+    return rs;
+  }
+  void out(int32_t id) { b.output("out" + std::to_string(outputs++), id); }
+};
+
+double tolerance(DType t) {
+  switch (t) {
+  case DType::F32: return 2e-4;
+  case DType::F16: return 5e-3;
+  case DType::BF16: return 3e-2;
+  default: return 0;
+  }
+}
+
+/// Runs the case on both backends and compares every output.
+void runCase(Case &c, bool exact = false) {
+  std::string why;
+  std::unique_ptr<Backend> gpu = cudaOrSkip(why);
+  if (!gpu)
+    GTEST_SKIP() << "no GPU: " << why;
+  Executable exe = c.b.build();
+  for (const Instr &in : exe.programs[0].instrs)
+    if (!gpu->supportsOp(in.op)) {
+      if (!CudaBackend::kernelsBuilt())
+        GTEST_SKIP() << "op '" << in.op << "': " << CudaBackend::buildDescription();
+      FAIL() << "op '" << in.op << "' has no CUDA kernel";
+    }
+  auto cpuS = Session::create(exe, std::make_unique<CpuBackend>());
+  auto gpuS = Session::create(exe, std::move(gpu));
+  ASSERT_TRUE(cpuS) << cpuS.status().message();
+  ASSERT_TRUE(gpuS) << gpuS.status().message();
+  for (const auto &[name, t] : c.data) {
+    ASSERT_TRUE((*cpuS)->bind(name, t).isOk());
+    ASSERT_TRUE((*gpuS)->bind(name, t).isOk());
+  }
+  auto want = (*cpuS)->run();
+  ASSERT_TRUE(want) << want.status().message();
+  auto got = (*gpuS)->run();
+  ASSERT_TRUE(got) << got.status().message();
+  ASSERT_EQ(got->size(), want->size());
+  for (size_t o = 0; o < want->size(); ++o) {
+    const HostTensor &w = (*want)[o].tensor, &g = (*got)[o].tensor;
+    ASSERT_EQ(g.type, w.type);
+    double tol = exact ? 0 : tolerance(w.type.dtype);
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < w.numElements(); ++i) {
+      double a = w.elementAsDouble(i), x = g.elementAsDouble(i);
+      bool ok = (std::isnan(a) && std::isnan(x)) || a == x ||
+                (tol > 0 && std::fabs(x - a) <= tol * (1 + std::fabs(a)));
+      if (!ok && bad++ == 0)
+        first = i;
+    }
+    EXPECT_EQ(bad, 0) << (*want)[o].name << " (" << w.type.str() << "): "
+                      << bad << " of " << w.numElements()
+                      << " elements differ; first at " << first << ": cuda "
+                      << (first >= 0 ? g.elementAsDouble(first) : 0) << ", cpu "
+                      << (first >= 0 ? w.elementAsDouble(first) : 0);
+  }
+}
+
+struct ConformanceCase {
+  std::string name;
+  std::function<void(Case &, DType)> build;
+  bool floats = true; ///< run once per float dtype (else once, f32)
+  bool exact = false;
+};
+
+std::vector<ConformanceCase> conformanceCases() {
+  std::vector<ConformanceCase> cs;
+  auto add = [&](std::string name, std::function<void(Case &, DType)> f,
+                 bool floats = true, bool exact = false) {
+    cs.push_back({std::move(name), std::move(f), floats, exact});
+  };
+  for (const char *op : {"neg", "abs", "relu", "exp", "tanh", "sin", "cos",
+                         "sigmoid", "silu", "gelu"})
+    add(op, [op](Case &c, DType d) {
+      int32_t x = c.in(T({7, 33}, d));
+      c.out(c.op(op, {x}, T({7, 33}, d)));
+    });
+  for (const char *op : {"log", "sqrt", "rsqrt"})
+    add(op, [op](Case &c, DType d) {
+      int32_t x = c.in(T({5, 17}, d), Dist::Positive);
+      c.out(c.op(op, {x}, T({5, 17}, d)));
+    });
+  add("gelu_tanh", [](Case &c, DType d) {
+    int32_t x = c.in(T({300}, d));
+    c.out(c.op("gelu", {x}, T({300}, d), {{"approximate", std::string("tanh")}}));
+  });
+  add("int_unary", [](Case &c, DType) {
+    for (DType d : {DType::I32, DType::I64}) {
+      int32_t x = c.in(T({40}, d), Dist::Ints, -100, 100);
+      for (const char *op : {"neg", "abs", "relu"})
+        c.out(c.op(op, {x}, T({40}, d)));
+    }
+  }, false, true);
+  add("cast", [](Case &c, DType) {
+    int32_t x = c.in(T({64}, DType::F32));
+    for (DType to : {DType::BF16, DType::F16, DType::I32, DType::I64, DType::I1})
+      c.out(c.op("cast", {x}, T({64}, to)));
+    int32_t i = c.in(T({64}, DType::I64), Dist::Ints, -1000, 1000);
+    for (DType to : {DType::F32, DType::BF16, DType::I32, DType::I1})
+      c.out(c.op("cast", {i}, T({64}, to)));
+    int32_t bl = c.in(T({64}, DType::I1), Dist::Bool, 0, 2);
+    c.out(c.op("cast", {bl}, T({64}, DType::F16)));
+  }, false, true);
+  for (const char *op : {"add", "sub", "mul", "div", "maximum", "minimum"})
+    add(std::string(op) + "_broadcast", [op](Case &c, DType d) {
+      int32_t a = c.in(T({4, 1, 8}, d));
+      int32_t b = c.in(T({3, 8}, d), Dist::Positive);
+      c.out(c.op(op, {a, b}, T({4, 3, 8}, d)));
+      int32_t s = c.in(T({}, d), Dist::Positive);
+      c.out(c.op(op, {a, s}, T({4, 1, 8}, d)));
+    });
+  add("pow", [](Case &c, DType d) {
+    int32_t a = c.in(T({6, 5}, d), Dist::Positive);
+    int32_t b = c.in(T({5}, d));
+    c.out(c.op("pow", {a, b}, T({6, 5}, d)));
+  });
+  add("int_binary", [](Case &c, DType) {
+    for (DType d : {DType::I32, DType::I64}) {
+      int32_t a = c.in(T({5, 6}, d), Dist::Ints, -50, 50);
+      int32_t b = c.in(T({6}, d), Dist::Ints, 1, 9);
+      for (const char *op : {"add", "sub", "mul", "div", "maximum", "minimum"})
+        c.out(c.op(op, {a, b}, T({5, 6}, d)));
+    }
+  }, false, true);
+  add("compare_select", [](Case &c, DType d) {
+    int32_t a = c.in(T({5, 6}, d)), b = c.in(T({6}, d));
+    for (const char *p : {"eq", "ne", "lt", "le", "gt", "ge"}) {
+      int32_t m = c.op("compare", {a, b}, T({5, 6}, DType::I1),
+                       {{"predicate", std::string(p)}});
+      c.out(m);
+      c.out(c.op("select", {m, a, b}, T({5, 6}, d)));
+    }
+  }, true, true);
+  add("gelu_grad", [](Case &c, DType d) {
+    int32_t x = c.in(T({9, 10}, d)), dy = c.in(T({9, 10}, d));
+    c.out(c.op("gelu_grad", {x, dy}, T({9, 10}, d)));
+    c.out(c.op("gelu_grad", {x, dy}, T({9, 10}, d),
+               {{"approximate", std::string("tanh")}}));
+  });
+  add("dropout", [](Case &c, DType d) {
+    int32_t x = c.in(T({33, 65}, d));
+    int32_t step = c.in(T({}, DType::I64), Dist::Ints, 0, 1000);
+    c.out(c.op("dropout", {x}, T({33, 65}, d), {{"rate", 0.25}, {"seed", int64_t(7)}}));
+    c.out(c.op("dropout", {x, step}, T({33, 65}, d),
+               {{"rate", 0.5}, {"seed", int64_t(42)}}));
+  }, true, true);
+  add("data_movement", [](Case &c, DType d) {
+    int32_t x = c.in(T({2, 3, 4, 5}, d));
+    c.out(c.op("transpose", {x}, T({2, 4, 3, 5}, d),
+               {{"perm", std::vector<int64_t>{0, 2, 1, 3}}}));
+    c.out(c.op("transpose", {x}, T({5, 4, 3, 2}, d),
+               {{"perm", std::vector<int64_t>{3, 2, 1, 0}}}));
+    c.out(c.op("reshape", {x}, T({6, 20}, d)));
+    int32_t r = c.in(T({3, 1, 5}, d));
+    c.out(c.op("broadcast_to", {r}, T({2, 3, 4, 5}, d)));
+    int32_t y = c.in(T({2, 2, 4, 5}, d));
+    c.out(c.op("concat", {x, y}, T({2, 5, 4, 5}, d), {{"dim", int64_t(1)}}));
+    std::map<std::string, AttrValue> sl = {
+        {"start", std::vector<int64_t>{0, 1, 0, 1}},
+        {"limit", std::vector<int64_t>{2, 3, 4, 5}},
+        {"stride", std::vector<int64_t>{1, 1, 2, 2}}};
+    c.out(c.op("slice", {x}, T({2, 2, 2, 2}, d), sl));
+    int32_t g = c.in(T({2, 2, 2, 2}, d));
+    c.out(c.op("slice_grad", {g}, T({2, 3, 4, 5}, d), sl));
+  }, true, true);
+  add("gather_iota", [](Case &c, DType d) {
+    int32_t table = c.in(T({50, 12}, d));
+    int32_t ids = c.in(T({3, 7}, DType::I32), Dist::Ints, 0, 50);
+    c.out(c.op("gather", {table, ids}, T({3, 7, 12}, d)));
+    int32_t ids64 = c.in(T({5}, DType::I64), Dist::Ints, 0, 50);
+    c.out(c.op("gather", {table, ids64}, T({5, 12}, d)));
+    c.out(c.op("iota", {}, T({4, 6}, DType::I32), {{"dim", int64_t(1)}}));
+    c.out(c.op("iota", {}, T({4, 6}, d), {{"dim", int64_t(0)}}));
+  }, true, true);
+  add("scatter_add", [](Case &c, DType d) {
+    int32_t ids = c.in(T({4, 9}, DType::I32), Dist::Ints, 0, 10);
+    int32_t up = c.in(T({4, 9, 16}, d));
+    c.out(c.op("scatter_add", {ids, up}, T({10, 16}, d)));
+  });
+  for (const char *op : {"sum", "mean", "max"})
+    add(std::string("reduce_") + op, [op](Case &c, DType d) {
+      int32_t x = c.in(T({6, 7, 40}, d));
+      c.out(c.op(op, {x}, T({6, 7}, d), {{"dims", std::vector<int64_t>{2}}}));
+      c.out(c.op(op, {x}, T({40}, d), {{"dims", std::vector<int64_t>{0, 1}}}));
+      c.out(c.op(op, {x}, T({1, 7, 1}, d),
+                 {{"dims", std::vector<int64_t>{0, 2}}, {"keepdims", int64_t(1)}}));
+      c.out(c.op(op, {x}, T({}, d), {{"dims", std::vector<int64_t>{0, 1, 2}}}));
+    });
+  add("reduce_int", [](Case &c, DType) {
+    int32_t x = c.in(T({6, 50}, DType::I64), Dist::Ints, -1000, 1000);
+    c.out(c.op("sum", {x}, T({6}, DType::I64), {{"dims", std::vector<int64_t>{1}}}));
+    c.out(c.op("max", {x}, T({50}, DType::I64), {{"dims", std::vector<int64_t>{0}}}));
+  }, false, true);
+  add("matmul", [](Case &c, DType d) {
+    int32_t a = c.in(T({24, 40}, d)), b = c.in(T({40, 16}, d));
+    c.out(c.op("matmul", {a, b}, T({24, 16}, d)));
+    int32_t bt = c.in(T({16, 40}, d));
+    c.out(c.op("matmul", {a, bt}, T({24, 16}, d), {{"transpose_b", int64_t(1)}}));
+    int32_t at = c.in(T({40, 24}, d));
+    c.out(c.op("matmul", {at, b}, T({24, 16}, d), {{"transpose_a", int64_t(1)}}));
+    int32_t x3 = c.in(T({2, 8, 40}, d));
+    c.out(c.op("matmul", {x3, b}, T({2, 8, 16}, d)));
+    int32_t ba = c.in(T({2, 1, 8, 40}, d)), bb = c.in(T({3, 40, 16}, d));
+    c.out(c.op("matmul", {ba, bb}, T({2, 3, 8, 16}, d)));
+  });
+  for (bool log : {false, true})
+    add(log ? "log_softmax" : "softmax", [log](Case &c, DType d) {
+      std::string op = log ? "log_softmax" : "softmax";
+      int32_t x = c.in(T({5, 6, 70}, d));
+      int32_t y2 = c.op(op, {x}, T({5, 6, 70}, d), {{"dim", int64_t(2)}});
+      c.out(y2);
+      int32_t y0 = c.op(op, {x}, T({5, 6, 70}, d), {{"dim", int64_t(0)}});
+      c.out(y0);
+      int32_t dy = c.in(T({5, 6, 70}, d));
+      c.out(c.op(op + "_grad", {y2, dy}, T({5, 6, 70}, d), {{"dim", int64_t(2)}}));
+      c.out(c.op(op + "_grad", {y0, dy}, T({5, 6, 70}, d), {{"dim", int64_t(0)}}));
+    });
+  add("layer_norm", [](Case &c, DType d) {
+    int32_t x = c.in(T({3, 5, 96}, d)), w = c.in(T({96}, d)), b = c.in(T({96}, d));
+    c.out(c.op("layer_norm", {x, w, b}, T({3, 5, 96}, d),
+               {{"axis", int64_t(2)}, {"eps", 1e-5}, {"has_weight", int64_t(1)},
+                {"has_bias", int64_t(1)}}));
+    c.out(c.op("layer_norm", {x}, T({3, 5, 96}, d),
+               {{"axis", int64_t(1)}, {"eps", 1e-5}, {"has_weight", int64_t(0)},
+                {"has_bias", int64_t(0)}}));
+    int32_t dy = c.in(T({3, 5, 96}, d));
+    for (int32_t r : c.ops("layer_norm_grad", {x, dy, w},
+                           {T({3, 5, 96}, d), T({96}, d), T({96}, d)},
+                           {{"axis", int64_t(2)}, {"eps", 1e-5},
+                            {"has_weight", int64_t(1)}}))
+      c.out(r);
+  });
+  add("rms_norm", [](Case &c, DType d) {
+    int32_t x = c.in(T({7, 128}, d)), w = c.in(T({128}, d));
+    c.out(c.op("rms_norm", {x, w}, T({7, 128}, d),
+               {{"axis", int64_t(1)}, {"eps", 1e-6}, {"has_weight", int64_t(1)}}));
+    int32_t dy = c.in(T({7, 128}, d));
+    for (int32_t r : c.ops("rms_norm_grad", {x, dy, w},
+                           {T({7, 128}, d), T({128}, d)},
+                           {{"axis", int64_t(1)}, {"eps", 1e-6},
+                            {"has_weight", int64_t(1)}}))
+      c.out(r);
+  });
+  add("cross_entropy", [](Case &c, DType d) {
+    int32_t logits = c.in(T({12, 50}, d));
+    int32_t labels = c.in(T({12}, DType::I32), Dist::Ints, -1, 50);
+    std::map<std::string, AttrValue> ig = {{"ignore_index", int64_t(-1)}};
+    c.out(c.op("cross_entropy", {logits, labels}, T({}, d), ig));
+    int32_t dl = c.in(T({}, d), Dist::Positive);
+    c.out(c.op("cross_entropy_grad", {logits, labels, dl}, T({12, 50}, d), ig));
+    int32_t a = c.in(T({9, 11}, d)), b = c.in(T({9, 11}, d));
+    c.out(c.op("mse", {a, b}, T({}, d)));
+  });
+  for (bool causal : {false, true})
+    add(causal ? "attention_causal" : "attention", [causal](Case &c, DType d) {
+      // GQA (4 query heads on 2 kv heads), S != T, a tail tile.
+      int64_t B = 2, H = 4, G = 2, S = 37, Tk = 45, D = 32, E = 24;
+      int32_t q = c.in(T({B, H, S, D}, d)), k = c.in(T({B, G, Tk, D}, d)),
+              v = c.in(T({B, G, Tk, E}, d));
+      std::map<std::string, AttrValue> at = {{"causal", int64_t(causal)},
+                                             {"scale", 0.2}};
+      c.out(c.op("attention", {q, k, v}, T({B, H, S, E}, d), at));
+      int32_t dout = c.in(T({B, H, S, E}, d));
+      for (int32_t r : c.ops("attention_grad", {q, k, v, dout},
+                             {T({B, H, S, D}, d), T({B, G, Tk, D}, d),
+                              T({B, G, Tk, E}, d)},
+                             at))
+        c.out(r);
+    });
+  add("attention_head128", [](Case &c, DType d) {
+    int64_t B = 1, H = 2, S = 70, D = 128;
+    int32_t q = c.in(T({B, H, S, D}, d)), k = c.in(T({B, H, S, D}, d)),
+            v = c.in(T({B, H, S, D}, d));
+    std::map<std::string, AttrValue> at = {{"causal", int64_t(1)},
+                                           {"scale", 1.0 / std::sqrt(128.0)}};
+    c.out(c.op("attention", {q, k, v}, T({B, H, S, D}, d), at));
+    int32_t dout = c.in(T({B, H, S, D}, d));
+    for (int32_t r : c.ops("attention_grad", {q, k, v, dout},
+                           {T({B, H, S, D}, d), T({B, H, S, D}, d),
+                            T({B, H, S, D}, d)},
+                           at))
+      c.out(r);
+  });
+  add("rope", [](Case &c, DType d) {
+    int32_t x = c.in(T({2, 3, 10, 16}, d));
+    c.out(c.op("rope", {x}, T({2, 3, 10, 16}, d), {{"theta", 10000.0}}));
+    c.out(c.op("rope", {x}, T({2, 3, 10, 16}, d),
+               {{"theta", 500000.0}, {"inverse", int64_t(1)}}));
+  });
+  return cs;
+}
+
+struct Param {
+  ConformanceCase c;
+  DType dtype;
+};
+
+void PrintTo(const Param &p, std::ostream *os) {
+  *os << p.c.name << " (" << dtypeName(p.dtype) << ")";
+}
+
+std::vector<Param> params() {
+  std::vector<Param> ps;
+  for (const ConformanceCase &c : conformanceCases()) {
+    if (c.floats)
+      for (DType d : {DType::F32, DType::BF16, DType::F16})
+        ps.push_back({c, d});
+    else
+      ps.push_back({c, DType::F32});
+  }
+  return ps;
+}
+
+class CudaGpuConformance : public ::testing::TestWithParam<Param> {};
+
+TEST_P(CudaGpuConformance, MatchesCpuBackend) {
+  Case c;
+  GetParam().c.build(c, GetParam().dtype);
+  runCase(c, GetParam().c.exact);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ops, CudaGpuConformance, ::testing::ValuesIn(params()),
+    [](const ::testing::TestParamInfo<Param> &info) {
+      return info.param.c.name + "_" + dtypeName(info.param.dtype);
+    });
+
+TEST(CudaGpu, DeviceErrorsNameTheirOp) {
+  std::string why;
+  if (!cudaOrSkip(why))
+    GTEST_SKIP() << "no GPU: " << why;
+  struct Bad {
+    const char *op;
+    std::function<void(Case &)> build;
+  } bad[] = {
+      {"gather",
+       [](Case &c) {
+         int32_t t = c.in(T({10, 4}, DType::F32));
+         int32_t ids = c.in(T({3}, DType::I64), Dist::Ints, 10, 11);
+         c.out(c.op("gather", {t, ids}, T({3, 4}, DType::F32)));
+       }},
+      {"cross_entropy",
+       [](Case &c) {
+         int32_t l = c.in(T({4, 5}, DType::F32));
+         int32_t y = c.in(T({4}, DType::I32), Dist::Ints, 5, 6);
+         c.out(c.op("cross_entropy", {l, y}, T({}, DType::F32)));
+       }},
+      {"div",
+       [](Case &c) {
+         int32_t a = c.in(T({4}, DType::I32), Dist::Ints, 1, 5);
+         int32_t b = c.in(T({4}, DType::I32), Dist::Ints, 0, 1);
+         c.out(c.op("div", {a, b}, T({4}, DType::I32)));
+       }},
+  };
+  for (Bad &b : bad) {
+    Case c;
+    b.build(c);
+    auto s = Session::create(c.b.build(), cudaOrSkip(why));
+    ASSERT_TRUE(s) << s.status().message();
+    for (const auto &[name, t] : c.data)
+      ASSERT_TRUE((*s)->bind(name, t).isOk());
+    auto r = (*s)->run();
+    ASSERT_FALSE(r) << b.op;
+    EXPECT_TRUE(contains(r.status().message(), std::string("op '") + b.op + "'"))
+        << r.status().message();
+    // The error word is cleared: a good run afterwards would succeed.
+  }
+}
+
+TEST(CudaGpu, MemoryIsReportedAgainstThePlan) {
+  std::string why;
+  std::unique_ptr<Backend> gpu = cudaOrSkip(why);
+  if (!gpu)
+    GTEST_SKIP() << "no GPU: " << why;
+  auto *cuda = static_cast<CudaBackend *>(gpu.get());
+  Case c;
+  int32_t a = c.in(T({256, 256}, DType::F32)), b = c.in(T({256, 256}, DType::F32));
+  c.out(c.op("matmul", {a, b}, T({256, 256}, DType::F32)));
+  auto s = Session::create(c.b.build(), std::move(gpu));
+  ASSERT_TRUE(s) << s.status().message();
+  for (const auto &[name, t] : c.data)
+    ASSERT_TRUE((*s)->bind(name, t).isOk());
+  ASSERT_TRUE((*s)->run());
+  CudaMemoryStats m = cuda->memoryStats(0);
+  EXPECT_GE(m.arenaBytes, (*s)->memory().plannedBytes);
+  EXPECT_GE(m.trackedPeakBytes, m.arenaBytes + m.gemmWorkspaceBytes);
+  EXPECT_GT(m.memGetInfoPeakBytes, 0);
+  std::cout << "planned " << (*s)->memory().plannedBytes << ", tracked peak "
+            << m.trackedPeakBytes << ", cudaMemGetInfo delta "
+            << m.memGetInfoPeakBytes << " on " << cuda->deviceDescription(0)
+            << "\n";
+}
+
+} // namespace
