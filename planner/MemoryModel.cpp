@@ -155,6 +155,14 @@ int64_t layersOnStage(const TransformerSpec &spec, int pp, int stage) {
   return base + (stage < extra ? 1 : 0);
 }
 
+int64_t layersOnStage(const TransformerSpec &spec, const TrainingConfig &cfg,
+                      int stage) {
+  if (!cfg.stageLayerCounts.empty() && stage >= 0 &&
+      stage < int(cfg.stageLayerCounts.size()))
+    return cfg.stageLayerCounts[stage];
+  return layersOnStage(spec, cfg.pp, stage);
+}
+
 //===----------------------------------------------------------------------===//
 // Per-stage breakdown
 //===----------------------------------------------------------------------===//
@@ -214,6 +222,27 @@ Status checkConfig(const TransformerSpec &spec, const TrainingConfig &cfg) {
                          " x v=" + std::to_string(cfg.virtualStages) +
                          " does not divide the " +
                          std::to_string(spec.numLayers) + " layers");
+  if (!cfg.stageLayerCounts.empty()) {
+    if (int(cfg.stageLayerCounts.size()) != cfg.pp)
+      return Status::error(
+          "the stage split has " + std::to_string(cfg.stageLayerCounts.size()) +
+          " entries, expected pp=" + std::to_string(cfg.pp));
+    int64_t sum = 0;
+    for (size_t i = 0; i < cfg.stageLayerCounts.size(); ++i) {
+      if (cfg.stageLayerCounts[i] < 1)
+        return Status::error("the stage split gives stage " +
+                             std::to_string(i) + " " +
+                             std::to_string(cfg.stageLayerCounts[i]) +
+                             " layers, expected at least 1");
+      sum += cfg.stageLayerCounts[i];
+    }
+    if (sum != spec.numLayers)
+      return Status::error("the stage split covers " + std::to_string(sum) +
+                           " layers, expected " +
+                           std::to_string(spec.numLayers));
+    if (cfg.schedule == PipelineSchedule::Interleaved1F1B)
+      return Status::error("interleaved 1F1B needs the uniform stage split");
+  }
   return Status::ok();
 }
 
@@ -231,7 +260,18 @@ Expected<MemoryBreakdown> transformerStageMemory(const TransformerSpec &spec,
                                                  const TrainingConfig &cfg,
                                                  int stage,
                                                  const Calibration &cal) {
+  return transformerStageMemoryWithLayers(spec, cfg, stage,
+                                          layersOnStage(spec, cfg, stage), cal);
+}
+
+Expected<MemoryBreakdown>
+transformerStageMemoryWithLayers(const TransformerSpec &spec,
+                                 const TrainingConfig &cfg, int stage,
+                                 int64_t layersHere, const Calibration &cal) {
   DLOPT_RETURN_IF_ERROR(checkConfig(spec, cfg));
+  if (layersHere < 1)
+    return Status::error("a pipeline stage needs at least 1 layer, got " +
+                         std::to_string(layersHere));
   if (stage < 0 || stage >= cfg.pp)
     return Status::error("stage " + std::to_string(stage) +
                          " is out of range for pp=" + std::to_string(cfg.pp));
@@ -243,7 +283,7 @@ Expected<MemoryBreakdown> transformerStageMemory(const TransformerSpec &spec,
   const PrecisionConfig &pr = cfg.precision;
 
   // Parameters this device holds before ZeRO.
-  double layers = layersOnStage(spec, cfg.pp, stage);
+  const double layers = double(layersHere);
   double params = layers * layerParamsPerTpRank(spec, cfg.tp);
   if (first)
     params += v * h / t + (spec.learnedPositions ? spec.seqLen * h : 0.0);

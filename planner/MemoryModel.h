@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dlopt::planner {
 
@@ -86,6 +87,11 @@ struct TrainingConfig {
   bool sequenceParallel = false;
   Optimizer optimizer = Optimizer::Adam;
   PrecisionConfig precision;
+  /// Layers per pipeline stage when the split is not the uniform one (a
+  /// heterogeneous cluster gives faster stages more layers). Empty means
+  /// uniform: the first L mod pp stages get one layer more. When set it has
+  /// pp entries, each >= 1, summing to the model's layers.
+  std::vector<int64_t> stageLayerCounts;
 };
 
 /// Activation bytes one layer keeps for one micro-batch (Korthikanti et al.
@@ -111,6 +117,10 @@ double microBatchesInFlight(const TrainingConfig &cfg, int stage);
 /// Layers assigned to pipeline stage `stage` (the first L mod pp stages get
 /// one extra).
 int64_t layersOnStage(const TransformerSpec &spec, int pp, int stage);
+/// Layers on stage `stage` under `cfg`: cfg.stageLayerCounts when set, the
+/// uniform split otherwise.
+int64_t layersOnStage(const TransformerSpec &spec, const TrainingConfig &cfg,
+                      int stage);
 
 struct MemoryBreakdown {
   int stage = 0;
@@ -133,6 +143,12 @@ Expected<MemoryBreakdown> transformerStageMemory(const TransformerSpec &spec,
                                                  const TrainingConfig &cfg,
                                                  int stage,
                                                  const Calibration &cal = {});
+/// The same for a stage holding `layers` layers, whatever cfg's split says
+/// (the heterogeneous partitioner probes stage sizes with it).
+Expected<MemoryBreakdown>
+transformerStageMemoryWithLayers(const TransformerSpec &spec,
+                                 const TrainingConfig &cfg, int stage,
+                                 int64_t layers, const Calibration &cal = {});
 /// The stage with the largest total.
 Expected<MemoryBreakdown> transformerPeakMemory(const TransformerSpec &spec,
                                                 const TrainingConfig &cfg,

@@ -183,6 +183,9 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
       extra += " + pre";
     if (s + 1 == p.stageLayers.size() && g.group("post"))
       extra += " + post";
+    if (s < p.stageGpus.size())
+      extra += printf(" on %s (%.0f GiB)", p.stageGpus[s].c_str(),
+                      p.stageCapacity[s] / kGiB);
     r += printf("  stage %zu: layers %s (%zu)%s\n", s,
                 layerRange(p.stageLayers[s]).c_str(), p.stageLayers[s].size(),
                 extra.c_str());
@@ -244,7 +247,9 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
               p.peakFlops / 1e12, p.training ? "6*params" : "2*params");
 
   const MemoryBreakdown &m = p.best.memory;
-  r += printf("\n== memory per device (stage %d, the largest) ==\n", m.stage);
+  r += printf("\n== memory per device (stage %d, %s) ==\n", m.stage,
+              p.stageGpus.empty() ? "the largest"
+                                  : "the least headroom on its own GPU");
   auto row = [&](const char *n, double v) {
     r += printf("  %-14s %10.3f GiB\n", n, v / kGiB);
   };
@@ -303,6 +308,8 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
     j["recompute"] = recomputeName(c.cfg.recompute);
     j["layout"] = c.process.layout == ProcessLayout::InGraph ? "in-graph"
                                                              : "between-graph";
+    if (!c.cfg.stageLayerCounts.empty()) // heterogeneous clusters
+      j["stage_layers"] = c.cfg.stageLayerCounts;
     return j;
   };
   auto memory = [](const MemoryBreakdown &m, double cap) {
@@ -352,12 +359,18 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
       {"why", p.best.process.why},
       {"launch", launchCommand(cluster, p.best.process, "model.plan")}};
   json stages = json::array();
-  for (size_t s = 0; s < p.stageLayers.size(); ++s)
-    stages.push_back({{"stage", s},
-                      {"layers", p.stageLayers[s]},
-                      {"pre", s == 0 && g.group("pre") != nullptr},
-                      {"post", s + 1 == p.stageLayers.size() &&
-                                   g.group("post") != nullptr}});
+  for (size_t s = 0; s < p.stageLayers.size(); ++s) {
+    json st = {{"stage", s},
+               {"layers", p.stageLayers[s]},
+               {"pre", s == 0 && g.group("pre") != nullptr},
+               {"post", s + 1 == p.stageLayers.size() &&
+                            g.group("post") != nullptr}};
+    if (s < p.stageGpus.size()) {
+      st["gpu"] = p.stageGpus[s];
+      st["capacity"] = p.stageCapacity[s];
+    }
+    stages.push_back(std::move(st));
+  }
   j["stages"] = stages;
   json ranks = json::array();
   for (int rank = 0; rank < devices; ++rank) {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <set>
 #include <tuple>
@@ -217,6 +218,11 @@ std::string Candidate::key() const {
     s += " v=" + std::to_string(cfg.virtualStages);
   s += " zero=" + std::to_string(cfg.zeroStage) +
        " recompute=" + recomputeName(cfg.recompute);
+  if (!cfg.stageLayerCounts.empty()) {
+    s += " split=";
+    for (size_t i = 0; i < cfg.stageLayerCounts.size(); ++i)
+      s += (i ? "/" : "") + std::to_string(cfg.stageLayerCounts[i]);
+  }
   return s;
 }
 
@@ -292,6 +298,14 @@ struct LayerTimes {
   double pre = 0, post = 0;
 };
 
+/// Where the pipeline stages of a candidate land on a heterogeneous
+/// cluster: stage st holds ranks [st*S, (st+1)*S), S = tp*cp*dp.
+struct StagePlacement {
+  std::vector<int> kind;        ///< GPU kind per stage (its slowest)
+  std::vector<double> capacity; ///< smallest device memory per stage
+  bool uniform = true;          ///< every stage has one kind and capacity
+};
+
 struct Shape {
   int dp, tp, pp, cp;
   bool operator<(const Shape &o) const {
@@ -306,21 +320,38 @@ struct Ctx {
   const SearchOptions &opt;
   TransformerSpec spec{};
   GpuSpec gpu{}; ///< the slowest GPU kind
-  double capacity = 0;
+  double capacity = 0; ///< the smallest device memory
+  /// Heterogeneous clusters: the distinct GPU kinds, the kind of each node
+  /// group and the first rank of each group. Pipeline stages are placed on
+  /// consecutive ranks (rank order tp, cp, dp, pp), so a stage lives on the
+  /// groups its rank range touches.
+  bool hetero = false;
+  /// Every layer costs the same (a stage's time depends on its layer count
+  /// only), which lets the heterogeneous split use the faster count search.
+  bool identicalLayers = false;
+  std::vector<GpuSpec> kinds{};
+  std::vector<int> groupKind{};
+  std::vector<int> groupFirstRank{};
+  std::map<std::pair<int, int>, StagePlacement> placementCache{};
   double modelBatch = 1;
   double kvFraction = 1; ///< key/value heads / query heads
   int gpusPerNode = 1;
   HostSpec host{}; ///< the most constrained host
   std::vector<GroupCost> layers{};
   GroupCost pre{}, post{};
-  std::map<std::tuple<int64_t, int, int, bool>, LayerTimes> timeCache{};
+  std::map<std::tuple<int64_t, int, int, bool, int>, LayerTimes> timeCache{};
   std::map<std::pair<int, int>, Expected<CommGroup>> groupCache{};
 
-  double roofline(OpKind kind, double flops, double bytes) const {
+  const GpuSpec &kindSpec(int kind) const {
+    return kind < 0 || kind >= int(kinds.size()) ? gpu : kinds[kind];
+  }
+
+  double roofline(OpKind kind, double flops, double bytes,
+                  int gpuKind = -1) const {
     if (flops <= 0 && bytes <= 0)
       return 0;
     OpCost op{kind, opt.precision, flops, bytes};
-    auto e = cost.computeTime(op, gpu);
+    auto e = cost.computeTime(op, kindSpec(gpuKind));
     return e ? e->time : 0;
   }
 
@@ -328,24 +359,28 @@ struct Ctx {
   /// its matmuls, attention and split elementwise work divided by tp and the
   /// replicated part divided by tp only under sequence parallelism.
   double groupTime(const GroupCost &g, double scale, int tp, bool sp,
-                   double *attention) const {
+                   double *attention, int gpuKind) const {
     double att = roofline(OpKind::Attention, g.attFlops * scale / tp,
-                          g.attBytes * scale / tp);
+                          g.attBytes * scale / tp, gpuKind);
     if (attention)
       *attention = att;
     double repDiv = sp ? tp : 1;
     return roofline(OpKind::Matmul, g.mmFlops * scale / tp,
-                    g.mmBytes * scale / tp) +
+                    g.mmBytes * scale / tp, gpuKind) +
            att +
            roofline(OpKind::Elementwise,
                     (g.otFlops - g.repFlops) * scale / tp +
                         g.repFlops * scale / repDiv,
                     (g.otBytes - g.repBytes) * scale / tp +
-                        g.repBytes * scale / repDiv);
+                        g.repBytes * scale / repDiv,
+                    gpuKind);
   }
 
-  const LayerTimes &times(int64_t mbs, int tp, int cp, bool sp) {
-    auto key = std::make_tuple(mbs, tp, cp, sp);
+  /// Per-layer forward times of one micro-batch on GPU kind `gpuKind` (-1:
+  /// the slowest kind).
+  const LayerTimes &times(int64_t mbs, int tp, int cp, bool sp,
+                          int gpuKind = -1) {
+    auto key = std::make_tuple(mbs, tp, cp, sp, gpuKind);
     auto it = timeCache.find(key);
     if (it != timeCache.end())
       return it->second;
@@ -359,16 +394,54 @@ struct Ctx {
     t.opsPrefix.push_back(0);
     for (const GroupCost &g : layers) {
       double att = 0;
-      double f = groupTime(g, scale, tp, sp, &att);
+      double f = groupTime(g, scale, tp, sp, &att, gpuKind);
       t.fwd.push_back(f);
       t.attention.push_back(att);
       t.prefix.push_back(t.prefix.back() + f);
       t.attPrefix.push_back(t.attPrefix.back() + att);
       t.opsPrefix.push_back(t.opsPrefix.back() + g.ops);
     }
-    t.pre = groupTime(pre, scale, tp, sp, nullptr);
-    t.post = groupTime(post, scale, tp, sp, nullptr);
+    t.pre = groupTime(pre, scale, tp, sp, nullptr, gpuKind);
+    t.post = groupTime(post, scale, tp, sp, nullptr, gpuKind);
     return timeCache.emplace(key, std::move(t)).first->second;
+  }
+
+  /// The GPU kind and memory of each stage of S ranks (cached).
+  const StagePlacement &placement(int stageRanks, int pp) {
+    auto key = std::make_pair(stageRanks, pp);
+    auto it = placementCache.find(key);
+    if (it != placementCache.end())
+      return it->second;
+    StagePlacement pl;
+    for (int st = 0; st < pp; ++st) {
+      const int lo = st * stageRanks, hi = lo + stageRanks;
+      int kind = -1;
+      double cap = 0;
+      for (size_t gi = 0; gi < cluster.groups.size(); ++gi) {
+        const NodeGroup &g = cluster.groups[gi];
+        int first = groupFirstRank[gi], end = first + g.count * g.gpusPerNode;
+        if (end <= lo || first >= hi)
+          continue;
+        const GpuSpec &k = kinds[groupKind[gi]];
+        if (kind < 0 || slower(k, kinds[kind]))
+          kind = groupKind[gi];
+        cap = cap == 0 ? k.memoryBytes : std::min(cap, k.memoryBytes);
+      }
+      pl.kind.push_back(kind);
+      pl.capacity.push_back(cap);
+      if (st > 0 && (kind != pl.kind[0] || cap != pl.capacity[0]))
+        pl.uniform = false;
+    }
+    return placementCache.emplace(key, std::move(pl)).first->second;
+  }
+
+  /// Whether `a` computes slower than `b` (lower peak, then lower memory
+  /// bandwidth).
+  bool slower(const GpuSpec &a, const GpuSpec &b) const {
+    double pa = a.peak(opt.precision), pb = b.peak(opt.precision);
+    if (pa != pb)
+      return pa < pb;
+    return a.memoryBandwidth < b.memoryBandwidth;
   }
 
   const Expected<CommGroup> &group(int size, int stride) {
@@ -407,6 +480,221 @@ std::vector<int64_t> stageStarts(int64_t layers, int pp) {
   }
   starts.push_back(at);
   return starts;
+}
+
+/// First layer index of each stage under cfg's split (uniform when unset).
+std::vector<int64_t> stageStarts(const TransformerSpec &spec,
+                                 const TrainingConfig &cfg) {
+  if (cfg.stageLayerCounts.empty())
+    return stageStarts(spec.numLayers, cfg.pp);
+  std::vector<int64_t> starts{0};
+  for (int64_t n : cfg.stageLayerCounts)
+    starts.push_back(starts.back() + n);
+  return starts;
+}
+
+/// A forward-only step keeps no gradients, optimizer state or stored
+/// activations: one layer's activations per micro-batch in flight.
+void forwardOnlyMemory(const Ctx &c, const TrainingConfig &cfg,
+                       MemoryBreakdown &m) {
+  TrainingConfig fwdOnly = cfg;
+  fwdOnly.recompute = RecomputePolicy::None;
+  m.grads = 0;
+  m.optimizer = 0;
+  m.transient = 0;
+  m.activations = activationBytesPerLayer(c.spec, fwdOnly) *
+                  std::min<double>(cfg.pp, cfg.numMicroBatches);
+}
+
+/// Memory of stage `st` holding `layers` layers.
+Expected<MemoryBreakdown> stageMemory(const Ctx &c, const TrainingConfig &cfg,
+                                      int st, int64_t layers) {
+  auto m = transformerStageMemoryWithLayers(c.spec, cfg, st, layers,
+                                            c.cost.calibration());
+  if (m && !c.opt.training)
+    forwardOnlyMemory(c, cfg, *m);
+  return m;
+}
+
+} // namespace
+
+namespace {
+
+/// minMaxContiguousSplit when a stage's time depends only on how many
+/// layers it holds (identical layers): then filling each stage with as many
+/// layers as fit in T is optimal, and a stage's fill is found by bisection
+/// on its count, O(pp log L) per T.
+std::vector<int64_t>
+minMaxCountSplit(int64_t L, int pp,
+                 const std::function<double(int, int64_t, int64_t)> &time,
+                 const std::function<bool(int, int64_t)> &fits) {
+  auto greedy = [&](double T, std::vector<int64_t> *out) {
+    int64_t a = 0;
+    if (out)
+      out->clear();
+    for (int st = 0; st < pp; ++st) {
+      const int64_t maxN = L - a - (pp - 1 - st);
+      auto ok = [&](int64_t n) { return time(st, 0, n) <= T && fits(st, n); };
+      int64_t n = 0;
+      if (st == pp - 1) {
+        n = maxN >= 1 && ok(maxN) ? maxN : 0;
+      } else if (maxN >= 1 && ok(1)) {
+        int64_t lo = 1, hi = maxN; // ok(lo) holds
+        while (lo < hi) {
+          int64_t mid = lo + (hi - lo + 1) / 2;
+          if (ok(mid))
+            lo = mid;
+          else
+            hi = mid - 1;
+        }
+        n = lo;
+      }
+      if (n == 0)
+        return false;
+      if (out)
+        out->push_back(n);
+      a += n;
+    }
+    return true;
+  };
+  double hi = 0;
+  for (int st = 0; st < pp; ++st)
+    hi = std::max(hi, time(st, 0, L));
+  hi = hi * (1 + 1e-12) + 1e-300;
+  if (!greedy(hi, nullptr))
+    return {};
+  double lo = 0;
+  for (int it = 0; it < 100 && hi - lo > 1e-12 * hi; ++it) {
+    double mid = 0.5 * (lo + hi);
+    if (greedy(mid, nullptr))
+      hi = mid;
+    else
+      lo = mid;
+  }
+  std::vector<int64_t> counts;
+  greedy(hi, &counts);
+  return counts;
+}
+
+} // namespace
+
+std::vector<int64_t> minMaxContiguousSplit(
+    int64_t layers, int stages,
+    const std::function<double(int, int64_t, int64_t)> &time,
+    const std::function<bool(int, int64_t)> &fits, bool positionFree) {
+  const int64_t L = layers;
+  const int pp = stages;
+  if (pp < 1 || L < pp)
+    return {};
+  if (positionFree)
+    return minMaxCountSplit(L, pp, time, fits);
+  // reach[st][a]: stages 0..st-1 can cover layers [0, a) within T. For a
+  // start a, stage st can end anywhere in [a+1, maxEnd(a)]; maxEnd never
+  // decreases with a (a shorter range is no slower and no larger), so one
+  // sweep per stage finds them all: O(pp * L) per T.
+  std::vector<std::vector<char>> reach(pp + 1, std::vector<char>(L + 1, 0));
+  std::vector<int64_t> diff(L + 2);
+  auto feasible = [&](double T) {
+    for (auto &r : reach)
+      std::fill(r.begin(), r.end(), 0);
+    reach[0][0] = 1;
+    for (int st = 0; st < pp; ++st) {
+      std::fill(diff.begin(), diff.end(), 0);
+      const int64_t lastEnd = L - (pp - 1 - st); // later stages need 1 each
+      int64_t b = 0;
+      for (int64_t a = 0; a < L; ++a) {
+        b = std::max(b, a);
+        while (b < lastEnd && time(st, a, b + 1) <= T && fits(st, b + 1 - a))
+          ++b;
+        if (!reach[st][a] || b <= a)
+          continue;
+        int64_t lo = st == pp - 1 ? L : a + 1, hi = b;
+        if (lo <= hi) {
+          ++diff[lo];
+          --diff[hi + 1];
+        }
+      }
+      int64_t run = 0;
+      for (int64_t e = 0; e <= L; ++e) {
+        run += diff[e];
+        reach[st + 1][e] = run > 0;
+      }
+    }
+    return reach[pp][L] != 0;
+  };
+  // Any split's bottleneck is at most the largest whole-model stage time.
+  double hi = 0;
+  for (int st = 0; st < pp; ++st)
+    hi = std::max(hi, time(st, 0, L));
+  hi = hi * (1 + 1e-12) + 1e-300;
+  if (!feasible(hi))
+    return {};
+  double lo = 0;
+  for (int it = 0; it < 100 && hi - lo > 1e-12 * hi; ++it) {
+    double mid = 0.5 * (lo + hi);
+    if (feasible(mid))
+      hi = mid;
+    else
+      lo = mid;
+  }
+  feasible(hi);
+  // Walk back from the end: the latest start of each stage that is
+  // reachable and reaches the next stage's start within hi.
+  std::vector<int64_t> counts(pp);
+  int64_t e = L;
+  for (int st = pp - 1; st >= 0; --st) {
+    int64_t a = e - 1;
+    while (a >= 0 && !(reach[st][a] && time(st, a, e) <= hi &&
+                       fits(st, e - a)))
+      --a;
+    if (a < 0)
+      return {}; // unreachable: feasible(hi) held
+    counts[st] = e - a;
+    e = a;
+  }
+  return counts;
+}
+
+namespace {
+
+/// Layers per stage on a heterogeneous cluster: the contiguous split that
+/// minimizes the slowest stage's time per micro-batch (compute on the
+/// stage's own GPU kind plus its tensor-parallel communication) with every
+/// stage within its own device memory (minMaxContiguousSplit). Returns {}
+/// when no split fits (the candidate is then priced uniformly and reported
+/// out of memory).
+std::vector<int64_t> splitLayers(Ctx &c, const TrainingConfig &cfg,
+                                 const StagePlacement &pl, double tpLayer) {
+  const int pp = cfg.pp;
+  const bool train = c.opt.training;
+  const bool sp = cfg.sequenceParallel && cfg.tp > 1;
+  std::vector<const LayerTimes *> lt;
+  std::vector<double> mem1, slope;
+  for (int st = 0; st < pp; ++st) {
+    lt.push_back(&c.times(cfg.microBatchSize, cfg.tp, cfg.cp, sp, pl.kind[st]));
+    // Memory is affine in the stage's layers.
+    auto a = stageMemory(c, cfg, st, 1), b = stageMemory(c, cfg, st, 2);
+    if (!a || !b)
+      return {};
+    mem1.push_back(a->total());
+    slope.push_back(b->total() - a->total());
+  }
+  auto stageTime = [&](int st, int64_t a, int64_t b) {
+    const LayerTimes &t = *lt[st];
+    double f = t.prefix[b] - t.prefix[a];
+    double att = t.attPrefix[b] - t.attPrefix[a];
+    if (st == 0)
+      f += t.pre;
+    if (st == pp - 1)
+      f += t.post;
+    double x = train ? c.cost.trainingTime(f, cfg.recompute, att) : f;
+    return x + double(b - a) * tpLayer;
+  };
+  auto fits = [&](int st, int64_t n) {
+    return mem1[st] + double(n - 1) * slope[st] <= pl.capacity[st];
+  };
+  return minMaxContiguousSplit(c.spec.numLayers, pp, stageTime, fits,
+                               c.identicalLayers);
 }
 
 /// Chooses the process layout: the host time each layout spends issuing a
@@ -494,30 +782,66 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   cand.time = StepTime{};
   cand.memory = MemoryBreakdown{};
 
-  // Memory (upper bound, the worst stage).
-  auto mem = transformerPeakMemory(c.spec, cfg, c.cost.calibration());
-  if (!mem) {
-    cand.memory.workspace = std::numeric_limits<double>::infinity();
+  const double m = static_cast<double>(cfg.numMicroBatches);
+  const double actBytes = cfg.precision.activationBytes;
+  // One micro-batch's [s/cp, b, h] activation.
+  const double boundary = double(cfg.microBatchSize) * c.spec.seqLen / cp *
+                          c.spec.hidden * actBytes;
+  // Forward passes per micro-batch whose layers communicate: 1, plus the
+  // backward (counted as one more), plus a recomputed forward.
+  const double passes =
+      train ? 2 + (cfg.recompute == RecomputePolicy::Full ? 1 : 0) : 1;
+  // Tensor-parallel communication of one layer for one micro-batch.
+  double tpLayer = 0;
+  if (cfg.tp > 1)
+    tpLayer = 2 * passes *
+              (sp ? c.comm(Collective::AllGather, boundary, cfg.tp, 1) +
+                        c.comm(Collective::ReduceScatter, boundary, cfg.tp, 1)
+                  : c.comm(Collective::AllReduce, boundary, cfg.tp, 1));
+
+  // Heterogeneous cluster: each stage runs on its own GPU kind and memory,
+  // and faster or larger stages take more layers.
+  const StagePlacement *pl =
+      c.hetero ? &c.placement(cfg.tp * cp * cfg.dp, cfg.pp) : nullptr;
+  cfg.stageLayerCounts.clear();
+  if (pl && !pl->uniform && cfg.schedule != PipelineSchedule::Interleaved1F1B)
+    cfg.stageLayerCounts = splitLayers(c, cfg, *pl, tpLayer);
+  auto starts = stageStarts(c.spec, cfg);
+
+  // Memory (upper bound, the worst stage; on a heterogeneous cluster the
+  // stage with the least headroom under its own capacity).
+  if (!pl) {
+    auto mem = transformerPeakMemory(c.spec, cfg, c.cost.calibration());
+    if (!mem) {
+      cand.memory.workspace = std::numeric_limits<double>::infinity();
+    } else {
+      cand.memory = *mem;
+      if (!train)
+        forwardOnlyMemory(c, cfg, cand.memory);
+    }
   } else {
-    cand.memory = *mem;
-    if (!train) { // no gradients, optimizer state or stored activations
-      TrainingConfig fwdOnly = cfg;
-      fwdOnly.recompute = RecomputePolicy::None;
-      cand.memory.grads = 0;
-      cand.memory.optimizer = 0;
-      cand.memory.transient = 0;
-      cand.memory.activations =
-          activationBytesPerLayer(c.spec, fwdOnly) *
-          std::min<double>(cfg.pp, cfg.numMicroBatches);
+    bool have = false;
+    for (int st = 0; st < cfg.pp; ++st) {
+      auto mem = stageMemory(c, cfg, st, starts[st + 1] - starts[st]);
+      if (!mem) {
+        cand.memory.workspace = std::numeric_limits<double>::infinity();
+        break;
+      }
+      if (!have || pl->capacity[st] - mem->total() <
+                       cand.capacity - cand.memory.total()) {
+        cand.memory = *mem;
+        cand.capacity = pl->capacity[st];
+        have = true;
+      }
     }
   }
 
   // Compute per micro-batch on each stage; the slowest stage sets the pace.
-  const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp);
-  auto starts = stageStarts(c.spec.numLayers, cfg.pp);
   double worstTrain = 0, worstFwd = 0, worstAtt = 0, worstOps = 0;
   int64_t worstLayers = 0;
   for (int st = 0; st < cfg.pp; ++st) {
+    const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp,
+                                   pl ? pl->kind[st] : -1);
     double f = lt.prefix[starts[st + 1]] - lt.prefix[starts[st]];
     double att = lt.attPrefix[starts[st + 1]] - lt.attPrefix[starts[st]];
     double ops = lt.opsPrefix[starts[st + 1]] - lt.opsPrefix[starts[st]];
@@ -539,11 +863,6 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     }
   }
 
-  const double m = static_cast<double>(cfg.numMicroBatches);
-  const double actBytes = cfg.precision.activationBytes;
-  // One micro-batch's [s/cp, b, h] activation.
-  const double boundary = double(cfg.microBatchSize) * c.spec.seqLen / cp *
-                          c.spec.hidden * actBytes;
   auto record = [&](const std::string &what, Collective coll, int size,
                     int stride, double bytes, double calls, double exposed) {
     if (!comms || size <= 1 || calls <= 0)
@@ -558,11 +877,6 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     op.exposed = exposed;
     comms->push_back(op);
   };
-  // Forward passes per micro-batch whose layers communicate: 1, plus the
-  // backward (counted as one more), plus a recomputed forward.
-  const double passes =
-      train ? 2 + (cfg.recompute == RecomputePolicy::Full ? 1 : 0) : 1;
-
   // Tensor parallelism: 2 all-reduces per layer per pass (forward,
   // backward, recomputed forward), on the critical path. Under sequence
   // parallelism each becomes an all-gather plus a reduce-scatter of the
@@ -736,8 +1050,9 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
   const Calibration &cal = c.cost.calibration();
   const int cp = cfg.cp;
   const bool sp = cfg.sequenceParallel && cfg.tp > 1;
-  const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp);
-  auto starts = stageStarts(c.spec.numLayers, cfg.pp);
+  const StagePlacement *pl =
+      c.hetero ? &c.placement(cfg.tp * cp * cfg.dp, cfg.pp) : nullptr;
+  auto starts = stageStarts(c.spec, cfg);
   const double v = cfg.schedule == PipelineSchedule::Interleaved1F1B
                        ? cfg.virtualStages
                        : 1;
@@ -760,6 +1075,8 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
     in.p2p = c.comm(Collective::SendRecv, boundary, 2, cfg.tp * cp * cfg.dp);
   const double tAct = activationBytesPerLayer(c.spec, cfg);
   for (int st = 0; st < cfg.pp; ++st) {
+    const int kind = pl ? pl->kind[st] : -1;
+    const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp, kind);
     double f = lt.prefix[starts[st + 1]] - lt.prefix[starts[st]];
     double att = lt.attPrefix[starts[st + 1]] - lt.attPrefix[starts[st]];
     if (st == 0)
@@ -811,7 +1128,7 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
                                         : 0));
       double bytesPerParam = cfg.optimizer == Optimizer::Adam ? 28 : 16;
       s.optimizer = c.roofline(OpKind::Elementwise, 10 * shard,
-                               bytesPerParam * shard);
+                               bytesPerParam * shard, kind);
     }
     in.stages.push_back(s);
   }
@@ -939,6 +1256,25 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
     return Status::error(std::string("the GPU kind ") + c.gpu.name +
                          " has no peak FLOP/s for precision " +
                          precisionName(opt.precision));
+  // Distinct GPU kinds (by name and memory) and where each group starts.
+  {
+    int first = 0;
+    for (const NodeGroup &g : cluster.groups) {
+      int kind = -1;
+      for (size_t k = 0; k < c.kinds.size(); ++k)
+        if (c.kinds[k].name == g.gpu.name &&
+            c.kinds[k].memoryBytes == g.gpu.memoryBytes)
+          kind = int(k);
+      if (kind < 0) {
+        kind = int(c.kinds.size());
+        c.kinds.push_back(g.gpu);
+      }
+      c.groupKind.push_back(kind);
+      c.groupFirstRank.push_back(first);
+      first += g.count * g.gpusPerNode;
+    }
+    c.hetero = c.kinds.size() > 1;
+  }
   c.modelBatch = graph.batch > 0 ? double(graph.batch) : 1.0;
   // Per-sample costs: the graph's counts divided by its batch.
   auto perSample = [&](const OpGroupSummary &g) {
@@ -988,6 +1324,16 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
       c.pre = perSample(g);
     else
       c.post = perSample(g);
+  }
+
+  c.identicalLayers = true;
+  for (const GroupCost &l : c.layers) {
+    const GroupCost &f = c.layers.front();
+    if (l.mmFlops != f.mmFlops || l.mmBytes != f.mmBytes ||
+        l.attFlops != f.attFlops || l.attBytes != f.attBytes ||
+        l.otFlops != f.otFlops || l.otBytes != f.otBytes ||
+        l.repFlops != f.repFlops || l.repBytes != f.repBytes)
+      c.identicalLayers = false;
   }
 
   const int devices = cluster.numDevices();
@@ -1182,8 +1528,8 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
         "no plan fits in memory" + fixNote + ": the smallest peak found is " +
         fmt("%.2f", lm.memory.total() / kGiB) + " GiB per device (" +
         lm.key() + ") against a capacity of " +
-        fmt("%.2f", c.capacity / kGiB) + " GiB, over by " +
-        fmt("%.2f", (lm.memory.total() - c.capacity) / kGiB) + " GiB");
+        fmt("%.2f", lm.capacity / kGiB) + " GiB, over by " +
+        fmt("%.2f", (lm.memory.total() - lm.capacity) / kGiB) + " GiB");
   }
 
   res.best = *best;
@@ -1238,7 +1584,7 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
   res.alternatives = std::move(alts);
 
   // Stage assignment.
-  auto starts = stageStarts(spec.numLayers, res.best.cfg.pp);
+  auto starts = stageStarts(spec, res.best.cfg);
   std::vector<int64_t> marks;
   for (const OpGroupSummary &g : graph.groups)
     if (g.layer >= 0)
@@ -1253,7 +1599,22 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
   res.seq = graph.seq;
   res.training = opt.training;
   res.precision = opt.precision;
-  res.peakFlops = c.gpu.peak(opt.precision);
+  // MFU is against the cluster's aggregate peak: the mean over devices.
+  {
+    double sum = 0;
+    for (const NodeGroup &g : cluster.groups)
+      sum += g.gpu.peak(opt.precision) * g.count * g.gpusPerNode;
+    res.peakFlops = sum / std::max(1, devices);
+  }
+  if (c.hetero) {
+    const Candidate &b = res.best;
+    const StagePlacement &pl =
+        c.placement(b.cfg.tp * b.cfg.cp * b.cfg.dp, b.cfg.pp);
+    for (int s = 0; s < b.cfg.pp; ++s) {
+      res.stageGpus.push_back(c.kindSpec(pl.kind[s]).name);
+      res.stageCapacity.push_back(pl.capacity[s]);
+    }
+  }
   res.modelFlopsPerStep =
       (opt.training ? 6.0 : 2.0) * graph.totalParams * double(gb) * graph.seq;
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -

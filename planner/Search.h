@@ -17,6 +17,7 @@
 #include "planner/MemoryModel.h"
 #include "planner/Simulator.h"
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -140,6 +141,10 @@ struct PlanResult {
   /// Layer marks per pipeline stage (index = stage), "pre" on the first,
   /// "post" on the last.
   std::vector<std::vector<int64_t>> stageLayers;
+  /// Heterogeneous clusters only: the GPU kind and device memory each stage
+  /// runs on (the slowest and smallest among its ranks). Empty otherwise.
+  std::vector<std::string> stageGpus;
+  std::vector<double> stageCapacity;
   std::vector<CommOp> comms;
   TransformerSpec spec;
   double totalParams = 0;
@@ -155,6 +160,25 @@ struct PlanResult {
   std::optional<SimResult> simulated;
   std::string simError; ///< why there is no simulation, if there is none
 };
+
+/// The contiguous split of `layers` layers over `stages` stages (each at
+/// least one layer) that minimizes the largest stage time, where
+/// time(st, a, b) is stage st's time for layers [a, b) and fits(st, n) says
+/// whether n layers fit stage st's memory. Both must be monotone: a stage's
+/// time and memory never shrink when its range grows. Bisection on the
+/// bottleneck; for a bottleneck T a greedy fill (each stage as many layers
+/// as fit in T and memory) succeeds whenever any split does. Returns {}
+/// when no split fits. Used for heterogeneous clusters.
+///
+/// For a bottleneck T, reachability over (stage, first layer) decides
+/// whether a split exists in O(stages * layers). With `positionFree` (a
+/// stage's time depends only on its layer count, as with identical layers)
+/// filling each stage greedily is optimal and is found in
+/// O(stages * log layers).
+std::vector<int64_t> minMaxContiguousSplit(
+    int64_t layers, int stages,
+    const std::function<double(int, int64_t, int64_t)> &time,
+    const std::function<bool(int, int64_t)> &fits, bool positionFree = false);
 
 /// The TransformerSpec the memory model uses for a summarized graph.
 Expected<TransformerSpec> transformerSpecOf(const GraphSummary &g);

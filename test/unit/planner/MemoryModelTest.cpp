@@ -302,3 +302,57 @@ TEST(MemoryErrors, ConstraintsNamed) {
   EXPECT_EQ(errorOf(transformerPeakMemory(bad, gpt3Config())),
             "transformer: expected vocab > 0, got 0");
 }
+
+TEST(MemoryModel, NonUniformStageSplit) {
+  TransformerSpec s = gpt3(); // 96 layers, pp = 16 in gpt3Config
+  TrainingConfig c = gpt3Config();
+  c.stageLayerCounts.assign(16, 6);
+  c.stageLayerCounts[0] = 3;
+  c.stageLayerCounts[15] = 9;
+  EXPECT_EQ(layersOnStage(s, c, 0), 3);
+  EXPECT_EQ(layersOnStage(s, c, 15), 9);
+  EXPECT_EQ(layersOnStage(s, c, 7), 6);
+  // A middle stage holds the uniform split's memory; the first stage's
+  // layer-proportional parts shrink with its layers.
+  TrainingConfig u = gpt3Config();
+  auto mid = transformerStageMemory(s, c, 7), midU = transformerStageMemory(s, u, 7);
+  ASSERT_TRUE(mid && midU);
+  EXPECT_DOUBLE_EQ(mid->total(), midU->total());
+  auto first = transformerStageMemory(s, c, 0), firstU = transformerStageMemory(s, u, 0);
+  ASSERT_TRUE(first && firstU);
+  EXPECT_LT(first->params, firstU->params);
+  // Explicit layers give the same as the split.
+  auto probe = transformerStageMemoryWithLayers(s, u, 0, 3);
+  ASSERT_TRUE(probe);
+  EXPECT_DOUBLE_EQ(probe->total(), first->total());
+  // Memory is affine in the stage's layers (the partitioner relies on it).
+  auto m1 = transformerStageMemoryWithLayers(s, u, 3, 1);
+  auto m2 = transformerStageMemoryWithLayers(s, u, 3, 2);
+  auto m7 = transformerStageMemoryWithLayers(s, u, 3, 7);
+  ASSERT_TRUE(m1 && m2 && m7);
+  EXPECT_NEAR(m7->total(), m1->total() + 6 * (m2->total() - m1->total()),
+              1e-6 * m7->total());
+  EXPECT_EQ(errorOf(transformerStageMemoryWithLayers(s, u, 3, 0)),
+            "a pipeline stage needs at least 1 layer, got 0");
+}
+
+TEST(MemoryErrors, BadStageSplitsNamed) {
+  TransformerSpec s = gpt3();
+  TrainingConfig c = gpt3Config();
+  c.stageLayerCounts.assign(15, 6);
+  EXPECT_EQ(errorOf(transformerStageMemory(s, c, 0)),
+            "the stage split has 15 entries, expected pp=16");
+  c.stageLayerCounts.assign(16, 6);
+  c.stageLayerCounts[3] = 0;
+  c.stageLayerCounts[4] = 12;
+  EXPECT_EQ(errorOf(transformerStageMemory(s, c, 0)),
+            "the stage split gives stage 3 0 layers, expected at least 1");
+  c.stageLayerCounts.assign(16, 5);
+  EXPECT_EQ(errorOf(transformerStageMemory(s, c, 0)),
+            "the stage split covers 80 layers, expected 96");
+  c.stageLayerCounts.assign(16, 6);
+  c.schedule = PipelineSchedule::Interleaved1F1B;
+  c.virtualStages = 2;
+  EXPECT_EQ(errorOf(transformerStageMemory(s, c, 0)),
+            "interleaved 1F1B needs the uniform stage split");
+}
