@@ -697,6 +697,25 @@ std::vector<int64_t> splitLayers(Ctx &c, const TrainingConfig &cfg,
                                c.identicalLayers);
 }
 
+/// The optimizer step on a device holding `mem`: memory-bound over its
+/// optimizer shard (Adam with fp32 master weights reads and writes about 28
+/// bytes per parameter: bf16 weight and gradient, fp32 master and two
+/// moments; SGD/momentum about 16), 10 FLOPs per parameter.
+double optimizerStepTime(const Ctx &c, const TrainingConfig &cfg,
+                         const MemoryBreakdown &mem, int gpuKind) {
+  const PrecisionConfig &pr = cfg.precision;
+  double moments = cfg.optimizer == Optimizer::Adam       ? 2
+                   : cfg.optimizer == Optimizer::Momentum ? 1
+                                                          : 0;
+  double perParam = pr.optimizerStateBytes * moments +
+                    (pr.masterWeights ? pr.masterBytes : 0);
+  double shard = perParam > 0 ? mem.optimizer / perParam
+                              : mem.params / std::max(1.0, pr.paramBytes);
+  double bytesPerParam = cfg.optimizer == Optimizer::Adam ? 28 : 16;
+  return c.roofline(OpKind::Elementwise, 10 * shard, bytesPerParam * shard,
+                    gpuKind);
+}
+
 /// Chooses the process layout: the host time each layout spends issuing a
 /// step's launches (exposed only when it exceeds the devices' step time,
 /// since the host runs ahead), under the node's host memory. Ties go to
@@ -1029,6 +1048,37 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     }
   }
 
+  // Tied embeddings with pp > 1: the first stage's word embedding and the
+  // last stage's output matrix are one parameter, whose gradients are
+  // summed between the two stages after the pipeline flush (Megatron-LM's
+  // embedding group), before the optimizer step: not overlapped.
+  if (train && cfg.pp > 1 && c.spec.tiedEmbeddings) {
+    double bytes = double(c.spec.vocab) * c.spec.hidden / cfg.tp *
+                   cfg.precision.gradBytes;
+    int stride = (cfg.pp - 1) * cfg.tp * cp * cfg.dp;
+    double t = c.comm(Collective::AllReduce, bytes, 2, stride);
+    T.dpComm += t;
+    record("embedding gradient all-reduce (first+last stage)",
+           Collective::AllReduce, 2, stride, bytes, 1, t);
+  }
+
+  // The optimizer step after the gradient sync, on the stage that holds
+  // the most optimizer state (the stages step in parallel).
+  if (train) {
+    for (int st = 0; st < cfg.pp; ++st) {
+      // Uniform split: stage 0 (embeddings, the most layers) or the last
+      // (output layer) holds the most; a heterogeneous one checks all.
+      if (!pl && st != 0 && st != cfg.pp - 1)
+        continue;
+      auto mem = st == cand.memory.stage
+                     ? Expected<MemoryBreakdown>(cand.memory)
+                     : stageMemory(c, cfg, st, starts[st + 1] - starts[st]);
+      if (mem)
+        T.optimizer = std::max(
+            T.optimizer, optimizerStepTime(c, cfg, *mem, pl ? pl->kind[st] : -1));
+    }
+  }
+
   // Host dispatch: kernels of the worst stage per micro-batch (forward,
   // about twice as many backward, a recomputed forward) plus its
   // collectives, against the devices' step time.
@@ -1115,21 +1165,8 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
                                   replicas, cfg.tp)
                          : 0);
     }
-    // Optimizer step: memory-bound over the local optimizer shard (Adam
-    // with fp32 master weights reads and writes about 28 bytes/param).
-    if (mem) {
-      double shard = mem->optimizer /
-                     std::max(1.0, cfg.precision.optimizerStateBytes *
-                                       (cfg.optimizer == Optimizer::Adam ? 2
-                                        : cfg.optimizer == Optimizer::SGD ? 0.0
-                                                                          : 1) +
-                                   (cfg.precision.masterWeights
-                                        ? cfg.precision.masterBytes
-                                        : 0));
-      double bytesPerParam = cfg.optimizer == Optimizer::Adam ? 28 : 16;
-      s.optimizer = c.roofline(OpKind::Elementwise, 10 * shard,
-                               bytesPerParam * shard, kind);
-    }
+    if (mem)
+      s.optimizer = optimizerStepTime(c, cfg, *mem, kind);
     in.stages.push_back(s);
   }
   return in;

@@ -80,8 +80,10 @@ struct StepTime {
   double dpComm = 0;      ///< exposed gradient sync / ZeRO gathers
   double bubble = 0;      ///< pipeline fill and drain
   double host = 0;        ///< host dispatch the devices wait for
+  double optimizer = 0;   ///< the optimizer step after the gradient sync
   double total() const {
-    return compute + tpComm + cpComm + ppComm + dpComm + bubble + host;
+    return compute + tpComm + cpComm + ppComm + dpComm + bubble + host +
+           optimizer;
   }
   double exposedComm() const { return tpComm + cpComm + ppComm + dpComm; }
 };
@@ -155,7 +157,7 @@ struct PlanResult {
   bool training = true;
   /// The best plan replayed by the discrete-event simulator (training
   /// plans): per-stage times and memory from the same cost and memory
-  /// models, plus the optimizer step the analytical total leaves out.
+  /// models (the optimizer step included, as in the analytical total).
   SimInput simInput;
   std::optional<SimResult> simulated;
   std::string simError; ///< why there is no simulation, if there is none
