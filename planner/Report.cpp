@@ -141,7 +141,11 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
   r += printf("  processes: %s, %d per node (%s)\n",
               layoutName(proc.layout, nodes), proc.processesPerNode,
               proc.why.c_str());
-  r += "  launch: " + launchCommand(cluster, proc, "model.plan") + "\n";
+  r += "  launch: " + launchCommand(cluster, proc, "model.plan") +
+       (devices > 1 ? "  (once plan application emits per-rank programs; "
+                      "dlopt-run runs single-device plans today)"
+                    : "") +
+       "\n";
   {
     std::string shard = "  sharding: matmul ";
     shard += cfg.tp > 1 ? "column/row-parallel over tp (Megatron)"

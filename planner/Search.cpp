@@ -406,6 +406,20 @@ struct Ctx {
     return timeCache.emplace(key, std::move(t)).first->second;
   }
 
+  /// Tensor-parallel communication of one layer for one micro-batch of
+  /// `boundary` activation bytes: 2 collectives per pass (all-reduce, or
+  /// all-gather + reduce-scatter under sequence parallelism).
+  double tpCommPerLayer(const TrainingConfig &cfg, double boundary,
+                        double passes) {
+    if (cfg.tp <= 1)
+      return 0;
+    bool sp = cfg.sequenceParallel;
+    return 2 * passes *
+           (sp ? comm(Collective::AllGather, boundary, cfg.tp, 1) +
+                     comm(Collective::ReduceScatter, boundary, cfg.tp, 1)
+               : comm(Collective::AllReduce, boundary, cfg.tp, 1));
+  }
+
   /// The GPU kind and memory of each stage of S ranks (cached).
   const StagePlacement &placement(int stageRanks, int pp) {
     auto key = std::make_pair(stageRanks, pp);
@@ -810,13 +824,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // backward (counted as one more), plus a recomputed forward.
   const double passes =
       train ? 2 + (cfg.recompute == RecomputePolicy::Full ? 1 : 0) : 1;
-  // Tensor-parallel communication of one layer for one micro-batch.
-  double tpLayer = 0;
-  if (cfg.tp > 1)
-    tpLayer = 2 * passes *
-              (sp ? c.comm(Collective::AllGather, boundary, cfg.tp, 1) +
-                        c.comm(Collective::ReduceScatter, boundary, cfg.tp, 1)
-                  : c.comm(Collective::AllReduce, boundary, cfg.tp, 1));
+  const double tpLayer = c.tpCommPerLayer(cfg, boundary, passes);
 
   // Heterogeneous cluster: each stage runs on its own GPU kind and memory,
   // and faster or larger stages take more layers.
@@ -1110,12 +1118,7 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
   const double boundary = double(cfg.microBatchSize) * c.spec.seqLen / cp *
                           c.spec.hidden * actBytes;
   const double passes = 2 + (cfg.recompute == RecomputePolicy::Full ? 1 : 0);
-  double tpLayer = 0;
-  if (cfg.tp > 1)
-    tpLayer = 2 * passes *
-              (sp ? c.comm(Collective::AllGather, boundary, cfg.tp, 1) +
-                        c.comm(Collective::ReduceScatter, boundary, cfg.tp, 1)
-                  : c.comm(Collective::AllReduce, boundary, cfg.tp, 1));
+  const double tpLayer = c.tpCommPerLayer(cfg, boundary, passes);
   SimInput in;
   in.schedule = cfg.schedule;
   in.virtualStages = int(v);
