@@ -1510,6 +1510,28 @@ SolverKind solverFromEnv() {
 
 } // namespace
 
+OpGraphParts splitOpGraph(const GraphSummary &g) {
+  OpGraphParts parts;
+  // A graph that is already a training step (dlopt-compile --train --emit
+  // mlir) has backward ops (dlopt.backward) and, after them, the optimizer
+  // update: the update is priced as the optimizer step, not planned per op.
+  bool seenBackward = false;
+  for (const OpNode &op : g.ops) {
+    if (op.backward) {
+      parts.backwardFlops += op.flops;
+      ++parts.numBackward;
+      // (Constants are hoisted to the top by canonicalization.)
+      seenBackward |= op.kind != OpClass::Constant;
+    } else if (seenBackward) {
+      ++parts.numUpdate;
+    } else {
+      parts.forwardFlops += op.flops;
+      parts.forward.push_back(op.id);
+    }
+  }
+  return parts;
+}
+
 Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
                                     const Cluster &cluster,
                                     const CostModel &cost,
@@ -1543,24 +1565,11 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
     return Status::error("--fix " + opt.fix.str() + " is impossible: " +
                          fixWhy);
 
-  double fwdFlops = 0, bwdFlops = 0;
-  // A graph that is already a training step (dlopt-compile --train --emit
-  // mlir) has backward ops (dlopt.backward) and, after them, the optimizer
-  // update: the update is priced as the optimizer step, not planned per op.
-  bool seenBackward = false;
-  for (const OpNode &op : g.ops) {
-    if (op.backward) {
-      bwdFlops += op.flops;
-      ++res.numBackwardOps;
-      // (Constants are hoisted to the top by canonicalization.)
-      seenBackward |= op.kind != OpClass::Constant;
-    } else if (seenBackward) {
-      ++res.numUpdateOps;
-    } else {
-      fwdFlops += op.flops;
-      c.fwdOps.push_back(op.id);
-    }
-  }
+  const OpGraphParts parts = splitOpGraph(g);
+  const double fwdFlops = parts.forwardFlops, bwdFlops = parts.backwardFlops;
+  c.fwdOps = parts.forward;
+  res.numBackwardOps = parts.numBackward;
+  res.numUpdateOps = parts.numUpdate;
   res.numForwardOps = int(c.fwdOps.size());
   if (c.fwdOps.empty())
     return Status::error("the entry function @" + g.modelName +
@@ -2368,11 +2377,12 @@ std::string formatOpJsonReport(const OpPlanResult &p, const Cluster &cluster,
     j["schedule"] = scheduleKey(c.cfg.schedule);
     j["zero_stage"] = c.cfg.zeroStage;
     j["recompute"] = recomputeName(RecomputePolicy::None);
+    j["optimizer"] = optimizerName(c.cfg.optimizer);
     return j;
   };
   json j;
   j["format"] = "dlopt-plan";
-  j["version"] = 1;
+  j["version"] = 1; // op-level plans count their own versions (PlanFile.h)
   j["kind"] = "op-level";
   j["mode"] = p.training ? "training" : "forward";
   j["model"] = {{"name", g.modelName},
@@ -2386,7 +2396,8 @@ std::string formatOpJsonReport(const OpPlanResult &p, const Cluster &cluster,
                 {"backward_ratio", p.backwardRatio}};
   j["cluster"] = {{"summary", cluster.summary()},
                   {"devices", devices},
-                  {"nodes", cluster.numNodes()}};
+                  {"nodes", cluster.numNodes()},
+                  {"definition", json::parse(cluster.toJson())}};
   j["global_batch"] = p.globalBatch;
   j["config"] = config(p.best);
   j["solver"] = {{"method", p.solve.method},

@@ -184,6 +184,17 @@ struct OpPlanResult {
   int numForwardOps = 0, numBackwardOps = 0, numUpdateOps = 0;
 };
 
+/// How the op-level planner reads a graph: the ops it plans (forward ops in
+/// program order), the backward ops (dlopt.backward) that follow their
+/// forward ops, and the ops after the backward pass (the optimizer update of
+/// a training-step graph), priced as the optimizer step.
+struct OpGraphParts {
+  std::vector<int> forward;
+  int numBackward = 0, numUpdate = 0;
+  double forwardFlops = 0, backwardFlops = 0;
+};
+OpGraphParts splitOpGraph(const GraphSummary &graph);
+
 /// Runs the op-level search. Honours --fix dp, tp, pp, mbs, mb, zero and
 /// schedule 1f1b/gpipe; other fixed settings are errors that say why.
 Expected<OpPlanResult> searchOpPlan(const GraphSummary &graph,

@@ -339,6 +339,7 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
   json j;
   j["format"] = "dlopt-plan";
   j["version"] = 2;
+  j["kind"] = "transformer";
   j["mode"] = p.training ? "training" : "forward";
   j["model"] = {{"name", g.modelName},
                 {"layers", p.spec.numLayers},

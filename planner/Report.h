@@ -1,7 +1,8 @@
 //===- Report.h - The dry-run placement report, as text or JSON -----------===//
 //
 // How to read it: docs/plan-report.md. The JSON form is the versioned plan
-// file {"format": "dlopt-plan", "version": 1, ...}.
+// file {"format": "dlopt-plan", "version": 2, "kind": "transformer", ...}
+// that planner/PlanFile.h reads back.
 //
 //===----------------------------------------------------------------------===//
 #pragma once

@@ -11,7 +11,6 @@
 #include "planner/Cluster.h"
 #include "planner/OpSearch.h"
 #include "planner/PlanFile.h"
-#include <optional>
 #include "planner/Report.h"
 #include "planner/Search.h"
 #include "passes/Passes.h"
@@ -34,6 +33,7 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <chrono>
+#include <optional>
 
 using namespace mlir;
 namespace cl = llvm::cl;
@@ -218,6 +218,11 @@ static int runDryRun(ModuleOp module) {
     return fail("--dry-run needs --cluster (a preset such as dgx-a100:2, or "
                 "a cluster file)",
                 2);
+  if (clusterOpt.empty() && loaded && !loaded->hasCluster)
+    return fail(planFileOpt + ": cluster.definition: missing (an op-level "
+                "plan file written before plans embedded their cluster); "
+                "pass --cluster",
+                2);
   if (topK < 0)
     return fail("--top-k must be >= 0", 2);
   Expected<Cluster> cluster = loaded && clusterOpt.empty()
@@ -225,6 +230,20 @@ static int runDryRun(ModuleOp module) {
                                   : resolveCluster(clusterOpt.getValue());
   if (!cluster)
     return fail(cluster.status().message());
+  if (loaded && !clusterOpt.empty()) {
+    // --cluster overrides the plan's cluster; the plan's degrees must still
+    // cover it.
+    const FixSpec &f = loaded->fix;
+    int64_t planDevices = int64_t(f.dp.value_or(1)) * f.tp.value_or(1) *
+                          f.pp.value_or(1) * f.cp.value_or(1);
+    if (planDevices != cluster->numDevices())
+      return fail(planFileOpt + ": the plan is for " +
+                      std::to_string(planDevices) + " devices (" +
+                      (f.cp ? "dp*tp*pp*cp" : "dp*tp*pp") + "), but --cluster " +
+                      clusterOpt + " has " +
+                      std::to_string(cluster->numDevices()),
+                  2);
+  }
   Calibration cal;
   if (!calibrationOpt.empty()) {
     auto c = loadCalibration(calibrationOpt);
@@ -275,11 +294,26 @@ static int runDryRun(ModuleOp module) {
     so.bytes.masterWeights = false;
     so.bytes.activationBytes = 4;
   }
-  if (!graph->isTransformer() && !loaded) {
-    // Any other graph: per-op sharding rules and an ILP (planner/OpSearch.h).
+  // A plan file names its planner; otherwise transformers go to the layer
+  // search and any other graph to the op-level one.
+  const bool opLevel = loaded ? loaded->kind == PlanKind::OpLevel
+                              : !graph->isTransformer();
+  // Failures re-pricing a plan file say which file.
+  const std::string planPrefix = loaded ? planFileOpt + ": " : "";
+  if (opLevel) {
+    // Per-op sharding rules and an ILP (planner/OpSearch.h).
+    if (loaded && loaded->optimizer && !optName.getNumOccurrences() &&
+        !momentumOpt.getNumOccurrences())
+      so.optimizer = *loaded->optimizer;
     auto opPlan = searchOpPlan(*graph, *cluster, CostModel(cal), so);
     if (!opPlan)
-      return fail(opPlan.status().message());
+      return fail(planPrefix + opPlan.status().message());
+    if (loaded) {
+      std::string diff = compareOpSharding(*loaded, *opPlan, *graph);
+      if (!diff.empty())
+        llvm::errs() << "dlopt-compile: warning: " << planFileOpt << ": "
+                     << diff << "\n";
+    }
     ReportOptions ro;
     ro.explain = explainOpt;
     llvm::outs() << (formatOpt == Format::Json
@@ -289,7 +323,7 @@ static int runDryRun(ModuleOp module) {
   }
   auto plan = searchPlan(*graph, *cluster, CostModel(cal), so);
   if (!plan)
-    return fail(plan.status().message());
+    return fail(planPrefix + plan.status().message());
   if (!traceOpt.empty()) {
     if (!plan->simulated)
       return fail("--trace: no simulated timeline: " + plan->simError);

@@ -1,8 +1,11 @@
 //===- OpShardingTest.cpp - Op-level rules, resharding, ILP, stages -------===//
 #include "planner/OpSearch.h"
 #include "planner/OpSharding.h"
+#include "planner/PlanFile.h"
 
 #include "TestUtil.h"
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <functional>
@@ -828,6 +831,206 @@ TEST(OpSearch, ReportsAreDeterministicAndParse) {
   EXPECT_EQ(ja, formatOpJsonReport(*b, cl, g, ro));
   EXPECT_NE(ja.find("\"kind\": \"op-level\""), std::string::npos);
   EXPECT_NE(ja.find("\"format\": \"dlopt-plan\""), std::string::npos);
+}
+
+//===----------------------------------------------------------------------===//
+// Op-level plan files (planner/PlanFile.h)
+//===----------------------------------------------------------------------===//
+
+TEST(OpPlanFile, RoundTripGivesTheSamePlan) {
+  GraphSummary g = mlp2(64, 4096, 16384);
+  Cluster cl = preset("dgx-a100", 2);
+  SearchOptions o = bf16Training(256);
+  o.optimizer = Optimizer::Momentum;
+  auto a = searchOpPlan(g, cl, CostModel(), o);
+  ASSERT_TRUE(a) << a.status().message();
+  std::string text = formatOpJsonReport(*a, cl, g);
+  auto lp = parsePlanFile(text, "plan.json");
+  ASSERT_TRUE(lp) << lp.status().message();
+  EXPECT_EQ(lp->kind, PlanKind::OpLevel);
+  EXPECT_EQ(lp->version, planFileVersion(PlanKind::OpLevel));
+  EXPECT_TRUE(lp->hasCluster);
+  EXPECT_EQ(lp->cluster.numDevices(), 16);
+  EXPECT_EQ(lp->cluster.summary(), cl.summary());
+  EXPECT_EQ(lp->globalBatch, 256);
+  EXPECT_TRUE(lp->training);
+  ASSERT_TRUE(lp->optimizer);
+  EXPECT_EQ(*lp->optimizer, Optimizer::Momentum);
+  EXPECT_EQ(lp->ops.size(), a->choices.size());
+  EXPECT_TRUE(checkPlanMatchesModel(*lp, g).isOk());
+
+  // Re-priced with every choice pinned: one candidate, the same plan.
+  SearchOptions r = bf16Training(lp->globalBatch);
+  r.fix = lp->fix;
+  r.optimizer = *lp->optimizer;
+  auto b = searchOpPlan(g, lp->cluster, CostModel(), r);
+  ASSERT_TRUE(b) << b.status().message();
+  EXPECT_EQ(b->stats.priced, 1);
+  EXPECT_EQ(b->best.key(), a->best.key());
+  EXPECT_EQ(compareOpSharding(*lp, *b, g), "");
+  auto first = nlohmann::json::parse(text);
+  auto second =
+      nlohmann::json::parse(formatOpJsonReport(*b, lp->cluster, g));
+  for (const char *k : {"model", "cluster", "config", "ops", "params",
+                        "resharding", "stages", "ranks", "communication",
+                        "step_time", "memory"})
+    EXPECT_EQ(first[k], second[k]) << k;
+
+  // The sharding is compared op by op.
+  LoadedPlan other = *lp;
+  other.ops[0].strategy = "sideways";
+  std::string diff = compareOpSharding(other, *b, g);
+  EXPECT_NE(diff.find("differs from the plan file in 1 place"),
+            std::string::npos)
+      << diff;
+  EXPECT_NE(diff.find("sideways in the plan"), std::string::npos) << diff;
+}
+
+TEST(OpPlanFile, ForwardPlanAndOldFilesWithoutCluster) {
+  GraphSummary g = mlp2(8, 64, 256);
+  Cluster cl = preset("cpu");
+  SearchOptions o;
+  o.training = false;
+  auto a = searchOpPlan(g, cl, CostModel(), o);
+  ASSERT_TRUE(a) << a.status().message();
+  auto j = nlohmann::json::parse(formatOpJsonReport(*a, cl, g));
+  auto lp = parsePlanFile(j.dump(), "p.json");
+  ASSERT_TRUE(lp) << lp.status().message();
+  EXPECT_FALSE(lp->training);
+  EXPECT_EQ(*lp->fix.schedule, PipelineSchedule::GPipe);
+  // Op-level files written before the cluster was embedded: readable, but
+  // they need --cluster.
+  j["cluster"].erase("definition");
+  j["config"].erase("optimizer");
+  lp = parsePlanFile(j.dump(), "p.json");
+  ASSERT_TRUE(lp) << lp.status().message();
+  EXPECT_FALSE(lp->hasCluster);
+  EXPECT_FALSE(lp->optimizer);
+}
+
+TEST(OpPlanFile, RejectsBadFiles) {
+  GraphSummary g = mlp2(64, 4096, 16384);
+  Cluster cl = preset("dgx-a100");
+  auto a = searchOpPlan(g, cl, CostModel(), bf16Training(256));
+  ASSERT_TRUE(a) << a.status().message();
+  auto good = nlohmann::json::parse(formatOpJsonReport(*a, cl, g));
+  ASSERT_TRUE(parsePlanFile(good.dump(), "p.json"));
+  auto expectError = [&](nlohmann::json j, const std::string &needle) {
+    auto lp = parsePlanFile(j.dump(), "p.json");
+    ASSERT_FALSE(lp) << "accepted a plan that should fail with: " << needle;
+    EXPECT_NE(lp.status().message().find(needle), std::string::npos)
+        << lp.status().message();
+  };
+  auto j = good;
+  j["kind"] = "layer-wise";
+  expectError(j, "p.json: kind: expected \"transformer\" or \"op-level\"");
+  j = good;
+  j["kind"] = 3;
+  expectError(j, "kind: expected a string");
+  j = good;
+  j["version"] = 2;
+  expectError(j, "version: this dlopt reads op-level plan files of version "
+                 "1, got version 2");
+  j = good;
+  j["mode"] = "inference";
+  expectError(j, "mode: expected \"training\" or \"forward\"");
+  j = good;
+  j.erase("global_batch");
+  expectError(j, "missing required field 'global_batch'");
+  j = good;
+  j["model"].erase("ops");
+  expectError(j, "model: missing required field 'ops'");
+  j = good;
+  j["model"]["params"] = "many";
+  expectError(j, "model.params: expected a number");
+  j = good;
+  j["config"].erase("tp");
+  expectError(j, "config: missing required field 'tp'");
+  j = good;
+  j["config"]["dp"] = j["config"]["dp"].get<int>() * 2;
+  expectError(j, "config: dp*tp*pp = ");
+  j = good;
+  j["config"]["num_micro_batches"] =
+      j["config"]["num_micro_batches"].get<int>() * 2;
+  expectError(j, "config: dp*micro_batch_size*num_micro_batches = ");
+  j = good;
+  j["config"]["schedule"] = "interleaved";
+  expectError(j, "config.schedule: op-level plans use \"gpipe\" or \"1f1b\"");
+  j = good;
+  j["config"]["recompute"] = "full";
+  expectError(j, "config.recompute: op-level plans use \"none\"");
+  j = good;
+  j["config"]["zero_stage"] = 4;
+  expectError(j, "config.zero_stage: expected 0 to 3");
+  j = good;
+  j["config"]["optimizer"] = "lion";
+  expectError(j, "config.optimizer: expected \"sgd\"");
+  j = good;
+  j["ops"].erase(j["ops"].size() - 1);
+  expectError(j, "ops: ");
+  j = good;
+  j["ops"][1].erase("strategy");
+  expectError(j, "ops[1]: missing required field 'strategy'");
+  j = good;
+  j["ops"][1]["id"] = -1;
+  expectError(j, "ops[1].id: expected an integer >= 0");
+  j = good;
+  j["config"]["dp"] = int64_t(1) << 32;
+  expectError(j, "config.dp: expected an integer <= 2147483647");
+  j = good;
+  j["params"] = 7;
+  expectError(j, "params: expected an array");
+  j = good;
+  j["cluster"]["devices"] = 9;
+  expectError(j, "cluster.devices: 9 devices");
+  j = good;
+  j["cluster"]["definition"]["nodes"][0]["gpu"]["memory_gb"] = -1;
+  expectError(j, "cluster.definition");
+  // Forward plans cannot use ZeRO.
+  j = good;
+  j["mode"] = "forward";
+  j["config"]["zero_stage"] = 1;
+  if (j["config"]["dp"].get<int>() > 1)
+    expectError(j, "config.zero_stage: zero 1 needs a training plan");
+  // Truncated text.
+  std::string text = good.dump();
+  for (size_t cut : {size_t(1), text.size() / 3, text.size() - 1}) {
+    auto lp = parsePlanFile(text.substr(0, cut), "p.json");
+    ASSERT_FALSE(lp);
+    EXPECT_NE(lp.status().message().find("p.json: invalid JSON"),
+              std::string::npos)
+        << lp.status().message();
+  }
+}
+
+TEST(OpPlanFile, DetectsAnotherModel) {
+  GraphSummary g = mlp2(64, 512, 2048);
+  Cluster cl = preset("dgx-a100");
+  auto a = searchOpPlan(g, cl, CostModel(), bf16Training(256));
+  ASSERT_TRUE(a) << a.status().message();
+  auto lp = parsePlanFile(formatOpJsonReport(*a, cl, g), "p.json");
+  ASSERT_TRUE(lp) << lp.status().message();
+  // Wider: other parameter count.
+  Status st = checkPlanMatchesModel(*lp, mlp2(64, 512, 4096));
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("the plan was made for another model: "
+                              "parameters 2097152 in the plan, 4194304 in "
+                              "the model"),
+            std::string::npos)
+      << st.message();
+  // Same counts, another op.
+  GraphSummary other = g;
+  other.ops[1].op = "dlopt.gelu";
+  st = checkPlanMatchesModel(*lp, other);
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("planned op 1 is #1 dlopt.relu in the plan, "
+                              "#1 dlopt.gelu in the model"),
+            std::string::npos)
+      << st.message();
+  // A transformer plan is not an op-level one and vice versa.
+  LoadedPlan t = *lp;
+  t.kind = PlanKind::Transformer;
+  EXPECT_FALSE(checkPlanMatchesModel(t, g).isOk());
 }
 
 } // namespace

@@ -132,3 +132,40 @@ TEST(PlanFile, DetectsAnotherModel) {
             std::string::npos)
       << st.message();
 }
+
+TEST(PlanFile, KindsAndVersions) {
+  GraphSummary g = smallGpt();
+  auto c = resolveCluster("dgx-a100:1");
+  ASSERT_TRUE(c);
+  auto good = nlohmann::json::parse(planJson(g, *c));
+  EXPECT_EQ(good["kind"], "transformer");
+  EXPECT_EQ(good["version"], planFileVersion(PlanKind::Transformer));
+  auto lp = parsePlanFile(good.dump(), "p.json");
+  ASSERT_TRUE(lp) << lp.status().message();
+  EXPECT_EQ(lp->kind, PlanKind::Transformer);
+  // Version-2 files written before "kind" existed are transformer plans.
+  auto j = good;
+  j.erase("kind");
+  lp = parsePlanFile(j.dump(), "p.json");
+  ASSERT_TRUE(lp) << lp.status().message();
+  EXPECT_EQ(lp->kind, PlanKind::Transformer);
+  j = good;
+  j["version"] = 1;
+  lp = parsePlanFile(j.dump(), "p.json");
+  ASSERT_FALSE(lp);
+  EXPECT_NE(lp.status().message().find(
+                "version: this dlopt reads transformer plan files of version "
+                "2, got version 1"),
+            std::string::npos)
+      << lp.status().message();
+  // A transformer plan body under the op-level kind: the op-level fields
+  // are missing, and the error names the first.
+  j = good;
+  j["kind"] = "op-level";
+  j["version"] = planFileVersion(PlanKind::OpLevel);
+  lp = parsePlanFile(j.dump(), "p.json");
+  ASSERT_FALSE(lp);
+  EXPECT_NE(lp.status().message().find("model: missing required field 'ops'"),
+            std::string::npos)
+      << lp.status().message();
+}
