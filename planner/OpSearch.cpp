@@ -1,7 +1,9 @@
 //===- OpSearch.cpp - Strategy ILP, stage partition, op-level search ------===//
 #include "planner/OpSearch.h"
 
-#include <nlohmann/json.hpp>
+#include "planner/PlanFile.h"
+#include "planner/ReportUtil.h"
+#include "planner/SearchUtil.h"
 
 #ifdef DLOPT_HAVE_CBC
 #include <coin/Cbc_C_Interface.h>
@@ -10,7 +12,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -21,17 +22,9 @@ namespace dlopt::planner {
 
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-constexpr double kInf = std::numeric_limits<double>::infinity();
+using namespace report;
 
-std::string strf(const char *f, ...) {
-  char buf[1024];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof(buf), f, ap);
-  va_end(ap);
-  return buf;
-}
+constexpr double kInf = std::numeric_limits<double>::infinity();
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) {
@@ -533,30 +526,25 @@ IlpOutcome solveIlp(const ShardingProblem &p, double timeLimit,
       for (size_t b = 0; b < kv; ++b, ++col)
         Cbc_addCol(model, "", 0, 1, e.cost[a * kv + b] * kScale, 0, 0, nullptr,
                    nullptr);
-    for (size_t a = 0; a < ku; ++a) {
+    // Marginals: the pair variables of strategy `k` at one end sum to that
+    // end's strategy variable (`stride` steps over the other end's).
+    auto marginal = [&](int node, size_t k, size_t first, size_t count,
+                        size_t stride) {
       idx.clear();
       val.clear();
-      for (size_t b = 0; b < kv; ++b) {
-        idx.push_back(eBase + int(a * kv + b));
+      for (size_t i = 0; i < count; ++i) {
+        idx.push_back(eBase + int(first + i * stride));
         val.push_back(1);
       }
-      idx.push_back(sBase[e.u] + int(a));
+      idx.push_back(sBase[node] + int(k));
       val.push_back(-1);
       Cbc_addRow(model, "", int(idx.size()), idx.data(), val.data(), 'E', 0);
       ++rows;
-    }
-    for (size_t b = 0; b < kv; ++b) {
-      idx.clear();
-      val.clear();
-      for (size_t a = 0; a < ku; ++a) {
-        idx.push_back(eBase + int(a * kv + b));
-        val.push_back(1);
-      }
-      idx.push_back(sBase[e.v] + int(b));
-      val.push_back(-1);
-      Cbc_addRow(model, "", int(idx.size()), idx.data(), val.data(), 'E', 0);
-      ++rows;
-    }
+    };
+    for (size_t a = 0; a < ku; ++a)
+      marginal(e.u, a, a * kv, kv, 1);
+    for (size_t b = 0; b < kv; ++b)
+      marginal(e.v, b, b, ku, kv);
   }
   if (p.constrained()) {
     // In units of the budget, so that the row is well scaled for any unit.
@@ -1466,18 +1454,6 @@ bool better(const OpCandidate &a, const OpCandidate &b) {
   return k(a) < k(b);
 }
 
-std::vector<int64_t> divisorsOf(int64_t n) {
-  std::vector<int64_t> d;
-  for (int64_t i = 1; i * i <= n; ++i)
-    if (n % i == 0) {
-      d.push_back(i);
-      if (i != n / i)
-        d.push_back(n / i);
-    }
-  std::sort(d.begin(), d.end());
-  return d;
-}
-
 std::string fixedIssues(const FixSpec &f) {
   std::vector<std::string> why;
   if (f.schedule && *f.schedule != PipelineSchedule::OneFOneB &&
@@ -1490,10 +1466,7 @@ std::string fixedIssues(const FixSpec &f) {
   if (f.recompute && *f.recompute != RecomputePolicy::None)
     why.push_back(std::string("recompute=") + recomputeName(*f.recompute) +
                   " is not available to op-level plans yet (none)");
-  std::string out;
-  for (const auto &w : why)
-    out += (out.empty() ? "" : "; ") + w;
-  return out;
+  return joinReasons(why);
 }
 
 SolverKind solverFromEnv() {
@@ -1550,16 +1523,10 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
   // Memory-constrained problems get the Lagrangian search while enumerating;
   // the ILP polishes the chosen plan only.
   c.solveOptions.polish = false;
-  bool haveGpu = false;
-  for (const NodeGroup &grp : cluster.groups)
-    if (!haveGpu || grp.gpu.peak(opt.precision) < c.gpu.peak(opt.precision)) {
-      c.gpu = grp.gpu;
-      haveGpu = true;
-    }
-  if (c.gpu.peak(opt.precision) <= 0)
-    return Status::error(std::string("the GPU kind ") + c.gpu.name +
-                         " has no peak FLOP/s for precision " +
-                         precisionName(opt.precision));
+  auto gpu = pacingGpu(cluster, opt.precision);
+  if (!gpu)
+    return gpu.status();
+  c.gpu = *gpu;
   std::string fixWhy = fixedIssues(opt.fix);
   if (!fixWhy.empty())
     return Status::error("--fix " + opt.fix.str() + " is impossible: " +
@@ -1595,45 +1562,18 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
   std::map<std::tuple<int, int, int64_t>, std::unique_ptr<Solved>> cache;
   std::map<std::tuple<int, int, int64_t, int, int>, std::unique_ptr<Solved>>
       memCache;
-  std::optional<OpCandidate> best, leastMemory;
+  CandidateRanking<OpCandidate, std::tuple<int, int, int>, decltype(&better)>
+      ranking(opt.topK, &better);
   const Solved *bestSolved = nullptr;
-  std::map<std::tuple<int, int, int>, OpCandidate> shapeAny, shapeFeasible;
-  std::vector<OpCandidate> top;
   auto prune = [&](const std::string &why) { ++st.pruned[why]; };
   int constrainedSolves = 0;
   const int kMaxConstrainedSolves = 48;
 
   auto consider = [&](const OpCandidate &cand, const Solved *s) {
-    ++st.priced;
-    std::tuple<int, int, int> shape{cand.cfg.dp, cand.cfg.tp, cand.cfg.pp};
-    auto sa = shapeAny.find(shape);
-    if (sa == shapeAny.end())
-      shapeAny.emplace(shape, cand);
-    else if (better(cand, sa->second))
-      sa->second = cand;
-    if (!leastMemory || cand.memory.total() < leastMemory->memory.total())
-      leastMemory = cand;
-    if (!cand.fits()) {
-      ++st.outOfMemory;
-      return false;
-    }
-    ++st.feasible;
-    auto sf = shapeFeasible.find(shape);
-    if (sf == shapeFeasible.end())
-      shapeFeasible.emplace(shape, cand);
-    else if (better(cand, sf->second))
-      sf->second = cand;
-    if (!best || better(cand, *best)) {
-      best = cand;
+    auto out = ranking.consider({cand.cfg.dp, cand.cfg.tp, cand.cfg.pp}, cand);
+    if (out.newBest)
       bestSolved = s;
-    }
-    auto pos = std::lower_bound(top.begin(), top.end(), cand, better);
-    if (pos - top.begin() <= opt.topK) {
-      top.insert(pos, cand);
-      if (int(top.size()) > opt.topK + 1)
-        top.pop_back();
-    }
-    return true;
+    return out.fits;
   };
 
   for (int64_t t64 : divisorsOf(devices)) {
@@ -1653,23 +1593,8 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
         continue;
       }
       int dp = devices / t / pp;
-      if (fix.dp && *fix.dp != dp)
-        continue;
-      if (gb % dp) {
-        prune("dp does not divide the global batch");
-        continue;
-      }
-      int64_t local = gb / dp;
-      for (int64_t mbs : divisorsOf(local)) {
-        if (fix.mbs && *fix.mbs != mbs)
-          continue;
-        if (!fix.mbs && opt.maxMicroBatch > 0 && mbs > opt.maxMicroBatch) {
-          prune("micro-batch above the size limit");
-          continue;
-        }
-        int64_t m = local / mbs;
-        if (fix.numMicroBatches && *fix.numMicroBatches != m)
-          continue;
+      for (const auto [mbs, m] :
+           batchSplits(dp, gb, fix, opt.maxMicroBatch, st.pruned)) {
         auto key = std::make_tuple(t, dp, mbs);
         auto it = cache.find(key);
         if (it == cache.end())
@@ -1738,64 +1663,20 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
     }
   }
 
+  st.priced = ranking.priced();
+  st.feasible = ranking.feasible();
+  st.outOfMemory = ranking.outOfMemory();
   std::string fixNote = fix.empty() ? "" : " with --fix " + fix.str();
-  if (st.priced == 0) {
-    std::string reasons;
-    for (const auto &[why, n] : st.pruned)
-      reasons += (reasons.empty() ? "" : "; ") + why + " (" +
-                 std::to_string(n) + ")";
-    return Status::error("no candidate plan" + fixNote + " for " +
-                         std::to_string(devices) + " devices and a global "
-                         "batch of " + std::to_string(gb) +
-                         ": every candidate was pruned: " +
-                         (reasons.empty() ? "no shape matches" : reasons));
+  if (st.priced == 0)
+    return noCandidateError(fixNote, devices, gb, st.pruned);
+  if (!ranking.best()) {
+    const OpCandidate &lm = *ranking.leastMemory();
+    return noFitError(fixNote, lm.memory.total(), lm.key(), lm.capacity);
   }
-  if (!best) {
-    const OpCandidate &lm = *leastMemory;
-    return Status::error(
-        "no plan fits in memory" + fixNote + ": the smallest peak found is " +
-        strf("%.2f", lm.memory.total() / kGiB) + " GiB per device (" +
-        lm.key() + ") against a capacity of " +
-        strf("%.2f", c.capacity / kGiB) + " GiB, over by " +
-        strf("%.2f", (lm.memory.total() - c.capacity) / kGiB) + " GiB");
-  }
+  std::optional<OpCandidate> best = ranking.best();
 
   // Alternatives, as in the transformer search.
-  std::vector<OpAlternative> alts;
-  double bt = best->time.total();
-  auto slower = [&](const OpCandidate &cand) {
-    return "slower by " + strf("%.1f", 100.0 * (cand.time.total() / bt - 1)) +
-           "%";
-  };
-  std::set<std::string> seen{best->key()};
-  for (const auto &[shape, any] : shapeAny) {
-    if (!any.fits() && better(any, *best)) {
-      alts.push_back(
-          {any, "out of memory by " +
-                    strf("%.2f", (any.memory.total() - any.capacity) / kGiB) +
-                    " GiB (" +
-                    strf("%.1f", 100.0 * (1 - any.time.total() / bt)) +
-                    "% faster)"});
-      seen.insert(any.key());
-    }
-    auto sf = shapeFeasible.find(shape);
-    if (sf != shapeFeasible.end() && !seen.count(sf->second.key())) {
-      alts.push_back({sf->second, slower(sf->second)});
-      seen.insert(sf->second.key());
-    }
-  }
-  for (const OpCandidate &cand : top)
-    if (!seen.count(cand.key())) {
-      alts.push_back({cand, slower(cand)});
-      seen.insert(cand.key());
-    }
-  std::stable_sort(alts.begin(), alts.end(),
-                   [](const OpAlternative &a, const OpAlternative &b) {
-                     return better(a.cand, b.cand);
-                   });
-  if (int(alts.size()) > opt.topK)
-    alts.resize(std::max(0, opt.topK));
-  res.alternatives = std::move(alts);
+  res.alternatives = ranking.alternatives<OpAlternative>(*best);
 
   std::unique_ptr<Solved> polished;
   if (bestSolved->constrained && c.solveOptions.kind == SolverKind::Auto) {
@@ -1913,15 +1794,10 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
                     int stride, double bytes, double calls, double exposed) {
     if (size <= 1 || calls <= 0 || bytes <= 0)
       return;
-    CommOp op;
-    op.what = what;
-    op.collective = coll;
-    op.groupSize = size;
-    op.bytes = bytes;
-    op.calls = calls;
-    op.time = calls * c.pricer.time(coll, bytes, size, stride, &op.link);
-    op.exposed = exposed;
-    res.comms.push_back(op);
+    LinkKind link = LinkKind::None;
+    double time = calls * c.pricer.time(coll, bytes, size, stride, &link);
+    res.comms.push_back(
+        {what, coll, size, bytes, calls, link, time, exposed});
   };
   if (t > 1 && !res.reshards.empty()) {
     // Summed: the per-op list is in `reshards`.
@@ -2029,36 +1905,6 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
 
 namespace {
 
-std::string human(double bytes) {
-  const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int i = 0;
-  while (bytes >= 1024 && i < 4) {
-    bytes /= 1024;
-    ++i;
-  }
-  return strf(i ? "%.2f %s" : "%.0f %s", bytes, u[i]);
-}
-
-std::string seconds(double s) {
-  if (s >= 1)
-    return strf("%.3f s", s);
-  if (s >= 1e-3)
-    return strf("%.3f ms", s * 1e3);
-  return strf("%.3f us", s * 1e6);
-}
-
-std::string withCommas(double v) {
-  std::string s = strf("%.0f", v), out;
-  int n = 0;
-  for (auto it = s.rbegin(); it != s.rend(); ++it) {
-    if (n && n % 3 == 0 && *it != '-')
-      out.insert(out.begin(), ',');
-    out.insert(out.begin(), *it);
-    ++n;
-  }
-  return out;
-}
-
 /// "dlopt.matmul x3: column 2, row 1", by first appearance.
 std::vector<std::pair<std::string, std::vector<std::pair<std::string, int>>>>
 groupChoices(const OpPlanResult &p, const GraphSummary &g) {
@@ -2091,16 +1937,9 @@ std::string layouts(const std::vector<Layout> &ls) {
   return s.empty() ? "-" : s;
 }
 
-struct Derived {
-  double step, samples, tflopsPerGpu, mfu;
-};
-Derived derive(const OpPlanResult &p, int devices) {
-  Derived d;
-  d.step = p.best.time.total();
-  d.samples = d.step > 0 ? double(p.globalBatch) / d.step : 0;
-  d.tflopsPerGpu = d.step > 0 ? p.modelFlopsPerStep / d.step / devices : 0;
-  d.mfu = p.peakFlops > 0 ? d.tflopsPerGpu / p.peakFlops : 0;
-  return d;
+Throughput derive(const OpPlanResult &p, int devices) {
+  return throughput(p.best.time.total(), double(p.globalBatch),
+                    p.modelFlopsPerStep, p.peakFlops, devices);
 }
 
 } // namespace
@@ -2109,11 +1948,9 @@ std::string formatOpTextReport(const OpPlanResult &p, const Cluster &cluster,
                                const GraphSummary &g, const ReportOptions &o) {
   const TrainingConfig &cfg = p.best.cfg;
   const int devices = cluster.numDevices();
-  Derived d = derive(p, devices);
+  Throughput d = derive(p, devices);
   std::string r;
-  r += "dlopt dry run: " +
-       std::string(p.training ? "training step" : "forward") + " of @" +
-       g.modelName + " on " + cluster.summary() + "\n";
+  r += textTitle(p.training, g.modelName, cluster);
   int nParams = int(p.params.size());
   r += strf("model: %d ops (op-level plan), %s parameters in %d tensors, "
             "dtype %s, compute %s\n",
@@ -2199,8 +2036,8 @@ std::string formatOpTextReport(const OpPlanResult &p, const Cluster &cluster,
       }
     r += strf("  params: %d split over tp, %d replicated (%s of %s per "
               "device before ZeRO)\n",
-              split, int(p.params.size()) - split, human(bytes).c_str(),
-              human(full).c_str());
+              split, int(p.params.size()) - split, humanBytes(bytes).c_str(),
+              humanBytes(full).c_str());
   }
   if (o.explain) {
     r += "  per op (id op strategy: operands -> result):\n";
@@ -2238,7 +2075,7 @@ std::string formatOpTextReport(const OpPlanResult &p, const Cluster &cluster,
         where += " operand " + std::to_string(x.operand) + " <- " + x.producer;
       r += strf("  %-56s %s %s, group %d, %s, link %s, %s %s\n", where.c_str(),
                 x.backward ? "bwd" : "fwd", x.what.c_str(), x.groupSize,
-                human(x.bytes).c_str(), linkName(x.link),
+                humanBytes(x.bytes).c_str(), linkName(x.link),
                 seconds(x.time).c_str(),
                 x.perStep ? "per step" : "per micro-batch");
     }
@@ -2280,31 +2117,19 @@ std::string formatOpTextReport(const OpPlanResult &p, const Cluster &cluster,
               x.firstOp, x.lastOp, x.numOps, layers.c_str(),
               seconds(x.timePerMicroBatch).c_str());
     if (s + 1 < p.stages.size())
-      r += strf(", sends %s", human(x.boundaryBytes).c_str());
+      r += strf(", sends %s", humanBytes(x.boundaryBytes).c_str());
     r += "\n";
   }
 
-  r += "\n== communication per step (one rank) ==\n";
-  if (p.comms.empty())
-    r += "  none\n";
-  for (const CommOp &x : p.comms)
-    r += strf("  %-40s %-14s group %-5d %10s x %-8.0f link %-10s total %s, "
-              "exposed %s\n",
-              x.what.c_str(), collectiveName(x.collective), x.groupSize,
-              human(x.bytes).c_str(), x.calls, linkName(x.link),
-              seconds(x.time).c_str(), seconds(x.exposed).c_str());
+  r += textCommunication(p.comms);
 
   const StepTime &t = p.best.time;
-  r += "\n== step time ==\n";
-  r += strf("  total            %s\n", seconds(d.step).c_str());
-  r += strf("  compute          %s (%.1f%%)\n", seconds(t.compute).c_str(),
-            100 * t.compute / d.step);
+  r += textStepTimeHead(t, d.step);
   r += strf("  exposed comm     %s (%.1f%%): tp %s, pp %s, dp %s\n",
             seconds(t.exposedComm()).c_str(), 100 * t.exposedComm() / d.step,
             seconds(t.tpComm).c_str(), seconds(t.ppComm).c_str(),
             seconds(t.dpComm).c_str());
-  r += strf("  bubble           %s (%.1f%%)\n", seconds(t.bubble).c_str(),
-            100 * t.bubble / d.step);
+  r += textTimeRow("bubble", t.bubble, d.step);
   r += "\n== throughput ==\n";
   r += strf("  %.4g samples/s\n", d.samples);
   r += strf("  model %.3f TFLOP/s per GPU, MFU %.1f%% (%s peak %.1f TFLOP/s, "
@@ -2314,36 +2139,12 @@ std::string formatOpTextReport(const OpPlanResult &p, const Cluster &cluster,
 
   const MemoryBreakdown &m = p.best.memory;
   r += strf("\n== memory per device (stage %d, the largest) ==\n", m.stage);
-  auto row = [&](const char *n, double v) {
-    r += strf("  %-14s %10.3f GiB\n", n, v / kGiB);
-  };
-  row("params", m.params);
-  row("grads", m.grads);
-  row("optimizer", m.optimizer);
-  row("activations", m.activations);
-  row("transient", m.transient);
-  row("comm buffers", m.commBuffers);
-  row("workspace", m.workspace);
-  r += strf("  %-14s %10.3f GiB of %.3f GiB (%.1f%%)\n", "total",
-            m.total() / kGiB, p.best.capacity / kGiB,
-            100 * m.total() / p.best.capacity);
-
-  r += "\n== alternatives ==\n";
-  if (p.alternatives.empty())
-    r += "  none\n";
-  for (size_t i = 0; i < p.alternatives.size(); ++i) {
-    const OpAlternative &a = p.alternatives[i];
-    r += strf("  %zu. %s: %s, %.2f GiB: %s\n", i + 1, a.cand.key().c_str(),
-              seconds(a.cand.time.total()).c_str(),
-              a.cand.memory.total() / kGiB, a.why.c_str());
-  }
+  r += textMemoryRows(m, p.best.capacity);
+  r += textAlternatives(p.alternatives);
 
   if (o.explain) {
     const OpSearchStats &s = p.stats;
-    r += "\n== search ==\n";
-    r += strf("  %lld candidates priced: %lld fit, %lld out of memory\n",
-              (long long)s.priced, (long long)s.feasible,
-              (long long)s.outOfMemory);
+    r += textSearchHead(s.priced, s.feasible, s.outOfMemory);
     r += strf("  %lld strategy problems solved (%lld reached the ILP; "
               "largest core %lld nodes, largest ILP %lld variables x %lld "
               "constraints; ILP time %s)\n",
@@ -2354,19 +2155,16 @@ std::string formatOpTextReport(const OpPlanResult &p, const Cluster &cluster,
          (haveIlpSolver() ? "COIN-OR CBC" : "none (built without CBC)") + "\n";
     for (const auto &n : s.notes)
       r += "  fallback: " + n + "\n";
-    for (const auto &[why, n] : s.pruned)
-      r += strf("  pruned %lld: %s\n", (long long)n, why.c_str());
-    r += strf("  search time %.3f s\n", s.seconds);
+    r += textSearchTail(s.pruned, s.seconds);
   }
   return r;
 }
 
 std::string formatOpJsonReport(const OpPlanResult &p, const Cluster &cluster,
                                const GraphSummary &g, const ReportOptions &o) {
-  using json = nlohmann::ordered_json;
   const TrainingConfig &cfg = p.best.cfg;
   const int devices = cluster.numDevices();
-  Derived d = derive(p, devices);
+  Throughput d = derive(p, devices);
   auto config = [](const OpCandidate &c) {
     json j;
     j["dp"] = c.cfg.dp;
@@ -2380,11 +2178,8 @@ std::string formatOpJsonReport(const OpPlanResult &p, const Cluster &cluster,
     j["optimizer"] = optimizerName(c.cfg.optimizer);
     return j;
   };
-  json j;
-  j["format"] = "dlopt-plan";
-  j["version"] = 1; // op-level plans count their own versions (PlanFile.h)
-  j["kind"] = "op-level";
-  j["mode"] = p.training ? "training" : "forward";
+  json j = jsonEnvelope(planKindName(PlanKind::OpLevel),
+                        planFileVersion(PlanKind::OpLevel), p.training);
   j["model"] = {{"name", g.modelName},
                 {"ops", p.numForwardOps},
                 {"backward_ops", p.numBackwardOps},
@@ -2394,10 +2189,7 @@ std::string formatOpJsonReport(const OpPlanResult &p, const Cluster &cluster,
                 {"dtype", g.dtype},
                 {"precision", precisionName(p.precision)},
                 {"backward_ratio", p.backwardRatio}};
-  j["cluster"] = {{"summary", cluster.summary()},
-                  {"devices", devices},
-                  {"nodes", cluster.numNodes()},
-                  {"definition", json::parse(cluster.toJson())}};
+  j["cluster"] = jsonCluster(cluster);
   j["global_batch"] = p.globalBatch;
   j["config"] = config(p.best);
   j["solver"] = {{"method", p.solve.method},
@@ -2472,17 +2264,7 @@ std::string formatOpJsonReport(const OpPlanResult &p, const Cluster &cluster,
   }
   j["rank_columns"] = {"rank", "node", "gpu", "process", "stage", "tp", "dp"};
   j["ranks"] = ranks;
-  json comms = json::array();
-  for (const CommOp &c : p.comms)
-    comms.push_back({{"what", c.what},
-                     {"collective", collectiveName(c.collective)},
-                     {"group_size", c.groupSize},
-                     {"bytes", c.bytes},
-                     {"calls", c.calls},
-                     {"link", linkName(c.link)},
-                     {"time", c.time},
-                     {"exposed", c.exposed}});
-  j["communication"] = comms;
+  j["communication"] = jsonCommunication(p.comms);
   const StepTime &t = p.best.time;
   j["step_time"] = {{"total", t.total()},   {"compute", t.compute},
                     {"tp_comm", t.tpComm},  {"pp_comm", t.ppComm},
@@ -2490,28 +2272,10 @@ std::string formatOpJsonReport(const OpPlanResult &p, const Cluster &cluster,
   j["throughput"] = {{"samples_per_s", d.samples},
                      {"model_tflops_per_gpu", d.tflopsPerGpu / 1e12},
                      {"mfu", d.mfu}};
-  const MemoryBreakdown &m = p.best.memory;
-  j["memory"] = {{"stage", m.stage},
-                 {"params", m.params},
-                 {"grads", m.grads},
-                 {"optimizer", m.optimizer},
-                 {"activations", m.activations},
-                 {"transient", m.transient},
-                 {"comm_buffers", m.commBuffers},
-                 {"workspace", m.workspace},
-                 {"total", m.total()},
-                 {"capacity", p.best.capacity}};
-  json alts = json::array();
-  for (const OpAlternative &a : p.alternatives)
-    alts.push_back({{"config", config(a.cand)},
-                    {"step_time", a.cand.time.total()},
-                    {"memory", a.cand.memory.total()},
-                    {"why", a.why}});
-  j["alternatives"] = alts;
+  j["memory"] = jsonMemory(p.best.memory, p.best.capacity);
+  j["alternatives"] = jsonAlternatives(p.alternatives, config);
   if (o.explain) {
-    json pruned = json::object();
-    for (const auto &[why, n] : p.stats.pruned)
-      pruned[why] = n;
+    json pruned = jsonPruned(p.stats.pruned);
     j["search"] = {{"priced", p.stats.priced},
                    {"feasible", p.stats.feasible},
                    {"out_of_memory", p.stats.outOfMemory},

@@ -26,44 +26,59 @@ struct Reader {
       return error(path, std::string("missing required field '") + key + "'");
     return &obj[key];
   }
-  Expected<int64_t> integer(const json &obj, const std::string &path,
-                            const char *key, int64_t min) const {
+  /// The field `key` when `ok(value)`, else "<path.key>: expected <what>,
+  /// got <value>".
+  template <class Ok>
+  Expected<const json *> typed(const json &obj, const std::string &path,
+                               const char *key, Ok ok,
+                               const char *what) const {
     auto f = field(obj, path, key);
     if (!f)
       return f.status();
-    const json &v = **f;
-    std::string p = path.empty() ? key : path + "." + key;
-    if (!v.is_number_integer())
-      return error(p, "expected an integer, got " + v.dump());
-    int64_t i = v.get<int64_t>();
+    if (!ok(**f))
+      return error(at(path, key),
+                   std::string("expected ") + what + ", got " + (*f)->dump());
+    return f;
+  }
+  static std::string at(const std::string &path, const char *key) {
+    return path.empty() ? key : path + "." + key;
+  }
+  Expected<int64_t> integer(const json &obj, const std::string &path,
+                            const char *key, int64_t min) const {
+    auto f = typed(
+        obj, path, key, [](const json &v) { return v.is_number_integer(); },
+        "an integer");
+    if (!f)
+      return f.status();
+    int64_t i = (*f)->get<int64_t>();
     if (i < min)
-      return error(p, "expected an integer >= " + std::to_string(min) +
-                          ", got " + std::to_string(i));
+      return error(at(path, key), "expected an integer >= " +
+                                      std::to_string(min) + ", got " +
+                                      std::to_string(i));
     // Degrees, batch sizes and ids all fit an int.
     const int64_t max = std::numeric_limits<int>::max();
     if (i > max)
-      return error(p, "expected an integer <= " + std::to_string(max) +
-                          ", got " + std::to_string(i));
+      return error(at(path, key), "expected an integer <= " +
+                                      std::to_string(max) + ", got " +
+                                      std::to_string(i));
     return i;
   }
   Expected<double> number(const json &obj, const std::string &path,
                           const char *key) const {
-    auto f = field(obj, path, key);
+    auto f = typed(
+        obj, path, key, [](const json &v) { return v.is_number(); },
+        "a number");
     if (!f)
       return f.status();
-    if (!(*f)->is_number())
-      return error(path.empty() ? key : path + "." + key,
-                   "expected a number, got " + (*f)->dump());
     return (*f)->get<double>();
   }
   Expected<std::string> string(const json &obj, const std::string &path,
                                const char *key) const {
-    auto f = field(obj, path, key);
+    auto f = typed(
+        obj, path, key, [](const json &v) { return v.is_string(); },
+        "a string");
     if (!f)
       return f.status();
-    if (!(*f)->is_string())
-      return error(path.empty() ? key : path + "." + key,
-                   "expected a string, got " + (*f)->dump());
     return (*f)->get<std::string>();
   }
 };
@@ -86,6 +101,39 @@ int planFileVersion(PlanKind k) { return k == PlanKind::OpLevel ? 1 : 2; }
 
 namespace {
 
+/// The "config" choices both kinds of plan make: dp, tp, pp, the
+/// micro-batch size and count, the schedule and the ZeRO stage. Returns the
+/// config object for the kind's own choices.
+Expected<const json *> parseSharedConfig(const Reader &rd, const json &j,
+                                         FixSpec &f) {
+  const json *cfgp = nullptr;
+  PF_ASSIGN(cfgp, rd.field(j, "", "config"));
+  const json &cfg = *cfgp;
+  const std::string c = "config";
+  int64_t v = 0;
+  PF_ASSIGN(v, rd.integer(cfg, c, "dp", 1));
+  f.dp = int(v);
+  PF_ASSIGN(v, rd.integer(cfg, c, "tp", 1));
+  f.tp = int(v);
+  PF_ASSIGN(v, rd.integer(cfg, c, "pp", 1));
+  f.pp = int(v);
+  PF_ASSIGN(v, rd.integer(cfg, c, "micro_batch_size", 1));
+  f.mbs = v;
+  PF_ASSIGN(v, rd.integer(cfg, c, "num_micro_batches", 1));
+  f.numMicroBatches = v;
+  std::string s;
+  PF_ASSIGN(s, rd.string(cfg, c, "schedule"));
+  f.schedule = parseSchedule(s);
+  if (!f.schedule)
+    return rd.error("config.schedule", "unknown schedule \"" + s + "\"");
+  PF_ASSIGN(v, rd.integer(cfg, c, "zero_stage", 0));
+  if (v > 3)
+    return rd.error("config.zero_stage",
+                    "expected 0 to 3, got " + std::to_string(v));
+  f.zero = int(v);
+  return cfgp;
+}
+
 /// The transformer plan's "model" and "config" (Report.cpp writes them).
 Status parseTransformer(const Reader &rd, const json &j, LoadedPlan &p) {
   const json *model = nullptr;
@@ -100,16 +148,11 @@ Status parseTransformer(const Reader &rd, const json &j, LoadedPlan &p) {
   PF_ASSIGN(p.params, rd.number(*model, "model", "params"));
 
   const json *cfg = nullptr;
-  PF_ASSIGN(cfg, rd.field(j, "", "config"));
+  PF_ASSIGN(cfg, parseSharedConfig(rd, j, p.fix));
   const std::string c = "config";
   FixSpec &f = p.fix;
   int64_t v = 0;
-  PF_ASSIGN(v, rd.integer(*cfg, c, "dp", 1));
-  f.dp = int(v);
-  PF_ASSIGN(v, rd.integer(*cfg, c, "tp", 1));
-  f.tp = int(v);
-  PF_ASSIGN(v, rd.integer(*cfg, c, "pp", 1));
-  f.pp = int(v);
+  std::string s;
   PF_ASSIGN(v, rd.integer(*cfg, c, "cp", 1));
   f.cp = int(v);
   {
@@ -119,23 +162,9 @@ Status parseTransformer(const Reader &rd, const json &j, LoadedPlan &p) {
       return rd.error("config.sequence_parallel", "expected true or false");
     f.sp = sp->get<bool>();
   }
-  PF_ASSIGN(v, rd.integer(*cfg, c, "micro_batch_size", 1));
-  f.mbs = v;
-  PF_ASSIGN(v, rd.integer(*cfg, c, "num_micro_batches", 1));
-  f.numMicroBatches = v;
-  std::string s;
-  PF_ASSIGN(s, rd.string(*cfg, c, "schedule"));
-  f.schedule = parseSchedule(s);
-  if (!f.schedule)
-    return rd.error("config.schedule", "unknown schedule \"" + s + "\"");
   PF_ASSIGN(v, rd.integer(*cfg, c, "virtual_stages", 1));
   if (*f.schedule == PipelineSchedule::Interleaved1F1B)
     f.v = int(v);
-  PF_ASSIGN(v, rd.integer(*cfg, c, "zero_stage", 0));
-  if (v > 3)
-    return rd.error("config.zero_stage",
-                    "expected 0 to 3, got " + std::to_string(v));
-  f.zero = int(v);
   PF_ASSIGN(s, rd.string(*cfg, c, "recompute"));
   f.recompute = parseRecompute(s);
   if (!f.recompute)
@@ -168,33 +197,17 @@ Status parseOpLevel(const Reader &rd, const json &j, LoadedPlan &p,
   PF_ASSIGN(p.precision, rd.string(*model, mo, "precision"));
 
   const json *cfg = nullptr;
-  PF_ASSIGN(cfg, rd.field(j, "", "config"));
+  PF_ASSIGN(cfg, parseSharedConfig(rd, j, p.fix));
   const std::string c = "config";
   FixSpec &f = p.fix;
   int64_t v = 0;
-  PF_ASSIGN(v, rd.integer(*cfg, c, "dp", 1));
-  f.dp = int(v);
-  PF_ASSIGN(v, rd.integer(*cfg, c, "tp", 1));
-  f.tp = int(v);
-  PF_ASSIGN(v, rd.integer(*cfg, c, "pp", 1));
-  f.pp = int(v);
-  PF_ASSIGN(v, rd.integer(*cfg, c, "micro_batch_size", 1));
-  f.mbs = v;
-  PF_ASSIGN(v, rd.integer(*cfg, c, "num_micro_batches", 1));
-  f.numMicroBatches = v;
   std::string s;
-  PF_ASSIGN(s, rd.string(*cfg, c, "schedule"));
-  f.schedule = parseSchedule(s);
-  if (!f.schedule || (*f.schedule != PipelineSchedule::GPipe &&
-                      *f.schedule != PipelineSchedule::OneFOneB))
+  if (*f.schedule != PipelineSchedule::GPipe &&
+      *f.schedule != PipelineSchedule::OneFOneB)
     return rd.error("config.schedule",
-                    "op-level plans use \"gpipe\" or \"1f1b\", got \"" + s +
-                        "\"");
-  PF_ASSIGN(v, rd.integer(*cfg, c, "zero_stage", 0));
-  if (v > 3)
-    return rd.error("config.zero_stage",
-                    "expected 0 to 3, got " + std::to_string(v));
-  f.zero = int(v);
+                    std::string("op-level plans use \"gpipe\" or \"1f1b\", "
+                                "got \"") +
+                        scheduleKey(*f.schedule) + "\"");
   PF_ASSIGN(s, rd.string(*cfg, c, "recompute"));
   if (s != "none")
     return rd.error("config.recompute",

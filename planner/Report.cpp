@@ -1,43 +1,14 @@
 //===- Report.cpp - Text and JSON dry-run reports -------------------------===//
 #include "planner/Report.h"
 
-#include <nlohmann/json.hpp>
-
-#include <cstdarg>
-#include <cstdio>
+#include "planner/PlanFile.h"
+#include "planner/ReportUtil.h"
 
 namespace dlopt::planner {
 
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-std::string printf(const char *f, ...) {
-  char buf[1024];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof(buf), f, ap);
-  va_end(ap);
-  return buf;
-}
-
-std::string human(double bytes) {
-  const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int i = 0;
-  while (bytes >= 1024 && i < 4) {
-    bytes /= 1024;
-    ++i;
-  }
-  return printf(i ? "%.2f %s" : "%.0f %s", bytes, u[i]);
-}
-
-std::string seconds(double s) {
-  if (s >= 1)
-    return printf("%.3f s", s);
-  if (s >= 1e-3)
-    return printf("%.3f ms", s * 1e3);
-  return printf("%.3f us", s * 1e6);
-}
+using namespace report;
 
 std::string layerRange(const std::vector<int64_t> &ls) {
   if (ls.empty())
@@ -48,20 +19,9 @@ std::string layerRange(const std::vector<int64_t> &ls) {
   return std::to_string(ls.front()) + "-" + std::to_string(ls.back());
 }
 
-
-
-struct Derived {
-  double step, samples, tokens, tflopsPerGpu, mfu;
-};
-
-Derived derive(const PlanResult &p, int devices) {
-  Derived d;
-  d.step = p.best.time.total();
-  d.samples = d.step > 0 ? p.globalBatch / d.step : 0;
-  d.tokens = d.samples * p.seq;
-  d.tflopsPerGpu = d.step > 0 ? p.modelFlopsPerStep / d.step / devices : 0;
-  d.mfu = p.peakFlops > 0 ? d.tflopsPerGpu / p.peakFlops : 0;
-  return d;
+Throughput derive(const PlanResult &p, int devices) {
+  return throughput(p.best.time.total(), double(p.globalBatch),
+                    p.modelFlopsPerStep, p.peakFlops, devices);
 }
 
 } // namespace
@@ -108,37 +68,37 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
                              const GraphSummary &g, const ReportOptions &o) {
   const TrainingConfig &cfg = p.best.cfg;
   const int devices = cluster.numDevices();
-  Derived d = derive(p, devices);
+  Throughput d = derive(p, devices);
+  const double tokens = d.samples * p.seq;
   std::string r;
-  r += "dlopt dry run: " + std::string(p.training ? "training step" : "forward") +
-       " of @" + g.modelName + " on " + cluster.summary() + "\n";
-  r += printf("model: %lld layers, hidden %lld, heads %lld, seq %lld, vocab "
+  r += textTitle(p.training, g.modelName, cluster);
+  r += strf("model: %lld layers, hidden %lld, heads %lld, seq %lld, vocab "
               "%lld, %.4g parameters, dtype %s, compute %s\n",
               (long long)p.spec.numLayers, (long long)p.spec.hidden,
               (long long)p.spec.heads, (long long)p.spec.seqLen,
               (long long)p.spec.vocab, p.totalParams, g.dtype.c_str(),
               precisionName(p.precision));
-  r += printf("global batch %lld samples x %lld tokens\n\n",
+  r += strf("global batch %lld samples x %lld tokens\n\n",
               (long long)p.globalBatch, (long long)p.seq);
 
   r += "== plan ==\n";
   if (cfg.cp > 1)
-    r += printf("  dp=%d tp=%d pp=%d cp=%d (dp*tp*pp*cp = %d devices)\n",
+    r += strf("  dp=%d tp=%d pp=%d cp=%d (dp*tp*pp*cp = %d devices)\n",
                 cfg.dp, cfg.tp, cfg.pp, cfg.cp,
                 cfg.dp * cfg.tp * cfg.pp * cfg.cp);
   else
-    r += printf("  dp=%d tp=%d pp=%d (dp*tp*pp = %d devices)\n", cfg.dp,
+    r += strf("  dp=%d tp=%d pp=%d (dp*tp*pp = %d devices)\n", cfg.dp,
                 cfg.tp, cfg.pp, cfg.dp * cfg.tp * cfg.pp);
-  r += printf("  micro-batch size %lld, %lld micro-batches per step\n",
+  r += strf("  micro-batch size %lld, %lld micro-batches per step\n",
               (long long)cfg.microBatchSize, (long long)cfg.numMicroBatches);
   r += std::string("  schedule ") + scheduleKey(cfg.schedule);
   if (cfg.schedule == PipelineSchedule::Interleaved1F1B)
-    r += printf(" (v=%d)", cfg.virtualStages);
-  r += printf(", zero %d, recompute %s, optimizer %s\n", cfg.zeroStage,
+    r += strf(" (v=%d)", cfg.virtualStages);
+  r += strf(", zero %d, recompute %s, optimizer %s\n", cfg.zeroStage,
               recomputeName(cfg.recompute), optimizerName(cfg.optimizer));
   const ProcessPlan &proc = p.best.process;
   const int nodes = cluster.numNodes();
-  r += printf("  processes: %s, %d per node (%s)\n",
+  r += strf("  processes: %s, %d per node (%s)\n",
               layoutName(proc.layout, nodes), proc.processesPerNode,
               proc.why.c_str());
   r += "  launch: " + launchCommand(cluster, proc, "model.plan") +
@@ -170,13 +130,13 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
   for (int rank = 0; rank < shown; ++rank) {
     auto loc = cluster.locate(rank);
     RankCoords c = rankCoords(cfg, rank);
-    r += printf("  %4d  %4d  %3d  %7d  %5d  %2d  %2d  %2d\n", rank,
+    r += strf("  %4d  %4d  %3d  %7d  %5d  %2d  %2d  %2d\n", rank,
                 loc ? loc->node : -1, loc ? loc->local : -1,
                 processOf(cluster, proc.layout, rank), c.stage, c.tp, c.cp,
                 c.dp);
   }
   if (shown < devices)
-    r += printf("  ... %d more ranks: rank = ((stage*%d + dp)*%d + cp)*%d + "
+    r += strf("  ... %d more ranks: rank = ((stage*%d + dp)*%d + cp)*%d + "
                 "tp; node = rank / gpus per node\n",
                 devices - shown, cfg.dp, cfg.cp, cfg.tp);
 
@@ -188,37 +148,24 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
     if (s + 1 == p.stageLayers.size() && g.group("post"))
       extra += " + post";
     if (s < p.stageGpus.size())
-      extra += printf(" on %s (%.0f GiB)", p.stageGpus[s].c_str(),
+      extra += strf(" on %s (%.0f GiB)", p.stageGpus[s].c_str(),
                       p.stageCapacity[s] / kGiB);
-    r += printf("  stage %zu: layers %s (%zu)%s\n", s,
+    r += strf("  stage %zu: layers %s (%zu)%s\n", s,
                 layerRange(p.stageLayers[s]).c_str(), p.stageLayers[s].size(),
                 extra.c_str());
   }
 
-  r += "\n== communication per step (one rank) ==\n";
-  if (p.comms.empty())
-    r += "  none\n";
-  for (const CommOp &c : p.comms)
-    r += printf("  %-40s %-14s group %-5d %10s x %-8.0f link %-10s total %s, "
-                "exposed %s\n",
-                c.what.c_str(), collectiveName(c.collective), c.groupSize,
-                human(c.bytes).c_str(), c.calls, linkName(c.link),
-                seconds(c.time).c_str(), seconds(c.exposed).c_str());
+  r += textCommunication(p.comms);
 
   const StepTime &t = p.best.time;
-  r += "\n== step time ==\n";
-  r += printf("  total            %s\n", seconds(d.step).c_str());
-  r += printf("  compute          %s (%.1f%%)\n", seconds(t.compute).c_str(),
-              100 * t.compute / d.step);
-  r += printf("  exposed comm     %s (%.1f%%): tp %s, cp %s, pp %s, dp %s\n",
+  r += textStepTimeHead(t, d.step);
+  r += strf("  exposed comm     %s (%.1f%%): tp %s, cp %s, pp %s, dp %s\n",
               seconds(t.exposedComm()).c_str(), 100 * t.exposedComm() / d.step,
               seconds(t.tpComm).c_str(), seconds(t.cpComm).c_str(),
               seconds(t.ppComm).c_str(), seconds(t.dpComm).c_str());
-  r += printf("  bubble           %s (%.1f%%)\n", seconds(t.bubble).c_str(),
-              100 * t.bubble / d.step);
-  r += printf("  optimizer step   %s (%.1f%%)\n", seconds(t.optimizer).c_str(),
-              100 * t.optimizer / d.step);
-  r += printf("  host dispatch    %s (%.1f%%): %s of launches per step, "
+  r += textTimeRow("bubble", t.bubble, d.step);
+  r += textTimeRow("optimizer step", t.optimizer, d.step);
+  r += strf("  host dispatch    %s (%.1f%%): %s of launches per step, "
               "hidden unless longer than the devices' time\n",
               seconds(t.host).c_str(), 100 * t.host / d.step,
               seconds(proc.hostDispatch).c_str());
@@ -232,72 +179,45 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
         peak = sr.peakMemory[i];
         peakStage = int(i);
       }
-    r += printf("  step             %s (analytical %s, %+.1f%%)\n",
+    r += strf("  step             %s (analytical %s, %+.1f%%)\n",
                 seconds(sr.stepTime).c_str(), seconds(d.step).c_str(),
                 d.step > 0 ? 100 * (sr.stepTime / d.step - 1) : 0.0);
-    r += printf("  pipeline phase   %s, bubble %.1f%% on the busiest stage\n",
+    r += strf("  pipeline phase   %s, bubble %.1f%% on the busiest stage\n",
                 seconds(sr.pipelineTime).c_str(), 100 * sr.bubbleFraction);
-    r += printf("  peak memory      %.3f GiB (stage %d) over the step\n",
+    r += strf("  peak memory      %.3f GiB (stage %d) over the step\n",
                 peak / kGiB, peakStage);
-    r += printf("  events           %zu (write them with --trace FILE)\n",
+    r += strf("  events           %zu (write them with --trace FILE)\n",
                 sr.events.size());
   } else {
     r += "  none: " + p.simError + "\n";
   }
   r += "\n== throughput ==\n";
-  r += printf("  %.4g samples/s, %.4g tokens/s\n", d.samples, d.tokens);
-  r += printf("  model %.1f TFLOP/s per GPU, MFU %.1f%% (%s peak %.1f "
+  r += strf("  %.4g samples/s, %.4g tokens/s\n", d.samples, tokens);
+  r += strf("  model %.1f TFLOP/s per GPU, MFU %.1f%% (%s peak %.1f "
               "TFLOP/s, %s FLOPs per token)\n",
               d.tflopsPerGpu / 1e12, 100 * d.mfu, precisionName(p.precision),
               p.peakFlops / 1e12, p.training ? "6*params" : "2*params");
 
   const MemoryBreakdown &m = p.best.memory;
-  r += printf("\n== memory per device (stage %d, %s) ==\n", m.stage,
+  r += strf("\n== memory per device (stage %d, %s) ==\n", m.stage,
               p.stageGpus.empty() ? "the largest"
                                   : "the least headroom on its own GPU");
-  auto row = [&](const char *n, double v) {
-    r += printf("  %-14s %10.3f GiB\n", n, v / kGiB);
-  };
-  row("params", m.params);
-  row("grads", m.grads);
-  row("optimizer", m.optimizer);
-  row("activations", m.activations);
-  row("transient", m.transient);
-  row("comm buffers", m.commBuffers);
-  row("workspace", m.workspace);
-  r += printf("  %-14s %10.3f GiB of %.3f GiB (%.1f%%)\n", "total",
-              m.total() / kGiB, p.best.capacity / kGiB,
-              100 * m.total() / p.best.capacity);
-
-  r += "\n== alternatives ==\n";
-  if (p.alternatives.empty())
-    r += "  none\n";
-  for (size_t i = 0; i < p.alternatives.size(); ++i) {
-    const Alternative &a = p.alternatives[i];
-    r += printf("  %zu. %s: %s, %.2f GiB: %s\n", i + 1, a.cand.key().c_str(),
-                seconds(a.cand.time.total()).c_str(),
-                a.cand.memory.total() / kGiB, a.why.c_str());
-  }
-
+  r += textMemoryRows(m, p.best.capacity);
+  r += textAlternatives(p.alternatives);
   if (o.explain) {
     const SearchStats &s = p.stats;
-    r += "\n== search ==\n";
-    r += printf("  %lld candidates priced: %lld fit, %lld out of memory\n",
-                (long long)s.enumerated, (long long)s.feasible,
-                (long long)s.outOfMemory);
-    for (const auto &[why, n] : s.pruned)
-      r += printf("  pruned %lld: %s\n", (long long)n, why.c_str());
-    r += printf("  search time %.3f s\n", s.seconds);
+    r += textSearchHead(s.enumerated, s.feasible, s.outOfMemory);
+    r += textSearchTail(s.pruned, s.seconds);
   }
   return r;
 }
 
 std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
                              const GraphSummary &g, const ReportOptions &o) {
-  using json = nlohmann::ordered_json;
   const TrainingConfig &cfg = p.best.cfg;
   const int devices = cluster.numDevices();
-  Derived d = derive(p, devices);
+  Throughput d = derive(p, devices);
+  const double tokens = d.samples * p.seq;
   auto config = [](const Candidate &c) {
     json j;
     j["dp"] = c.cfg.dp;
@@ -317,18 +237,6 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
       j["stage_layers"] = c.cfg.stageLayerCounts;
     return j;
   };
-  auto memory = [](const MemoryBreakdown &m, double cap) {
-    return json{{"stage", m.stage},
-                {"params", m.params},
-                {"grads", m.grads},
-                {"optimizer", m.optimizer},
-                {"activations", m.activations},
-                {"transient", m.transient},
-                {"comm_buffers", m.commBuffers},
-                {"workspace", m.workspace},
-                {"total", m.total()},
-                {"capacity", cap}};
-  };
   auto time = [](const StepTime &t) {
     return json{{"total", t.total()},  {"compute", t.compute},
                 {"tp_comm", t.tpComm}, {"cp_comm", t.cpComm},
@@ -336,11 +244,8 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
                 {"bubble", t.bubble},  {"host", t.host},
                 {"optimizer", t.optimizer}};
   };
-  json j;
-  j["format"] = "dlopt-plan";
-  j["version"] = 2;
-  j["kind"] = "transformer";
-  j["mode"] = p.training ? "training" : "forward";
+  json j = jsonEnvelope(planKindName(PlanKind::Transformer),
+                        planFileVersion(PlanKind::Transformer), p.training);
   j["model"] = {{"name", g.modelName},
                 {"layers", p.spec.numLayers},
                 {"hidden", p.spec.hidden},
@@ -351,10 +256,7 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
                 {"params", p.totalParams},
                 {"dtype", g.dtype},
                 {"precision", precisionName(p.precision)}};
-  j["cluster"] = {{"summary", cluster.summary()},
-                  {"devices", devices},
-                  {"nodes", cluster.numNodes()},
-                  {"definition", json::parse(cluster.toJson())}};
+  j["cluster"] = jsonCluster(cluster);
   j["global_batch"] = p.globalBatch;
   j["config"] = config(p.best);
   j["processes"] = {
@@ -390,23 +292,13 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
   j["rank_columns"] = {"rank",  "node", "gpu", "process",
                        "stage", "tp",   "cp",  "dp"};
   j["ranks"] = ranks;
-  json comms = json::array();
-  for (const CommOp &c : p.comms)
-    comms.push_back({{"what", c.what},
-                     {"collective", collectiveName(c.collective)},
-                     {"group_size", c.groupSize},
-                     {"bytes", c.bytes},
-                     {"calls", c.calls},
-                     {"link", linkName(c.link)},
-                     {"time", c.time},
-                     {"exposed", c.exposed}});
-  j["communication"] = comms;
+  j["communication"] = jsonCommunication(p.comms);
   j["step_time"] = time(p.best.time);
   j["throughput"] = {{"samples_per_s", d.samples},
-                     {"tokens_per_s", d.tokens},
+                     {"tokens_per_s", tokens},
                      {"model_tflops_per_gpu", d.tflopsPerGpu / 1e12},
                      {"mfu", d.mfu}};
-  j["memory"] = memory(p.best.memory, p.best.capacity);
+  j["memory"] = jsonMemory(p.best.memory, p.best.capacity);
   if (p.simulated) {
     json peaks = json::array();
     for (double b : p.simulated->peakMemory)
@@ -419,17 +311,9 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
   } else {
     j["simulation"] = {{"error", p.simError}};
   }
-  json alts = json::array();
-  for (const Alternative &a : p.alternatives)
-    alts.push_back({{"config", config(a.cand)},
-                    {"step_time", a.cand.time.total()},
-                    {"memory", a.cand.memory.total()},
-                    {"why", a.why}});
-  j["alternatives"] = alts;
+  j["alternatives"] = jsonAlternatives(p.alternatives, config);
   if (o.explain) {
-    json pruned = json::object();
-    for (const auto &[why, n] : p.stats.pruned)
-      pruned[why] = n;
+    json pruned = jsonPruned(p.stats.pruned);
     j["search"] = {{"priced", p.stats.enumerated},
                    {"feasible", p.stats.feasible},
                    {"out_of_memory", p.stats.outOfMemory},

@@ -1,6 +1,9 @@
 //===- Search.cpp - Enumerate and price parallel plans --------------------===//
 #include "planner/Search.h"
 
+#include "planner/SearchUtil.h"
+#include "planner/ReportUtil.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -13,14 +16,6 @@
 namespace dlopt::planner {
 
 namespace {
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-std::string fmt(const char *f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), f, v);
-  return buf;
-}
 
 std::vector<std::string> split(std::string_view s, char sep) {
   std::vector<std::string> out;
@@ -90,17 +85,9 @@ std::optional<ProcessLayout> parseLayout(std::string_view s) {
 }
 
 const char *scheduleKey(PipelineSchedule s) {
-  switch (s) {
-  case PipelineSchedule::GPipe:
-    return "gpipe";
-  case PipelineSchedule::OneFOneB:
-    return "1f1b";
-  case PipelineSchedule::Interleaved1F1B:
-    return "interleaved";
-  case PipelineSchedule::ZeroBubble:
-    return "zero-bubble";
-  }
-  return "?";
+  // scheduleName's spelling, but "interleaved" for the interleaved 1F1B.
+  return s == PipelineSchedule::Interleaved1F1B ? "interleaved"
+                                                : scheduleName(s);
 }
 
 
@@ -767,8 +754,10 @@ void chooseLayout(Ctx &c, Candidate &cand, double launchesPerStep,
   Option bg = make(ProcessLayout::BetweenGraph);
   const Option *pick = &in;
   std::string why;
-  auto ms = [](double s) { return fmt("%.3f ms", s * 1e3); };
-  auto gib = [](double b) { return fmt("%.1f GiB", b / kGiB); };
+  auto ms = [](double s) { return report::strf("%.3f ms", s * 1e3); };
+  auto gib = [](double b) {
+    return report::strf("%.1f GiB", b / report::kGiB);
+  };
   if (c.opt.fix.layout) {
     pick = *c.opt.fix.layout == ProcessLayout::InGraph ? &in : &bg;
     why = "fixed by --fix or the plan file";
@@ -894,15 +883,9 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
                     int stride, double bytes, double calls, double exposed) {
     if (!comms || size <= 1 || calls <= 0)
       return;
-    CommOp op;
-    op.what = what;
-    op.collective = coll;
-    op.groupSize = size;
-    op.bytes = bytes;
-    op.calls = calls;
-    op.time = calls * c.comm(coll, bytes, size, stride, &op.link);
-    op.exposed = exposed;
-    comms->push_back(op);
+    LinkKind link = LinkKind::None;
+    double time = calls * c.comm(coll, bytes, size, stride, &link);
+    comms->push_back({what, coll, size, bytes, calls, link, time, exposed});
   };
   // Tensor parallelism: 2 all-reduces per layer per pass (forward,
   // backward, recomputed forward), on the critical path. Under sequence
@@ -1192,18 +1175,6 @@ bool better(const Candidate &a, const Candidate &b) {
   return k(a) < k(b);
 }
 
-std::vector<int64_t> divisors(int64_t n) {
-  std::vector<int64_t> d;
-  for (int64_t i = 1; i * i <= n; ++i)
-    if (n % i == 0) {
-      d.push_back(i);
-      if (i != n / i)
-        d.push_back(n / i);
-    }
-  std::sort(d.begin(), d.end());
-  return d;
-}
-
 /// Why a fixed choice cannot work, or "" if no divisibility constraint fails.
 std::string explainFix(const FixSpec &f, const TransformerSpec &spec,
                        int devices, int64_t gb) {
@@ -1265,10 +1236,7 @@ std::string explainFix(const FixSpec &f, const TransformerSpec &spec,
                     " does not divide the " + str(spec.numLayers) +
                     " layers");
   }
-  std::string out;
-  for (const auto &w : why)
-    out += (out.empty() ? "" : "; ") + w;
-  return out;
+  return joinReasons(why);
 }
 
 } // namespace
@@ -1286,16 +1254,10 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
   c.spec = *specOr;
   c.capacity = cluster.minDeviceMemory();
   // The slowest GPU kind sets the pace of a uniform plan.
-  bool haveGpu = false;
-  for (const NodeGroup &g : cluster.groups)
-    if (!haveGpu || g.gpu.peak(opt.precision) < c.gpu.peak(opt.precision)) {
-      c.gpu = g.gpu;
-      haveGpu = true;
-    }
-  if (c.gpu.peak(opt.precision) <= 0)
-    return Status::error(std::string("the GPU kind ") + c.gpu.name +
-                         " has no peak FLOP/s for precision " +
-                         precisionName(opt.precision));
+  auto gpu = pacingGpu(cluster, opt.precision);
+  if (!gpu)
+    return gpu.status();
+  c.gpu = *gpu;
   // Distinct GPU kinds (by name and memory) and where each group starts.
   {
     int first = 0;
@@ -1394,14 +1356,13 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
 
   PlanResult res;
   SearchStats &st = res.stats;
-  std::optional<Candidate> best, leastMemory;
-  std::map<Shape, Candidate> shapeFeasible, shapeAny;
-  std::vector<Candidate> topFeasible; // best topK + 1, sorted
+  CandidateRanking<Candidate, Shape, decltype(&better)> ranking(opt.topK,
+                                                                &better);
   auto prune = [&](const std::string &why, int64_t n = 1) {
     st.pruned[why] += n;
   };
 
-  for (int64_t tp64 : divisors(devices)) {
+  for (int64_t tp64 : divisorsOf(devices)) {
     int tp = int(tp64);
     if (fix.tp && *fix.tp != tp)
       continue;
@@ -1413,7 +1374,7 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
       prune("tp spans nodes (kept within a node)");
       continue;
     }
-   for (int64_t cp64 : divisors(devices / tp)) {
+   for (int64_t cp64 : divisorsOf(devices / tp)) {
     int cp = int(cp64);
     if (fix.cp ? *fix.cp != cp : cp > 1 && spec.seqLen < opt.contextParallelMinSeq) {
       if (!fix.cp)
@@ -1425,7 +1386,7 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
       prune("2*cp does not divide the sequence");
       continue;
     }
-    for (int64_t pp64 : divisors(devices / tp / cp)) {
+    for (int64_t pp64 : divisorsOf(devices / tp / cp)) {
       int pp = int(pp64);
       if (fix.pp && *fix.pp != pp)
         continue;
@@ -1434,23 +1395,8 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
         continue;
       }
       int dp = devices / tp / pp / cp;
-      if (fix.dp && *fix.dp != dp)
-        continue;
-      if (gb % dp) {
-        prune("dp does not divide the global batch");
-        continue;
-      }
-      int64_t local = gb / dp;
-      for (int64_t mbs : divisors(local)) {
-        if (fix.mbs && *fix.mbs != mbs)
-          continue;
-        if (!fix.mbs && opt.maxMicroBatch > 0 && mbs > opt.maxMicroBatch) {
-          prune("micro-batch above the size limit");
-          continue;
-        }
-        int64_t m = local / mbs;
-        if (fix.numMicroBatches && *fix.numMicroBatches != m)
-          continue;
+      for (const auto [mbs, m] :
+           batchSplits(dp, gb, fix, opt.maxMicroBatch, st.pruned)) {
         // Schedules (only one when there is no pipeline).
         std::vector<std::pair<PipelineSchedule, int>> scheds;
         if (pp == 1 || !opt.training) {
@@ -1512,35 +1458,7 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
               cfg.optimizer = opt.optimizer;
               cfg.precision = opt.bytes;
               price(c, cand, nullptr);
-              ++st.enumerated;
-              Shape shape{dp, tp, pp, cp};
-              auto sa = shapeAny.find(shape);
-              if (sa == shapeAny.end())
-                shapeAny.emplace(shape, cand);
-              else if (better(cand, sa->second))
-                sa->second = cand;
-              if (!leastMemory ||
-                  cand.memory.total() < leastMemory->memory.total())
-                leastMemory = cand;
-              if (!cand.fits()) {
-                ++st.outOfMemory;
-                continue;
-              }
-              ++st.feasible;
-              auto sf = shapeFeasible.find(shape);
-              if (sf == shapeFeasible.end())
-                shapeFeasible.emplace(shape, cand);
-              else if (better(cand, sf->second))
-                sf->second = cand;
-              if (!best || better(cand, *best))
-                best = cand;
-              auto pos = std::lower_bound(topFeasible.begin(),
-                                          topFeasible.end(), cand, better);
-              if (pos - topFeasible.begin() <= opt.topK) {
-                topFeasible.insert(pos, cand);
-                if (int(topFeasible.size()) > opt.topK + 1)
-                  topFeasible.pop_back();
-              }
+              ranking.consider(Shape{dp, tp, pp, cp}, cand);
             }
              }
           }
@@ -1550,27 +1468,17 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
    }
   }
 
+  st.enumerated = ranking.priced();
+  st.feasible = ranking.feasible();
+  st.outOfMemory = ranking.outOfMemory();
   auto fixNote = fix.empty() ? std::string() : " with --fix " + fix.str();
-  if (st.enumerated == 0) {
-    std::string reasons;
-    for (const auto &[why, n] : st.pruned)
-      reasons += (reasons.empty() ? "" : "; ") + why + " (" +
-                 std::to_string(n) + ")";
-    return Status::error("no candidate plan" + fixNote + " for " +
-                         std::to_string(devices) + " devices and a global "
-                         "batch of " + std::to_string(gb) +
-                         ": every candidate was pruned: " +
-                         (reasons.empty() ? "no shape matches" : reasons));
+  if (st.enumerated == 0)
+    return noCandidateError(fixNote, devices, gb, st.pruned);
+  if (!ranking.best()) {
+    const Candidate &lm = *ranking.leastMemory();
+    return noFitError(fixNote, lm.memory.total(), lm.key(), lm.capacity);
   }
-  if (!best) {
-    const Candidate &lm = *leastMemory;
-    return Status::error(
-        "no plan fits in memory" + fixNote + ": the smallest peak found is " +
-        fmt("%.2f", lm.memory.total() / kGiB) + " GiB per device (" +
-        lm.key() + ") against a capacity of " +
-        fmt("%.2f", lm.capacity / kGiB) + " GiB, over by " +
-        fmt("%.2f", (lm.memory.total() - lm.capacity) / kGiB) + " GiB");
-  }
+  const std::optional<Candidate> &best = ranking.best();
 
   res.best = *best;
   price(c, res.best, &res.comms);
@@ -1587,41 +1495,7 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
 
   // Alternatives: the best of every other (dp, tp, pp), including shapes
   // that would be faster but do not fit; then the runners-up of any shape.
-  std::vector<Alternative> alts;
-  double bt = best->time.total();
-  auto slower = [&](const Candidate &cand) {
-    return "slower by " + fmt("%.1f", 100.0 * (cand.time.total() / bt - 1)) +
-           "%";
-  };
-  std::set<std::string> seen{best->key()};
-  for (const auto &[shape, any] : shapeAny) {
-    if (!any.fits() && better(any, *best)) {
-      alts.push_back(
-          {any, "out of memory by " +
-                    fmt("%.2f", (any.memory.total() - any.capacity) / kGiB) +
-                    " GiB (" +
-                    fmt("%.1f", 100.0 * (1 - any.time.total() / bt)) +
-                    "% faster)"});
-      seen.insert(any.key());
-    }
-    auto sf = shapeFeasible.find(shape);
-    if (sf != shapeFeasible.end() && !seen.count(sf->second.key())) {
-      alts.push_back({sf->second, slower(sf->second)});
-      seen.insert(sf->second.key());
-    }
-  }
-  for (const Candidate &cand : topFeasible)
-    if (!seen.count(cand.key())) {
-      alts.push_back({cand, slower(cand)});
-      seen.insert(cand.key());
-    }
-  std::stable_sort(alts.begin(), alts.end(),
-                   [](const Alternative &a, const Alternative &b) {
-                     return better(a.cand, b.cand);
-                   });
-  if (int(alts.size()) > opt.topK)
-    alts.resize(std::max(0, opt.topK));
-  res.alternatives = std::move(alts);
+  res.alternatives = ranking.alternatives<Alternative>(*best);
 
   // Stage assignment.
   auto starts = stageStarts(spec, res.best.cfg);

@@ -1,0 +1,184 @@
+//===- ReportUtil.cpp - Pieces the two dry-run reports share --------------===//
+#include "planner/ReportUtil.h"
+
+#include <cstdarg>
+#include <cstdio>
+
+namespace dlopt::planner::report {
+
+std::string strf(const char *f, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, f);
+  std::vsnprintf(buf, sizeof(buf), f, ap);
+  va_end(ap);
+  return buf;
+}
+
+std::string humanBytes(double bytes) {
+  const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (bytes >= 1024 && i < 4) {
+    bytes /= 1024;
+    ++i;
+  }
+  return strf(i ? "%.2f %s" : "%.0f %s", bytes, u[i]);
+}
+
+std::string seconds(double s) {
+  if (s >= 1)
+    return strf("%.3f s", s);
+  if (s >= 1e-3)
+    return strf("%.3f ms", s * 1e3);
+  return strf("%.3f us", s * 1e6);
+}
+
+std::string withCommas(double v) {
+  std::string s = strf("%.0f", v), out;
+  int n = 0;
+  for (auto it = s.rbegin(); it != s.rend(); ++it) {
+    if (n && n % 3 == 0 && *it != '-')
+      out.insert(out.begin(), ',');
+    out.insert(out.begin(), *it);
+    ++n;
+  }
+  return out;
+}
+
+Throughput throughput(double stepTime, double globalBatch,
+                      double modelFlopsPerStep, double peakFlops,
+                      int devices) {
+  Throughput t;
+  t.step = stepTime;
+  t.samples = stepTime > 0 ? globalBatch / stepTime : 0;
+  t.tflopsPerGpu = stepTime > 0 ? modelFlopsPerStep / stepTime / devices : 0;
+  t.mfu = peakFlops > 0 ? t.tflopsPerGpu / peakFlops : 0;
+  return t;
+}
+
+std::string textTitle(bool training, const std::string &model,
+                      const Cluster &cluster) {
+  return "dlopt dry run: " +
+         std::string(training ? "training step" : "forward") + " of @" +
+         model + " on " + cluster.summary() + "\n";
+}
+
+std::string textStepTimeHead(const StepTime &t, double step) {
+  return "\n== step time ==\n" + strf("  total            %s\n",
+                                       seconds(step).c_str()) +
+         textTimeRow("compute", t.compute, step);
+}
+
+std::string textCommunication(const std::vector<CommOp> &comms) {
+  std::string r = "\n== communication per step (one rank) ==\n";
+  if (comms.empty())
+    r += "  none\n";
+  for (const CommOp &c : comms)
+    r += strf("  %-40s %-14s group %-5d %10s x %-8.0f link %-10s total %s, "
+              "exposed %s\n",
+              c.what.c_str(), collectiveName(c.collective), c.groupSize,
+              humanBytes(c.bytes).c_str(), c.calls, linkName(c.link),
+              seconds(c.time).c_str(), seconds(c.exposed).c_str());
+  return r;
+}
+
+std::string textTimeRow(const char *name, double time, double step) {
+  return strf("  %-16s %s (%.1f%%)\n", name, seconds(time).c_str(),
+              100 * time / step);
+}
+
+std::string textMemoryRows(const MemoryBreakdown &m, double capacity) {
+  std::string r;
+  auto row = [&](const char *n, double v) {
+    r += strf("  %-14s %10.3f GiB\n", n, v / kGiB);
+  };
+  row("params", m.params);
+  row("grads", m.grads);
+  row("optimizer", m.optimizer);
+  row("activations", m.activations);
+  row("transient", m.transient);
+  row("comm buffers", m.commBuffers);
+  row("workspace", m.workspace);
+  r += strf("  %-14s %10.3f GiB of %.3f GiB (%.1f%%)\n", "total",
+            m.total() / kGiB, capacity / kGiB, 100 * m.total() / capacity);
+  return r;
+}
+
+std::string textAlternatives(const std::vector<AlternativeRow> &rows) {
+  std::string r = "\n== alternatives ==\n";
+  if (rows.empty())
+    r += "  none\n";
+  for (size_t i = 0; i < rows.size(); ++i)
+    r += strf("  %zu. %s: %s, %.2f GiB: %s\n", i + 1, rows[i].key.c_str(),
+              seconds(rows[i].time).c_str(), rows[i].memory / kGiB,
+              rows[i].why.c_str());
+  return r;
+}
+
+std::string textSearchHead(int64_t priced, int64_t feasible,
+                           int64_t outOfMemory) {
+  return "\n== search ==\n" +
+         strf("  %lld candidates priced: %lld fit, %lld out of memory\n",
+              (long long)priced, (long long)feasible, (long long)outOfMemory);
+}
+
+std::string textSearchTail(const std::map<std::string, int64_t> &pruned,
+                           double secs) {
+  std::string r;
+  for (const auto &[why, n] : pruned)
+    r += strf("  pruned %lld: %s\n", (long long)n, why.c_str());
+  r += strf("  search time %.3f s\n", secs);
+  return r;
+}
+
+json jsonEnvelope(const char *kind, int version, bool training) {
+  json j;
+  j["format"] = "dlopt-plan";
+  j["version"] = version;
+  j["kind"] = kind;
+  j["mode"] = training ? "training" : "forward";
+  return j;
+}
+
+json jsonCluster(const Cluster &cluster) {
+  return json{{"summary", cluster.summary()},
+              {"devices", cluster.numDevices()},
+              {"nodes", cluster.numNodes()},
+              {"definition", json::parse(cluster.toJson())}};
+}
+
+json jsonCommunication(const std::vector<CommOp> &comms) {
+  json out = json::array();
+  for (const CommOp &c : comms)
+    out.push_back({{"what", c.what},
+                   {"collective", collectiveName(c.collective)},
+                   {"group_size", c.groupSize},
+                   {"bytes", c.bytes},
+                   {"calls", c.calls},
+                   {"link", linkName(c.link)},
+                   {"time", c.time},
+                   {"exposed", c.exposed}});
+  return out;
+}
+
+json jsonMemory(const MemoryBreakdown &m, double capacity) {
+  return json{{"stage", m.stage},
+              {"params", m.params},
+              {"grads", m.grads},
+              {"optimizer", m.optimizer},
+              {"activations", m.activations},
+              {"transient", m.transient},
+              {"comm_buffers", m.commBuffers},
+              {"workspace", m.workspace},
+              {"total", m.total()},
+              {"capacity", capacity}};
+}
+
+json jsonPruned(const std::map<std::string, int64_t> &pruned) {
+  json out = json::object();
+  for (const auto &[why, n] : pruned)
+    out[why] = n;
+  return out;
+}
+
+} // namespace dlopt::planner::report

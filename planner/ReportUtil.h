@@ -1,0 +1,113 @@
+//===- ReportUtil.h - Pieces the two dry-run reports share ----------------===//
+//
+// Internal to the planner's reports (Report.cpp for transformer plans,
+// OpSearch.cpp for op-level plans): number formatting and the report
+// sections both print the same way (communication, step-time rows, memory,
+// alternatives, search statistics), as text and as plan-file JSON. Not a
+// public header: it uses nlohmann/json, which the public headers do not.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "planner/Cluster.h"
+#include "planner/MemoryModel.h"
+#include "planner/Search.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dlopt::planner::report {
+
+using json = nlohmann::ordered_json;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+/// printf into a std::string (up to 1023 characters).
+std::string strf(const char *format, ...)
+    __attribute__((format(printf, 1, 2)));
+/// "512 B", "1.50 KiB", ..., "2.00 TiB".
+std::string humanBytes(double bytes);
+/// "1.234 s", "12.345 ms", "7.000 us".
+std::string seconds(double s);
+/// "20,538".
+std::string withCommas(double v);
+
+/// Step time, samples/s, model FLOP/s per device and MFU of a plan.
+struct Throughput {
+  double step = 0, samples = 0, tflopsPerGpu = 0, mfu = 0;
+};
+Throughput throughput(double stepTime, double globalBatch,
+                      double modelFlopsPerStep, double peakFlops,
+                      int devices);
+
+//===----------------------------------------------------------------------===//
+// Text sections
+//===----------------------------------------------------------------------===//
+
+/// "dlopt dry run: training step of @main on <cluster>\n".
+std::string textTitle(bool training, const std::string &model,
+                      const Cluster &cluster);
+/// "== step time ==", the total and the compute row.
+std::string textStepTimeHead(const StepTime &t, double step);
+/// "== communication per step (one rank) ==" and one line per collective.
+std::string textCommunication(const std::vector<CommOp> &comms);
+/// "  compute          1.234 ms (12.3%)\n": a share of the step time.
+std::string textTimeRow(const char *name, double time, double step);
+/// The memory rows (params ... workspace) and the total against capacity.
+std::string textMemoryRows(const MemoryBreakdown &m, double capacity);
+
+/// One alternative as both reports list it.
+struct AlternativeRow {
+  std::string key;
+  double time = 0, memory = 0;
+  std::string why;
+};
+/// "== alternatives ==" and "  1. <key>: <time>, <GiB>: <why>" lines.
+std::string textAlternatives(const std::vector<AlternativeRow> &rows);
+template <class Alt>
+std::string textAlternatives(const std::vector<Alt> &alts) {
+  std::vector<AlternativeRow> rows;
+  for (const Alt &a : alts)
+    rows.push_back({a.cand.key(), a.cand.time.total(), a.cand.memory.total(),
+                    a.why});
+  return textAlternatives(rows);
+}
+
+/// "== search ==" and its first line (candidates priced, fit, out of
+/// memory); textSearchTail: the pruned reasons and the search time.
+std::string textSearchHead(int64_t priced, int64_t feasible,
+                           int64_t outOfMemory);
+std::string textSearchTail(const std::map<std::string, int64_t> &pruned,
+                           double seconds);
+
+//===----------------------------------------------------------------------===//
+// JSON pieces of the plan file
+//===----------------------------------------------------------------------===//
+
+/// {"format": "dlopt-plan", "version", "kind", "mode"}: what every plan
+/// file starts with (planner/PlanFile.h reads it).
+json jsonEnvelope(const char *kind, int version, bool training);
+/// {summary, devices, nodes, definition}: the definition in the
+/// docs/cluster.md JSON format, so that the plan file can be read back
+/// without --cluster.
+json jsonCluster(const Cluster &cluster);
+json jsonCommunication(const std::vector<CommOp> &comms);
+json jsonMemory(const MemoryBreakdown &m, double capacity);
+json jsonPruned(const std::map<std::string, int64_t> &pruned);
+/// [{config, step_time, memory, why}], `config(cand)` giving the config.
+template <class Alt, class Config>
+json jsonAlternatives(const std::vector<Alt> &alts, Config config) {
+  json out = json::array();
+  for (const Alt &a : alts)
+    out.push_back({{"config", config(a.cand)},
+                   {"step_time", a.cand.time.total()},
+                   {"memory", a.cand.memory.total()},
+                   {"why", a.why}});
+  return out;
+}
+
+} // namespace dlopt::planner::report
