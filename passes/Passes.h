@@ -24,11 +24,16 @@ struct CompilePipelineOptions {
   std::string recompute = "none";
   /// Compute precision: f32, bf16 or fp16 (fp16 adds dynamic loss scaling).
   std::string precision = "f32";
+  /// Outline chains of elementwise ops into dlopt.fused_elementwise groups
+  /// (dlopt-fuse-elementwise), run last; applies to training steps
+  /// (autodiff/train). The `--fuse-elementwise=false` command-line flag
+  /// turns it off too.
+  bool fuseElementwise = true;
 };
 
 /// Builds the pipeline that `dlopt-compile` runs before export: model
 /// checks, then (with autodiff/train) the training transforms, then
-/// canonicalization and CSE. Registered as `dlopt-compile-pipeline`.
+/// canonicalization and CSE, then elementwise fusion. Registered as `dlopt-compile-pipeline`.
 void buildCompilePipeline(mlir::OpPassManager &pm,
                           const CompilePipelineOptions &options);
 

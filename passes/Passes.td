@@ -186,4 +186,53 @@ def MixedPrecisionPass : Pass<"dlopt-mixed-precision", "mlir::ModuleOp"> {
   let dependentDialects = ["::dlopt::dl::DLOptDialect"];
 }
 
+def FuseElementwisePass : InterfacePass<"dlopt-fuse-elementwise",
+                                        "mlir::FunctionOpInterface"> {
+  let summary = "Outlines chains of elementwise ops into dlopt.fused_elementwise";
+  let description = [{
+    Runs last in the compile pipeline. Groups float elementwise ops (`neg abs
+    relu exp log sqrt rsqrt tanh sin cos sigmoid silu gelu cast add sub mul
+    div maximum minimum pow`) whose results have the same shape and that are
+    connected producer to consumer, and replaces each group of two or more
+    ops with one `dlopt.fused_elementwise` that the exporter turns into one
+    `fused_elementwise` instruction (one kernel). Operands of the fused shape
+    and rank-0 operands (broadcast scalars) become inputs; rank-0 float
+    constants are copied into the body; every value an op outside the group
+    (or the function's return) uses stays a result. Ops join a group only
+    with the same `dlopt.*` marks (layer, backward, recompute), which the
+    group keeps, and a group never grows past the limits of the plan format
+    (docs/executable-format.md).
+
+    Before:
+    ```mlir
+    %0 = dlopt.mul %m, %c9 : tensor<4xf32>, tensor<f32> -> tensor<4xf32>
+    %1 = dlopt.add %0, %g : tensor<4xf32>, tensor<4xf32> -> tensor<4xf32>
+    %2 = dlopt.sqrt %1 : tensor<4xf32>
+    return %1, %2
+    ```
+    After:
+    ```mlir
+    %r:2 = dlopt.fused_elementwise(%m, %g) : (tensor<4xf32>, tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
+    ^bb0(%a: tensor<4xf32>, %b: tensor<4xf32>):
+      %c9 = arith.constant dense<9.000000e-01> : tensor<f32>
+      %0 = dlopt.mul %a, %c9 : tensor<4xf32>, tensor<f32> -> tensor<4xf32>
+      %1 = dlopt.add %0, %b : tensor<4xf32>, tensor<4xf32> -> tensor<4xf32>
+      %2 = dlopt.sqrt %1 : tensor<4xf32>
+      dlopt.yield %1, %2 : tensor<4xf32>, tensor<4xf32>
+    }
+    return %r#0, %r#1
+    ```
+  }];
+  let options = [
+    Option<"minGroupSize", "min-group-size", "int64_t", /*default=*/"2",
+           "Smallest number of ops worth a fused group">
+  ];
+  let statistics = [
+    Statistic<"numGroups", "groups", "Fused groups created">,
+    Statistic<"numFusedOps", "fused-ops", "Elementwise ops moved into groups">
+  ];
+  let dependentDialects = ["::dlopt::dl::DLOptDialect",
+                           "::mlir::arith::ArithDialect"];
+}
+
 #endif // DLOPT_PASSES_TD

@@ -1,10 +1,23 @@
 //===- Pipelines.cpp - The compile pipeline and pass registration ---------===//
 #include "passes/Passes.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Pass/PassRegistry.h"
 #include "mlir/Transforms/Passes.h"
+#include "llvm/Support/CommandLine.h"
 
 using namespace mlir;
+
+/// `--fuse-elementwise=false` turns elementwise fusion off in every tool that
+/// builds the compile pipeline (dlopt-compile included) without each tool
+/// declaring the flag; CompilePipelineOptions::fuseElementwise turns it off
+/// programmatically and the named pipeline's `fuse-elementwise` option in
+/// dlopt-opt.
+static llvm::cl::opt<bool> clFuseElementwise(
+    "fuse-elementwise",
+    llvm::cl::desc("Fuse chains of elementwise ops of a training step into "
+                   "fused_elementwise instructions (default true)"),
+    llvm::cl::init(true));
 
 void dlopt::buildCompilePipeline(OpPassManager &pm,
                                  const CompilePipelineOptions &options) {
@@ -37,6 +50,12 @@ void dlopt::buildCompilePipeline(OpPassManager &pm,
     rc.policy = options.recompute;
     pm.addPass(createRecomputePass(rc));
   }
+  // Last: fusion outlines ops that the transforms above pattern-match.
+  // Training steps only for now (forward-only compiles keep one instruction
+  // per op; see docs/dlopt-compile.md).
+  if (options.fuseElementwise && clFuseElementwise &&
+      (options.autodiff || options.train))
+    pm.addNestedPass<func::FuncOp>(createFuseElementwisePass());
 }
 
 namespace {
@@ -59,6 +78,10 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
   Option<std::string> precision{*this, "precision",
                                 llvm::cl::desc("f32, bf16 or fp16"),
                                 llvm::cl::init("f32")};
+  Option<bool> fuseElementwise{
+      *this, "fuse-elementwise",
+      llvm::cl::desc("Fuse elementwise chains of training steps"),
+      llvm::cl::init(true)};
 };
 } // namespace
 
@@ -76,6 +99,7 @@ void dlopt::registerAllPasses() {
         o.optimizer.lr = opts.lr;
         o.recompute = opts.recompute;
         o.precision = opts.precision;
+        o.fuseElementwise = opts.fuseElementwise;
         buildCompilePipeline(pm, o);
       });
 }

@@ -3,6 +3,7 @@
 
 #include "dialects/DLOpt/IR/DLOptOps.h"
 #include "passes/ModelUtils.h"
+#include "runtime/format/FusedProgram.h"
 #include "runtime/format/MemoryPlanner.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -240,6 +241,52 @@ static void normalizeAttrs(Operation *op, Attrs &a) {
       .Default([](Operation *) {});
 }
 
+/// The per-element program of a fused group (runtime/format/FusedProgram.h):
+/// body arguments, then the body's constants, then one step per op.
+static LogicalResult encodeFused(dl::FusedElementwiseOp op, rt::Instr &instr) {
+  Block &body = op.getBody().front();
+  rt::fused::Program p;
+  p.numInputs = static_cast<int32_t>(body.getNumArguments());
+  llvm::DenseMap<Value, int32_t> reg;
+  for (BlockArgument a : body.getArguments())
+    reg[a] = static_cast<int32_t>(a.getArgNumber());
+  for (Operation &inner : body.without_terminator())
+    if (auto cst = dyn_cast<arith::ConstantOp>(inner)) {
+      auto dense = cast<DenseElementsAttr>(cst.getValue());
+      reg[cst.getResult()] =
+          p.numInputs + static_cast<int32_t>(p.consts.size());
+      p.consts.push_back(
+          (*dense.getValues<APFloat>().begin()).convertToDouble());
+    }
+  int32_t next = p.numInputs + static_cast<int32_t>(p.consts.size());
+  for (Operation &inner : body.without_terminator()) {
+    if (isa<arith::ConstantOp>(inner))
+      continue;
+    std::string name = inner.getName().stripDialect().str();
+    if (auto g = dyn_cast<dl::GeluOp>(inner); g && g.getApproximate() == "tanh")
+      name = "gelu_tanh";
+    rt::fused::Step st;
+    if (!rt::fused::opCodeFromName(name, st.op))
+      return inner.emitError() << "cannot be exported in a fused group";
+    st.a = reg.lookup(inner.getOperand(0));
+    if (rt::fused::isBinary(st.op)) {
+      st.b = reg.lookup(inner.getOperand(1));
+    } else if (st.op == rt::fused::OpCode::Cast) {
+      FailureOr<rt::DType> dt = toDType(
+          cast<RankedTensorType>(inner.getResult(0).getType()).getElementType());
+      if (failed(dt))
+        return inner.emitError() << "cannot be exported in a fused group";
+      st.b = static_cast<int32_t>(*dt);
+    }
+    p.steps.push_back(st);
+    reg[inner.getResult(0)] = next++;
+  }
+  for (Value v : body.getTerminator()->getOperands())
+    p.outputs.push_back(reg.lookup(v));
+  rt::fused::encode(p, instr);
+  return success();
+}
+
 FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
                                                   StringRef entry,
                                                   StringRef sourceName) {
@@ -348,6 +395,9 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
         instr.attrs[name.str()] = *v;
     }
     normalizeAttrs(&op, instr.attrs);
+    if (auto fused = dyn_cast<dl::FusedElementwiseOp>(op))
+      if (failed(encodeFused(fused, instr)))
+        return failure();
     prog.instrs.push_back(std::move(instr));
   }
 

@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cpu/KernelUtil.h"
+#include "runtime/format/FusedProgram.h"
 #include "runtime/cpu/ThreadPool.h"
 
 #include <algorithm>
@@ -441,6 +442,126 @@ Status selectKernel(const Instr &instr, Ins ins, Outs outs) {
   });
 }
 
+//===----------------------------------------------------------------------===//
+// Fused elementwise groups
+//===----------------------------------------------------------------------===//
+//
+// The per-element program (runtime/format/FusedProgram.h) runs over blocks
+// of kFusedBlock elements: each register is a row of the block, each step
+// one vectorizable loop over the rows it reads, using the very same scalar
+// functions as the unfused kernels above (unaryF/binaryF), so with f32
+// tensors the results are bitwise those of one kernel per op. Registers stay
+// f32 throughout; only the results are rounded to their element type (an
+// explicit cast step rounds to its target type, as the cast op would). All
+// inputs of a block are loaded before any result of the block is stored,
+// which is what lets a result share an operand's bytes (in-place updates).
+
+constexpr int64_t kFusedBlock = 256;
+
+template <Unary K> void unaryRow(float *d, const float *a, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    d[j] = unaryF<K>(a[j]);
+}
+template <Binary K>
+void binaryRow(float *d, const float *a, const float *b, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    d[j] = binaryF<K>(a[j], b[j]);
+}
+template <typename T> void roundRow(float *d, const float *a, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    d[j] = toF32(fromF32<T>(a[j]));
+}
+
+void runStep(const fused::Step &st, float *d, const float *a, const float *b,
+             int64_t n) {
+  using O = fused::OpCode;
+  switch (st.op) {
+  case O::Neg: return unaryRow<Unary::Neg>(d, a, n);
+  case O::Abs: return unaryRow<Unary::Abs>(d, a, n);
+  case O::Relu: return unaryRow<Unary::Relu>(d, a, n);
+  case O::Exp: return unaryRow<Unary::Exp>(d, a, n);
+  case O::Log: return unaryRow<Unary::Log>(d, a, n);
+  case O::Sqrt: return unaryRow<Unary::Sqrt>(d, a, n);
+  case O::Rsqrt: return unaryRow<Unary::Rsqrt>(d, a, n);
+  case O::Tanh: return unaryRow<Unary::Tanh>(d, a, n);
+  case O::Sin: return unaryRow<Unary::Sin>(d, a, n);
+  case O::Cos: return unaryRow<Unary::Cos>(d, a, n);
+  case O::Sigmoid: return unaryRow<Unary::Sigmoid>(d, a, n);
+  case O::Silu: return unaryRow<Unary::Silu>(d, a, n);
+  case O::Gelu: return unaryRow<Unary::GeluErf>(d, a, n);
+  case O::GeluTanh: return unaryRow<Unary::GeluTanh>(d, a, n);
+  case O::Cast:
+    if (DType(st.b) == DType::F16)
+      return roundRow<Half16>(d, a, n);
+    if (DType(st.b) == DType::BF16)
+      return roundRow<BFloat16>(d, a, n);
+    return roundRow<float>(d, a, n);
+  case O::Add: return binaryRow<Binary::Add>(d, a, b, n);
+  case O::Sub: return binaryRow<Binary::Sub>(d, a, b, n);
+  case O::Mul: return binaryRow<Binary::Mul>(d, a, b, n);
+  case O::Div: return binaryRow<Binary::Div>(d, a, b, n);
+  case O::Max: return binaryRow<Binary::Max>(d, a, b, n);
+  case O::Min: return binaryRow<Binary::Min>(d, a, b, n);
+  case O::Pow: return binaryRow<Binary::Pow>(d, a, b, n);
+  }
+}
+
+Status fusedKernel(const Instr &instr, Ins ins, Outs outs) {
+  std::vector<TensorType> ot, rt;
+  for (const TensorRef &t : ins)
+    ot.push_back(t.type);
+  for (const TensorRef &t : outs)
+    rt.push_back(t.type);
+  auto decoded = fused::decode(instr, ot, rt);
+  if (!decoded)
+    return opError(instr, decoded.status().message());
+  const fused::Program &p = *decoded;
+  int64_t n = outs[0].numElements();
+  if (n == 0)
+    return Status::ok();
+  const int64_t numIn = p.numInputs, numConst = int64_t(p.consts.size());
+  const int64_t numRegs = p.numRegisters();
+  int64_t numBlocks = (n + kFusedBlock - 1) / kFusedBlock;
+  int64_t cost = kFusedBlock * (4 + 4 * int64_t(p.steps.size()));
+  parallelFor(numBlocks, grainFor(cost), [&](int64_t b, int64_t e) {
+    std::vector<float> regs(size_t(numRegs * kFusedBlock));
+    auto row = [&](int64_t r) { return regs.data() + r * kFusedBlock; };
+    // Rank-0 inputs and constants: broadcast rows, filled once.
+    for (int64_t k = 0; k < numIn; ++k)
+      if (ins[k].type.shape.empty()) {
+        float v = 0.0f;
+        (void)dispatchFloat(ins[k].type.dtype, [&](auto tag) -> Status {
+          v = toF32(*ins[k].as<decltype(tag)>());
+          return Status::ok();
+        });
+        std::fill_n(row(k), kFusedBlock, v);
+      }
+    for (int64_t c = 0; c < numConst; ++c)
+      std::fill_n(row(numIn + c), kFusedBlock, float(p.consts[size_t(c)]));
+    for (int64_t blk = b; blk < e; ++blk) {
+      int64_t i0 = blk * kFusedBlock;
+      int64_t len = std::min(kFusedBlock, n - i0);
+      for (int64_t k = 0; k < numIn; ++k)
+        if (!ins[k].type.shape.empty())
+          (void)dispatchFloat(ins[k].type.dtype, [&](auto tag) -> Status {
+            loadF32(ins[k].as<decltype(tag)>() + i0, row(k), len);
+            return Status::ok();
+          });
+      for (size_t s = 0; s < p.steps.size(); ++s) {
+        const fused::Step &st = p.steps[s];
+        runStep(st, row(numIn + numConst + int64_t(s)), row(st.a),
+                fused::isBinary(st.op) ? row(st.b) : nullptr, len);
+      }
+      for (size_t o = 0; o < outs.size(); ++o)
+        (void)dispatchFloat(outs[o].type.dtype, [&](auto tag) -> Status {
+          storeF32(row(p.outputs[o]), outs[o].as<decltype(tag)>() + i0, len);
+          return Status::ok();
+        });
+    }
+  });
+  return Status::ok();
+}
+
 } // namespace
 
 void registerElementwiseKernels(KernelRegistry &r) {
@@ -467,6 +588,7 @@ void registerElementwiseKernels(KernelRegistry &r) {
   r["pow"] = binaryKernel<Binary::Pow>;
   r["compare"] = compareKernel;
   r["select"] = selectKernel;
+  r[fused::kOpName] = fusedKernel;
 }
 
 } // namespace dlopt::rt::cpu

@@ -120,6 +120,43 @@ int dropout(Stream s, DType t, const void *x, void *y, int64_t n,
             uint64_t seed, const void *offset, DType offsetType, double rate,
             float scale);
 
+//===--- Fused elementwise groups -----------------------------------------===//
+
+/// Limits of a fused_elementwise program (equal to runtime/format/
+/// FusedProgram.h's; CudaBackend.cpp static_asserts that).
+inline constexpr int kFusedMaxInputs = 16;
+inline constexpr int kFusedMaxOutputs = 8;
+inline constexpr int kFusedMaxConsts = 32;
+inline constexpr int kFusedMaxSteps = 64;
+inline constexpr int kFusedMaxRegisters =
+    kFusedMaxInputs + kFusedMaxConsts + kFusedMaxSteps;
+
+/// One step: kind 0 = unaryF(UnaryOp(op), r[a]), 1 = binaryF(BinaryOp(op),
+/// r[a], r[b]), 2 = round r[a] to DType(op) (a cast step).
+struct FusedStep {
+  uint8_t kind = 0, op = 0, a = 0, b = 0;
+};
+/// The whole program travels in the kernel's parameters (under 1 KiB).
+/// Registers: inputs, then constants, then one per step, as in the format.
+struct FusedArgs {
+  const void *in[kFusedMaxInputs] = {};
+  void *out[kFusedMaxOutputs] = {};
+  float consts[kFusedMaxConsts] = {};
+  FusedStep steps[kFusedMaxSteps] = {};
+  uint8_t inType[kFusedMaxInputs] = {};   ///< DType of each input
+  uint8_t inScalar[kFusedMaxInputs] = {}; ///< 1 = rank 0, broadcast
+  uint8_t outType[kFusedMaxOutputs] = {}; ///< DType of each result
+  uint8_t outReg[kFusedMaxOutputs] = {};  ///< register of each result
+  int32_t numInputs = 0, numConsts = 0, numSteps = 0, numOutputs = 0;
+};
+/// Evaluates the program for each of the n elements (f32 registers, results
+/// rounded on store) in one launch: a grid-stride loop in which each thread
+/// takes 4 consecutive elements, with 16-byte (f32) / 8-byte (f16, bf16)
+/// vector loads and stores where every non-scalar buffer is aligned for
+/// them. Each thread loads its elements' inputs before storing any result,
+/// so results may alias same-typed inputs.
+int fusedElementwise(Stream s, const FusedArgs &args, int64_t n);
+
 //===--- Gather, scatter, reductions, normalization, losses ----------------===//
 
 /// out[i, :] = table[ids[i], :] (rowBytes bytes per row), V rows.

@@ -17,6 +17,7 @@
 #include "runtime/cuda/StreamSchedule.h"
 #ifdef DLOPT_CUDA_KERNELS
 #include "runtime/cuda/CudaKernels.h"
+#include "runtime/format/FusedProgram.h"
 #endif
 
 #include <algorithm>
@@ -1412,6 +1413,108 @@ Status ropeHandler(Launch &L, Ins ins, Outs outs) {
                                 tx.numElements() / d, s, d, theta, inverse));
   return Status::ok();
 }
+
+//===--- Fused elementwise ---------------------------------------------------===//
+
+static_assert(kernels::kFusedMaxInputs == fused::kMaxInputs &&
+                  kernels::kFusedMaxOutputs == fused::kMaxOutputs &&
+                  kernels::kFusedMaxConsts == fused::kMaxConsts &&
+                  kernels::kFusedMaxSteps == fused::kMaxSteps,
+              "CudaKernels.h and FusedProgram.h disagree on the limits");
+
+/// The launch parameters of a checked program: fused opcodes become the
+/// unary/binary ops of the unfused kernels, so the two paths share their
+/// per-element functions.
+Status fusedArgs(const Instr &instr, const fused::Program &p, Ins ins,
+                 Outs outs, kernels::FusedArgs &a) {
+  using O = fused::OpCode;
+  using U = kernels::UnaryOp;
+  using B = kernels::BinaryOp;
+  // decode() checked the limits; the bounds below also tell the compiler.
+  if (p.numInputs > kernels::kFusedMaxInputs ||
+      outs.size() > size_t(kernels::kFusedMaxOutputs) ||
+      p.consts.size() > size_t(kernels::kFusedMaxConsts) ||
+      p.steps.size() > size_t(kernels::kFusedMaxSteps) ||
+      p.outputs.size() != outs.size() || ins.size() != size_t(p.numInputs))
+    return opError(instr, "fused program exceeds the CUDA kernel's limits");
+  a.numInputs = p.numInputs;
+  for (int k = 0; k < p.numInputs && k < kernels::kFusedMaxInputs; ++k) {
+    a.in[k] = ins[k].data;
+    a.inType[k] = uint8_t(ins[k].type.dtype);
+    a.inScalar[k] = ins[k].type.shape.empty() ? 1 : 0;
+  }
+  a.numConsts = int32_t(p.consts.size());
+  for (size_t c = 0; c < p.consts.size() && c < size_t(kernels::kFusedMaxConsts); ++c)
+    a.consts[c] = float(p.consts[c]);
+  a.numSteps = int32_t(p.steps.size());
+  for (size_t s = 0; s < p.steps.size() && s < size_t(kernels::kFusedMaxSteps); ++s) {
+    const fused::Step &st = p.steps[s];
+    kernels::FusedStep &k = a.steps[s];
+    k.a = uint8_t(st.a);
+    k.b = fused::isBinary(st.op) ? uint8_t(st.b) : 0;
+    int u = -1, b = -1;
+    switch (st.op) {
+    case O::Neg: u = int(U::Neg); break;
+    case O::Abs: u = int(U::Abs); break;
+    case O::Relu: u = int(U::Relu); break;
+    case O::Exp: u = int(U::Exp); break;
+    case O::Log: u = int(U::Log); break;
+    case O::Sqrt: u = int(U::Sqrt); break;
+    case O::Rsqrt: u = int(U::Rsqrt); break;
+    case O::Tanh: u = int(U::Tanh); break;
+    case O::Sin: u = int(U::Sin); break;
+    case O::Cos: u = int(U::Cos); break;
+    case O::Sigmoid: u = int(U::Sigmoid); break;
+    case O::Silu: u = int(U::Silu); break;
+    case O::Gelu: u = int(U::GeluErf); break;
+    case O::GeluTanh: u = int(U::GeluTanh); break;
+    case O::Cast: break;
+    case O::Add: b = int(B::Add); break;
+    case O::Sub: b = int(B::Sub); break;
+    case O::Mul: b = int(B::Mul); break;
+    case O::Div: b = int(B::Div); break;
+    case O::Max: b = int(B::Max); break;
+    case O::Min: b = int(B::Min); break;
+    case O::Pow: b = int(B::Pow); break;
+    }
+    if (u >= 0) {
+      k.kind = 0;
+      k.op = uint8_t(u);
+    } else if (b >= 0) {
+      k.kind = 1;
+      k.op = uint8_t(b);
+    } else if (st.op == O::Cast) {
+      k.kind = 2;
+      k.op = uint8_t(st.b);
+    } else {
+      return opError(instr, "step " + std::to_string(s) +
+                                " has an opcode the CUDA kernel lacks");
+    }
+  }
+  a.numOutputs = int32_t(outs.size());
+  for (size_t o = 0; o < outs.size() && o < size_t(kernels::kFusedMaxOutputs); ++o) {
+    a.out[o] = outs[o].data;
+    a.outType[o] = uint8_t(outs[o].type.dtype);
+    a.outReg[o] = uint8_t(p.outputs[o]);
+  }
+  return Status::ok();
+}
+
+Status fusedHandler(Launch &L, Ins ins, Outs outs) {
+  std::vector<TensorType> ot, rt;
+  for (const TensorRef &t : ins)
+    ot.push_back(t.type);
+  for (const TensorRef &t : outs)
+    rt.push_back(t.type);
+  auto program = fused::decode(L.instr, ot, rt);
+  if (!program)
+    return opError(L.instr, program.status().message());
+  kernels::FusedArgs a;
+  DLOPT_RETURN_IF_ERROR(fusedArgs(L.instr, *program, ins, outs, a));
+  DLOPT_LAUNCH(L, kernels::fusedElementwise(L.stream, a, outs[0].numElements()));
+  return Status::ok();
+}
+
 #endif // DLOPT_CUDA_KERNELS
 
 const std::unordered_map<std::string, Handler> &handlers() {
@@ -1437,6 +1540,7 @@ const std::unordered_map<std::string, Handler> &handlers() {
     h["silu"] = unaryHandler<U::Silu, false>;
     h["gelu"] = geluHandler;
     h["cast"] = castHandler;
+    h[fused::kOpName] = fusedHandler;
     h["add"] = binaryHandler<B::Add>;
     h["sub"] = binaryHandler<B::Sub>;
     h["mul"] = binaryHandler<B::Mul>;

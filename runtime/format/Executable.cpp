@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/format/Executable.h"
+#include "runtime/format/FusedProgram.h"
 #include "runtime/format/MemoryPlanner.h"
 
 #include <algorithm>
@@ -301,6 +302,16 @@ Status validateProgram(const Executable &exe, size_t r,
                              " is also an operand");
       defAt[id] = i;
       lastUse[id] = i;
+    }
+    if (in.op == fused::kOpName) {
+      std::vector<TensorType> ot, rt;
+      for (int32_t id : in.operands)
+        ot.push_back(exe.values[id].type);
+      for (int32_t id : in.results)
+        rt.push_back(exe.values[id].type);
+      auto program = fused::decode(in, ot, rt);
+      if (!program)
+        return Status::error(iw + program.status().message());
     }
   }
   // Outputs this rank defines stay live to the end so they can be read back.

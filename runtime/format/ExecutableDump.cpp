@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/format/Executable.h"
+#include "runtime/format/FusedProgram.h"
 
 #include <charconv>
 #include <cmath>
@@ -185,6 +186,20 @@ static std::string dumpImpl(const Executable &exe) {
       if (!in.loc.empty())
         os << "  " << in.loc;
       os << "\n";
+      if (in.op == fused::kOpName) {
+        std::vector<TensorType> ot, rt;
+        for (int32_t id : in.operands)
+          if (id >= 0 && size_t(id) < exe.values.size())
+            ot.push_back(exe.values[id].type);
+        for (int32_t id : in.results)
+          if (id >= 0 && size_t(id) < exe.values.size())
+            rt.push_back(exe.values[id].type);
+        auto program = fused::decode(in, ot, rt);
+        os << "         program: "
+           << (program ? fused::describe(*program)
+                       : "<invalid: " + program.status().message() + ">")
+           << "\n";
+      }
     }
     const MemoryPlan &mem = prog.memory;
     if (!singleRank) {

@@ -144,7 +144,8 @@ bool isElementwiseOp(const std::string &op) {
   static const char *const kOps[] = {
       "neg",  "abs",     "relu",    "exp",     "log",     "sqrt", "rsqrt",
       "tanh", "sin",     "cos",     "sigmoid", "silu",    "gelu", "add",
-      "sub",  "mul",     "div",     "maximum", "minimum", "pow",  "select"};
+      "sub",  "mul",     "div",     "maximum", "minimum", "pow",  "select",
+      "fused_elementwise"};
   for (const char *k : kOps)
     if (op == k)
       return true;
@@ -190,7 +191,11 @@ findInPlaceUpdates(const Executable &exe, const Program &program) {
       continue;
     if (lastRead[a] == d) {
       const Instr &in = program.instrs[d];
-      if (!isElementwiseOp(in.op) || in.results.size() != 1)
+      // A fused group reads every operand element before it writes the
+      // results' elements at that index, so several results may each take
+      // an operand's bytes.
+      if (!isElementwiseOp(in.op) ||
+          (in.results.size() != 1 && in.op != "fused_elementwise"))
         continue;
       bool sameTyped = true;
       for (int32_t id : in.operands)

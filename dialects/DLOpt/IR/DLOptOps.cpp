@@ -1,6 +1,7 @@
 //===- DLOptOps.cpp - dlopt op verification, type inference and folding ---===//
 #include "dialects/DLOpt/IR/DLOptOps.h"
 
+#include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/CommonFolders.h"
 #include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/Diagnostics.h"
@@ -1020,6 +1021,103 @@ LogicalResult SliceGradOp::verify() {
     return failure();
   return expectType(*this, "grad (the sliced shape)", types[0],
                     getGrad().getType());
+}
+
+//===----------------------------------------------------------------------===//
+// FusedElementwiseOp
+//===----------------------------------------------------------------------===//
+
+static bool isFloatTensor(Type t) {
+  auto rt = dyn_cast<RankedTensorType>(t);
+  return rt && isa<Float32Type, Float16Type, BFloat16Type>(rt.getElementType());
+}
+
+bool FusedElementwiseOp::isFusible(Operation *op) {
+  if (!isa<NegOp, AbsOp, ReluOp, ExpOp, LogOp, SqrtOp, RsqrtOp, TanhOp, SinOp,
+           CosOp, SigmoidOp, SiluOp, GeluOp, CastOp, AddOp, SubOp, MulOp,
+           DivOp, MaximumOp, MinimumOp, PowOp>(op))
+    return false;
+  for (Type t : op->getOperandTypes())
+    if (!isFloatTensor(t))
+      return false;
+  for (Type t : op->getResultTypes())
+    if (!isFloatTensor(t))
+      return false;
+  return true;
+}
+
+LogicalResult FusedElementwiseOp::verify() {
+  if (getNumResults() == 0)
+    return emitOpError("expects at least one result");
+  ArrayRef<int64_t> shape = getFusedShape();
+  for (auto [i, t] : llvm::enumerate(getResultTypes()))
+    if (cast<RankedTensorType>(t).getShape() != shape)
+      return emitOpError("expects every result to have the fused shape of "
+                         "result #0 (")
+             << getResult(0).getType() << "), got " << t
+             << " for result #" << i;
+  for (auto [i, t] : llvm::enumerate(getInputs().getTypes())) {
+    auto rt = cast<RankedTensorType>(t);
+    if (rt.getRank() != 0 && rt.getShape() != shape)
+      return emitOpError("expects input #")
+             << i << " to have the fused shape or rank 0, got " << t;
+  }
+  return success();
+}
+
+LogicalResult FusedElementwiseOp::verifyRegions() {
+  Block &body = getBody().front();
+  if (body.getNumArguments() != getInputs().size())
+    return emitOpError("expects the body to have one argument per input (")
+           << getInputs().size() << "), got " << body.getNumArguments();
+  for (auto [i, arg] : llvm::enumerate(body.getArguments()))
+    if (arg.getType() != getInputs()[i].getType())
+      return emitOpError("expects body argument #")
+             << i << " to have the type of input #" << i << " ("
+             << getInputs()[i].getType() << "), got " << arg.getType();
+  ArrayRef<int64_t> shape = getFusedShape();
+  for (Operation &op : body.without_terminator()) {
+    if (auto cst = dyn_cast<arith::ConstantOp>(op)) {
+      auto t = dyn_cast<RankedTensorType>(cst.getType());
+      auto dense = dyn_cast<DenseElementsAttr>(cst.getValue());
+      if (!t || t.getRank() != 0 || !isFloatTensor(t) || !dense) {
+        InFlightDiagnostic d = op.emitOpError("in a fused group expects a "
+                                              "rank-0 float tensor constant, "
+                                              "got ")
+                               << cst.getType();
+        d.attachNote(getLoc()) << "in this group";
+        return d;
+      }
+      continue;
+    }
+    if (!isFusible(&op)) {
+      InFlightDiagnostic d = op.emitOpError(
+          "cannot be fused: expects a float elementwise dlopt op (neg, abs, "
+          "relu, exp, log, sqrt, rsqrt, tanh, sin, cos, sigmoid, silu, gelu, "
+          "cast, add, sub, mul, div, maximum, minimum, pow)");
+      d.attachNote(getLoc()) << "in this group";
+      return d;
+    }
+    for (Type t : op.getResultTypes())
+      if (cast<RankedTensorType>(t).getShape() != shape) {
+        InFlightDiagnostic d = op.emitOpError("in a fused group expects a "
+                                              "result of the fused shape ")
+                               << RankedTensorType::get(
+                                      shape,
+                                      cast<RankedTensorType>(t).getElementType())
+                               << ", got " << t;
+        d.attachNote(getLoc()) << "in this group";
+        return d;
+      }
+  }
+  auto yield = dyn_cast<YieldOp>(body.getTerminator());
+  if (!yield)
+    return emitOpError("expects the body to end in dlopt.yield");
+  if (yield.getValues().getTypes() != getResultTypes())
+    return yield.emitOpError("expects the types of the group's results (")
+           << getResultTypes() << "), got (" << yield.getValues().getTypes()
+           << ")";
+  return success();
 }
 
 #define GET_OP_CLASSES

@@ -775,4 +775,68 @@ def DLOpt_SliceGradOp : DLOpt_Op<"slice_grad", [Pure, SameOperandsAndResultEleme
   let hasVerifier = 1;
 }
 
+
+//===----------------------------------------------------------------------===//
+// Fused elementwise groups (dlopt-fuse-elementwise)
+//===----------------------------------------------------------------------===//
+
+def DLOpt_FusedElementwiseOp : DLOpt_Op<"fused_elementwise",
+    [IsolatedFromAbove, SingleBlock, RecursiveMemoryEffects]> {
+  let summary = "a group of elementwise ops run as one kernel";
+  let description = [{
+    Holds a chain of elementwise ops over one shape (the shape of every
+    result, the *fused shape*) that `dlopt-fuse-elementwise` outlined. Each
+    input has the fused shape or is a rank-0 tensor broadcast to it. The body
+    is a single block whose arguments are the inputs; it holds rank-0 float
+    `arith.constant`s and the fusible float ops (`neg abs relu exp log sqrt
+    rsqrt tanh sin cos sigmoid silu gelu cast add sub mul div maximum minimum
+    pow`), each with a result of the fused shape, and ends in `dlopt.yield`.
+    Every value a later op outside the group uses is a result.
+
+    Backends evaluate the body per element in f32 and round only the results
+    to their element type (an explicit `dlopt.cast` inside still rounds); see
+    docs/ops.md ("Fused elementwise groups").
+
+    ```mlir
+    %r:2 = dlopt.fused_elementwise(%m, %g, %lr) : (tensor<4x8xf32>, tensor<4x8xf32>, tensor<f32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+    ^bb0(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>, %s: tensor<f32>):
+      %c = arith.constant dense<0.9> : tensor<f32>
+      %0 = dlopt.mul %a, %c : tensor<4x8xf32>, tensor<f32> -> tensor<4x8xf32>
+      %1 = dlopt.add %0, %b : tensor<4x8xf32>, tensor<4x8xf32> -> tensor<4x8xf32>
+      %2 = dlopt.mul %1, %s : tensor<4x8xf32>, tensor<f32> -> tensor<4x8xf32>
+      dlopt.yield %1, %2 : tensor<4x8xf32>, tensor<4x8xf32>
+    }
+    ```
+  }];
+  let arguments = (ins Variadic<DLOpt_FloatTensor>:$inputs);
+  let results = (outs Variadic<DLOpt_FloatTensor>:$results);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = [{
+    `(` $inputs `)` attr-dict-with-keyword `:` functional-type($inputs, $results) $body
+  }];
+  let hasVerifier = 1;
+  let hasRegionVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The shape every result has (the shape of the first result).
+    ::llvm::ArrayRef<int64_t> getFusedShape() {
+      return ::llvm::cast<::mlir::RankedTensorType>(getResult(0).getType()).getShape();
+    }
+    /// Whether `op` may appear in the body of a fused group (its kind and
+    /// element types; shapes are checked against the group).
+    static bool isFusible(::mlir::Operation *op);
+  }];
+}
+
+def DLOpt_YieldOp : DLOpt_Op<"yield",
+    [Pure, Terminator, HasParent<"FusedElementwiseOp">]> {
+  let summary = "returns the results of a dlopt.fused_elementwise body";
+  let description = [{
+    ```mlir
+    dlopt.yield %1, %2 : tensor<4x8xf32>, tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<AnyType>:$values);
+  let assemblyFormat = "attr-dict ($values^ `:` type($values))?";
+}
+
 #endif // DLOPT_OPS_TD

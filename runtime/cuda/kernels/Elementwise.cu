@@ -260,6 +260,125 @@ __global__ void dropoutKernel(const T *x, T *y, int64_t n, uint64_t seed,
   }
 }
 
+
+//===--- Fused elementwise ------------------------------------------------===//
+//
+// An interpreter of the per-element program in the launch parameters (the
+// branch on each step is uniform across the launch). Each thread evaluates
+// kFusedVec consecutive elements together, so each step is decoded once per
+// kFusedVec elements and the loads/stores can be vectors. The register file
+// lives in local memory (L1-resident); a code-generating backend would keep
+// it in hardware registers.
+
+constexpr int kFusedVec = 4;
+
+template <typename T>
+__device__ __forceinline__ void loadVec(const void *p, int64_t i0, int cnt,
+                                        bool vec, float (&dst)[kFusedVec]) {
+  const T *x = static_cast<const T *>(p) + i0;
+  if (vec && cnt == kFusedVec) {
+    if constexpr (sizeof(T) == 4) {
+      float4 v = *reinterpret_cast<const float4 *>(x);
+      dst[0] = v.x; dst[1] = v.y; dst[2] = v.z; dst[3] = v.w;
+    } else {
+      uint2 v = *reinterpret_cast<const uint2 *>(x);
+      T e[4] = {T{uint16_t(v.x & 0xFFFFu)}, T{uint16_t(v.x >> 16)},
+                T{uint16_t(v.y & 0xFFFFu)}, T{uint16_t(v.y >> 16)}};
+      for (int u = 0; u < kFusedVec; ++u)
+        dst[u] = toF(e[u]);
+    }
+    return;
+  }
+  for (int u = 0; u < cnt; ++u)
+    dst[u] = toF(x[u]);
+}
+
+template <typename T>
+__device__ __forceinline__ void storeVec(void *p, int64_t i0, int cnt,
+                                         bool vec, const float (&src)[kFusedVec]) {
+  T *y = static_cast<T *>(p) + i0;
+  if (vec && cnt == kFusedVec) {
+    if constexpr (sizeof(T) == 4) {
+      *reinterpret_cast<float4 *>(y) = make_float4(src[0], src[1], src[2], src[3]);
+    } else {
+      uint32_t h[4];
+      for (int u = 0; u < kFusedVec; ++u)
+        h[u] = fromF<T>(src[u]).bits;
+      *reinterpret_cast<uint2 *>(y) = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+    }
+    return;
+  }
+  for (int u = 0; u < cnt; ++u)
+    y[u] = fromF<T>(src[u]);
+}
+
+__device__ __forceinline__ void loadAny(uint8_t t, const void *p, int64_t i0,
+                                        int cnt, bool vec,
+                                        float (&dst)[kFusedVec]) {
+  if (t == uint8_t(DType::F16))
+    loadVec<F16>(p, i0, cnt, vec, dst);
+  else if (t == uint8_t(DType::BF16))
+    loadVec<BF16>(p, i0, cnt, vec, dst);
+  else
+    loadVec<float>(p, i0, cnt, vec, dst);
+}
+
+__device__ __forceinline__ float roundTo(uint8_t t, float x) {
+  if (t == uint8_t(DType::F16))
+    return toF(fromF<F16>(x));
+  if (t == uint8_t(DType::BF16))
+    return toF(fromF<BF16>(x));
+  return x;
+}
+
+__global__ void fusedKernel(const FusedArgs args, int64_t n, bool vec) {
+  float r[kFusedMaxRegisters][kFusedVec];
+  const int numIn = args.numInputs, numConst = args.numConsts;
+  for (int k = 0; k < numIn; ++k)
+    if (args.inScalar[k]) {
+      float v[kFusedVec];
+      loadAny(args.inType[k], args.in[k], 0, 1, false, v);
+      for (int u = 0; u < kFusedVec; ++u)
+        r[k][u] = v[0];
+    }
+  for (int c = 0; c < numConst; ++c)
+    for (int u = 0; u < kFusedVec; ++u)
+      r[numIn + c][u] = args.consts[c];
+  const int firstStep = numIn + numConst;
+  int64_t chunks = (n + kFusedVec - 1) / kFusedVec;
+  DLOPT_GRID_STRIDE(chunk, chunks) {
+    int64_t i0 = chunk * kFusedVec;
+    int cnt = n - i0 < kFusedVec ? int(n - i0) : kFusedVec;
+    for (int k = 0; k < numIn; ++k)
+      if (!args.inScalar[k])
+        loadAny(args.inType[k], args.in[k], i0, cnt, vec, r[k]);
+    for (int s = 0; s < args.numSteps; ++s) {
+      const FusedStep st = args.steps[s];
+      float *d = r[firstStep + s];
+      const float *a = r[st.a], *b = r[st.b];
+      if (st.kind == 0) {
+        for (int u = 0; u < kFusedVec; ++u)
+          d[u] = unaryF(UnaryOp(st.op), a[u]);
+      } else if (st.kind == 1) {
+        for (int u = 0; u < kFusedVec; ++u)
+          d[u] = binaryF(BinaryOp(st.op), a[u], b[u]);
+      } else {
+        for (int u = 0; u < kFusedVec; ++u)
+          d[u] = roundTo(st.op, a[u]);
+      }
+    }
+    for (int o = 0; o < args.numOutputs; ++o) {
+      const float(&src)[kFusedVec] = r[args.outReg[o]];
+      if (args.outType[o] == uint8_t(DType::F16))
+        storeVec<F16>(args.out[o], i0, cnt, vec, src);
+      else if (args.outType[o] == uint8_t(DType::BF16))
+        storeVec<BF16>(args.out[o], i0, cnt, vec, src);
+      else
+        storeVec<float>(args.out[o], i0, cnt, vec, src);
+    }
+  }
+}
+
 } // namespace
 
 //===----------------------------------------------------------------------===//
@@ -374,6 +493,27 @@ int dropout(Stream s, DType t, const void *x, void *y, int64_t n,
         offsetType == DType::I64, rate, scale);
     return lastError();
   });
+}
+
+
+int fusedElementwise(Stream s, const FusedArgs &args, int64_t n) {
+  if (n == 0)
+    return 0;
+  bool vec = true;
+  auto aligned = [](const void *p, uint8_t t) {
+    uintptr_t need = t == uint8_t(DType::F32) ? 16 : 8;
+    return reinterpret_cast<uintptr_t>(p) % need == 0;
+  };
+  for (int k = 0; k < args.numInputs; ++k)
+    if (!args.inScalar[k] && !aligned(args.in[k], args.inType[k]))
+      vec = false;
+  for (int o = 0; o < args.numOutputs; ++o)
+    if (!aligned(args.out[o], args.outType[o]))
+      vec = false;
+  int64_t chunks = (n + kFusedVec - 1) / kFusedVec;
+  fusedKernel<<<gridFor(chunks), kThreads, 0, static_cast<cudaStream_t>(s)>>>(
+      args, n, vec);
+  return lastError();
 }
 
 } // namespace dlopt::rt::cuda::kernels

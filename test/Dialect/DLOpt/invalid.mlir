@@ -438,3 +438,120 @@ func.func @unknown_op(%x: tensor<4xf32>) -> tensor<4xf32> {
   %0 = dlopt.softplus %x : tensor<4xf32>
   return %0 : tensor<4xf32>
 }
+
+// -----
+
+func.func @fused_result_shapes(%x: tensor<4xf32>) -> (tensor<4xf32>, tensor<2xf32>) {
+  // expected-error @+1 {{'dlopt.fused_elementwise' op expects every result to have the fused shape of result #0 ('tensor<4xf32>'), got 'tensor<2xf32>' for result #1}}
+  %r:2 = dlopt.fused_elementwise(%x) : (tensor<4xf32>) -> (tensor<4xf32>, tensor<2xf32>) {
+  ^bb0(%a: tensor<4xf32>):
+    dlopt.yield %a, %a : tensor<4xf32>, tensor<4xf32>
+  }
+  return %r#0, %r#1 : tensor<4xf32>, tensor<2xf32>
+}
+
+// -----
+
+func.func @fused_input_shape(%x: tensor<4xf32>, %b: tensor<2xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'dlopt.fused_elementwise' op expects input #1 to have the fused shape or rank 0, got 'tensor<2xf32>'}}
+  %r = dlopt.fused_elementwise(%x, %b) : (tensor<4xf32>, tensor<2xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf32>, %c: tensor<2xf32>):
+    dlopt.yield %a : tensor<4xf32>
+  }
+  return %r : tensor<4xf32>
+}
+
+// -----
+
+func.func @fused_arg_types(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'dlopt.fused_elementwise' op expects body argument #0 to have the type of input #0 ('tensor<4xf32>'), got 'tensor<4xbf16>'}}
+  %r = dlopt.fused_elementwise(%x) : (tensor<4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xbf16>):
+    %0 = dlopt.cast %a : tensor<4xbf16> -> tensor<4xf32>
+    dlopt.yield %0 : tensor<4xf32>
+  }
+  return %r : tensor<4xf32>
+}
+
+// -----
+
+func.func @fused_not_elementwise(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
+  // expected-note @+1 {{in this group}}
+  %r = dlopt.fused_elementwise(%x) : (tensor<4x4xf32>) -> tensor<4x4xf32> {
+  ^bb0(%a: tensor<4x4xf32>):
+    // expected-error @+1 {{'dlopt.matmul' op cannot be fused: expects a float elementwise dlopt op}}
+    %0 = dlopt.matmul %a, %a : tensor<4x4xf32>, tensor<4x4xf32> -> tensor<4x4xf32>
+    dlopt.yield %0 : tensor<4x4xf32>
+  }
+  return %r : tensor<4x4xf32>
+}
+
+// -----
+
+func.func @fused_int_op(%x: tensor<4xi32>) -> tensor<4xf32> {
+  // expected-error @+1 {{operand #0 must be variadic of statically shaped f32/f16/bf16 tensor}}
+  %r = dlopt.fused_elementwise(%x) : (tensor<4xi32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xi32>):
+    %0 = dlopt.cast %a : tensor<4xi32> -> tensor<4xf32>
+    dlopt.yield %0 : tensor<4xf32>
+  }
+  return %r : tensor<4xf32>
+}
+
+// -----
+
+func.func @fused_inner_shape(%x: tensor<4xf32>, %s: tensor<f32>) -> tensor<4xf32> {
+  // expected-note @+1 {{in this group}}
+  %r = dlopt.fused_elementwise(%x, %s) : (tensor<4xf32>, tensor<f32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf32>, %b: tensor<f32>):
+    // expected-error @+1 {{'dlopt.exp' op in a fused group expects a result of the fused shape 'tensor<4xf32>', got 'tensor<f32>'}}
+    %0 = dlopt.exp %b : tensor<f32>
+    %1 = dlopt.add %a, %0 : tensor<4xf32>, tensor<f32> -> tensor<4xf32>
+    dlopt.yield %1 : tensor<4xf32>
+  }
+  return %r : tensor<4xf32>
+}
+
+// -----
+
+func.func @fused_constant(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-note @+1 {{in this group}}
+  %r = dlopt.fused_elementwise(%x) : (tensor<4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf32>):
+    // expected-error @+1 {{'arith.constant' op in a fused group expects a rank-0 float tensor constant, got 'tensor<4xf32>'}}
+    %c = arith.constant dense<1.0> : tensor<4xf32>
+    %0 = dlopt.add %a, %c : tensor<4xf32>, tensor<4xf32> -> tensor<4xf32>
+    dlopt.yield %0 : tensor<4xf32>
+  }
+  return %r : tensor<4xf32>
+}
+
+// -----
+
+func.func @fused_yield_types(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %r = dlopt.fused_elementwise(%x) : (tensor<4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf32>):
+    %0 = dlopt.cast %a : tensor<4xf32> -> tensor<4xbf16>
+    // expected-error @+1 {{'dlopt.yield' op expects the types of the group's results ('tensor<4xf32>'), got ('tensor<4xbf16>')}}
+    dlopt.yield %0 : tensor<4xbf16>
+  }
+  return %r : tensor<4xf32>
+}
+
+// -----
+
+func.func @fused_no_results(%x: tensor<4xf32>) {
+  // expected-error @+1 {{'dlopt.fused_elementwise' op expects at least one result}}
+  dlopt.fused_elementwise(%x) : (tensor<4xf32>) -> () {
+  ^bb0(%a: tensor<4xf32>):
+    dlopt.yield
+  }
+  return
+}
+
+// -----
+
+func.func @yield_outside(%x: tensor<4xf32>) {
+  // expected-error @+1 {{'dlopt.yield' op expects parent op 'dlopt.fused_elementwise'}}
+  dlopt.yield %x : tensor<4xf32>
+}

@@ -13,6 +13,7 @@
 #include "runtime/cuda/CudaLibrary.h"
 #include "runtime/exec/CpuBackend.h"
 #include "runtime/exec/CudaBackend.h"
+#include "runtime/format/FusedProgram.h"
 #include "runtime/exec/Session.h"
 #include "test/unit/runtime/TestUtil.h"
 
@@ -72,7 +73,8 @@ TEST(CudaBackend, SupportedOpsAreExact) {
           "layer_norm_grad", "gelu", "gelu_grad", "gather", "scatter_add",
           "cross_entropy", "cross_entropy_grad", "attention", "attention_grad",
           "dropout", "transpose", "slice", "concat", "broadcast_to", "rope",
-          "rms_norm", "rms_norm_grad", "mse", "select", "compare", "iota"})
+          "rms_norm", "rms_norm_grad", "mse", "select", "compare", "iota",
+          "fused_elementwise"})
       EXPECT_TRUE(has(op)) << op;
   } else {
     EXPECT_EQ(ops, (std::vector<std::string>{"matmul", "reshape"}));
@@ -285,6 +287,38 @@ std::vector<ConformanceCase> conformanceCases() {
     c.out(c.op("gelu_grad", {x, dy}, T({9, 10}, d)));
     c.out(c.op("gelu_grad", {x, dy}, T({9, 10}, d),
                {{"approximate", std::string("tanh")}}));
+  });
+  // One fused kernel against the CPU's fused evaluation: an AdamW-like
+  // program with a rank-0 input, constants, every unary and binary opcode
+  // kind, a cast to bf16 and three results (odd sizes exercise the vector
+  // tail); in place on the CPU side is covered by the runtime unit tests.
+  add("fused_elementwise", [](Case &c, DType d) {
+    using O = fused::OpCode;
+    for (int64_t n : {int64_t(1), int64_t(7), int64_t(4099)}) {
+      int32_t g = c.in(T({n}, d)), m = c.in(T({n}, d));
+      int32_t v = c.in(T({n}, d), Dist::Positive), w = c.in(T({n}, d));
+      int32_t lr = c.in(T({}, d), Dist::Positive);
+      fused::Program p;
+      p.numInputs = 5; // 0 g, 1 m, 2 v, 3 w, 4 lr
+      p.consts = {0.9, 0.1, 0.999, 0.001, 1e-8, 0.01}; // 5..10
+      p.steps = {{O::Mul, 1, 5},   {O::Mul, 0, 6},   {O::Add, 11, 12}, // 13 m'
+                 {O::Mul, 2, 7},   {O::Mul, 0, 0},   {O::Mul, 15, 8},
+                 {O::Add, 14, 16},                                     // 17 v'
+                 {O::Sqrt, 17, -1}, {O::Add, 18, 9}, {O::Div, 13, 19},
+                 {O::Mul, 3, 10},  {O::Add, 20, 21}, {O::Mul, 22, 4},
+                 {O::Sub, 3, 23},                                      // 24 w'
+                 {O::Tanh, 24, -1}, {O::Gelu, 25, -1}, {O::Max, 26, 0},
+                 {O::Cast, 27, int32_t(DType::BF16)}, {O::Exp, 28, -1}}; // 29
+      p.outputs = {13, 17, 24, 29};
+      Instr in;
+      fused::encode(p, in);
+      std::vector<int32_t> rs =
+          c.ops(fused::kOpName, {g, m, v, w, lr},
+                {T({n}, d), T({n}, d), T({n}, d), T({n}, DType::F32)},
+                in.attrs);
+      for (int32_t r : rs)
+        c.out(r);
+    }
   });
   add("dropout", [](Case &c, DType d) {
     int32_t x = c.in(T({33, 65}, d));

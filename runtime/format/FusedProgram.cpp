@@ -1,0 +1,206 @@
+//===- FusedProgram.cpp - Encoding and checking fused_elementwise programs ===//
+//
+// decode() is part of the reader's gate (Executable::validate), so it
+// assumes nothing about the attributes: every index is range-checked before
+// a backend ever evaluates the program.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/format/FusedProgram.h"
+
+#include <sstream>
+
+namespace dlopt::rt::fused {
+
+namespace {
+
+struct NamedCode {
+  OpCode code;
+  const char *name;
+};
+constexpr NamedCode kCodes[] = {
+    {OpCode::Neg, "neg"},       {OpCode::Abs, "abs"},
+    {OpCode::Relu, "relu"},     {OpCode::Exp, "exp"},
+    {OpCode::Log, "log"},       {OpCode::Sqrt, "sqrt"},
+    {OpCode::Rsqrt, "rsqrt"},   {OpCode::Tanh, "tanh"},
+    {OpCode::Sin, "sin"},       {OpCode::Cos, "cos"},
+    {OpCode::Sigmoid, "sigmoid"}, {OpCode::Silu, "silu"},
+    {OpCode::Gelu, "gelu"},     {OpCode::GeluTanh, "gelu_tanh"},
+    {OpCode::Cast, "cast"},     {OpCode::Add, "add"},
+    {OpCode::Sub, "sub"},       {OpCode::Mul, "mul"},
+    {OpCode::Div, "div"},       {OpCode::Max, "maximum"},
+    {OpCode::Min, "minimum"},   {OpCode::Pow, "pow"},
+};
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+} // namespace
+
+const char *opCodeName(int32_t code) {
+  for (const NamedCode &c : kCodes)
+    if (int32_t(c.code) == code)
+      return c.name;
+  return nullptr;
+}
+
+bool opCodeFromName(const std::string &name, OpCode &code) {
+  for (const NamedCode &c : kCodes)
+    if (name == c.name) {
+      code = c.code;
+      return true;
+    }
+  return false;
+}
+
+void encode(const Program &p, Instr &instr) {
+  std::vector<int64_t> code;
+  code.reserve(p.steps.size() * 3);
+  for (const Step &s : p.steps) {
+    code.push_back(int64_t(s.op));
+    code.push_back(s.a);
+    code.push_back(s.b);
+  }
+  instr.attrs["code"] = code;
+  if (!p.consts.empty())
+    instr.attrs["consts"] = p.consts;
+  else
+    instr.attrs.erase("consts");
+  instr.attrs["outputs"] =
+      std::vector<int64_t>(p.outputs.begin(), p.outputs.end());
+}
+
+Expected<Program> decode(const Instr &instr,
+                         const std::vector<TensorType> &operandTypes,
+                         const std::vector<TensorType> &resultTypes) {
+  auto err = [](const std::string &m) { return Status::error(m); };
+  Program p;
+  if (resultTypes.empty())
+    return err("fused program has no results");
+  if (operandTypes.size() > size_t(kMaxInputs))
+    return err("fused program has " + str(operandTypes.size()) +
+               " inputs, at most " + str(kMaxInputs) + " are supported");
+  if (resultTypes.size() > size_t(kMaxOutputs))
+    return err("fused program has " + str(resultTypes.size()) +
+               " results, at most " + str(kMaxOutputs) + " are supported");
+  const std::vector<int64_t> &shape = resultTypes[0].shape;
+  for (size_t i = 0; i < resultTypes.size(); ++i) {
+    if (!isFloat(resultTypes[i].dtype))
+      return err("result #" + str(i) + " is " + resultTypes[i].str() +
+                 ", expected a float type (f32, f16 or bf16)");
+    if (resultTypes[i].shape != shape)
+      return err("result #" + str(i) + " is " + resultTypes[i].str() +
+                 ", expected the fused shape of result #0 (" +
+                 resultTypes[0].str() + ")");
+  }
+  for (size_t i = 0; i < operandTypes.size(); ++i) {
+    if (!isFloat(operandTypes[i].dtype))
+      return err("operand #" + str(i) + " is " + operandTypes[i].str() +
+                 ", expected a float type (f32, f16 or bf16)");
+    if (!operandTypes[i].shape.empty() && operandTypes[i].shape != shape)
+      return err("operand #" + str(i) + " is " + operandTypes[i].str() +
+                 ", expected the fused shape of the results or rank 0");
+  }
+  p.numInputs = int32_t(operandTypes.size());
+
+  if (instr.hasAttr("consts")) {
+    const AttrValue &v = instr.attrs.at("consts");
+    if (auto *d = std::get_if<std::vector<double>>(&v))
+      p.consts = *d;
+    else if (auto *n = std::get_if<std::vector<int64_t>>(&v); !n || !n->empty())
+      return err("attribute 'consts' expected a float list");
+  }
+  if (p.consts.size() > size_t(kMaxConsts))
+    return err("fused program has " + str(p.consts.size()) +
+               " constants, at most " + str(kMaxConsts) + " are supported");
+
+  auto code = instr.getInts("code");
+  if (!code)
+    return err(code.status().message());
+  if (code->size() % 3 != 0)
+    return err("attribute 'code' has " + str(code->size()) +
+               " ints, expected three per step (opcode, a, b)");
+  size_t numSteps = code->size() / 3;
+  if (numSteps == 0)
+    return err("fused program has no steps");
+  if (numSteps > size_t(kMaxSteps))
+    return err("fused program has " + str(numSteps) + " steps, at most " +
+               str(kMaxSteps) + " are supported");
+  int32_t firstStep = p.numInputs + int32_t(p.consts.size());
+  for (size_t s = 0; s < numSteps; ++s) {
+    int64_t op = (*code)[3 * s], a = (*code)[3 * s + 1], b = (*code)[3 * s + 2];
+    std::string where = "step " + str(s) + ": ";
+    if (op < 0 || op > 1000 || !opCodeName(int32_t(op)))
+      return err(where + "unknown opcode " + str(op));
+    Step st;
+    st.op = OpCode(op);
+    int64_t defined = firstStep + int64_t(s); // registers [0, defined)
+    if (a < 0 || a >= defined)
+      return err(where + "'" + opCodeName(int32_t(op)) + "' reads register " +
+                 str(a) + ", expected one of the " + str(defined) +
+                 " registers defined before it");
+    st.a = int32_t(a);
+    if (isBinary(st.op)) {
+      if (b < 0 || b >= defined)
+        return err(where + "'" + opCodeName(int32_t(op)) +
+                   "' reads register " + str(b) + ", expected one of the " +
+                   str(defined) + " registers defined before it");
+    } else if (st.op == OpCode::Cast) {
+      if (b < 0 || b > 255 || !isFloat(DType(b)))
+        return err(where + "'cast' has target type " + str(b) +
+                   ", expected f32 (0), f16 (1) or bf16 (2)");
+    } else if (b != -1) {
+      return err(where + "unary '" + opCodeName(int32_t(op)) +
+                 "' has operand b = " + str(b) + ", expected -1");
+    }
+    st.b = int32_t(b);
+    p.steps.push_back(st);
+  }
+
+  auto outs = instr.getInts("outputs");
+  if (!outs)
+    return err(outs.status().message());
+  if (outs->size() != resultTypes.size())
+    return err("attribute 'outputs' names " + str(outs->size()) +
+               " registers, expected one per result (" +
+               str(resultTypes.size()) + ")");
+  int32_t numRegs = p.numRegisters();
+  for (size_t i = 0; i < outs->size(); ++i) {
+    int64_t r = (*outs)[i];
+    if (r < 0 || r >= numRegs)
+      return err("result #" + str(i) + " reads register " + str(r) +
+                 ", out of range [0, " + str(numRegs) + ")");
+    p.outputs.push_back(int32_t(r));
+  }
+  return p;
+}
+
+std::string describe(const Program &p) {
+  std::ostringstream os;
+  int32_t firstConst = p.numInputs;
+  int32_t firstStep = firstConst + int32_t(p.consts.size());
+  auto reg = [&](int32_t r) {
+    if (r < firstConst)
+      return "in" + str(r);
+    if (r < firstStep) {
+      std::ostringstream c;
+      c << p.consts[size_t(r - firstConst)];
+      return c.str();
+    }
+    return "t" + str(r - firstStep);
+  };
+  for (size_t s = 0; s < p.steps.size(); ++s) {
+    const Step &st = p.steps[s];
+    os << (s ? "; " : "") << "t" << s << " = " << opCodeName(int32_t(st.op))
+       << " " << reg(st.a);
+    if (isBinary(st.op))
+      os << ", " << reg(st.b);
+    else if (st.op == OpCode::Cast)
+      os << " to " << dtypeName(DType(st.b));
+  }
+  os << " -> ";
+  for (size_t i = 0; i < p.outputs.size(); ++i)
+    os << (i ? ", " : "") << reg(p.outputs[i]);
+  return os.str();
+}
+
+} // namespace dlopt::rt::fused

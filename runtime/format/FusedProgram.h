@@ -1,0 +1,101 @@
+//===- FusedProgram.h - The per-element program of fused_elementwise ------===//
+//
+// A `fused_elementwise` instruction runs a small straight-line program once
+// per element of its fused shape (the shape of every result). The program
+// lives in three instruction attributes (docs/executable-format.md):
+//
+//   code    int list, three ints per step: opcode, operand a, operand b
+//   consts  float list, the scalar constants (absent = none)
+//   outputs int list, the register each result is read from
+//
+// Registers are numbered inputs first (the instruction's operands, in
+// order), then constants, then one register per step in order, so a step may
+// read only registers defined before it. Unary steps have b = -1; `cast`
+// steps have b = the target DType (f32, f16 or bf16) and round to it.
+//
+// Semantics: registers hold f32; inputs are widened to f32 when loaded
+// (rank-0 inputs are broadcast), and only the results are rounded to their
+// element type when stored. Every operand and result is a float tensor.
+//
+// The compiler (dlopt-fuse-elementwise and the exporter), the validator
+// (Executable::validate), the dump and both backends share this header.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "runtime/format/Executable.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dlopt::rt::fused {
+
+/// The instruction's op name.
+inline constexpr const char *kOpName = "fused_elementwise";
+
+/// Size limits every backend supports (the CUDA kernel keeps the program in
+/// its launch parameters); the compiler never builds a bigger group.
+inline constexpr int kMaxInputs = 16;
+inline constexpr int kMaxOutputs = 8;
+inline constexpr int kMaxConsts = 32;
+inline constexpr int kMaxSteps = 64;
+inline constexpr int kMaxRegisters = kMaxInputs + kMaxConsts + kMaxSteps;
+
+/// Opcodes as stored in `code`. The numbers are part of the format.
+enum class OpCode : int32_t {
+  // unary
+  Neg = 0, Abs = 1, Relu = 2, Exp = 3, Log = 4, Sqrt = 5, Rsqrt = 6,
+  Tanh = 7, Sin = 8, Cos = 9, Sigmoid = 10, Silu = 11, Gelu = 12,
+  GeluTanh = 13,
+  Cast = 14, ///< b = target DType (F32, F16, BF16): rounds to it
+  // binary
+  Add = 20, Sub = 21, Mul = 22, Div = 23, Max = 24, Min = 25, Pow = 26,
+};
+
+/// The mnemonic of an opcode ("mul", "gelu_tanh"), or nullptr if unknown.
+const char *opCodeName(int32_t code);
+/// The opcode of a dlopt op mnemonic (gelu with approximate="tanh" is
+/// "gelu_tanh"); false if the op cannot be fused.
+bool opCodeFromName(const std::string &name, OpCode &code);
+inline bool isBinary(OpCode c) { return int32_t(c) >= int32_t(OpCode::Add); }
+
+struct Step {
+  OpCode op = OpCode::Neg;
+  int32_t a = -1, b = -1;
+  bool operator==(const Step &o) const {
+    return op == o.op && a == o.a && b == o.b;
+  }
+};
+
+struct Program {
+  int32_t numInputs = 0;
+  std::vector<double> consts;
+  std::vector<Step> steps;
+  std::vector<int32_t> outputs;
+
+  int32_t numRegisters() const {
+    return numInputs + int32_t(consts.size()) + int32_t(steps.size());
+  }
+  bool operator==(const Program &o) const {
+    return numInputs == o.numInputs && consts == o.consts &&
+           steps == o.steps && outputs == o.outputs;
+  }
+};
+
+/// Writes the program's attributes (code, consts, outputs) into `instr`.
+void encode(const Program &p, Instr &instr);
+
+/// Reads and checks the program of `instr` against its operand and result
+/// types: attributes present and well-typed, known opcodes, registers in
+/// range and defined before use, limits, float operand/result types, every
+/// result of one shape and every operand of that shape or rank 0. The error
+/// message does not name the instruction; callers prefix it.
+Expected<Program> decode(const Instr &instr,
+                         const std::vector<TensorType> &operandTypes,
+                         const std::vector<TensorType> &resultTypes);
+
+/// "r3 = mul r0, c0; r4 = sqrt r3 -> r4" style, for --dump.
+std::string describe(const Program &p);
+
+} // namespace dlopt::rt::fused
