@@ -192,10 +192,10 @@ Status checkConfig(const TransformerSpec &spec, const TrainingConfig &cfg) {
     return Status::error("tp=" + std::to_string(cfg.tp) +
                          " does not divide the " + std::to_string(spec.heads) +
                          " attention heads");
-  if (spec.ffn() % cfg.tp != 0)
+  if (spec.tpWidth() % cfg.tp != 0)
     return Status::error("tp=" + std::to_string(cfg.tp) +
                          " does not divide the ffn hidden size " +
-                         std::to_string(spec.ffn()));
+                         std::to_string(spec.tpWidth()));
   if (cfg.sequenceParallel && spec.seqLen % cfg.tp != 0)
     return Status::error("sequence parallelism: tp=" + std::to_string(cfg.tp) +
                          " does not divide the sequence length " +

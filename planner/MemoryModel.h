@@ -60,7 +60,13 @@ struct TransformerSpec {
   bool tiedEmbeddings = true;
   bool learnedPositions = true;
 
+  /// The MLP width tensor parallelism splits, when it differs from the
+  /// parameter-equivalent ffnHidden (a gated MLP with 3 matrices of width
+  /// f counts as a GPT MLP of width about 1.5f); 0 means ffn().
+  int64_t ffnShardWidth = 0;
+
   int64_t ffn() const { return ffnHidden ? ffnHidden : 4 * hidden; }
+  int64_t tpWidth() const { return ffnShardWidth ? ffnShardWidth : ffn(); }
   /// One layer: QKV + projection + two MLP matrices, their biases, two
   /// layer norms: 4h^2 + 2hf + 9h + f (= 12h^2 + 13h when f = 4h).
   double layerParams() const;

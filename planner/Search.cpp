@@ -248,8 +248,10 @@ Expected<TransformerSpec> transformerSpecOf(const GraphSummary &g) {
     if (l0->params > 1.02 * gptLayer && h > 0) {
       int64_t f = static_cast<int64_t>(
           std::llround((l0->params - 4 * h * h) / (2 * h)));
-      if (f > 0)
+      if (f > 0) {
+        s.ffnShardWidth = s.ffn();
         s.ffnHidden = f;
+      }
     }
   }
   DLOPT_RETURN_IF_ERROR(s.validate());
@@ -407,6 +409,18 @@ struct Ctx {
                : comm(Collective::AllReduce, boundary, cfg.tp, 1));
   }
 
+  /// Every stage on the slowest kind with the smallest memory (cached).
+  const StagePlacement &uniformPlacement(int pp) {
+    auto key = std::make_pair(0, pp);
+    auto it = placementCache.find(key);
+    if (it != placementCache.end())
+      return it->second;
+    StagePlacement pl;
+    pl.kind.assign(pp, -1);
+    pl.capacity.assign(pp, capacity);
+    return placementCache.emplace(key, std::move(pl)).first->second;
+  }
+
   /// The GPU kind and memory of each stage of S ranks (cached).
   const StagePlacement &placement(int stageRanks, int pp) {
     auto key = std::make_pair(stageRanks, pp);
@@ -523,58 +537,95 @@ namespace {
 
 /// minMaxContiguousSplit when a stage's time depends only on how many
 /// layers it holds (identical layers): then filling each stage with as many
-/// layers as fit in T is optimal, and a stage's fill is found by bisection
-/// on its count, O(pp log L) per T.
-std::vector<int64_t>
-minMaxCountSplit(int64_t L, int pp,
-                 const std::function<double(int, int64_t, int64_t)> &time,
-                 const std::function<bool(int, int64_t)> &fits) {
-  auto greedy = [&](double T, std::vector<int64_t> *out) {
-    int64_t a = 0;
-    if (out)
-      out->clear();
-    for (int st = 0; st < pp; ++st) {
-      const int64_t maxN = L - a - (pp - 1 - st);
-      auto ok = [&](int64_t n) { return time(st, 0, n) <= T && fits(st, n); };
-      int64_t n = 0;
-      if (st == pp - 1) {
-        n = maxN >= 1 && ok(maxN) ? maxN : 0;
-      } else if (maxN >= 1 && ok(1)) {
-        int64_t lo = 1, hi = maxN; // ok(lo) holds
-        while (lo < hi) {
-          int64_t mid = lo + (hi - lo + 1) / 2;
-          if (ok(mid))
-            lo = mid;
-          else
-            hi = mid - 1;
-        }
-        n = lo;
+/// layers as fit in T (and under the cap) is optimal, and a stage's fill is
+/// found by bisection on its count, O(pp log L) per T.
+bool countSplit(int64_t L, int pp,
+                const std::function<double(int, int64_t, int64_t)> &time,
+                const std::function<bool(int, int64_t)> &fits, double T,
+                int64_t cap, std::vector<int64_t> *out) {
+  int64_t a = 0;
+  if (out)
+    out->clear();
+  for (int st = 0; st < pp; ++st) {
+    const int64_t maxN = std::min(cap, L - a - (pp - 1 - st));
+    auto ok = [&](int64_t n) { return time(st, 0, n) <= T && fits(st, n); };
+    int64_t n = 0;
+    if (st == pp - 1) {
+      n = L - a >= 1 && L - a <= cap && ok(L - a) ? L - a : 0;
+    } else if (maxN >= 1 && ok(1)) {
+      int64_t lo = 1, hi = maxN; // ok(lo) holds
+      while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if (ok(mid))
+          lo = mid;
+        else
+          hi = mid - 1;
       }
-      if (n == 0)
-        return false;
-      if (out)
-        out->push_back(n);
-      a += n;
+      n = lo;
     }
-    return true;
-  };
-  double hi = 0;
-  for (int st = 0; st < pp; ++st)
-    hi = std::max(hi, time(st, 0, L));
-  hi = hi * (1 + 1e-12) + 1e-300;
-  if (!greedy(hi, nullptr))
-    return {};
-  double lo = 0;
-  for (int it = 0; it < 100 && hi - lo > 1e-12 * hi; ++it) {
-    double mid = 0.5 * (lo + hi);
-    if (greedy(mid, nullptr))
-      hi = mid;
-    else
-      lo = mid;
+    if (n == 0)
+      return false;
+    if (out)
+      out->push_back(n);
+    a += n;
   }
-  std::vector<int64_t> counts;
-  greedy(hi, &counts);
-  return counts;
+  return true;
+}
+
+/// The general case: reach[st][a] says stages 0..st-1 can cover layers
+/// [0, a) within T with at most `cap` layers each. For a start a, stage st
+/// can end anywhere in [a+1, maxEnd(a)]; maxEnd never decreases with a (a
+/// shorter range is no slower and no larger), so one sweep per stage finds
+/// them all: O(pp * L) per T. The split is read back from the end.
+bool reachSplit(int64_t L, int pp,
+                const std::function<double(int, int64_t, int64_t)> &time,
+                const std::function<bool(int, int64_t)> &fits, double T,
+                int64_t cap, std::vector<int64_t> *out) {
+  std::vector<std::vector<char>> reach(pp + 1, std::vector<char>(L + 1, 0));
+  std::vector<int64_t> diff(L + 2);
+  reach[0][0] = 1;
+  for (int st = 0; st < pp; ++st) {
+    std::fill(diff.begin(), diff.end(), 0);
+    const int64_t lastEnd = L - (pp - 1 - st); // later stages need 1 each
+    int64_t b = 0;
+    for (int64_t a = 0; a < L; ++a) {
+      b = std::max(b, a);
+      while (b < lastEnd && b + 1 - a <= cap && time(st, a, b + 1) <= T &&
+             fits(st, b + 1 - a))
+        ++b;
+      if (!reach[st][a] || b <= a)
+        continue;
+      int64_t lo = st == pp - 1 ? L : a + 1, hi = b;
+      if (lo <= hi) {
+        ++diff[lo];
+        --diff[hi + 1];
+      }
+    }
+    int64_t run = 0;
+    for (int64_t e = 0; e <= L; ++e) {
+      run += diff[e];
+      reach[st + 1][e] = run > 0;
+    }
+  }
+  if (!reach[pp][L])
+    return false;
+  if (out) {
+    // Walk back from the end: the latest start of each stage that is
+    // reachable and reaches the next stage's start.
+    out->assign(pp, 0);
+    int64_t e = L;
+    for (int st = pp - 1; st >= 0; --st) {
+      int64_t a = e - 1;
+      while (a >= 0 && !(reach[st][a] && e - a <= cap && time(st, a, e) <= T &&
+                         fits(st, e - a)))
+        --a;
+      if (a < 0)
+        return false; // cannot happen: reach[pp][L] held
+      (*out)[st] = e - a;
+      e = a;
+    }
+  }
+  return true;
 }
 
 } // namespace
@@ -587,72 +638,39 @@ std::vector<int64_t> minMaxContiguousSplit(
   const int pp = stages;
   if (pp < 1 || L < pp)
     return {};
-  if (positionFree)
-    return minMaxCountSplit(L, pp, time, fits);
-  // reach[st][a]: stages 0..st-1 can cover layers [0, a) within T. For a
-  // start a, stage st can end anywhere in [a+1, maxEnd(a)]; maxEnd never
-  // decreases with a (a shorter range is no slower and no larger), so one
-  // sweep per stage finds them all: O(pp * L) per T.
-  std::vector<std::vector<char>> reach(pp + 1, std::vector<char>(L + 1, 0));
-  std::vector<int64_t> diff(L + 2);
-  auto feasible = [&](double T) {
-    for (auto &r : reach)
-      std::fill(r.begin(), r.end(), 0);
-    reach[0][0] = 1;
-    for (int st = 0; st < pp; ++st) {
-      std::fill(diff.begin(), diff.end(), 0);
-      const int64_t lastEnd = L - (pp - 1 - st); // later stages need 1 each
-      int64_t b = 0;
-      for (int64_t a = 0; a < L; ++a) {
-        b = std::max(b, a);
-        while (b < lastEnd && time(st, a, b + 1) <= T && fits(st, b + 1 - a))
-          ++b;
-        if (!reach[st][a] || b <= a)
-          continue;
-        int64_t lo = st == pp - 1 ? L : a + 1, hi = b;
-        if (lo <= hi) {
-          ++diff[lo];
-          --diff[hi + 1];
-        }
-      }
-      int64_t run = 0;
-      for (int64_t e = 0; e <= L; ++e) {
-        run += diff[e];
-        reach[st + 1][e] = run > 0;
-      }
-    }
-    return reach[pp][L] != 0;
+  auto solve = [&](double T, int64_t cap, std::vector<int64_t> *out) {
+    return positionFree ? countSplit(L, pp, time, fits, T, cap, out)
+                        : reachSplit(L, pp, time, fits, T, cap, out);
   };
   // Any split's bottleneck is at most the largest whole-model stage time.
   double hi = 0;
   for (int st = 0; st < pp; ++st)
     hi = std::max(hi, time(st, 0, L));
   hi = hi * (1 + 1e-12) + 1e-300;
-  if (!feasible(hi))
+  if (!solve(hi, L, nullptr))
     return {};
   double lo = 0;
-  for (int it = 0; it < 100 && hi - lo > 1e-12 * hi; ++it) {
+  for (int it = 0; it < 100 && hi - lo > 1e-9 * hi; ++it) {
     double mid = 0.5 * (lo + hi);
-    if (feasible(mid))
+    if (solve(mid, L, nullptr))
       hi = mid;
     else
       lo = mid;
   }
-  feasible(hi);
-  // Walk back from the end: the latest start of each stage that is
-  // reachable and reaches the next stage's start within hi.
-  std::vector<int64_t> counts(pp);
-  int64_t e = L;
-  for (int st = pp - 1; st >= 0; --st) {
-    int64_t a = e - 1;
-    while (a >= 0 && !(reach[st][a] && time(st, a, e) <= hi &&
-                       fits(st, e - a)))
-      --a;
-    if (a < 0)
-      return {}; // unreachable: feasible(hi) held
-    counts[st] = e - a;
-    e = a;
+  // Among the splits with that bottleneck, the one with the fewest layers
+  // on its fullest stage (filling stages greedily would otherwise pile
+  // layers onto the first stages, which costs memory for nothing).
+  int64_t capLo = (L + pp - 1) / pp, capHi = L;
+  while (capLo < capHi) {
+    int64_t mid = capLo + (capHi - capLo) / 2;
+    if (solve(hi, mid, nullptr))
+      capHi = mid;
+    else
+      capLo = mid + 1;
   }
+  std::vector<int64_t> counts;
+  if (!solve(hi, capHi, &counts))
+    return {};
   return counts;
 }
 
@@ -815,13 +833,24 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       train ? 2 + (cfg.recompute == RecomputePolicy::Full ? 1 : 0) : 1;
   const double tpLayer = c.tpCommPerLayer(cfg, boundary, passes);
 
-  // Heterogeneous cluster: each stage runs on its own GPU kind and memory,
-  // and faster or larger stages take more layers.
+  // The layer split of a pipeline: the slowest stage as fast as possible.
+  // On a homogeneous cluster that moves layers off the stages that also
+  // hold the embeddings or the output layer (Llama 3 drops a layer from its
+  // first and last stages for the same reason); on a heterogeneous one each
+  // stage runs on its own GPU kind and memory, and faster or larger stages
+  // take more layers. Interleaved 1F1B keeps the uniform split.
   const StagePlacement *pl =
       c.hetero ? &c.placement(cfg.tp * cp * cfg.dp, cfg.pp) : nullptr;
   cfg.stageLayerCounts.clear();
-  if (pl && !pl->uniform && cfg.schedule != PipelineSchedule::Interleaved1F1B)
-    cfg.stageLayerCounts = splitLayers(c, cfg, *pl, tpLayer);
+  if (cfg.pp > 1 && cfg.schedule != PipelineSchedule::Interleaved1F1B) {
+    auto counts =
+        splitLayers(c, cfg, pl ? *pl : c.uniformPlacement(cfg.pp), tpLayer);
+    bool uniform = true;
+    for (int st = 0; st < int(counts.size()); ++st)
+      uniform = uniform && counts[st] == layersOnStage(c.spec, cfg.pp, st);
+    if (!uniform)
+      cfg.stageLayerCounts = std::move(counts);
+  }
   auto starts = stageStarts(c.spec, cfg);
 
   // Memory (upper bound, the worst stage; on a heterogeneous cluster the
@@ -1194,9 +1223,9 @@ std::string explainFix(const FixSpec &f, const TransformerSpec &spec,
     why.push_back("tp=" + str(*f.tp) + " does not divide the " +
                   str(spec.heads) + " attention heads (remainder " +
                   str(spec.heads % *f.tp) + ")");
-  if (f.tp && spec.ffn() % *f.tp)
+  if (f.tp && spec.tpWidth() % *f.tp)
     why.push_back("tp=" + str(*f.tp) + " does not divide the ffn width " +
-                  str(spec.ffn()));
+                  str(spec.tpWidth()));
   if (f.cp && *f.cp > 1 && spec.seqLen % (2 * int64_t(*f.cp)))
     why.push_back("cp=" + str(*f.cp) + ": 2*cp = " + str(2 * *f.cp) +
                   " (two load-balanced chunks per rank) does not divide the "
@@ -1210,10 +1239,6 @@ std::string explainFix(const FixSpec &f, const TransformerSpec &spec,
   if (f.pp && *f.pp > spec.numLayers)
     why.push_back("pp=" + str(*f.pp) + " exceeds the " +
                   str(spec.numLayers) + " layers");
-  else if (f.pp && spec.numLayers % *f.pp)
-    why.push_back("pp=" + str(*f.pp) + " does not divide the " +
-                  str(spec.numLayers) + " layers (remainder " +
-                  str(spec.numLayers % *f.pp) + ")");
   if (!f.dp && f.tp && f.pp && devices % prod == 0 && gb % (devices / prod))
     why.push_back("tp*pp*cp = " + str(prod) + " leaves dp = " +
                   str(devices / prod) + ", which does not divide the global "
@@ -1366,7 +1391,7 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
     int tp = int(tp64);
     if (fix.tp && *fix.tp != tp)
       continue;
-    if (spec.heads % tp || spec.ffn() % tp) {
+    if (spec.heads % tp || spec.tpWidth() % tp) {
       prune("tp does not divide heads or ffn");
       continue;
     }
@@ -1390,8 +1415,8 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
       int pp = int(pp64);
       if (fix.pp && *fix.pp != pp)
         continue;
-      if (pp > spec.numLayers || spec.numLayers % pp) {
-        prune("pp does not divide the layers");
+      if (pp > spec.numLayers) {
+        prune("pp exceeds the layers");
         continue;
       }
       int dp = devices / tp / pp / cp;
