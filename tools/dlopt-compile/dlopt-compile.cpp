@@ -345,6 +345,14 @@ static int runDryRun(ModuleOp module) {
 
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
+  // The fusion switch is declared with the pipeline (passes/Pipelines.cpp)
+  // so every tool has it; list it with the training options here.
+  {
+    auto &registered = cl::getRegisteredOptions();
+    auto it = registered.find("fuse-elementwise");
+    if (it != registered.end())
+      it->second->addCategory(trainCategory);
+  }
   cl::HideUnrelatedOptions({&category, &trainCategory, &planCategory});
   cl::ParseCommandLineOptions(
       argc, argv,
