@@ -155,6 +155,14 @@ int64_t layersOnStage(const TransformerSpec &spec, int pp, int stage) {
   return base + (stage < extra ? 1 : 0);
 }
 
+std::vector<int64_t> interleavedChunkLayers(int64_t layers, int pp, int v) {
+  const int64_t chunks = int64_t(pp) * std::max(1, v);
+  std::vector<int64_t> n(chunks, chunks > 0 ? layers / chunks : 0);
+  for (int64_t j = 0; chunks > 0 && j < layers % chunks; ++j)
+    ++n[j];
+  return n;
+}
+
 int64_t layersOnStage(const TransformerSpec &spec, const TrainingConfig &cfg,
                       int stage) {
   if (!cfg.stageLayerCounts.empty() && stage >= 0 &&
@@ -217,11 +225,12 @@ Status checkConfig(const TransformerSpec &spec, const TrainingConfig &cfg) {
                          std::to_string(cfg.pp) + " layers, got " +
                          std::to_string(spec.numLayers));
   if (cfg.schedule == PipelineSchedule::Interleaved1F1B &&
-      spec.numLayers % (static_cast<int64_t>(cfg.pp) * cfg.virtualStages) != 0)
+      spec.numLayers < static_cast<int64_t>(cfg.pp) * cfg.virtualStages)
     return Status::error("interleaved 1F1B: pp=" + std::to_string(cfg.pp) +
                          " x v=" + std::to_string(cfg.virtualStages) +
-                         " does not divide the " +
-                         std::to_string(spec.numLayers) + " layers");
+                         " model chunks need at least " +
+                         std::to_string(int64_t(cfg.pp) * cfg.virtualStages) +
+                         " layers, got " + std::to_string(spec.numLayers));
   if (!cfg.stageLayerCounts.empty()) {
     if (int(cfg.stageLayerCounts.size()) != cfg.pp)
       return Status::error(
@@ -240,8 +249,6 @@ Status checkConfig(const TransformerSpec &spec, const TrainingConfig &cfg) {
       return Status::error("the stage split covers " + std::to_string(sum) +
                            " layers, expected " +
                            std::to_string(spec.numLayers));
-    if (cfg.schedule == PipelineSchedule::Interleaved1F1B)
-      return Status::error("interleaved 1F1B needs the uniform stage split");
   }
   return Status::ok();
 }

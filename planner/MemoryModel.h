@@ -123,6 +123,9 @@ double microBatchesInFlight(const TrainingConfig &cfg, int stage);
 /// Layers assigned to pipeline stage `stage` (the first L mod pp stages get
 /// one extra).
 int64_t layersOnStage(const TransformerSpec &spec, int pp, int stage);
+/// Interleaved 1F1B: the layers of each of the pp*v model chunks (chunk j
+/// runs on stage j mod pp), the first L mod (pp*v) chunks one layer longer.
+std::vector<int64_t> interleavedChunkLayers(int64_t layers, int pp, int v);
 /// Layers on stage `stage` under `cfg`: cfg.stageLayerCounts when set, the
 /// uniform split otherwise.
 int64_t layersOnStage(const TransformerSpec &spec, const TrainingConfig &cfg,

@@ -13,10 +13,19 @@ using namespace report;
 std::string layerRange(const std::vector<int64_t> &ls) {
   if (ls.empty())
     return "-";
-  // Contiguous in mark order: first..last.
-  if (ls.size() == 1)
-    return std::to_string(ls.front());
-  return std::to_string(ls.front()) + "-" + std::to_string(ls.back());
+  // Runs of consecutive marks: "0-5", or "0-3, 16-19" for the chunks of an
+  // interleaved stage.
+  std::string r;
+  for (size_t i = 0; i < ls.size();) {
+    size_t j = i;
+    while (j + 1 < ls.size() && ls[j + 1] == ls[j] + 1)
+      ++j;
+    r += (r.empty() ? "" : ", ") + std::to_string(ls[i]);
+    if (j > i)
+      r += "-" + std::to_string(ls[j]);
+    i = j + 1;
+  }
+  return r;
 }
 
 Throughput derive(const PlanResult &p, int devices) {

@@ -322,6 +322,11 @@ struct Ctx {
   std::vector<int> groupKind{};
   std::vector<int> groupFirstRank{};
   std::map<std::pair<int, int>, StagePlacement> placementCache{};
+  /// Layer splits for time alone, by (mbs, tp, cp, sp, recompute, pp,
+  /// placement: stage ranks on a heterogeneous cluster, else 0).
+  std::map<std::tuple<int64_t, int, int, bool, int, int, int>,
+           std::vector<int64_t>>
+      splitCache{};
   double modelBatch = 1;
   double kvFraction = 1; ///< key/value heads / query heads
   int gpusPerNode = 1;
@@ -508,6 +513,48 @@ std::vector<int64_t> stageStarts(const TransformerSpec &spec,
   return starts;
 }
 
+/// The layer ranges [a, b) of each stage: one contiguous range, or under
+/// interleaved 1F1B the v model chunks of the stage (chunk j of the pp*v
+/// chunks, in layer order, runs on stage j mod pp).
+struct StageRanges {
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> ranges;
+
+  int64_t layers(int st) const {
+    int64_t n = 0;
+    for (auto [a, b] : ranges[st])
+      n += b - a;
+    return n;
+  }
+  /// The sum over the stage's layers of a per-layer quantity given by its
+  /// prefix sums.
+  double sum(const std::vector<double> &prefix, int st) const {
+    double x = 0;
+    for (auto [a, b] : ranges[st])
+      x += prefix[b] - prefix[a];
+    return x;
+  }
+};
+
+StageRanges stageRanges(const TransformerSpec &spec,
+                        const TrainingConfig &cfg) {
+  StageRanges r;
+  r.ranges.resize(cfg.pp);
+  if (cfg.schedule == PipelineSchedule::Interleaved1F1B && cfg.pp > 1) {
+    auto chunks =
+        interleavedChunkLayers(spec.numLayers, cfg.pp, cfg.virtualStages);
+    int64_t at = 0;
+    for (size_t j = 0; j < chunks.size(); ++j) {
+      r.ranges[j % cfg.pp].push_back({at, at + chunks[j]});
+      at += chunks[j];
+    }
+    return r;
+  }
+  auto starts = stageStarts(spec, cfg);
+  for (int st = 0; st < cfg.pp; ++st)
+    r.ranges[st].push_back({starts[st], starts[st + 1]});
+  return r;
+}
+
 /// A forward-only step keeps no gradients, optimizer state or stored
 /// activations: one layer's activations per micro-batch in flight.
 void forwardOnlyMemory(const Ctx &c, const TrainingConfig &cfg,
@@ -683,21 +730,14 @@ namespace {
 /// when no split fits (the candidate is then priced uniformly and reported
 /// out of memory).
 std::vector<int64_t> splitLayers(Ctx &c, const TrainingConfig &cfg,
-                                 const StagePlacement &pl, double tpLayer) {
+                                 const StagePlacement &pl, int placementKey,
+                                 double tpLayer) {
   const int pp = cfg.pp;
   const bool train = c.opt.training;
   const bool sp = cfg.sequenceParallel && cfg.tp > 1;
   std::vector<const LayerTimes *> lt;
-  std::vector<double> mem1, slope;
-  for (int st = 0; st < pp; ++st) {
+  for (int st = 0; st < pp; ++st)
     lt.push_back(&c.times(cfg.microBatchSize, cfg.tp, cfg.cp, sp, pl.kind[st]));
-    // Memory is affine in the stage's layers.
-    auto a = stageMemory(c, cfg, st, 1), b = stageMemory(c, cfg, st, 2);
-    if (!a || !b)
-      return {};
-    mem1.push_back(a->total());
-    slope.push_back(b->total() - a->total());
-  }
   auto stageTime = [&](int st, int64_t a, int64_t b) {
     const LayerTimes &t = *lt[st];
     double f = t.prefix[b] - t.prefix[a];
@@ -709,10 +749,41 @@ std::vector<int64_t> splitLayers(Ctx &c, const TrainingConfig &cfg,
     double x = train ? c.cost.trainingTime(f, cfg.recompute, att) : f;
     return x + double(b - a) * tpLayer;
   };
-  auto fits = [&](int st, int64_t n) {
+  // The split for time alone depends on no memory setting (ZeRO, schedule,
+  // dp), so it is shared by many candidates; it is kept when every stage
+  // fits.
+  auto key = std::make_tuple(cfg.microBatchSize, cfg.tp, cfg.cp, sp,
+                             int(cfg.recompute), pp, placementKey);
+  auto it = c.splitCache.find(key);
+  if (it == c.splitCache.end())
+    it = c.splitCache
+             .emplace(key, minMaxContiguousSplit(
+                               c.spec.numLayers, pp, stageTime,
+                               [](int, int64_t) { return true; },
+                               c.identicalLayers))
+             .first;
+  const std::vector<int64_t> &fast = it->second;
+  bool fits = !fast.empty();
+  for (int st = 0; fits && st < pp; ++st) {
+    auto m = stageMemory(c, cfg, st, fast[st]);
+    fits = m && m->total() <= pl.capacity[st];
+  }
+  if (fits)
+    return fast;
+  // Memory binds: split again under every stage's capacity. Memory is
+  // affine in the stage's layers.
+  std::vector<double> mem1, slope;
+  for (int st = 0; st < pp; ++st) {
+    auto a = stageMemory(c, cfg, st, 1), b = stageMemory(c, cfg, st, 2);
+    if (!a || !b)
+      return {};
+    mem1.push_back(a->total());
+    slope.push_back(b->total() - a->total());
+  }
+  auto fitsMem = [&](int st, int64_t n) {
     return mem1[st] + double(n - 1) * slope[st] <= pl.capacity[st];
   };
-  return minMaxContiguousSplit(c.spec.numLayers, pp, stageTime, fits,
+  return minMaxContiguousSplit(c.spec.numLayers, pp, stageTime, fitsMem,
                                c.identicalLayers);
 }
 
@@ -844,14 +915,28 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   cfg.stageLayerCounts.clear();
   if (cfg.pp > 1 && cfg.schedule != PipelineSchedule::Interleaved1F1B) {
     auto counts =
-        splitLayers(c, cfg, pl ? *pl : c.uniformPlacement(cfg.pp), tpLayer);
+        splitLayers(c, cfg, pl ? *pl : c.uniformPlacement(cfg.pp),
+                    pl ? cfg.tp * cp * cfg.dp : 0, tpLayer);
     bool uniform = true;
     for (int st = 0; st < int(counts.size()); ++st)
       uniform = uniform && counts[st] == layersOnStage(c.spec, cfg.pp, st);
     if (!uniform)
       cfg.stageLayerCounts = std::move(counts);
+  } else if (cfg.pp > 1) {
+    // Interleaved: chunks of L / (pp*v) layers, the first L mod (pp*v) one
+    // longer; a stage holds v of them.
+    auto chunks = interleavedChunkLayers(c.spec.numLayers, cfg.pp,
+                                         cfg.virtualStages);
+    std::vector<int64_t> counts(cfg.pp, 0);
+    bool uniform = true;
+    for (size_t j = 0; j < chunks.size(); ++j)
+      counts[j % cfg.pp] += chunks[j];
+    for (int st = 0; st < cfg.pp; ++st)
+      uniform = uniform && counts[st] == layersOnStage(c.spec, cfg.pp, st);
+    if (!uniform)
+      cfg.stageLayerCounts = std::move(counts);
   }
-  auto starts = stageStarts(c.spec, cfg);
+  const StageRanges ranges = stageRanges(c.spec, cfg);
 
   // Memory (upper bound, the worst stage; on a heterogeneous cluster the
   // stage with the least headroom under its own capacity).
@@ -867,7 +952,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   } else {
     bool have = false;
     for (int st = 0; st < cfg.pp; ++st) {
-      auto mem = stageMemory(c, cfg, st, starts[st + 1] - starts[st]);
+      auto mem = stageMemory(c, cfg, st, ranges.layers(st));
       if (!mem) {
         cand.memory.workspace = std::numeric_limits<double>::infinity();
         break;
@@ -887,9 +972,9 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   for (int st = 0; st < cfg.pp; ++st) {
     const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp,
                                    pl ? pl->kind[st] : -1);
-    double f = lt.prefix[starts[st + 1]] - lt.prefix[starts[st]];
-    double att = lt.attPrefix[starts[st + 1]] - lt.attPrefix[starts[st]];
-    double ops = lt.opsPrefix[starts[st + 1]] - lt.opsPrefix[starts[st]];
+    double f = ranges.sum(lt.prefix, st);
+    double att = ranges.sum(lt.attPrefix, st);
+    double ops = ranges.sum(lt.opsPrefix, st);
     if (st == 0) {
       f += lt.pre;
       ops += c.pre.ops;
@@ -904,7 +989,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       worstFwd = f;
       worstAtt = att;
       worstOps = ops;
-      worstLayers = starts[st + 1] - starts[st];
+      worstLayers = ranges.layers(st);
     }
   }
 
@@ -1092,7 +1177,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
         continue;
       auto mem = st == cand.memory.stage
                      ? Expected<MemoryBreakdown>(cand.memory)
-                     : stageMemory(c, cfg, st, starts[st + 1] - starts[st]);
+                     : stageMemory(c, cfg, st, ranges.layers(st));
       if (mem)
         T.optimizer = std::max(
             T.optimizer, optimizerStepTime(c, cfg, *mem, pl ? pl->kind[st] : -1));
@@ -1122,7 +1207,7 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
   const bool sp = cfg.sequenceParallel && cfg.tp > 1;
   const StagePlacement *pl =
       c.hetero ? &c.placement(cfg.tp * cp * cfg.dp, cfg.pp) : nullptr;
-  auto starts = stageStarts(c.spec, cfg);
+  const StageRanges ranges = stageRanges(c.spec, cfg);
   const double v = cfg.schedule == PipelineSchedule::Interleaved1F1B
                        ? cfg.virtualStages
                        : 1;
@@ -1142,13 +1227,13 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
   for (int st = 0; st < cfg.pp; ++st) {
     const int kind = pl ? pl->kind[st] : -1;
     const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp, kind);
-    double f = lt.prefix[starts[st + 1]] - lt.prefix[starts[st]];
-    double att = lt.attPrefix[starts[st + 1]] - lt.attPrefix[starts[st]];
+    double f = ranges.sum(lt.prefix, st);
+    double att = ranges.sum(lt.attPrefix, st);
     if (st == 0)
       f += lt.pre;
     if (st == cfg.pp - 1)
       f += lt.post;
-    double layers = double(starts[st + 1] - starts[st]);
+    double layers = double(ranges.layers(st));
     double t = c.cost.trainingTime(f, cfg.recompute, att);
     // Communication on the critical path of every pass, split as the
     // passes are: a third (or a quarter with full recompute) forward.
@@ -1256,9 +1341,9 @@ std::string explainFix(const FixSpec &f, const TransformerSpec &spec,
     int v = f.v.value_or(2);
     if (f.pp && *f.pp == 1)
       why.push_back("schedule=interleaved needs pp > 1");
-    else if (f.pp && spec.numLayers % (int64_t(*f.pp) * v))
+    else if (f.pp && spec.numLayers < int64_t(*f.pp) * v)
       why.push_back("schedule=interleaved: pp*v = " + str(*f.pp * v) +
-                    " does not divide the " + str(spec.numLayers) +
+                    " model chunks exceed the " + str(spec.numLayers) +
                     " layers");
   }
   return joinReasons(why);
@@ -1432,11 +1517,14 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
         } else {
           scheds.push_back({PipelineSchedule::GPipe, 1});
           scheds.push_back({PipelineSchedule::OneFOneB, 1});
-          for (int v : {2, 4}) {
+          std::vector<int> vs{2, 4};
+          if (fix.v && *fix.v != 2 && *fix.v != 4 && *fix.v > 1)
+            vs.push_back(*fix.v);
+          for (int v : vs) {
             if (fix.v && *fix.v != v)
               continue;
-            if (spec.numLayers % (int64_t(pp) * v) || m % pp) {
-              prune("interleaved: pp*v does not divide layers or mb % pp");
+            if (spec.numLayers < int64_t(pp) * v || m % pp) {
+              prune("interleaved: fewer layers than pp*v chunks, or mb % pp");
               continue;
             }
             scheds.push_back({PipelineSchedule::Interleaved1F1B, v});
@@ -1523,14 +1611,17 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
   res.alternatives = ranking.alternatives<Alternative>(*best);
 
   // Stage assignment.
-  auto starts = stageStarts(spec, res.best.cfg);
+  const StageRanges bestRanges = stageRanges(spec, res.best.cfg);
   std::vector<int64_t> marks;
   for (const OpGroupSummary &g : graph.groups)
     if (g.layer >= 0)
       marks.push_back(g.layer);
-  for (int s = 0; s < res.best.cfg.pp; ++s)
-    res.stageLayers.emplace_back(marks.begin() + starts[s],
-                                 marks.begin() + starts[s + 1]);
+  for (int s = 0; s < res.best.cfg.pp; ++s) {
+    res.stageLayers.emplace_back();
+    for (auto [a, b] : bestRanges.ranges[s])
+      res.stageLayers.back().insert(res.stageLayers.back().end(),
+                                    marks.begin() + a, marks.begin() + b);
+  }
 
   res.spec = spec;
   res.totalParams = graph.totalParams;

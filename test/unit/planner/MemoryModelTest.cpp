@@ -280,9 +280,10 @@ TEST(MemoryErrors, ConstraintsNamed) {
             "pp=128 needs at least 128 layers, got 96");
   c = gpt3Config();
   c.schedule = PipelineSchedule::Interleaved1F1B;
-  c.virtualStages = 4; // 16 * 4 = 64 does not divide 96
+  c.virtualStages = 8; // 16 * 8 = 128 chunks for 96 layers
   EXPECT_EQ(errorOf(transformerStageMemory(s, c, 0)),
-            "interleaved 1F1B: pp=16 x v=4 does not divide the 96 layers");
+            "interleaved 1F1B: pp=16 x v=8 model chunks need at least 128 "
+            "layers, got 96");
   c = gpt3Config();
   EXPECT_EQ(errorOf(transformerStageMemory(s, c, 16)),
             "stage 16 is out of range for pp=16");
@@ -350,9 +351,19 @@ TEST(MemoryErrors, BadStageSplitsNamed) {
   c.stageLayerCounts.assign(16, 5);
   EXPECT_EQ(errorOf(transformerStageMemory(s, c, 0)),
             "the stage split covers 80 layers, expected 96");
-  c.stageLayerCounts.assign(16, 6);
-  c.schedule = PipelineSchedule::Interleaved1F1B;
-  c.virtualStages = 2;
-  EXPECT_EQ(errorOf(transformerStageMemory(s, c, 0)),
-            "interleaved 1F1B needs the uniform stage split");
+}
+
+TEST(MemoryModel, InterleavedChunks) {
+  // 126 layers on 16 stages x 2 chunks: 30 chunks of 4, 2 of 3.
+  auto n = interleavedChunkLayers(126, 16, 2);
+  ASSERT_EQ(n.size(), 32u);
+  EXPECT_EQ(n[0], 4);
+  EXPECT_EQ(n[29], 4);
+  EXPECT_EQ(n[30], 3);
+  EXPECT_EQ(n[31], 3);
+  int64_t sum = 0;
+  for (int64_t x : n)
+    sum += x;
+  EXPECT_EQ(sum, 126);
+  EXPECT_EQ(interleavedChunkLayers(96, 16, 2), std::vector<int64_t>(32, 3));
 }

@@ -603,3 +603,46 @@ TEST(Search, PipelineSplitLightensTheOutputStage) {
   ASSERT_TRUE(r) << r.status().message();
   EXPECT_LT(counts(*r)[1], counts(*r)[0]);
 }
+
+TEST(Search, InterleavedChunksNeedNotDivideTheLayers) {
+  // 26 layers, pp=4, v=2: 8 chunks, the first two of 4 layers, the rest of
+  // 3; stage 0 holds chunks 0 and 4.
+  GraphSummary g = gpt(26, 2048, 16, 2048, 50257);
+  auto c = resolveCluster("dgx-a100:4");
+  ASSERT_TRUE(c);
+  SearchOptions o = opts(256);
+  o.fix = *parseFix("tp=8,pp=4,mbs=1,schedule=interleaved,v=2");
+  auto p = searchPlan(g, *c, CostModel(), o);
+  ASSERT_TRUE(p) << p.status().message();
+
+  ASSERT_EQ(p->stageLayers.size(), 4u);
+  EXPECT_EQ(p->stageLayers[0],
+            (std::vector<int64_t>{0, 1, 2, 3, 14, 15, 16}));
+  EXPECT_EQ(p->stageLayers[1],
+            (std::vector<int64_t>{4, 5, 6, 7, 17, 18, 19}));
+  EXPECT_EQ(p->stageLayers[3],
+            (std::vector<int64_t>{11, 12, 13, 23, 24, 25}));
+  std::set<int64_t> all;
+  for (const auto &s : p->stageLayers)
+    all.insert(s.begin(), s.end());
+  EXPECT_EQ(all.size(), 26u);
+  EXPECT_EQ(p->best.cfg.virtualStages, 2);
+  ASSERT_TRUE(p->simulated) << p->simError;
+  // The report prints each stage's chunks.
+  std::string r = formatTextReport(*p, *c, g);
+  EXPECT_NE(r.find("stage 0: layers 0-3, 14-16 (7) + pre"), std::string::npos)
+      << r;
+  // v=3 can be fixed too (26 layers, 12 chunks).
+  o.fix = *parseFix("tp=8,pp=4,mbs=1,schedule=interleaved,v=3");
+  auto q = searchPlan(g, *c, CostModel(), o);
+  ASSERT_TRUE(q) << q.status().message();
+  EXPECT_EQ(q->best.cfg.virtualStages, 3);
+  // More chunks than layers is refused with the numbers.
+  o.fix = *parseFix("tp=8,pp=4,mbs=1,schedule=interleaved,v=8");
+  auto bad = searchPlan(g, *c, CostModel(), o);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.status().message().find("pp*v = 32 model chunks exceed the 26 "
+                                        "layers"),
+            std::string::npos)
+      << bad.status().message();
+}
