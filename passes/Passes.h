@@ -29,6 +29,11 @@ struct CompilePipelineOptions {
   /// (autodiff/train). The `--fuse-elementwise=false` command-line flag
   /// turns it off too.
   bool fuseElementwise = true;
+  /// After fusion, merge independent groups with the same per-element
+  /// program into multi-tensor groups (dlopt-merge-fused-elementwise): one
+  /// instruction for all optimizer updates. `--merge-fused-elementwise=false`
+  /// turns it off too.
+  bool mergeFusedElementwise = true;
 };
 
 /// Builds the pipeline that `dlopt-compile` runs before export: model

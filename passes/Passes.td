@@ -235,4 +235,40 @@ def FuseElementwisePass : InterfacePass<"dlopt-fuse-elementwise",
                            "::mlir::arith::ArithDialect"];
 }
 
+def MergeFusedElementwisePass : InterfacePass<"dlopt-merge-fused-elementwise",
+                                              "mlir::FunctionOpInterface"> {
+  let summary = "Merges independent fused groups with one program into a "
+                "multi-tensor group";
+  let description = [{
+    Runs after `dlopt-fuse-elementwise`. Groups (`dlopt.fused_elementwise`)
+    whose bodies are the same per-element program (same ops, constants and
+    attributes, same argument element types and rank-0-ness, same result
+    element types, same `dlopt.*` marks) and that do not depend on each other
+    become one multi-tensor group (`segments = N`) placed at the last of
+    them: its inputs and results are the members' inputs and results in
+    order, segment by segment, and it keeps the first member's body. The
+    exporter writes one `fused_elementwise` instruction with a `segments`
+    attribute; backends run all segments in one kernel (one CUDA launch).
+    A group is not merged into a set when a result of the set is used by an
+    op at or before it (a dependence). The typical use: the optimizer update
+    of every parameter of a training step (multi-tensor apply).
+
+    Before:
+    ```mlir
+    %0 = dlopt.fused_elementwise(%a, %lr) : (tensor<8xf32>, tensor<f32>) -> tensor<8xf32> {...}
+    %1 = dlopt.fused_elementwise(%b, %lr) : (tensor<3x5xf32>, tensor<f32>) -> tensor<3x5xf32> {...}
+    ```
+    After:
+    ```mlir
+    %r:2 = dlopt.fused_elementwise(%a, %lr, %b, %lr) attributes {segments = 2 : i64} : (tensor<8xf32>, tensor<f32>, tensor<3x5xf32>, tensor<f32>) -> (tensor<8xf32>, tensor<3x5xf32>) {...}
+    ```
+  }];
+  let statistics = [
+    Statistic<"numMerged", "merged-groups", "Multi-tensor groups created">,
+    Statistic<"numSegments", "segments", "Groups moved into multi-tensor groups">
+  ];
+  let dependentDialects = ["::dlopt::dl::DLOptDialect",
+                           "::mlir::arith::ArithDialect"];
+}
+
 #endif // DLOPT_PASSES_TD

@@ -18,6 +18,14 @@ static llvm::cl::opt<bool> clFuseElementwise(
     llvm::cl::desc("Fuse chains of elementwise ops of a training step into "
                    "fused_elementwise instructions (default true)"),
     llvm::cl::init(true));
+/// `--merge-fused-elementwise=false` keeps one instruction per fused group
+/// (no multi-tensor groups); the same mechanism as `--fuse-elementwise`.
+static llvm::cl::opt<bool> clMergeFusedElementwise(
+    "merge-fused-elementwise",
+    llvm::cl::desc("Merge independent fused groups that run the same "
+                   "per-element program (e.g. every parameter's optimizer "
+                   "update) into one multi-tensor instruction (default true)"),
+    llvm::cl::init(true));
 
 void dlopt::buildCompilePipeline(OpPassManager &pm,
                                  const CompilePipelineOptions &options) {
@@ -54,8 +62,11 @@ void dlopt::buildCompilePipeline(OpPassManager &pm,
   // Training steps only for now (forward-only compiles keep one instruction
   // per op; see docs/dlopt-compile.md).
   if (options.fuseElementwise && clFuseElementwise &&
-      (options.autodiff || options.train))
+      (options.autodiff || options.train)) {
     pm.addNestedPass<func::FuncOp>(createFuseElementwisePass());
+    if (options.mergeFusedElementwise && clMergeFusedElementwise)
+      pm.addNestedPass<func::FuncOp>(createMergeFusedElementwisePass());
+  }
 }
 
 namespace {
@@ -82,6 +93,11 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
       *this, "fuse-elementwise",
       llvm::cl::desc("Fuse elementwise chains of training steps"),
       llvm::cl::init(true)};
+  Option<bool> mergeFusedElementwise{
+      *this, "merge-fused-elementwise",
+      llvm::cl::desc("Merge fused groups with one program into multi-tensor "
+                     "groups"),
+      llvm::cl::init(true)};
 };
 } // namespace
 
@@ -100,6 +116,7 @@ void dlopt::registerAllPasses() {
         o.recompute = opts.recompute;
         o.precision = opts.precision;
         o.fuseElementwise = opts.fuseElementwise;
+        o.mergeFusedElementwise = opts.mergeFusedElementwise;
         buildCompilePipeline(pm, o);
       });
 }

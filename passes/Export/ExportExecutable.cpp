@@ -246,6 +246,7 @@ static void normalizeAttrs(Operation *op, Attrs &a) {
 static LogicalResult encodeFused(dl::FusedElementwiseOp op, rt::Instr &instr) {
   Block &body = op.getBody().front();
   rt::fused::Program p;
+  p.numSegments = static_cast<int32_t>(op.getNumSegments());
   p.numInputs = static_cast<int32_t>(body.getNumArguments());
   llvm::DenseMap<Value, int32_t> reg;
   for (BlockArgument a : body.getArguments())

@@ -506,19 +506,11 @@ void runStep(const fused::Step &st, float *d, const float *a, const float *b,
   }
 }
 
-Status fusedKernel(const Instr &instr, Ins ins, Outs outs) {
-  std::vector<TensorType> ot, rt;
-  for (const TensorRef &t : ins)
-    ot.push_back(t.type);
-  for (const TensorRef &t : outs)
-    rt.push_back(t.type);
-  auto decoded = fused::decode(instr, ot, rt);
-  if (!decoded)
-    return opError(instr, decoded.status().message());
-  const fused::Program &p = *decoded;
+/// Runs a checked program over one segment's operands and results.
+void fusedSegment(const fused::Program &p, Ins ins, Outs outs) {
   int64_t n = outs[0].numElements();
   if (n == 0)
-    return Status::ok();
+    return;
   const int64_t numIn = p.numInputs, numConst = int64_t(p.consts.size());
   const int64_t numRegs = p.numRegisters();
   int64_t numBlocks = (n + kFusedBlock - 1) / kFusedBlock;
@@ -559,6 +551,23 @@ Status fusedKernel(const Instr &instr, Ins ins, Outs outs) {
         });
     }
   });
+}
+
+Status fusedKernel(const Instr &instr, Ins ins, Outs outs) {
+  std::vector<TensorType> ot, rt;
+  for (const TensorRef &t : ins)
+    ot.push_back(t.type);
+  for (const TensorRef &t : outs)
+    rt.push_back(t.type);
+  auto decoded = fused::decode(instr, ot, rt);
+  if (!decoded)
+    return opError(instr, decoded.status().message());
+  const fused::Program &p = *decoded;
+  // Multi-tensor form: the segments one after the other (each in parallel).
+  const size_t numIn = size_t(p.numInputs), numOut = p.outputs.size();
+  for (size_t s = 0; s < size_t(p.numSegments); ++s)
+    fusedSegment(p, ins.subspan(s * numIn, numIn),
+                 outs.subspan(s * numOut, numOut));
   return Status::ok();
 }
 

@@ -157,6 +157,42 @@ struct FusedArgs {
 /// so results may alias same-typed inputs.
 int fusedElementwise(Stream s, const FusedArgs &args, int64_t n);
 
+/// Multi-tensor form (a fused_elementwise with `segments` > 1): one launch
+/// runs the program over up to kFusedMaxLaunchSegments segments. Block b
+/// maps to (segment, chunk): segment s owns blocks [blockStart[s],
+/// blockStart[s+1]) and each block covers kFusedChunk consecutive elements
+/// of it (kFusedVec per thread). The segment table travels in the kernel
+/// parameters (static_assert'ed under the 4 KiB limit): one row of
+/// `rowWidth` pointers per segment, the per-segment inputs first (input k at
+/// column inSlot[k]) then the outputs; an input that is the same buffer in
+/// every segment (a shared scalar such as the learning rate) has
+/// inSlot[k] = -1 and sits once in shared[k]. The backend splits an
+/// instruction with more segments or pointers than fit into several
+/// launches.
+inline constexpr int kFusedMaxLaunchSegments = 64;
+inline constexpr int kFusedMaxLaunchPointers = 304;
+inline constexpr int64_t kFusedChunk = 256 * 4; ///< kThreads * kFusedVec
+struct FusedMultiArgs {
+  float consts[kFusedMaxConsts] = {};
+  FusedStep steps[kFusedMaxSteps] = {};
+  uint8_t inType[kFusedMaxInputs] = {};
+  uint8_t inScalar[kFusedMaxInputs] = {};
+  int8_t inSlot[kFusedMaxInputs] = {};
+  uint8_t outType[kFusedMaxOutputs] = {};
+  uint8_t outReg[kFusedMaxOutputs] = {};
+  int32_t numInputs = 0, numConsts = 0, numSteps = 0, numOutputs = 0;
+  int32_t rowWidth = 0, numSegments = 0;
+  const void *shared[kFusedMaxInputs] = {};
+  int64_t n[kFusedMaxLaunchSegments] = {};
+  int32_t blockStart[kFusedMaxLaunchSegments + 1] = {};
+  uint8_t vec[kFusedMaxLaunchSegments] = {}; ///< 1 = vector loads/stores
+  void *ptr[kFusedMaxLaunchPointers] = {};
+};
+static_assert(sizeof(FusedMultiArgs) <= 4096,
+              "FusedMultiArgs must fit in the 4 KiB of kernel parameters");
+/// One launch of blockStart[numSegments] blocks (nothing when zero).
+int fusedElementwiseMulti(Stream s, const FusedMultiArgs &args);
+
 //===--- Gather, scatter, reductions, normalization, losses ----------------===//
 
 /// out[i, :] = table[ids[i], :] (rowBytes bytes per row), V rows.

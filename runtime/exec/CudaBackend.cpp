@@ -1500,6 +1500,94 @@ Status fusedArgs(const Instr &instr, const fused::Program &p, Ins ins,
   return Status::ok();
 }
 
+/// The multi-tensor form: segments batched into as few launches as the
+/// parameter-space segment table allows (one for every optimizer update of a
+/// small model); see kernels::FusedMultiArgs.
+Status fusedMultiHandler(Launch &L, const fused::Program &p, Ins ins,
+                         Outs outs) {
+  const size_t numIn = size_t(p.numInputs), numOut = p.outputs.size();
+  const size_t segs = size_t(p.numSegments);
+  // The program part, converted once (from segment 0's operands).
+  kernels::FusedArgs one;
+  DLOPT_RETURN_IF_ERROR(fusedArgs(L.instr, p, ins.subspan(0, numIn),
+                                  outs.subspan(0, numOut), one));
+  kernels::FusedMultiArgs m;
+  std::copy(std::begin(one.consts), std::end(one.consts), m.consts);
+  std::copy(std::begin(one.steps), std::end(one.steps), m.steps);
+  std::copy(std::begin(one.inType), std::end(one.inType), m.inType);
+  std::copy(std::begin(one.inScalar), std::end(one.inScalar), m.inScalar);
+  std::copy(std::begin(one.outType), std::end(one.outType), m.outType);
+  std::copy(std::begin(one.outReg), std::end(one.outReg), m.outReg);
+  m.numInputs = one.numInputs;
+  m.numConsts = one.numConsts;
+  m.numSteps = one.numSteps;
+  m.numOutputs = one.numOutputs;
+  // Inputs that are one buffer in every segment go once into `shared`.
+  int32_t width = 0;
+  for (size_t k = 0; k < numIn; ++k) {
+    bool same = true;
+    for (size_t s = 1; s < segs && same; ++s)
+      same = ins[s * numIn + k].data == ins[k].data;
+    if (same) {
+      m.inSlot[k] = -1;
+      m.shared[k] = ins[k].data;
+    } else {
+      m.inSlot[k] = int8_t(width++);
+    }
+  }
+  m.rowWidth = width + int32_t(numOut);
+  const size_t perLaunch =
+      std::min<size_t>(kernels::kFusedMaxLaunchSegments,
+                       kernels::kFusedMaxLaunchPointers / size_t(m.rowWidth));
+  auto aligned = [](const void *ptr, DType t) {
+    uintptr_t need = t == DType::F32 ? 16 : 8;
+    return reinterpret_cast<uintptr_t>(ptr) % need == 0;
+  };
+  constexpr int64_t kMaxBlocks = 0x7FFFFFFF;
+  auto flush = [&]() -> Status {
+    DLOPT_LAUNCH(L, kernels::fusedElementwiseMulti(L.stream, m));
+    m.numSegments = 0;
+    m.blockStart[0] = 0;
+    return Status::ok();
+  };
+  m.numSegments = 0;
+  m.blockStart[0] = 0;
+  for (size_t s = 0; s < segs; ++s) {
+    int64_t n = outs[s * numOut].numElements();
+    int64_t blocks = (n + kernels::kFusedChunk - 1) / kernels::kFusedChunk;
+    if (blocks > kMaxBlocks)
+      return opError(L.instr, "segment " + std::to_string(s) + " has " +
+                                  std::to_string(n) +
+                                  " elements, too many for one launch");
+    if (size_t(m.numSegments) == perLaunch ||
+        int64_t(m.blockStart[m.numSegments]) + blocks > kMaxBlocks)
+      DLOPT_RETURN_IF_ERROR(flush());
+    const int32_t j = m.numSegments;
+    void **row = m.ptr + int64_t(j) * m.rowWidth;
+    bool vec = true;
+    for (size_t k = 0; k < numIn; ++k) {
+      const TensorRef &t = ins[s * numIn + k];
+      if (!t.type.shape.empty() && !aligned(t.data, t.type.dtype))
+        vec = false;
+      if (m.inSlot[k] >= 0)
+        row[m.inSlot[k]] = t.data;
+    }
+    for (size_t o = 0; o < numOut; ++o) {
+      const TensorRef &t = outs[s * numOut + o];
+      if (!aligned(t.data, t.type.dtype))
+        vec = false;
+      row[width + int32_t(o)] = t.data;
+    }
+    m.n[j] = n;
+    m.vec[j] = vec ? 1 : 0;
+    m.blockStart[j + 1] = m.blockStart[j] + int32_t(blocks);
+    m.numSegments = j + 1;
+  }
+  if (m.numSegments > 0)
+    DLOPT_RETURN_IF_ERROR(flush());
+  return Status::ok();
+}
+
 Status fusedHandler(Launch &L, Ins ins, Outs outs) {
   std::vector<TensorType> ot, rt;
   for (const TensorRef &t : ins)
@@ -1509,6 +1597,8 @@ Status fusedHandler(Launch &L, Ins ins, Outs outs) {
   auto program = fused::decode(L.instr, ot, rt);
   if (!program)
     return opError(L.instr, program.status().message());
+  if (program->numSegments > 1)
+    return fusedMultiHandler(L, *program, ins, outs);
   kernels::FusedArgs a;
   DLOPT_RETURN_IF_ERROR(fusedArgs(L.instr, *program, ins, outs, a));
   DLOPT_LAUNCH(L, kernels::fusedElementwise(L.stream, a, outs[0].numElements()));

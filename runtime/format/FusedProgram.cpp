@@ -67,6 +67,10 @@ void encode(const Program &p, Instr &instr) {
     instr.attrs.erase("consts");
   instr.attrs["outputs"] =
       std::vector<int64_t>(p.outputs.begin(), p.outputs.end());
+  if (p.numSegments > 1)
+    instr.attrs["segments"] = int64_t(p.numSegments);
+  else
+    instr.attrs.erase("segments");
 }
 
 Expected<Program> decode(const Instr &instr,
@@ -76,31 +80,69 @@ Expected<Program> decode(const Instr &instr,
   Program p;
   if (resultTypes.empty())
     return err("fused program has no results");
-  if (operandTypes.size() > size_t(kMaxInputs))
-    return err("fused program has " + str(operandTypes.size()) +
+  int64_t segs = 1;
+  if (instr.hasAttr("segments")) {
+    auto v = instr.getInt("segments");
+    if (!v)
+      return err(v.status().message());
+    segs = *v;
+    if (segs < 1 || segs > kMaxSegments)
+      return err("attribute 'segments' is " + str(segs) + ", expected 1 to " +
+                 str(kMaxSegments));
+    if (operandTypes.size() % size_t(segs) != 0 ||
+        resultTypes.size() % size_t(segs) != 0)
+      return err("the " + str(operandTypes.size()) + " operands and " +
+                 str(resultTypes.size()) + " results do not split evenly into " +
+                 str(segs) + " segments");
+  }
+  p.numSegments = int32_t(segs);
+  const size_t numIn = operandTypes.size() / size_t(segs);
+  const size_t numOut = resultTypes.size() / size_t(segs);
+  if (numOut == 0)
+    return err("fused program has no results");
+  if (numIn > size_t(kMaxInputs))
+    return err("fused program has " + str(numIn) +
                " inputs, at most " + str(kMaxInputs) + " are supported");
-  if (resultTypes.size() > size_t(kMaxOutputs))
-    return err("fused program has " + str(resultTypes.size()) +
+  if (numOut > size_t(kMaxOutputs))
+    return err("fused program has " + str(numOut) +
                " results, at most " + str(kMaxOutputs) + " are supported");
-  const std::vector<int64_t> &shape = resultTypes[0].shape;
-  for (size_t i = 0; i < resultTypes.size(); ++i) {
-    if (!isFloat(resultTypes[i].dtype))
-      return err("result #" + str(i) + " is " + resultTypes[i].str() +
-                 ", expected a float type (f32, f16 or bf16)");
-    if (resultTypes[i].shape != shape)
-      return err("result #" + str(i) + " is " + resultTypes[i].str() +
-                 ", expected the fused shape of result #0 (" +
-                 resultTypes[0].str() + ")");
+  for (size_t s = 0; s < size_t(segs); ++s) {
+    const std::string seg =
+        segs > 1 ? "segment " + str(s) + ": " : std::string();
+    size_t r0 = s * numOut, o0 = s * numIn;
+    const std::vector<int64_t> &shape = resultTypes[r0].shape;
+    for (size_t i = r0; i < r0 + numOut; ++i) {
+      if (!isFloat(resultTypes[i].dtype))
+        return err(seg + "result #" + str(i) + " is " + resultTypes[i].str() +
+                   ", expected a float type (f32, f16 or bf16)");
+      if (resultTypes[i].shape != shape)
+        return err(seg + "result #" + str(i) + " is " + resultTypes[i].str() +
+                   ", expected the fused shape of result #" + str(r0) + " (" +
+                   resultTypes[r0].str() + ")");
+      if (resultTypes[i].dtype != resultTypes[i - r0].dtype)
+        return err(seg + "result #" + str(i) + " is " + resultTypes[i].str() +
+                   ", expected the element type of result #" + str(i - r0) +
+                   " (" + resultTypes[i - r0].str() + ")");
+    }
+    for (size_t i = o0; i < o0 + numIn; ++i) {
+      if (!isFloat(operandTypes[i].dtype))
+        return err(seg + "operand #" + str(i) + " is " +
+                   operandTypes[i].str() +
+                   ", expected a float type (f32, f16 or bf16)");
+      if (!operandTypes[i].shape.empty() && operandTypes[i].shape != shape)
+        return err(seg + "operand #" + str(i) + " is " +
+                   operandTypes[i].str() +
+                   ", expected the fused shape of the results or rank 0");
+      const TensorType &first = operandTypes[i - o0];
+      if (operandTypes[i].dtype != first.dtype ||
+          operandTypes[i].shape.empty() != first.shape.empty())
+        return err(seg + "operand #" + str(i) + " is " +
+                   operandTypes[i].str() +
+                   ", expected the element type and rank-0-ness of operand #" +
+                   str(i - o0) + " (" + first.str() + ")");
+    }
   }
-  for (size_t i = 0; i < operandTypes.size(); ++i) {
-    if (!isFloat(operandTypes[i].dtype))
-      return err("operand #" + str(i) + " is " + operandTypes[i].str() +
-                 ", expected a float type (f32, f16 or bf16)");
-    if (!operandTypes[i].shape.empty() && operandTypes[i].shape != shape)
-      return err("operand #" + str(i) + " is " + operandTypes[i].str() +
-                 ", expected the fused shape of the results or rank 0");
-  }
-  p.numInputs = int32_t(operandTypes.size());
+  p.numInputs = int32_t(numIn);
 
   if (instr.hasAttr("consts")) {
     const AttrValue &v = instr.attrs.at("consts");
@@ -159,10 +201,10 @@ Expected<Program> decode(const Instr &instr,
   auto outs = instr.getInts("outputs");
   if (!outs)
     return err(outs.status().message());
-  if (outs->size() != resultTypes.size())
+  if (outs->size() != numOut)
     return err("attribute 'outputs' names " + str(outs->size()) +
-               " registers, expected one per result (" +
-               str(resultTypes.size()) + ")");
+               " registers, expected one per result (" + str(numOut) +
+               (segs > 1 ? " per segment" : "") + ")");
   int32_t numRegs = p.numRegisters();
   for (size_t i = 0; i < outs->size(); ++i) {
     int64_t r = (*outs)[i];
@@ -200,6 +242,8 @@ std::string describe(const Program &p) {
   os << " -> ";
   for (size_t i = 0; i < p.outputs.size(); ++i)
     os << (i ? ", " : "") << reg(p.outputs[i]);
+  if (p.numSegments > 1)
+    os << "  (x" << p.numSegments << " segments)";
   return os.str();
 }
 

@@ -17,6 +17,14 @@
 // (rank-0 inputs are broadcast), and only the results are rounded to their
 // element type when stored. Every operand and result is a float tensor.
 //
+// Multi-tensor form: an optional int attribute `segments` = N (absent = 1)
+// runs the one program over N independent tensor segments in one
+// instruction. Operands and results are segment-major: segment s owns
+// operands [s*K, (s+1)*K) and results [s*R, (s+1)*R) with K = #operands / N
+// (the program's inputs) and R = #results / N (its outputs). Each segment
+// has its own fused shape; operand k (result j) has the same element type
+// and rank-0-ness (element type) in every segment.
+//
 // The compiler (dlopt-fuse-elementwise and the exporter), the validator
 // (Executable::validate), the dump and both backends share this header.
 //
@@ -41,6 +49,9 @@ inline constexpr int kMaxOutputs = 8;
 inline constexpr int kMaxConsts = 32;
 inline constexpr int kMaxSteps = 64;
 inline constexpr int kMaxRegisters = kMaxInputs + kMaxConsts + kMaxSteps;
+/// Most segments of one multi-tensor instruction (backends may split a
+/// launch; this bounds what a reader accepts).
+inline constexpr int64_t kMaxSegments = 65536;
 
 /// Opcodes as stored in `code`. The numbers are part of the format.
 enum class OpCode : int32_t {
@@ -69,7 +80,8 @@ struct Step {
 };
 
 struct Program {
-  int32_t numInputs = 0;
+  int32_t numSegments = 1; ///< tensor segments (multi-tensor form if > 1)
+  int32_t numInputs = 0;   ///< per segment
   std::vector<double> consts;
   std::vector<Step> steps;
   std::vector<int32_t> outputs;
@@ -78,18 +90,21 @@ struct Program {
     return numInputs + int32_t(consts.size()) + int32_t(steps.size());
   }
   bool operator==(const Program &o) const {
-    return numInputs == o.numInputs && consts == o.consts &&
+    return numSegments == o.numSegments && numInputs == o.numInputs &&
+           consts == o.consts &&
            steps == o.steps && outputs == o.outputs;
   }
 };
 
-/// Writes the program's attributes (code, consts, outputs) into `instr`.
+/// Writes the program's attributes (code, consts, outputs, and segments
+/// when more than one) into `instr`.
 void encode(const Program &p, Instr &instr);
 
 /// Reads and checks the program of `instr` against its operand and result
 /// types: attributes present and well-typed, known opcodes, registers in
 /// range and defined before use, limits, float operand/result types, every
-/// result of one shape and every operand of that shape or rank 0. The error
+/// result of one shape and every operand of that shape or rank 0 (per
+/// segment, with the same types in every segment). The error
 /// message does not name the instruction; callers prefix it.
 Expected<Program> decode(const Instr &instr,
                          const std::vector<TensorType> &operandTypes,

@@ -203,6 +203,27 @@ findInPlaceUpdates(const Executable &exe, const Program &program) {
           sameTyped = false;
       if (!sameTyped)
         continue;
+      // A multi-tensor group runs its segments concurrently (one CUDA
+      // launch): a result may only take the bytes of an operand of its own
+      // segment.
+      int64_t segs = in.getInt("segments", 1);
+      if (segs > 1) {
+        if (in.operands.size() % size_t(segs) != 0 ||
+            in.results.size() % size_t(segs) != 0)
+          continue;
+        size_t numIn = in.operands.size() / size_t(segs);
+        size_t numOut = in.results.size() / size_t(segs);
+        size_t seg = size_t(-1);
+        for (size_t j = 0; j < in.results.size(); ++j)
+          if (in.results[j] == t)
+            seg = j / numOut;
+        bool ownSegment = seg != size_t(-1);
+        for (size_t j = 0; j < in.operands.size(); ++j)
+          if (in.operands[j] == a && j / numIn != seg)
+            ownSegment = false;
+        if (!ownSegment)
+          continue;
+      }
     }
     taken[t] = taken[a] = true;
     pairs.emplace_back(t, a);

@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Elementwise fusion (dlopt-fuse-elementwise) changes the plan, not the math.
 
-Each case compiles one training step twice, with fusion (the default) and
-with `dlopt-compile --fuse-elementwise=false`, runs both for N steps from the
+Each case compiles one training step three times, with fusion and the
+multi-tensor merge (the default), with `--merge-fused-elementwise=false`
+(one instruction per fused group) and with `dlopt-compile
+--fuse-elementwise=false`, runs each for N steps from the
 same seed on the CPU backend, and compares the per-step losses/lr/grad_norm
 (metrics JSONL) and every tensor of the final checkpoints (params and
-optimizer state). It also checks that the fused plan has fewer instructions
-and prints both counts and the wall time of the N steps.
+optimizer state). The merged and unmerged plans must agree bitwise in every
+case. It also checks that fusion and the merge each reduce the instruction
+count and prints the counts and the wall time of the N steps.
 
   gpt_tiny.adamw.f32  dlopt-gen gpt --preset gpt-tiny, AdamW with warmup +
                       cosine and clipping. f32 throughout: the fused kernel
@@ -38,18 +41,22 @@ from harness import Ctx, Failure  # noqa: E402
 from dlopt_train_np import read_jsonl, read_safetensors  # noqa: E402
 
 
+PLANS = {"fused": [], "nomerge": ["--merge-fused-elementwise=false"], "unfused": ["--fuse-elementwise=false"]}
+
+
 def compile_both(ctx, model, flags):
+    """Compiles with fusion and the multi-tensor merge (the default), with
+    fusion but no merge, and without fusion; returns the instruction counts
+    (keyed True = fused+merged, False = unfused, "nomerge") and the number of
+    fused instructions of the default plan."""
     counts = {}
-    for fuse in (True, False):
-        plan = ctx.path("fused.plan" if fuse else "unfused.plan")
-        args = ["--train"] + flags + [model, "-o", plan]
-        if not fuse:
-            args.append("--fuse-elementwise=false")
+    for tag, extra in PLANS.items():
+        args = ["--train"] + flags + [model, "-o", ctx.path(tag + ".plan")] + extra
         r = ctx.tool("compile", args)
         m = re.search(r"(\d+) instructions", r.stdout + r.stderr)
         if not m:
             raise Failure("no instruction count in dlopt-compile's summary: %r" % (r.stdout + r.stderr)[-300:])
-        counts[fuse] = int(m.group(1))
+        counts[{"fused": True, "unfused": False}.get(tag, tag)] = int(m.group(1))
     dump = ctx.tool("run", [ctx.path("fused.plan"), "--dump"]).stdout
     groups = dump.count("= fused_elementwise(")
     if groups == 0 or counts[True] >= counts[False]:
@@ -57,12 +64,18 @@ def compile_both(ctx, model, flags):
             groups, counts[True], counts[False]))
     if "= fused_elementwise(" in ctx.tool("run", [ctx.path("unfused.plan"), "--dump"]).stdout:
         raise Failure("--fuse-elementwise=false still fused")
+    nomerge = ctx.tool("run", [ctx.path("nomerge.plan"), "--dump"]).stdout
+    if "segments" in nomerge:
+        raise Failure("--merge-fused-elementwise=false still merged")
+    if "segments=" not in dump or counts[True] >= counts["nomerge"]:
+        raise Failure("the multi-tensor merge did not reduce the plan: %d vs %d instructions" % (
+            counts[True], counts["nomerge"]))
     return counts, groups
 
 
 def run_both(ctx, steps, data_args):
     out = {}
-    for tag in ("fused", "unfused"):
+    for tag in PLANS:
         t0 = time.time()
         ctx.tool("run", [ctx.path(tag + ".plan"), "--steps", str(steps), "--checkpoint-dir", ctx.path(tag),
                          "--metrics", ctx.path(tag + ".jsonl"), "--seed", str(ctx.seed % 100000),
@@ -73,9 +86,9 @@ def run_both(ctx, steps, data_args):
     return out
 
 
-def compare(out, steps, exact, loss_rtol=0.0, atol=0.0, rtol=0.0):
-    mf, tf, _ = out["fused"]
-    mu, tu, _ = out["unfused"]
+def compare(out, steps, exact, loss_rtol=0.0, atol=0.0, rtol=0.0, a="fused", b="unfused"):
+    mf, tf, _ = out[a]
+    mu, tu, _ = out[b]
     if len(mf) != steps or len(mu) != steps:
         raise Failure("metrics: %d and %d steps, expected %d" % (len(mf), len(mu), steps))
     worst_loss = 0.0
@@ -109,10 +122,18 @@ def compare(out, steps, exact, loss_rtol=0.0, atol=0.0, rtol=0.0):
     return worst_loss, worst, len(tu)
 
 
+def merge_is_exact(out, steps):
+    """The multi-tensor merge changes the plan only: bitwise the same as one
+    fused instruction per group, in every precision."""
+    compare(out, steps, exact=True, a="fused", b="nomerge")
+
+
 def summary(counts, groups, out, steps):
-    cf, cu = counts[True], counts[False]
-    return "%d -> %d instructions (-%.0f%%, %d fused groups); %d CPU steps %.2f s fused, %.2f s unfused" % (
-        cu, cf, 100.0 * (cu - cf) / cu, groups, steps, out["fused"][2], out["unfused"][2])
+    cf, cu, cn = counts[True], counts[False], counts["nomerge"]
+    return ("%d -> %d instructions fused -> %d merged (-%.0f%%, %d fused instructions); "
+            "%d CPU steps %.2f s fused+merged, %.2f s fused, %.2f s unfused") % (
+        cu, cn, cf, 100.0 * (cu - cf) / cu, groups, steps, out["fused"][2], out["nomerge"][2],
+        out["unfused"][2])
 
 
 def gpt_tiny_adamw(ctx):
@@ -125,6 +146,7 @@ def gpt_tiny_adamw(ctx):
         "--total-steps", "10", "--clip-norm", "1.0"])
     out = run_both(ctx, steps, ["--data", ctx.path("train.npy")])
     _, _, n = compare(out, steps, exact=True)
+    merge_is_exact(out, steps)
     return "bitwise identical losses and %d checkpoint tensors; %s" % (n, summary(counts, groups, out, steps))
 
 
@@ -139,6 +161,7 @@ def mlp_case(ctx, flags, exact):
     counts, groups = compile_both(ctx, model, flags)
     out = run_both(ctx, steps, [])
     worst_loss, worst, n = compare(out, steps, exact, loss_rtol=2e-2, atol=2e-3, rtol=1e-2)
+    merge_is_exact(out, steps)
     if exact:
         return "bitwise identical losses and %d checkpoint tensors; %s" % (n, summary(counts, groups, out, steps))
     return "%d checkpoint tensors within bounds (max |diff| %.2g, max relative loss diff %.2g); %s" % (

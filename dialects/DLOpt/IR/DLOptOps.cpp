@@ -1049,27 +1049,52 @@ bool FusedElementwiseOp::isFusible(Operation *op) {
 LogicalResult FusedElementwiseOp::verify() {
   if (getNumResults() == 0)
     return emitOpError("expects at least one result");
-  ArrayRef<int64_t> shape = getFusedShape();
-  for (auto [i, t] : llvm::enumerate(getResultTypes()))
-    if (cast<RankedTensorType>(t).getShape() != shape)
-      return emitOpError("expects every result to have the fused shape of "
-                         "result #0 (")
-             << getResult(0).getType() << "), got " << t
-             << " for result #" << i;
-  for (auto [i, t] : llvm::enumerate(getInputs().getTypes())) {
-    auto rt = cast<RankedTensorType>(t);
-    if (rt.getRank() != 0 && rt.getShape() != shape)
-      return emitOpError("expects input #")
-             << i << " to have the fused shape or rank 0, got " << t;
+  int64_t n = getNumSegments();
+  if (getInputs().size() % n != 0 || getNumResults() % n != 0)
+    return emitOpError("expects the inputs (")
+           << getInputs().size() << ") and results (" << getNumResults()
+           << ") to split evenly into " << n << " segments";
+  int64_t k = getInputs().size() / n, numR = getNumResults() / n;
+  for (int64_t s = 0; s < n; ++s) {
+    int64_t first = s * numR;
+    ArrayRef<int64_t> shape =
+        cast<RankedTensorType>(getResult(first).getType()).getShape();
+    for (int64_t j = 0; j < numR; ++j) {
+      auto t = cast<RankedTensorType>(getResult(first + j).getType());
+      if (t.getShape() != shape)
+        return emitOpError("expects every result to have the fused shape of "
+                           "result #")
+               << first << " (" << getResult(first).getType() << "), got "
+               << t << " for result #" << first + j;
+      Type t0 = cast<RankedTensorType>(getResult(j).getType()).getElementType();
+      if (t.getElementType() != t0)
+        return emitOpError("expects result #")
+               << first + j << " to have the element type of result #" << j
+               << " (" << t0 << "), got " << t;
+    }
+    for (int64_t i = 0; i < k; ++i) {
+      auto rt = cast<RankedTensorType>(getInputs()[s * k + i].getType());
+      if (rt.getRank() != 0 && rt.getShape() != shape)
+        return emitOpError("expects input #")
+               << s * k + i << " to have the fused shape or rank 0, got "
+               << rt;
+      auto r0 = cast<RankedTensorType>(getInputs()[i].getType());
+      if (rt.getElementType() != r0.getElementType() ||
+          (rt.getRank() == 0) != (r0.getRank() == 0))
+        return emitOpError("expects input #")
+               << s * k + i << " to have the element type and rank-0-ness "
+               << "of input #" << i << " (" << r0 << "), got " << rt;
+    }
   }
   return success();
 }
 
 LogicalResult FusedElementwiseOp::verifyRegions() {
   Block &body = getBody().front();
-  if (body.getNumArguments() != getInputs().size())
+  size_t numArgs = getInputs().size() / getNumSegments();
+  if (body.getNumArguments() != numArgs)
     return emitOpError("expects the body to have one argument per input (")
-           << getInputs().size() << "), got " << body.getNumArguments();
+           << numArgs << "), got " << body.getNumArguments();
   for (auto [i, arg] : llvm::enumerate(body.getArguments()))
     if (arg.getType() != getInputs()[i].getType())
       return emitOpError("expects body argument #")
@@ -1113,10 +1138,10 @@ LogicalResult FusedElementwiseOp::verifyRegions() {
   auto yield = dyn_cast<YieldOp>(body.getTerminator());
   if (!yield)
     return emitOpError("expects the body to end in dlopt.yield");
-  if (yield.getValues().getTypes() != getResultTypes())
+  TypeRange segTypes = getSegmentResults(0).getTypes();
+  if (yield.getValues().getTypes() != segTypes)
     return yield.emitOpError("expects the types of the group's results (")
-           << getResultTypes() << "), got (" << yield.getValues().getTypes()
-           << ")";
+           << segTypes << "), got (" << yield.getValues().getTypes() << ")";
   return success();
 }
 

@@ -797,6 +797,25 @@ def DLOpt_FusedElementwiseOp : DLOpt_Op<"fused_elementwise",
     to their element type (an explicit `dlopt.cast` inside still rounds); see
     docs/ops.md ("Fused elementwise groups").
 
+    Multi-tensor form (`segments = N`, N > 1, made by
+    `dlopt-merge-fused-elementwise`): the op runs the one body over N
+    independent tensor *segments*. Inputs and results are segment-major:
+    segment s owns inputs [s*K, (s+1)*K) and results [s*R, (s+1)*R), with
+    K = #inputs / N body arguments and R = #results / N yielded values. Each
+    segment has its own fused shape (the shape of its first result); input k
+    of every segment has the element type of body argument k and is rank 0
+    exactly when that argument is, and result j of every segment has the
+    element type of yielded value j. The body is written over segment 0's
+    shape. Absent `segments` means one segment.
+
+    ```mlir
+    %r:2 = dlopt.fused_elementwise(%a, %s, %b, %s) attributes {segments = 2 : i64} : (tensor<8xf32>, tensor<f32>, tensor<3x5xf32>, tensor<f32>) -> (tensor<8xf32>, tensor<3x5xf32>) {
+    ^bb0(%x: tensor<8xf32>, %k: tensor<f32>):
+      %0 = dlopt.mul %x, %k : tensor<8xf32>, tensor<f32> -> tensor<8xf32>
+      dlopt.yield %0 : tensor<8xf32>
+    }
+    ```
+
     ```mlir
     %r:2 = dlopt.fused_elementwise(%m, %g, %lr) : (tensor<4x8xf32>, tensor<4x8xf32>, tensor<f32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
     ^bb0(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>, %s: tensor<f32>):
@@ -808,7 +827,8 @@ def DLOpt_FusedElementwiseOp : DLOpt_Op<"fused_elementwise",
     }
     ```
   }];
-  let arguments = (ins Variadic<DLOpt_FloatTensor>:$inputs);
+  let arguments = (ins Variadic<DLOpt_FloatTensor>:$inputs,
+                       OptionalAttr<ConfinedAttr<I64Attr, [IntMinValue<1>]>>:$segments);
   let results = (outs Variadic<DLOpt_FloatTensor>:$results);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = [{
@@ -820,6 +840,19 @@ def DLOpt_FusedElementwiseOp : DLOpt_Op<"fused_elementwise",
     /// The shape every result has (the shape of the first result).
     ::llvm::ArrayRef<int64_t> getFusedShape() {
       return ::llvm::cast<::mlir::RankedTensorType>(getResult(0).getType()).getShape();
+    }
+    /// The number of tensor segments (1 unless multi-tensor).
+    int64_t getNumSegments() {
+      return static_cast<int64_t>(getSegments().value_or(1));
+    }
+    /// Inputs and results of one segment (segment-major order).
+    ::mlir::OperandRange getSegmentInputs(int64_t s) {
+      int64_t k = getInputs().size() / getNumSegments();
+      return getInputs().slice(s * k, k);
+    }
+    ::mlir::ResultRange getSegmentResults(int64_t s) {
+      int64_t r = getNumResults() / getNumSegments();
+      return getResults().slice(s * r, r);
     }
     /// Whether `op` may appear in the body of a fused group (its kind and
     /// element types; shapes are checked against the group).

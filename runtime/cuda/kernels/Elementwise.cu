@@ -379,6 +379,75 @@ __global__ void fusedKernel(const FusedArgs args, int64_t n, bool vec) {
   }
 }
 
+static_assert(kFusedChunk == int64_t(kThreads) * kFusedVec,
+              "CudaKernels.h's kFusedChunk must be kThreads * kFusedVec");
+
+/// Multi-tensor form: block -> (segment, chunk) through the segment table in
+/// the parameters; each thread takes kFusedVec consecutive elements.
+__global__ void fusedMultiKernel(const FusedMultiArgs args) {
+  const int b = int(blockIdx.x);
+  int lo = 0, hi = args.numSegments - 1; // last segment starting at or before b
+  while (lo < hi) {
+    int mid = (lo + hi + 1) / 2;
+    if (args.blockStart[mid] <= b)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const int seg = lo;
+  const int64_t n = args.n[seg];
+  const int64_t i0 =
+      (int64_t(b - args.blockStart[seg]) * kThreads + threadIdx.x) * kFusedVec;
+  if (i0 >= n)
+    return;
+  const int cnt = n - i0 < kFusedVec ? int(n - i0) : kFusedVec;
+  const bool vec = args.vec[seg] != 0;
+  void *const *row = args.ptr + int64_t(seg) * args.rowWidth;
+  float r[kFusedMaxRegisters][kFusedVec];
+  const int numIn = args.numInputs, numConst = args.numConsts;
+  for (int k = 0; k < numIn; ++k) {
+    const void *p = args.inSlot[k] < 0 ? args.shared[k] : row[args.inSlot[k]];
+    if (args.inScalar[k]) {
+      float v[kFusedVec];
+      loadAny(args.inType[k], p, 0, 1, false, v);
+      for (int u = 0; u < kFusedVec; ++u)
+        r[k][u] = v[0];
+    } else {
+      loadAny(args.inType[k], p, i0, cnt, vec, r[k]);
+    }
+  }
+  for (int c = 0; c < numConst; ++c)
+    for (int u = 0; u < kFusedVec; ++u)
+      r[numIn + c][u] = args.consts[c];
+  const int firstStep = numIn + numConst;
+  for (int s = 0; s < args.numSteps; ++s) {
+    const FusedStep st = args.steps[s];
+    float *d = r[firstStep + s];
+    const float *a = r[st.a], *bb = r[st.b];
+    if (st.kind == 0) {
+      for (int u = 0; u < kFusedVec; ++u)
+        d[u] = unaryF(UnaryOp(st.op), a[u]);
+    } else if (st.kind == 1) {
+      for (int u = 0; u < kFusedVec; ++u)
+        d[u] = binaryF(BinaryOp(st.op), a[u], bb[u]);
+    } else {
+      for (int u = 0; u < kFusedVec; ++u)
+        d[u] = roundTo(st.op, a[u]);
+    }
+  }
+  const int firstOut = args.rowWidth - args.numOutputs;
+  for (int o = 0; o < args.numOutputs; ++o) {
+    const float(&src)[kFusedVec] = r[args.outReg[o]];
+    void *y = row[firstOut + o];
+    if (args.outType[o] == uint8_t(DType::F16))
+      storeVec<F16>(y, i0, cnt, vec, src);
+    else if (args.outType[o] == uint8_t(DType::BF16))
+      storeVec<BF16>(y, i0, cnt, vec, src);
+    else
+      storeVec<float>(y, i0, cnt, vec, src);
+  }
+}
+
 } // namespace
 
 //===----------------------------------------------------------------------===//
@@ -513,6 +582,14 @@ int fusedElementwise(Stream s, const FusedArgs &args, int64_t n) {
   int64_t chunks = (n + kFusedVec - 1) / kFusedVec;
   fusedKernel<<<gridFor(chunks), kThreads, 0, static_cast<cudaStream_t>(s)>>>(
       args, n, vec);
+  return lastError();
+}
+
+int fusedElementwiseMulti(Stream s, const FusedMultiArgs &args) {
+  if (args.numSegments <= 0 || args.blockStart[args.numSegments] == 0)
+    return 0;
+  fusedMultiKernel<<<unsigned(args.blockStart[args.numSegments]), kThreads, 0,
+                     static_cast<cudaStream_t>(s)>>>(args);
   return lastError();
 }
 

@@ -25,3 +25,16 @@ func.func @fused(%m: tensor<4x8xf32>, %g: tensor<4x8xbf16>, %p: tensor<f32>) -> 
   }
   return %r#0, %r#1 : tensor<4x8xf32>, tensor<4x8xbf16>
 }
+
+// CHECK-LABEL: func @fused_segments
+// CHECK: %[[R:.+]]:2 = dlopt.fused_elementwise(%{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}) attributes {segments = 2 : i64} : (tensor<8xf32>, tensor<f32>, tensor<3x5xf32>, tensor<f32>) -> (tensor<8xf32>, tensor<3x5xf32>) {
+// CHECK-NEXT: ^bb0(%[[X:.+]]: tensor<8xf32>, %[[K:.+]]: tensor<f32>):
+// CHECK-NEXT: dlopt.mul %[[X]], %[[K]]
+func.func @fused_segments(%a: tensor<8xf32>, %b: tensor<3x5xf32>, %s: tensor<f32>) -> (tensor<8xf32>, tensor<3x5xf32>) {
+  %r:2 = dlopt.fused_elementwise(%a, %s, %b, %s) attributes {segments = 2 : i64} : (tensor<8xf32>, tensor<f32>, tensor<3x5xf32>, tensor<f32>) -> (tensor<8xf32>, tensor<3x5xf32>) {
+  ^bb0(%x: tensor<8xf32>, %k: tensor<f32>):
+    %0 = dlopt.mul %x, %k : tensor<8xf32>, tensor<f32> -> tensor<8xf32>
+    dlopt.yield %0 : tensor<8xf32>
+  }
+  return %r#0, %r#1 : tensor<8xf32>, tensor<3x5xf32>
+}

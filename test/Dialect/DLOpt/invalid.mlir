@@ -555,3 +555,63 @@ func.func @yield_outside(%x: tensor<4xf32>) {
   // expected-error @+1 {{'dlopt.yield' op expects parent op 'dlopt.fused_elementwise'}}
   dlopt.yield %x : tensor<4xf32>
 }
+
+// -----
+
+func.func @fused_segments_uneven(%x: tensor<4xf32>, %y: tensor<4xf32>, %z: tensor<4xf32>) {
+  // expected-error @+1 {{'dlopt.fused_elementwise' op expects the inputs (3) and results (2) to split evenly into 2 segments}}
+  %r:2 = dlopt.fused_elementwise(%x, %y, %z) attributes {segments = 2 : i64} : (tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
+  ^bb0(%a: tensor<4xf32>):
+    %0 = dlopt.neg %a : tensor<4xf32>
+    dlopt.yield %0 : tensor<4xf32>
+  }
+  return
+}
+
+// -----
+
+func.func @fused_segment_shape(%x: tensor<4xf32>, %y: tensor<5xf32>) {
+  // expected-error @+1 {{'dlopt.fused_elementwise' op expects input #1 to have the fused shape or rank 0, got 'tensor<5xf32>'}}
+  %r:2 = dlopt.fused_elementwise(%x, %y) attributes {segments = 2 : i64} : (tensor<4xf32>, tensor<5xf32>) -> (tensor<4xf32>, tensor<6xf32>) {
+  ^bb0(%a: tensor<4xf32>):
+    %0 = dlopt.neg %a : tensor<4xf32>
+    dlopt.yield %0 : tensor<4xf32>
+  }
+  return
+}
+
+// -----
+
+func.func @fused_segment_types(%x: tensor<4xf32>, %y: tensor<5xbf16>) {
+  // expected-error @+1 {{'dlopt.fused_elementwise' op expects result #1 to have the element type of result #0 ('f32'), got 'tensor<5xbf16>'}}
+  %r:2 = dlopt.fused_elementwise(%x, %y) attributes {segments = 2 : i64} : (tensor<4xf32>, tensor<5xbf16>) -> (tensor<4xf32>, tensor<5xbf16>) {
+  ^bb0(%a: tensor<4xf32>):
+    %0 = dlopt.neg %a : tensor<4xf32>
+    dlopt.yield %0 : tensor<4xf32>
+  }
+  return
+}
+
+// -----
+
+func.func @fused_segment_scalar(%x: tensor<4xf32>, %s: tensor<f32>, %y: tensor<5xf32>) {
+  // expected-error @+1 {{'dlopt.fused_elementwise' op expects input #3 to have the element type and rank-0-ness of input #1 ('tensor<f32>'), got 'tensor<5xf32>'}}
+  %r:2 = dlopt.fused_elementwise(%x, %s, %y, %y) attributes {segments = 2 : i64} : (tensor<4xf32>, tensor<f32>, tensor<5xf32>, tensor<5xf32>) -> (tensor<4xf32>, tensor<5xf32>) {
+  ^bb0(%a: tensor<4xf32>, %b: tensor<f32>):
+    %0 = dlopt.mul %a, %b : tensor<4xf32>, tensor<f32> -> tensor<4xf32>
+    dlopt.yield %0 : tensor<4xf32>
+  }
+  return
+}
+
+// -----
+
+func.func @fused_segments_zero(%x: tensor<4xf32>) {
+  // expected-error @+1 {{'dlopt.fused_elementwise' op attribute 'segments' failed to satisfy constraint}}
+  %r = dlopt.fused_elementwise(%x) attributes {segments = 0 : i64} : (tensor<4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf32>):
+    %0 = dlopt.neg %a : tensor<4xf32>
+    dlopt.yield %0 : tensor<4xf32>
+  }
+  return
+}

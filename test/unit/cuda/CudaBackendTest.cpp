@@ -320,6 +320,36 @@ std::vector<ConformanceCase> conformanceCases() {
         c.out(r);
     }
   });
+  // The multi-tensor form: one instruction (one launch) over segments of
+  // 1, 4099 (vector body and tail) and 7x3 elements, a
+  // shared rank-0 lr and a per-segment rank-0 input, every segment's
+  // results checked against the CPU's segment loop.
+  add("fused_elementwise_multi", [](Case &c, DType d) {
+    using O = fused::OpCode;
+    fused::Program p;
+    p.numInputs = 5; // 0 g, 1 m, 2 w, 3 lr (shared), 4 scale (per segment)
+    p.consts = {0.9, 0.1, 1e-8};                               // 5, 6, 7
+    p.steps = {{O::Mul, 1, 5},  {O::Mul, 0, 6},  {O::Add, 8, 9}, // 10 m'
+               {O::Mul, 10, 10}, {O::Sqrt, 11, -1}, {O::Add, 12, 7},
+               {O::Div, 10, 13}, {O::Mul, 14, 3}, {O::Mul, 15, 4},
+               {O::Sub, 2, 16}};                                // 17 w'
+    p.outputs = {10, 17};
+    std::vector<std::vector<int64_t>> shapes = {{1}, {4099}, {7, 3}};
+    p.numSegments = int32_t(shapes.size());
+    int32_t lr = c.in(T({}, d), Dist::Positive);
+    std::vector<int32_t> ins;
+    std::vector<TensorType> rts;
+    for (const auto &sh : shapes) {
+      int32_t g = c.in(T(sh, d)), m = c.in(T(sh, d)), w = c.in(T(sh, d));
+      int32_t scale = c.in(T({}, d), Dist::Positive);
+      ins.insert(ins.end(), {g, m, w, lr, scale});
+      rts.insert(rts.end(), {T(sh, d), T(sh, d)});
+    }
+    Instr in;
+    fused::encode(p, in);
+    for (int32_t r : c.ops(fused::kOpName, ins, rts, in.attrs))
+      c.out(r);
+  });
   add("dropout", [](Case &c, DType d) {
     int32_t x = c.in(T({33, 65}, d));
     int32_t step = c.in(T({}, DType::I64), Dist::Ints, 0, 1000);

@@ -12,6 +12,7 @@
 #include "runtime/cpu/Half.h"
 #include "runtime/format/FusedProgram.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -375,6 +376,200 @@ TEST(FusedKernel, KernelRejectsWhatTheValidatorRejects) {
   EXPECT_TRUE(contains(s.message(), "fused_elementwise")) << s.message();
   EXPECT_TRUE(contains(s.message(), "step 2: 'mul' reads register 40"))
       << s.message();
+}
+
+
+//===--- Multi-tensor form (segments) --------------------------------------===//
+
+/// The momentum program over three segments of sizes 10, 3x7 and 1 (one
+/// shared lr): segment-major operands and results. With `params`, m and p
+/// of each segment are params and the results update them (in place).
+Executable multiPlan(DType d = DType::F32, bool params = false,
+                     std::vector<std::vector<int64_t>> shapes = {{10}, {3, 7}, {1}},
+                     const std::function<void(std::vector<int32_t> &)> &edit = {}) {
+  ExeBuilder b;
+  fused::Program prog = momentumProgram();
+  prog.numSegments = int32_t(shapes.size());
+  int32_t lr = b.input("lr", tt({}, d));
+  std::vector<int32_t> ops, res;
+  std::vector<std::pair<std::string, int32_t>> outs;
+  for (size_t s = 0; s < shapes.size(); ++s) {
+    std::string k = std::to_string(s);
+    TensorType t = tt(shapes[s], d);
+    int32_t m = params ? b.state("m" + k, t) : b.input("m" + k, t);
+    int32_t g = b.input("g" + k, t);
+    int32_t w = params ? b.param("p" + k, t) : b.input("p" + k, t);
+    ops.insert(ops.end(), {m, g, w, lr});
+    int32_t nm = b.temp(t), np = b.temp(t);
+    res.insert(res.end(), {nm, np});
+    outs.push_back({"m" + k, nm});
+    outs.push_back({"p" + k, np});
+  }
+  if (edit)
+    edit(ops);
+  b.instrs.push_back(fusedInstr(prog, ops, res));
+  for (auto &[name, id] : outs)
+    b.output(name + ".next", id, params ? name : "");
+  return b.build();
+}
+
+TEST(FusedProgram, MultiTensorRoundTripsThroughThePlanFile) {
+  Executable exe = multiPlan();
+  ASSERT_TRUE(exe.validate().isOk()) << exe.validate().message();
+  auto bytes = serializeExecutable(exe);
+  ASSERT_TRUE(bytes.isOk()) << bytes.status().message();
+  auto back = deserializeExecutable(*bytes);
+  ASSERT_TRUE(back.isOk()) << back.status().message();
+  EXPECT_EQ(*back, exe);
+  const Instr &in = back->programs[0].instrs[0];
+  EXPECT_EQ(in.getInt("segments", 0), 3);
+  std::vector<TensorType> ot, rt;
+  for (int32_t id : in.operands)
+    ot.push_back(back->values[id].type);
+  for (int32_t id : in.results)
+    rt.push_back(back->values[id].type);
+  auto p = fused::decode(in, ot, rt);
+  ASSERT_TRUE(p.isOk()) << p.status().message();
+  fused::Program expect = momentumProgram();
+  expect.numSegments = 3;
+  EXPECT_EQ(*p, expect);
+  std::string dump = dumpExecutable(*back);
+  EXPECT_TRUE(contains(dump, "-> t1, t7  (x3 segments)")) << dump;
+}
+
+void expectMultiRejected(const std::function<void(Executable &)> &corrupt,
+                         const std::string &what) {
+  Executable exe = multiPlan();
+  corrupt(exe);
+  Status st = exe.validate();
+  ASSERT_FALSE(st.isOk()) << "accepted a plan corrupted with: " << what;
+  EXPECT_TRUE(contains(st.message(), "instruction 0 ('fused_elementwise' at "
+                                     "opt.mlir:7:5)"))
+      << st.message();
+  EXPECT_TRUE(contains(st.message(), what)) << st.message();
+  auto bytes = serializeExecutable(exe);
+  if (bytes) {
+    auto back = deserializeExecutable(*bytes);
+    ASSERT_FALSE(back.isOk());
+    EXPECT_TRUE(contains(back.status().message(), what))
+        << back.status().message();
+  }
+}
+
+TEST(FusedProgram, RejectsBadSegments) {
+  auto instr = [](Executable &e) -> Instr & { return e.programs[0].instrs[0]; };
+  expectMultiRejected([&](Executable &e) { instr(e).attrs["segments"] = int64_t(0); },
+                      "attribute 'segments' is 0, expected 1 to 65536");
+  expectMultiRejected([&](Executable &e) { instr(e).attrs["segments"] = int64_t(-2); },
+                      "attribute 'segments' is -2");
+  expectMultiRejected([&](Executable &e) { instr(e).attrs["segments"] = 2.5; },
+                      "attribute 'segments' expected int");
+  expectMultiRejected([&](Executable &e) { instr(e).attrs["segments"] = int64_t(5); },
+                      "the 12 operands and 6 results do not split evenly into "
+                      "5 segments");
+  // Segment 1's g (operand #5) of another shape, another dtype; its lr
+  // (operand #7) not rank 0; a result of segment 2 of another shape.
+  expectMultiRejected(
+      [&](Executable &e) { e.values[instr(e).operands[5]].type = tt({4}); },
+      "segment 1: operand #5 is 4xf32, expected the fused shape of the "
+      "results or rank 0");
+  expectMultiRejected(
+      [&](Executable &e) {
+        e.values[instr(e).operands[5]].type = tt({3, 7}, DType::BF16);
+      },
+      "segment 1: operand #5 is 3x7xbf16, expected the element type and "
+      "rank-0-ness of operand #1 (10xf32)");
+  expectMultiRejected(
+      [&](Executable &e) {
+        int32_t lr1 = e.programs[0].instrs[0].operands[4 + 1]; // g1
+        e.programs[0].instrs[0].operands[7] = lr1;
+      },
+      "segment 1: operand #7 is 3x7xf32, expected the element type and "
+      "rank-0-ness of operand #3 (f32)");
+  expectMultiRejected(
+      [&](Executable &e) { e.values[instr(e).results[5]].type = tt({2}); },
+      "segment 2: result #5 is 2xf32, expected the fused shape of result #4 "
+      "(1xf32)");
+  expectMultiRejected(
+      [&](Executable &e) { instr(e).attrs["outputs"] = std::vector<int64_t>{7}; },
+      "attribute 'outputs' names 1 registers, expected one per result (2 per "
+      "segment)");
+}
+
+TEST(FusedKernel, MultiTensorIsBitwiseOneInstructionPerSegment) {
+  // Segments of 1000 (blocks and a tail), 3 and 0 elements, f32, sharing
+  // lr; then in place, as the memory planner arranges for optimizer updates.
+  std::vector<int64_t> sizes = {1000, 3, 0};
+  float lr = 0.0137f;
+  TensorType st = tt({});
+  std::vector<std::vector<float>> m, g, p, m1, p1, m2, p2;
+  std::vector<TensorRef> ins, outs, insInPlace, outsInPlace;
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    int64_t n = sizes[s];
+    m.push_back(randomVec<float>(n, 10 + s));
+    g.push_back(randomVec<float>(n, 20 + s));
+    p.push_back(randomVec<float>(n, 30 + s));
+    m1.emplace_back(n);
+    p1.emplace_back(n);
+    m2.emplace_back(n);
+    p2.emplace_back(n);
+  }
+  std::vector<std::vector<float>> mi = m, pi = p;
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    TensorType vt = tt({sizes[s]});
+    Status one = run(fused::kOpName,
+                     {ref(m[s].data(), vt), ref(g[s].data(), vt),
+                      ref(p[s].data(), vt), ref(&lr, st)},
+                     {ref(m1[s].data(), vt), ref(p1[s].data(), vt)},
+                     attrsOf(momentumProgram()));
+    ASSERT_TRUE(one.isOk()) << one.message();
+    ins.insert(ins.end(), {ref(m[s].data(), vt), ref(g[s].data(), vt),
+                           ref(p[s].data(), vt), ref(&lr, st)});
+    outs.insert(outs.end(), {ref(m2[s].data(), vt), ref(p2[s].data(), vt)});
+    insInPlace.insert(insInPlace.end(),
+                      {ref(mi[s].data(), vt), ref(g[s].data(), vt),
+                       ref(pi[s].data(), vt), ref(&lr, st)});
+    outsInPlace.insert(outsInPlace.end(),
+                       {ref(mi[s].data(), vt), ref(pi[s].data(), vt)});
+  }
+  fused::Program prog = momentumProgram();
+  prog.numSegments = int32_t(sizes.size());
+  Status s = run(fused::kOpName, ins, outs, attrsOf(prog));
+  ASSERT_TRUE(s.isOk()) << s.message();
+  s = run(fused::kOpName, insInPlace, outsInPlace, attrsOf(prog));
+  ASSERT_TRUE(s.isOk()) << s.message();
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    size_t bytes = size_t(sizes[k]) * sizeof(float);
+    EXPECT_EQ(0, std::memcmp(m1[k].data(), m2[k].data(), bytes)) << k;
+    EXPECT_EQ(0, std::memcmp(p1[k].data(), p2[k].data(), bytes)) << k;
+    EXPECT_EQ(0, std::memcmp(m1[k].data(), mi[k].data(), bytes)) << k;
+    EXPECT_EQ(0, std::memcmp(p1[k].data(), pi[k].data(), bytes)) << k;
+  }
+}
+
+TEST(FusedProgram, MultiTensorInPlaceStaysWithinASegment) {
+  // Each segment's new m and p take the bytes of its own m and p.
+  Executable exe = multiPlan(DType::F32, /*params=*/true);
+  ASSERT_TRUE(exe.validate().isOk()) << exe.validate().message();
+  auto pairs = findInPlaceUpdates(exe, exe.programs[0]);
+  EXPECT_EQ(pairs.size(), 6u);
+  const Instr &in = exe.programs[0].instrs[0];
+  for (auto [t, a] : pairs) {
+    size_t rt = std::find(in.results.begin(), in.results.end(), t) -
+                in.results.begin();
+    size_t op = std::find(in.operands.begin(), in.operands.end(), a) -
+                in.operands.begin();
+    EXPECT_EQ(rt / 2, op / 4) << "result %" << t << " takes %" << a;
+  }
+  // A result whose param another segment reads (segment 0's g := segment
+  // 1's p) may not take its bytes: the segments run concurrently on a GPU.
+  Executable cross = multiPlan(DType::F32, true, {{4}, {4}},
+                               [](std::vector<int32_t> &ops) { ops[1] = ops[6]; });
+  ASSERT_TRUE(cross.validate().isOk()) << cross.validate().message();
+  const Instr &ci = cross.programs[0].instrs[0];
+  for (auto [t, a] : findInPlaceUpdates(cross, cross.programs[0]))
+    EXPECT_NE(a, ci.operands[6]) << "result %" << t << " takes segment 1's p";
+  EXPECT_EQ(findInPlaceUpdates(cross, cross.programs[0]).size(), 3u);
 }
 
 } // namespace
