@@ -345,13 +345,15 @@ static int runDryRun(ModuleOp module) {
 
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
-  // The fusion switch is declared with the pipeline (passes/Pipelines.cpp)
+  // The fusion switches are declared with the pipeline (passes/Pipelines.cpp)
   // so every tool has it; list it with the training options here.
   {
     auto &registered = cl::getRegisteredOptions();
-    auto it = registered.find("fuse-elementwise");
-    if (it != registered.end())
-      it->second->addCategory(trainCategory);
+    for (const char *name : {"fuse-elementwise", "merge-fused-elementwise"}) {
+      auto it = registered.find(name);
+      if (it != registered.end())
+        it->second->addCategory(trainCategory);
+    }
   }
   cl::HideUnrelatedOptions({&category, &trainCategory, &planCategory});
   cl::ParseCommandLineOptions(
