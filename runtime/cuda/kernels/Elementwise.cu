@@ -331,6 +331,41 @@ __device__ __forceinline__ float roundTo(uint8_t t, float x) {
   return x;
 }
 
+__device__ __forceinline__ void storeAny(uint8_t t, void *y, int64_t i0,
+                                         int cnt, bool vec,
+                                         const float (&src)[kFusedVec]) {
+  if (t == uint8_t(DType::F16))
+    storeVec<F16>(y, i0, cnt, vec, src);
+  else if (t == uint8_t(DType::BF16))
+    storeVec<BF16>(y, i0, cnt, vec, src);
+  else
+    storeVec<float>(y, i0, cnt, vec, src);
+}
+
+/// Runs a fused program's steps over the registers: step s writes register
+/// firstStep + s from its operand registers (FusedArgs and FusedMultiArgs
+/// carry the same step table).
+template <class Args>
+__device__ __forceinline__ void
+runFusedSteps(const Args &args, int firstStep,
+              float (&r)[kFusedMaxRegisters][kFusedVec]) {
+  for (int s = 0; s < args.numSteps; ++s) {
+    const FusedStep st = args.steps[s];
+    float *d = r[firstStep + s];
+    const float *a = r[st.a], *b = r[st.b];
+    if (st.kind == 0) {
+      for (int u = 0; u < kFusedVec; ++u)
+        d[u] = unaryF(UnaryOp(st.op), a[u]);
+    } else if (st.kind == 1) {
+      for (int u = 0; u < kFusedVec; ++u)
+        d[u] = binaryF(BinaryOp(st.op), a[u], b[u]);
+    } else {
+      for (int u = 0; u < kFusedVec; ++u)
+        d[u] = roundTo(st.op, a[u]);
+    }
+  }
+}
+
 __global__ void fusedKernel(const FusedArgs args, int64_t n, bool vec) {
   float r[kFusedMaxRegisters][kFusedVec];
   const int numIn = args.numInputs, numConst = args.numConsts;
@@ -352,30 +387,9 @@ __global__ void fusedKernel(const FusedArgs args, int64_t n, bool vec) {
     for (int k = 0; k < numIn; ++k)
       if (!args.inScalar[k])
         loadAny(args.inType[k], args.in[k], i0, cnt, vec, r[k]);
-    for (int s = 0; s < args.numSteps; ++s) {
-      const FusedStep st = args.steps[s];
-      float *d = r[firstStep + s];
-      const float *a = r[st.a], *b = r[st.b];
-      if (st.kind == 0) {
-        for (int u = 0; u < kFusedVec; ++u)
-          d[u] = unaryF(UnaryOp(st.op), a[u]);
-      } else if (st.kind == 1) {
-        for (int u = 0; u < kFusedVec; ++u)
-          d[u] = binaryF(BinaryOp(st.op), a[u], b[u]);
-      } else {
-        for (int u = 0; u < kFusedVec; ++u)
-          d[u] = roundTo(st.op, a[u]);
-      }
-    }
-    for (int o = 0; o < args.numOutputs; ++o) {
-      const float(&src)[kFusedVec] = r[args.outReg[o]];
-      if (args.outType[o] == uint8_t(DType::F16))
-        storeVec<F16>(args.out[o], i0, cnt, vec, src);
-      else if (args.outType[o] == uint8_t(DType::BF16))
-        storeVec<BF16>(args.out[o], i0, cnt, vec, src);
-      else
-        storeVec<float>(args.out[o], i0, cnt, vec, src);
-    }
+    runFusedSteps(args, firstStep, r);
+    for (int o = 0; o < args.numOutputs; ++o)
+      storeAny(args.outType[o], args.out[o], i0, cnt, vec, r[args.outReg[o]]);
   }
 }
 
@@ -420,32 +434,11 @@ __global__ void fusedMultiKernel(const FusedMultiArgs args) {
     for (int u = 0; u < kFusedVec; ++u)
       r[numIn + c][u] = args.consts[c];
   const int firstStep = numIn + numConst;
-  for (int s = 0; s < args.numSteps; ++s) {
-    const FusedStep st = args.steps[s];
-    float *d = r[firstStep + s];
-    const float *a = r[st.a], *bb = r[st.b];
-    if (st.kind == 0) {
-      for (int u = 0; u < kFusedVec; ++u)
-        d[u] = unaryF(UnaryOp(st.op), a[u]);
-    } else if (st.kind == 1) {
-      for (int u = 0; u < kFusedVec; ++u)
-        d[u] = binaryF(BinaryOp(st.op), a[u], bb[u]);
-    } else {
-      for (int u = 0; u < kFusedVec; ++u)
-        d[u] = roundTo(st.op, a[u]);
-    }
-  }
+  runFusedSteps(args, firstStep, r);
   const int firstOut = args.rowWidth - args.numOutputs;
-  for (int o = 0; o < args.numOutputs; ++o) {
-    const float(&src)[kFusedVec] = r[args.outReg[o]];
-    void *y = row[firstOut + o];
-    if (args.outType[o] == uint8_t(DType::F16))
-      storeVec<F16>(y, i0, cnt, vec, src);
-    else if (args.outType[o] == uint8_t(DType::BF16))
-      storeVec<BF16>(y, i0, cnt, vec, src);
-    else
-      storeVec<float>(y, i0, cnt, vec, src);
-  }
+  for (int o = 0; o < args.numOutputs; ++o)
+    storeAny(args.outType[o], row[firstOut + o], i0, cnt, vec,
+             r[args.outReg[o]]);
 }
 
 } // namespace
