@@ -18,3 +18,8 @@ set -x
   --schedule cosine --warmup-steps 5 --total-steps 60 -o out/gpt-tiny-train.plan
 "$B/dlopt-run" out/gpt-tiny-train.plan --steps 60 --data examples/data/corpus.npy \
   --log-every 10 --metrics out/metrics.jsonl --checkpoint-dir out/ckpt
+# Plan a GPT-3 1.3B training step for one DGX H100 node: placement,
+# predicted step time and memory (docs/plan-report.md).
+"$B/dlopt-gen" gpt3-1.3b -q -o out/gpt3-1.3b.mlir
+"$B/dlopt-compile" out/gpt3-1.3b.mlir --train --precision bf16 --dry-run \
+  --cluster dgx-h100:1 --global-batch 256
