@@ -274,4 +274,57 @@ int64_t attentionGradWorkspaceBytes(const AttentionDims &dims);
 int rope(Stream s, DType t, const void *x, void *y, int64_t rows,
          int64_t seq, int64_t d, double theta, bool inverse);
 
+//===--- Convolution, pooling, batch_norm ------------------------------------===//
+
+/// conv2d geometry: x [n, c, h, w], w [o, cg, kh, kw] (c = cg * groups),
+/// y [n, o, oh, ow]; stride/padding/dilation as (rows, cols).
+struct ConvDims {
+  int64_t n = 0, c = 0, h = 0, w = 0, o = 0, cg = 0, kh = 0, kw = 0;
+  int64_t oh = 0, ow = 0, groups = 1;
+  int64_t strideH = 1, strideW = 1, padH = 0, padW = 0, dilH = 1, dilW = 1;
+};
+/// y = conv2d(x, w) (+ bias[o] when bias is non-null): direct convolution,
+/// one thread per output element, f32 accumulation over (ci, ky, kx).
+int conv2d(Stream s, DType t, const ConvDims &d, const void *x,
+           const void *w, const void *bias, void *y);
+/// dx of conv2d: one thread per input element gathers the (o, ky, kx) taps
+/// that read it, f32 accumulation, no atomics.
+int conv2dGradInput(Stream s, DType t, const ConvDims &d, const void *dy,
+                    const void *w, void *dx);
+/// dw of conv2d: one block per filter element reduces over (n, oy, ox)
+/// (per-thread f32 partials, an f64 block tree), no atomics.
+int conv2dGradFilter(Stream s, DType t, const ConvDims &d, const void *x,
+                     const void *dy, void *dw);
+
+/// Pool geometry: x [planes, h, w] -> y [planes, oh, ow].
+struct PoolDims {
+  int64_t planes = 0, h = 0, w = 0, oh = 0, ow = 0;
+  int64_t kh = 1, kw = 1, strideH = 1, strideW = 1, padH = 0, padW = 0;
+  bool countIncludePad = true; ///< avg only
+};
+/// max_pool2d (padding is -inf; NaN wins, as on the CPU) or avg_pool2d (f64
+/// window sums).
+int pool2d(Stream s, bool isMax, DType t, const PoolDims &d, const void *x,
+           void *y);
+/// max_pool2d_grad (x needed) or avg_pool2d_grad (x null): one thread per
+/// input pixel adds the gradients of the windows that chose it in the
+/// row-major order of the output positions, in f32, as the CPU does (same
+/// bits).
+int pool2dGrad(Stream s, bool isMax, DType t, const PoolDims &d,
+               const void *x, const void *dy, void *dx);
+
+/// batch_norm of x [n, c, inner]: y, and the updated running mean/var
+/// (training: batch statistics in f64, unbiased variance for the running
+/// update; else the running statistics, copied through). One block per
+/// channel.
+int batchNorm(Stream s, DType t, const void *x, const void *w,
+              const void *b, const void *rm, const void *rv, void *y,
+              void *rmOut, void *rvOut, int64_t n, int64_t c, int64_t inner,
+              double eps, double momentum, bool training);
+/// batch_norm_grad: dx, dw, db (one block per channel, f64 sums).
+int batchNormGrad(Stream s, DType t, const void *x, const void *w,
+                  const void *rm, const void *rv, const void *dy, void *dx,
+                  void *dw, void *db, int64_t n, int64_t c, int64_t inner,
+                  double eps, bool training);
+
 } // namespace dlopt::rt::cuda::kernels

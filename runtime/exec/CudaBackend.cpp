@@ -1314,6 +1314,286 @@ Status mseHandler(Launch &L, Ins ins, Outs outs) {
   return Status::ok();
 }
 
+//===--- conv2d, pooling, batch_norm ------------------------------------------===//
+// Checks and messages as runtime/cpu/Conv.cpp, NN.cpp and Grad.cpp.
+
+/// Reads a 2-element int list attribute with a default.
+Status getPair(const Instr &instr, const std::string &name,
+               std::vector<int64_t> &out, int64_t minValue) {
+  DLOPT_RETURN_IF_ERROR(cpu::getOptIntsAttr(instr, name, out));
+  if (out.size() != 2 || out[0] < minValue || out[1] < minValue)
+    return opError(instr, "expects '" + name + "' to be 2 ints >= " +
+                              std::to_string(minValue) + ", got " +
+                              shapeStr(out));
+  return Status::ok();
+}
+
+/// Output size of a sliding window; -1 when the window does not fit.
+int64_t windowOut(int64_t in, int64_t k, int64_t s, int64_t p, int64_t dil) {
+  int64_t span = in + 2 * p - dil * (k - 1) - 1;
+  return span < 0 ? -1 : span / s + 1;
+}
+
+/// stride/padding/dilation/groups and the geometry of x [N,C,H,W] and
+/// w [O,Cg,KH,KW] under conv2d's shape rule; `bias`, when given, must be
+/// [O] of x's element type.
+Status convDims(const Instr &instr, const TensorType &tx,
+                const TensorType &tw, const TensorType *bias,
+                kernels::ConvDims &d) {
+  std::vector<int64_t> stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  int64_t groups = 1;
+  DLOPT_RETURN_IF_ERROR(getPair(instr, "stride", stride, 1));
+  DLOPT_RETURN_IF_ERROR(getPair(instr, "padding", padding, 0));
+  DLOPT_RETURN_IF_ERROR(getPair(instr, "dilation", dilation, 1));
+  DLOPT_RETURN_IF_ERROR(cpu::getOptIntAttr(instr, "groups", groups));
+  int64_t c = tx.shape[1], o = tw.shape[0], cg = tw.shape[1];
+  if (groups < 1 || c != cg * groups || o % groups != 0)
+    return opError(instr, "expects C = Cg * groups and O % groups == 0, got " +
+                              typeStr(tx) + ", " + typeStr(tw) +
+                              ", groups = " + std::to_string(groups));
+  if (bias)
+    DLOPT_RETURN_IF_ERROR(
+        checkType(instr, "bias", *bias, TensorType{tx.dtype, {o}}));
+  d = kernels::ConvDims{};
+  d.n = tx.shape[0];
+  d.c = c;
+  d.h = tx.shape[2];
+  d.w = tx.shape[3];
+  d.o = o;
+  d.cg = cg;
+  d.kh = tw.shape[2];
+  d.kw = tw.shape[3];
+  d.groups = groups;
+  d.strideH = stride[0];
+  d.strideW = stride[1];
+  d.padH = padding[0];
+  d.padW = padding[1];
+  d.dilH = dilation[0];
+  d.dilW = dilation[1];
+  d.oh = windowOut(d.h, d.kh, d.strideH, d.padH, d.dilH);
+  d.ow = windowOut(d.w, d.kw, d.strideW, d.padW, d.dilW);
+  if (d.oh < 0 || d.ow < 0)
+    return opError(instr, "kernel does not fit the padded input: " +
+                              typeStr(tx) + ", " + typeStr(tw));
+  return Status::ok();
+}
+
+Status conv2dHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArityRange(L.instr, ins, outs, 2, 3, 1));
+  const TensorType &tx = ins[0].type, &tw = ins[1].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "x", tx));
+  if (tx.shape.size() != 4 || tw.shape.size() != 4 || tw.dtype != tx.dtype)
+    return opError(L.instr, "expects x [N,C,H,W] and w [O,C/groups,KH,KW] of "
+                            "one float type, got " +
+                                typeStr(tx) + " and " + typeStr(tw));
+  bool hasBias = ins.size() == 3;
+  DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(L.instr, "has_bias", hasBias));
+  if (ins.size() != 2 + size_t(hasBias))
+    return opError(L.instr,
+                   "expects " + std::to_string(2 + hasBias) +
+                       " operands (has_bias = " + std::to_string(hasBias) +
+                       "), got " + std::to_string(ins.size()));
+  kernels::ConvDims d;
+  DLOPT_RETURN_IF_ERROR(
+      convDims(L.instr, tx, tw, hasBias ? &ins[2].type : nullptr, d));
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type,
+                                  TensorType{tx.dtype, {d.n, d.o, d.oh, d.ow}}));
+  if (outs[0].numElements() == 0)
+    return Status::ok();
+  DLOPT_LAUNCH(L, kernels::conv2d(L.stream, tx.dtype, d, ins[0].data,
+                                  ins[1].data,
+                                  hasBias ? ins[2].data : nullptr,
+                                  outs[0].data));
+  return Status::ok();
+}
+
+/// x [N,C,H,W], w [O,Cg,KH,KW] and dy [N,O,OH,OW] agree with conv2d's
+/// shape rule.
+Status convGradDims(const Instr &instr, const TensorType &tx,
+                    const TensorType &tw, const TensorType &tdy,
+                    kernels::ConvDims &d) {
+  for (const TensorType *t : {&tx, &tw, &tdy})
+    if (t->shape.size() != 4 || t->dtype != tx.dtype || !isFloat(t->dtype))
+      return opError(instr, "expects x [N,C,H,W], w [O,C/groups,KH,KW] and "
+                            "dy [N,O,OH,OW] of one float type, got " +
+                                typeStr(tx) + ", " + typeStr(tw) + ", " +
+                                typeStr(tdy));
+  DLOPT_RETURN_IF_ERROR(convDims(instr, tx, tw, nullptr, d));
+  return checkShape(instr, "dy (conv2d's output)", tdy.shape,
+                    {tx.shape[0], tw.shape[0], d.oh, d.ow});
+}
+
+/// conv2d_grad_input %dy, %w -> dx (the forward input type).
+Status conv2dGradInputHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
+  kernels::ConvDims d;
+  DLOPT_RETURN_IF_ERROR(
+      convGradDims(L.instr, outs[0].type, ins[1].type, ins[0].type, d));
+  if (outs[0].numElements() == 0)
+    return Status::ok();
+  DLOPT_LAUNCH(L, kernels::conv2dGradInput(L.stream, outs[0].type.dtype, d,
+                                           ins[0].data, ins[1].data,
+                                           outs[0].data));
+  return Status::ok();
+}
+
+/// conv2d_grad_filter %x, %dy -> dw (the filter type).
+Status conv2dGradFilterHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
+  kernels::ConvDims d;
+  DLOPT_RETURN_IF_ERROR(
+      convGradDims(L.instr, ins[0].type, outs[0].type, ins[1].type, d));
+  if (outs[0].numElements() == 0)
+    return Status::ok();
+  DLOPT_LAUNCH(L, kernels::conv2dGradFilter(L.stream, ins[0].type.dtype, d,
+                                            ins[0].data, ins[1].data,
+                                            outs[0].data));
+  return Status::ok();
+}
+
+/// kernel/stride/padding (and count_include_pad for avg pooling) and the
+/// pooled shape of x [..., H, W] (rank >= 2, checked by the caller).
+Status poolDims(const Instr &instr, bool isMax, const TensorType &tx,
+                kernels::PoolDims &d, std::vector<int64_t> &pooled) {
+  size_t rank = tx.shape.size();
+  std::vector<int64_t> kernel, stride, padding{0, 0};
+  DLOPT_RETURN_IF_ERROR(cpu::getIntsAttr(instr, "kernel", kernel));
+  if (kernel.size() != 2 || kernel[0] < 1 || kernel[1] < 1)
+    return opError(instr, "expects 'kernel' to be 2 ints >= 1, got " +
+                              shapeStr(kernel));
+  stride = kernel;
+  DLOPT_RETURN_IF_ERROR(getPair(instr, "stride", stride, 1));
+  DLOPT_RETURN_IF_ERROR(getPair(instr, "padding", padding, 0));
+  d = kernels::PoolDims{};
+  if (!isMax)
+    DLOPT_RETURN_IF_ERROR(
+        cpu::getOptBoolAttr(instr, "count_include_pad", d.countIncludePad));
+  d.planes = cpu::product(tx.shape, 0, rank - 2);
+  d.h = tx.shape[rank - 2];
+  d.w = tx.shape[rank - 1];
+  d.kh = kernel[0];
+  d.kw = kernel[1];
+  d.strideH = stride[0];
+  d.strideW = stride[1];
+  d.padH = padding[0];
+  d.padW = padding[1];
+  d.oh = windowOut(d.h, d.kh, d.strideH, d.padH, 1);
+  d.ow = windowOut(d.w, d.kw, d.strideW, d.padW, 1);
+  if (d.oh < 0 || d.ow < 0)
+    return opError(instr, "window " + shapeStr(kernel) +
+                              " does not fit the padded input " + typeStr(tx));
+  pooled.assign(tx.shape.begin(), tx.shape.end() - 2);
+  pooled.push_back(d.oh);
+  pooled.push_back(d.ow);
+  return Status::ok();
+}
+
+template <bool Max> Status poolHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
+  const TensorType &tx = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", tx));
+  if (tx.shape.size() < 2)
+    return opError(L.instr,
+                   "expects rank >= 2 ([..., H, W]), got " + typeStr(tx));
+  kernels::PoolDims d;
+  std::vector<int64_t> pooled;
+  DLOPT_RETURN_IF_ERROR(poolDims(L.instr, Max, tx, d, pooled));
+  DLOPT_RETURN_IF_ERROR(
+      checkType(L.instr, "result", outs[0].type, TensorType{tx.dtype, pooled}));
+  if (outs[0].numElements() == 0)
+    return Status::ok();
+  DLOPT_LAUNCH(L, kernels::pool2d(L.stream, Max, tx.dtype, d, ins[0].data,
+                                  outs[0].data));
+  return Status::ok();
+}
+
+/// max_pool2d_grad %x, %dy and avg_pool2d_grad %dy.
+template <bool Max> Status poolGradHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, Max ? 2 : 1, 1));
+  const TensorType &tx = Max ? ins[0].type : outs[0].type;
+  const TensorType &tdy = ins[Max ? 1 : 0].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "x", tx));
+  if (tx.shape.size() < 2)
+    return opError(L.instr,
+                   "expects rank >= 2 ([..., H, W]), got " + typeStr(tx));
+  DLOPT_RETURN_IF_ERROR(checkDType(L.instr, "dy", tdy.dtype, tx.dtype));
+  kernels::PoolDims d;
+  std::vector<int64_t> pooled;
+  DLOPT_RETURN_IF_ERROR(poolDims(L.instr, Max, tx, d, pooled));
+  DLOPT_RETURN_IF_ERROR(
+      checkShape(L.instr, "dy (the pooled shape)", tdy.shape, pooled));
+  if constexpr (Max)
+    DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, tx));
+  if (outs[0].numElements() == 0)
+    return Status::ok();
+  DLOPT_LAUNCH(L, kernels::pool2dGrad(L.stream, Max, tx.dtype, d,
+                                      Max ? ins[0].data : nullptr,
+                                      ins[Max ? 1 : 0].data, outs[0].data));
+  return Status::ok();
+}
+
+/// x [N, C, ...] and the [C] operands/results of batch_norm(_grad).
+Status batchNormChecks(const Instr &instr, Ins ins, Outs outs, bool grad,
+                       int64_t &n, int64_t &c, int64_t &inner) {
+  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 5, 3));
+  const TensorType &tx = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(
+      checkFloat(instr, grad ? "operand #0 (x)" : "operand #0", tx));
+  if (tx.shape.size() < 2)
+    return opError(instr,
+                   "expects x of rank >= 2 ([N, C, ...]), got " + typeStr(tx));
+  n = tx.shape[0];
+  c = tx.shape[1];
+  inner = cpu::product(tx.shape, 2, tx.shape.size());
+  TensorType vec{tx.dtype, {c}};
+  static const char *fwdNames[] = {"x", "weight", "bias", "mean", "var"};
+  static const char *gradNames[] = {"x", "weight", "running_mean",
+                                    "running_var"};
+  for (size_t i = 1; i < (grad ? 4u : 5u); ++i)
+    DLOPT_RETURN_IF_ERROR(checkType(instr, grad ? gradNames[i] : fwdNames[i],
+                                    ins[i].type, vec));
+  if (grad)
+    DLOPT_RETURN_IF_ERROR(checkType(instr, "dy", ins[4].type, tx));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #0", outs[0].type, tx));
+  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #1", outs[1].type, vec));
+  return checkType(instr, "result #2", outs[2].type, vec);
+}
+
+Status batchNormHandler(Launch &L, Ins ins, Outs outs) {
+  int64_t n, c, inner;
+  DLOPT_RETURN_IF_ERROR(batchNormChecks(L.instr, ins, outs, false, n, c, inner));
+  double eps = 1e-5, momentum = 0.1;
+  bool training = false;
+  DLOPT_RETURN_IF_ERROR(cpu::getOptFloatAttr(L.instr, "eps", eps));
+  DLOPT_RETURN_IF_ERROR(cpu::getOptFloatAttr(L.instr, "momentum", momentum));
+  DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(L.instr, "training", training));
+  if (training && n * inner < 2 && c > 0)
+    return opError(L.instr, "training mode needs more than 1 value per "
+                            "channel, got " +
+                                typeStr(ins[0].type));
+  DLOPT_LAUNCH(L, kernels::batchNorm(L.stream, ins[0].type.dtype, ins[0].data,
+                                     ins[1].data, ins[2].data, ins[3].data,
+                                     ins[4].data, outs[0].data, outs[1].data,
+                                     outs[2].data, n, c, inner, eps, momentum,
+                                     training));
+  return Status::ok();
+}
+
+Status batchNormGradHandler(Launch &L, Ins ins, Outs outs) {
+  int64_t n, c, inner;
+  DLOPT_RETURN_IF_ERROR(batchNormChecks(L.instr, ins, outs, true, n, c, inner));
+  double eps = 1e-5;
+  bool training = false;
+  DLOPT_RETURN_IF_ERROR(cpu::getOptFloatAttr(L.instr, "eps", eps));
+  DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(L.instr, "training", training));
+  DLOPT_LAUNCH(L, kernels::batchNormGrad(L.stream, ins[0].type.dtype,
+                                         ins[0].data, ins[1].data, ins[2].data,
+                                         ins[3].data, ins[4].data, outs[0].data,
+                                         outs[1].data, outs[2].data, n, c,
+                                         inner, eps, training));
+  return Status::ok();
+}
+
 //===--- Attention and rope ---------------------------------------------------===//
 
 Status attentionDims(const Instr &instr, Ins ins, bool grad,
@@ -1667,6 +1947,15 @@ const std::unordered_map<std::string, Handler> &handlers() {
     h["attention"] = attentionHandler;
     h["attention_grad"] = attentionGradHandler;
     h["rope"] = ropeHandler;
+    h["conv2d"] = conv2dHandler;
+    h["conv2d_grad_input"] = conv2dGradInputHandler;
+    h["conv2d_grad_filter"] = conv2dGradFilterHandler;
+    h["max_pool2d"] = poolHandler<true>;
+    h["avg_pool2d"] = poolHandler<false>;
+    h["max_pool2d_grad"] = poolGradHandler<true>;
+    h["avg_pool2d_grad"] = poolGradHandler<false>;
+    h["batch_norm"] = batchNormHandler;
+    h["batch_norm_grad"] = batchNormGradHandler;
 #endif
     return h;
   }();

@@ -1,12 +1,13 @@
 //===- CudaBackendTest.cpp - The cuda backend against the cpu backend -----===//
 //
 // Without a GPU: the backend's error is the documented one, its op list is
-// exact (a subset of the CPU kernels, no conv/pool/batch_norm) and the build
+// exact (a subset of the CPU kernels, no communication ops) and the build
 // says whether it has kernels. With a GPU (tests named CudaGpu*, ctest label
 // `gpu`, skipped with the reason elsewhere): every supported op, for every
 // float dtype it takes, runs on random data through a Session on both
 // backends and the outputs agree within per-dtype tolerances (ints, i1 and
-// data movement exactly); device-side errors name their op.
+// data movement exactly); device-side errors name their op. Every case is
+// also run on the CPU backend alone, GPU or not, to check it is well formed.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/CpuKernels.h"
@@ -60,12 +61,9 @@ TEST(CudaBackend, SupportedOpsAreExact) {
   };
   EXPECT_TRUE(has("matmul"));
   EXPECT_TRUE(has("reshape"));
-  // No CUDA kernels for these yet (docs/gpu.md): supportsOp must say so, so
+  // No CUDA kernels for these (docs/gpu.md): supportsOp must say so, so
   // plans using them fail at load naming the op.
-  for (const char *op : {"conv2d", "conv2d_grad_input", "conv2d_grad_filter",
-                         "max_pool2d", "avg_pool2d", "max_pool2d_grad",
-                         "avg_pool2d_grad", "batch_norm", "batch_norm_grad",
-                         "all_reduce", "no_such_op"})
+  for (const char *op : {"all_reduce", "no_such_op"})
     EXPECT_FALSE(has(op)) << op;
   if (CudaBackend::kernelsBuilt()) {
     for (const char *op :
@@ -74,7 +72,9 @@ TEST(CudaBackend, SupportedOpsAreExact) {
           "cross_entropy", "cross_entropy_grad", "attention", "attention_grad",
           "dropout", "transpose", "slice", "concat", "broadcast_to", "rope",
           "rms_norm", "rms_norm_grad", "mse", "select", "compare", "iota",
-          "fused_elementwise"})
+          "fused_elementwise", "conv2d", "conv2d_grad_input",
+          "conv2d_grad_filter", "max_pool2d", "avg_pool2d", "max_pool2d_grad",
+          "avg_pool2d_grad", "batch_norm", "batch_norm_grad"})
       EXPECT_TRUE(has(op)) << op;
   } else {
     EXPECT_EQ(ops, (std::vector<std::string>{"matmul", "reshape"}));
@@ -494,6 +494,82 @@ std::vector<ConformanceCase> conformanceCases() {
                            at))
       c.out(r);
   });
+  // conv2d and its gradients: groups, stride, padding and dilation that
+  // differ per axis, odd sizes, a bias; and a 1x1 convolution.
+  add("conv2d", [](Case &c, DType d) {
+    using V = std::vector<int64_t>;
+    std::map<std::string, AttrValue> at = {{"stride", V{2, 1}},
+                                           {"padding", V{1, 2}},
+                                           {"dilation", V{1, 2}},
+                                           {"groups", int64_t(2)}};
+    int32_t x = c.in(T({2, 6, 11, 9}, d)), w = c.in(T({8, 3, 3, 3}, d));
+    int32_t b = c.in(T({8}, d));
+    auto withBias = at;
+    withBias["has_bias"] = int64_t(1);
+    c.out(c.op("conv2d", {x, w, b}, T({2, 8, 6, 9}, d), withBias));
+    c.out(c.op("conv2d", {x, w}, T({2, 8, 6, 9}, d), at));
+    int32_t w1 = c.in(T({5, 6, 1, 1}, d));
+    c.out(c.op("conv2d", {x, w1}, T({2, 5, 11, 9}, d)));
+    int32_t dy = c.in(T({2, 8, 6, 9}, d));
+    c.out(c.op("conv2d_grad_input", {dy, w}, T({2, 6, 11, 9}, d), at));
+    c.out(c.op("conv2d_grad_filter", {x, dy}, T({8, 3, 3, 3}, d), at));
+    int32_t dy1 = c.in(T({2, 5, 11, 9}, d));
+    c.out(c.op("conv2d_grad_input", {dy1, w1}, T({2, 6, 11, 9}, d)));
+    c.out(c.op("conv2d_grad_filter", {x, dy1}, T({5, 6, 1, 1}, d)));
+  });
+  // Pooling and its gradients: padding, overlapping windows (stride <
+  // kernel), the default stride (= kernel) on rank 3, count_include_pad.
+  add("pool2d", [](Case &c, DType d) {
+    using V = std::vector<int64_t>;
+    int32_t x = c.in(T({2, 3, 9, 7}, d));
+    struct P {
+      V kernel, stride, padding, out;
+    };
+    for (const P &p : {P{{3, 2}, {2, 2}, {1, 1}, {2, 3, 5, 4}},
+                       P{{3, 3}, {1, 2}, {1, 0}, {2, 3, 9, 3}}}) {
+      std::map<std::string, AttrValue> at = {{"kernel", p.kernel},
+                                             {"stride", p.stride},
+                                             {"padding", p.padding}};
+      c.out(c.op("max_pool2d", {x}, T(p.out, d), at));
+      int32_t dy = c.in(T(p.out, d));
+      c.out(c.op("max_pool2d_grad", {x, dy}, T({2, 3, 9, 7}, d), at));
+      for (int64_t inc : {0, 1}) {
+        auto avg = at;
+        avg["count_include_pad"] = inc;
+        c.out(c.op("avg_pool2d", {x}, T(p.out, d), avg));
+        c.out(c.op("avg_pool2d_grad", {dy}, T({2, 3, 9, 7}, d), avg));
+      }
+    }
+    int32_t x3 = c.in(T({3, 9, 7}, d));
+    std::map<std::string, AttrValue> def = {{"kernel", V{2, 2}}};
+    c.out(c.op("max_pool2d", {x3}, T({3, 4, 3}, d), def));
+    c.out(c.op("avg_pool2d", {x3}, T({3, 4, 3}, d), def));
+    int32_t dy3 = c.in(T({3, 4, 3}, d));
+    c.out(c.op("max_pool2d_grad", {x3, dy3}, T({3, 9, 7}, d), def));
+    c.out(c.op("avg_pool2d_grad", {dy3}, T({3, 9, 7}, d), def));
+  });
+  // batch_norm (all three results) and batch_norm_grad, training (batch
+  // statistics) and inference (running statistics), rank 4 and rank 2.
+  add("batch_norm", [](Case &c, DType d) {
+    for (const std::vector<int64_t> &shape :
+         {std::vector<int64_t>{4, 5, 3, 7}, std::vector<int64_t>{6, 5}}) {
+      int32_t x = c.in(T(shape, d)), w = c.in(T({5}, d)), b = c.in(T({5}, d));
+      int32_t rm = c.in(T({5}, d)), rv = c.in(T({5}, d), Dist::Positive);
+      int32_t dy = c.in(T(shape, d));
+      for (int64_t training : {1, 0}) {
+        std::map<std::string, AttrValue> at = {
+            {"eps", 1e-5}, {"momentum", 0.1}, {"training", training}};
+        for (int32_t r : c.ops("batch_norm", {x, w, b, rm, rv},
+                               {T(shape, d), T({5}, d), T({5}, d)}, at))
+          c.out(r);
+        std::map<std::string, AttrValue> gat = {{"eps", 1e-5},
+                                                {"training", training}};
+        for (int32_t r : c.ops("batch_norm_grad", {x, w, rm, rv, dy},
+                               {T(shape, d), T({5}, d), T({5}, d)}, gat))
+          c.out(r);
+      }
+    }
+  });
   add("rope", [](Case &c, DType d) {
     int32_t x = c.in(T({2, 3, 10, 16}, d));
     c.out(c.op("rope", {x}, T({2, 3, 10, 16}, d), {{"theta", 10000.0}}));
@@ -507,6 +583,26 @@ struct Param {
   ConformanceCase c;
   DType dtype;
 };
+
+// Without a GPU the conformance cases only skip; this runs each of them on
+// the CPU backend alone, so a malformed case (shapes, attributes) shows up
+// here rather than as a failure of the first GPU run.
+TEST(CudaBackend, ConformanceCasesAreWellFormedOnTheCpu) {
+  for (const ConformanceCase &cc : conformanceCases())
+    for (DType d : cc.floats ? std::vector<DType>{DType::F32, DType::BF16,
+                                                  DType::F16}
+                             : std::vector<DType>{DType::F32}) {
+      SCOPED_TRACE(cc.name + " (" + dtypeName(d) + ")");
+      Case c;
+      cc.build(c, d);
+      auto s = Session::create(c.b.build(), std::make_unique<CpuBackend>());
+      ASSERT_TRUE(s) << s.status().message();
+      for (const auto &[name, t] : c.data)
+        ASSERT_TRUE((*s)->bind(name, t).isOk()) << name;
+      auto r = (*s)->run();
+      ASSERT_TRUE(r) << r.status().message();
+    }
+}
 
 void PrintTo(const Param &p, std::ostream *os) {
   *os << p.c.name << " (" << dtypeName(p.dtype) << ")";
