@@ -353,6 +353,20 @@ Cluster mixed(const std::string &slow, const std::string &fast, int nodes) {
   return c ? *c : Cluster{};
 }
 
+/// Plans `g` on `cluster` for `batch` samples with `fix` pinned; fails the
+/// test (and returns an error) when the search does.
+Expected<PlanResult> planFixed(const GraphSummary &g, const Cluster &cluster,
+                               int64_t batch, const char *fix) {
+  SearchOptions o = opts(batch);
+  auto f = parseFix(fix);
+  EXPECT_TRUE(f) << fix;
+  if (f)
+    o.fix = *f;
+  auto p = searchPlan(g, cluster, CostModel(), o);
+  EXPECT_TRUE(p) << fix << ": " << (p ? "" : p.status().message());
+  return p;
+}
+
 /// The per-stage layer counts of a plan.
 std::vector<int64_t> counts(const PlanResult &p) {
   std::vector<int64_t> n;
@@ -554,14 +568,15 @@ TEST(Search, HeterogeneousMemoryShiftsLayersToTheLargerDevice) {
   EXPECT_GT(u->total(), p->stageCapacity[0]);
 }
 
-TEST(Search, HomogeneousPlansKeepTheUniformSplit) {
+TEST(Search, HomogeneousPlansNameNoStageGpus) {
   GraphSummary g = gpt(24, 2048, 16, 2048, 50257);
   auto c = resolveCluster("dgx-a100:4");
   ASSERT_TRUE(c);
-  auto p = searchPlan(g, *c, CostModel(), opts(256));
+  auto p = planFixed(g, *c, 256, "pp=4,schedule=1f1b");
   ASSERT_TRUE(p);
-  EXPECT_TRUE(p->best.cfg.stageLayerCounts.empty());
   EXPECT_TRUE(p->stageGpus.empty());
+  EXPECT_TRUE(p->stageCapacity.empty());
+  EXPECT_EQ(formatTextReport(*p, *c, g).find(" on A100"), std::string::npos);
 }
 
 TEST(Search, PipelineSplitLightensTheOutputStage) {
@@ -571,10 +586,9 @@ TEST(Search, PipelineSplitLightensTheOutputStage) {
   GraphSummary g = gpt(12, 768, 12, 1024, 50257);
   auto c = resolveCluster("dgx-a100:1");
   ASSERT_TRUE(c);
-  SearchOptions o = opts(64);
-  o.fix = *parseFix("tp=1,pp=4,mbs=1,schedule=1f1b,zero=0,recompute=none");
-  auto p = searchPlan(g, *c, CostModel(), o);
-  ASSERT_TRUE(p) << p.status().message();
+  auto p = planFixed(g, *c, 64,
+                     "tp=1,pp=4,mbs=1,schedule=1f1b,zero=0,recompute=none");
+  ASSERT_TRUE(p);
   checkInvariants(*p, *c);
   auto n = counts(*p);
   ASSERT_EQ(n.size(), 4u);
@@ -593,14 +607,14 @@ TEST(Search, PipelineSplitLightensTheOutputStage) {
                      p->simInput.stages[1].backward),
             1.01 * std::max(perLayer, last));
   // Interleaved 1F1B keeps the uniform split.
-  o.fix = *parseFix("tp=1,pp=2,mbs=1,schedule=interleaved,zero=0,"
-                    "recompute=none");
-  auto q = searchPlan(g, *c, CostModel(), o);
-  ASSERT_TRUE(q) << q.status().message();
+  auto q = planFixed(g, *c, 64,
+                     "tp=1,pp=2,mbs=1,schedule=interleaved,zero=0,"
+                     "recompute=none");
+  ASSERT_TRUE(q);
   EXPECT_EQ(counts(*q), (std::vector<int64_t>{6, 6}));
-  o.fix = *parseFix("tp=1,pp=2,mbs=1,schedule=1f1b,zero=0,recompute=none");
-  auto r = searchPlan(g, *c, CostModel(), o);
-  ASSERT_TRUE(r) << r.status().message();
+  auto r = planFixed(g, *c, 64,
+                     "tp=1,pp=2,mbs=1,schedule=1f1b,zero=0,recompute=none");
+  ASSERT_TRUE(r);
   EXPECT_LT(counts(*r)[1], counts(*r)[0]);
 }
 
@@ -610,11 +624,8 @@ TEST(Search, InterleavedChunksNeedNotDivideTheLayers) {
   GraphSummary g = gpt(26, 2048, 16, 2048, 50257);
   auto c = resolveCluster("dgx-a100:4");
   ASSERT_TRUE(c);
-  SearchOptions o = opts(256);
-  o.fix = *parseFix("tp=8,pp=4,mbs=1,schedule=interleaved,v=2");
-  auto p = searchPlan(g, *c, CostModel(), o);
-  ASSERT_TRUE(p) << p.status().message();
-
+  auto p = planFixed(g, *c, 256, "tp=8,pp=4,mbs=1,schedule=interleaved,v=2");
+  ASSERT_TRUE(p);
   ASSERT_EQ(p->stageLayers.size(), 4u);
   EXPECT_EQ(p->stageLayers[0],
             (std::vector<int64_t>{0, 1, 2, 3, 14, 15, 16}));
@@ -633,11 +644,11 @@ TEST(Search, InterleavedChunksNeedNotDivideTheLayers) {
   EXPECT_NE(r.find("stage 0: layers 0-3, 14-16 (7) + pre"), std::string::npos)
       << r;
   // v=3 can be fixed too (26 layers, 12 chunks).
-  o.fix = *parseFix("tp=8,pp=4,mbs=1,schedule=interleaved,v=3");
-  auto q = searchPlan(g, *c, CostModel(), o);
-  ASSERT_TRUE(q) << q.status().message();
+  auto q = planFixed(g, *c, 256, "tp=8,pp=4,mbs=1,schedule=interleaved,v=3");
+  ASSERT_TRUE(q);
   EXPECT_EQ(q->best.cfg.virtualStages, 3);
   // More chunks than layers is refused with the numbers.
+  SearchOptions o = opts(256);
   o.fix = *parseFix("tp=8,pp=4,mbs=1,schedule=interleaved,v=8");
   auto bad = searchPlan(g, *c, CostModel(), o);
   ASSERT_FALSE(bad);
