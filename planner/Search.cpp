@@ -443,7 +443,7 @@ struct Ctx {
         if (end <= lo || first >= hi)
           continue;
         const GpuSpec &k = kinds[groupKind[gi]];
-        if (kind < 0 || slower(k, kinds[kind]))
+        if (kind < 0 || slowerGpu(k, kinds[kind], opt.precision))
           kind = groupKind[gi];
         cap = cap == 0 ? k.memoryBytes : std::min(cap, k.memoryBytes);
       }
@@ -453,15 +453,6 @@ struct Ctx {
         pl.uniform = false;
     }
     return placementCache.emplace(key, std::move(pl)).first->second;
-  }
-
-  /// Whether `a` computes slower than `b` (lower peak, then lower memory
-  /// bandwidth).
-  bool slower(const GpuSpec &a, const GpuSpec &b) const {
-    double pa = a.peak(opt.precision), pb = b.peak(opt.precision);
-    if (pa != pb)
-      return pa < pb;
-    return a.memoryBandwidth < b.memoryBandwidth;
   }
 
   const Expected<CommGroup> &group(int size, int stride) {
@@ -938,32 +929,25 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   }
   const StageRanges ranges = stageRanges(c.spec, cfg);
 
-  // Memory (upper bound, the worst stage; on a heterogeneous cluster the
-  // stage with the least headroom under its own capacity).
-  if (!pl) {
-    auto mem = transformerPeakMemory(c.spec, cfg, c.cost.calibration());
+  // Memory (upper bound): every stage's, kept for the optimizer step below;
+  // the report shows the stage with the least headroom under its own
+  // capacity (the largest on a homogeneous cluster).
+  std::vector<MemoryBreakdown> stageMems;
+  for (int st = 0; st < cfg.pp; ++st) {
+    auto mem = stageMemory(c, cfg, st, ranges.layers(st));
     if (!mem) {
+      stageMems.clear();
+      cand.memory = MemoryBreakdown{};
       cand.memory.workspace = std::numeric_limits<double>::infinity();
-    } else {
+      break;
+    }
+    double cap = pl ? pl->capacity[st] : c.capacity;
+    if (stageMems.empty() ||
+        cap - mem->total() < cand.capacity - cand.memory.total()) {
       cand.memory = *mem;
-      if (!train)
-        forwardOnlyMemory(c, cfg, cand.memory);
+      cand.capacity = cap;
     }
-  } else {
-    bool have = false;
-    for (int st = 0; st < cfg.pp; ++st) {
-      auto mem = stageMemory(c, cfg, st, ranges.layers(st));
-      if (!mem) {
-        cand.memory.workspace = std::numeric_limits<double>::infinity();
-        break;
-      }
-      if (!have || pl->capacity[st] - mem->total() <
-                       cand.capacity - cand.memory.total()) {
-        cand.memory = *mem;
-        cand.capacity = pl->capacity[st];
-        have = true;
-      }
-    }
+    stageMems.push_back(*mem);
   }
 
   // Compute per micro-batch on each stage; the slowest stage sets the pace.
@@ -1169,20 +1153,11 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
 
   // The optimizer step after the gradient sync, on the stage that holds
   // the most optimizer state (the stages step in parallel).
-  if (train) {
-    for (int st = 0; st < cfg.pp; ++st) {
-      // Uniform split: stage 0 (embeddings, the most layers) or the last
-      // (output layer) holds the most; a heterogeneous one checks all.
-      if (!pl && st != 0 && st != cfg.pp - 1)
-        continue;
-      auto mem = st == cand.memory.stage
-                     ? Expected<MemoryBreakdown>(cand.memory)
-                     : stageMemory(c, cfg, st, ranges.layers(st));
-      if (mem)
-        T.optimizer = std::max(
-            T.optimizer, optimizerStepTime(c, cfg, *mem, pl ? pl->kind[st] : -1));
-    }
-  }
+  if (train)
+    for (size_t st = 0; st < stageMems.size(); ++st)
+      T.optimizer = std::max(T.optimizer,
+                             optimizerStepTime(c, cfg, stageMems[st],
+                                               pl ? pl->kind[st] : -1));
 
   // Host dispatch: kernels of the worst stage per micro-batch (forward,
   // about twice as many backward, a recomputed forward) plus its

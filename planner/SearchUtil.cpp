@@ -20,11 +20,18 @@ std::vector<int64_t> divisorsOf(int64_t n) {
   return d;
 }
 
+bool slowerGpu(const GpuSpec &a, const GpuSpec &b, Precision precision) {
+  double pa = a.peak(precision), pb = b.peak(precision);
+  if (pa != pb)
+    return pa < pb;
+  return a.memoryBandwidth < b.memoryBandwidth;
+}
+
 Expected<GpuSpec> pacingGpu(const Cluster &cluster, Precision precision) {
   GpuSpec gpu{};
   bool have = false;
   for (const NodeGroup &g : cluster.groups)
-    if (!have || g.gpu.peak(precision) < gpu.peak(precision)) {
+    if (!have || slowerGpu(g.gpu, gpu, precision)) {
       gpu = g.gpu;
       have = true;
     }

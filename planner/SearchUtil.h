@@ -31,8 +31,12 @@ namespace dlopt::planner {
 /// The divisors of `n` (n >= 1), ascending.
 std::vector<int64_t> divisorsOf(int64_t n);
 
-/// The GPU kind with the lowest peak at `precision`: it sets the pace of a
-/// uniform plan. An error when that peak is not positive.
+/// Whether `a` computes slower than `b` at `precision`: a lower peak, then
+/// (equal peaks, e.g. H100 and H200) a lower memory bandwidth.
+bool slowerGpu(const GpuSpec &a, const GpuSpec &b, Precision precision);
+
+/// The slowest GPU kind (slowerGpu): it sets the pace of a uniform plan. An
+/// error when its peak is not positive.
 Expected<GpuSpec> pacingGpu(const Cluster &cluster, Precision precision);
 
 /// Reasons joined by "; ".
