@@ -1,8 +1,12 @@
 //===- Calibration.cpp - Defaults, validation and JSON overrides ----------===//
 #include "planner/Calibration.h"
 
+#include "runtime/support/FileRead.h"
+#include "runtime/support/JsonLimits.h"
+
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -96,23 +100,23 @@ std::string fmt(double v) {
 }
 
 Status checkRange(const Entry &e, double v) {
-  bool ok = true;
+  bool ok = std::isfinite(v);
   const char *want = "";
   switch (e.range) {
   case Range::Efficiency:
-    ok = v > 0 && v <= 1;
+    ok = ok && v > 0 && v <= 1;
     want = "a fraction in (0, 1]";
     break;
   case Range::Positive:
-    ok = v > 0;
+    ok = ok && v > 0;
     want = "a positive number";
     break;
   case Range::NonNegative:
-    ok = v >= 0;
+    ok = ok && v >= 0;
     want = "a number >= 0";
     break;
   case Range::FractionBelowOne:
-    ok = v >= 0 && v < 1;
+    ok = ok && v >= 0 && v < 1;
     want = "a fraction in [0, 1)";
     break;
   }
@@ -151,10 +155,11 @@ Expected<Calibration> parseCalibration(std::string_view text,
                                        std::string_view source,
                                        const Calibration &base) {
   std::string where = std::string(source) + ": ";
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/
-                                           false, /*ignore_comments=*/true);
-  if (j.is_discarded())
-    return Status::error(where + "not valid JSON");
+  auto parsed =
+      rt::parseJsonBounded<nlohmann::json>(text, /*ignoreComments=*/true);
+  if (!parsed)
+    return Status::error(where + parsed.status().message());
+  nlohmann::json j = parsed.take();
   if (!j.is_object())
     return Status::error(where + "expected a JSON object of constants, got " +
                          std::string(j.type_name()));
@@ -176,6 +181,9 @@ Expected<Calibration> parseCalibration(std::string_view text,
                            std::string(it.value().type_name()));
     double v = it.value().get<double>();
     DLOPT_RETURN_IF_ERROR(checkRange(*entry, v).withContext(where));
+    if (!std::isfinite(v * entry->scale))
+      return Status::error(where + it.key() + ": expected a finite value, " +
+                           fmt(v) + " overflows once converted");
     c.*(entry->field) = v * entry->scale;
   }
   return c;
@@ -183,12 +191,11 @@ Expected<Calibration> parseCalibration(std::string_view text,
 
 Expected<Calibration> loadCalibration(const std::string &path,
                                       const Calibration &base) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    return Status::error(path + ": cannot open calibration file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parseCalibration(ss.str(), path, base);
+  Expected<std::string> text =
+      rt::readTextFileLimited(path, "calibration file");
+  if (!text)
+    return text.status();
+  return parseCalibration(*text, path, base);
 }
 
 } // namespace dlopt::planner

@@ -1,12 +1,18 @@
 //===- Cluster.cpp - Presets, YAML/JSON parsing and communicator links ----===//
 #include "planner/Cluster.h"
 
+#include "runtime/support/FileRead.h"
+#include "runtime/support/JsonLimits.h"
+
 #include <nlohmann/json.hpp>
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <fstream>
 #include <map>
 #include <set>
@@ -258,15 +264,16 @@ Status Cluster::validate() const {
     const NodeGroup &g = groups[i];
     std::string p = where + "nodes[" + std::to_string(i) + "].";
     auto positive = [&](const std::string &field, double v) -> Status {
-      if (v > 0)
+      if (v > 0 && std::isfinite(v))
         return Status::ok();
-      return Status::error(p + field + ": expected a positive number, got " +
+      return Status::error(p + field +
+                           ": expected a finite positive number, got " +
                            fmtNum(v));
     };
     auto nonNegative = [&](const std::string &field, double v) -> Status {
-      if (v >= 0)
+      if (v >= 0 && std::isfinite(v))
         return Status::ok();
-      return Status::error(p + field + ": expected a number >= 0, got " +
+      return Status::error(p + field + ": expected a finite number >= 0, got " +
                            fmtNum(v));
     };
     DLOPT_RETURN_IF_ERROR(positive("count", g.count));
@@ -412,12 +419,67 @@ std::string Cluster::toJson() const {
 
 namespace {
 
-json yamlToJson(const YAML::Node &n) {
-  switch (n.Type()) {
-  case YAML::NodeType::Undefined:
-  case YAML::NodeType::Null:
+/// A YAML document that cannot become a cluster tree (too deep, too large
+/// once aliases are expanded, a key given twice).
+struct YamlLimitError {
+  std::string message;
+};
+
+/// Converts a YAML tree to JSON. yaml-cpp shares aliased nodes, so a 1 KB
+/// "billion laughs" file is small in yaml-cpp but explodes here: every node
+/// written counts against a budget far above any real cluster file.
+class YamlConverter {
+public:
+  json convert(const YAML::Node &n, const std::string &path, int depth) {
+    if (++nodes_ > kMaxNodes)
+      throw YamlLimitError{"more than " + std::to_string(kMaxNodes) +
+                           " values once aliases are expanded (at " +
+                           shown(path) + "); a cluster file needs a few "
+                           "hundred"};
+    if (depth > kMaxDepth)
+      throw YamlLimitError{"nested deeper than " + std::to_string(kMaxDepth) +
+                           " levels at " + shown(path)};
+    switch (n.Type()) {
+    case YAML::NodeType::Undefined:
+    case YAML::NodeType::Null:
+      return nullptr;
+    case YAML::NodeType::Scalar:
+      return scalar(n);
+    case YAML::NodeType::Sequence: {
+      json a = json::array();
+      size_t i = 0;
+      for (const auto &e : n)
+        a.push_back(convert(e, path + "[" + std::to_string(i++) + "]",
+                            depth + 1));
+      return a;
+    }
+    case YAML::NodeType::Map: {
+      json o = json::object();
+      for (const auto &kv : n) {
+        std::string key = kv.first.as<std::string>();
+        std::string child = path.empty() ? key : path + "." + key;
+        if (o.contains(key))
+          throw YamlLimitError{"duplicate key '" + key + "' at " +
+                               shown(path) + " (each key may appear once)"};
+        o[key] = convert(kv.second, child, depth + 1);
+      }
+      return o;
+    }
+    }
     return nullptr;
-  case YAML::NodeType::Scalar: {
+  }
+
+private:
+  static constexpr long kMaxNodes = 100000;
+  static constexpr int kMaxDepth = rt::kMaxJsonDepth;
+
+  static std::string shown(const std::string &path) {
+    if (path.empty())
+      return "the top level";
+    return path.size() > 120 ? path.substr(0, 120) + "..." : path;
+  }
+
+  static json scalar(const YAML::Node &n) {
     const std::string &s = n.Scalar();
     if (n.Tag() == "!") // quoted: always a string
       return s;
@@ -437,24 +499,20 @@ json yamlToJson(const YAML::Node &n) {
       double d = std::strtod(s.c_str(), &end);
       if (*end == '\0' && errno == 0)
         return d;
+      // YAML 1.2's spellings of the non-finite floats; the reader refuses
+      // them with the field's name instead of taking them as strings.
+      if (s == ".inf" || s == ".Inf" || s == ".INF" || s == "+.inf")
+        return std::numeric_limits<double>::infinity();
+      if (s == "-.inf" || s == "-.Inf" || s == "-.INF")
+        return -std::numeric_limits<double>::infinity();
+      if (s == ".nan" || s == ".NaN" || s == ".NAN")
+        return std::numeric_limits<double>::quiet_NaN();
     }
     return s;
   }
-  case YAML::NodeType::Sequence: {
-    json a = json::array();
-    for (const auto &e : n)
-      a.push_back(yamlToJson(e));
-    return a;
-  }
-  case YAML::NodeType::Map: {
-    json o = json::object();
-    for (const auto &kv : n)
-      o[kv.first.as<std::string>()] = yamlToJson(kv.second);
-    return o;
-  }
-  }
-  return nullptr;
-}
+
+  long nodes_ = 0;
+};
 
 const char *typeName(const json &v) {
   if (v.is_number_integer() || v.is_number_unsigned())
@@ -526,6 +584,9 @@ public:
     if (!v.is_number())
       return error(path, "expected a number, got " + describe(v));
     double d = v.get<double>();
+    if (!std::isfinite(d))
+      return error(path, std::string("expected a finite number, got ") +
+                             (std::isnan(d) ? "nan" : d > 0 ? "inf" : "-inf"));
     if (positive && !(d > 0))
       return error(path, "expected a positive number, got " + dumpScalar(v));
     if (!positive && !(d >= 0))
@@ -871,14 +932,22 @@ Expected<Cluster> parseCluster(std::string_view text, ClusterFormat format,
   Reader rd{std::string(source)};
   json tree;
   if (format == ClusterFormat::Json) {
-    try {
-      tree = json::parse(text, nullptr, true, /*ignore_comments=*/true);
-    } catch (const json::parse_error &e) {
-      return Status::error(std::string(source) + ": invalid JSON: " + e.what());
-    }
+    auto parsed = rt::parseJsonBounded<json>(text, /*ignoreComments=*/true);
+    if (!parsed)
+      return Status::error(std::string(source) + ": " +
+                           parsed.status().message());
+    tree = parsed.take();
   } else {
     try {
-      tree = yamlToJson(YAML::Load(std::string(text)));
+      tree = YamlConverter().convert(YAML::Load(std::string(text)), "", 0);
+    } catch (const YamlLimitError &e) {
+      return Status::error(std::string(source) + ": " + e.message);
+    } catch (const YAML::DeepRecursion &e) {
+      return Status::error(std::string(source) + ":" +
+                           std::to_string(e.mark.line + 1) + ":" +
+                           std::to_string(e.mark.column + 1) +
+                           ": invalid YAML: nested deeper than " +
+                           std::to_string(e.depth()) + " levels");
     } catch (const YAML::Exception &e) {
       return Status::error(
           std::string(source) + ":" + std::to_string(e.mark.line + 1) + ":" +
@@ -899,12 +968,10 @@ Expected<Cluster> loadClusterFile(const std::string &path) {
   else
     return Status::error(path + ": expected a .yaml, .yml or .json cluster "
                                 "file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    return Status::error(path + ": cannot open cluster file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parseCluster(ss.str(), fmt, path);
+  Expected<std::string> text = rt::readTextFileLimited(path, "cluster file");
+  if (!text)
+    return text.status();
+  return parseCluster(*text, fmt, path);
 }
 
 Expected<Cluster> resolveCluster(std::string_view spec) {

@@ -1,6 +1,9 @@
 //===- PlanFile.cpp - Reading a dlopt plan file back ----------------------===//
 #include "planner/PlanFile.h"
 
+#include "runtime/support/FileRead.h"
+#include "runtime/support/JsonLimits.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -286,10 +289,12 @@ Expected<LoadedPlan> parsePlanFile(std::string_view text,
                                    std::string_view source) {
   Reader rd{std::string(source)};
   json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error &e) {
-    return Status::error(std::string(source) + ": invalid JSON: " + e.what());
+  {
+    auto parsed = rt::parseJsonBounded<json>(text);
+    if (!parsed)
+      return Status::error(std::string(source) + ": " +
+                           parsed.status().message());
+    j = parsed.take();
   }
   if (!j.is_object())
     return rd.error("", "expected a JSON object (a dlopt plan file)");
@@ -359,12 +364,10 @@ Expected<LoadedPlan> parsePlanFile(std::string_view text,
 }
 
 Expected<LoadedPlan> loadPlanFile(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    return Status::error(path + ": cannot open plan file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parsePlanFile(ss.str(), path);
+  Expected<std::string> text = rt::readTextFileLimited(path, "plan file");
+  if (!text)
+    return text.status();
+  return parsePlanFile(*text, path);
 }
 
 namespace {

@@ -174,10 +174,14 @@ Expected<CheckpointState> loadCheckpoint(Session &session,
                   Field{"data_epoch", &state.dataEpoch},
                   Field{"rng_seed", &state.rngSeed}}) {
     std::optional<uint64_t> v = parseU64(get(f.key));
-    if (!v || (f.out == &step && *v > uint64_t(INT64_MAX)))
+    if (!v)
       return Status::error(where + "metadata '" + f.key +
                            "' must be a non-negative integer, got '" +
                            get(f.key) + "'");
+    if (f.out == &step && *v > uint64_t(kMaxTrainingStep))
+      return Status::error(where + "metadata 'step' is " + get(f.key) +
+                           ", more than the largest step count " +
+                           std::to_string(kMaxTrainingStep) + " (2^53)");
     *f.out = *v;
   }
   state.step = int64_t(step);

@@ -38,6 +38,10 @@ struct CheckpointState {
 /// two plans agree on it iff their checkpoints are interchangeable.
 std::string modelFingerprint(const Executable &exe);
 
+/// Step counts stay below 2^53, so they are exact wherever they are printed
+/// or stored as JSON numbers; checkpoints and --steps beyond it are refused.
+inline constexpr int64_t kMaxTrainingStep = int64_t(1) << 53;
+
 /// "step-000123.safetensors".
 std::string checkpointFileName(int64_t step);
 

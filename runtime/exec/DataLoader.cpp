@@ -65,8 +65,13 @@ public:
               TensorType tokensType, std::optional<TensorType> labelsType)
       : path_(std::move(path)), tokens_(std::move(tokens)),
         tokensType_(std::move(tokensType)), labelsType_(std::move(labelsType)) {
-    batch_ = tokensType_.shape[0];
-    seq_ = tokensType_.shape[1];
+    // [B, S], or [K, B, S] for a step that accumulates K micro-batches:
+    // the rows are consecutive windows either way, so K micro-batches of B
+    // see exactly the windows one batch of K*B would.
+    batch_ = 1;
+    for (size_t d = 0; d + 1 < tokensType_.shape.size(); ++d)
+      batch_ *= tokensType_.shape[d];
+    seq_ = tokensType_.shape.back();
     numWindows_ = (uint64_t(tokens_.size()) - 1) / uint64_t(seq_);
   }
 
@@ -151,6 +156,32 @@ Status decodeTokens(const uint8_t *p, size_t bytes, const std::string &descr,
     out[i] = int32_t(v);
   }
   return Status::ok();
+}
+
+/// C-order element order of a Fortran-order array stored in `in`.
+std::vector<int32_t> fortranToC(const std::vector<int32_t> &in,
+                                const std::vector<int64_t> &shape) {
+  std::vector<int32_t> out(in.size());
+  size_t rank = shape.size();
+  std::vector<int64_t> idx(rank, 0);
+  // Walk the C order (last index fastest), keeping the Fortran offset
+  // (first index fastest) in step.
+  std::vector<int64_t> fstride(rank, 1);
+  for (size_t d = 1; d < rank; ++d)
+    fstride[d] = fstride[d - 1] * shape[d - 1];
+  int64_t f = 0;
+  for (size_t c = 0; c < out.size(); ++c) {
+    out[c] = in[size_t(f)];
+    for (size_t d = rank; d-- > 0;) {
+      if (++idx[d] < shape[d]) {
+        f += fstride[d];
+        break;
+      }
+      f -= fstride[d] * (shape[d] - 1);
+      idx[d] = 0;
+    }
+  }
+  return out;
 }
 
 //===----------------------------------------------------------------------===//
@@ -346,6 +377,34 @@ std::optional<int64_t> inferIntRange(const Executable &exe, int32_t inputId) {
   return best;
 }
 
+Expected<std::vector<int32_t>>
+decodeTokenFile(const std::vector<uint8_t> &bytes, TokenDType rawDType) {
+  std::vector<int32_t> tokens;
+  if (bytes.size() >= 6 && std::memcmp(bytes.data(), "\x93NUMPY", 6) == 0) {
+    Expected<NpyHeader> h = parseNpyHeader(bytes);
+    if (!h)
+      return h.status();
+    DLOPT_RETURN_IF_ERROR(decodeTokens(bytes.data() + h->dataOffset,
+                                       bytes.size() - h->dataOffset, h->descr,
+                                       tokens));
+    if (int64_t(tokens.size()) != h->numElements)
+      return Status::error("the header's shape holds " +
+                           std::to_string(h->numElements) +
+                           " tokens, the file " +
+                           std::to_string(tokens.size()));
+    if (h->fortranOrder)
+      tokens = fortranToC(tokens, h->shape);
+    return tokens;
+  }
+  Status st = decodeTokens(bytes.data(), bytes.size(),
+                           rawDType == TokenDType::U16 ? "<u2" : "<i4", tokens);
+  if (!st)
+    return st.withContext(
+        std::string("(raw ") +
+        (rawDType == TokenDType::U16 ? "uint16" : "int32") + " tokens): ");
+  return tokens;
+}
+
 static Expected<std::unique_ptr<DataLoader>>
 createTokenLoaderImpl(const Executable &exe, const std::string &path,
                   TokenDType rawDType) {
@@ -356,10 +415,14 @@ createTokenLoaderImpl(const Executable &exe, const std::string &path,
                          inputList(exe) +
                          "); use --data-input NAME=FILE.npy for other inputs");
   const TensorType &tt = exe.values[tokId].type;
-  if (tt.shape.size() != 2 || !isInteger(tt.dtype) || tt.shape[0] < 1 ||
-      tt.shape[1] < 1)
+  bool shapeOk = (tt.shape.size() == 2 || tt.shape.size() == 3) &&
+                 isInteger(tt.dtype);
+  for (int64_t d : tt.shape)
+    shapeOk = shapeOk && d >= 1;
+  if (!shapeOk)
     return Status::error("--data needs the input 'tokens' to be [batch, seq] "
-                         "integers, got " + tt.str());
+                         "integers (or [micro-batches, batch, seq] for "
+                         "--accumulate), got " + tt.str());
   std::optional<TensorType> labelsType;
   int32_t labId = findInput(exe, "labels");
   if (labId >= 0) {
@@ -371,35 +434,13 @@ createTokenLoaderImpl(const Executable &exe, const std::string &path,
     labelsType = lt;
   }
 
-  Expected<std::vector<uint8_t>> bytes = readFileBytes(path);
+  Expected<std::vector<uint8_t>> bytes = readFileBytes(path, "token file");
   if (!bytes)
     return bytes.status();
-  std::vector<int32_t> tokens;
-  if (bytes->size() >= 6 && std::memcmp(bytes->data(), "\x93NUMPY", 6) == 0) {
-    Expected<NpyHeader> h = parseNpyHeader(*bytes);
-    if (!h)
-      return h.status().withContext(path + ": ");
-    Status st = decodeTokens(bytes->data() + h->dataOffset,
-                             bytes->size() - h->dataOffset, h->descr, tokens);
-    if (!st)
-      return st.withContext(path + ": ");
-    int64_t expect = 1;
-    for (int64_t d : h->shape)
-      expect *= d;
-    if (int64_t(tokens.size()) != expect)
-      return Status::error(path + ": the header's shape holds " +
-                           std::to_string(expect) + " tokens, the file " +
-                           std::to_string(tokens.size()));
-  } else {
-    Status st = decodeTokens(bytes->data(), bytes->size(),
-                             rawDType == TokenDType::U16 ? "<u2" : "<i4",
-                             tokens);
-    if (!st)
-      return st.withContext(path + " (raw " +
-                            std::string(rawDType == TokenDType::U16 ? "uint16"
-                                                                    : "int32") +
-                            " tokens): ");
-  }
+  Expected<std::vector<int32_t>> decoded = decodeTokenFile(*bytes, rawDType);
+  if (!decoded)
+    return decoded.status().withContext(path + ": ");
+  std::vector<int32_t> tokens = decoded.take();
   int64_t seq = tt.shape[1];
   if (int64_t(tokens.size()) < seq + 1)
     return Status::error(path + ": " + std::to_string(tokens.size()) +

@@ -58,6 +58,13 @@ Expected<std::unique_ptr<DataLoader>>
 createTokenLoader(const Executable &exe, const std::string &path,
                   TokenDType rawDType);
 
+/// The token ids of a token file's bytes: a .npy array of integers (any
+/// shape, C or Fortran order, read flat in C order) or, without the .npy
+/// magic, raw little-endian `rawDType` values. Ids must fit int32 and be
+/// >= 0; the vocabulary is checked by createTokenLoader.
+Expected<std::vector<int32_t>> decodeTokenFile(const std::vector<uint8_t> &bytes,
+                                               TokenDType rawDType);
+
 /// Classifier-style data: `files` maps inputs to .npy arrays whose dim 0
 /// indexes samples (all arrays the same length N, each sample shaped like
 /// the input without its batch dim). Batch k of an epoch holds samples

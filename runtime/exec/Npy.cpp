@@ -19,6 +19,13 @@ namespace {
 
 constexpr char kNpyMagic[6] = {'\x93', 'N', 'U', 'M', 'P', 'Y'};
 
+std::string shapeText(const std::vector<int64_t> &shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + (shape.size() == 1 ? ",)" : ")");
+}
+
 /// Parser for the header dict: {'descr': '<f4', 'fortran_order': False,
 /// 'shape': (2, 3), }.
 class HeaderParser {
@@ -41,6 +48,10 @@ public:
       if (!eat(':'))
         return err("expected ':' after '" + *key + "'");
       skipSpace();
+      if ((*key == "descr" && haveDescr) ||
+          (*key == "fortran_order" && haveFortran) ||
+          (*key == "shape" && haveShape))
+        return err("duplicate key '" + *key + "'");
       if (*key == "descr") {
         std::optional<std::string> v = parseString();
         if (!v)
@@ -88,8 +99,9 @@ public:
 
 private:
   Status err(const std::string &what) {
+    std::string shown = s_.size() > 200 ? s_.substr(0, 200) + "..." : s_;
     return Status::error("malformed .npy header: " + what + " at column " +
-                         std::to_string(pos_) + " of \"" + s_ + "\"");
+                         std::to_string(pos_) + " of \"" + shown + "\"");
   }
   void skipSpace() {
     while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\n' ||
@@ -196,6 +208,9 @@ Expected<NpyHeader> parseNpyHeader(const std::vector<uint8_t> &bytes) {
                            std::to_string(bytes[7]) +
                            " (supported: 1.0, 2.0, 3.0)");
     }
+    if (headerLen > (size_t(1) << 20))
+      return Status::error(".npy header of " + std::to_string(headerLen) +
+                           " bytes; at most 1 MiB is read");
     if (headerLen > bytes.size() - headerStart)
       return Status::error("truncated .npy header: needs " +
                            std::to_string(headerLen) + " bytes, file has " +
@@ -206,6 +221,16 @@ Expected<NpyHeader> parseNpyHeader(const std::vector<uint8_t> &bytes) {
     DLOPT_RETURN_IF_ERROR(
         HeaderParser(header).parse(h.descr, h.fortranOrder, h.shape));
     h.dataOffset = headerStart + headerLen;
+    h.numElements = 1;
+    for (int64_t d : h.shape) {
+      if (d < 0)
+        return Status::error(".npy shape has a negative dim " +
+                             std::to_string(d));
+      if (d != 0 && h.numElements > kMaxNpyElements / d)
+        return Status::error(".npy shape " + shapeText(h.shape) +
+                             " is too large (more than 2^48 elements)");
+      h.numElements *= d;
+    }
     return h;
   } catch (const std::exception &e) {
     return Status::error(std::string("reading .npy: ") + e.what());
@@ -244,12 +269,7 @@ Expected<HostTensor> parseNpy(const std::vector<uint8_t> &bytes) {
     HostTensor t;
     t.type.dtype = u8AsBool ? DType::I1 : *dtype;
     t.type.shape = shape;
-    int64_t bytesNeeded = dtypeSize(t.type.dtype);
-    for (int64_t d : shape) {
-      if (d != 0 && bytesNeeded > (int64_t(1) << 48) / d)
-        return Status::error(".npy shape is too large");
-      bytesNeeded *= d;
-    }
+    int64_t bytesNeeded = dtypeSize(t.type.dtype) * h->numElements;
     size_t dataStart = h->dataOffset;
     size_t have = bytes.size() - dataStart;
     if (uint64_t(bytesNeeded) != have)
@@ -319,30 +339,20 @@ std::vector<uint8_t> encodeNpy(const HostTensor &tensor) {
   return out;
 }
 
-Expected<std::vector<uint8_t>> readFileBytes(const std::string &path) {
-  std::FILE *f = std::fopen(path.c_str(), "rb");
-  if (!f)
-    return Status::error(path + ": " + std::strerror(errno));
-  std::vector<uint8_t> bytes;
-  uint8_t buf[1 << 16];
-  size_t n;
-  try {
-    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0)
-      bytes.insert(bytes.end(), buf, buf + n);
-  } catch (const std::exception &e) {
-    std::fclose(f);
-    return Status::error(path + ": " + e.what());
-  }
-  int err = errno;
-  bool failed = std::ferror(f);
-  std::fclose(f);
-  if (failed)
-    return Status::error(path + ": " + std::strerror(err));
-  return bytes;
+Expected<std::vector<uint8_t>> readFileBytes(const std::string &path,
+                                             const std::string &what,
+                                             uint64_t maxBytes) {
+  return readFileLimited(path, what, maxBytes);
 }
 
 Expected<HostTensor> readNpy(const std::string &path) {
-  Expected<std::vector<uint8_t>> bytes = readFileBytes(path);
+  PrefixCheck magic{6, [](const uint8_t *p, size_t n) {
+                      if (n < 6 || std::memcmp(p, kNpyMagic, 6) != 0)
+                        return Status::error("not a .npy file (bad magic)");
+                      return Status::ok();
+                    }};
+  Expected<std::vector<uint8_t>> bytes =
+      readFileLimited(path, ".npy file", kMaxDataFileBytes, magic);
   if (!bytes)
     return bytes.status();
   Expected<HostTensor> t = parseNpy(*bytes);

@@ -10,12 +10,20 @@
 #pragma once
 
 #include "runtime/exec/HostTensor.h"
+#include "runtime/support/FileRead.h"
 #include "runtime/support/Status.h"
 
 #include <string>
 #include <vector>
 
 namespace dlopt::rt {
+
+/// Largest data file (.npy, safetensors, token data) read whole.
+inline constexpr uint64_t kMaxDataFileBytes = uint64_t(1) << 40;
+
+/// Largest element count of a .npy array (2^48, far above any real one);
+/// also keeps every byte count below 2^63.
+inline constexpr int64_t kMaxNpyElements = int64_t(1) << 48;
 
 /// The header of a .npy file, whatever its dtype: for readers of data that
 /// HostTensor has no element type for (e.g. uint16 token ids).
@@ -24,6 +32,7 @@ struct NpyHeader {
   std::vector<int64_t> shape;
   bool fortranOrder = false;
   size_t dataOffset = 0; ///< where the array data starts in the file
+  int64_t numElements = 0; ///< product of `shape`, checked for overflow
 };
 Expected<NpyHeader> parseNpyHeader(const std::vector<uint8_t> &bytes);
 
@@ -34,8 +43,11 @@ Expected<HostTensor> parseNpy(const std::vector<uint8_t> &bytes);
 /// Encodes a tensor as .npy (version 1.0 unless the header needs 2.0).
 std::vector<uint8_t> encodeNpy(const HostTensor &tensor);
 
-/// A whole file; errors are "PATH: reason".
-Expected<std::vector<uint8_t>> readFileBytes(const std::string &path);
+/// A whole file; errors are "PATH: reason". Directories, files over
+/// `maxBytes` and endless streams are refused (runtime/support/FileRead.h).
+Expected<std::vector<uint8_t>>
+readFileBytes(const std::string &path, const std::string &what = "file",
+              uint64_t maxBytes = kMaxDataFileBytes);
 
 /// File versions; messages are prefixed with the path.
 Expected<HostTensor> readNpy(const std::string &path);

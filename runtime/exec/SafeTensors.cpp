@@ -7,12 +7,15 @@
 #include "runtime/exec/SafeTensors.h"
 #include "runtime/exec/Npy.h"
 
+#include "runtime/support/JsonLimits.h"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <csignal>
 #include <fcntl.h>
 #include <filesystem>
 #include <optional>
@@ -151,12 +154,11 @@ Expected<SafeTensorsFile> parseImpl(const std::vector<uint8_t> &bytes) {
                          std::to_string(headerLen) + " exceeds the " +
                          std::to_string(rest) + " bytes after it");
   const char *begin = reinterpret_cast<const char *>(bytes.data() + 8);
-  Json doc;
-  try {
-    doc = Json::parse(begin, begin + headerLen);
-  } catch (const Json::exception &e) {
-    return Status::error(std::string("malformed header JSON: ") + e.what());
-  }
+  Expected<Json> parsed = parseJsonBounded<Json>(begin, begin + headerLen);
+  if (!parsed)
+    return Status::error("malformed header JSON: " +
+                         parsed.status().message());
+  Json doc = parsed.take();
   uint64_t dataSize = rest - headerLen;
   std::vector<Entry> entries;
   SafeTensorsFile file;
@@ -262,6 +264,53 @@ Expected<SafeTensorsFile> readSafeTensors(const std::string &path) {
   return f;
 }
 
+namespace {
+
+/// This host's name with dots replaced, so it parses back out of a file
+/// name; "localhost" if it has none.
+std::string hostName() {
+  char buf[256] = {0};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == 0)
+    return "localhost";
+  std::string s(buf);
+  for (char &c : s)
+    if (c == '.' || c == '/')
+      c = '_';
+  return s;
+}
+
+} // namespace
+
+std::vector<std::string> removeStaleTempFiles(const std::string &dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> removed;
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec), end;
+  if (ec)
+    return removed;
+  const std::string host = "." + hostName() + ".";
+  for (; it != end; it.increment(ec)) {
+    if (ec)
+      break;
+    std::string name = it->path().filename().string();
+    // .NAME.tmp.HOST.PID
+    size_t tmpAt = name.rfind(".tmp" + host);
+    if (name.empty() || name[0] != '.' || tmpAt == std::string::npos)
+      continue;
+    std::string pidText = name.substr(tmpAt + 4 + host.size());
+    if (pidText.empty() || pidText.size() > 9 ||
+        pidText.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    pid_t pid = pid_t(std::stol(pidText));
+    if (pid == ::getpid() || (::kill(pid, 0) == 0 || errno == EPERM))
+      continue; // its writer still runs
+    if (fs::remove(it->path(), ec))
+      removed.push_back(name);
+  }
+  std::sort(removed.begin(), removed.end());
+  return removed;
+}
+
 Status writeFileAtomic(const std::string &path,
                        const std::vector<uint8_t> &bytes) {
   namespace fs = std::filesystem;
@@ -269,10 +318,9 @@ Status writeFileAtomic(const std::string &path,
   fs::path dir = target.parent_path();
   if (dir.empty())
     dir = ".";
-  std::string tmp =
-      (dir / ("." + target.filename().string() + ".tmp." +
-              std::to_string(::getpid())))
-          .string();
+  std::string tmp = (dir / ("." + target.filename().string() + ".tmp." +
+                            hostName() + "." + std::to_string(::getpid())))
+                        .string();
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0)
     return Status::error(path + ": cannot create '" + tmp +

@@ -50,8 +50,16 @@ Expected<SafeTensorsFile> parseSafeTensors(const std::vector<uint8_t> &bytes);
 Expected<SafeTensorsFile> readSafeTensors(const std::string &path);
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same
-/// directory, fsync, rename over `path`, fsync of the directory. A crash
-/// leaves either the old file or the new one, never a partial file.
+/// directory (`.NAME.tmp.HOST.PID`), fsync, rename over `path`, fsync of
+/// the directory. A crash leaves either the old file or the new one, never
+/// a partial file; the temporary file of a killed writer is removed by
+/// removeStaleTempFiles.
+/// Removes the temporary files writeFileAtomic left in `dir` when its
+/// process was killed: those of this host whose process no longer runs
+/// (files of other hosts, on a shared file system, are left to them).
+/// Returns the names removed.
+std::vector<std::string> removeStaleTempFiles(const std::string &dir);
+
 Status writeFileAtomic(const std::string &path,
                        const std::vector<uint8_t> &bytes);
 

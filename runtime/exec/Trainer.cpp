@@ -2,6 +2,7 @@
 
 #include "runtime/exec/Trainer.h"
 #include "runtime/exec/Checkpoint.h"
+#include "runtime/exec/SafeTensors.h"
 
 #include <cerrno>
 #include <chrono>
@@ -407,6 +408,10 @@ Status Trainer::run() {
 }
 
 Status Trainer::runLoop() {
+  if (opts_.steps < 0 || opts_.steps > kMaxTrainingStep - step_)
+    return Status::error(std::to_string(opts_.steps) + " steps after step " +
+                         std::to_string(step_) + " would pass the largest "
+                         "step count " + std::to_string(kMaxTrainingStep));
   // Fail before the first step, not after hours of training.
   if (!opts_.checkpointDir.empty()) {
     std::error_code ec;
@@ -414,6 +419,11 @@ Status Trainer::runLoop() {
     if (ec)
       return Status::error("cannot create checkpoint directory '" +
                            opts_.checkpointDir + "': " + ec.message());
+    // A writer killed mid-checkpoint leaves a temporary file as large as a
+    // checkpoint; nothing else would ever remove it.
+    for (const std::string &name : removeStaleTempFiles(opts_.checkpointDir))
+      std::fprintf(log_, "note: removed %s/%s, left by a killed checkpoint "
+                   "writer\n", opts_.checkpointDir.c_str(), name.c_str());
   }
   std::FILE *metrics = nullptr;
   if (!opts_.metricsPath.empty()) {

@@ -13,6 +13,9 @@
 
 #include "runtime/format/Executable.h"
 
+#include "runtime/support/FileRead.h"
+#include "runtime/support/JsonLimits.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
@@ -27,6 +30,9 @@ namespace dlopt::rt {
 namespace {
 
 using Json = nlohmann::ordered_json;
+
+/// Largest executable file read; its size is checked before reading.
+constexpr uint64_t kMaxExecutableBytes = uint64_t(1) << 40;
 
 constexpr char kMagic[8] = {'D', 'L', 'O', 'P', 'T', 'E', 'X', 'E'};
 
@@ -389,17 +395,25 @@ Executable fromJson(const Json &j) {
   return exe;
 }
 
+/// Checks the magic of the first `size` bytes of a file. MLIR text gets a
+/// hint; dlopt-gen's comment header can push `func.func` a few hundred
+/// bytes in, so the first 4 KiB are searched.
+Status checkMagic(const uint8_t *data, size_t size) {
+  if (size >= sizeof(kMagic) && std::memcmp(data, kMagic, 8) == 0)
+    return Status::ok();
+  std::string msg = "not a dlopt plan file (bad magic)";
+  std::string head(data, data + std::min<size_t>(size, 4096));
+  if (head.find("func.func") != std::string::npos ||
+      head.find("module {") != std::string::npos ||
+      head.find("module attributes") != std::string::npos ||
+      head.find("dlopt.") != std::string::npos)
+    msg += "; this looks like MLIR text: compile it with dlopt-compile first";
+  return Status::error(msg);
+}
+
 Expected<Executable> deserializeImpl(const std::vector<uint8_t> &bytes) {
   size_t size = bytes.size();
-  if (size < sizeof(kMagic) || std::memcmp(bytes.data(), kMagic, 8) != 0) {
-    std::string msg = "not a dlopt plan file (bad magic)";
-    std::string head(bytes.begin(),
-                     bytes.begin() + std::min<size_t>(size, 64));
-    if (head.find("module") != std::string::npos ||
-        head.find("func.func") != std::string::npos)
-      msg += "; this looks like MLIR text: compile it with dlopt-compile first";
-    return Status::error(msg);
-  }
+  DLOPT_RETURN_IF_ERROR(checkMagic(bytes.data(), size));
   if (size < kExecutableHeaderSize)
     return Status::error("truncated: file has " + std::to_string(size) +
                          " bytes, the header alone needs " +
@@ -450,12 +464,10 @@ Expected<Executable> deserializeImpl(const std::vector<uint8_t> &bytes) {
                          std::to_string(rest - 8) + " bytes follow");
 
   const char *jsonBegin = reinterpret_cast<const char *>(payload + 8);
-  Json doc;
-  try {
-    doc = Json::parse(jsonBegin, jsonBegin + jsonLen);
-  } catch (const Json::exception &e) {
-    return Status::error(std::string("malformed JSON: ") + e.what());
-  }
+  Expected<Json> parsed = parseJsonBounded<Json>(jsonBegin, jsonBegin + jsonLen);
+  if (!parsed)
+    return Status::error("malformed JSON: " + parsed.status().message());
+  Json doc = parsed.take();
   Executable exe;
   try {
     exe = fromJson(doc);
@@ -545,25 +557,11 @@ Status writeExecutable(const Executable &exe, const std::string &path) {
 }
 
 Expected<Executable> readExecutable(const std::string &path) {
-  std::FILE *f = std::fopen(path.c_str(), "rb");
-  if (!f)
-    return Status::error("reading " + path + ": " + std::strerror(errno));
-  std::vector<uint8_t> bytes;
-  try {
-    uint8_t buf[1 << 16];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0)
-      bytes.insert(bytes.end(), buf, buf + n);
-  } catch (const std::exception &e) {
-    std::fclose(f);
-    return Status::error("reading " + path + ": " + e.what());
-  }
-  int err = errno;
-  bool readError = std::ferror(f);
-  std::fclose(f);
-  if (readError)
-    return Status::error("reading " + path + ": " + std::strerror(err));
-  Expected<Executable> exe = deserializeExecutable(bytes);
+  Expected<std::vector<uint8_t>> bytes = readFileLimited(
+      path, "plan file", kMaxExecutableBytes, PrefixCheck{8, checkMagic});
+  if (!bytes)
+    return bytes.status();
+  Expected<Executable> exe = deserializeExecutable(*bytes);
   if (!exe)
     return exe.status().withContext(path + ": ");
   return exe;

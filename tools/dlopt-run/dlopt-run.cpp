@@ -11,6 +11,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/exec/Checkpoint.h"
 #include "runtime/exec/CudaBackend.h"
 #include "runtime/exec/DataLoader.h"
 #include "runtime/exec/Npy.h"
@@ -487,6 +488,10 @@ int runTraining(const Options &opts, Session &s, const std::string &header) {
   if (!prepared)
     error(prepared.message());
 
+  if (opts.steps > kMaxTrainingStep - t.stepCount())
+    error("--steps " + std::to_string(opts.steps) + " after step " +
+          std::to_string(t.stepCount()) + " would pass the largest step "
+          "count " + std::to_string(kMaxTrainingStep) + " (2^53)");
   int64_t first = t.stepCount() + 1, last = t.stepCount() + opts.steps;
   if (!opts.quiet) {
     std::printf("%s\n", header.c_str());

@@ -72,7 +72,12 @@ TEST(Calibration, Errors) {
   expectError(R"({"grad_bucket_mib": "25"})",
               "grad_bucket_mib: expected a number, got string");
   expectError("[1, 2]", "expected a JSON object of constants, got array");
-  expectError("{", "cal.json: not valid JSON");
+  expectError("{", "cal.json: invalid JSON: ");
+  expectError(R"({"attention_efficiency": 0.5, "attention_efficiency": 0.6})",
+              "cal.json: duplicate key \"attention_efficiency\"");
+  expectError(R"({"backward_flops_ratio": 1e999})", "number overflow");
+  expectError(R"({"grad_bucket_mib": 1e308})",
+              "grad_bucket_mib: expected a finite value");
   auto missing = loadCalibration("/nonexistent/cal.json");
   ASSERT_FALSE(missing);
   EXPECT_NE(missing.status().message().find("cannot open"), std::string::npos);

@@ -108,8 +108,8 @@ TEST_F(DlOptRun, UsageErrorsExitWith2) {
 TEST_F(DlOptRun, ErrorsExitWith1) {
   Result r = runTool("/nonexistent/model.plan");
   EXPECT_EQ(r.code, 1);
-  EXPECT_TRUE(contains(r.out, "dlopt-run: error: reading /nonexistent/model.plan: "
-                              "No such file or directory"))
+  EXPECT_TRUE(contains(r.out, "dlopt-run: error: /nonexistent/model.plan: cannot "
+                              "open plan file: No such file or directory"))
       << r.out;
   r = runTool(xPath); // a .npy file is not a plan
   EXPECT_EQ(r.code, 1);

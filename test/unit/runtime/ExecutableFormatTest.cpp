@@ -320,7 +320,8 @@ TEST(ExecutableFormat, FileRoundTrip) {
   Expected<Executable> missing = readExecutable("/nonexistent/x.plan");
   ASSERT_FALSE(missing.isOk());
   EXPECT_EQ(missing.status().message(),
-            "reading /nonexistent/x.plan: No such file or directory");
+            "/nonexistent/x.plan: cannot open plan file: No such file or "
+            "directory");
   Status badWrite = writeExecutable(exe, "/nonexistent/dir/x.plan");
   EXPECT_FALSE(badWrite.isOk());
 }

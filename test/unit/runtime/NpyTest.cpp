@@ -182,7 +182,7 @@ TEST(Npy, FileIO) {
   Expected<HostTensor> missing = readNpy("/nonexistent.npy");
   ASSERT_FALSE(missing.isOk());
   EXPECT_EQ(missing.status().message(),
-            "/nonexistent.npy: No such file or directory");
+            "/nonexistent.npy: cannot open .npy file: No such file or directory");
 }
 
 // Cross-check with NumPy itself when it is installed.
