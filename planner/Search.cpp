@@ -1310,12 +1310,11 @@ std::string explainFix(const FixSpec &f, const TransformerSpec &spec,
   auto str = [](int64_t v) { return std::to_string(v); };
   std::vector<std::string> why;
   std::optional<int64_t> prodOr = f.degreeProduct();
-  if (!prodOr || *prodOr > devices)
-    return "the fixed degrees multiply to " +
-           (prodOr ? str(*prodOr) : std::string("more than 2^63")) +
-           ", more than the " + str(devices) + " devices";
-  int64_t prod = *prodOr;
-  if (f.dp && f.tp && f.pp && prod != devices)
+  int64_t prod = prodOr.value_or(0);
+  if (!prodOr)
+    why.push_back("the fixed degrees multiply to more than 2^63, more than "
+                  "the " + str(devices) + " devices");
+  else if (f.dp && f.tp && f.pp && prod != devices)
     why.push_back("dp*tp*pp*cp = " + str(*f.dp) + "*" + str(*f.tp) + "*" +
                   str(*f.pp) + "*" + str(f.cp.value_or(1)) + " = " +
                   str(prod) + " but the cluster has " + str(devices) +
@@ -1343,20 +1342,17 @@ std::string explainFix(const FixSpec &f, const TransformerSpec &spec,
   if (f.pp && *f.pp > spec.numLayers)
     why.push_back("pp=" + str(*f.pp) + " exceeds the " +
                   str(spec.numLayers) + " layers");
-  if (!f.dp && f.tp && f.pp && devices % prod == 0 && gb % (devices / prod))
+  if (prodOr && !f.dp && f.tp && f.pp && devices % prod == 0 &&
+      gb % (devices / prod))
     why.push_back("tp*pp*cp = " + str(prod) + " leaves dp = " +
                   str(devices / prod) + ", which does not divide the global "
                   "batch " + str(gb) + " (set --global-batch)");
   std::optional<int64_t> batchProdOr = f.batchProduct();
-  if (!batchProdOr || *batchProdOr > gb) {
-    why.push_back("the fixed dp/mbs/mb multiply to " +
-                  (batchProdOr ? str(*batchProdOr)
-                               : std::string("more than 2^63")) +
-                  ", more than the global batch " + str(gb));
-    return joinReasons(why);
-  }
-  int64_t batchProd = *batchProdOr;
-  if (f.dp && f.mbs && f.numMicroBatches && batchProd != gb)
+  int64_t batchProd = batchProdOr.value_or(0);
+  if (!batchProdOr)
+    why.push_back("the fixed dp/mbs/mb multiply to more than 2^63, more than "
+                  "the global batch " + str(gb));
+  else if (f.dp && f.mbs && f.numMicroBatches && batchProd != gb)
     why.push_back("dp*mbs*mb = " + str(batchProd) +
                   " but the global batch is " + str(gb));
   else if (gb % batchProd)

@@ -475,7 +475,7 @@ TEST(ClusterFileErrors, TooManyDevicesAndBadUtf8) {
   EXPECT_TRUE(failsWith(
       yaml("nodes: 1000000\ngpus_per_node: 1000\ngpu: h100-sxm-80gb\n"
            "intra_node: {bandwidth_gb_s: 1}\nnetwork: {bandwidth_gb_s: 1}\n"),
-      "at most 10000000 are supported"));
+      "at most 1048576 (2^20) are supported"));
   EXPECT_TRUE(failsWith(
       yaml("nodes: 1\ngpus_per_node: \"\xff\xfe\"\ngpu: h100-sxm-80gb\n"),
       "gpus_per_node: expected a positive integer"));
