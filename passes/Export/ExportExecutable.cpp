@@ -302,7 +302,7 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
   exe.source = sourceName.str();
   exe.worldSize = 1;
   rt::Program prog;
-  prog.rank = 0;
+  prog.ranks = {0};
 
   llvm::DenseMap<Value, int32_t> ids;
   auto addValue = [&](Value v, rt::Value desc) -> FailureOr<int32_t> {
