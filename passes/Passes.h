@@ -1,6 +1,8 @@
 //===- Passes.h - dlopt passes and pipelines ------------------------------===//
 #pragma once
 
+#include "mlir/Dialect/Shard/IR/ShardDialect.h"
+#include "mlir/Dialect/Shard/IR/ShardOps.h"
 #include "mlir/Pass/Pass.h"
 #include "mlir/Pass/PassManager.h"
 

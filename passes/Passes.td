@@ -65,6 +65,34 @@ def AutodiffPass : Pass<"dlopt-autodiff", "mlir::ModuleOp"> {
   let dependentDialects = ["::dlopt::dl::DLOptDialect", "::mlir::arith::ArithDialect"];
 }
 
+def PartitionBatchPass : Pass<"dlopt-partition-batch", "mlir::ModuleOp"> {
+  let summary = "Data parallelism: splits the batch of a differentiated step over dp ranks";
+  let description = [{
+    Runs after `dlopt-autodiff` and before `dlopt-optimizer`. Splits dim 0
+    of every `dlopt.input` over the mesh axis `dp` (a `shard.grid
+    @dlopt_mesh`), rewrites every op to its local types, and inserts
+    `shard.all_reduce` where a partial sum (a reduction over the batch:
+    weight gradients, the loss) must be whole. Means divide by global counts
+    (mean and mse by dp, cross-entropy by the global number of valid rows),
+    so each rank ends with the single-device loss and gradients. Inputs and
+    split results record `dlopt.global_type` and `dlopt.split`. An op
+    without a rule for its operands' shardings is an error naming both.
+
+    ```mlir
+    // dp = 2: x: tensor<8x16xf32> becomes tensor<4x16xf32>, and
+    %g = dlopt.matmul %x, %dy {transpose_a} : ... -> tensor<16x32xf32>
+    %g2 = shard.all_reduce %g on @dlopt_mesh grid_axes = [0] : ...
+    ```
+  }];
+  let options = [
+    Option<"entry", "entry", "std::string", /*default=*/"\"\"",
+           "Name of the entry function">,
+    Option<"dp", "dp", "int64_t", /*default=*/"1",
+           "Data-parallel degree (ranks the batch is split over)">
+  ];
+  let dependentDialects = ["mlir::shard::ShardDialect"];
+}
+
 def OptimizerPass : Pass<"dlopt-optimizer", "mlir::ModuleOp"> {
   let summary = "Turns a differentiated model into a training step with an optimizer update";
   let description = [{
