@@ -43,6 +43,12 @@ void dlopt::buildCompilePipeline(OpPassManager &pm,
     AutodiffPassOptions ad;
     ad.entry = options.entry;
     pm.addPass(createAutodiffPass(ad));
+    if (options.dataParallel > 1) {
+      PartitionBatchPassOptions pb;
+      pb.entry = options.entry;
+      pb.dp = options.dataParallel;
+      pm.addPass(createPartitionBatchPass(pb));
+    }
   }
   if (options.train) {
     OptimizerPassOptions opt = options.optimizer;

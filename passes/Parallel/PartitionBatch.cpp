@@ -203,7 +203,7 @@ struct PartitionBatchPass
       return signalPassFailure();
     fn = *entryFn;
     if (dp < 1) {
-      fn.emitError() << "dlopt-partition-batch: dp must be >= 1, got " << dp;
+      fn.emitError() << "dlopt-partition-batch: dp must be >= 1, got " << int64_t(dp);
       return signalPassFailure();
     }
     if (dp == 1)
@@ -236,7 +236,7 @@ struct PartitionBatchPass
       if (t.getRank() == 0 || t.getDimSize(0) % dp) {
         fn.emitError() << "dlopt-partition-batch: input #"
                        << arg.getArgNumber() << " (" << t
-                       << ") cannot be split over dp = " << dp
+                       << ") cannot be split over dp = " << int64_t(dp)
                        << ": its dim 0 must be a multiple of dp";
         return signalPassFailure();
       }

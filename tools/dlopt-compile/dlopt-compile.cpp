@@ -381,7 +381,7 @@ int main(int argc, char **argv) {
 
   DialectRegistry registry;
   registry.insert<dlopt::dl::DLOptDialect, func::FuncDialect,
-                  arith::ArithDialect>();
+                  arith::ArithDialect, shard::ShardDialect>();
   MLIRContext context(registry);
   context.loadAllAvailableDialects();
   // Diagnostics point at the source; never dump the whole module.
@@ -420,7 +420,47 @@ int main(int argc, char **argv) {
       !oneOf("schedule", scheduleOpt, {"constant", "cosine", "linear"}))
     return 2;
 
-  if (dryRun || !clusterOpt.empty() || !fixOpt.empty() ||
+  // Plan application (docs/parallel.md): a data-parallel plan compiles to
+  // a multi-rank executable; other plans are refused until they are
+  // implemented.
+  int64_t dataParallel = 1;
+  if (!dryRun && (!clusterOpt.empty() || !fixOpt.empty())) {
+    auto fail = [](const std::string &msg) {
+      llvm::errs() << "dlopt-compile: error: " << msg << "\n";
+      return 2;
+    };
+    if (!train)
+      return fail("applying a plan (--cluster/--fix without --dry-run) "
+                  "needs --train");
+    if (clusterOpt.empty() || fixOpt.empty())
+      return fail("applying a plan needs --cluster and --fix dp=N (the "
+                  "planner's own choice is applied once every form of "
+                  "parallelism is; today only data parallelism is)");
+    auto cluster = dlopt::planner::resolveCluster(clusterOpt.getValue());
+    if (!cluster)
+      return fail(cluster.status().message());
+    auto fix = dlopt::planner::parseFix(fixOpt.getValue());
+    if (!fix)
+      return fail(fix.status().message());
+    auto one = [](const std::optional<int> &v) { return !v || *v == 1; };
+    if (!fix->dp || !one(fix->tp) || !one(fix->pp) || !one(fix->cp) ||
+        (fix->sp && *fix->sp) || (fix->zero && *fix->zero > 0) ||
+        fix->mbs || fix->numMicroBatches || fix->v || fix->schedule ||
+        fix->recompute)
+      return fail("--fix " + fix->str() + ": plan application supports "
+                  "data parallelism only so far (--fix dp=N, N = the "
+                  "cluster's devices); tensor, pipeline, sequence and "
+                  "context parallelism, ZeRO and micro-batching come next "
+                  "(docs/parallel.md)");
+    if (*fix->dp != cluster->numDevices())
+      return fail("--fix dp=" + std::to_string(*fix->dp) + " but --cluster " +
+                  clusterOpt + " has " +
+                  std::to_string(cluster->numDevices()) + " devices");
+    dataParallel = *fix->dp;
+  }
+
+  if (dryRun || (!clusterOpt.empty() && dataParallel == 1) ||
+      (!fixOpt.empty() && dataParallel == 1) ||
       formatOpt.getNumOccurrences() || explainOpt || !planFileOpt.empty() ||
       !traceOpt.empty() ||
       !calibrationOpt.empty() || topK.getNumOccurrences() ||
@@ -451,6 +491,7 @@ int main(int argc, char **argv) {
   options.optimizer.accumulate = accumulateOpt;
   options.recompute = recomputeOpt;
   options.precision = precisionOpt;
+  options.dataParallel = dataParallel;
   if (!train && !autodiff &&
       (recomputeOpt != "none" || precisionOpt != "f32")) {
     llvm::errs() << "dlopt-compile: error: --recompute and --precision need "
