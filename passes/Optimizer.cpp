@@ -44,6 +44,7 @@ struct Emit {
   Value max(Value x, Value y) { return dl::MaximumOp::create(b, loc, x, y); }
   Value sqrt(Value x) { return dl::SqrtOp::create(b, loc, x); }
   Value pow(Value x, Value y) { return dl::PowOp::create(b, loc, x, y); }
+  Value tanh(Value x) { return dl::TanhOp::create(b, loc, x); }
   /// Casts a rank-0 scalar to the element type of `x` (no-op if equal).
   Value castLike(Value s, Value x) {
     Type elem = cast<RankedTensorType>(x.getType()).getElementType();
@@ -68,6 +69,27 @@ struct Emit {
   }
 };
 
+/// Micro-batches are unrolled copies of the step (no loops in the
+/// executable), so their number and the unrolled size are bounded.
+constexpr int64_t kMaxAccumulate = 1024;
+constexpr int64_t kMaxAccumulatedOps = 4'000'000;
+
+/// 1 / (1 - beta^t) for the 1-based step t (an f32 scalar), to the
+/// precision of the f32 result. The power is formed in double the way
+/// PyTorch forms it (with the double beta the user gave): 1 - beta^t =
+/// -expm1(t * ln beta), ln beta taken in double at compile time, and
+/// expm1(x) = 2T / (1 - T) with T = tanh(x / 2), which keeps its relative
+/// accuracy as x -> 0 (1 - pow(f32(beta), t) in f32 lost 5 digits to
+/// cancellation: 6.6e-6 too small at beta = 0.999, 6.8e-4 too large at
+/// 0.99999). So 1 / (1 - beta^t) = (T - 1) / (2T).
+static Value biasCorrection(Emit &e, double beta, Value t) {
+  if (beta == 0)
+    return e.f32(1.0);
+  double halfLog = 0.5 * std::log(beta); // < 0
+  Value T = e.tanh(e.mul(t, e.f32(halfLog)));
+  return e.div(e.sub(T, e.f32(1.0)), e.mul(T, e.f32(2.0)));
+}
+
 struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
   using OptimizerPassBase::OptimizerPassBase;
 
@@ -86,6 +108,13 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
     if (optimizer != "sgd" && optimizer != "adam" && optimizer != "adamw")
       return bad() << "unknown optimizer '" << std::string(optimizer)
                    << "', expected sgd, adam or adamw";
+    for (auto [name, v] :
+         {std::pair<const char *, double>{"lr", lr}, {"min-lr", minLr},
+          {"momentum", momentum}, {"weight-decay", weightDecay},
+          {"beta1", beta1}, {"beta2", beta2}, {"eps", eps},
+          {"clip-norm", clipNorm}})
+      if (!std::isfinite(v))
+        return bad() << "expects a finite " << name << ", got " << v;
     if (!(lr > 0))
       return bad() << "expects lr > 0, got " << double(lr);
     if (!(momentum >= 0 && momentum < 1))
@@ -110,8 +139,17 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       return bad() << "expects 0 <= min-lr <= lr, got " << double(minLr);
     if (!(clipNorm >= 0))
       return bad() << "expects clip-norm >= 0, got " << double(clipNorm);
-    if (accumulate < 1)
-      return bad() << "expects accumulate >= 1, got " << int64_t(accumulate);
+    if (accumulate < 1 || accumulate > kMaxAccumulate)
+      return bad() << "expects accumulate in [1, " << kMaxAccumulate
+                   << "], got " << int64_t(accumulate)
+                   << " (each micro-batch is a copy of the step)";
+    int64_t bodyOps = 0;
+    fn.walk([&](Operation *) { ++bodyOps; });
+    if (accumulate > 1 && bodyOps * int64_t(accumulate) > kMaxAccumulatedOps)
+      return bad() << "accumulate = " << int64_t(accumulate) << " copies the "
+                   << bodyOps << " ops of the step into "
+                   << bodyOps * int64_t(accumulate) << " ops, more than "
+                   << kMaxAccumulatedOps << "; use fewer micro-batches";
     return success();
   }
 
@@ -198,9 +236,17 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       else
         otherResults.push_back(r);
     }
-    if (gradOf.empty())
+    if (gradOf.empty()) {
+      bool hasParams = llvm::any_of(fn.getArguments(), [&](BlockArgument a) {
+        return fn.getArgAttr(a.getArgNumber(), DLOptDialect::kParamAttr);
+      });
+      if (!hasParams)
+        return fn.emitError("dlopt-optimizer: nothing to train: the model has "
+                            "no parameters (no argument carries "
+                            "dlopt.param)");
       return fn.emitError("dlopt-optimizer: the function returns no dlopt.grad "
                           "results; run dlopt-autodiff first");
+    }
 
     SmallVector<std::pair<BlockArgument, StringAttr>> params;
     for (BlockArgument arg : fn.getArguments())
@@ -276,8 +322,8 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
                                  : (optimizer == "adamw" ? 0.01 : 0.0);
     Value bc1, bc2;
     if (optimizer != "sgd") {
-      bc1 = e.div(e.f32(1.0), e.sub(e.f32(1.0), e.pow(e.f32(beta1), t)));
-      bc2 = e.div(e.f32(1.0), e.sub(e.f32(1.0), e.pow(e.f32(beta2), t)));
+      bc1 = biasCorrection(e, beta1, t);
+      bc2 = biasCorrection(e, beta2, t);
     }
     size_t numUpdatedParams = 0;
     for (auto &[p, nameAttr] : params) {

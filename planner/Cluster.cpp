@@ -257,9 +257,10 @@ Status Cluster::validate() const {
   long long devices = 0;
   for (const auto &g : groups)
     devices += static_cast<long long>(g.count) * g.gpusPerNode;
-  if (devices > 10000000)
+  if (devices > kMaxDevices)
     return Status::error(where + "has " + std::to_string(devices) +
-                         " devices; at most 10000000 are supported");
+                         " devices; at most " + std::to_string(kMaxDevices) +
+                         " (2^20) are supported");
   for (size_t i = 0; i < groups.size(); ++i) {
     const NodeGroup &g = groups[i];
     std::string p = where + "nodes[" + std::to_string(i) + "].";

@@ -23,6 +23,10 @@ namespace dlopt::planner {
 using rt::Expected;
 using rt::Status;
 
+/// Most devices a cluster may have (2^20, ten times the largest training
+/// clusters built so far); keeps every rank list and search bounded.
+inline constexpr int kMaxDevices = 1 << 20;
+
 /// Arithmetic precisions with their own peak FLOP/s.
 enum class Precision { FP8 = 0, BF16, FP16, TF32, FP32 };
 constexpr int kNumPrecisions = 5;

@@ -1511,6 +1511,7 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
                                     const SearchOptions &opt) {
   auto t0 = Clock::now();
   DLOPT_RETURN_IF_ERROR(cluster.validate());
+  DLOPT_RETURN_IF_ERROR(validateSearchOptions(opt));
   OpPlanResult res;
   OpSearchStats &st = res.stats;
   Ctx c{g, cluster, cost, opt, CommPricer(cluster, cost), {}, 0, true, 2, 4,
@@ -2255,15 +2256,15 @@ std::string formatOpJsonReport(const OpPlanResult &p, const Cluster &cluster,
   }
   j["stages"] = stages;
   j["stages_by"] = p.stagesByLayer ? "layer" : "op";
-  json ranks = json::array();
-  for (int rank = 0; rank < devices; ++rank) {
-    auto loc = cluster.locate(rank);
-    RankCoords c = rankCoords(cfg, rank);
-    ranks.push_back({rank, loc ? loc->node : -1, loc ? loc->local : -1, rank,
-                     c.stage, c.tp, c.dp});
-  }
-  j["rank_columns"] = {"rank", "node", "gpu", "process", "stage", "tp", "dp"};
-  j["ranks"] = ranks;
+  jsonRankTable(j, devices,
+                {"rank", "node", "gpu", "process", "stage", "tp", "dp"},
+                "rank = (stage*dp + dp_index)*tp + tp_index", [&](int rank) {
+                  auto loc = cluster.locate(rank);
+                  RankCoords c = rankCoords(cfg, rank);
+                  return json{rank, loc ? loc->node : -1,
+                              loc ? loc->local : -1, rank, c.stage, c.tp,
+                              c.dp};
+                });
   j["communication"] = jsonCommunication(p.comms);
   const StepTime &t = p.best.time;
   j["step_time"] = {{"total", t.total()},   {"compute", t.compute},

@@ -25,6 +25,24 @@ std::string Layout::str() const {
   return "?";
 }
 
+std::optional<Layout> Layout::parse(std::string_view text) {
+  if (text == "R")
+    return rep();
+  if (text == "P")
+    return partial();
+  if (text.size() < 2 || text.size() > 3 || text[0] != 'S')
+    return std::nullopt;
+  int d = 0;
+  for (char c : text.substr(1)) {
+    if (c < '0' || c > '9')
+      return std::nullopt;
+    d = d * 10 + (c - '0');
+  }
+  if (d > 15 || (text.size() == 3 && text[1] == '0'))
+    return std::nullopt;
+  return split(d);
+}
+
 Layout gradLayout(Layout required, int divisor) {
   if (required.kind == Layout::P)
     return Layout::rep();

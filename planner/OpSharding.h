@@ -17,7 +17,9 @@
 #include "planner/Graph.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace dlopt::planner {
@@ -37,6 +39,8 @@ struct Layout {
   bool operator!=(const Layout &o) const { return !(*this == o); }
   /// "R", "S0", "S2", "P".
   std::string str() const;
+  /// Parses str()'s form; nullopt for anything else (split dims 0-15).
+  static std::optional<Layout> parse(std::string_view text);
 };
 
 /// A collective an op strategy issues by itself (not a resharding).

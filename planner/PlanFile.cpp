@@ -263,6 +263,29 @@ Status parseOpLevel(const Reader &rd, const json &j, LoadedPlan &p,
     op.id = int(v);
     PF_ASSIGN(op.op, rd.string((*ops)[i], at, "op"));
     PF_ASSIGN(op.strategy, rd.string((*ops)[i], at, "strategy"));
+    const json &jo = (*ops)[i];
+    if (jo.contains("operands")) {
+      const json &ls = jo["operands"];
+      if (!ls.is_array())
+        return rd.error(at + ".operands", "expected an array of layouts, got " +
+                                              ls.dump());
+      op.operands.emplace();
+      for (size_t k = 0; k < ls.size(); ++k) {
+        std::string lp = at + ".operands[" + std::to_string(k) + "]";
+        if (!ls[k].is_string() || !Layout::parse(ls[k].get<std::string>()))
+          return rd.error(lp, "expected a layout (R, P or S<dim>), got " +
+                                  ls[k].dump());
+        op.operands->push_back(ls[k].get<std::string>());
+      }
+    }
+    if (jo.contains("result")) {
+      std::string r;
+      PF_ASSIGN(r, rd.string(jo, at, "result"));
+      if (!Layout::parse(r))
+        return rd.error(at + ".result",
+                        "expected a layout (R, P or S<dim>), got \"" + r + "\"");
+      op.result = r;
+    }
     if (!p.ops.empty() && op.id <= p.ops.back().id)
       return rd.error(at + ".id", "ids must increase, got " +
                                       std::to_string(op.id) + " after " +
@@ -278,6 +301,9 @@ Status parseOpLevel(const Reader &rd, const json &j, LoadedPlan &p,
     std::string name, layout;
     PF_ASSIGN(name, rd.string((*params)[i], at, "name"));
     PF_ASSIGN(layout, rd.string((*params)[i], at, "layout"));
+    if (!Layout::parse(layout))
+      return rd.error(at + ".layout", "expected a layout (R, P or S<dim>), "
+                                      "got \"" + layout + "\"");
     p.paramLayouts.emplace_back(std::move(name), std::move(layout));
   }
   return Status::ok();
@@ -443,15 +469,35 @@ std::string compareOpSharding(const LoadedPlan &p, const OpPlanResult &now,
   for (const PlannedOp &po : p.ops) {
     auto it = chosen.find(po.id);
     std::string got = it == chosen.end() ? "not planned" : it->second->strategy;
-    if (got == po.strategy)
-      continue;
     const std::string &name = po.id >= 0 && po.id < int(g.ops.size())
                                   ? g.ops[po.id].op
                                   : po.op;
     std::string d = "#";
     d += std::to_string(po.id);
-    d += " " + name + ": " + po.strategy + " in the plan, " + got + " now";
-    note(d);
+    d += " " + name + ": ";
+    if (got != po.strategy) {
+      note(d + po.strategy + " in the plan, " + got + " now");
+      continue;
+    }
+    // Same strategy: its layouts must agree too.
+    const OpChoice &c = *it->second;
+    auto layouts = [](const std::vector<std::string> &ls) {
+      std::string s;
+      for (const std::string &l : ls)
+        s += (s.empty() ? "" : ",") + l;
+      return "(" + s + ")";
+    };
+    if (po.operands) {
+      std::vector<std::string> now;
+      for (const Layout &l : c.operands)
+        now.push_back(l.str());
+      if (now != *po.operands)
+        note(d + "operands " + layouts(*po.operands) + " in the plan, " +
+             layouts(now) + " now");
+    }
+    if (po.result && *po.result != c.result.str())
+      note(d + "result " + *po.result + " in the plan, " + c.result.str() +
+           " now");
   }
   std::map<std::string, std::string> layout;
   for (const auto &[name, l] : now.params)

@@ -40,6 +40,10 @@ struct PlannedOp {
   int id = 0;
   std::string op;       ///< "dlopt.matmul"
   std::string strategy; ///< "column", "replicated", ...
+  /// Layouts of the operands and of result #0 ("R", "S0", "P"), when the
+  /// file gives them (op-level plans written by dlopt always do).
+  std::optional<std::vector<std::string>> operands;
+  std::optional<std::string> result;
 };
 
 struct LoadedPlan {

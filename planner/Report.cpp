@@ -290,17 +290,21 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
     stages.push_back(std::move(st));
   }
   j["stages"] = stages;
-  json ranks = json::array();
-  for (int rank = 0; rank < devices; ++rank) {
-    auto loc = cluster.locate(rank);
-    RankCoords c = rankCoords(cfg, rank);
-    ranks.push_back({rank, loc ? loc->node : -1, loc ? loc->local : -1,
-                     processOf(cluster, p.best.process.layout, rank), c.stage,
-                     c.tp, c.cp, c.dp});
-  }
-  j["rank_columns"] = {"rank",  "node", "gpu", "process",
-                       "stage", "tp",   "cp",  "dp"};
-  j["ranks"] = ranks;
+  jsonRankTable(j, devices,
+                {"rank", "node", "gpu", "process", "stage", "tp", "cp", "dp"},
+                "rank = ((stage*dp + dp_index)*cp + cp_index)*tp + tp_index",
+                [&](int rank) {
+                  auto loc = cluster.locate(rank);
+                  RankCoords c = rankCoords(cfg, rank);
+                  return json{rank,
+                              loc ? loc->node : -1,
+                              loc ? loc->local : -1,
+                              processOf(cluster, p.best.process.layout, rank),
+                              c.stage,
+                              c.tp,
+                              c.cp,
+                              c.dp};
+                });
   j["communication"] = jsonCommunication(p.comms);
   j["step_time"] = time(p.best.time);
   j["throughput"] = {{"samples_per_s", d.samples},

@@ -91,6 +91,27 @@ std::string textSearchTail(const std::map<std::string, int64_t> &pruned,
 /// {"format": "dlopt-plan", "version", "kind", "mode"}: what every plan
 /// file starts with (planner/PlanFile.h reads it).
 json jsonEnvelope(const char *kind, int version, bool training);
+
+/// JSON reports list at most this many ranks; the rest follow from
+/// `rank_formula` and the cluster's node order (docs/plan-report.md), so a
+/// report stays a few hundred KiB at any cluster size.
+constexpr int kMaxListedRanks = 4096;
+
+/// Writes `rank_columns`, `ranks` (the first kMaxListedRanks rows that
+/// `row(rank)` gives), `ranks_total`, `ranks_listed` and `rank_formula`.
+template <typename RowFn>
+void jsonRankTable(json &j, int devices, json columns, const char *formula,
+                   RowFn row) {
+  json ranks = json::array();
+  const int listed = devices < kMaxListedRanks ? devices : kMaxListedRanks;
+  for (int rank = 0; rank < listed; ++rank)
+    ranks.push_back(row(rank));
+  j["rank_columns"] = std::move(columns);
+  j["ranks"] = std::move(ranks);
+  j["ranks_total"] = devices;
+  j["ranks_listed"] = listed;
+  j["rank_formula"] = formula;
+}
 /// {summary, devices, nodes, definition}: the definition in the
 /// docs/cluster.md JSON format, so that the plan file can be read back
 /// without --cluster.

@@ -95,6 +95,7 @@ Expected<FixSpec> parseFix(std::string_view text) {
   FixSpec f;
   if (text.empty())
     return f;
+  std::map<std::string, std::string> seen; // canonical key -> first item
   for (const std::string &item : split(text, ',')) {
     if (item.empty())
       continue;
@@ -102,6 +103,11 @@ Expected<FixSpec> parseFix(std::string_view text) {
     if (eq == std::string::npos)
       return Status::error("--fix: expected KEY=VALUE, got '" + item + "'");
     std::string k = item.substr(0, eq), v = item.substr(eq + 1);
+    std::string canon = k == "num_mb" ? "mb" : k;
+    if (auto it = seen.find(canon); it != seen.end())
+      return Status::error("--fix: " + canon + " is given twice ('" +
+                           it->second + "' and '" + item + "')");
+    seen[canon] = item;
     if (k == "schedule") {
       auto s = parseSchedule(v);
       if (!s)
@@ -145,6 +151,11 @@ Expected<FixSpec> parseFix(std::string_view text) {
     if (!n || (*n < 1 && k != "zero") || *n > (int64_t(1) << 30))
       return Status::error("--fix: " + k + "=" + v +
                            " is not a positive integer");
+    if ((k == "dp" || k == "tp" || k == "pp" || k == "cp" || k == "v") &&
+        *n > kMaxDevices)
+      return Status::error("--fix: " + k + "=" + v + " exceeds " +
+                           std::to_string(kMaxDevices) +
+                           ", the most devices a cluster may have");
     if (k == "dp")
       f.dp = int(*n);
     else if (k == "tp")
@@ -168,7 +179,36 @@ Expected<FixSpec> parseFix(std::string_view text) {
                            "' (expected dp, tp, pp, cp, sp, mbs, mb, schedule, v, "
                            "zero, recompute, layout)");
   }
+  if (f.v && *f.v > 1 && f.schedule &&
+      *f.schedule != PipelineSchedule::Interleaved1F1B)
+    return Status::error("--fix: v=" + std::to_string(*f.v) +
+                         " (model chunks per stage) needs schedule="
+                         "interleaved, not schedule=" +
+                         scheduleKey(*f.schedule));
+  if (f.v && *f.v == 1 && f.schedule &&
+      *f.schedule == PipelineSchedule::Interleaved1F1B)
+    return Status::error("--fix: schedule=interleaved needs v >= 2 model "
+                         "chunks per stage, not v=1");
   return f;
+}
+
+static std::optional<int64_t>
+checkedProduct(std::initializer_list<int64_t> factors) {
+  int64_t p = 1;
+  for (int64_t f : factors)
+    if (__builtin_mul_overflow(p, f, &p))
+      return std::nullopt;
+  return p;
+}
+
+std::optional<int64_t> FixSpec::degreeProduct() const {
+  return checkedProduct({dp.value_or(1), tp.value_or(1), pp.value_or(1),
+                         cp.value_or(1)});
+}
+
+std::optional<int64_t> FixSpec::batchProduct() const {
+  return checkedProduct(
+      {dp.value_or(1), mbs.value_or(1), numMicroBatches.value_or(1)});
 }
 
 std::string FixSpec::str() const {
@@ -1269,9 +1309,12 @@ std::string explainFix(const FixSpec &f, const TransformerSpec &spec,
                        int devices, int64_t gb) {
   auto str = [](int64_t v) { return std::to_string(v); };
   std::vector<std::string> why;
-  int64_t prod = int64_t(f.dp.value_or(1)) * f.tp.value_or(1) *
-                 f.pp.value_or(1) * f.cp.value_or(1);
-  if (f.dp && f.tp && f.pp && prod != devices)
+  std::optional<int64_t> prodOr = f.degreeProduct();
+  int64_t prod = prodOr.value_or(0);
+  if (!prodOr)
+    why.push_back("the fixed degrees multiply to more than 2^63, more than "
+                  "the " + str(devices) + " devices");
+  else if (f.dp && f.tp && f.pp && prod != devices)
     why.push_back("dp*tp*pp*cp = " + str(*f.dp) + "*" + str(*f.tp) + "*" +
                   str(*f.pp) + "*" + str(f.cp.value_or(1)) + " = " +
                   str(prod) + " but the cluster has " + str(devices) +
@@ -1299,13 +1342,17 @@ std::string explainFix(const FixSpec &f, const TransformerSpec &spec,
   if (f.pp && *f.pp > spec.numLayers)
     why.push_back("pp=" + str(*f.pp) + " exceeds the " +
                   str(spec.numLayers) + " layers");
-  if (!f.dp && f.tp && f.pp && devices % prod == 0 && gb % (devices / prod))
+  if (prodOr && !f.dp && f.tp && f.pp && devices % prod == 0 &&
+      gb % (devices / prod))
     why.push_back("tp*pp*cp = " + str(prod) + " leaves dp = " +
                   str(devices / prod) + ", which does not divide the global "
                   "batch " + str(gb) + " (set --global-batch)");
-  int64_t batchProd = int64_t(f.dp.value_or(1)) * f.mbs.value_or(1) *
-                      f.numMicroBatches.value_or(1);
-  if (f.dp && f.mbs && f.numMicroBatches && batchProd != gb)
+  std::optional<int64_t> batchProdOr = f.batchProduct();
+  int64_t batchProd = batchProdOr.value_or(0);
+  if (!batchProdOr)
+    why.push_back("the fixed dp/mbs/mb multiply to more than 2^63, more than "
+                  "the global batch " + str(gb));
+  else if (f.dp && f.mbs && f.numMicroBatches && batchProd != gb)
     why.push_back("dp*mbs*mb = " + str(batchProd) +
                   " but the global batch is " + str(gb));
   else if (gb % batchProd)
@@ -1326,11 +1373,29 @@ std::string explainFix(const FixSpec &f, const TransformerSpec &spec,
 
 } // namespace
 
+Status validateSearchOptions(const SearchOptions &opt) {
+  if (opt.globalBatch < 0 || opt.globalBatch > kMaxGlobalBatch)
+    return Status::error("the global batch must be between 1 and " +
+                         std::to_string(kMaxGlobalBatch) + " (2^30), got " +
+                         std::to_string(opt.globalBatch));
+  if (!opt.training && opt.fix.zero && *opt.fix.zero > 0)
+    return Status::error("--fix zero=" + std::to_string(*opt.fix.zero) +
+                         " needs a training step (--train): ZeRO shards "
+                         "optimizer state, gradients and parameters, which a "
+                         "forward pass does not have");
+  if (!opt.training && opt.fix.recompute &&
+      *opt.fix.recompute != RecomputePolicy::None)
+    return Status::error("--fix recompute needs a training step (--train): "
+                         "a forward pass keeps no activations to recompute");
+  return Status::ok();
+}
+
 Expected<PlanResult> searchPlan(const GraphSummary &graph,
                                 const Cluster &cluster, const CostModel &cost,
                                 const SearchOptions &opt) {
   auto start = std::chrono::steady_clock::now();
   DLOPT_RETURN_IF_ERROR(cluster.validate());
+  DLOPT_RETURN_IF_ERROR(validateSearchOptions(opt));
   auto specOr = transformerSpecOf(graph);
   if (!specOr)
     return specOr.status();

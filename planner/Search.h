@@ -48,9 +48,25 @@ struct FixSpec {
            !numMicroBatches && !schedule && !recompute && !layout;
   }
   std::string str() const;
+  /// dp*tp*pp*cp over the fixed degrees (1 for those not fixed); nullopt
+  /// when the product overflows int64.
+  std::optional<int64_t> degreeProduct() const;
+  /// dp*mbs*mb over the fixed values; nullopt on overflow.
+  std::optional<int64_t> batchProduct() const;
 };
+
+/// Largest global batch the planner takes (--global-batch).
+inline constexpr int64_t kMaxGlobalBatch = int64_t(1) << 30;
+
+struct SearchOptions;
+/// Checks what both searches take: a global batch in [0, 2^30] (0: the
+/// model's), and no ZeRO stage or recompute policy fixed for a forward-only
+/// plan. Both searches call it first.
+Status validateSearchOptions(const SearchOptions &opt);
 /// Parses "tp=8,pp=8,mbs=1,schedule=1f1b,recompute=full,zero=1,dp=4,mb=16,
 /// v=2,cp=2,sp=1,layout=between-graph".
+/// Each key may appear once; contradictions the grammar alone shows
+/// (v > 1 with a schedule other than interleaved) are refused.
 Expected<FixSpec> parseFix(std::string_view text);
 std::optional<PipelineSchedule> parseSchedule(std::string_view s);
 std::optional<RecomputePolicy> parseRecompute(std::string_view s);

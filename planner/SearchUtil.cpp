@@ -10,7 +10,8 @@ using report::strf;
 
 std::vector<int64_t> divisorsOf(int64_t n) {
   std::vector<int64_t> d;
-  for (int64_t i = 1; i * i <= n; ++i)
+  // i <= n / i, not i * i <= n: the square overflows for n near 2^63.
+  for (int64_t i = 1; i <= n / i; ++i)
     if (n % i == 0) {
       d.push_back(i);
       if (i != n / i)

@@ -79,9 +79,10 @@ static rt::Init toInit(DictionaryAttr dict) {
 }
 
 /// Appends the little-endian bytes of a dense constant to `blob`.
-static void appendConstant(DenseElementsAttr attr, std::vector<uint8_t> &blob) {
+static void appendConstant(DenseElementsAttr attr, std::vector<uint8_t> &blob,
+                           bool oneElement) {
   Type elem = attr.getElementType();
-  int64_t n = attr.getNumElements();
+  int64_t n = oneElement ? 1 : attr.getNumElements();
   auto put = [&](uint64_t bits, unsigned bytes) {
     for (unsigned b = 0; b < bytes; ++b)
       blob.push_back(static_cast<uint8_t>(bits >> (8 * b)));
@@ -357,12 +358,15 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
                                << cst.getValue();
       rt::Value desc;
       desc.kind = rt::ValueKind::Const;
+      // A splat stays one element: dense<0.5> : tensor<20000x20000xf32>
+      // must not write 1.6 GB.
+      desc.constSplat = dense.isSplat() && dense.getNumElements() > 1;
       while (exe.constData.size() % 64)
         exe.constData.push_back(0);
       desc.constOffset = static_cast<int64_t>(exe.constData.size());
       if (failed(addValue(cst.getResult(), desc)))
         return failure();
-      appendConstant(dense, exe.constData);
+      appendConstant(dense, exe.constData, desc.constSplat);
       continue;
     }
     if (!isa<DLOptDialect>(op.getDialect()))

@@ -21,23 +21,6 @@
 namespace dlopt::rt::cpu {
 namespace {
 
-/// Reads a 2-element int list attribute with a default.
-Status getPair(const Instr &instr, const std::string &name,
-               std::vector<int64_t> &out, int64_t minValue) {
-  DLOPT_RETURN_IF_ERROR(getOptIntsAttr(instr, name, out));
-  if (out.size() != 2 || out[0] < minValue || out[1] < minValue)
-    return opError(instr, "expects '" + name +
-                              "' to be 2 ints >= " + std::to_string(minValue) +
-                              ", got " + shapeStr(out));
-  return Status::ok();
-}
-
-/// Output size of a sliding window; -1 when the window does not fit.
-int64_t windowOut(int64_t in, int64_t k, int64_t s, int64_t p, int64_t dil) {
-  int64_t span = in + 2 * p - dil * (k - 1) - 1;
-  return span < 0 ? -1 : span / s + 1;
-}
-
 /// One group's conv2d geometry, shared by conv2d and its gradients.
 struct ConvGeom {
   int64_t cg, h, w, kh, kw, oh, ow;
@@ -64,13 +47,13 @@ Status convGeometry(const Instr &instr, const TensorType &tx,
                     int64_t &groups, ConvGeom &geom) {
   std::vector<int64_t> stride{1, 1}, padding{0, 0}, dilation{1, 1};
   groups = 1;
-  DLOPT_RETURN_IF_ERROR(getPair(instr, "stride", stride, 1));
-  DLOPT_RETURN_IF_ERROR(getPair(instr, "padding", padding, 0));
-  DLOPT_RETURN_IF_ERROR(getPair(instr, "dilation", dilation, 1));
+  DLOPT_RETURN_IF_ERROR(getWindowPair(instr, "stride", stride, 1));
+  DLOPT_RETURN_IF_ERROR(getWindowPair(instr, "padding", padding, 0));
+  DLOPT_RETURN_IF_ERROR(getWindowPair(instr, "dilation", dilation, 1));
   DLOPT_RETURN_IF_ERROR(getOptIntAttr(instr, "groups", groups));
   int64_t c = tx.shape[1], h = tx.shape[2], w = tx.shape[3];
   int64_t o = tw.shape[0], cg = tw.shape[1], kh = tw.shape[2], kw = tw.shape[3];
-  if (groups < 1 || c != cg * groups || o % groups != 0)
+  if (groups < 1 || groups > c || c != cg * groups || o % groups != 0)
     return opError(instr, "expects C = Cg * groups and O % groups == 0, got " +
                               typeStr(tx) + ", " + typeStr(tw) +
                               ", groups = " + std::to_string(groups));
@@ -232,12 +215,13 @@ Status poolGeometry(const Instr &instr, bool isMax, const TensorType &tx,
                     PoolGeom &g) {
   size_t rank = tx.shape.size();
   DLOPT_RETURN_IF_ERROR(getIntsAttr(instr, "kernel", g.kernel));
-  if (g.kernel.size() != 2 || g.kernel[0] < 1 || g.kernel[1] < 1)
-    return opError(instr, "expects 'kernel' to be 2 ints >= 1, got " +
+  if (g.kernel.size() != 2 || g.kernel[0] < 1 || g.kernel[1] < 1 ||
+      g.kernel[0] > kMaxWindowAttr || g.kernel[1] > kMaxWindowAttr)
+    return opError(instr, "expects 'kernel' to be 2 ints in [1, 2^30], got " +
                               shapeStr(g.kernel));
   g.stride = g.kernel;
-  DLOPT_RETURN_IF_ERROR(getPair(instr, "stride", g.stride, 1));
-  DLOPT_RETURN_IF_ERROR(getPair(instr, "padding", g.padding, 0));
+  DLOPT_RETURN_IF_ERROR(getWindowPair(instr, "stride", g.stride, 1));
+  DLOPT_RETURN_IF_ERROR(getWindowPair(instr, "padding", g.padding, 0));
   if (!isMax)
     DLOPT_RETURN_IF_ERROR(
         getOptBoolAttr(instr, "count_include_pad", g.includePad));

@@ -167,6 +167,37 @@ Status getOptBoolAttr(const Instr &instr, const std::string &name, bool &out);
 Status getOptStringAttr(const Instr &instr, const std::string &name,
                         std::string &out);
 
+/// Largest stride, padding, dilation and window size the conv and pool
+/// kernels take; far above any real one, and small enough that every index
+/// computed from them stays far from int64 overflow.
+constexpr int64_t kMaxWindowAttr = int64_t(1) << 30;
+
+/// Reads a 2-int attribute (stride, padding, dilation, kernel) with a
+/// default; each int must lie in [minValue, kMaxWindowAttr].
+inline Status getWindowPair(const Instr &instr, const std::string &name,
+                            std::vector<int64_t> &out, int64_t minValue) {
+  DLOPT_RETURN_IF_ERROR(getOptIntsAttr(instr, name, out));
+  if (out.size() != 2 || out[0] < minValue || out[1] < minValue ||
+      out[0] > kMaxWindowAttr || out[1] > kMaxWindowAttr)
+    return opError(instr, "expects '" + name + "' to be 2 ints in [" +
+                              std::to_string(minValue) + ", 2^30], got " +
+                              shapeStr(out));
+  return Status::ok();
+}
+
+/// Output size of a sliding window; -1 when the window does not fit or the
+/// arithmetic would overflow.
+inline int64_t windowOut(int64_t in, int64_t k, int64_t s, int64_t p,
+                         int64_t dil) {
+  int64_t twoP, reach, padded, span;
+  if (__builtin_mul_overflow(p, int64_t(2), &twoP) ||
+      __builtin_mul_overflow(dil, k - 1, &reach) ||
+      __builtin_add_overflow(in, twoP, &padded) ||
+      __builtin_sub_overflow(padded, reach + 1, &span) || s < 1)
+    return -1;
+  return span < 0 ? -1 : span / s + 1;
+}
+
 //===----------------------------------------------------------------------===//
 // Dtype dispatch: fn receives a value of the storage type as a tag.
 //===----------------------------------------------------------------------===//

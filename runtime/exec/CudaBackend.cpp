@@ -1317,23 +1317,6 @@ Status mseHandler(Launch &L, Ins ins, Outs outs) {
 //===--- conv2d, pooling, batch_norm ------------------------------------------===//
 // Checks and messages as runtime/cpu/Conv.cpp, NN.cpp and Grad.cpp.
 
-/// Reads a 2-element int list attribute with a default.
-Status getPair(const Instr &instr, const std::string &name,
-               std::vector<int64_t> &out, int64_t minValue) {
-  DLOPT_RETURN_IF_ERROR(cpu::getOptIntsAttr(instr, name, out));
-  if (out.size() != 2 || out[0] < minValue || out[1] < minValue)
-    return opError(instr, "expects '" + name + "' to be 2 ints >= " +
-                              std::to_string(minValue) + ", got " +
-                              shapeStr(out));
-  return Status::ok();
-}
-
-/// Output size of a sliding window; -1 when the window does not fit.
-int64_t windowOut(int64_t in, int64_t k, int64_t s, int64_t p, int64_t dil) {
-  int64_t span = in + 2 * p - dil * (k - 1) - 1;
-  return span < 0 ? -1 : span / s + 1;
-}
-
 /// stride/padding/dilation/groups and the geometry of x [N,C,H,W] and
 /// w [O,Cg,KH,KW] under conv2d's shape rule; `bias`, when given, must be
 /// [O] of x's element type.
@@ -1342,12 +1325,12 @@ Status convDims(const Instr &instr, const TensorType &tx,
                 kernels::ConvDims &d) {
   std::vector<int64_t> stride{1, 1}, padding{0, 0}, dilation{1, 1};
   int64_t groups = 1;
-  DLOPT_RETURN_IF_ERROR(getPair(instr, "stride", stride, 1));
-  DLOPT_RETURN_IF_ERROR(getPair(instr, "padding", padding, 0));
-  DLOPT_RETURN_IF_ERROR(getPair(instr, "dilation", dilation, 1));
+  DLOPT_RETURN_IF_ERROR(cpu::getWindowPair(instr, "stride", stride, 1));
+  DLOPT_RETURN_IF_ERROR(cpu::getWindowPair(instr, "padding", padding, 0));
+  DLOPT_RETURN_IF_ERROR(cpu::getWindowPair(instr, "dilation", dilation, 1));
   DLOPT_RETURN_IF_ERROR(cpu::getOptIntAttr(instr, "groups", groups));
   int64_t c = tx.shape[1], o = tw.shape[0], cg = tw.shape[1];
-  if (groups < 1 || c != cg * groups || o % groups != 0)
+  if (groups < 1 || groups > c || c != cg * groups || o % groups != 0)
     return opError(instr, "expects C = Cg * groups and O % groups == 0, got " +
                               typeStr(tx) + ", " + typeStr(tw) +
                               ", groups = " + std::to_string(groups));
@@ -1370,8 +1353,8 @@ Status convDims(const Instr &instr, const TensorType &tx,
   d.padW = padding[1];
   d.dilH = dilation[0];
   d.dilW = dilation[1];
-  d.oh = windowOut(d.h, d.kh, d.strideH, d.padH, d.dilH);
-  d.ow = windowOut(d.w, d.kw, d.strideW, d.padW, d.dilW);
+  d.oh = cpu::windowOut(d.h, d.kh, d.strideH, d.padH, d.dilH);
+  d.ow = cpu::windowOut(d.w, d.kw, d.strideW, d.padW, d.dilW);
   if (d.oh < 0 || d.ow < 0)
     return opError(instr, "kernel does not fit the padded input: " +
                               typeStr(tx) + ", " + typeStr(tw));
@@ -1458,12 +1441,13 @@ Status poolDims(const Instr &instr, bool isMax, const TensorType &tx,
   size_t rank = tx.shape.size();
   std::vector<int64_t> kernel, stride, padding{0, 0};
   DLOPT_RETURN_IF_ERROR(cpu::getIntsAttr(instr, "kernel", kernel));
-  if (kernel.size() != 2 || kernel[0] < 1 || kernel[1] < 1)
-    return opError(instr, "expects 'kernel' to be 2 ints >= 1, got " +
+  if (kernel.size() != 2 || kernel[0] < 1 || kernel[1] < 1 ||
+      kernel[0] > cpu::kMaxWindowAttr || kernel[1] > cpu::kMaxWindowAttr)
+    return opError(instr, "expects 'kernel' to be 2 ints in [1, 2^30], got " +
                               shapeStr(kernel));
   stride = kernel;
-  DLOPT_RETURN_IF_ERROR(getPair(instr, "stride", stride, 1));
-  DLOPT_RETURN_IF_ERROR(getPair(instr, "padding", padding, 0));
+  DLOPT_RETURN_IF_ERROR(cpu::getWindowPair(instr, "stride", stride, 1));
+  DLOPT_RETURN_IF_ERROR(cpu::getWindowPair(instr, "padding", padding, 0));
   d = kernels::PoolDims{};
   if (!isMax)
     DLOPT_RETURN_IF_ERROR(
@@ -1477,8 +1461,8 @@ Status poolDims(const Instr &instr, bool isMax, const TensorType &tx,
   d.strideW = stride[1];
   d.padH = padding[0];
   d.padW = padding[1];
-  d.oh = windowOut(d.h, d.kh, d.strideH, d.padH, 1);
-  d.ow = windowOut(d.w, d.kw, d.strideW, d.padW, 1);
+  d.oh = cpu::windowOut(d.h, d.kh, d.strideH, d.padH, 1);
+  d.ow = cpu::windowOut(d.w, d.kw, d.strideW, d.padW, 1);
   if (d.oh < 0 || d.ow < 0)
     return opError(instr, "window " + shapeStr(kernel) +
                               " does not fit the padded input " + typeStr(tx));

@@ -5,7 +5,9 @@
 
 #include "runtime/format/MemoryPlanner.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 
 namespace dlopt::rt {
 
@@ -71,9 +73,22 @@ Status Session::init() {
     const Value &val = exe_.values[v];
     if (val.kind != ValueKind::Const || mem.offsets[v] < 0)
       continue;
-    DLOPT_RETURN_IF_ERROR(backend_->copyToDevice(
-        *arena_, mem.offsets[v], exe_.constData.data() + val.constOffset,
-        val.type.byteSize()));
+    const uint8_t *src = exe_.constData.data() + val.constOffset;
+    if (val.constSplat) {
+      // Repeat the one stored element, a chunk at a time.
+      const int64_t elem = dtypeSize(val.type.dtype), total = val.type.byteSize();
+      const int64_t chunk = std::min<int64_t>(total, int64_t(1) << 20) / elem * elem;
+      std::vector<uint8_t> pattern(size_t(std::max<int64_t>(chunk, elem)));
+      for (size_t i = 0; i < pattern.size(); i += size_t(elem))
+        std::memcpy(pattern.data() + i, src, size_t(elem));
+      for (int64_t done = 0; done < total; done += int64_t(pattern.size()))
+        DLOPT_RETURN_IF_ERROR(backend_->copyToDevice(
+            *arena_, mem.offsets[v] + done, pattern.data(),
+            std::min<int64_t>(int64_t(pattern.size()), total - done)));
+    } else {
+      DLOPT_RETURN_IF_ERROR(backend_->copyToDevice(
+          *arena_, mem.offsets[v], src, val.type.byteSize()));
+    }
     ready_[v] = true;
   }
 

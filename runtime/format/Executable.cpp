@@ -431,12 +431,16 @@ Status Executable::validate() const {
     if (uint8_t(val.kind) > uint8_t(ValueKind::State))
       return Status::error("value " + valueRef(*this, v) +
                            " has an unknown kind");
+    if (val.constSplat && val.kind != ValueKind::Const)
+      return Status::error("value " + valueRef(*this, v) +
+                           " is marked const_splat but is not a constant");
     if (val.kind == ValueKind::Const) {
+      int64_t stored = val.constSplat ? dtypeSize(val.type.dtype) : bytes;
       if (val.constOffset < 0 || val.constOffset > int64_t(constData.size()) ||
-          bytes > int64_t(constData.size()) - val.constOffset)
+          stored > int64_t(constData.size()) - val.constOffset)
         return Status::error(
             "constant " + valueRef(*this, v) + " (" +
-            std::to_string(bytes) + " bytes at offset " +
+            std::to_string(stored) + " bytes at offset " +
             std::to_string(val.constOffset) +
             ") lies outside the constant data (" +
             std::to_string(constData.size()) + " bytes)");

@@ -72,9 +72,17 @@ struct Value {
   ValueKind kind = ValueKind::Temp;
   Init init;                 ///< only for Param
   int64_t constOffset = -1;  ///< only for Const: byte offset into constData
+  /// Only for Const: constData holds one element, repeated over the type
+  /// (a splat stays one element through the format, whatever its size).
+  bool constSplat = false;
   bool operator==(const Value &o) const {
     return name == o.name && type == o.type && kind == o.kind &&
-           init == o.init && constOffset == o.constOffset;
+           init == o.init && constOffset == o.constOffset &&
+           constSplat == o.constSplat;
+  }
+  /// Bytes of constData a Const value occupies.
+  int64_t constBytes() const {
+    return constSplat ? dtypeSize(type.dtype) : type.byteSize();
   }
 };
 

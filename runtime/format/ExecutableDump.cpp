@@ -124,7 +124,8 @@ static std::string dumpImpl(const Executable &exe) {
     if (val.kind == ValueKind::Param || val.kind == ValueKind::State)
       notes = "init " + formatInit(val.init);
     else if (val.kind == ValueKind::Const)
-      notes = "const data @" + std::to_string(val.constOffset);
+      notes = std::string(val.constSplat ? "const splat @" : "const data @") +
+              std::to_string(val.constOffset);
     std::string offset;
     if (mem0) {
       offset = v < mem0->offsets.size() && mem0->offsets[v] >= 0

@@ -125,6 +125,8 @@ Json toJson(const Executable &exe) {
       jv["init"] = initToJson(v.init);
     if (v.constOffset != -1)
       jv["const_offset"] = v.constOffset;
+    if (v.constSplat)
+      jv["const_splat"] = true;
     values.push_back(std::move(jv));
   }
   j["values"] = std::move(values);
@@ -333,6 +335,11 @@ Executable fromJson(const Json &j) {
     }
     if (const Json *off = optField(jv, "const_offset"))
       v.constOffset = asInt(*off, p + ".const_offset");
+    if (const Json *splat = optField(jv, "const_splat")) {
+      if (!splat->is_boolean())
+        fail(p + ".const_splat", "expected true or false");
+      v.constSplat = splat->get<bool>();
+    }
     exe.values.push_back(std::move(v));
   }
   exe.params = asIds(field(j, "document", "params"), "params");

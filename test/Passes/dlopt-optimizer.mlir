@@ -14,7 +14,12 @@
 // ADAMW-SAME: tensor<i64> {dlopt.output = "step", dlopt.update = "step"})
 // ADAMW-SAME: attributes {dlopt.loss, dlopt.train_step}
 // ADAMW: dlopt.add %[[STEP]]
-// ADAMW: dlopt.pow
+// Bias corrections 1/(1 - beta^t) = (T - 1) / 2T, T = tanh(t ln(beta) / 2):
+// ln(0.9)/2 and ln(0.999)/2 in double, then rounded to f32.
+// ADAMW: arith.constant dense<-0.0526802577> : tensor<f32>
+// ADAMW: dlopt.tanh
+// ADAMW: arith.constant dense<-5.00250142E-4> : tensor<f32>
+// ADAMW: dlopt.tanh
 // ADAMW: dlopt.sqrt
 // ADAMW: arith.constant dense<1.000000e-01> : tensor<f32>
 

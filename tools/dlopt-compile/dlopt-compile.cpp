@@ -225,6 +225,12 @@ static int runDryRun(ModuleOp module) {
                 2);
   if (topK < 0)
     return fail("--top-k must be >= 0", 2);
+  if (globalBatchOpt.getNumOccurrences() &&
+      (globalBatchOpt < 1 || globalBatchOpt > kMaxGlobalBatch))
+    return fail("--global-batch must be between 1 and " +
+                    std::to_string(kMaxGlobalBatch) + ", got " +
+                    std::to_string(globalBatchOpt),
+                2);
   Expected<Cluster> cluster = loaded && clusterOpt.empty()
                                   ? Expected<Cluster>(loaded->cluster)
                                   : resolveCluster(clusterOpt.getValue());
@@ -395,6 +401,25 @@ int main(int argc, char **argv) {
     return 1;
   phase("parse");
 
+  // Enumerated options are checked in every mode: a dry run must not price
+  // a misspelt --precision as fp32.
+  auto oneOf = [](llvm::StringRef flag, llvm::StringRef value,
+                  std::initializer_list<llvm::StringRef> allowed) {
+    if (llvm::is_contained(allowed, value))
+      return true;
+    llvm::errs() << "dlopt-compile: error: --" << flag << "=" << value
+                 << " is not one of";
+    for (llvm::StringRef a : allowed)
+      llvm::errs() << " " << a;
+    llvm::errs() << "\n";
+    return false;
+  };
+  if (!oneOf("precision", precisionOpt, {"f32", "bf16", "fp16"}) ||
+      !oneOf("recompute", recomputeOpt, {"none", "full", "selective"}) ||
+      !oneOf("optimizer", optName, {"sgd", "adam", "adamw"}) ||
+      !oneOf("schedule", scheduleOpt, {"constant", "cosine", "linear"}))
+    return 2;
+
   if (dryRun || !clusterOpt.empty() || !fixOpt.empty() ||
       formatOpt.getNumOccurrences() || explainOpt || !planFileOpt.empty() ||
       !traceOpt.empty() ||
@@ -426,22 +451,6 @@ int main(int argc, char **argv) {
   options.optimizer.accumulate = accumulateOpt;
   options.recompute = recomputeOpt;
   options.precision = precisionOpt;
-  auto oneOf = [](llvm::StringRef flag, llvm::StringRef value,
-                  std::initializer_list<llvm::StringRef> allowed) {
-    if (llvm::is_contained(allowed, value))
-      return true;
-    llvm::errs() << "dlopt-compile: error: --" << flag << "=" << value
-                 << " is not one of";
-    for (llvm::StringRef a : allowed)
-      llvm::errs() << " " << a;
-    llvm::errs() << "\n";
-    return false;
-  };
-  if (!oneOf("precision", precisionOpt, {"f32", "bf16", "fp16"}) ||
-      !oneOf("recompute", recomputeOpt, {"none", "full", "selective"}) ||
-      !oneOf("optimizer", optName, {"sgd", "adam", "adamw"}) ||
-      !oneOf("schedule", scheduleOpt, {"constant", "cosine", "linear"}))
-    return 2;
   if (!train && !autodiff &&
       (recomputeOpt != "none" || precisionOpt != "f32")) {
     llvm::errs() << "dlopt-compile: error: --recompute and --precision need "

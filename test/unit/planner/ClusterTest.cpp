@@ -475,7 +475,7 @@ TEST(ClusterFileErrors, TooManyDevicesAndBadUtf8) {
   EXPECT_TRUE(failsWith(
       yaml("nodes: 1000000\ngpus_per_node: 1000\ngpu: h100-sxm-80gb\n"
            "intra_node: {bandwidth_gb_s: 1}\nnetwork: {bandwidth_gb_s: 1}\n"),
-      "at most 10000000 are supported"));
+      "at most 1048576 (2^20) are supported"));
   EXPECT_TRUE(failsWith(
       yaml("nodes: 1\ngpus_per_node: \"\xff\xfe\"\ngpu: h100-sxm-80gb\n"),
       "gpus_per_node: expected a positive integer"));
@@ -518,4 +518,30 @@ TEST(ClusterFileErrors, BadHostFields) {
   bad("host: {cpu_cores: 0}\n", "host.cpu_cores");
   bad("host: {cpu_cores: 8, disks: 2}\n", "unknown field 'disks'");
   bad("host: 12\n", "host: expected a mapping");
+}
+
+// Issue 10: YAML cannot expand, nest or repeat its way past the reader.
+TEST(ClusterFileErrors, YamlLimits) {
+  std::string bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n";
+  for (char c = 'b'; c <= 'j'; ++c) {
+    std::string prev(1, char(c - 1));
+    bomb += std::string(1, c) + ": &" + c + " [";
+    for (int i = 0; i < 10; ++i)
+      bomb += (i ? ", *" : "*") + prev;
+    bomb += "]\n";
+  }
+  EXPECT_TRUE(failsWith(yaml(bomb), "more than 100000 values once aliases "
+                                    "are expanded"));
+  std::string deep = "a: " + std::string(100, '[') + std::string(100, ']');
+  EXPECT_TRUE(failsWith(yaml(deep), "nested deeper than 64 levels at a[0]"));
+  EXPECT_TRUE(failsWith(yaml("name: c\nname: d\nnodes: 1\n"),
+                        "duplicate key 'name' at the top level"));
+  EXPECT_TRUE(failsWith(
+      yaml("nodes: 1\ngpus_per_node: 1\ngpu: {memory_gb: .inf, "
+           "memory_bandwidth_gb_s: 1, peak_tflops: {bf16: 1}}\n"),
+      "gpu.memory_gb: expected a finite number, got inf"));
+  EXPECT_TRUE(failsWith(
+      yaml("nodes: 1\ngpus_per_node: 1\ngpu: {memory_gb: 1e308, "
+           "memory_bandwidth_gb_s: 1, peak_tflops: {bf16: 1}}\n"),
+      "memory_gb: expected a finite positive number, got inf"));
 }

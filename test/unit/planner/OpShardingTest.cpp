@@ -1034,3 +1034,14 @@ TEST(OpPlanFile, DetectsAnotherModel) {
 }
 
 } // namespace
+
+TEST(OpSharding, LayoutParsesItsOwnForm) {
+  for (Layout l : {Layout::rep(), Layout::partial(), Layout::split(0),
+                   Layout::split(3), Layout::split(15)}) {
+    auto back = Layout::parse(l.str());
+    ASSERT_TRUE(back) << l.str();
+    EXPECT_EQ(*back, l);
+  }
+  for (const char *bad : {"", "S", "S16", "S01", "Sx", "r", "RR", "P0", "S-1"})
+    EXPECT_FALSE(Layout::parse(bad)) << bad;
+}

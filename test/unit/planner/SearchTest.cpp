@@ -1,6 +1,7 @@
 //===- SearchTest.cpp - Invariants of the plan search ---------------------===//
 #include "planner/Report.h"
 #include "planner/Search.h"
+#include "planner/SearchUtil.h"
 
 #include "TestUtil.h"
 
@@ -656,4 +657,64 @@ TEST(Search, InterleavedChunksNeedNotDivideTheLayers) {
                                         "layers"),
             std::string::npos)
       << bad.status().message();
+}
+
+// Issue 10: the --fix grammar refuses what it can see is contradictory, and
+// products of fixed values never overflow.
+TEST(FixGrammar, RepeatsAndContradictions) {
+  auto twice = parseFix("dp=1,tp=2,dp=2");
+  ASSERT_FALSE(twice);
+  EXPECT_EQ(twice.status().message(),
+            "--fix: dp is given twice ('dp=1' and 'dp=2')");
+  auto alias = parseFix("mb=4,num_mb=8");
+  ASSERT_FALSE(alias);
+  EXPECT_EQ(alias.status().message(),
+            "--fix: mb is given twice ('mb=4' and 'num_mb=8')");
+  auto v = parseFix("v=3,schedule=gpipe");
+  ASSERT_FALSE(v);
+  EXPECT_EQ(v.status().message(),
+            "--fix: v=3 (model chunks per stage) needs schedule=interleaved, "
+            "not schedule=gpipe");
+  EXPECT_FALSE(parseFix("schedule=interleaved,v=1"));
+  EXPECT_TRUE(parseFix("schedule=interleaved,v=3"));
+  auto big = parseFix("tp=2000000");
+  ASSERT_FALSE(big);
+  EXPECT_EQ(big.status().message(),
+            "--fix: tp=2000000 exceeds 1048576, the most devices a cluster "
+            "may have");
+  auto huge = parseFix("dp=1048576,tp=1048576,pp=1048576,cp=1048576");
+  ASSERT_TRUE(huge);
+  EXPECT_FALSE(huge->degreeProduct());
+  auto batch = parseFix("dp=1048576,mbs=1073741824,mb=1073741824");
+  ASSERT_TRUE(batch);
+  EXPECT_FALSE(batch->batchProduct());
+  EXPECT_EQ(*parseFix("dp=2,tp=4")->degreeProduct(), 8);
+}
+
+TEST(FixGrammar, SearchOptionsAreValidated) {
+  SearchOptions so;
+  so.globalBatch = -1;
+  EXPECT_FALSE(validateSearchOptions(so));
+  so.globalBatch = kMaxGlobalBatch + 1;
+  EXPECT_FALSE(validateSearchOptions(so));
+  so.globalBatch = 0;
+  EXPECT_TRUE(validateSearchOptions(so));
+  so.training = false;
+  so.fix.zero = 2;
+  Status st = validateSearchOptions(so);
+  ASSERT_FALSE(st);
+  EXPECT_NE(st.message().find("needs a training step (--train)"),
+            std::string::npos);
+  so.fix.zero = 0;
+  EXPECT_TRUE(validateSearchOptions(so));
+  so.fix.recompute = RecomputePolicy::Full;
+  EXPECT_FALSE(validateSearchOptions(so));
+}
+
+TEST(FixGrammar, Divisors) {
+  // The loop runs while i <= n/i (i*i overflowed for n near 2^63).
+  auto d = divisorsOf(int64_t(1) << 40);
+  EXPECT_EQ(d.size(), 41u);
+  EXPECT_EQ(d.back(), int64_t(1) << 40);
+  EXPECT_EQ(divisorsOf(36), (std::vector<int64_t>{1, 2, 3, 4, 6, 9, 12, 18, 36}));
 }
