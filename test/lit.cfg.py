@@ -7,7 +7,7 @@ config.test_format = lit.formats.ShTest(execute_external=True)
 config.suffixes = [".mlir", ".test"]
 config.test_source_root = os.path.dirname(__file__)
 config.test_exec_root = os.path.join(config.dlopt_obj_root, "test")
-config.excludes = ["lit.cfg.py", "lit.site.cfg.py", "unit", "numeric", "Inputs", "CMakeLists.txt"]
+config.excludes = ["lit.cfg.py", "lit.site.cfg.py", "unit", "numeric", "fuzz", "Inputs", "CMakeLists.txt"]
 
 # Tools: ours first, then LLVM's FileCheck/not/split-file.
 config.environment["PATH"] = os.pathsep.join(

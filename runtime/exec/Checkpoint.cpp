@@ -110,14 +110,9 @@ Status saveCheckpoint(Session &session, const std::string &path,
   return writeFileAtomic(path, *bytes).withContext("writing checkpoint: ");
 }
 
-Expected<CheckpointState> loadCheckpoint(Session &session,
-                                         const std::string &path) {
-  const Executable &exe = session.executable();
-  Expected<SafeTensorsFile> file = readSafeTensors(path);
-  if (!file)
-    return file.status().withContext("checkpoint ");
-  std::string where = "checkpoint " + path + ": ";
-  const auto &meta = file->metadata;
+Expected<CheckpointState>
+parseCheckpointMetadata(const std::map<std::string, std::string> &meta,
+                        const std::string &where) {
   auto get = [&](const char *key) -> std::string {
     auto it = meta.find(key);
     return it == meta.end() ? std::string() : it->second;
@@ -134,6 +129,50 @@ Expected<CheckpointState> loadCheckpoint(Session &session,
                          get("world_size") +
                          "'; only world size 1 (replicated) checkpoints can "
                          "be loaded");
+
+  CheckpointState state;
+  struct Field {
+    const char *key;
+    uint64_t *out;
+  };
+  uint64_t step = 0;
+  for (Field f : {Field{"step", &step}, Field{"data_position", &state.dataPosition},
+                  Field{"data_epoch", &state.dataEpoch},
+                  Field{"rng_seed", &state.rngSeed}}) {
+    std::optional<uint64_t> v = parseU64(get(f.key));
+    if (!v)
+      return Status::error(where + "metadata '" + f.key +
+                           "' must be a non-negative integer, got '" +
+                           get(f.key) + "'");
+    if (f.out == &step && *v > uint64_t(kMaxTrainingStep))
+      return Status::error(where + "metadata 'step' is " + get(f.key) +
+                           ", more than the largest step count " +
+                           std::to_string(kMaxTrainingStep) + " (2^53)");
+    *f.out = *v;
+  }
+  state.step = int64_t(step);
+  if (get("rng") != kRng)
+    return Status::error(where + "unknown data generator '" + get("rng") +
+                         "' (expected '" + kRng + "')");
+  state.dataSource = get("data_source");
+  return state;
+}
+
+Expected<CheckpointState> loadCheckpoint(Session &session,
+                                         const std::string &path) {
+  const Executable &exe = session.executable();
+  Expected<SafeTensorsFile> file = readSafeTensors(path);
+  if (!file)
+    return file.status().withContext("checkpoint ");
+  std::string where = "checkpoint " + path + ": ";
+  const auto &meta = file->metadata;
+  auto get = [&](const char *key) -> std::string {
+    auto it = meta.find(key);
+    return it == meta.end() ? std::string() : it->second;
+  };
+  Expected<CheckpointState> state = parseCheckpointMetadata(meta, where);
+  if (!state)
+    return state.status();
 
   // Every tensor of the model, with its exact type, and nothing else.
   std::string otherModel = where + "does not match this model (saved from '" +
@@ -163,32 +202,6 @@ Expected<CheckpointState> loadCheckpoint(Session &session,
                          get("fingerprint") + ", expected " + fp +
                          " (the same tensors, but params and states differ "
                          "in role or order)");
-
-  CheckpointState state;
-  struct Field {
-    const char *key;
-    uint64_t *out;
-  };
-  uint64_t step = 0;
-  for (Field f : {Field{"step", &step}, Field{"data_position", &state.dataPosition},
-                  Field{"data_epoch", &state.dataEpoch},
-                  Field{"rng_seed", &state.rngSeed}}) {
-    std::optional<uint64_t> v = parseU64(get(f.key));
-    if (!v)
-      return Status::error(where + "metadata '" + f.key +
-                           "' must be a non-negative integer, got '" +
-                           get(f.key) + "'");
-    if (f.out == &step && *v > uint64_t(kMaxTrainingStep))
-      return Status::error(where + "metadata 'step' is " + get(f.key) +
-                           ", more than the largest step count " +
-                           std::to_string(kMaxTrainingStep) + " (2^53)");
-    *f.out = *v;
-  }
-  state.step = int64_t(step);
-  if (get("rng") != kRng)
-    return Status::error(where + "unknown data generator '" + get("rng") +
-                         "' (expected '" + kRng + "')");
-  state.dataSource = get("data_source");
 
   // Everything checked: now bind. bind() can only fail on a type mismatch,
   // which was ruled out above.

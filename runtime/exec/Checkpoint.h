@@ -19,6 +19,7 @@
 #include "runtime/support/Status.h"
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 namespace dlopt::rt {
@@ -48,6 +49,14 @@ std::string checkpointFileName(int64_t step);
 /// Writes every param and state the session's rank holds, atomically.
 Status saveCheckpoint(Session &session, const std::string &path,
                       const CheckpointState &state);
+
+/// Checks a checkpoint's metadata on its own (format, version, world size,
+/// the loop position, the data generator) and returns the saved position;
+/// `where` prefixes messages. loadCheckpoint calls it before it compares the
+/// tensors with the model.
+Expected<CheckpointState>
+parseCheckpointMetadata(const std::map<std::string, std::string> &meta,
+                        const std::string &where = "");
 
 /// Reads `path`, checks that it is a dlopt checkpoint of this model (every
 /// param and state present with the same dtype and shape, nothing else),
