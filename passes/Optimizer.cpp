@@ -214,8 +214,10 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
                                        b.getDenseI64ArrayAttr(stride));
         map.map(arg, dl::ReshapeOp::create(b, arg.getLoc(), t, sl).getResult());
       }
+      // Each replay keeps the ops' ids; dlopt.mb keeps (id, mb) unique.
       for (Operation *op : ops)
-        b.clone(*op, map);
+        b.clone(*op, map)->setAttr(DLOptDialect::kMicroBatchAttr,
+                                   b.getI64IntegerAttr(i));
       for (unsigned r = 0; r < ret->getNumOperands(); ++r) {
         Value v = map.lookupOrDefault(ret->getOperand(r));
         // Averaged results are summed; the others keep the last micro-batch.

@@ -14,9 +14,19 @@ def CheckModelPass : Pass<"dlopt-check-model", "mlir::ModuleOp"> {
     returns a rank-0 float loss first, and that its body uses only ops the
     runtime can execute (dlopt ops, `arith.constant`, `func.return`).
 
+    Then it stamps a stable id on every op of the entry body that has none
+    (`dlopt.id = N : i64`, in program order from one past the largest id
+    present; ops derived from a forward op, which carry `dlopt.fwd_id`, are
+    left alone). The planner keys its plan by these ids, and the training
+    transforms keep them: backward ops, recomputed clones and casts record
+    the forward op they come from as `dlopt.fwd_id = N`. Ids already present
+    must be unique (per `dlopt.mb` micro-batch).
+
     ```mlir
     // error: argument #1 (tensor<4x4xf32>) is neither a dlopt.param nor a dlopt.input
     func.func @main(%x: tensor<4x4xf32> {dlopt.input = "x"}, %w: tensor<4x4xf32>) ...
+    // after the pass, a valid model's ops carry ids:
+    %y = dlopt.matmul %x, %w {dlopt.id = 0 : i64} : ...
     ```
   }];
   let options = [
@@ -25,7 +35,8 @@ def CheckModelPass : Pass<"dlopt-check-model", "mlir::ModuleOp"> {
   ];
   let statistics = [
     Statistic<"numParams", "params", "Number of parameters">,
-    Statistic<"numInputs", "inputs", "Number of inputs">
+    Statistic<"numInputs", "inputs", "Number of inputs">,
+    Statistic<"numStamped", "stamped-ids", "Number of ops given a stable id">
   ];
 }
 
@@ -212,6 +223,34 @@ def MixedPrecisionPass : Pass<"dlopt-mixed-precision", "mlir::ModuleOp"> {
     Statistic<"numCasts", "casts", "Casts inserted">
   ];
   let dependentDialects = ["::dlopt::dl::DLOptDialect"];
+}
+
+def IdentityCSEPass : InterfacePass<"dlopt-cse", "mlir::FunctionOpInterface"> {
+  let summary = "Common subexpression elimination that ignores op identity";
+  let description = [{
+    Upstream `cse` compares every attribute, so two copies of an op that
+    differ only in their stable ids (`dlopt.id`, `dlopt.fwd_id`, `dlopt.mb`,
+    which every op has its own of) would never merge. This pass merges
+    side-effect-free, region-free ops of the function body that are equal
+    up to those identity attributes: the later op's uses go to the earlier
+    one, which keeps its own identity. The compile pipeline runs it before
+    upstream `cse`.
+
+    Before:
+    ```mlir
+    %0 = dlopt.exp %x {dlopt.id = 0 : i64} : tensor<4xf32>
+    %1 = dlopt.exp %x {dlopt.id = 1 : i64} : tensor<4xf32>
+    %2 = dlopt.add %0, %1 {dlopt.id = 2 : i64} : ...
+    ```
+    After:
+    ```mlir
+    %0 = dlopt.exp %x {dlopt.id = 0 : i64} : tensor<4xf32>
+    %2 = dlopt.add %0, %0 {dlopt.id = 2 : i64} : ...
+    ```
+  }];
+  let statistics = [
+    Statistic<"numMerged", "merged", "Number of ops merged into an equal earlier op">
+  ];
 }
 
 def FuseElementwisePass : InterfacePass<"dlopt-fuse-elementwise",

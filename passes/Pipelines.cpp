@@ -56,6 +56,8 @@ void dlopt::buildCompilePipeline(OpPassManager &pm,
     pm.addPass(createOptimizerPass(opt));
   }
   pm.addPass(createCanonicalizerPass());
+  // Stable ids make every op's attributes unique: merge equal ops first.
+  pm.addNestedPass<func::FuncOp>(createIdentityCSEPass());
   pm.addPass(createCSEPass());
   // After the last CSE, which would merge the recomputed copies back.
   if ((options.autodiff || options.train) && options.recompute != "none") {

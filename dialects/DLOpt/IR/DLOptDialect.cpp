@@ -162,10 +162,12 @@ LogicalResult DLOptDialect::verifyRegionResultAttribute(Operation *op,
 LogicalResult DLOptDialect::verifyOperationAttribute(Operation *op,
                                                      NamedAttribute attr) {
   StringRef name = attr.getName().getValue();
-  if (name == kLayerAttr) {
+  if (name == kLayerAttr || name == kIdAttr || name == kFwdIdAttr ||
+      name == kMicroBatchAttr) {
     auto i = dyn_cast<IntegerAttr>(attr.getValue());
     if (!i || i.getInt() < 0)
-      return op->emitError() << "'dlopt.layer' expects a non-negative integer, got "
+      return op->emitError() << "'" << name
+                             << "' expects a non-negative integer, got "
                              << attr.getValue();
     return success();
   }
@@ -191,5 +193,6 @@ LogicalResult DLOptDialect::verifyOperationAttribute(Operation *op,
   }
   return op->emitError() << "unknown dlopt attribute '" << name
                          << "', expected dlopt.layer, dlopt.loss, dlopt.train_step, "
-                            "dlopt.backward or dlopt.recompute";
+                            "dlopt.backward, dlopt.recompute, dlopt.id, "
+                            "dlopt.fwd_id or dlopt.mb";
 }
