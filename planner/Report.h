@@ -2,7 +2,7 @@
 //
 // How to read it: docs/plan-report.md. The JSON form is the versioned plan
 // file {"format": "dlopt-plan", "version": 2, "kind": "transformer", ...}
-// that planner/PlanFile.h reads back.
+// that planner/Plan.h reads back.
 //
 //===----------------------------------------------------------------------===//
 #pragma once

@@ -465,6 +465,14 @@ LogicalResult PartitionBatchPass::partitionOp(Operation *op) {
   if (auto mm = dyn_cast<dl::MatmulOp>(op))
     return matmul(mm);
 
+  // scatter_add is linear in its updates: whole ids with partial updates
+  // give a partial result.
+  if (isa<dl::ScatterAddOp>(op) && of(op->getOperand(0)).kind == Sh::R &&
+      of(op->getOperand(1)).kind == Sh::P) {
+    setResult(op, 0, Sh::partial());
+    return success();
+  }
+
   // The remaining rules need whole (not partial) operands.
   materializeOperands(op);
   auto splitOf = [&](unsigned i) { return of(op->getOperand(i)); };
@@ -589,6 +597,30 @@ LogicalResult PartitionBatchPass::partitionOp(Operation *op) {
       return refuse(op, "only the batch dim (0) of q, k and v may be split");
     for (unsigned i = 0; i < op->getNumResults(); ++i)
       setResult(op, i, Sh::split(0));
+    return success();
+  }
+  // Convolutions and pools: the batch (dim 0) may be split; the filter
+  // gradient sums over it.
+  if (isa<dl::Conv2DOp, dl::MaxPool2DOp, dl::AvgPool2DOp,
+          dl::Conv2DGradInputOp, dl::MaxPool2DGradOp, dl::AvgPool2DGradOp>(
+          op)) {
+    Sh s = splitOf(0);
+    bool ok = s.kind == Sh::S && s.dim == 0;
+    for (unsigned i = 1; i < op->getNumOperands(); ++i) {
+      Sh o = splitOf(i);
+      bool batchOperand = isa<dl::MaxPool2DGradOp>(op); // (x, dy)
+      ok &= batchOperand ? o.kind == Sh::S && o.dim == 0 : o.kind == Sh::R;
+    }
+    if (!ok)
+      return refuse(op, "only the batch dim (0) of the activations may be "
+                        "split, with whole filters and biases");
+    setResult(op, 0, Sh::split(0));
+    return success();
+  }
+  if (isa<dl::Conv2DGradFilterOp>(op)) {
+    if (!allSplitOn(0) || splitOf(0).kind != Sh::S || splitOf(1).kind != Sh::S)
+      return refuse(op, "x and dy must both be split on the batch");
+    setResult(op, 0, Sh::partial());
     return success();
   }
   if (isa<dl::RopeOp>(op)) {

@@ -47,6 +47,16 @@ CASES = [
      ["--optimizer", "adamw", "--lr", "0.01"], 4, "cpu:2"),
     ("mlp.sgd.momentum.dp2", ["mlp", "--preset", "mlp-tiny", "--batch", "4"],
      ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9"], 2, "cpu:1"),
+    # Transformers: the loss and every gradient (--autodiff). Some of their
+    # gradients are 0 up to rounding (a key bias cannot change softmax), so
+    # gradients are compared against the largest gradient of the model, and
+    # Adam's first step (which turns rounding noise into +-lr) is left to
+    # the mlp cases.
+    ("gpt.grads.dp2", ["gpt", "--preset", "gpt-tiny", "--batch", "4"], ["--autodiff"], 2, "cpu:1"),
+    ("gpt.grads.dp4", ["gpt", "--preset", "gpt-tiny", "--batch", "4"], ["--autodiff"], 4, "cpu:2"),
+    ("llama.grads.dp2", ["llama", "--preset", "llama-tiny", "--batch", "4"], ["--autodiff"], 2, "cpu:1"),
+    ("gpt.sgd.clip.dp2", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--clip-norm", "0.5"], 2, "cpu:1"),
     ("mlp.adam.accumulate2.dp2", ["mlp", "--preset", "mlp-tiny", "--batch", "4"],
      ["--optimizer", "adam", "--lr", "0.01", "--accumulate", "2"], 2, "cpu:1"),
 ]
@@ -74,11 +84,12 @@ def main():
             if r.returncode:
                 raise RuntimeError("dlopt-gen: " + r.stderr)
             one, par = os.path.join(d, "one.plan"), os.path.join(d, "dp.exe")
-            r = run([comp, model, "--train", "--quiet", "-o", one] + flags)
+            mode = [] if "--autodiff" in flags else ["--train"]
+            r = run([comp, model, "--quiet", "-o", one] + mode + flags)
             if r.returncode:
                 raise RuntimeError("compile (1 device): " + r.stderr)
-            r = run([comp, model, "--train", "--quiet", "-o", par, "--cluster", cluster,
-                     "--fix", "dp=%d" % dp] + flags)
+            r = run([comp, model, "--quiet", "-o", par, "--cluster", cluster,
+                     "--fix", "dp=%d" % dp] + mode + flags)
             if r.returncode:
                 raise RuntimeError("compile (dp=%d): %s" % (dp, r.stderr))
             # Global inputs: read their types from the single-device plan.
@@ -93,7 +104,7 @@ def main():
                     if dt == "f32":
                         a = rng.standard_normal(shape).astype(np.float32)
                     else:
-                        a = rng.integers(0, 4, shape).astype(np.int32)
+                        a = rng.integers(0, 4 if name.startswith("mlp") else 64, shape).astype(np.int32)
                     p = os.path.join(d, name_ + ".npy")
                     np.save(p, a)
                     binds += ["--input", "%s=%s" % (name_, p)]
@@ -103,12 +114,16 @@ def main():
                 if r.returncode:
                     raise RuntimeError("dlopt-run %s: %s" % (os.path.basename(plan), r.stderr))
             worst, outs = 0.0, sorted(os.listdir(os.path.join(d, "o1")))
+            # Gradients: relative to the largest gradient of the model.
+            gscale = max([float(np.max(np.abs(np.load(os.path.join(d, "o1", f)))))
+                          for f in outs if f.startswith("grad.")] + [0.0])
             for f in outs:
                 a = np.load(os.path.join(d, "o1", f)).astype(np.float64)
                 b = np.load(os.path.join(d, "odp", f)).astype(np.float64)
                 if a.shape != b.shape:
                     raise RuntimeError("%s: shape %s on one device, %s with dp=%d" % (f, a.shape, b.shape, dp))
-                err = float(np.max(np.abs(a - b))) / (float(np.max(np.abs(a))) + 1e-6) if a.size else 0.0
+                scale = gscale if f.startswith("grad.") else float(np.max(np.abs(a))) if a.size else 0.0
+                err = float(np.max(np.abs(a - b))) / (scale + 1e-6) if a.size else 0.0
                 if not np.all(np.isfinite(b)) or err > TOL:
                     raise RuntimeError("%s differs: relative %.3g > %.1g" % (f, err, TOL))
                 worst = max(worst, err)

@@ -439,9 +439,9 @@ int main(int argc, char **argv) {
       llvm::errs() << "dlopt-compile: error: " << msg << "\n";
       return 2;
     };
-    if (!train)
+    if (!train && !autodiff)
       return fail("applying a plan (--cluster/--fix without --dry-run) "
-                  "needs --train");
+                  "needs --train (or --autodiff)");
     if (clusterOpt.empty() || fixOpt.empty())
       return fail("applying a plan needs --cluster and --fix dp=N (the "
                   "planner's own choice is applied once every form of "
