@@ -395,11 +395,16 @@ std::string Cluster::toJson() const {
     gpu["memory_gb"] = g.gpu.memoryBytes / kG;
     gpu["memory_bandwidth_gb_s"] = g.gpu.memoryBandwidth / kG;
     gj["gpu"] = gpu;
-    gj["intra_node"] = {{"topology", topologyName(g.intra.topology)},
-                        {"bandwidth_gb_s", g.intra.bandwidth / kG},
-                        {"latency_us", g.intra.latency / kUs}};
-    gj["network"] = {{"bandwidth_gb_s", g.network.bandwidth / kG},
-                     {"latency_us", g.network.latency / kUs}};
+    // Links a group does not use (a node with one GPU, a single node) may
+    // be unset; the reader takes them as absent, so omit them rather than
+    // write a bandwidth of 0 that it refuses (found by the cluster fuzzer).
+    if (g.intra.bandwidth > 0)
+      gj["intra_node"] = {{"topology", topologyName(g.intra.topology)},
+                          {"bandwidth_gb_s", g.intra.bandwidth / kG},
+                          {"latency_us", g.intra.latency / kUs}};
+    if (g.network.bandwidth > 0)
+      gj["network"] = {{"bandwidth_gb_s", g.network.bandwidth / kG},
+                       {"latency_us", g.network.latency / kUs}};
     if (g.host.cpuCores > 0 || g.host.memoryBytes > 0) {
       json h;
       if (g.host.cpuCores > 0)

@@ -545,3 +545,14 @@ TEST(ClusterFileErrors, YamlLimits) {
            "memory_bandwidth_gb_s: 1, peak_tflops: {bf16: 1}}\n"),
       "memory_gb: expected a finite positive number, got inf"));
 }
+
+// Found by the cluster fuzzer: a one-GPU, one-node cluster has no links,
+// and its JSON must read back (a written bandwidth of 0 was refused).
+TEST(ClusterFile, OneDeviceRoundTrips) {
+  auto c = yaml("nodes: 1\ngpus_per_node: 1\ngpu: cpu-device\n"
+                "host: {cpu_cores: 2, memory_gb: 24}\n");
+  ASSERT_TRUE(c) << c.status().message();
+  auto back = parseCluster(c->toJson(), ClusterFormat::Json, "back.json");
+  ASSERT_TRUE(back) << back.status().message();
+  EXPECT_EQ(back->toJson(), c->toJson());
+}
