@@ -114,6 +114,7 @@ struct AutodiffPass : dlopt::impl::AutodiffPassBase<AutodiffPass> {
            n != ret; n = n->getNextNode()) {
         ++numGradOps;
         n->setAttr(DLOptDialect::kBackwardAttr, b.getUnitAttr());
+        markDerivedOp(op, n);
         if (layer)
           n->setAttr(DLOptDialect::kLayerAttr, layer);
       }

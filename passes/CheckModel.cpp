@@ -5,6 +5,7 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringSet.h"
 
@@ -44,14 +45,88 @@ FailureOr<func::FuncOp> dlopt::findEntryFunction(ModuleOp module,
   return failure();
 }
 
+unsigned dlopt::stampOpIds(func::FuncOp fn) {
+  if (fn.isExternal())
+    return 0;
+  int64_t next = 0;
+  for (Operation &op : fn.getBody().front())
+    if (auto id = op.getAttrOfType<IntegerAttr>(DLOptDialect::kIdAttr))
+      next = std::max(next, id.getInt() + 1);
+  Builder b(fn.getContext());
+  unsigned stamped = 0;
+  for (Operation &op : fn.getBody().front()) {
+    if (op.hasTrait<OpTrait::IsTerminator>() ||
+        op.hasAttr(DLOptDialect::kIdAttr) ||
+        op.hasAttr(DLOptDialect::kFwdIdAttr))
+      continue;
+    op.setAttr(DLOptDialect::kIdAttr, b.getI64IntegerAttr(next++));
+    ++stamped;
+  }
+  return stamped;
+}
+
+bool dlopt::isOpIdentityAttr(StringRef name) {
+  return name == DLOptDialect::kIdAttr || name == DLOptDialect::kFwdIdAttr ||
+         name == DLOptDialect::kMicroBatchAttr;
+}
+
+DictionaryAttr dlopt::marksWithoutIds(Operation *op) {
+  DictionaryAttr all = op->getDiscardableAttrDictionary();
+  SmallVector<NamedAttribute> kept;
+  for (NamedAttribute a : all)
+    if (!isOpIdentityAttr(a.getName().getValue()))
+      kept.push_back(a);
+  if (kept.size() == all.size())
+    return all;
+  return DictionaryAttr::get(op->getContext(), kept);
+}
+
+void dlopt::markDerivedOp(Operation *from, Operation *op) {
+  IntegerAttr id = from->getAttrOfType<IntegerAttr>(DLOptDialect::kIdAttr);
+  if (!id)
+    id = from->getAttrOfType<IntegerAttr>(DLOptDialect::kFwdIdAttr);
+  op->removeAttr(DLOptDialect::kIdAttr);
+  if (id)
+    op->setAttr(DLOptDialect::kFwdIdAttr, id);
+}
+
+void dlopt::markDerivedOps(Operation *from, Block::iterator begin,
+                           Block::iterator end) {
+  for (auto it = begin; it != end; ++it)
+    markDerivedOp(from, &*it);
+}
+
 namespace {
 struct CheckModelPass : dlopt::impl::CheckModelPassBase<CheckModelPass> {
   using CheckModelPassBase::CheckModelPassBase;
 
   void runOnOperation() override {
     FailureOr<func::FuncOp> fn = findEntryFunction(getOperation(), entry);
-    if (failed(fn) || failed(checkFunction(*fn)))
+    if (failed(fn) || failed(checkFunction(*fn)) || failed(checkIds(*fn)))
       return signalPassFailure();
+    numStamped += stampOpIds(*fn);
+  }
+
+  /// Ids already present (a model written back by --emit mlir) must be
+  /// unique per micro-batch: the plan keys values by them.
+  LogicalResult checkIds(func::FuncOp fn) {
+    llvm::DenseMap<std::pair<int64_t, int64_t>, Operation *> seen;
+    for (Operation &op : fn.getBody().front()) {
+      auto id = op.getAttrOfType<IntegerAttr>(DLOptDialect::kIdAttr);
+      if (!id)
+        continue;
+      auto mb = op.getAttrOfType<IntegerAttr>(DLOptDialect::kMicroBatchAttr);
+      auto [it, inserted] =
+          seen.try_emplace({id.getInt(), mb ? mb.getInt() : -1}, &op);
+      if (!inserted) {
+        InFlightDiagnostic d = op.emitError()
+                               << "op id " << id.getInt()
+                               << " (dlopt.id) is already used";
+        d.attachNote(it->second->getLoc()) << "first used here";
+        return failure();
+      }
+    }
+    return success();
   }
 
   LogicalResult checkFunction(func::FuncOp fn) {

@@ -10,6 +10,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "dialects/DLOpt/IR/DLOptOps.h"
+#include "passes/ModelUtils.h"
 #include "passes/Passes.h"
 #include "runtime/format/FusedProgram.h"
 
@@ -42,10 +43,10 @@ static bool isScalarConstant(Value v) {
          isa<DenseElementsAttr>(cst.getValue());
 }
 
-/// The dlopt.* marks an op carries (layer, backward, recompute).
-static DictionaryAttr marksOf(Operation *op) {
-  return op->getDiscardableAttrDictionary();
-}
+/// The dlopt.* marks an op carries (layer, backward, recompute), without
+/// its identity (dlopt.id, dlopt.fwd_id, dlopt.mb), which every op has its
+/// own of.
+static DictionaryAttr marksOf(Operation *op) { return marksWithoutIds(op); }
 
 /// Whether `op` may be fused and, if so, its fused shape.
 static std::optional<ArrayRef<int64_t>> fusedShapeOf(Operation *op) {
@@ -233,9 +234,9 @@ struct FuseElementwisePass
     for (Value c : consts)
       map.map(c, bb.clone(*c.getDefiningOp())->getResult(0));
     for (Operation *op : g.ops) {
+      // The body is a per-element program: no marks, no ids.
       Operation *copy = bb.clone(*op, map);
-      for (NamedAttribute a : marksOf(op))
-        copy->removeAttr(a.getName());
+      copy->setDiscardableAttrs(DictionaryAttr::get(copy->getContext()));
     }
     SmallVector<Value> yielded;
     for (Value v : outputs)

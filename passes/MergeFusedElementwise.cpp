@@ -15,6 +15,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "dialects/DLOpt/IR/DLOptOps.h"
+#include "passes/ModelUtils.h"
 #include "passes/Passes.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -42,7 +43,7 @@ namespace {
 static std::string signatureOf(dl::FusedElementwiseOp op) {
   std::string key;
   llvm::raw_string_ostream os(key);
-  os << op->getDiscardableAttrDictionary() << "|";
+  os << marksWithoutIds(op) << "|";
   Block &body = op.getBody().front();
   llvm::DenseMap<Value, int64_t> reg;
   for (BlockArgument a : body.getArguments()) {
@@ -152,7 +153,7 @@ struct MergeFusedElementwisePass
     auto merged = dl::FusedElementwiseOp::create(
         builder, builder.getFusedLoc(locs), resultTypes, inputs,
         builder.getI64IntegerAttr(segments));
-    merged->setDiscardableAttrs(b.ops.front()->getDiscardableAttrDictionary());
+    merged->setDiscardableAttrs(marksWithoutIds(b.ops.front()));
     merged.getBody().takeBody(b.ops.front().getBody());
     size_t next = 0;
     for (dl::FusedElementwiseOp op : b.ops) {

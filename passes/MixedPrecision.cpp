@@ -65,9 +65,12 @@ struct MixedPrecisionPass
       if (!slot) {
         auto t = RankedTensorType::get(cast<RankedTensorType>(v.getType()).getShape(), elem);
         slot = dl::CastOp::create(b, v.getLoc(), t, v);
-        if (Operation *def = v.getDefiningOp())
+        if (Operation *def = v.getDefiningOp()) {
           if (Attribute layer = def->getAttr(DLOptDialect::kLayerAttr))
             slot.getDefiningOp()->setAttr(DLOptDialect::kLayerAttr, layer);
+          // A cast of op N's result belongs to op N.
+          markDerivedOp(def, slot.getDefiningOp());
+        }
         ++numCasts;
       }
       return slot;

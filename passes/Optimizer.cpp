@@ -176,6 +176,20 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       SmallVector<int64_t> shape{k};
       llvm::append_range(shape, t.getShape());
       arg.setType(RankedTensorType::get(shape, t.getElementType()));
+      // A data-parallel input's global type gains the same leading dim.
+      unsigned i = arg.getArgNumber();
+      if (auto g = fn.getArgAttrOfType<TypeAttr>(i, "dlopt.global_type")) {
+        auto gt = cast<RankedTensorType>(g.getValue());
+        SmallVector<int64_t> gs{k};
+        llvm::append_range(gs, gt.getShape());
+        fn.setArgAttr(i, "dlopt.global_type",
+                      TypeAttr::get(RankedTensorType::get(gs, gt.getElementType())));
+      }
+      if (auto split = fn.getArgAttrOfType<ArrayAttr>(i, "dlopt.split")) {
+        SmallVector<Attribute> dims{ArrayAttr::get(fn.getContext(), {})};
+        llvm::append_range(dims, split.getValue());
+        fn.setArgAttr(i, "dlopt.split", ArrayAttr::get(fn.getContext(), dims));
+      }
     }
     fn.setFunctionType(FunctionType::get(fn.getContext(), body.getArgumentTypes(),
                                          fn.getResultTypes()));
@@ -200,8 +214,10 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
                                        b.getDenseI64ArrayAttr(stride));
         map.map(arg, dl::ReshapeOp::create(b, arg.getLoc(), t, sl).getResult());
       }
+      // Each replay keeps the ops' ids; dlopt.mb keeps (id, mb) unique.
       for (Operation *op : ops)
-        b.clone(*op, map);
+        b.clone(*op, map)->setAttr(DLOptDialect::kMicroBatchAttr,
+                                   b.getI64IntegerAttr(i));
       for (unsigned r = 0; r < ret->getNumOperands(); ++r) {
         Value v = map.lookupOrDefault(ret->getOperand(r));
         // Averaged results are summed; the others keep the last micro-batch.

@@ -1,6 +1,8 @@
 //===- Passes.h - dlopt passes and pipelines ------------------------------===//
 #pragma once
 
+#include "mlir/Dialect/Shard/IR/ShardDialect.h"
+#include "mlir/Dialect/Shard/IR/ShardOps.h"
 #include "mlir/Pass/Pass.h"
 #include "mlir/Pass/PassManager.h"
 
@@ -34,6 +36,9 @@ struct CompilePipelineOptions {
   /// instruction for all optimizer updates. `--merge-fused-elementwise=false`
   /// turns it off too.
   bool mergeFusedElementwise = true;
+  /// Data-parallel degree: > 1 splits the batch over that many ranks
+  /// (dlopt-partition-batch, after autodiff and before the optimizer).
+  int64_t dataParallel = 1;
 };
 
 /// Builds the pipeline that `dlopt-compile` runs before export: model

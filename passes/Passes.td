@@ -14,9 +14,19 @@ def CheckModelPass : Pass<"dlopt-check-model", "mlir::ModuleOp"> {
     returns a rank-0 float loss first, and that its body uses only ops the
     runtime can execute (dlopt ops, `arith.constant`, `func.return`).
 
+    Then it stamps a stable id on every op of the entry body that has none
+    (`dlopt.id = N : i64`, in program order from one past the largest id
+    present; ops derived from a forward op, which carry `dlopt.fwd_id`, are
+    left alone). The planner keys its plan by these ids, and the training
+    transforms keep them: backward ops, recomputed clones and casts record
+    the forward op they come from as `dlopt.fwd_id = N`. Ids already present
+    must be unique (per `dlopt.mb` micro-batch).
+
     ```mlir
     // error: argument #1 (tensor<4x4xf32>) is neither a dlopt.param nor a dlopt.input
     func.func @main(%x: tensor<4x4xf32> {dlopt.input = "x"}, %w: tensor<4x4xf32>) ...
+    // after the pass, a valid model's ops carry ids:
+    %y = dlopt.matmul %x, %w {dlopt.id = 0 : i64} : ...
     ```
   }];
   let options = [
@@ -25,7 +35,8 @@ def CheckModelPass : Pass<"dlopt-check-model", "mlir::ModuleOp"> {
   ];
   let statistics = [
     Statistic<"numParams", "params", "Number of parameters">,
-    Statistic<"numInputs", "inputs", "Number of inputs">
+    Statistic<"numInputs", "inputs", "Number of inputs">,
+    Statistic<"numStamped", "stamped-ids", "Number of ops given a stable id">
   ];
 }
 
@@ -63,6 +74,34 @@ def AutodiffPass : Pass<"dlopt-autodiff", "mlir::ModuleOp"> {
     Statistic<"numZeroGrads", "zero-grads", "Parameters that do not reach the loss">
   ];
   let dependentDialects = ["::dlopt::dl::DLOptDialect", "::mlir::arith::ArithDialect"];
+}
+
+def PartitionBatchPass : Pass<"dlopt-partition-batch", "mlir::ModuleOp"> {
+  let summary = "Data parallelism: splits the batch of a differentiated step over dp ranks";
+  let description = [{
+    Runs after `dlopt-autodiff` and before `dlopt-optimizer`. Splits dim 0
+    of every `dlopt.input` over the mesh axis `dp` (a `shard.grid
+    @dlopt_mesh`), rewrites every op to its local types, and inserts
+    `shard.all_reduce` where a partial sum (a reduction over the batch:
+    weight gradients, the loss) must be whole. Means divide by global counts
+    (mean and mse by dp, cross-entropy by the global number of valid rows),
+    so each rank ends with the single-device loss and gradients. Inputs and
+    split results record `dlopt.global_type` and `dlopt.split`. An op
+    without a rule for its operands' shardings is an error naming both.
+
+    ```mlir
+    // dp = 2: x: tensor<8x16xf32> becomes tensor<4x16xf32>, and
+    %g = dlopt.matmul %x, %dy {transpose_a} : ... -> tensor<16x32xf32>
+    %g2 = shard.all_reduce %g on @dlopt_mesh grid_axes = [0] : ...
+    ```
+  }];
+  let options = [
+    Option<"entry", "entry", "std::string", /*default=*/"\"\"",
+           "Name of the entry function">,
+    Option<"dp", "dp", "int64_t", /*default=*/"1",
+           "Data-parallel degree (ranks the batch is split over)">
+  ];
+  let dependentDialects = ["mlir::shard::ShardDialect"];
 }
 
 def OptimizerPass : Pass<"dlopt-optimizer", "mlir::ModuleOp"> {
@@ -184,6 +223,34 @@ def MixedPrecisionPass : Pass<"dlopt-mixed-precision", "mlir::ModuleOp"> {
     Statistic<"numCasts", "casts", "Casts inserted">
   ];
   let dependentDialects = ["::dlopt::dl::DLOptDialect"];
+}
+
+def IdentityCSEPass : InterfacePass<"dlopt-cse", "mlir::FunctionOpInterface"> {
+  let summary = "Common subexpression elimination that ignores op identity";
+  let description = [{
+    Upstream `cse` compares every attribute, so two copies of an op that
+    differ only in their stable ids (`dlopt.id`, `dlopt.fwd_id`, `dlopt.mb`,
+    which every op has its own of) would never merge. This pass merges
+    side-effect-free, region-free ops of the function body that are equal
+    up to those identity attributes: the later op's uses go to the earlier
+    one, which keeps its own identity. The compile pipeline runs it before
+    upstream `cse`.
+
+    Before:
+    ```mlir
+    %0 = dlopt.exp %x {dlopt.id = 0 : i64} : tensor<4xf32>
+    %1 = dlopt.exp %x {dlopt.id = 1 : i64} : tensor<4xf32>
+    %2 = dlopt.add %0, %1 {dlopt.id = 2 : i64} : ...
+    ```
+    After:
+    ```mlir
+    %0 = dlopt.exp %x {dlopt.id = 0 : i64} : tensor<4xf32>
+    %2 = dlopt.add %0, %0 {dlopt.id = 2 : i64} : ...
+    ```
+  }];
+  let statistics = [
+    Statistic<"numMerged", "merged", "Number of ops merged into an equal earlier op">
+  ];
 }
 
 def FuseElementwisePass : InterfacePass<"dlopt-fuse-elementwise",

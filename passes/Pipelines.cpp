@@ -43,6 +43,12 @@ void dlopt::buildCompilePipeline(OpPassManager &pm,
     AutodiffPassOptions ad;
     ad.entry = options.entry;
     pm.addPass(createAutodiffPass(ad));
+    if (options.dataParallel > 1) {
+      PartitionBatchPassOptions pb;
+      pb.entry = options.entry;
+      pb.dp = options.dataParallel;
+      pm.addPass(createPartitionBatchPass(pb));
+    }
   }
   if (options.train) {
     OptimizerPassOptions opt = options.optimizer;
@@ -50,6 +56,8 @@ void dlopt::buildCompilePipeline(OpPassManager &pm,
     pm.addPass(createOptimizerPass(opt));
   }
   pm.addPass(createCanonicalizerPass());
+  // Stable ids make every op's attributes unique: merge equal ops first.
+  pm.addNestedPass<func::FuncOp>(createIdentityCSEPass());
   pm.addPass(createCSEPass());
   // After the last CSE, which would merge the recomputed copies back.
   if ((options.autodiff || options.train) && options.recompute != "none") {

@@ -99,6 +99,7 @@ struct RecomputePass : dlopt::impl::RecomputePassBase<RecomputePass> {
           continue;
         Operation *copy = b.clone(*op, map);
         copy->setAttr(DLOptDialect::kRecomputeAttr, b.getUnitAttr());
+        markDerivedOp(op, copy);
         ++numCloned;
       }
       // Backward ops from the insertion point on read the clones.

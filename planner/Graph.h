@@ -76,9 +76,21 @@ struct ValueRef {
 /// for the model's own batch (GraphSummary::batch), like the group sums.
 struct OpNode {
   int id = 0;          ///< index in GraphSummary::ops
+  /// The stable id (`dlopt.id`) dlopt-check-model stamps before the
+  /// training transforms, which keep it; -1 when the op has none.
+  int64_t stableId = -1;
+  /// `dlopt.fwd_id` on ops derived from a forward op (backward ops,
+  /// recomputed clones, casts); -1 otherwise.
+  int64_t fwdId = -1;
+  /// The id plans key this op by: the stable id, or the position when the
+  /// graph was summarized without ids (hand-built graphs in tests).
+  int64_t key() const { return stableId >= 0 ? stableId : id; }
   std::string op;      ///< "dlopt.matmul", "arith.constant", ...
   OpClass kind = OpClass::Other;
   std::vector<int64_t> shape; ///< result #0 (empty for a scalar)
+  /// Every result's shape (index = result number); may be empty in graphs
+  /// built by hand, see GraphSummary::resultShape.
+  std::vector<std::vector<int64_t>> resultShapes;
   std::string dtype;          ///< element type of result #0 ("f32", "i32")
   int elemBytes = 4;          ///< bytes per element of result #0
   bool isFloat = true;        ///< result #0 has a float element type
@@ -146,6 +158,42 @@ struct GraphSummary {
   std::vector<ValueRef> outputs;
 
   bool isTransformer() const { return numLayers > 0 && heads > 0 && seq > 0; }
+  /// The shape of result `k` of `n`: from OpNode::resultShapes, else
+  /// result #0's shape, else as a consumer sees it ({} if unused).
+  std::vector<int64_t> resultShape(const OpNode &n, int k) const {
+    if (k < int(n.resultShapes.size()))
+      return n.resultShapes[k];
+    if (k == 0)
+      return n.shape;
+    for (const OpNode &m : ops)
+      for (size_t i = 0; i < m.operands.size(); ++i)
+        if (m.operands[i].producer == n.id && m.operands[i].result == k &&
+            i < m.operandShapes.size())
+          return m.operandShapes[i];
+    return {};
+  }
+  /// Positions of the forward ops, the ops a plan lists: every op but those
+  /// of the backward pass (dlopt.backward) and those after it (the
+  /// optimizer update of a graph that is already a training step).
+  std::vector<int> forwardOps() const {
+    std::vector<int> out;
+    bool seenBackward = false;
+    for (const OpNode &n : ops) {
+      if (n.backward)
+        seenBackward |= n.kind != OpClass::Constant; // constants are hoisted
+      else if (!seenBackward)
+        out.push_back(n.id);
+    }
+    return out;
+  }
+  /// The position in `ops` of the op with plan key `key` (OpNode::key), or
+  /// -1. Linear; callers that look up many build their own map.
+  int findOp(int64_t key) const {
+    for (const OpNode &n : ops)
+      if (n.key() == key)
+        return n.id;
+    return -1;
+  }
   double totalFlops() const {
     double f = 0;
     for (const auto &g : groups)

@@ -1,7 +1,7 @@
 //===- OpSearch.cpp - Strategy ILP, stage partition, op-level search ------===//
 #include "planner/OpSearch.h"
 
-#include "planner/PlanFile.h"
+#include "planner/PlanJson.h"
 #include "planner/ReportUtil.h"
 #include "planner/SearchUtil.h"
 
@@ -1890,6 +1890,61 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
     }
   }
 
+  // The plan: the ILP's layouts over tp, batch dims over dp.
+  res.plan = planFromConfig(PlanKind::OpLevel, g, cluster, res.best.cfg, gb,
+                            c.train, opt.precision,
+                            ProcessLayout::BetweenGraph);
+  {
+    auto sharding = [&](Layout l, size_t rank, int batchDim) {
+      Sharding sh = Sharding::replicated(int(rank));
+      if (dp > 1 && batchDim >= 0 && batchDim < int(rank))
+        sh.split[batchDim].push_back("dp");
+      if (t > 1 && l.kind == Layout::S && l.dim >= 0 && l.dim < int(rank))
+        sh.split[l.dim].push_back("tp");
+      else if (t > 1 && l.kind == Layout::P)
+        sh.partial.push_back("tp");
+      return sh;
+    };
+    std::vector<int> stageOfOp(g.ops.size(), 0);
+    for (int sg = 0; sg < pp; ++sg)
+      for (int i = pr.unitStart[pr.starts[sg]];
+           i < pr.unitStart[pr.starts[sg + 1]]; ++i)
+        stageOfOp[c.fwdOps[i]] = sg;
+    for (const OpChoice &ch : res.choices) {
+      const OpNode &n = g.ops[ch.op];
+      PlannedOp po;
+      po.id = n.key();
+      po.op = n.op;
+      po.stage = stageOfOp[ch.op];
+      po.strategy = ch.strategy;
+      for (size_t k = 0; k < n.operands.size(); ++k)
+        po.operands.push_back(sharding(
+            k < ch.operands.size() ? ch.operands[k] : Layout::rep(),
+            n.operandShapes[k].size(), s.geo.operand(ch.op, int(k)).batchDim));
+      po.results.push_back(
+          sharding(ch.result, n.shape.size(), s.geo.batchDim(ch.op)));
+      // Results the rules do not describe: like result #0 when shaped like
+      // it, else replicated.
+      for (int k = 1; k < n.numResults; ++k) {
+        std::vector<int64_t> shape = g.resultShape(n, k);
+        po.results.push_back(shape == n.shape
+                                 ? po.results[0]
+                                 : Sharding::replicated(int(shape.size())));
+      }
+      res.plan.ops.push_back(std::move(po));
+    }
+    std::map<std::string, Layout> paramLayout(res.params.begin(),
+                                              res.params.end());
+    for (const ArgNode &a : g.args) {
+      auto it = paramLayout.find(a.name);
+      Layout l = it == paramLayout.end() ? Layout::rep() : it->second;
+      int batchDim =
+          a.role == ArgNode::Role::Input ? s.geo.arg(a.index).batchDim : -1;
+      res.plan.args.push_back(
+          {a.name, a.role, sharding(l, a.shape.size(), batchDim)});
+    }
+  }
+
   res.globalBatch = gb;
   res.training = c.train;
   res.precision = opt.precision;
@@ -2163,7 +2218,6 @@ std::string formatOpTextReport(const OpPlanResult &p, const Cluster &cluster,
 
 std::string formatOpJsonReport(const OpPlanResult &p, const Cluster &cluster,
                                const GraphSummary &g, const ReportOptions &o) {
-  const TrainingConfig &cfg = p.best.cfg;
   const int devices = cluster.numDevices();
   Throughput d = derive(p, devices);
   auto config = [](const OpCandidate &c) {
@@ -2179,21 +2233,12 @@ std::string formatOpJsonReport(const OpPlanResult &p, const Cluster &cluster,
     j["optimizer"] = optimizerName(c.cfg.optimizer);
     return j;
   };
-  json j = jsonEnvelope(planKindName(PlanKind::OpLevel),
-                        planFileVersion(PlanKind::OpLevel), p.training);
-  j["model"] = {{"name", g.modelName},
-                {"ops", p.numForwardOps},
-                {"backward_ops", p.numBackwardOps},
-                {"update_ops", p.numUpdateOps},
-                {"params", g.totalParams},
-                {"param_tensors", p.params.size()},
-                {"dtype", g.dtype},
-                {"precision", precisionName(p.precision)},
+  // The plan (what --plan reads back), then the report (never read).
+  json j = planJson(p.plan);
+  json r;
+  r["model"] = {{"param_tensors", p.params.size()},
                 {"backward_ratio", p.backwardRatio}};
-  j["cluster"] = jsonCluster(cluster);
-  j["global_batch"] = p.globalBatch;
-  j["config"] = config(p.best);
-  j["solver"] = {{"method", p.solve.method},
+  r["solver"] = {{"method", p.solve.method},
                  {"optimal", p.solve.optimal},
                  {"nodes", p.stats.problemNodes},
                  {"edges", p.stats.problemEdges},
@@ -2210,27 +2255,29 @@ std::string formatOpJsonReport(const OpPlanResult &p, const Cluster &cluster,
       e[sname] = n;
     summary[name] = e;
   }
-  j["sharding_summary"] = summary;
+  r["sharding_summary"] = summary;
+  // Per op: the ILP's strategy in the tp layouts of docs/op-sharding.md
+  // (the plan's "ops" hold the same choice as mesh shardings).
   json ops = json::array();
   for (const OpChoice &c : p.choices) {
     json ol = json::array();
     for (const Layout &l : c.operands)
       ol.push_back(l.str());
-    ops.push_back({{"id", c.op},
+    ops.push_back({{"id", g.ops[c.op].key()},
                    {"op", g.ops[c.op].op},
                    {"strategy", c.strategy},
                    {"operands", ol},
                    {"result", c.result.str()},
                    {"time", c.time}});
   }
-  j["ops"] = ops;
+  r["ops"] = ops;
   json params = json::array();
   for (const auto &[name, l] : p.params)
     params.push_back({{"name", name}, {"layout", l.str()}});
-  j["params"] = params;
+  r["params"] = params;
   json rs = json::array();
   for (const ReshardOp &x : p.reshards)
-    rs.push_back({{"op", x.consumer},
+    rs.push_back({{"op", g.ops[x.consumer].key()},
                   {"operand", x.operand},
                   {"producer", x.producer},
                   {"what", x.what},
@@ -2241,43 +2288,43 @@ std::string formatOpJsonReport(const OpPlanResult &p, const Cluster &cluster,
                   {"bytes", x.bytes},
                   {"link", linkName(x.link)},
                   {"time", x.time}});
-  j["resharding"] = rs;
+  r["resharding"] = rs;
   json stages = json::array();
   for (size_t s = 0; s < p.stages.size(); ++s) {
     const OpStage &x = p.stages[s];
     stages.push_back({{"stage", s},
-                      {"first_op", x.firstOp},
-                      {"last_op", x.lastOp},
+                      {"first_op", g.ops[x.firstOp].key()},
+                      {"last_op", g.ops[x.lastOp].key()},
                       {"num_ops", x.numOps},
                       {"first_layer", x.firstLayer},
                       {"last_layer", x.lastLayer},
                       {"time_per_micro_batch", x.timePerMicroBatch},
                       {"boundary_bytes", x.boundaryBytes}});
   }
-  j["stages"] = stages;
-  j["stages_by"] = p.stagesByLayer ? "layer" : "op";
-  jsonRankTable(j, devices,
+  r["stages"] = stages;
+  r["stages_by"] = p.stagesByLayer ? "layer" : "op";
+  jsonRankTable(r, devices,
                 {"rank", "node", "gpu", "process", "stage", "tp", "dp"},
                 "rank = (stage*dp + dp_index)*tp + tp_index", [&](int rank) {
                   auto loc = cluster.locate(rank);
-                  RankCoords c = rankCoords(cfg, rank);
+                  RankCoords c = rankCoords(p.plan.mesh, rank);
                   return json{rank, loc ? loc->node : -1,
                               loc ? loc->local : -1, rank, c.stage, c.tp,
                               c.dp};
                 });
-  j["communication"] = jsonCommunication(p.comms);
+  r["communication"] = jsonCommunication(p.comms);
   const StepTime &t = p.best.time;
-  j["step_time"] = {{"total", t.total()},   {"compute", t.compute},
+  r["step_time"] = {{"total", t.total()},   {"compute", t.compute},
                     {"tp_comm", t.tpComm},  {"pp_comm", t.ppComm},
                     {"dp_comm", t.dpComm},  {"bubble", t.bubble}};
-  j["throughput"] = {{"samples_per_s", d.samples},
+  r["throughput"] = {{"samples_per_s", d.samples},
                      {"model_tflops_per_gpu", d.tflopsPerGpu / 1e12},
                      {"mfu", d.mfu}};
-  j["memory"] = jsonMemory(p.best.memory, p.best.capacity);
-  j["alternatives"] = jsonAlternatives(p.alternatives, config);
+  r["memory"] = jsonMemory(p.best.memory, p.best.capacity);
+  r["alternatives"] = jsonAlternatives(p.alternatives, config);
   if (o.explain) {
     json pruned = jsonPruned(p.stats.pruned);
-    j["search"] = {{"priced", p.stats.priced},
+    r["search"] = {{"priced", p.stats.priced},
                    {"feasible", p.stats.feasible},
                    {"out_of_memory", p.stats.outOfMemory},
                    {"solves", p.stats.solves},
@@ -2290,6 +2337,7 @@ std::string formatOpJsonReport(const OpPlanResult &p, const Cluster &cluster,
                    {"pruned", pruned},
                    {"seconds", p.stats.seconds}};
   }
+  j["report"] = std::move(r);
   return j.dump(2) + "\n";
 }
 

@@ -162,6 +162,10 @@ struct OpSearchStats {
 };
 
 struct OpPlanResult {
+  /// The chosen plan as the compiler applies it: settings, mesh, and the
+  /// shardings the ILP chose for every value (over tp; batch dims over dp).
+  /// Everything else here is prediction and search statistics.
+  Plan plan;
   OpCandidate best;
   std::vector<OpAlternative> alternatives;
   OpSearchStats stats;

@@ -1,7 +1,7 @@
 //===- Report.cpp - Text and JSON dry-run reports -------------------------===//
 #include "planner/Report.h"
 
-#include "planner/PlanFile.h"
+#include "planner/PlanJson.h"
 #include "planner/ReportUtil.h"
 
 namespace dlopt::planner {
@@ -35,21 +35,12 @@ Throughput derive(const PlanResult &p, int devices) {
 
 } // namespace
 
-RankCoords rankCoords(const TrainingConfig &cfg, int rank) {
-  RankCoords c;
-  int cp = std::max(1, cfg.cp);
-  c.tp = rank % cfg.tp;
-  c.cp = (rank / cfg.tp) % cp;
-  c.dp = (rank / (cfg.tp * cp)) % cfg.dp;
-  c.stage = rank / (cfg.tp * cp * cfg.dp);
-  return c;
+Mesh meshOf(const TrainingConfig &cfg) {
+  return Mesh::standard(cfg.pp, cfg.dp, std::max(1, cfg.cp), cfg.tp);
 }
 
-int processOf(const Cluster &cluster, ProcessLayout layout, int rank) {
-  if (layout == ProcessLayout::BetweenGraph)
-    return rank;
-  auto loc = cluster.locate(rank);
-  return loc ? loc->node : -1;
+RankCoords rankCoords(const TrainingConfig &cfg, int rank) {
+  return rankCoords(meshOf(cfg), rank);
 }
 
 std::string launchCommand(const Cluster &cluster, const ProcessPlan &p,
@@ -223,7 +214,6 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
 
 std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
                              const GraphSummary &g, const ReportOptions &o) {
-  const TrainingConfig &cfg = p.best.cfg;
   const int devices = cluster.numDevices();
   Throughput d = derive(p, devices);
   const double tokens = d.samples * p.seq;
@@ -253,22 +243,11 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
                 {"bubble", t.bubble},  {"host", t.host},
                 {"optimizer", t.optimizer}};
   };
-  json j = jsonEnvelope(planKindName(PlanKind::Transformer),
-                        planFileVersion(PlanKind::Transformer), p.training);
-  j["model"] = {{"name", g.modelName},
-                {"layers", p.spec.numLayers},
-                {"hidden", p.spec.hidden},
-                {"heads", p.spec.heads},
-                {"seq", p.spec.seqLen},
-                {"vocab", p.spec.vocab},
-                {"ffn", p.spec.ffn()},
-                {"params", p.totalParams},
-                {"dtype", g.dtype},
-                {"precision", precisionName(p.precision)}};
-  j["cluster"] = jsonCluster(cluster);
-  j["global_batch"] = p.globalBatch;
-  j["config"] = config(p.best);
-  j["processes"] = {
+  // The plan (what --plan reads back), then the report (never read).
+  json j = planJson(p.plan);
+  json r;
+  r["model"] = {{"ffn", p.spec.ffn()}, {"dtype", g.dtype}};
+  r["processes"] = {
       {"layout", layoutName(p.best.process.layout, cluster.numNodes())},
       {"per_node", p.best.process.processesPerNode},
       {"host_dispatch", p.best.process.hostDispatch},
@@ -289,13 +268,13 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
     }
     stages.push_back(std::move(st));
   }
-  j["stages"] = stages;
-  jsonRankTable(j, devices,
+  r["stages"] = stages;
+  jsonRankTable(r, devices,
                 {"rank", "node", "gpu", "process", "stage", "tp", "cp", "dp"},
                 "rank = ((stage*dp + dp_index)*cp + cp_index)*tp + tp_index",
                 [&](int rank) {
                   auto loc = cluster.locate(rank);
-                  RankCoords c = rankCoords(cfg, rank);
+                  RankCoords c = rankCoords(p.plan.mesh, rank);
                   return json{rank,
                               loc ? loc->node : -1,
                               loc ? loc->local : -1,
@@ -305,34 +284,35 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
                               c.cp,
                               c.dp};
                 });
-  j["communication"] = jsonCommunication(p.comms);
-  j["step_time"] = time(p.best.time);
-  j["throughput"] = {{"samples_per_s", d.samples},
+  r["communication"] = jsonCommunication(p.comms);
+  r["step_time"] = time(p.best.time);
+  r["throughput"] = {{"samples_per_s", d.samples},
                      {"tokens_per_s", tokens},
                      {"model_tflops_per_gpu", d.tflopsPerGpu / 1e12},
                      {"mfu", d.mfu}};
-  j["memory"] = jsonMemory(p.best.memory, p.best.capacity);
+  r["memory"] = jsonMemory(p.best.memory, p.best.capacity);
   if (p.simulated) {
     json peaks = json::array();
     for (double b : p.simulated->peakMemory)
       peaks.push_back(b);
-    j["simulation"] = {{"step_time", p.simulated->stepTime},
+    r["simulation"] = {{"step_time", p.simulated->stepTime},
                        {"pipeline_time", p.simulated->pipelineTime},
                        {"bubble_fraction", p.simulated->bubbleFraction},
                        {"peak_memory_per_stage", peaks},
                        {"events", p.simulated->events.size()}};
   } else {
-    j["simulation"] = {{"error", p.simError}};
+    r["simulation"] = {{"error", p.simError}};
   }
-  j["alternatives"] = jsonAlternatives(p.alternatives, config);
+  r["alternatives"] = jsonAlternatives(p.alternatives, config);
   if (o.explain) {
     json pruned = jsonPruned(p.stats.pruned);
-    j["search"] = {{"priced", p.stats.enumerated},
+    r["search"] = {{"priced", p.stats.enumerated},
                    {"feasible", p.stats.feasible},
                    {"out_of_memory", p.stats.outOfMemory},
                    {"pruned", pruned},
                    {"seconds", p.stats.seconds}};
   }
+  j["report"] = std::move(r);
   return j.dump(2) + "\n";
 }
 

@@ -2,7 +2,7 @@
 //
 // How to read it: docs/plan-report.md. The JSON form is the versioned plan
 // file {"format": "dlopt-plan", "version": 2, "kind": "transformer", ...}
-// that planner/PlanFile.h reads back.
+// that planner/Plan.h reads back.
 //
 //===----------------------------------------------------------------------===//
 #pragma once
@@ -20,17 +20,11 @@ struct ReportOptions {
   int maxRanks = 16;    ///< rank-table rows before the summary line
 };
 
-/// Pipeline stage, tensor, context and data coordinates of a global rank:
-/// tp is the innermost axis, then cp, then dp, then pp (Megatron-LM's
-/// order): rank = ((stage*dp_deg + dp)*cp_deg + cp)*tp_deg + tp.
-struct RankCoords {
-  int stage = 0, tp = 0, cp = 0, dp = 0;
-};
+/// The standard mesh (planner/Mesh.h) of a configuration:
+/// pp x dp x cp x tp.
+Mesh meshOf(const TrainingConfig &cfg);
+/// rankCoords(meshOf(cfg), rank).
 RankCoords rankCoords(const TrainingConfig &cfg, int rank);
-
-/// The operating-system process that drives `rank` under `layout`: the rank
-/// itself (between-graph) or its node (in-graph / hybrid).
-int processOf(const Cluster &cluster, ProcessLayout layout, int rank);
 
 /// The command that launches the plan's processes (mpirun for more than one
 /// process).

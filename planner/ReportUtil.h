@@ -89,7 +89,7 @@ std::string textSearchTail(const std::map<std::string, int64_t> &pruned,
 //===----------------------------------------------------------------------===//
 
 /// {"format": "dlopt-plan", "version", "kind", "mode"}: what every plan
-/// file starts with (planner/PlanFile.h reads it).
+/// file starts with (planner/Plan.h reads it).
 json jsonEnvelope(const char *kind, int version, bool training);
 
 /// JSON reports list at most this many ranks; the rest follow from

@@ -2,6 +2,7 @@
 #include "planner/Search.h"
 
 #include "planner/SearchUtil.h"
+#include "planner/TransformerSharding.h"
 #include "planner/ReportUtil.h"
 
 #include <algorithm>
@@ -1662,6 +1663,11 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
       res.stageLayers.back().insert(res.stageLayers.back().end(),
                                     marks.begin() + a, marks.begin() + b);
   }
+
+  res.plan = planFromConfig(PlanKind::Transformer, graph, cluster,
+                            res.best.cfg, gb, opt.training, opt.precision,
+                            res.best.process.layout);
+  lowerTransformerSharding(graph, res.best.cfg, res.stageLayers, res.plan);
 
   res.spec = spec;
   res.totalParams = graph.totalParams;

@@ -15,6 +15,8 @@
 #include "planner/CostModel.h"
 #include "planner/Graph.h"
 #include "planner/MemoryModel.h"
+#include "planner/Mesh.h"
+#include "planner/Plan.h"
 #include "planner/Simulator.h"
 
 #include <functional>
@@ -26,11 +28,6 @@
 
 namespace dlopt::planner {
 
-/// How ranks map to operating-system processes. InGraph: one process per
-/// node drives all of the node's GPUs (on several nodes this is the hybrid
-/// layout: in-graph inside a node, between-graph across nodes).
-/// BetweenGraph: one process per GPU.
-enum class ProcessLayout { InGraph, BetweenGraph };
 /// "in-graph", "hybrid" (in-graph on several nodes) or "between-graph".
 const char *layoutName(ProcessLayout l, int nodes);
 std::optional<ProcessLayout> parseLayout(std::string_view s);
@@ -54,6 +51,11 @@ struct FixSpec {
   /// dp*mbs*mb over the fixed values; nullopt on overflow.
   std::optional<int64_t> batchProduct() const;
 };
+
+/// The search settings that pin every choice of `plan` (its degrees,
+/// micro-batching, schedule, ZeRO, recompute, sequence parallelism and
+/// process layout), so that the search re-prices exactly it.
+FixSpec fixSpecOf(const Plan &plan);
 
 /// Largest global batch the planner takes (--global-batch).
 inline constexpr int64_t kMaxGlobalBatch = int64_t(1) << 30;
@@ -153,6 +155,10 @@ struct SearchStats {
 };
 
 struct PlanResult {
+  /// The chosen plan as the compiler applies it: settings, mesh, and the
+  /// Megatron shardings of every value (planner/TransformerSharding.h).
+  /// Everything else here is prediction and search statistics.
+  Plan plan;
   Candidate best;
   std::vector<Alternative> alternatives;
   SearchStats stats;

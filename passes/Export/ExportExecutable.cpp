@@ -8,6 +8,7 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Shard/IR/ShardOps.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/TypeSwitch.h"
 
@@ -302,7 +303,63 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
   exe.source = sourceName.str();
   exe.worldSize = 1;
   rt::Program prog;
-  prog.rank = 0;
+  prog.ranks = {0};
+  // A partitioned step (docs/parallel.md): every rank runs this program.
+  if (auto mesh = module->getAttrOfType<DictionaryAttr>("dlopt.mesh")) {
+    for (Attribute a : cast<ArrayAttr>(mesh.get("axes")))
+      exe.mesh.axes.push_back(cast<StringAttr>(a).getValue().str());
+    for (int64_t s : cast<DenseI64ArrayAttr>(mesh.get("shape")).asArrayRef())
+      exe.mesh.shape.push_back(s);
+    exe.worldSize = int32_t(exe.mesh.size());
+    prog.ranks.clear();
+    for (int32_t r = 0; r < exe.worldSize; ++r)
+      prog.ranks.push_back(r);
+  }
+  // The communicator group of a set of grid axes, created on first use.
+  auto groupOf = [&](ArrayRef<int16_t> axes) -> int64_t {
+    std::vector<int32_t> a(axes.begin(), axes.end());
+    for (size_t g = 0; g < exe.groups.size(); ++g)
+      if (exe.groups[g].axes == a)
+        return int64_t(g);
+    rt::CommGroup cg;
+    for (int32_t x : a)
+      cg.name += (cg.name.empty() ? "" : "+") +
+                 (size_t(x) < exe.mesh.axes.size() ? exe.mesh.axes[size_t(x)]
+                                                   : std::to_string(x));
+    cg.axes = a;
+    exe.groups.push_back(cg);
+    return int64_t(exe.groups.size() - 1);
+  };
+  // dlopt.global_type + dlopt.split of an argument or result.
+  auto globalOf = [&](DictionaryAttr attrs)
+      -> FailureOr<std::optional<rt::GlobalLayout>> {
+    if (!attrs)
+      return std::optional<rt::GlobalLayout>();
+    auto gt = attrs.getAs<TypeAttr>("dlopt.global_type");
+    auto split = attrs.getAs<ArrayAttr>("dlopt.split");
+    if (!gt || !split)
+      return std::optional<rt::GlobalLayout>();
+    FailureOr<rt::TensorType> t = toTensorType(gt.getValue());
+    if (failed(t))
+      return failure();
+    rt::GlobalLayout g;
+    g.type = *t;
+    for (Attribute d : split) {
+      std::vector<int32_t> axes;
+      for (Attribute a : cast<ArrayAttr>(d)) {
+        StringRef name = cast<StringAttr>(a).getValue();
+        auto it = std::find(exe.mesh.axes.begin(), exe.mesh.axes.end(), name);
+        if (it == exe.mesh.axes.end()) {
+          fn.emitError() << "dlopt.split names '" << name
+                         << "', which is not an axis of the module's dlopt.mesh";
+          return failure();
+        }
+        axes.push_back(int32_t(it - exe.mesh.axes.begin()));
+      }
+      g.split.push_back(std::move(axes));
+    }
+    return std::optional<rt::GlobalLayout>(std::move(g));
+  };
 
   llvm::DenseMap<Value, int32_t> ids;
   auto addValue = [&](Value v, rt::Value desc) -> FailureOr<int32_t> {
@@ -337,6 +394,10 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
       return fn.emitError() << "argument #" << i
                             << " is neither a dlopt.param nor a dlopt.input";
     }
+    auto global = globalOf(fn.getArgAttrDict(i));
+    if (failed(global))
+      return failure();
+    desc.global = *global;
     FailureOr<int32_t> id = addValue(fn.getArgument(i), desc);
     if (failed(id))
       return failure();
@@ -369,10 +430,42 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
       appendConstant(dense, exe.constData, desc.constSplat);
       continue;
     }
+    if (isa<shard::GridOp>(op))
+      continue;
+    if (auto ar = dyn_cast<shard::AllReduceOp>(op)) {
+      if (exe.mesh.axes.empty())
+        return ar.emitError("a collective in a module without dlopt.mesh");
+      rt::Instr instr;
+      instr.op = "all_reduce";
+      instr.loc = locString(op.getLoc());
+      auto it = ids.find(ar.getInput());
+      if (it == ids.end())
+        return op.emitError("uses a value defined outside the entry function body");
+      instr.operands.push_back(it->second);
+      FailureOr<int32_t> id = addValue(ar.getResult(), rt::Value{});
+      if (failed(id))
+        return failure();
+      instr.results.push_back(*id);
+      instr.attrs["group"] = groupOf(ar.getGridAxes());
+      std::string reduce;
+      switch (ar.getReduction()) {
+      case shard::ReductionKind::Sum: reduce = "sum"; break;
+      case shard::ReductionKind::Max: reduce = "max"; break;
+      case shard::ReductionKind::Min: reduce = "min"; break;
+      case shard::ReductionKind::Average: reduce = "avg"; break;
+      default:
+        return ar.emitError("reduction kind not supported by the runtime "
+                            "(sum, max, min, average)");
+      }
+      instr.attrs["reduce"] = reduce;
+      prog.instrs.push_back(std::move(instr));
+      continue;
+    }
     if (!isa<DLOptDialect>(op.getDialect()))
       return op.emitError() << "op '" << op.getName()
                             << "' cannot be exported; expected dlopt ops, "
-                               "arith.constant and func.return";
+                               "shard.all_reduce, arith.constant and "
+                               "func.return";
     rt::Instr instr;
     instr.op = op.getName().stripDialect().str();
     instr.loc = locString(op.getLoc());
@@ -413,6 +506,11 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
                                    : "out" + std::to_string(i));
     auto update = fn.getResultAttrOfType<StringAttr>(i, DLOptDialect::kUpdateAttr);
     exe.outputUpdates.push_back(update ? update.getValue().str() : "");
+    auto global = globalOf(fn.getResultAttrDict(i));
+    if (failed(global))
+      return failure();
+    if (*global)
+      exe.values[size_t(ids.lookup(v))].global = **global;
   }
 
   // Memory plan: persistent values first, then temporaries packed by

@@ -280,6 +280,7 @@ FailureOr<planner::GraphSummary> dlopt::summarizeGraph(ModuleOp module,
       }
       double outElems = 0;
       for (Value r : op.getResults()) {
+        n.resultShapes.push_back(shapeOf(r.getType()));
         n.resultBytes += tensorBytes(r.getType());
         outElems += elements(r.getType());
         if (isFloatTensor(r.getType()))
@@ -298,6 +299,10 @@ FailureOr<planner::GraphSummary> dlopt::summarizeGraph(ModuleOp module,
       if (auto mark = op.getAttrOfType<IntegerAttr>(DLOptDialect::kLayerAttr))
         n.layer = mark.getInt();
       n.backward = op.hasAttr(DLOptDialect::kBackwardAttr);
+      if (auto id = op.getAttrOfType<IntegerAttr>(DLOptDialect::kIdAttr))
+        n.stableId = id.getInt();
+      if (auto id = op.getAttrOfType<IntegerAttr>(DLOptDialect::kFwdIdAttr))
+        n.fwdId = id.getInt();
       // FLOPs as the groups count them (below); conv2d and its gradients
       // get their multiply-adds in describeOp.
       if (auto mm = dyn_cast<dl::MatmulOp>(op)) {

@@ -37,6 +37,9 @@ struct RunContext {
   int rank = 0;
   int worldSize = 1;
   Communicator *comm = nullptr; ///< null when worldSize == 1
+  /// The rank's communicator of each group of Executable::groups (its own
+  /// group of that kind); communication instructions name one by index.
+  std::span<Communicator *const> groups;
 };
 
 /// One rank's device memory: a single allocation holding every value the

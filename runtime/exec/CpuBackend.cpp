@@ -53,7 +53,7 @@ CpuBackend::CpuBackend(const BackendOptions &opts) {
 }
 
 bool CpuBackend::supportsOp(const std::string &op) const {
-  return cpu::hasKernel(op);
+  return cpu::hasKernel(op) || isCommunicationOp(op);
 }
 
 Expected<std::unique_ptr<DeviceArena>>
@@ -111,9 +111,131 @@ Status CpuBackend::copyOnDevice(DeviceArena &arena, int64_t dstOffset,
   return Status::ok();
 }
 
+/// Runs a communication instruction over the rank's communicator of the
+/// instruction's group (host buffers).
+Status runCommunication(const Instr &instr, std::span<const TensorRef> ins,
+                        std::span<const TensorRef> outs,
+                        const RunContext &ctx);
+
 Status CpuBackend::run(const Instr &instr, std::span<const TensorRef> ins,
-                       std::span<const TensorRef> outs, const RunContext &) {
+                       std::span<const TensorRef> outs,
+                       const RunContext &ctx) {
+  if (isCommunicationOp(instr.op))
+    return runCommunication(instr, ins, outs, ctx);
   return cpu::runKernel(instr, ins, outs);
+}
+
+Status runCommunication(const Instr &instr, std::span<const TensorRef> ins,
+                        std::span<const TensorRef> outs,
+                        const RunContext &ctx) {
+  // The shapes were checked against the group when the executable was
+  // loaded (Executable::validate).
+  std::string where = "'" + instr.op + "'" +
+                      (instr.loc.empty() ? "" : " at " + instr.loc) + ": ";
+  int64_t group = instr.getInt("group", -1);
+  if (group < 0 || size_t(group) >= ctx.groups.size() || !ctx.groups[group])
+    return Status::error(where + "no communicator for group " +
+                         std::to_string(group) + " on rank " +
+                         std::to_string(ctx.rank));
+  Communicator &comm = *ctx.groups[size_t(group)];
+  const TensorRef &x = ins[0], &y = outs[0];
+  CommInput in = hostIn(x.data, x.numElements(), x.type.dtype);
+  CommOutput out = hostOut(y.data, y.numElements(), y.type.dtype);
+  auto reduceOp = [&]() {
+    std::string r = instr.getString("reduce").isOk()
+                        ? *instr.getString("reduce")
+                        : std::string("sum");
+    return r == "max"   ? ReduceOp::Max
+           : r == "min" ? ReduceOp::Min
+           : r == "avg" ? ReduceOp::Avg
+                        : ReduceOp::Sum;
+  };
+  // Collectives gather and scatter along dim 0 of a flat buffer; along
+  // another dim the blocks are moved through a contiguous staging buffer.
+  auto outer = [](const TensorType &t, int64_t axis) {
+    int64_t n = 1;
+    for (int64_t d = 0; d < axis; ++d)
+      n *= t.shape[size_t(d)];
+    return n;
+  };
+  const int64_t elem = dtypeSize(x.type.dtype);
+  const int64_t n = comm.size();
+  Status st;
+  if (instr.op == "all_reduce") {
+    st = comm.allReduce(in, out, reduceOp());
+  } else if (instr.op == "broadcast") {
+    if (y.data != x.data)
+      std::memcpy(y.data, x.data, size_t(x.numElements() * elem));
+    st = comm.broadcast(out, int(instr.getInt("root", 0)));
+  } else if (instr.op == "all_gather") {
+    int64_t axis = instr.getInt("axis", 0);
+    int64_t rows = outer(x.type, axis);
+    if (rows == 1) {
+      st = comm.allGather(in, out);
+    } else {
+      // Gathered blocks arrive rank-major; interleave them into dim `axis`.
+      std::vector<uint8_t> staged(size_t(y.numElements() * elem));
+      st = comm.allGather(in, hostOut(staged.data(), y.numElements(),
+                                      y.type.dtype));
+      int64_t chunk = x.numElements() / rows * elem; // one row of x
+      for (int64_t r = 0; r < n && st; ++r)
+        for (int64_t i = 0; i < rows; ++i)
+          std::memcpy(static_cast<uint8_t *>(y.data) + (i * n + r) * chunk,
+                      staged.data() + (r * rows + i) * chunk, size_t(chunk));
+    }
+  } else if (instr.op == "reduce_scatter") {
+    int64_t axis = instr.getInt("axis", 0);
+    int64_t rows = outer(x.type, axis);
+    if (rows == 1) {
+      st = comm.reduceScatter(in, out, reduceOp());
+    } else {
+      // Make each destination rank's blocks contiguous first.
+      std::vector<uint8_t> staged(size_t(x.numElements() * elem));
+      int64_t chunk = y.numElements() / rows * elem; // one row of y
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t i = 0; i < rows; ++i)
+          std::memcpy(staged.data() + (r * rows + i) * chunk,
+                      static_cast<const uint8_t *>(x.data) + (i * n + r) * chunk,
+                      size_t(chunk));
+      st = comm.reduceScatter(
+          hostIn(staged.data(), x.numElements(), x.type.dtype), out,
+          reduceOp());
+    }
+  } else if (instr.op == "all_to_all") {
+    int64_t split = instr.getInt("split_axis", 0);
+    int64_t concat = instr.getInt("concat_axis", 0);
+    // Send block r (the r-th slice of `split`) to rank r; received block r
+    // becomes the r-th slice of `concat`.
+    const TensorType &xt = x.type;
+    int64_t so = outer(xt, split), sIn = xt.shape[size_t(split)];
+    int64_t sInner = x.numElements() / so / sIn * elem;
+    int64_t blockElems = x.numElements() / n;
+    std::vector<uint8_t> send(size_t(x.numElements() * elem)),
+        recv(size_t(y.numElements() * elem));
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t i = 0; i < so; ++i)
+        std::memcpy(send.data() + r * blockElems * elem +
+                        i * (sIn / n) * sInner,
+                    static_cast<const uint8_t *>(x.data) +
+                        (i * sIn + r * (sIn / n)) * sInner,
+                    size_t((sIn / n) * sInner));
+    st = comm.allToAll(hostIn(send.data(), x.numElements(), xt.dtype),
+                       hostOut(recv.data(), y.numElements(), y.type.dtype));
+    // Each received block has x's shape with dim `split` divided by n.
+    TensorType bt = xt;
+    bt.shape[size_t(split)] /= n;
+    int64_t co = outer(bt, concat), cIn = bt.shape[size_t(concat)];
+    int64_t cInner = blockElems / co / cIn * elem;
+    for (int64_t r = 0; r < n && st; ++r)
+      for (int64_t i = 0; i < co; ++i)
+        std::memcpy(static_cast<uint8_t *>(y.data) +
+                        (i * cIn * n + r * cIn) * cInner,
+                    recv.data() + r * blockElems * elem + i * cIn * cInner,
+                    size_t(cIn * cInner));
+  } else {
+    return Status::error(where + "unknown communication op");
+  }
+  return st.withContext(where);
 }
 
 } // namespace dlopt::rt

@@ -1,6 +1,7 @@
 //===- Session.cpp - Loads an executable and runs one rank's program ------===//
 
 #include "runtime/exec/Session.h"
+#include "runtime/exec/GlobalTensor.h"
 #include "runtime/exec/ParamInit.h"
 
 #include "runtime/format/MemoryPlanner.h"
@@ -48,11 +49,11 @@ Status Session::init() {
   Status valid = exe_.validate();
   if (!valid)
     return valid.withContext("invalid executable: ");
-  if (opts_.rank < 0 || size_t(opts_.rank) >= exe_.programs.size())
+  if (opts_.rank < 0 || opts_.rank >= exe_.worldSize)
     return Status::error("rank " + std::to_string(opts_.rank) +
                          " out of range: the executable has " +
-                         std::to_string(exe_.programs.size()) + " rank(s)");
-  program_ = &exe_.programs[opts_.rank];
+                         std::to_string(exe_.worldSize) + " rank(s)");
+  program_ = &exe_.programs[size_t(exe_.programOf(opts_.rank))];
   for (size_t i = 0; i < program_->instrs.size(); ++i) {
     const Instr &in = program_->instrs[i];
     if (!backend_->supportsOp(in.op))
@@ -202,7 +203,13 @@ Status Session::initializeParams() {
     if (ready_[id] || offset < 0)
       continue;
     const Value &val = exe_.values[id];
-    Expected<HostTensor> t = initParam(val.type, val.init, opts_.seed, p);
+    // A split param is the rank's block of the global one: element values
+    // depend on global indices only, whatever the plan.
+    Expected<HostTensor> t =
+        initParam(val.global ? val.global->type : val.type, val.init,
+                  opts_.seed, p);
+    if (t && val.global)
+      t = localPart(exe_.mesh, *val.global, val.type, opts_.rank, *t);
     if (!t)
       return t.status().withContext(argKind(val.kind) + " '" + val.name +
                                     "': ");
@@ -319,6 +326,7 @@ Status Session::execute(bool keepArguments) {
   RunContext ctx;
   ctx.rank = opts_.rank;
   ctx.worldSize = exe_.worldSize;
+  ctx.groups = groups_;
   auto start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < program_->instrs.size(); ++i) {
     const Instr &in = program_->instrs[i];

@@ -106,6 +106,11 @@ public:
   int32_t findArgument(const std::string &name) const;
 
   MemoryReport memory() const;
+  /// Communicators of a multi-rank executable: groups[g] is this rank's
+  /// communicator of Executable::groups[g] (not owned; World sets them).
+  void setCommunicators(std::vector<Communicator *> groups) {
+    groups_ = std::move(groups);
+  }
   /// Wall time of the last run(), in seconds (instructions only).
   double lastRunSeconds() const { return lastRunSeconds_; }
   /// With profiling on, every run adds each instruction's wall time (after
@@ -134,6 +139,7 @@ private:
   /// Operand and result refs of each instruction, resolved once.
   std::vector<std::vector<TensorRef>> ins_, outs_;
   double lastRunSeconds_ = 0;
+  std::vector<Communicator *> groups_;
   bool profiling_ = false;
   std::map<std::string, OpProfile> profile_;
   /// A run's update outputs are waiting to be applied.

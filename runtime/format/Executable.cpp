@@ -218,10 +218,122 @@ bool isKnownDist(const std::string &d) {
          d == "truncated_normal" || d == "uniform";
 }
 
+std::string ranksText(const std::vector<int32_t> &ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size() && i < 8; ++i)
+    s += (i ? ", " : "") + std::to_string(ranks[i]);
+  if (ranks.size() > 8)
+    s += ", ... (" + std::to_string(ranks.size()) + " ranks)";
+  return s;
+}
+
+/// Shape rules of the communication instructions against their group.
+Status validateCommunication(const Executable &exe, const Instr &in,
+                             const std::string &iw) {
+  auto attrInt = [&](const char *name) -> Expected<int64_t> {
+    Expected<int64_t> v = in.getInt(name);
+    if (!v)
+      return Status::error(iw + v.status().message());
+    return v;
+  };
+  Expected<int64_t> group = attrInt("group");
+  if (!group)
+    return group.status();
+  if (*group < 0 || size_t(*group) >= exe.groups.size())
+    return Status::error(iw + "group " + std::to_string(*group) +
+                         " is not in the group table (" +
+                         std::to_string(exe.groups.size()) + " groups)");
+  int64_t n = 1;
+  for (int32_t a : exe.groups[size_t(*group)].axes)
+    n *= exe.mesh.shape[size_t(a)];
+  if (in.operands.size() != 1 || in.results.size() != 1)
+    return Status::error(iw + "expects 1 operand and 1 result, got " +
+                         std::to_string(in.operands.size()) + " and " +
+                         std::to_string(in.results.size()));
+  const TensorType &x = exe.values[in.operands[0]].type;
+  const TensorType &y = exe.values[in.results[0]].type;
+  if (x.dtype != y.dtype)
+    return Status::error(iw + "operand is " + x.str() + " but result is " +
+                         y.str() + " (the element types must agree)");
+  auto reduceOk = [&]() -> Status {
+    Expected<std::string> r = in.getString("reduce");
+    if (!r)
+      return Status::error(iw + r.status().message());
+    if (*r != "sum" && *r != "max" && *r != "min" && *r != "avg")
+      return Status::error(iw + "reduce '" + *r +
+                           "' is not one of sum, max, min, avg");
+    return Status::ok();
+  };
+  auto axisOf = [&](const char *name) -> Expected<int64_t> {
+    Expected<int64_t> a = attrInt(name);
+    if (!a)
+      return a;
+    if (*a < 0 || *a >= int64_t(x.shape.size()))
+      return Status::error(iw + name + " " + std::to_string(*a) +
+                           " is not a dim of the " + x.str() + " operand");
+    return a;
+  };
+  auto expect = [&](const TensorType &want) -> Status {
+    if (want == y)
+      return Status::ok();
+    return Status::error(iw + "expects a " + want.str() + " result for a " +
+                         x.str() + " operand over a group of " +
+                         std::to_string(n) + ", got " + y.str());
+  };
+  if (in.op == "all_reduce") {
+    DLOPT_RETURN_IF_ERROR(reduceOk());
+    return expect(x);
+  }
+  if (in.op == "broadcast") {
+    Expected<int64_t> root = attrInt("root");
+    if (!root)
+      return root.status();
+    if (*root < 0 || *root >= n)
+      return Status::error(iw + "root " + std::to_string(*root) +
+                           " is outside the group of " + std::to_string(n));
+    return expect(x);
+  }
+  if (in.op == "all_gather" || in.op == "reduce_scatter") {
+    Expected<int64_t> axis = axisOf("axis");
+    if (!axis)
+      return axis.status();
+    TensorType want = x;
+    if (in.op == "all_gather") {
+      want.shape[size_t(*axis)] *= n;
+    } else {
+      DLOPT_RETURN_IF_ERROR(reduceOk());
+      if (x.shape[size_t(*axis)] % n)
+        return Status::error(iw + "dim " + std::to_string(*axis) + " of " +
+                             x.str() + " does not divide by the group of " +
+                             std::to_string(n));
+      want.shape[size_t(*axis)] /= n;
+    }
+    return expect(want);
+  }
+  if (in.op == "all_to_all") {
+    Expected<int64_t> split = axisOf("split_axis");
+    if (!split)
+      return split.status();
+    Expected<int64_t> concat = axisOf("concat_axis");
+    if (!concat)
+      return concat.status();
+    if (x.shape[size_t(*split)] % n)
+      return Status::error(iw + "split_axis dim of " + x.str() +
+                           " does not divide by the group of " +
+                           std::to_string(n));
+    TensorType want = x;
+    want.shape[size_t(*split)] /= n;
+    want.shape[size_t(*concat)] *= n;
+    return expect(want);
+  }
+  return Status::error(iw + "unknown communication op");
+}
+
 Status validateProgram(const Executable &exe, size_t r,
                        const std::vector<int64_t> &sizes) {
   const Program &prog = exe.programs[r];
-  std::string where = "program for rank " + std::to_string(r) + ": ";
+  std::string where = "program " + std::to_string(r) + " (ranks " +
+                      ranksText(prog.ranks) + "): ";
   const MemoryPlan &mem = prog.memory;
   size_t numValues = exe.values.size();
 
@@ -303,6 +415,8 @@ Status validateProgram(const Executable &exe, size_t r,
       defAt[id] = i;
       lastUse[id] = i;
     }
+    if (isCommunicationOp(in.op))
+      DLOPT_RETURN_IF_ERROR(validateCommunication(exe, in, iw));
     if (in.op == fused::kOpName) {
       std::vector<TensorType> ot, rt;
       for (int32_t id : in.operands)
@@ -361,6 +475,88 @@ Status validateProgram(const Executable &exe, size_t r,
   return Status::ok();
 }
 
+/// The mesh multiplies to the world size; group axes are mesh axes.
+Status validateMesh(const Executable &exe) {
+  const Mesh &m = exe.mesh;
+  if (m.axes.size() != m.shape.size())
+    return Status::error("mesh has " + std::to_string(m.axes.size()) +
+                         " axis names but " + std::to_string(m.shape.size()) +
+                         " sizes");
+  if (m.axes.size() > 8)
+    return Status::error("mesh has " + std::to_string(m.axes.size()) +
+                         " axes; at most 8 are supported");
+  int64_t n = 1;
+  for (size_t a = 0; a < m.shape.size(); ++a) {
+    if (m.shape[a] < 1 || m.shape[a] > (1 << 20))
+      return Status::error("mesh axis '" + m.axes[a] + "' has size " +
+                           std::to_string(m.shape[a]) +
+                           "; expected 1 to 1048576");
+    for (size_t b = 0; b < a; ++b)
+      if (m.axes[b] == m.axes[a])
+        return Status::error("mesh axis '" + m.axes[a] + "' appears twice");
+    n *= m.shape[a];
+    if (n > (1 << 20))
+      return Status::error("mesh has more than 1048576 ranks");
+  }
+  if (n != exe.worldSize)
+    return Status::error("mesh " + std::to_string(n) +
+                         " ranks but world size " +
+                         std::to_string(exe.worldSize));
+  for (size_t g = 0; g < exe.groups.size(); ++g) {
+    const CommGroup &cg = exe.groups[g];
+    for (size_t i = 0; i < cg.axes.size(); ++i)
+      if (cg.axes[i] < 0 || size_t(cg.axes[i]) >= m.axes.size() ||
+          (i && cg.axes[i] <= cg.axes[i - 1]))
+        return Status::error("group " + std::to_string(g) + " ('" + cg.name +
+                             "'): axes must be increasing mesh axis indices "
+                             "in [0, " + std::to_string(m.axes.size()) + ")");
+  }
+  return Status::ok();
+}
+
+/// A global layout splits each dim over distinct mesh axes, evenly, into
+/// exactly the local type.
+Status validateGlobal(const Executable &exe, size_t v) {
+  const Value &val = exe.values[v];
+  const GlobalLayout &g = *val.global;
+  std::string where = "value " + valueRef(exe, v) + ": global layout: ";
+  if (val.kind == ValueKind::Temp || val.kind == ValueKind::Const) {
+    bool output = false;
+    for (int32_t o : exe.outputs)
+      output |= o == int32_t(v);
+    if (!output)
+      return Status::error(where + "only params, inputs, states and outputs "
+                                   "have one");
+  }
+  if (g.type.dtype != val.type.dtype ||
+      g.type.shape.size() != val.type.shape.size() ||
+      g.split.size() != val.type.shape.size())
+    return Status::error(where + "global type " + g.type.str() + " with " +
+                         std::to_string(g.split.size()) +
+                         " split lists does not match the local type " +
+                         val.type.str());
+  if (checkedByteSize(g.type) < 0)
+    return Status::error(where + "global type " + g.type.str() +
+                         " is invalid or too large");
+  std::vector<bool> used(exe.mesh.axes.size(), false);
+  for (size_t d = 0; d < g.split.size(); ++d) {
+    int64_t parts = 1;
+    for (int32_t a : g.split[d]) {
+      if (a < 0 || size_t(a) >= used.size() || used[size_t(a)])
+        return Status::error(where + "dim " + std::to_string(d) +
+                             " names mesh axis " + std::to_string(a) +
+                             ", which is out of range or used twice");
+      used[size_t(a)] = true;
+      parts *= exe.mesh.shape[size_t(a)];
+    }
+    if (g.type.shape[d] % parts || g.type.shape[d] / parts != val.type.shape[d])
+      return Status::error(where + "dim " + std::to_string(d) + " of " +
+                           g.type.str() + " split " + std::to_string(parts) +
+                           " ways is not the local " + val.type.str());
+  }
+  return Status::ok();
+}
+
 /// Output updates: each names a param or state of the output's exact type,
 /// and no param or state is updated twice.
 Status validateUpdates(const Executable &exe) {
@@ -410,15 +606,35 @@ Status Executable::validate() const {
   if (worldSize < 1)
     return Status::error("world size must be at least 1, got " +
                          std::to_string(worldSize));
-  if (programs.size() != size_t(worldSize))
+  if (worldSize > (1 << 20))
+    return Status::error("world size " + std::to_string(worldSize) +
+                         " is above the limit of 1048576 ranks");
+  DLOPT_RETURN_IF_ERROR(validateMesh(*this));
+  if (programs.empty() || programs.size() > size_t(worldSize))
     return Status::error("world size is " + std::to_string(worldSize) +
                          " but there are " + std::to_string(programs.size()) +
-                         " programs");
-  for (size_t r = 0; r < programs.size(); ++r)
-    if (programs[r].rank != int32_t(r))
-      return Status::error("program " + std::to_string(r) + " says rank " +
-                           std::to_string(programs[r].rank) +
-                           "; programs must be in rank order");
+                         " programs (expected 1 to " +
+                         std::to_string(worldSize) + ")");
+  std::vector<int32_t> owner(size_t(worldSize), -1);
+  for (size_t p = 0; p < programs.size(); ++p) {
+    if (programs[p].ranks.empty())
+      return Status::error("program " + std::to_string(p) + " runs on no rank");
+    for (int32_t r : programs[p].ranks) {
+      if (r < 0 || r >= worldSize)
+        return Status::error("program " + std::to_string(p) + " names rank " +
+                             std::to_string(r) + ", outside [0, " +
+                             std::to_string(worldSize) + ")");
+      if (owner[size_t(r)] >= 0)
+        return Status::error("rank " + std::to_string(r) + " runs programs " +
+                             std::to_string(owner[size_t(r)]) + " and " +
+                             std::to_string(p) + "; each rank runs one");
+      owner[size_t(r)] = int32_t(p);
+    }
+  }
+  for (size_t r = 0; r < owner.size(); ++r)
+    if (owner[r] < 0)
+      return Status::error("rank " + std::to_string(r) + " of " +
+                           std::to_string(worldSize) + " runs no program");
 
   std::vector<int64_t> sizes(values.size());
   for (size_t v = 0; v < values.size(); ++v) {
@@ -445,6 +661,8 @@ Status Executable::validate() const {
             ") lies outside the constant data (" +
             std::to_string(constData.size()) + " bytes)");
     }
+    if (val.global)
+      DLOPT_RETURN_IF_ERROR(validateGlobal(*this, v));
     if (val.kind == ValueKind::Param || val.kind == ValueKind::State) {
       const Init &init = val.init;
       std::string what = kindName(val.kind);
@@ -532,6 +750,52 @@ Status Executable::validate() const {
                            ") is not defined by any instruction");
   }
   return Status::ok();
+}
+
+bool isCommunicationOp(const std::string &op) {
+  return op == "all_reduce" || op == "all_gather" || op == "reduce_scatter" ||
+         op == "all_to_all" || op == "broadcast";
+}
+
+std::vector<int64_t> Mesh::coords(int64_t rank) const {
+  std::vector<int64_t> c(shape.size());
+  for (size_t a = shape.size(); a-- > 0;) {
+    c[a] = rank % shape[a];
+    rank /= shape[a];
+  }
+  return c;
+}
+
+int32_t Executable::programOf(int32_t rank) const {
+  for (size_t p = 0; p < programs.size(); ++p)
+    for (int32_t r : programs[p].ranks)
+      if (r == rank)
+        return int32_t(p);
+  return -1;
+}
+
+std::vector<int32_t> Executable::groupRanks(int32_t group, int32_t rank) const {
+  const std::vector<int32_t> &axes = groups[size_t(group)].axes;
+  std::vector<int64_t> c = mesh.coords(rank);
+  // Enumerate the coordinates on `axes` row-major, keeping the others.
+  int64_t n = 1;
+  for (int32_t a : axes)
+    n *= mesh.shape[size_t(a)];
+  std::vector<int32_t> out;
+  out.reserve(size_t(n));
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t rest = i;
+    for (size_t k = axes.size(); k-- > 0;) {
+      int64_t s = mesh.shape[size_t(axes[k])];
+      c[size_t(axes[k])] = rest % s;
+      rest /= s;
+    }
+    int64_t r = 0;
+    for (size_t a = 0; a < c.size(); ++a)
+      r = r * mesh.shape[a] + c[a];
+    out.push_back(int32_t(r));
+  }
+  return out;
 }
 
 } // namespace dlopt::rt

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -22,7 +23,7 @@
 namespace dlopt::rt {
 
 /// Current on-disk format version. Bump on any incompatible change.
-inline constexpr uint32_t kExecutableFormatVersion = 2;
+inline constexpr uint32_t kExecutableFormatVersion = 3;
 
 /// A tensor type: element type plus static shape (rank 0 = scalar).
 struct TensorType {
@@ -65,6 +66,20 @@ enum class ValueKind : uint8_t {
              ///< (zeros unless stated), saved in checkpoints
 };
 
+/// How a value of a multi-rank executable relates to its global tensor:
+/// `type` is the global type and `split[d]` lists the mesh axes (indices
+/// into Mesh::axes, major first) dim d is split over, evenly. The local type
+/// is the global one with each split dim divided by the product of its axes'
+/// sizes. Ranks that share coordinates on every split axis hold the same
+/// part.
+struct GlobalLayout {
+  TensorType type;
+  std::vector<std::vector<int32_t>> split;
+  bool operator==(const GlobalLayout &o) const {
+    return type == o.type && split == o.split;
+  }
+};
+
 /// One SSA value of the program.
 struct Value {
   std::string name;   ///< argument/output name, or empty for temporaries
@@ -75,10 +90,14 @@ struct Value {
   /// Only for Const: constData holds one element, repeated over the type
   /// (a splat stays one element through the format, whatever its size).
   bool constSplat = false;
+  /// Params, inputs, states and outputs of a multi-rank executable that are
+  /// split over the mesh: their global tensor. Absent: every rank holds the
+  /// whole tensor (the local type is the global one).
+  std::optional<GlobalLayout> global;
   bool operator==(const Value &o) const {
     return name == o.name && type == o.type && kind == o.kind &&
            init == o.init && constOffset == o.constOffset &&
-           constSplat == o.constSplat;
+           constSplat == o.constSplat && global == o.global;
   }
   /// Bytes of constData a Const value occupies.
   int64_t constBytes() const {
@@ -137,13 +156,55 @@ struct MemoryPlan {
 
 /// The instruction stream of one rank (one device).
 struct Program {
-  int32_t rank = 0;
+  /// The ranks that run this program (one program per rank role: ranks
+  /// that do the same thing share one).
+  std::vector<int32_t> ranks{0};
   std::vector<Instr> instrs;
   MemoryPlan memory;
   bool operator==(const Program &o) const {
-    return rank == o.rank && instrs == o.instrs && memory == o.memory;
+    return ranks == o.ranks && instrs == o.instrs && memory == o.memory;
   }
 };
+
+/// The device mesh: named axes, major first; rank r has the row-major
+/// coordinates of r (the last axis varies fastest). A single-rank
+/// executable has no axes.
+struct Mesh {
+  std::vector<std::string> axes;
+  std::vector<int64_t> shape;
+  int64_t size() const {
+    int64_t n = 1;
+    for (int64_t s : shape)
+      n *= s;
+    return n;
+  }
+  /// Coordinates of `rank`, one per axis.
+  std::vector<int64_t> coords(int64_t rank) const;
+  bool operator==(const Mesh &o) const {
+    return axes == o.axes && shape == o.shape;
+  }
+};
+
+/// A kind of communicator: the ranks that share their coordinates on every
+/// mesh axis outside `axes` form one group, ordered by their coordinates on
+/// `axes` (row-major). Communication instructions name a group by its index
+/// in Executable::groups.
+struct CommGroup {
+  std::string name;           ///< "dp", "tp", "dp+cp"
+  std::vector<int32_t> axes;  ///< indices into Mesh::axes, increasing
+  bool operator==(const CommGroup &o) const {
+    return name == o.name && axes == o.axes;
+  }
+};
+
+/// Communication instructions (docs/executable-format.md): every one has an
+/// int attribute `group`.
+///   all_reduce     {reduce: sum|max|min|avg}  result = operand's type
+///   all_gather     {axis}      result dim `axis` = operand's * group size
+///   reduce_scatter {axis, reduce}  result dim `axis` = operand's / size
+///   all_to_all     {split_axis, concat_axis}
+///   broadcast      {root}      root: index in the group
+bool isCommunicationOp(const std::string &op);
 
 /// A compiled model: what a plan file holds.
 struct Executable {
@@ -163,7 +224,10 @@ struct Executable {
   /// memory plan aliases them) so step N+1 sees step N's updates.
   std::vector<std::string> outputUpdates;
   std::vector<uint8_t> constData;
-  std::vector<Program> programs; ///< one per rank, programs[r].rank == r
+  Mesh mesh;                     ///< empty for a single rank
+  std::vector<CommGroup> groups;
+  /// One per rank role; every rank in [0, worldSize) runs exactly one.
+  std::vector<Program> programs;
 
   bool operator==(const Executable &o) const {
     return version == o.version && modelName == o.modelName &&
@@ -171,8 +235,15 @@ struct Executable {
            values == o.values && params == o.params && inputs == o.inputs &&
            states == o.states && outputs == o.outputs &&
            outputNames == o.outputNames && outputUpdates == o.outputUpdates &&
-           constData == o.constData && programs == o.programs;
+           constData == o.constData && mesh == o.mesh && groups == o.groups &&
+           programs == o.programs;
   }
+
+  /// Index of the program `rank` runs, or -1.
+  int32_t programOf(int32_t rank) const;
+  /// The ranks of the group of kind `group` that contains `rank`, in group
+  /// order (the index of `rank` in it is its rank in the communicator).
+  std::vector<int32_t> groupRanks(int32_t group, int32_t rank) const;
 
   /// Checks internal consistency (ids in range, each Temp defined once and
   /// before use, memory plan covering every value, no overlapping live

@@ -104,6 +104,36 @@ static std::string dumpImpl(const Executable &exe) {
      << "\n";
   os << "  source:     " << (exe.source.empty() ? "-" : exe.source) << "\n";
   os << "  world size: " << exe.worldSize << "\n";
+  if (!exe.mesh.axes.empty()) {
+    os << "  mesh:       ";
+    for (size_t a = 0; a < exe.mesh.axes.size(); ++a)
+      os << (a ? " x " : "") << exe.mesh.axes[a] << "=" << exe.mesh.shape[a];
+    os << " (rank = row-major index, last axis fastest)\n";
+  }
+  for (size_t g = 0; g < exe.groups.size(); ++g) {
+    const CommGroup &cg = exe.groups[g];
+    os << "  group " << g << ":    " << cg.name << " over {";
+    for (size_t a = 0; a < cg.axes.size(); ++a)
+      os << (a ? ", " : "") << exe.mesh.axes[size_t(cg.axes[a])];
+    os << "}: ";
+    // Its communicators, as rank lists (the first few).
+    std::vector<bool> seen(size_t(exe.worldSize), false);
+    int shown = 0;
+    for (int32_t r = 0; r < exe.worldSize && shown < 4; ++r) {
+      if (seen[size_t(r)])
+        continue;
+      std::vector<int32_t> ranks = exe.groupRanks(int32_t(g), r);
+      os << (shown++ ? " " : "") << "[";
+      for (size_t i = 0; i < ranks.size(); ++i) {
+        seen[size_t(ranks[i])] = true;
+        os << (i ? "," : "") << ranks[i];
+      }
+      os << "]";
+    }
+    if (shown == 4)
+      os << " ...";
+    os << "\n";
+  }
   os << "  values:     " << exe.values.size() << " (" << counts[0]
      << " params, " << counts[1] << " inputs, "
      << (counts[4] ? std::to_string(counts[4]) + " states, " : "")
@@ -126,6 +156,19 @@ static std::string dumpImpl(const Executable &exe) {
     else if (val.kind == ValueKind::Const)
       notes = std::string(val.constSplat ? "const splat @" : "const data @") +
               std::to_string(val.constOffset);
+    if (val.global) {
+      notes += std::string(notes.empty() ? "" : "; ") + "global " +
+               val.global->type.str() + " split [";
+      for (size_t d = 0; d < val.global->split.size(); ++d) {
+        notes += d ? ", " : "";
+        const auto &axes = val.global->split[d];
+        if (axes.empty())
+          notes += "-";
+        for (size_t a = 0; a < axes.size(); ++a)
+          notes += (a ? "+" : "") + exe.mesh.axes[size_t(axes[a])];
+      }
+      notes += "]";
+    }
     std::string offset;
     if (mem0) {
       offset = v < mem0->offsets.size() && mem0->offsets[v] >= 0
@@ -153,8 +196,11 @@ static std::string dumpImpl(const Executable &exe) {
   }
 
   for (const Program &prog : exe.programs) {
-    os << "\nprogram rank " << prog.rank << " (" << prog.instrs.size()
-       << " instructions):\n";
+    os << "\nprogram " << (&prog - exe.programs.data()) << ", ranks [";
+    for (size_t i = 0; i < prog.ranks.size() && i < 16; ++i)
+      os << (i ? ", " : "") << prog.ranks[i];
+    os << (prog.ranks.size() > 16 ? ", ...]" : "]") << " ("
+       << prog.instrs.size() << " instructions):\n";
     for (size_t i = 0; i < prog.instrs.size(); ++i) {
       const Instr &in = prog.instrs[i];
       char idx[32];
@@ -213,7 +259,8 @@ static std::string dumpImpl(const Executable &exe) {
         }
       os << "\n";
     }
-    os << "memory rank " << prog.rank << ": persistent "
+    os << "memory of program " << (&prog - exe.programs.data())
+       << ": persistent "
        << formatBytes(mem.persistentBytes) << " + scratch "
        << formatBytes(mem.scratchBytes) << " = "
        << formatBytes(mem.totalBytes()) << " (" << mem.totalBytes()

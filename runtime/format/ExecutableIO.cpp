@@ -111,6 +111,15 @@ Json toJson(const Executable &exe) {
   j["model"] = exe.modelName;
   j["source"] = exe.source;
   j["world_size"] = exe.worldSize;
+  j["mesh"] = {{"axes", exe.mesh.axes}, {"shape", exe.mesh.shape}};
+  Json groups = Json::array();
+  for (const CommGroup &g : exe.groups) {
+    Json axes = Json::array();
+    for (int32_t a : g.axes)
+      axes.push_back(exe.mesh.axes[size_t(a)]);
+    groups.push_back({{"name", g.name}, {"axes", std::move(axes)}});
+  }
+  j["groups"] = std::move(groups);
   Json values = Json::array();
   for (const Value &v : exe.values) {
     Json jv = Json::object();
@@ -127,6 +136,17 @@ Json toJson(const Executable &exe) {
       jv["const_offset"] = v.constOffset;
     if (v.constSplat)
       jv["const_splat"] = true;
+    if (v.global) {
+      Json split = Json::array();
+      for (const std::vector<int32_t> &axes : v.global->split) {
+        Json names = Json::array();
+        for (int32_t a : axes)
+          names.push_back(exe.mesh.axes[size_t(a)]);
+        split.push_back(std::move(names));
+      }
+      jv["global"] = {{"type", v.global->type.str()},
+                      {"split", std::move(split)}};
+    }
     values.push_back(std::move(jv));
   }
   j["values"] = std::move(values);
@@ -140,7 +160,7 @@ Json toJson(const Executable &exe) {
   Json programs = Json::array();
   for (const Program &p : exe.programs) {
     Json jp = Json::object();
-    jp["rank"] = p.rank;
+    jp["ranks"] = p.ranks;
     Json mem = Json::object();
     mem["alignment"] = p.memory.alignment;
     mem["persistent_bytes"] = p.memory.persistentBytes;
@@ -296,6 +316,41 @@ Executable fromJson(const Json &j) {
   exe.modelName = asString(field(j, "document", "model"), "model");
   exe.source = asString(field(j, "document", "source"), "source");
   exe.worldSize = asInt32(field(j, "document", "world_size"), "world_size");
+  {
+    const Json &mesh = field(j, "document", "mesh");
+    const Json &axes = asArray(field(mesh, "mesh", "axes"), "mesh.axes");
+    const Json &shape = asArray(field(mesh, "mesh", "shape"), "mesh.shape");
+    if (axes.size() > 8)
+      fail("mesh.axes", "at most 8 axes, got " + std::to_string(axes.size()));
+    for (size_t a = 0; a < axes.size(); ++a)
+      exe.mesh.axes.push_back(
+          asString(axes[a], "mesh.axes[" + std::to_string(a) + "]"));
+    for (size_t a = 0; a < shape.size() && a < 8; ++a)
+      exe.mesh.shape.push_back(
+          asInt(shape[a], "mesh.shape[" + std::to_string(a) + "]"));
+  }
+  // Mesh axes by name, for groups and global layouts.
+  auto axisIndex = [&](const Json &name, const std::string &path) {
+    std::string s = asString(name, path);
+    for (size_t a = 0; a < exe.mesh.axes.size(); ++a)
+      if (exe.mesh.axes[a] == s)
+        return int32_t(a);
+    fail(path, "'" + s + "' is not a mesh axis");
+    return int32_t(-1);
+  };
+  {
+    const Json &groups = asArray(field(j, "document", "groups"), "groups");
+    for (size_t g = 0; g < groups.size(); ++g) {
+      std::string gp = "groups[" + std::to_string(g) + "]";
+      CommGroup cg;
+      cg.name = asString(field(groups[g], gp, "name"), gp + ".name");
+      const Json &axes = asArray(field(groups[g], gp, "axes"), gp + ".axes");
+      for (size_t a = 0; a < axes.size(); ++a)
+        cg.axes.push_back(
+            axisIndex(axes[a], gp + ".axes[" + std::to_string(a) + "]"));
+      exe.groups.push_back(std::move(cg));
+    }
+  }
 
   const Json &values = asArray(field(j, "document", "values"), "values");
   exe.values.reserve(values.size());
@@ -340,6 +395,25 @@ Executable fromJson(const Json &j) {
         fail(p + ".const_splat", "expected true or false");
       v.constSplat = splat->get<bool>();
     }
+    if (const Json *global = optField(jv, "global")) {
+      std::string gp = p + ".global";
+      GlobalLayout g;
+      Expected<TensorType> gt =
+          parseTensorType(asString(field(*global, gp, "type"), gp + ".type"));
+      if (!gt)
+        fail(gp + ".type", gt.status().message());
+      g.type = *gt;
+      const Json &split = asArray(field(*global, gp, "split"), gp + ".split");
+      for (size_t d = 0; d < split.size(); ++d) {
+        std::string dp = gp + ".split[" + std::to_string(d) + "]";
+        std::vector<int32_t> axes;
+        const Json &names = asArray(split[d], dp);
+        for (size_t a = 0; a < names.size(); ++a)
+          axes.push_back(axisIndex(names[a], dp + "[" + std::to_string(a) + "]"));
+        g.split.push_back(std::move(axes));
+      }
+      v.global = std::move(g);
+    }
     exe.values.push_back(std::move(v));
   }
   exe.params = asIds(field(j, "document", "params"), "params");
@@ -362,7 +436,7 @@ Executable fromJson(const Json &j) {
     std::string p = "programs[" + std::to_string(r) + "]";
     const Json &jp = programs[r];
     Program prog;
-    prog.rank = asInt32(field(jp, p, "rank"), p + ".rank");
+    prog.ranks = asIds(field(jp, p, "ranks"), p + ".ranks");
     std::string mp = p + ".memory";
     const Json &mem = field(jp, p, "memory");
     prog.memory.alignment = asInt(field(mem, mp, "alignment"), mp + ".alignment");

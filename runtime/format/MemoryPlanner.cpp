@@ -278,7 +278,7 @@ Expected<MemoryPlan> planProgramMemory(const Executable &exe,
     else if (defAt[id] >= 0)
       lastUse[id] = n;
   }
-  if (exe.worldSize == 1) {
+  if (exe.programs.size() <= 1) { // one role: every rank holds every argument
     for (int32_t id : exe.params)
       if (id >= 0 && size_t(id) < numValues)
         held[id] = true;

@@ -667,7 +667,7 @@ def planned_memory(ctx, src, policy, extra=()):
     instr = int(mm.group(1))
     scratch = float(mm.group(6)) * MEM_UNITS[mm.group(7)]
     dump = ctx.tool("run", [plan, "--dump"]).stdout
-    md = re.search(r"memory rank 0: .*\((\d+) bytes", dump)
+    md = re.search(r"memory of program 0: .*\((\d+) bytes", dump)
     if not md:
         raise Failure("no memory line in dlopt-run --dump")
     text = emit_mlir(ctx, src, list(extra) + ["--recompute", policy], plan[:-5] + ".mlir")

@@ -7,10 +7,11 @@
 #include "dialects/DLOpt/IR/DLOptDialect.h"
 #include "passes/Export/ExportExecutable.h"
 #include "passes/Export/GraphSummary.h"
+#include "passes/ModelUtils.h"
 #include "planner/Calibration.h"
 #include "planner/Cluster.h"
 #include "planner/OpSearch.h"
-#include "planner/PlanFile.h"
+#include "planner/Plan.h"
 #include "planner/Report.h"
 #include "planner/Search.h"
 #include "passes/Passes.h"
@@ -198,9 +199,9 @@ static int runDryRun(ModuleOp module) {
                     "(emitting per-rank programs from a plan comes with plan "
                     "application and is not implemented yet)",
                 2);
-  std::optional<LoadedPlan> loaded;
+  std::optional<Plan> loaded;
   if (!planFileOpt.empty()) {
-    auto lp = loadPlanFile(planFileOpt);
+    auto lp = Plan::load(planFileOpt);
     if (!lp)
       return fail(lp.status().message());
     if (!fixOpt.empty())
@@ -212,16 +213,11 @@ static int runDryRun(ModuleOp module) {
                       (lp->training ? "training step (pass --train)"
                                     : "forward pass (drop --train)"),
                   2);
-    loaded = *lp;
+    loaded = std::move(*lp);
   }
   if (clusterOpt.empty() && !loaded)
     return fail("--dry-run needs --cluster (a preset such as dgx-a100:2, or "
                 "a cluster file)",
-                2);
-  if (clusterOpt.empty() && loaded && !loaded->hasCluster)
-    return fail(planFileOpt + ": cluster.definition: missing (an op-level "
-                "plan file written before plans embedded their cluster); "
-                "pass --cluster",
                 2);
   if (topK < 0)
     return fail("--top-k must be >= 0", 2);
@@ -237,15 +233,12 @@ static int runDryRun(ModuleOp module) {
   if (!cluster)
     return fail(cluster.status().message());
   if (loaded && !clusterOpt.empty()) {
-    // --cluster overrides the plan's cluster; the plan's degrees must still
+    // --cluster overrides the plan's cluster; the plan's mesh must still
     // cover it.
-    const FixSpec &f = loaded->fix;
-    int64_t planDevices = int64_t(f.dp.value_or(1)) * f.tp.value_or(1) *
-                          f.pp.value_or(1) * f.cp.value_or(1);
-    if (planDevices != cluster->numDevices())
+    if (loaded->mesh.numDevices() != cluster->numDevices())
       return fail(planFileOpt + ": the plan is for " +
-                      std::to_string(planDevices) + " devices (" +
-                      (f.cp ? "dp*tp*pp*cp" : "dp*tp*pp") + "), but --cluster " +
+                      std::to_string(loaded->mesh.numDevices()) +
+                      " devices (" + loaded->mesh.str() + "), but --cluster " +
                       clusterOpt + " has " +
                       std::to_string(cluster->numDevices()),
                   2);
@@ -260,6 +253,14 @@ static int runDryRun(ModuleOp module) {
   auto fix = parseFix(fixOpt.getValue());
   if (!fix)
     return fail(fix.status().message(), 2);
+  // The same stable op ids dlopt-check-model stamps before the training
+  // transforms: the plan keys its ops by them.
+  {
+    FailureOr<func::FuncOp> fn = dlopt::findEntryFunction(module, entry);
+    if (failed(fn))
+      return 1;
+    dlopt::stampOpIds(*fn);
+  }
   FailureOr<GraphSummary> graph = dlopt::summarizeGraph(module, entry);
   if (failed(graph))
     return 1;
@@ -278,7 +279,7 @@ static int runDryRun(ModuleOp module) {
                       std::to_string(globalBatchOpt),
                   2);
     so.globalBatch = loaded->globalBatch;
-    so.fix = loaded->fix;
+    so.fix = fixSpecOf(*loaded);
   }
   so.topK = topK;
   so.optimizer = optName == "sgd"
@@ -288,7 +289,7 @@ static int runDryRun(ModuleOp module) {
   std::string prec = precisionOpt.getNumOccurrences() ? precisionOpt.getValue()
                                                       : graph->dtype;
   if (loaded && !precisionOpt.getNumOccurrences())
-    prec = loaded->precision;
+    prec = loaded->model.precision;
   if (prec == "bf16") {
     so.precision = Precision::BF16;
   } else if (prec == "fp16" || prec == "f16") {
@@ -308,14 +309,14 @@ static int runDryRun(ModuleOp module) {
   const std::string planPrefix = loaded ? planFileOpt + ": " : "";
   if (opLevel) {
     // Per-op sharding rules and an ILP (planner/OpSearch.h).
-    if (loaded && loaded->optimizer && !optName.getNumOccurrences() &&
+    if (loaded && !optName.getNumOccurrences() &&
         !momentumOpt.getNumOccurrences())
-      so.optimizer = *loaded->optimizer;
+      so.optimizer = loaded->optimizer;
     auto opPlan = searchOpPlan(*graph, *cluster, CostModel(cal), so);
     if (!opPlan)
       return fail(planPrefix + opPlan.status().message());
     if (loaded) {
-      std::string diff = compareOpSharding(*loaded, *opPlan, *graph);
+      std::string diff = comparePlans(*loaded, opPlan->plan);
       if (!diff.empty())
         llvm::errs() << "dlopt-compile: warning: " << planFileOpt << ": "
                      << diff << "\n";
@@ -327,9 +328,18 @@ static int runDryRun(ModuleOp module) {
                          : formatOpTextReport(*opPlan, *cluster, *graph, ro));
     return 0;
   }
+  if (loaded && !optName.getNumOccurrences() &&
+      !momentumOpt.getNumOccurrences())
+    so.optimizer = loaded->optimizer;
   auto plan = searchPlan(*graph, *cluster, CostModel(cal), so);
   if (!plan)
     return fail(planPrefix + plan.status().message());
+  if (loaded) {
+    std::string diff = comparePlans(*loaded, plan->plan);
+    if (!diff.empty())
+      llvm::errs() << "dlopt-compile: warning: " << planFileOpt << ": "
+                   << diff << "\n";
+  }
   if (!traceOpt.empty()) {
     if (!plan->simulated)
       return fail("--trace: no simulated timeline: " + plan->simError);
@@ -381,7 +391,7 @@ int main(int argc, char **argv) {
 
   DialectRegistry registry;
   registry.insert<dlopt::dl::DLOptDialect, func::FuncDialect,
-                  arith::ArithDialect>();
+                  arith::ArithDialect, shard::ShardDialect>();
   MLIRContext context(registry);
   context.loadAllAvailableDialects();
   // Diagnostics point at the source; never dump the whole module.
@@ -420,7 +430,47 @@ int main(int argc, char **argv) {
       !oneOf("schedule", scheduleOpt, {"constant", "cosine", "linear"}))
     return 2;
 
-  if (dryRun || !clusterOpt.empty() || !fixOpt.empty() ||
+  // Plan application (docs/parallel.md): a data-parallel plan compiles to
+  // a multi-rank executable; other plans are refused until they are
+  // implemented.
+  int64_t dataParallel = 1;
+  if (!dryRun && (!clusterOpt.empty() || !fixOpt.empty())) {
+    auto fail = [](const std::string &msg) {
+      llvm::errs() << "dlopt-compile: error: " << msg << "\n";
+      return 2;
+    };
+    if (!train && !autodiff)
+      return fail("applying a plan (--cluster/--fix without --dry-run) "
+                  "needs --train (or --autodiff)");
+    if (clusterOpt.empty() || fixOpt.empty())
+      return fail("applying a plan needs --cluster and --fix dp=N (the "
+                  "planner's own choice is applied once every form of "
+                  "parallelism is; today only data parallelism is)");
+    auto cluster = dlopt::planner::resolveCluster(clusterOpt.getValue());
+    if (!cluster)
+      return fail(cluster.status().message());
+    auto fix = dlopt::planner::parseFix(fixOpt.getValue());
+    if (!fix)
+      return fail(fix.status().message());
+    auto one = [](const std::optional<int> &v) { return !v || *v == 1; };
+    if (!fix->dp || !one(fix->tp) || !one(fix->pp) || !one(fix->cp) ||
+        (fix->sp && *fix->sp) || (fix->zero && *fix->zero > 0) ||
+        fix->mbs || fix->numMicroBatches || fix->v || fix->schedule ||
+        fix->recompute)
+      return fail("--fix " + fix->str() + ": plan application supports "
+                  "data parallelism only so far (--fix dp=N, N = the "
+                  "cluster's devices); tensor, pipeline, sequence and "
+                  "context parallelism, ZeRO and micro-batching come next "
+                  "(docs/parallel.md)");
+    if (*fix->dp != cluster->numDevices())
+      return fail("--fix dp=" + std::to_string(*fix->dp) + " but --cluster " +
+                  clusterOpt + " has " +
+                  std::to_string(cluster->numDevices()) + " devices");
+    dataParallel = *fix->dp;
+  }
+
+  if (dryRun || (!clusterOpt.empty() && dataParallel == 1) ||
+      (!fixOpt.empty() && dataParallel == 1) ||
       formatOpt.getNumOccurrences() || explainOpt || !planFileOpt.empty() ||
       !traceOpt.empty() ||
       !calibrationOpt.empty() || topK.getNumOccurrences() ||
@@ -451,6 +501,7 @@ int main(int argc, char **argv) {
   options.optimizer.accumulate = accumulateOpt;
   options.recompute = recomputeOpt;
   options.precision = precisionOpt;
+  options.dataParallel = dataParallel;
   if (!train && !autodiff &&
       (recomputeOpt != "none" || precisionOpt != "f32")) {
     llvm::errs() << "dlopt-compile: error: --recompute and --precision need "

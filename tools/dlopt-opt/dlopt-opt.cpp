@@ -4,6 +4,8 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Shard/IR/ShardDialect.h"
+#include "mlir/Dialect/Shard/IR/ShardOps.h"
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "mlir/Transforms/Passes.h"
@@ -11,7 +13,7 @@
 int main(int argc, char **argv) {
   mlir::DialectRegistry registry;
   registry.insert<dlopt::dl::DLOptDialect, mlir::func::FuncDialect,
-                  mlir::arith::ArithDialect>();
+                  mlir::arith::ArithDialect, mlir::shard::ShardDialect>();
   mlir::registerTransformsPasses();
   dlopt::registerAllPasses();
   return mlir::asMainReturnCode(

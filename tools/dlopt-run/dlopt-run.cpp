@@ -18,6 +18,7 @@
 #include "runtime/exec/ParamInit.h"
 #include "runtime/exec/Session.h"
 #include "runtime/exec/Trainer.h"
+#include "runtime/exec/World.h"
 #include "runtime/format/Executable.h"
 
 #include <unistd.h>
@@ -546,6 +547,81 @@ int runTraining(const Options &opts, Session &s, const std::string &header) {
   return 0;
 }
 
+/// A multi-rank executable: every rank as a thread of this process
+/// (in-graph, CPU backend), global inputs and outputs (docs/parallel.md).
+int runWorld(const Options &opts, const Executable &exe,
+             const std::string &header) {
+  if (opts.steps > 0)
+    error(opts.planPath + ": training loops (--steps) on multi-rank "
+          "executables are not implemented yet; run single steps with "
+          "--input/--output-dir");
+  if (opts.backend != "cpu")
+    error(opts.planPath + ": multi-rank executables run on the cpu backend "
+          "for now (--backend " + opts.backend + ")");
+  if (!opts.saveParamsDir.empty() || opts.profile)
+    error(opts.planPath + ": --save-params and --profile are not supported "
+          "for multi-rank executables yet");
+  WorldOptions wo;
+  wo.seed = opts.seed;
+  Expected<std::unique_ptr<World>> world = World::create(exe, wo);
+  if (!world)
+    error(opts.planPath + ": " + world.status().message());
+  World &w = **world;
+  for (const auto &[name, file] : opts.inputs) {
+    Expected<HostTensor> t = readNpy(file);
+    if (!t)
+      error("--input " + name + "=" + file + ": " + t.status().message());
+    Status st = w.bind(name, *t, file);
+    if (!st)
+      error("--input " + name + "=" + file + ": " + st.message());
+  }
+  std::vector<std::string> missing = w.session(0).missingInputs();
+  if (!missing.empty())
+    error("input '" + missing[0] + "' is not bound; bind with --input " +
+          missing[0] + "=FILE.npy (the global tensor)");
+  Status st = w.initializeParams();
+  if (!st)
+    error(st.message());
+  auto t0 = std::chrono::steady_clock::now();
+  st = w.execute();
+  if (!st)
+    error(st.message());
+  double secs = std::chrono::duration<double>(
+                    std::chrono::steady_clock::now() - t0)
+                    .count();
+  std::vector<NamedTensor> outputs;
+  for (const std::string &name : exe.outputNames) {
+    Expected<HostTensor> t = w.readOutput(name);
+    if (!t)
+      error(t.status().message());
+    outputs.push_back({name, t.take()});
+  }
+  if (!opts.outputDir.empty()) {
+    makeDir(opts.outputDir);
+    for (const NamedTensor &out : outputs) {
+      Status ws = writeNpy(
+          (std::filesystem::path(opts.outputDir) / fileNameFor(out.name))
+              .string(),
+          out.tensor);
+      if (!ws)
+        error(ws.message());
+    }
+  }
+  if (!opts.quiet) {
+    std::printf("%s\n", header.c_str());
+    std::printf("ran %d ranks as threads of this process (in-graph)\n",
+                exe.worldSize);
+    std::printf("outputs (global):\n");
+    for (const NamedTensor &out : outputs)
+      std::printf("  %s\n", describe(out).c_str());
+    std::printf("time: %.3f ms (cpu backend, all ranks)\n", secs * 1e3);
+    if (!opts.outputDir.empty())
+      std::printf("wrote %zu output(s) to %s\n", outputs.size(),
+                  opts.outputDir.c_str());
+  }
+  return 0;
+}
+
 int runMain(int argc, char **argv) {
   Options opts = parseArgs(argc, argv);
   if (opts.help) {
@@ -572,11 +648,8 @@ int runMain(int argc, char **argv) {
                             ? ""
                             : ", " + std::to_string(exe->states.size()) +
                                   " states");
-  if (exe->worldSize > 1 && !opts.quiet)
-    std::fprintf(stderr,
-                 "dlopt-run: warning: the plan has %d ranks; running rank 0 "
-                 "only\n",
-                 exe->worldSize);
+  if (exe->worldSize > 1)
+    return runWorld(opts, *exe, header);
 
   BackendOptions bopts;
   bopts.threads = opts.threads;

@@ -88,6 +88,35 @@ static LogicalResult verifyInit(Operation *op, unsigned argIndex,
   return success();
 }
 
+/// dlopt.global_type (a ranked tensor type) and dlopt.split (per dim, a
+/// list of mesh axis names), written by the partitioning passes on split
+/// arguments and results.
+static LogicalResult verifyGlobalAttr(Operation *op, const std::string &what,
+                                      NamedAttribute attr) {
+  StringRef name = attr.getName().getValue();
+  if (name == "dlopt.global_type") {
+    auto t = dyn_cast<TypeAttr>(attr.getValue());
+    if (!t || !isa<RankedTensorType>(t.getValue()))
+      return op->emitError() << what << ": 'dlopt.global_type' expects a "
+                             << "ranked tensor type, got " << attr.getValue();
+    return success();
+  }
+  auto dims = dyn_cast<ArrayAttr>(attr.getValue());
+  bool ok = bool(dims);
+  if (dims)
+    for (Attribute d : dims) {
+      auto axes = dyn_cast<ArrayAttr>(d);
+      ok &= bool(axes);
+      if (axes)
+        for (Attribute a : axes)
+          ok &= isa<StringAttr>(a);
+    }
+  if (!ok)
+    return op->emitError() << what << ": 'dlopt.split' expects a list of "
+                           << "mesh axis name lists, got " << attr.getValue();
+  return success();
+}
+
 LogicalResult DLOptDialect::verifyRegionArgAttribute(Operation *op,
                                                      unsigned regionIndex,
                                                      unsigned argIndex,
@@ -103,6 +132,8 @@ LogicalResult DLOptDialect::verifyRegionArgAttribute(Operation *op,
   }
   if (name == kInitAttr)
     return verifyInit(op, argIndex, attr.getValue());
+  if (name == "dlopt.global_type" || name == "dlopt.split")
+    return verifyGlobalAttr(op, "argument #" + std::to_string(argIndex), attr);
   return op->emitError() << "argument #" << argIndex
                          << ": unknown dlopt argument attribute '" << name
                          << "', expected dlopt.param, dlopt.input, dlopt.state or dlopt.init";
@@ -113,6 +144,9 @@ LogicalResult DLOptDialect::verifyRegionResultAttribute(Operation *op,
                                                         unsigned resultIndex,
                                                         NamedAttribute attr) {
   StringRef name = attr.getName().getValue();
+  if (name == "dlopt.global_type" || name == "dlopt.split")
+    return verifyGlobalAttr(op, "result #" + std::to_string(resultIndex),
+                            attr);
   if (name != kOutputAttr && name != kGradAttr && name != kUpdateAttr)
     return op->emitError() << "result #" << resultIndex
                            << ": unknown dlopt result attribute '" << name
@@ -128,11 +162,26 @@ LogicalResult DLOptDialect::verifyRegionResultAttribute(Operation *op,
 LogicalResult DLOptDialect::verifyOperationAttribute(Operation *op,
                                                      NamedAttribute attr) {
   StringRef name = attr.getName().getValue();
-  if (name == kLayerAttr) {
+  if (name == kLayerAttr || name == kIdAttr || name == kFwdIdAttr ||
+      name == kMicroBatchAttr) {
     auto i = dyn_cast<IntegerAttr>(attr.getValue());
     if (!i || i.getInt() < 0)
-      return op->emitError() << "'dlopt.layer' expects a non-negative integer, got "
+      return op->emitError() << "'" << name
+                             << "' expects a non-negative integer, got "
                              << attr.getValue();
+    return success();
+  }
+  if (name == "dlopt.mesh") {
+    auto d = dyn_cast<DictionaryAttr>(attr.getValue());
+    auto axes = d ? dyn_cast_or_null<ArrayAttr>(d.get("axes")) : nullptr;
+    auto shape = d ? dyn_cast_or_null<DenseI64ArrayAttr>(d.get("shape"))
+                   : nullptr;
+    if (!axes || !shape || int64_t(axes.size()) != shape.size() ||
+        !llvm::all_of(axes, [](Attribute a) { return isa<StringAttr>(a); }) ||
+        !llvm::all_of(shape.asArrayRef(), [](int64_t s) { return s >= 1; }))
+      return op->emitError() << "'dlopt.mesh' expects {axes = [names], "
+                             << "shape = array<i64: sizes>} of equal length, "
+                             << "got " << attr.getValue();
     return success();
   }
   if (name == kLossAttr || name == kTrainStepAttr || name == kBackwardAttr ||
@@ -144,5 +193,6 @@ LogicalResult DLOptDialect::verifyOperationAttribute(Operation *op,
   }
   return op->emitError() << "unknown dlopt attribute '" << name
                          << "', expected dlopt.layer, dlopt.loss, dlopt.train_step, "
-                            "dlopt.backward or dlopt.recompute";
+                            "dlopt.backward, dlopt.recompute, dlopt.id, "
+                            "dlopt.fwd_id or dlopt.mb";
 }

@@ -52,6 +52,15 @@ def DLOpt_Dialect : Dialect {
     static constexpr ::llvm::StringLiteral kBackwardAttr = "dlopt.backward";
     /// Marks forward ops cloned by dlopt-recompute.
     static constexpr ::llvm::StringLiteral kRecomputeAttr = "dlopt.recompute";
+    /// Stable op id: stamped by dlopt-check-model on every op of the model
+    /// before the training transforms; the planner keys its plan by it.
+    static constexpr ::llvm::StringLiteral kIdAttr = "dlopt.id";
+    /// On ops the training transforms derive from forward op N (backward
+    /// ops, recomputed clones, casts): N.
+    static constexpr ::llvm::StringLiteral kFwdIdAttr = "dlopt.fwd_id";
+    /// On ops dlopt-optimizer replays per micro-batch (accumulate > 1): the
+    /// micro-batch, so that (dlopt.id, dlopt.mb) stays unique.
+    static constexpr ::llvm::StringLiteral kMicroBatchAttr = "dlopt.mb";
   }];
 }
 

@@ -1,7 +1,7 @@
 //===- OpShardingTest.cpp - Op-level rules, resharding, ILP, stages -------===//
 #include "planner/OpSearch.h"
 #include "planner/OpSharding.h"
-#include "planner/PlanFile.h"
+#include "planner/Plan.h"
 
 #include "TestUtil.h"
 
@@ -834,7 +834,7 @@ TEST(OpSearch, ReportsAreDeterministicAndParse) {
 }
 
 //===----------------------------------------------------------------------===//
-// Op-level plan files (planner/PlanFile.h)
+// Op-level plans (planner/Plan.h)
 //===----------------------------------------------------------------------===//
 
 TEST(OpPlanFile, RoundTripGivesTheSamePlan) {
@@ -845,48 +845,94 @@ TEST(OpPlanFile, RoundTripGivesTheSamePlan) {
   auto a = searchOpPlan(g, cl, CostModel(), o);
   ASSERT_TRUE(a) << a.status().message();
   std::string text = formatOpJsonReport(*a, cl, g);
-  auto lp = parsePlanFile(text, "plan.json");
+  auto lp = Plan::parse(text, "plan.json");
   ASSERT_TRUE(lp) << lp.status().message();
   EXPECT_EQ(lp->kind, PlanKind::OpLevel);
-  EXPECT_EQ(lp->version, planFileVersion(PlanKind::OpLevel));
-  EXPECT_TRUE(lp->hasCluster);
   EXPECT_EQ(lp->cluster.numDevices(), 16);
   EXPECT_EQ(lp->cluster.summary(), cl.summary());
   EXPECT_EQ(lp->globalBatch, 256);
   EXPECT_TRUE(lp->training);
-  ASSERT_TRUE(lp->optimizer);
-  EXPECT_EQ(*lp->optimizer, Optimizer::Momentum);
+  EXPECT_EQ(lp->optimizer, Optimizer::Momentum);
   EXPECT_EQ(lp->ops.size(), a->choices.size());
+  EXPECT_EQ(lp->args.size(), g.args.size());
   EXPECT_TRUE(checkPlanMatchesModel(*lp, g).isOk());
+  EXPECT_EQ(lp->toJson(), a->plan.toJson());
 
   // Re-priced with every choice pinned: one candidate, the same plan.
   SearchOptions r = bf16Training(lp->globalBatch);
-  r.fix = lp->fix;
-  r.optimizer = *lp->optimizer;
+  r.fix = fixSpecOf(*lp);
+  r.optimizer = lp->optimizer;
   auto b = searchOpPlan(g, lp->cluster, CostModel(), r);
   ASSERT_TRUE(b) << b.status().message();
   EXPECT_EQ(b->stats.priced, 1);
   EXPECT_EQ(b->best.key(), a->best.key());
-  EXPECT_EQ(compareOpSharding(*lp, *b, g), "");
+  EXPECT_EQ(comparePlans(*lp, b->plan), "");
   auto first = nlohmann::json::parse(text);
   auto second =
       nlohmann::json::parse(formatOpJsonReport(*b, lp->cluster, g));
-  for (const char *k : {"model", "cluster", "config", "ops", "params",
-                        "resharding", "stages", "ranks", "communication",
-                        "step_time", "memory"})
+  for (const char *k : {"model", "cluster", "mesh", "config", "args", "ops"})
     EXPECT_EQ(first[k], second[k]) << k;
+  for (const char *k : {"ops", "params", "resharding", "stages", "ranks",
+                        "communication", "step_time", "memory"})
+    EXPECT_EQ(first["report"][k], second["report"][k]) << k;
 
   // The sharding is compared op by op.
-  LoadedPlan other = *lp;
+  Plan other = *lp;
   other.ops[0].strategy = "sideways";
-  std::string diff = compareOpSharding(other, *b, g);
+  std::string diff = comparePlans(other, b->plan);
   EXPECT_NE(diff.find("differs from the plan file in 1 place"),
             std::string::npos)
       << diff;
   EXPECT_NE(diff.find("sideways in the plan"), std::string::npos) << diff;
 }
 
-TEST(OpPlanFile, ForwardPlanAndOldFilesWithoutCluster) {
+TEST(OpPlanFile, ShardingsFollowTheChoices) {
+  // A wide MLP with 8 samples on 8 GPUs: tp = 8 with Megatron's column ->
+  // row pairing, written as mesh shardings.
+  GraphSummary g = mlp2(8, 16384, 16384);
+  Cluster cl = preset("dgx-a100");
+  SearchOptions o = bf16Training(8);
+  o.fix.tp = 8;
+  auto a = searchOpPlan(g, cl, CostModel(), o);
+  ASSERT_TRUE(a) << a.status().message();
+  const Plan &p = a->plan;
+  EXPECT_EQ(p.tp(), 8);
+  ASSERT_EQ(p.ops.size(), a->choices.size());
+  for (size_t i = 0; i < p.ops.size(); ++i) {
+    const OpChoice &c = a->choices[i];
+    const PlannedOp &po = p.ops[i];
+    EXPECT_EQ(po.id, g.ops[c.op].key());
+    EXPECT_EQ(po.strategy, c.strategy);
+    ASSERT_EQ(po.operands.size(), c.operands.size());
+    for (size_t k = 0; k < c.operands.size(); ++k) {
+      const Layout &l = c.operands[k];
+      const Sharding &s = po.operands[k];
+      if (l.kind == Layout::S)
+        EXPECT_EQ(s.split[l.dim], std::vector<std::string>{"tp"});
+      else if (l.kind == Layout::P)
+        EXPECT_EQ(s.partial, std::vector<std::string>{"tp"});
+      else
+        EXPECT_FALSE(s.uses("tp"));
+    }
+    ASSERT_EQ(po.results.size(), 1u);
+  }
+  bool column = false, row = false;
+  for (const PlannedOp &po : p.ops) {
+    column |= po.strategy == "column";
+    row |= po.strategy == "row" && po.results[0].partial ==
+                                       std::vector<std::string>{"tp"};
+  }
+  EXPECT_TRUE(column);
+  EXPECT_TRUE(row);
+  // Parameters carry their tp layout.
+  for (const auto &[name, l] : a->params) {
+    const Sharding *s = p.argSharding(name);
+    ASSERT_TRUE(s) << name;
+    EXPECT_EQ(s->dimOf("tp"), l.kind == Layout::S ? l.dim : -1) << name;
+  }
+}
+
+TEST(OpPlanFile, ForwardPlan) {
   GraphSummary g = mlp2(8, 64, 256);
   Cluster cl = preset("cpu");
   SearchOptions o;
@@ -894,18 +940,18 @@ TEST(OpPlanFile, ForwardPlanAndOldFilesWithoutCluster) {
   auto a = searchOpPlan(g, cl, CostModel(), o);
   ASSERT_TRUE(a) << a.status().message();
   auto j = nlohmann::json::parse(formatOpJsonReport(*a, cl, g));
-  auto lp = parsePlanFile(j.dump(), "p.json");
+  auto lp = Plan::parse(j.dump(), "p.json");
   ASSERT_TRUE(lp) << lp.status().message();
   EXPECT_FALSE(lp->training);
-  EXPECT_EQ(*lp->fix.schedule, PipelineSchedule::GPipe);
-  // Op-level files written before the cluster was embedded: readable, but
-  // they need --cluster.
+  EXPECT_EQ(*fixSpecOf(*lp).schedule, PipelineSchedule::GPipe);
+  // Every v3 plan embeds its cluster.
   j["cluster"].erase("definition");
-  j["config"].erase("optimizer");
-  lp = parsePlanFile(j.dump(), "p.json");
-  ASSERT_TRUE(lp) << lp.status().message();
-  EXPECT_FALSE(lp->hasCluster);
-  EXPECT_FALSE(lp->optimizer);
+  lp = Plan::parse(j.dump(), "p.json");
+  ASSERT_FALSE(lp);
+  EXPECT_NE(lp.status().message().find(
+                "cluster: missing required field 'definition'"),
+            std::string::npos)
+      << lp.status().message();
 }
 
 TEST(OpPlanFile, RejectsBadFiles) {
@@ -914,9 +960,9 @@ TEST(OpPlanFile, RejectsBadFiles) {
   auto a = searchOpPlan(g, cl, CostModel(), bf16Training(256));
   ASSERT_TRUE(a) << a.status().message();
   auto good = nlohmann::json::parse(formatOpJsonReport(*a, cl, g));
-  ASSERT_TRUE(parsePlanFile(good.dump(), "p.json"));
+  ASSERT_TRUE(Plan::parse(good.dump(), "p.json"));
   auto expectError = [&](nlohmann::json j, const std::string &needle) {
-    auto lp = parsePlanFile(j.dump(), "p.json");
+    auto lp = Plan::parse(j.dump(), "p.json");
     ASSERT_FALSE(lp) << "accepted a plan that should fail with: " << needle;
     EXPECT_NE(lp.status().message().find(needle), std::string::npos)
         << lp.status().message();
@@ -928,9 +974,9 @@ TEST(OpPlanFile, RejectsBadFiles) {
   j["kind"] = 3;
   expectError(j, "kind: expected a string");
   j = good;
-  j["version"] = 2;
-  expectError(j, "version: this dlopt reads op-level plan files of version "
-                 "1, got version 2");
+  j["version"] = 1;
+  expectError(j, "version: this dlopt reads plan files of version 3, got "
+                 "version 1");
   j = good;
   j["mode"] = "inference";
   expectError(j, "mode: expected \"training\" or \"forward\"");
@@ -944,11 +990,11 @@ TEST(OpPlanFile, RejectsBadFiles) {
   j["model"]["params"] = "many";
   expectError(j, "model.params: expected a number");
   j = good;
-  j["config"].erase("tp");
-  expectError(j, "config: missing required field 'tp'");
+  j["mesh"].erase("shape");
+  expectError(j, "mesh: missing required field 'shape'");
   j = good;
-  j["config"]["dp"] = j["config"]["dp"].get<int>() * 2;
-  expectError(j, "config: dp*tp*pp = ");
+  j["mesh"]["shape"][1] = j["mesh"]["shape"][1].get<int>() * 2;
+  expectError(j, "mesh: pp*dp*cp*tp = ");
   j = good;
   j["config"]["num_micro_batches"] =
       j["config"]["num_micro_batches"].get<int>() * 2;
@@ -975,11 +1021,23 @@ TEST(OpPlanFile, RejectsBadFiles) {
   j["ops"][1]["id"] = -1;
   expectError(j, "ops[1].id: expected an integer >= 0");
   j = good;
-  j["config"]["dp"] = int64_t(1) << 32;
-  expectError(j, "config.dp: expected an integer <= 2147483647");
+  j["ops"][1]["id"] = j["ops"][0]["id"];
+  expectError(j, "ops[1].id: ids must increase");
   j = good;
-  j["params"] = 7;
-  expectError(j, "params: expected an array");
+  j["ops"][1]["stage"] = 5;
+  expectError(j, "ops[1].stage: stage 5 of pp = ");
+  j = good;
+  j["ops"][1]["results"][0]["split"][0] = {"tp", "tp"};
+  expectError(j, "ops[1].results[0].split[0]: mesh axis \"tp\" is used twice");
+  j = good;
+  j["ops"][1]["operands"] = 7;
+  expectError(j, "ops[1].operands: expected an array");
+  j = good;
+  j["mesh"]["shape"][0] = int64_t(1) << 32;
+  expectError(j, "mesh.shape[0]: expected an integer >= 1");
+  j = good;
+  j["args"] = 7;
+  expectError(j, "args: expected an array");
   j = good;
   j["cluster"]["devices"] = 9;
   expectError(j, "cluster.devices: 9 devices");
@@ -990,12 +1048,11 @@ TEST(OpPlanFile, RejectsBadFiles) {
   j = good;
   j["mode"] = "forward";
   j["config"]["zero_stage"] = 1;
-  if (j["config"]["dp"].get<int>() > 1)
-    expectError(j, "config.zero_stage: zero 1 needs a training plan");
+  expectError(j, "config.zero_stage: zero 1 needs a training plan");
   // Truncated text.
   std::string text = good.dump();
   for (size_t cut : {size_t(1), text.size() / 3, text.size() - 1}) {
-    auto lp = parsePlanFile(text.substr(0, cut), "p.json");
+    auto lp = Plan::parse(text.substr(0, cut), "p.json");
     ASSERT_FALSE(lp);
     EXPECT_NE(lp.status().message().find("p.json: invalid JSON"),
               std::string::npos)
@@ -1008,7 +1065,7 @@ TEST(OpPlanFile, DetectsAnotherModel) {
   Cluster cl = preset("dgx-a100");
   auto a = searchOpPlan(g, cl, CostModel(), bf16Training(256));
   ASSERT_TRUE(a) << a.status().message();
-  auto lp = parsePlanFile(formatOpJsonReport(*a, cl, g), "p.json");
+  auto lp = Plan::parse(formatOpJsonReport(*a, cl, g), "p.json");
   ASSERT_TRUE(lp) << lp.status().message();
   // Wider: other parameter count.
   Status st = checkPlanMatchesModel(*lp, mlp2(64, 512, 4096));
@@ -1027,8 +1084,17 @@ TEST(OpPlanFile, DetectsAnotherModel) {
                               "#1 dlopt.gelu in the model"),
             std::string::npos)
       << st.message();
+  // Stable ids: the plan names op #1, which the model must have.
+  other = g;
+  for (OpNode &n : other.ops)
+    n.stableId = n.id + 100;
+  st = checkPlanMatchesModel(*lp, other);
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("the model has no forward op #0"),
+            std::string::npos)
+      << st.message();
   // A transformer plan is not an op-level one and vice versa.
-  LoadedPlan t = *lp;
+  Plan t = *lp;
   t.kind = PlanKind::Transformer;
   EXPECT_FALSE(checkPlanMatchesModel(t, g).isOk());
 }

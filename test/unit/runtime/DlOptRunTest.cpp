@@ -184,9 +184,9 @@ TEST_F(DlOptRun, RunsAndWritesOutputsAndParams) {
 TEST_F(DlOptRun, Dump) {
   Result r = runTool(plan + " --dump");
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_TRUE(contains(r.out, "dlopt executable (format version 2)")) << r.out;
+  EXPECT_TRUE(contains(r.out, "dlopt executable (format version 3)")) << r.out;
   EXPECT_TRUE(contains(r.out, "%2 = matmul(%0, %1) : 2x4xf32  test.mlir:1:3")) << r.out;
-  EXPECT_TRUE(contains(r.out, "memory rank 0:")) << r.out;
+  EXPECT_TRUE(contains(r.out, "memory of program 0:")) << r.out;
 }
 
 //===----------------------------------------------------------------------===//

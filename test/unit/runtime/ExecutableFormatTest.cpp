@@ -28,6 +28,8 @@ Executable randomExecutable(std::mt19937_64 &rng) {
   exe.modelName = "model_" + std::to_string(pick(0, 1000));
   exe.source = pick(0, 1) ? "dir/with space/m.mlir" : "";
   exe.worldSize = int32_t(pick(1, 3));
+  if (exe.worldSize > 1)
+    exe.mesh = Mesh{{"r"}, {exe.worldSize}};
   DType dtypes[] = {DType::F32, DType::F16, DType::BF16,
                     DType::I32, DType::I64, DType::I1};
   auto randomType = [&] {
@@ -76,7 +78,7 @@ Executable randomExecutable(std::mt19937_64 &rng) {
   int32_t numArgValues = int32_t(exe.values.size());
   for (int32_t r = 0; r < exe.worldSize; ++r) {
     Program p;
-    p.rank = r;
+    p.ranks = {r};
     std::vector<int32_t> avail;
     for (int32_t v = 0; v < numArgValues; ++v)
       avail.push_back(v);
@@ -340,11 +342,11 @@ TEST(ExecutableFormat, RejectsOtherVersion) {
   std::vector<uint8_t> bytes = serialize(smallExecutable());
   bytes[8] = 7;
   EXPECT_EQ(errorOf(bytes), "plan file format version 7, this dlopt reads "
-                            "version 2 (recompile the model with this dlopt)");
+                            "version 3 (recompile the model with this dlopt)");
   // Plans written before training support (version 1) are rejected too.
   bytes[8] = 1;
   EXPECT_EQ(errorOf(bytes), "plan file format version 1, this dlopt reads "
-                            "version 2 (recompile the model with this dlopt)");
+                            "version 3 (recompile the model with this dlopt)");
 }
 
 TEST(ExecutableFormat, RejectsUnknownFlags) {
@@ -421,7 +423,7 @@ TEST(ExecutableFormat, SchemaErrorsNameTheField) {
   EXPECT_EQ(replaced("\"op\":\"add\"", "\"opx\":\"add\""),
             "invalid executable: programs[0].instrs[1]: missing field 'op'");
   EXPECT_TRUE(contains(replaced("\"operands\":[3,2]", "\"operands\":[3,99]"),
-                       "invalid executable: program for rank 0: instruction 1 "
+                       "invalid executable: program 0 (ranks 0): instruction 1 "
                        "('add' at test.mlir:2:3): operand id 99 out of range"));
   EXPECT_TRUE(contains(replaced("{\"int\":0}", "{\"int\":0,\"x\":1}"),
                        "programs[0].instrs[0].attrs.transpose_b"));
@@ -472,7 +474,9 @@ TEST(ExecutableValidate, CatchesInconsistencies) {
 
   Executable e = good;
   e.worldSize = 2;
-  expectError(e, "world size is 2 but there are 1 programs");
+  expectError(e, "mesh 1 ranks but world size 2");
+  e.mesh = Mesh{{"dp"}, {2}};
+  expectError(e, "rank 1 of 2 runs no program");
 
   e = good;
   std::swap(e.programs[0].instrs[0], e.programs[0].instrs[1]);
@@ -670,14 +674,14 @@ TEST(ExecutableDump, ReadableListing) {
   Executable exe = smallExecutable();
   exe.programs[0].instrs[0].layer = 0;
   std::string d = dumpExecutable(exe);
-  EXPECT_TRUE(contains(d, "dlopt executable (format version 2)")) << d;
+  EXPECT_TRUE(contains(d, "dlopt executable (format version 3)")) << d;
   EXPECT_TRUE(contains(d, "%3 = matmul(%0, %1) {transpose_b=0} : 2x4xf32  "
                           "@layer 0  test.mlir:1:3"))
       << d;
   EXPECT_TRUE(contains(d, "%4 = add(%3, %2) : 2x4xf32  test.mlir:2:3")) << d;
   EXPECT_TRUE(contains(d, "init normal(mean=0.0, std=0.02)")) << d;
   EXPECT_TRUE(contains(d, "z = %4 : 2x4xf32")) << d;
-  EXPECT_TRUE(contains(d, "memory rank 0: persistent")) << d;
+  EXPECT_TRUE(contains(d, "memory of program 0: persistent")) << d;
   // Dumping an invalid executable must not crash either.
   exe.programs[0].instrs[0].results = {12345};
   exe.outputs = {-3};

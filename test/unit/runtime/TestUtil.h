@@ -76,7 +76,7 @@ public:
     if (!hasUpdates)
       e.outputUpdates.clear();
     Program p;
-    p.rank = 0;
+    p.ranks = {0};
     p.instrs = instrs;
     Expected<MemoryPlan> plan = planProgramMemory(e, p, alignment);
     EXPECT_TRUE(plan.isOk()) << plan.status().message();
@@ -84,6 +84,23 @@ public:
       p.memory = *plan;
     e.programs = {p};
     return e;
+  }
+
+  /// One program run by every rank of `mesh` (SPMD), with `groups`.
+  Executable buildSpmd(Mesh mesh, std::vector<CommGroup> groups) {
+    exe.mesh = std::move(mesh);
+    exe.groups = std::move(groups);
+    exe.worldSize = int32_t(exe.mesh.size());
+    Executable e = build();
+    e.programs[0].ranks.clear();
+    for (int32_t r = 0; r < e.worldSize; ++r)
+      e.programs[0].ranks.push_back(r);
+    return e;
+  }
+  /// Marks value `id` as a block of a global tensor.
+  void global(int32_t id, TensorType type,
+              std::vector<std::vector<int32_t>> split) {
+    exe.values[size_t(id)].global = GlobalLayout{std::move(type), std::move(split)};
   }
 
   Executable exe;

@@ -1,0 +1,80 @@
+//===- World.h - Every rank of an executable as threads of one process ----===//
+//
+// In-graph execution of a multi-rank executable: one Session per rank, each
+// with its own backend, run by one thread per rank, and one communicator
+// per (rank, group of Executable::groups), split from one in-process group.
+//
+// Callers speak in global tensors: bind() cuts each rank's block out of a
+// global param, state or input (GlobalTensor.h), readOutput() and
+// readArgument() put the blocks back together. Parameters are initialized
+// by global element index, so every plan starts from the same weights.
+//
+// Failures: when a rank's program fails, every communicator is aborted so
+// the other ranks stop waiting, and execute() returns the failing rank's
+// error (the root cause, not the "aborted" errors it caused elsewhere).
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "runtime/comm/Communicator.h"
+#include "runtime/exec/Session.h"
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dlopt::rt {
+
+struct WorldOptions {
+  uint64_t seed = 0; ///< parameter initialization seed
+  /// Deadline of every communication call (a rank that never arrives).
+  std::chrono::milliseconds commTimeout = kDefaultCommTimeout;
+  /// Makes each rank's backend; default: the CPU backend, one kernel thread.
+  std::function<Expected<std::unique_ptr<Backend>>(int rank)> backend;
+};
+
+class World {
+public:
+  static Expected<std::unique_ptr<World>> create(const Executable &exe,
+                                                 const WorldOptions &opts = {});
+  ~World();
+
+  int size() const { return int(sessions_.size()); }
+  Session &session(int rank) { return *sessions_[size_t(rank)]; }
+  const Executable &executable() const { return exe_; }
+
+  /// Binds a param, state or input by name to its global value.
+  Status bind(const std::string &name, const HostTensor &global,
+              const std::string &origin = "");
+  /// Global type of an argument or output (its local type if unsplit).
+  Expected<TensorType> globalType(const std::string &name) const;
+  /// Initializes every rank's unbound params and states.
+  Status initializeParams();
+  /// Runs every rank's program once (Session::execute on every rank).
+  Status execute(bool keepArguments = false);
+  /// Session::applyUpdates on every rank.
+  Status applyUpdates();
+  /// An output of the last run, as its global tensor.
+  Expected<HostTensor> readOutput(const std::string &name) const;
+  /// A param, state or input, as its global tensor.
+  Expected<HostTensor> readArgument(const std::string &name) const;
+
+private:
+  explicit World(Executable exe) : exe_(std::move(exe)) {}
+  /// Runs fn(rank) on one thread per rank; on a failure aborts every
+  /// communicator and returns the root cause.
+  Status onEveryRank(const std::function<Status(int)> &fn);
+  Expected<HostTensor> gather(int32_t id,
+                              const std::function<Expected<HostTensor>(int)>
+                                  &read) const;
+
+  Executable exe_;
+  std::vector<std::unique_ptr<Communicator>> world_;
+  /// groups_[r][g]: rank r's communicator of group g.
+  std::vector<std::vector<std::unique_ptr<Communicator>>> groups_;
+  std::vector<std::unique_ptr<Session>> sessions_;
+};
+
+} // namespace dlopt::rt

@@ -1,0 +1,74 @@
+// RUN: dlopt-opt %s --split-input-file --dlopt-autodiff --dlopt-partition-batch=dp=2 --verify-diagnostics | FileCheck %s
+
+// MSE regression: inputs split on the batch, the loss and every weight
+// gradient summed over dp, mse's local mean scaled by 1/dp.
+// CHECK: module attributes {dlopt.mesh = {axes = ["dp"], shape = array<i64: 2>}}
+// CHECK: shard.grid @dlopt_mesh(shape = 2)
+// CHECK-LABEL: func.func @main
+// CHECK-SAME: %[[X:.+]]: tensor<4x4xf32> {dlopt.global_type = tensor<8x4xf32>, dlopt.input = "x", dlopt.split = {{\[}}["dp"], []]}
+// CHECK-SAME: %[[W:.+]]: tensor<4x3xf32> {dlopt.param = "w"}
+// CHECK: %[[H:.+]] = dlopt.matmul %[[X]], %[[W]] : tensor<4x4xf32>, tensor<4x3xf32> -> tensor<4x3xf32>
+// CHECK: %[[L:.+]] = dlopt.mse %[[H]]
+// CHECK: %[[LS:.+]] = dlopt.mul %[[L]], %{{.+}} : tensor<f32>
+// CHECK: %[[LR:.+]] = shard.all_reduce %[[LS]] on @dlopt_mesh grid_axes = [0]
+// CHECK: %[[G:.+]] = dlopt.matmul %[[X]], %{{.+}} {dlopt.backward, transpose_a} : tensor<4x4xf32>, tensor<4x3xf32> -> tensor<4x3xf32>
+// CHECK: %[[GR:.+]] = shard.all_reduce %[[G]] on @dlopt_mesh grid_axes = [0]
+// CHECK: return %[[LR]], %[[GR]]
+func.func @main(%x: tensor<8x4xf32> {dlopt.input = "x"},
+                %w: tensor<4x3xf32> {dlopt.param = "w"},
+                %t: tensor<8x3xf32> {dlopt.input = "t"})
+    -> (tensor<f32> {dlopt.output = "loss"}) attributes {dlopt.loss} {
+  %h = dlopt.matmul %x, %w : tensor<8x4xf32>, tensor<4x3xf32> -> tensor<8x3xf32>
+  %l = dlopt.mse %h, %t : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// Cross-entropy divides by the global number of valid rows: local count /
+// max(all_reduce(local count), 1) scales the loss and its gradient.
+// CHECK-LABEL: func.func @main
+// CHECK: %[[VALID:.+]] = dlopt.compare ne
+// CHECK: %[[CNT:.+]] = dlopt.sum
+// CHECK: %[[ALL:.+]] = shard.all_reduce %[[CNT]]
+// CHECK: %[[DEN:.+]] = dlopt.maximum %[[ALL]]
+// CHECK: %[[SCALE:.+]] = dlopt.div %[[CNT]], %[[DEN]]
+// CHECK: %[[CE:.+]] = dlopt.cross_entropy
+// CHECK: dlopt.mul %[[CE]], %[[SCALE]]
+// CHECK: %[[CEG:.+]] = dlopt.cross_entropy_grad
+// CHECK: dlopt.mul %[[CEG]], %[[SCALE]]
+func.func @main(%x: tensor<8x4xf32> {dlopt.input = "x"},
+                %y: tensor<8xi32> {dlopt.input = "labels"},
+                %w: tensor<4x5xf32> {dlopt.param = "w"})
+    -> (tensor<f32> {dlopt.output = "loss"}) attributes {dlopt.loss} {
+  %h = dlopt.matmul %x, %w : tensor<8x4xf32>, tensor<4x5xf32> -> tensor<8x5xf32>
+  %l = dlopt.cross_entropy %h, %y : tensor<8x5xf32>, tensor<8xi32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// A batch that does not divide by dp is refused.
+// expected-error @+1 {{dlopt-partition-batch: input #0 ('tensor<3x4xf32>') cannot be split over dp = 2: its dim 0 must be a multiple of dp}}
+func.func @main(%x: tensor<3x4xf32> {dlopt.input = "x"},
+                %w: tensor<4x3xf32> {dlopt.param = "w"})
+    -> (tensor<f32> {dlopt.output = "loss"}) attributes {dlopt.loss} {
+  %h = dlopt.matmul %x, %w : tensor<3x4xf32>, tensor<4x3xf32> -> tensor<3x3xf32>
+  %l = dlopt.sum %h dims = [0, 1] : tensor<3x3xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// An op without a rule for what it meets is refused, naming both.
+// expected-warning @+2 {{parameter 'm' does not reach the loss}}
+// expected-warning @+1 {{parameter 'v' does not reach the loss}}
+func.func @main(%x: tensor<8x4x6x6xf32> {dlopt.input = "x"},
+                %w: tensor<4xf32> {dlopt.param = "w"}, %b: tensor<4xf32> {dlopt.param = "b"},
+                %m: tensor<4xf32> {dlopt.param = "m"}, %v: tensor<4xf32> {dlopt.param = "v"})
+    -> (tensor<f32> {dlopt.output = "loss"}) attributes {dlopt.loss} {
+  // expected-error @+1 {{'dlopt.batch_norm' op has no data-parallel rule for operand shardings (S0, R, R, R, R): not supported by the batch partitioner yet}}
+  %y, %mean, %var = dlopt.batch_norm %x, %w, %b, %m, %v {training} : (tensor<8x4x6x6xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) -> (tensor<8x4x6x6xf32>, tensor<4xf32>, tensor<4xf32>)
+  %l = dlopt.mean %y dims = [0, 1, 2, 3] : tensor<8x4x6x6xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}

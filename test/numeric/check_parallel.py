@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Plan application's core guarantee, for data parallelism: a step compiled
+with `--cluster ... --fix dp=N` and run as N in-process ranks computes what
+the single-device step computes.
+
+For each case: generate a model, compile it for one device and for dp=N,
+run one training step of each on the same fresh random global batch with
+the same seed (same initial parameters), and compare every output (loss,
+lr, grad_norm, logits, the new params and optimizer states) with
+max|a - b| <= tol * (max|b| + 1e-6); tol = 2e-6 (float32: only the
+summation order of the batch reductions differs). Also runs a plan whose
+batch does not divide by dp, which must be refused.
+
+  check_parallel.py [--work-dir DIR] [--seed N]
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+TOL = 2e-6
+
+
+def tool(name):
+    here = os.path.dirname(os.path.abspath(__file__))
+    for d in os.environ.get("PATH", "").split(os.pathsep) + [os.path.join(here, "..", "..", "build", "bin")]:
+        p = os.path.join(d, name)
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    sys.exit("check_parallel.py: %s not found" % name)
+
+
+def run(cmd):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return r
+
+
+CASES = [
+    # name, dlopt-gen args, compile flags, dp, cluster
+    ("mlp.adamw.clip.dp2", ["mlp", "--preset", "mlp-tiny", "--batch", "8"],
+     ["--optimizer", "adamw", "--lr", "0.01", "--clip-norm", "0.1"], 2, "cpu:1"),
+    ("mlp.adamw.dp4", ["mlp", "--preset", "mlp-tiny", "--batch", "8"],
+     ["--optimizer", "adamw", "--lr", "0.01"], 4, "cpu:2"),
+    ("mlp.sgd.momentum.dp2", ["mlp", "--preset", "mlp-tiny", "--batch", "4"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9"], 2, "cpu:1"),
+    # Transformers: the loss and every gradient (--autodiff). Some of their
+    # gradients are 0 up to rounding (a key bias cannot change softmax), so
+    # gradients are compared against the largest gradient of the model, and
+    # Adam's first step (which turns rounding noise into +-lr) is left to
+    # the mlp cases.
+    ("gpt.grads.dp2", ["gpt", "--preset", "gpt-tiny", "--batch", "4"], ["--autodiff"], 2, "cpu:1"),
+    ("gpt.grads.dp4", ["gpt", "--preset", "gpt-tiny", "--batch", "4"], ["--autodiff"], 4, "cpu:2"),
+    ("llama.grads.dp2", ["llama", "--preset", "llama-tiny", "--batch", "4"], ["--autodiff"], 2, "cpu:1"),
+    ("gpt.sgd.clip.dp2", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--clip-norm", "0.5"], 2, "cpu:1"),
+    ("mlp.adam.accumulate2.dp2", ["mlp", "--preset", "mlp-tiny", "--batch", "4"],
+     ["--optimizer", "adam", "--lr", "0.01", "--accumulate", "2"], 2, "cpu:1"),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work-dir")
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args()
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    print("seed %d" % seed)
+    work = args.work_dir or tempfile.mkdtemp(prefix="dlopt_parallel_")
+    os.makedirs(work, exist_ok=True)
+    gen, comp, runp = tool("dlopt-gen"), tool("dlopt-compile"), tool("dlopt-run")
+    passed = failed = 0
+    for name, genargs, flags, dp, cluster in CASES:
+        d = os.path.join(work, name)
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        rng = np.random.default_rng([seed, sum(map(ord, name))])
+        try:
+            model = os.path.join(d, "m.mlir")
+            r = run([gen] + genargs + ["-q", "-o", model])
+            if r.returncode:
+                raise RuntimeError("dlopt-gen: " + r.stderr)
+            one, par = os.path.join(d, "one.plan"), os.path.join(d, "dp.exe")
+            mode = [] if "--autodiff" in flags else ["--train"]
+            r = run([comp, model, "--quiet", "-o", one] + mode + flags)
+            if r.returncode:
+                raise RuntimeError("compile (1 device): " + r.stderr)
+            r = run([comp, model, "--quiet", "-o", par, "--cluster", cluster,
+                     "--fix", "dp=%d" % dp] + mode + flags)
+            if r.returncode:
+                raise RuntimeError("compile (dp=%d): %s" % (dp, r.stderr))
+            # Global inputs: read their types from the single-device plan.
+            dump = run([runp, one, "--dump"]).stdout
+            binds = []
+            for line in dump.splitlines():
+                f = line.split()
+                if len(f) >= 4 and f[1] == "input":
+                    name_, typ = f[2], f[3]
+                    dims, dt = typ.split("x")[:-1], typ.split("x")[-1]
+                    shape = tuple(int(x) for x in dims)
+                    if dt == "f32":
+                        a = rng.standard_normal(shape).astype(np.float32)
+                    else:
+                        a = rng.integers(0, 4 if name.startswith("mlp") else 64, shape).astype(np.int32)
+                    p = os.path.join(d, name_ + ".npy")
+                    np.save(p, a)
+                    binds += ["--input", "%s=%s" % (name_, p)]
+            s = str(seed % 1000)
+            for plan, out in ((one, "o1"), (par, "odp")):
+                r = run([runp, plan, "--quiet", "--seed", s, "--output-dir", os.path.join(d, out)] + binds)
+                if r.returncode:
+                    raise RuntimeError("dlopt-run %s: %s" % (os.path.basename(plan), r.stderr))
+            worst, outs = 0.0, sorted(os.listdir(os.path.join(d, "o1")))
+            # Gradients: relative to the largest gradient of the model.
+            gscale = max([float(np.max(np.abs(np.load(os.path.join(d, "o1", f)))))
+                          for f in outs if f.startswith("grad.")] + [0.0])
+            for f in outs:
+                a = np.load(os.path.join(d, "o1", f)).astype(np.float64)
+                b = np.load(os.path.join(d, "odp", f)).astype(np.float64)
+                if a.shape != b.shape:
+                    raise RuntimeError("%s: shape %s on one device, %s with dp=%d" % (f, a.shape, b.shape, dp))
+                scale = gscale if f.startswith("grad.") else float(np.max(np.abs(a))) if a.size else 0.0
+                err = float(np.max(np.abs(a - b))) / (scale + 1e-6) if a.size else 0.0
+                if not np.all(np.isfinite(b)) or err > TOL:
+                    raise RuntimeError("%s differs: relative %.3g > %.1g" % (f, err, TOL))
+                worst = max(worst, err)
+            print("PASS %s: %d outputs, largest relative difference %.2g" % (name, len(outs), worst))
+            passed += 1
+        except RuntimeError as e:
+            print("FAIL %s: %s" % (name, str(e).strip()[:600]))
+            failed += 1
+    # A batch that does not divide is refused with the input named.
+    d = os.path.join(work, "refused")
+    os.makedirs(d, exist_ok=True)
+    model = os.path.join(d, "m.mlir")
+    run([gen, "mlp", "--preset", "mlp-tiny", "--batch", "3", "-q", "-o", model])
+    r = run([comp, model, "--train", "-o", os.path.join(d, "x.exe"), "--cluster", "cpu:1", "--fix", "dp=2"])
+    if r.returncode != 0 and "cannot be split over dp = 2" in r.stderr:
+        print("PASS refused.batch_not_divisible: %s" % r.stderr.strip().splitlines()[0][:200])
+        passed += 1
+    else:
+        print("FAIL refused.batch_not_divisible: rc %d, %s" % (r.returncode, r.stderr[:300]))
+        failed += 1
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
