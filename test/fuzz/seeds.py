@@ -162,7 +162,7 @@ def regenerate(bindir):
     gen("mlp", "--in", "4", "--hidden", "8", "--layers", "1", "--classes", "3",
         "--batch", "2", "-o", m("mlp.mlir"))
     gen("gpt", "--preset", "gpt-tiny", "--layers", "1", "--hidden", "16",
-        "--heads", "2", "--seq", "4", "--vocab", "8", "--batch", "1", "-o", m("gpt.mlir"))
+        "--heads", "2", "--seq", "4", "--vocab", "8", "--batch", "2", "-o", m("gpt.mlir"))
     gen("llama", "--preset", "llama-tiny", "--layers", "1", "--hidden", "16",
         "--heads", "2", "--kv-heads", "1", "--seq", "4", "--vocab", "8", "--batch", "1",
         "-o", m("llama.mlir"))
@@ -178,6 +178,10 @@ def regenerate(bindir):
         "gpt": [m("gpt.mlir")],
         "llama": [m("llama.mlir")],
         "cnn-adam": [m("cnn.mlir"), "--train", "--optimizer", "adam"],
+        # Data parallel (format v3: mesh, groups, all_reduce, layouts).
+        "mlp-dp2": [m("mlp.mlir"), "--train", "--cluster", "cpu:1", "--fix", "dp=2"],
+        "gpt-grads-dp2": [m("gpt.mlir"), "--autodiff", "--cluster", "cpu:1",
+                          "--fix", "dp=2"],
     }
     for name, args in plans.items():
         comp(*args, "-o", m(name + ".plan"))
@@ -258,8 +262,11 @@ def regenerate(bindir):
     for name, args in dry.items():
         out = subprocess.run([os.path.join(bindir, "dlopt-compile"), *args, "--dry-run",
                               "--format", "json"], check=True, capture_output=True).stdout
-        write(os.path.join(CORPUS, "plan", name + ".json"), out)
-        cluster = json.loads(out)["cluster"]["definition"]
+        plan = json.loads(out)
+        # Compact: the same document in fewer bytes, so mutations go further.
+        write(os.path.join(CORPUS, "plan", name + ".json"),
+              json.dumps(plan, separators=(",", ":")))
+        cluster = plan["cluster"]["definition"]
         write(os.path.join(CORPUS, "cluster-json", name + ".json"),
               json.dumps(cluster, indent=1))
 
