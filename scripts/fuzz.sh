@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (test/fuzz) with ASan+UBSan and runs each for
-# a bounded time. Any crash, leak, timeout, out-of-memory or sanitizer report
-# fails the run: the target, the report and the reproducer (path, hex dump,
+# Builds the libFuzzer targets (test/fuzz) with ASan+UBSan and, per target,
+# runs its regression inputs, then fuzzes it for a bounded time. Any crash,
+# leak, timeout, out-of-memory, sanitizer report or broken round trip fails
+# the run: the target, the report and the reproducer (path, hex dump,
 # base64) are printed. docs/testing.md, "Fuzzing and sanitizers".
 #
 #   scripts/fuzz.sh [SECONDS [TARGET...]]    default: 30 s each, every target
@@ -30,12 +31,12 @@ mkdir -p "$work/seeds" "$work/logs" "$work/artifacts" "$work/corpus"
 PYTHON=$(command -v /usr/bin/python3 || command -v python3)
 "$PYTHON" test/fuzz/seeds.py collect "$work/seeds"
 
-# Longest input per target: the largest seed fits, and 64 KiB lets the JSON
-# readers meet documents nested tens of thousands of levels deep.
+# Longest generated input: room above the largest seed. Deep nesting is
+# covered by the regression inputs, which run whole.
 max_len() {
   case $1 in
     fix) echo 1024 ;;
-    executable|safetensors|checkpoint|plan|calibration|cluster-*) echo 65536 ;;
+    executable|plan) echo 65536 ;;
     *) echo 16384 ;;
   esac
 }
@@ -49,25 +50,34 @@ dict() {
   esac
 }
 
+# UBSan stops at the first report (the build has -fno-sanitize-recover);
+# LeakSanitizer is on. timeout(1) is a backstop: libFuzzer itself stops
+# after -max_total_time and fails an input that runs over -timeout.
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 run_one() {
   local t=$1 bin=$BUILD_DIR/bin/dlopt-fuzz-$1
-  local corpus=$work/corpus/$t art=$work/artifacts/$t
+  local corpus=$work/corpus/$t art=$work/artifacts/$t log=$work/logs/$1
   mkdir -p "$corpus" "$art"
-  local seeds=()
+  local rc=0
+  # Regression inputs, whole (they are larger than -max_len): executing
+  # files, libFuzzer runs each once.
+  if [ -d "$work/seeds/regress/$t" ]; then
+    timeout -k 10 600 "$bin" -timeout=10 -rss_limit_mb=2048 \
+      "$work/seeds/regress/$t"/* >"$log.regress.log" 2>&1 || rc=$?
+  fi
+  echo "$rc" >"$log.regress.rc"
+  local seeds=() d
   for d in "test/fuzz/corpus/$t" "$work/seeds/$t"; do
     if [ -d "$d" ]; then seeds+=("$d"); fi
   done
-  local d rc=0; d=$(dict "$t")
-  # UBSan stops at the first report (the build has -fno-sanitize-recover);
-  # LeakSanitizer is on. timeout(1) is a backstop: libFuzzer itself stops
-  # after -max_total_time and fails an input that runs over -timeout.
-  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    timeout -k 10 $((SECONDS_EACH * 2 + 300)) \
+  d=$(dict "$t")
+  rc=0
+  timeout -k 10 $((SECONDS_EACH * 2 + 300)) \
     "$bin" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 \
       -max_len="$(max_len "$t")" ${d:+-dict="$d"} -print_final_stats=1 \
       -artifact_prefix="$art/" "$corpus" "${seeds[@]}" \
-      >"$work/logs/$t.log" 2>&1 || rc=$?
-  echo "$rc" >"$work/logs/$t.rc"
+      >"$log.log" 2>&1 || rc=$?
+  echo "$rc" >"$log.rc"
 }
 
 start=$(date +%s)
@@ -84,41 +94,65 @@ done
 wait || true
 elapsed=$(( $(date +%s) - start ))
 
+# The report in a log: from the first sanitizer/libFuzzer error line on.
+report() {
+  awk '/^(==[0-9]+== ?ERROR|ERROR: libFuzzer|.*runtime error:|.*property failed|SUMMARY:|INFO: a leak)/{p=1} p && n++ < 120' \
+    "$1"
+}
+dump() {
+  echo "--- hex (first $2 bytes):"
+  head -c "$2" "$1" | od -A x -t x1z -v
+}
+
 failed=()
 printf '\n%-13s %10s %6s %7s %7s  %s\n' target executions time corpus cov result
 for t in "${TARGETS[@]}"; do
-  log=$work/logs/$t.log
-  rc=$(cat "$work/logs/$t.rc" 2>/dev/null || echo '?')
-  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-  secs=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$log" | tail -1)
+  log=$work/logs/$t
+  rc=$(cat "$log.rc" 2>/dev/null || echo '?')
+  rrc=$(cat "$log.regress.rc" 2>/dev/null || echo '?')
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log.log" | tail -1)
+  secs=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$log.log" | tail -1)
   # The last status line: "#N  DONE/pulse  cov: C ft: F corp: K/SIZE ...".
-  cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2 || true)
-  corp=$(grep -oE 'corp: [0-9]+' "$log" | tail -1 | cut -d' ' -f2 || true)
+  cov=$(grep -oE 'cov: [0-9]+' "$log.log" | tail -1 | cut -d' ' -f2 || true)
+  corp=$(grep -oE 'corp: [0-9]+' "$log.log" | tail -1 | cut -d' ' -f2 || true)
   result=ok
+  if [ "$rrc" != 0 ]; then
+    result="FAILED (regression input)"
+  fi
   if [ "$rc" != 0 ]; then
     result="FAILED (exit $rc)"
-    failed+=("$t")
   fi
+  [ "$result" = ok ] || failed+=("$t")
   printf '%-13s %10s %5ss %7s %7s  %s\n' "$t" "${runs:-?}" "${secs:-?}" \
     "${corp:-?}" "${cov:-?}" "$result"
 done
 echo "fuzz: ${#TARGETS[@]} targets, ${SECONDS_EACH} s each, ${elapsed} s wall"
 
 for t in "${failed[@]}"; do
-  echo
-  echo "=== fuzz target '$t' failed: report ==="
-  # The report: from the first sanitizer/libFuzzer error line on.
-  awk '/^(==[0-9]+==ERROR|==[0-9]+== ?ERROR|ERROR: libFuzzer|.*runtime error:|.*property failed|SUMMARY:|INFO: a leak)/{p=1} p' \
-    "$work/logs/$t.log" | head -120
-  for f in "$work/artifacts/$t"/*; do
-    [ -f "$f" ] || continue
-    echo "--- reproducer: $f ($(stat -c %s "$f") bytes)"
-    echo "    rerun: $BUILD_DIR/bin/dlopt-fuzz-$t $f"
-    echo "--- hex (first 1 KiB):"
-    head -c 1024 "$f" | od -A x -t x1z -v
-    echo "--- base64 (first 64 KiB):"
-    head -c 65536 "$f" | base64 -w 76
-  done
+  log=$work/logs/$t
+  if [ "$(cat "$log.regress.rc")" != 0 ]; then
+    input=$(sed -n 's/^Running: //p' "$log.regress.log" | tail -1)
+    echo
+    echo "=== fuzz target '$t' failed on a regression input: report ==="
+    report "$log.regress.log"
+    echo "--- reproducer: $input ($(stat -c %s "$input") bytes; written by"
+    echo "    test/fuzz/seeds.py collect DIR as DIR/regress/$t/$(basename "$input"))"
+    echo "    rerun: $BUILD_DIR/bin/dlopt-fuzz-$t $input"
+    dump "$input" 256
+  fi
+  if [ "$(cat "$log.rc")" != 0 ]; then
+    echo
+    echo "=== fuzz target '$t' failed: report ==="
+    report "$log.log"
+    for f in "$work/artifacts/$t"/*; do
+      [ -f "$f" ] || continue
+      echo "--- reproducer: $f ($(stat -c %s "$f") bytes)"
+      echo "    rerun: $BUILD_DIR/bin/dlopt-fuzz-$t $f"
+      dump "$f" 1024
+      echo "--- base64 (first 64 KiB):"
+      head -c 65536 "$f" | base64 -w 76
+    done
+  fi
 done
 if [ ${#failed[@]} -gt 0 ]; then
   echo "fuzz: FAILED: ${failed[*]}" >&2

@@ -23,8 +23,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   FUZZ_EXPECT(state->step >= 0 && state->step <= kMaxTrainingStep,
               "step " + std::to_string(state->step));
-  FUZZ_EXPECT(state->dataSource == file->metadata.at("data_source") ||
-                  !file->metadata.count("data_source"),
+  auto source = file->metadata.find("data_source");
+  FUZZ_EXPECT(state->dataSource == (source == file->metadata.end()
+                                        ? std::string()
+                                        : source->second),
               "data source");
   return 0;
 }

@@ -8,8 +8,10 @@ Two kinds of seeds:
                    `// -----` (mlir), cluster files and the YAML/JSON
                    examples of docs/cluster.md, the bundled .npy data,
                    --fix values used by the tests; plus the MLIR dictionary
-                   (every dlopt op mnemonic of DLOptOps.td). scripts/fuzz.sh
-                   calls this before each run.
+                   (every dlopt op mnemonic of DLOptOps.td) and regression
+                   inputs (OUT/regress/TARGET: deep JSON/YAML, an alias
+                   bomb, overflowing .npy shapes), which scripts/fuzz.sh
+                   runs whole. scripts/fuzz.sh calls this before each run.
 
   regenerate BIN   rewrites the committed seeds of test/fuzz/corpus/ that
                    need dlopt's tools to make (plan files, checkpoints, plan
@@ -86,30 +88,41 @@ def collect(out):
         write(os.path.join(out, "npy", name), data)
         write(os.path.join(out, "tokens", name), b"\0" + data)
 
-    # Regressions: inputs that once crashed a reader (stack overflow in the
-    # recursive JSON/YAML DOMs, an alias bomb), kept under -max_len (64 KiB).
-    deep_array = "[" * 30000 + "]" * 30000
-    deep_object = '{"a":' * 12000 + "1" + "}" * 12000
+    # Regressions: inputs of the kinds that crashed readers before they were
+    # hardened (recursive JSON/YAML DOMs overflowing the stack at ~40,000
+    # levels under ASan, an alias bomb, element counts that overflow).
+    # Larger than -max_len, so scripts/fuzz.sh runs them whole, apart.
+    reg = os.path.join(out, "regress")
+    deep = "[" * 100000 + "]" * 100000
     bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
         "%s: &%s [%s]\n" % (c, c, ", ".join(["*" + p] * 10))
         for p, c in zip("abcdefgh", "bcdefghi"))
-    for t in ("cluster-json", "plan", "calibration"):
-        write(os.path.join(out, t, "regress-deep-array"), deep_array)
-        write(os.path.join(out, t, "regress-deep-object"), deep_object)
-    for name, doc in (("deep-array", deep_array), ("deep-object", deep_object)):
-        write(os.path.join(out, "executable", "regress-" + name), "\2" + doc)
-        header = doc.encode()
-        st = struct.pack("<Q", len(header)) + header
-        write(os.path.join(out, "safetensors", "regress-" + name), st)
-        write(os.path.join(out, "checkpoint", "regress-" + name), st)
-    write(os.path.join(out, "cluster-yaml", "regress-deep-flow"), deep_array)
-    write(os.path.join(out, "cluster-yaml", "regress-deep-block"),
-          "- " * 20000 + "x\n")
-    write(os.path.join(out, "cluster-yaml", "regress-alias-bomb"), bomb)
-    write(os.path.join(out, "npy", "regress-huge-shape"),
+    docs = {
+        "cluster-json": ['{"name": %s, "nodes": 1}', '{"x": %s}', "%s"],
+        "plan": ['{"format": "dlopt-plan", "x": %s}', '{"format": %s}', "%s"],
+        "calibration": ['{"attention_efficiency": %s}', "%s"],
+        "executable": ['\2{"x": %s}', '\2{"values": %s}', "\2%s"],
+    }
+    docs["cluster-yaml"] = docs["cluster-json"]
+    for t, forms in docs.items():
+        for i, form in enumerate(forms):
+            write(os.path.join(reg, t, "deep-%d" % i), form % deep)
+    for i, form in enumerate(['{"__metadata__": {"x": "y"}, "t": %s}',
+                              '{"__metadata__": %s}']):
+        header = (form % deep).encode()
+        for t in ("safetensors", "checkpoint"):
+            write(os.path.join(reg, t, "deep-%d" % i),
+                  struct.pack("<Q", len(header)) + header)
+    write(os.path.join(reg, "cluster-yaml", "deep-block"), "- " * 100000 + "x\n")
+    write(os.path.join(reg, "cluster-yaml", "alias-bomb"), bomb)
+    write(os.path.join(reg, "npy", "huge-shape"),
           b"\x93NUMPY\x01\x00v\x00{'descr': '<f4', 'fortran_order': False, "
           b"'shape': (281474976710656, 281474976710656, 281474976710656), }"
           .ljust(128, b" ")[:127] + b"\n")
+    write(os.path.join(reg, "tokens", "huge-shape"),
+          b"\0\x93NUMPY\x01\x00v\x00{'descr': '<u2', 'fortran_order': True, "
+          b"'shape': (281474976710656, 281474976710656, 281474976710656), }"
+          .ljust(129, b" ")[:128] + b"\n")
 
     # --fix values of the tool tests.
     fixes = set()
@@ -149,7 +162,7 @@ def regenerate(bindir):
     gen("mlp", "--in", "4", "--hidden", "8", "--layers", "1", "--classes", "3",
         "--batch", "2", "-o", m("mlp.mlir"))
     gen("gpt", "--preset", "gpt-tiny", "--layers", "1", "--hidden", "16",
-        "--heads", "2", "--seq", "4", "--vocab", "8", "--batch", "1", "-o", m("gpt.mlir"))
+        "--heads", "2", "--seq", "4", "--vocab", "8", "--batch", "2", "-o", m("gpt.mlir"))
     gen("llama", "--preset", "llama-tiny", "--layers", "1", "--hidden", "16",
         "--heads", "2", "--kv-heads", "1", "--seq", "4", "--vocab", "8", "--batch", "1",
         "-o", m("llama.mlir"))
@@ -165,6 +178,10 @@ def regenerate(bindir):
         "gpt": [m("gpt.mlir")],
         "llama": [m("llama.mlir")],
         "cnn-adam": [m("cnn.mlir"), "--train", "--optimizer", "adam"],
+        # Data parallel (format v3: mesh, groups, all_reduce, layouts).
+        "mlp-dp2": [m("mlp.mlir"), "--train", "--cluster", "cpu:1", "--fix", "dp=2"],
+        "gpt-grads-dp2": [m("gpt.mlir"), "--autodiff", "--cluster", "cpu:1",
+                          "--fix", "dp=2"],
     }
     for name, args in plans.items():
         comp(*args, "-o", m(name + ".plan"))
@@ -245,8 +262,11 @@ def regenerate(bindir):
     for name, args in dry.items():
         out = subprocess.run([os.path.join(bindir, "dlopt-compile"), *args, "--dry-run",
                               "--format", "json"], check=True, capture_output=True).stdout
-        write(os.path.join(CORPUS, "plan", name + ".json"), out)
-        cluster = json.loads(out)["cluster"]["definition"]
+        plan = json.loads(out)
+        # Compact: the same document in fewer bytes, so mutations go further.
+        write(os.path.join(CORPUS, "plan", name + ".json"),
+              json.dumps(plan, separators=(",", ":")))
+        cluster = plan["cluster"]["definition"]
         write(os.path.join(CORPUS, "cluster-json", name + ".json"),
               json.dumps(cluster, indent=1))
 

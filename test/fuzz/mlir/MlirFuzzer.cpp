@@ -1,8 +1,8 @@
 //===- MlirFuzzer.cpp - Fuzzes parsing and verifying dlopt IR -------------===//
 //
 // What dlopt-compile and dlopt-opt do first with a model file: parse it with
-// the dlopt, func and arith dialects (dlopt-opt's registry) and verify it
-// (custom parsers, builders' type inference and every op verifier).
+// the dlopt, func, arith and shard dialects (dlopt-opt's registry) and
+// verify it (custom parsers, builders' type inference, every op verifier).
 // Diagnostics are swallowed. IR that verifies must print and parse back
 // (custom and generic form) and verify again, as the lit round trips assume.
 // Only dlopt's code is instrumented for coverage: Debian's MLIR libraries
@@ -13,6 +13,8 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Shard/IR/ShardDialect.h"
+#include "mlir/Dialect/Shard/IR/ShardOps.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/DialectRegistry.h"
@@ -48,7 +50,7 @@ std::string print(mlir::ModuleOp module, bool generic) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   mlir::DialectRegistry registry;
   registry.insert<dlopt::dl::DLOptDialect, mlir::func::FuncDialect,
-                  mlir::arith::ArithDialect>();
+                  mlir::arith::ArithDialect, mlir::shard::ShardDialect>();
   // A fresh context per input: nothing uniqued by one input leaks into the
   // next, so a crash reproduces from its input alone.
   mlir::MLIRContext ctx(registry, mlir::MLIRContext::Threading::DISABLED);
