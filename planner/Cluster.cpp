@@ -416,7 +416,9 @@ std::string Cluster::toJson() const {
     nodes.push_back(gj);
   }
   j["nodes"] = nodes;
-  return j.dump(2);
+  // Names come from files; the readers refuse invalid UTF-8, but never let
+  // a programmatic name make dump() throw.
+  return j.dump(2, ' ', false, json::error_handler_t::replace);
 }
 
 //===----------------------------------------------------------------------===//
@@ -463,6 +465,9 @@ public:
       json o = json::object();
       for (const auto &kv : n) {
         std::string key = kv.first.as<std::string>();
+        if (!validUtf8(key))
+          throw YamlLimitError{"a key at " + shown(path) +
+                               " is not valid UTF-8"};
         std::string child = path.empty() ? key : path + "." + key;
         if (o.contains(key))
           throw YamlLimitError{"duplicate key '" + key + "' at " +
@@ -485,8 +490,38 @@ private:
     return path.size() > 120 ? path.substr(0, 120) + "..." : path;
   }
 
+  /// Whether `s` is well-formed UTF-8 (JSON files are checked by their
+  /// parser; YAML scalars are checked here, found by the cluster fuzzer).
+  static bool validUtf8(const std::string &s) {
+    size_t i = 0, n = s.size();
+    auto at = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+    while (i < n) {
+      unsigned char c = at(i);
+      size_t len = c < 0x80                  ? 1
+                   : c >= 0xC2 && c <= 0xDF ? 2
+                   : c >= 0xE0 && c <= 0xEF ? 3
+                   : c >= 0xF0 && c <= 0xF4 ? 4
+                                            : 0;
+      if (len == 0 || i + len > n)
+        return false;
+      for (size_t k = 1; k < len; ++k)
+        if ((at(i + k) & 0xC0) != 0x80)
+          return false;
+      // No overlong forms, surrogates or code points past U+10FFFF.
+      unsigned char d = len > 1 ? at(i + 1) : 0;
+      if ((c == 0xE0 && d < 0xA0) || (c == 0xED && d > 0x9F) ||
+          (c == 0xF0 && d < 0x90) || (c == 0xF4 && d > 0x8F))
+        return false;
+      i += len;
+    }
+    return true;
+  }
+
   static json scalar(const YAML::Node &n) {
     const std::string &s = n.Scalar();
+    if (!validUtf8(s))
+      throw YamlLimitError{"a value is not valid UTF-8 (at line " +
+                           std::to_string(n.Mark().line + 1) + ")"};
     if (n.Tag() == "!") // quoted: always a string
       return s;
     if (s == "true" || s == "True")

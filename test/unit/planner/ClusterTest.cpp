@@ -478,7 +478,7 @@ TEST(ClusterFileErrors, TooManyDevicesAndBadUtf8) {
       "at most 1048576 (2^20) are supported"));
   EXPECT_TRUE(failsWith(
       yaml("nodes: 1\ngpus_per_node: \"\xff\xfe\"\ngpu: h100-sxm-80gb\n"),
-      "gpus_per_node: expected a positive integer"));
+      "test.yaml: a value is not valid UTF-8 (at line 2)"));
 }
 
 TEST(ClusterFile, HostFieldsParseAndRoundTrip) {
@@ -555,4 +555,16 @@ TEST(ClusterFile, OneDeviceRoundTrips) {
   auto back = parseCluster(c->toJson(), ClusterFormat::Json, "back.json");
   ASSERT_TRUE(back) << back.status().message();
   EXPECT_EQ(back->toJson(), c->toJson());
+}
+
+// Found by the cluster fuzzer: YAML takes any bytes, JSON does not; invalid
+// UTF-8 is refused when read instead of throwing when written.
+TEST(ClusterFileErrors, InvalidUtf8InYaml) {
+  EXPECT_TRUE(failsWith(yaml("name: mixed\xff\nnodes: 1\ngpus_per_node: 1\n"
+                             "gpu: cpu-device\n"),
+                        "is not valid UTF-8"));
+  EXPECT_TRUE(failsWith(yaml("na\xc3me: x\n"), "is not valid UTF-8"));
+  auto ok = yaml("name: caf\xc3\xa9\nnodes: 1\ngpus_per_node: 1\ngpu: cpu-device\n");
+  ASSERT_TRUE(ok) << ok.status().message();
+  EXPECT_EQ(ok->name, "caf\xc3\xa9");
 }
