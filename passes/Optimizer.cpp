@@ -5,9 +5,11 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Shard/IR/ShardOps.h"
 #include "mlir/IR/IRMapping.h"
 
 #include <cmath>
+#include <map>
 
 #define DEBUG_TYPE "dlopt-optimizer"
 
@@ -273,14 +275,31 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
         params.emplace_back(arg, p);
       }
 
-    // New state arguments.
-    auto addState = [&](Type t, StringRef name) -> BlockArgument {
+    // The global layout (dlopt.global_type, dlopt.split) of an argument of
+    // a partitioned step; a parameter's states and updates share it.
+    auto layoutOf = [&](BlockArgument arg) {
+      SmallVector<NamedAttribute> l;
+      for (StringRef k : {"dlopt.global_type", "dlopt.split"})
+        if (Attribute a = fn.getArgAttr(arg.getArgNumber(), k))
+          l.push_back(b.getNamedAttr(k, a));
+      return l;
+    };
+    llvm::StringMap<SmallVector<NamedAttribute>> layouts;
+    // New state arguments; `like` gives its layout.
+    auto addState = [&](Type t, StringRef name,
+                        BlockArgument like = {}) -> BlockArgument {
       unsigned idx = fn.getNumArguments();
       NamedAttrList attrs;
       attrs.append(DLOptDialect::kStateAttr, b.getStringAttr(name));
+      if (like) {
+        attrs.append(layoutOf(like));
+        layouts[name] = layoutOf(like);
+      }
       (void)fn.insertArgument(idx, t, attrs.getDictionary(ctx), loc);
       return fn.getArgument(idx);
     };
+    for (auto &[arg, name] : params)
+      layouts[name.getValue()] = layoutOf(arg);
     struct Update {
       Value value;
       std::string name;
@@ -321,12 +340,42 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       }
     }
 
-    // Global gradient norm (always reported) and clipping.
+    // Global gradient norm (always reported) and clipping. In a partitioned
+    // step a gradient split over mesh axes holds only its block: the sums
+    // of its squares are summed over those axes (one all_reduce per set of
+    // axes), so every rank clips by the same, global norm.
     Value total;
+    std::map<std::vector<int16_t>, Value> splitTotals;
+    auto mesh = fn->getParentOfType<ModuleOp>()->getAttrOfType<DictionaryAttr>(
+        "dlopt.mesh");
     for (auto &[arg, name] : params) {
       Value g = gradOf[name.getValue()];
       Value s = e.sumAll(e.mul(g, g));
-      total = total ? e.add(total, s) : s;
+      std::vector<int16_t> axes;
+      if (auto split = fn.getArgAttrOfType<ArrayAttr>(arg.getArgNumber(),
+                                                      "dlopt.split");
+          split && mesh)
+        for (Attribute d : split)
+          for (Attribute a : cast<ArrayAttr>(d))
+            for (auto [k, m] : llvm::enumerate(cast<ArrayAttr>(mesh.get("axes"))))
+              if (m == a)
+                axes.push_back(int16_t(k));
+      llvm::sort(axes);
+      if (axes.empty()) {
+        total = total ? e.add(total, s) : s;
+        continue;
+      }
+      Value &t = splitTotals[axes];
+      t = t ? e.add(t, s) : s;
+    }
+    for (auto &[axes, partial] : splitTotals) {
+      Value sum = shard::AllReduceOp::create(
+                      b, loc, partial.getType(),
+                      FlatSymbolRefAttr::get(ctx, "dlopt_mesh"),
+                      b.getDenseI16ArrayAttr(axes), partial,
+                      shard::ReductionKindAttr::get(ctx, shard::ReductionKind::Sum))
+                      .getResult();
+      total = total ? e.add(total, sum) : sum;
     }
     Value gradNorm = e.sqrt(total);
     Value clipScale;
@@ -353,7 +402,7 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
         if (wd > 0)
           g = e.add(g, e.mul(p, e.like(p, wd)));
         if (momentum > 0) {
-          BlockArgument buf = addState(p.getType(), ("sgd.momentum." + name).str());
+          BlockArgument buf = addState(p.getType(), ("sgd.momentum." + name).str(), p);
           Value newBuf = e.add(e.mul(buf, e.like(buf, momentum)), g);
           updates.push_back({newBuf, ("sgd.momentum." + name).str()});
           g = nesterov ? e.add(g, e.mul(newBuf, e.like(buf, momentum))) : newBuf;
@@ -363,8 +412,8 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
         std::string prefix = optimizer + ".";
         if (optimizer == "adam" && wd > 0)
           g = e.add(g, e.mul(p, e.like(p, wd)));
-        BlockArgument m = addState(p.getType(), prefix + "m." + name.str());
-        BlockArgument v = addState(p.getType(), prefix + "v." + name.str());
+        BlockArgument m = addState(p.getType(), prefix + "m." + name.str(), p);
+        BlockArgument v = addState(p.getType(), prefix + "v." + name.str(), p);
         Value newM = e.add(e.mul(m, e.like(m, beta1)), e.mul(g, e.like(g, 1 - beta1)));
         Value newV = e.add(e.mul(v, e.like(v, beta2)),
                            e.mul(e.mul(g, g), e.like(g, 1 - beta2)));
@@ -442,7 +491,11 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
     }
     for (Update &u : updates) {
       results.push_back(u.value);
-      attrs.push_back(named(u.name, u.name));
+      NamedAttrList l(named(u.name, u.name));
+      auto it = layouts.find(u.name);
+      if (it != layouts.end())
+        l.append(it->second);
+      attrs.push_back(l.getDictionary(ctx));
     }
     func::ReturnOp::create(b, loc, results);
     ret->erase();

@@ -36,9 +36,12 @@ struct CompilePipelineOptions {
   /// instruction for all optimizer updates. `--merge-fused-elementwise=false`
   /// turns it off too.
   bool mergeFusedElementwise = true;
-  /// Data-parallel degree: > 1 splits the batch over that many ranks
-  /// (dlopt-partition-batch, after autodiff and before the optimizer).
-  int64_t dataParallel = 1;
+  /// The device mesh a plan is applied to (dlopt-partition, after autodiff
+  /// and before the optimizer): axis names and sizes, major first. Empty (or
+  /// all sizes 1) compiles the single-device step. Argument shardings come
+  /// from `dlopt.sharding` attributes on the entry function.
+  std::vector<std::string> meshAxes;
+  std::vector<int64_t> meshSizes;
 };
 
 /// Builds the pipeline that `dlopt-compile` runs before export: model

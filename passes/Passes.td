@@ -76,18 +76,29 @@ def AutodiffPass : Pass<"dlopt-autodiff", "mlir::ModuleOp"> {
   let dependentDialects = ["::dlopt::dl::DLOptDialect", "::mlir::arith::ArithDialect"];
 }
 
-def PartitionBatchPass : Pass<"dlopt-partition-batch", "mlir::ModuleOp"> {
-  let summary = "Data parallelism: splits the batch of a differentiated step over dp ranks";
+def PartitionPass : Pass<"dlopt-partition", "mlir::ModuleOp"> {
+  let summary = "Applies a plan's shardings: splits a differentiated step over a device mesh";
   let description = [{
-    Runs after `dlopt-autodiff` and before `dlopt-optimizer`. Splits dim 0
-    of every `dlopt.input` over the mesh axis `dp` (a `shard.grid
-    @dlopt_mesh`), rewrites every op to its local types, and inserts
-    `shard.all_reduce` where a partial sum (a reduction over the batch:
-    weight gradients, the loss) must be whole. Means divide by global counts
-    (mean and mse by dp, cross-entropy by the global number of valid rows),
-    so each rank ends with the single-device loss and gradients. Inputs and
-    split results record `dlopt.global_type` and `dlopt.split`. An op
-    without a rule for its operands' shardings is an error naming both.
+    Runs after `dlopt-autodiff` and before `dlopt-optimizer`. The mesh
+    (`axes`, `sizes`; axes of size 1 are dropped) becomes a `shard.grid
+    @dlopt_mesh` and the module's `dlopt.mesh`. Arguments carry the plan's
+    shardings as `dlopt.sharding` (per dim, the mesh axes it is split over,
+    major first, e.g. `[[], ["tp"]]` for a column-parallel weight); an input
+    without one is split on dim 0 over `dp`.
+
+    The step is partitioned one axis at a time. Every op is rewritten to its
+    local types by a per-op rule, and `shard.all_reduce`, `all_gather`,
+    `reduce_scatter` and `all_slice` are inserted where a rule needs another
+    form of a value: a column-parallel matmul followed by a row-parallel one
+    gives one all-reduce of a partial sum (Megatron), an embedding whose
+    table is split on its rows is looked up vocabulary-parallel, and
+    cross-entropy over logits split on the classes reduces the row max, the
+    sum of exponentials and the target logit over the axis. Means divide by
+    global counts (mean and mse by the ranks, cross-entropy by the global
+    number of valid rows). Gradients leave with their parameter's sharding;
+    split arguments and results record `dlopt.global_type` and `dlopt.split`.
+    An op without a rule for its operands' shardings is an error naming the
+    op, the axis and the shardings.
 
     ```mlir
     // dp = 2: x: tensor<8x16xf32> becomes tensor<4x16xf32>, and
@@ -98,8 +109,10 @@ def PartitionBatchPass : Pass<"dlopt-partition-batch", "mlir::ModuleOp"> {
   let options = [
     Option<"entry", "entry", "std::string", /*default=*/"\"\"",
            "Name of the entry function">,
-    Option<"dp", "dp", "int64_t", /*default=*/"1",
-           "Data-parallel degree (ranks the batch is split over)">
+    ListOption<"axes", "axes", "std::string",
+               "Mesh axis names, major first (dp, cp, tp, ...)">,
+    ListOption<"sizes", "sizes", "int64_t",
+               "Ranks along each mesh axis">
   ];
   let dependentDialects = ["mlir::shard::ShardDialect"];
 }

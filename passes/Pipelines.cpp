@@ -43,11 +43,12 @@ void dlopt::buildCompilePipeline(OpPassManager &pm,
     AutodiffPassOptions ad;
     ad.entry = options.entry;
     pm.addPass(createAutodiffPass(ad));
-    if (options.dataParallel > 1) {
-      PartitionBatchPassOptions pb;
-      pb.entry = options.entry;
-      pb.dp = options.dataParallel;
-      pm.addPass(createPartitionBatchPass(pb));
+    if (llvm::any_of(options.meshSizes, [](int64_t s) { return s > 1; })) {
+      PartitionPassOptions pp;
+      pp.entry = options.entry;
+      pp.axes.assign(options.meshAxes.begin(), options.meshAxes.end());
+      pp.sizes.assign(options.meshSizes.begin(), options.meshSizes.end());
+      pm.addPass(createPartitionPass(pp));
     }
   }
   if (options.train) {

@@ -432,40 +432,69 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
     }
     if (isa<shard::GridOp>(op))
       continue;
-    if (auto ar = dyn_cast<shard::AllReduceOp>(op)) {
+    if (isa<shard::AllReduceOp, shard::AllGatherOp, shard::ReduceScatterOp,
+            shard::AllSliceOp, shard::AllToAllOp>(op)) {
       if (exe.mesh.axes.empty())
-        return ar.emitError("a collective in a module without dlopt.mesh");
+        return op.emitError("a collective in a module without dlopt.mesh");
+      if (op.getNumOperands() != 1 || op.getNumResults() != 1)
+        return op.emitError("expects one operand and one result");
       rt::Instr instr;
-      instr.op = "all_reduce";
       instr.loc = locString(op.getLoc());
-      auto it = ids.find(ar.getInput());
+      auto it = ids.find(op.getOperand(0));
       if (it == ids.end())
         return op.emitError("uses a value defined outside the entry function body");
       instr.operands.push_back(it->second);
-      FailureOr<int32_t> id = addValue(ar.getResult(), rt::Value{});
+      FailureOr<int32_t> id = addValue(op.getResult(0), rt::Value{});
       if (failed(id))
         return failure();
       instr.results.push_back(*id);
-      instr.attrs["group"] = groupOf(ar.getGridAxes());
-      std::string reduce;
-      switch (ar.getReduction()) {
-      case shard::ReductionKind::Sum: reduce = "sum"; break;
-      case shard::ReductionKind::Max: reduce = "max"; break;
-      case shard::ReductionKind::Min: reduce = "min"; break;
-      case shard::ReductionKind::Average: reduce = "avg"; break;
-      default:
-        return ar.emitError("reduction kind not supported by the runtime "
-                            "(sum, max, min, average)");
+      auto axes = op.getAttrOfType<DenseI16ArrayAttr>("grid_axes");
+      instr.attrs["group"] = groupOf(axes ? axes.asArrayRef() : ArrayRef<int16_t>{});
+      auto reduceName = [&](shard::ReductionKind k) -> FailureOr<std::string> {
+        switch (k) {
+        case shard::ReductionKind::Sum: return std::string("sum");
+        case shard::ReductionKind::Max: return std::string("max");
+        case shard::ReductionKind::Min: return std::string("min");
+        case shard::ReductionKind::Average: return std::string("avg");
+        default:
+          return op.emitError("reduction kind not supported by the runtime "
+                              "(sum, max, min, average)");
+        }
+      };
+      if (auto ar = dyn_cast<shard::AllReduceOp>(op)) {
+        instr.op = "all_reduce";
+        FailureOr<std::string> r = reduceName(ar.getReduction());
+        if (failed(r))
+          return failure();
+        instr.attrs["reduce"] = *r;
+      } else if (auto ag = dyn_cast<shard::AllGatherOp>(op)) {
+        instr.op = "all_gather";
+        instr.attrs["axis"] = int64_t(ag.getGatherAxis().getSExtValue());
+      } else if (auto rs = dyn_cast<shard::ReduceScatterOp>(op)) {
+        instr.op = "reduce_scatter";
+        FailureOr<std::string> r = reduceName(rs.getReduction());
+        if (failed(r))
+          return failure();
+        instr.attrs["reduce"] = *r;
+        instr.attrs["axis"] = int64_t(rs.getScatterAxis().getSExtValue());
+      } else if (auto sl = dyn_cast<shard::AllSliceOp>(op)) {
+        instr.op = "all_slice";
+        instr.attrs["axis"] = int64_t(sl.getSliceAxis().getSExtValue());
+      } else {
+        auto a2a = cast<shard::AllToAllOp>(op);
+        instr.op = "all_to_all";
+        instr.attrs["split_axis"] = int64_t(a2a.getSplitAxis().getSExtValue());
+        instr.attrs["concat_axis"] = int64_t(a2a.getConcatAxis().getSExtValue());
       }
-      instr.attrs["reduce"] = reduce;
       prog.instrs.push_back(std::move(instr));
       continue;
     }
     if (!isa<DLOptDialect>(op.getDialect()))
       return op.emitError() << "op '" << op.getName()
                             << "' cannot be exported; expected dlopt ops, "
-                               "shard.all_reduce, arith.constant and "
-                               "func.return";
+                               "shard collectives (all_reduce, all_gather, "
+                               "reduce_scatter, all_slice, all_to_all), "
+                               "arith.constant and func.return";
     rt::Instr instr;
     instr.op = op.getName().stripDialect().str();
     instr.loc = locString(op.getLoc());

@@ -201,6 +201,16 @@ Status runCommunication(const Instr &instr, std::span<const TensorRef> ins,
           hostIn(staged.data(), x.numElements(), x.type.dtype), out,
           reduceOp());
     }
+  } else if (instr.op == "all_slice") {
+    // No traffic: this rank's block (its index in the group) along `axis`.
+    int64_t axis = instr.getInt("axis", 0);
+    int64_t rows = outer(x.type, axis);
+    int64_t chunk = y.numElements() / rows * elem; // one row of y
+    int64_t r = comm.rank();
+    for (int64_t i = 0; i < rows; ++i)
+      std::memcpy(static_cast<uint8_t *>(y.data) + i * chunk,
+                  static_cast<const uint8_t *>(x.data) + (i * n + r) * chunk,
+                  size_t(chunk));
   } else if (instr.op == "all_to_all") {
     int64_t split = instr.getInt("split_axis", 0);
     int64_t concat = instr.getInt("concat_axis", 0);

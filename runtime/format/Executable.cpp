@@ -293,7 +293,8 @@ Status validateCommunication(const Executable &exe, const Instr &in,
                            " is outside the group of " + std::to_string(n));
     return expect(x);
   }
-  if (in.op == "all_gather" || in.op == "reduce_scatter") {
+  if (in.op == "all_gather" || in.op == "reduce_scatter" ||
+      in.op == "all_slice") {
     Expected<int64_t> axis = axisOf("axis");
     if (!axis)
       return axis.status();
@@ -301,7 +302,8 @@ Status validateCommunication(const Executable &exe, const Instr &in,
     if (in.op == "all_gather") {
       want.shape[size_t(*axis)] *= n;
     } else {
-      DLOPT_RETURN_IF_ERROR(reduceOk());
+      if (in.op == "reduce_scatter")
+        DLOPT_RETURN_IF_ERROR(reduceOk());
       if (x.shape[size_t(*axis)] % n)
         return Status::error(iw + "dim " + std::to_string(*axis) + " of " +
                              x.str() + " does not divide by the group of " +
@@ -754,7 +756,7 @@ Status Executable::validate() const {
 
 bool isCommunicationOp(const std::string &op) {
   return op == "all_reduce" || op == "all_gather" || op == "reduce_scatter" ||
-         op == "all_to_all" || op == "broadcast";
+         op == "all_to_all" || op == "broadcast" || op == "all_slice";
 }
 
 std::vector<int64_t> Mesh::coords(int64_t rank) const {

@@ -186,13 +186,17 @@ static std::string humanBytes(int64_t b) {
 /// The training step is modelled from the forward graph (backward = the
 /// calibration's backward_flops_ratio times the forward), so the compile
 /// pipeline does not run.
-static int runDryRun(ModuleOp module) {
+///
+/// With `apply` (plan application, no --dry-run), the same search runs but
+/// its plan is stored there instead of reported; the choices that cannot be
+/// applied yet are pinned to what can (docs/parallel.md).
+static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr) {
   using namespace dlopt::planner;
   auto fail = [](const std::string &msg, int rc = 1) {
     llvm::errs() << "dlopt-compile: error: " << msg << "\n";
     return rc;
   };
-  if (!dryRun)
+  if (!dryRun && !apply)
     return fail(std::string(planFileOpt.empty() ? "" : "--plan: ") +
                     "--cluster, --fix, --plan, --trace, --format, --top-k, --explain, "
                     "--calibration and --global-batch need --dry-run "
@@ -216,8 +220,9 @@ static int runDryRun(ModuleOp module) {
     loaded = std::move(*lp);
   }
   if (clusterOpt.empty() && !loaded)
-    return fail("--dry-run needs --cluster (a preset such as dgx-a100:2, or "
-                "a cluster file)",
+    return fail(std::string(apply ? "applying a plan" : "--dry-run") +
+                    " needs --cluster (a preset such as dgx-a100:2, or "
+                    "a cluster file)",
                 2);
   if (topK < 0)
     return fail("--top-k must be >= 0", 2);
@@ -253,6 +258,16 @@ static int runDryRun(ModuleOp module) {
   auto fix = parseFix(fixOpt.getValue());
   if (!fix)
     return fail(fix.status().message(), 2);
+  if (apply && !loaded) {
+    // The planner chooses among what can be applied today: data and tensor
+    // parallelism, one micro-batch, no ZeRO, no recomputation.
+    if (!fix->pp) fix->pp = 1;
+    if (!fix->cp) fix->cp = 1;
+    if (!fix->sp) fix->sp = false;
+    if (!fix->zero) fix->zero = 0;
+    if (!fix->numMicroBatches) fix->numMicroBatches = 1;
+    if (!fix->recompute) fix->recompute = RecomputePolicy::None;
+  }
   // The same stable op ids dlopt-check-model stamps before the training
   // transforms: the plan keys its ops by them.
   {
@@ -315,6 +330,10 @@ static int runDryRun(ModuleOp module) {
     auto opPlan = searchOpPlan(*graph, *cluster, CostModel(cal), so);
     if (!opPlan)
       return fail(planPrefix + opPlan.status().message());
+    if (apply) {
+      *apply = loaded ? *loaded : opPlan->plan;
+      return 0;
+    }
     if (loaded) {
       std::string diff = comparePlans(*loaded, opPlan->plan);
       if (!diff.empty())
@@ -334,6 +353,10 @@ static int runDryRun(ModuleOp module) {
   auto plan = searchPlan(*graph, *cluster, CostModel(cal), so);
   if (!plan)
     return fail(planPrefix + plan.status().message());
+  if (apply) {
+    *apply = loaded ? *loaded : plan->plan;
+    return 0;
+  }
   if (loaded) {
     std::string diff = comparePlans(*loaded, plan->plan);
     if (!diff.empty())
@@ -356,6 +379,85 @@ static int runDryRun(ModuleOp module) {
   llvm::outs() << (formatOpt == Format::Json
                        ? formatJsonReport(*plan, *cluster, *graph, ro)
                        : formatTextReport(*plan, *cluster, *graph, ro));
+  return 0;
+}
+
+/// Checks that `plan` can be applied today and writes its argument
+/// shardings onto the entry function (`dlopt.sharding`) and its mesh (the
+/// axes of size > 1, pp excluded) into meshAxes/meshSizes. Returns nonzero
+/// after printing an error.
+static int applyPlanToModule(ModuleOp module, const dlopt::planner::Plan &plan,
+                             std::vector<std::string> &meshAxes,
+                             std::vector<int64_t> &meshSizes) {
+  using namespace dlopt::planner;
+  auto fail = [](const std::string &msg) {
+    llvm::errs() << "dlopt-compile: error: " << msg << "\n";
+    return 2;
+  };
+  std::string what = planFileOpt.empty() ? std::string("the plan")
+                                         : planFileOpt + ":";
+  std::vector<std::string> missing;
+  if (plan.pp() > 1)
+    missing.push_back("pipeline stages (pp=" + std::to_string(plan.pp()) + ")");
+  if (plan.cp() > 1)
+    missing.push_back("context parallelism (cp=" + std::to_string(plan.cp()) + ")");
+  if (plan.sequenceParallel)
+    missing.push_back("sequence parallelism (sp)");
+  if (plan.zeroStage > 0)
+    missing.push_back("ZeRO stage " + std::to_string(plan.zeroStage));
+  if (plan.numMicroBatches > 1)
+    missing.push_back(std::to_string(plan.numMicroBatches) + " micro-batches");
+  if (plan.recompute != RecomputePolicy::None)
+    missing.push_back("recomputation");
+  if (!missing.empty()) {
+    std::string list;
+    for (const std::string &m : missing)
+      list += (list.empty() ? "" : ", ") + m;
+    return fail(what + " " + plan.mesh.str() + " uses " + list +
+                ", which plan application does not support yet (data and "
+                "tensor parallelism do; docs/parallel.md); pin what can be "
+                "applied with --fix, e.g. --fix pp=1,zero=0");
+  }
+  FailureOr<func::FuncOp> fnOr = dlopt::findEntryFunction(module, entry);
+  if (failed(fnOr))
+    return 1;
+  func::FuncOp fn = *fnOr;
+  MLIRContext *ctx = module.getContext();
+  auto keep = [&](const std::string &axis) { return plan.mesh.size(axis) > 1; };
+  for (const MeshAxis &a : plan.mesh.axes())
+    if (a.size > 1) {
+      meshAxes.push_back(a.name);
+      meshSizes.push_back(a.size);
+    }
+  for (unsigned i = 0; i < fn.getNumArguments(); ++i) {
+    StringAttr name = fn.getArgAttrOfType<StringAttr>(i, dlopt::dl::DLOptDialect::kParamAttr);
+    if (!name)
+      name = fn.getArgAttrOfType<StringAttr>(i, dlopt::dl::DLOptDialect::kInputAttr);
+    if (!name)
+      continue;
+    const Sharding *s = plan.argSharding(name.getValue().str());
+    if (!s)
+      continue;
+    if (!s->partial.empty())
+      return fail(what + " argument '" + name.getValue().str() +
+                  "' is planned as a partial sum " + s->str() +
+                  "; arguments must be split or replicated");
+    auto t = cast<RankedTensorType>(fn.getArgument(i).getType());
+    if (s->rank() != t.getRank())
+      return fail(what + " argument '" + name.getValue().str() + "' has " +
+                  std::to_string(s->rank()) + " dims in the plan (" +
+                  s->str() + ") but " + std::to_string(t.getRank()) +
+                  " in the model");
+    SmallVector<Attribute> dims;
+    for (const auto &axes : s->split) {
+      SmallVector<Attribute> list;
+      for (const std::string &a : axes)
+        if (keep(a))
+          list.push_back(StringAttr::get(ctx, a));
+      dims.push_back(ArrayAttr::get(ctx, list));
+    }
+    fn.setArgAttr(i, "dlopt.sharding", ArrayAttr::get(ctx, dims));
+  }
   return 0;
 }
 
@@ -430,51 +532,31 @@ int main(int argc, char **argv) {
       !oneOf("schedule", scheduleOpt, {"constant", "cosine", "linear"}))
     return 2;
 
-  // Plan application (docs/parallel.md): a data-parallel plan compiles to
-  // a multi-rank executable; other plans are refused until they are
-  // implemented.
-  int64_t dataParallel = 1;
-  if (!dryRun && (!clusterOpt.empty() || !fixOpt.empty())) {
-    auto fail = [](const std::string &msg) {
-      llvm::errs() << "dlopt-compile: error: " << msg << "\n";
+  // Plan application (docs/parallel.md): a plan for several devices (the
+  // planner's choice on --cluster, with --fix pins, or a --plan file)
+  // compiles to a multi-rank executable.
+  std::vector<std::string> meshAxes;
+  std::vector<int64_t> meshSizes;
+  bool applying = !dryRun && (!clusterOpt.empty() || !fixOpt.empty() ||
+                              !planFileOpt.empty());
+  if (applying) {
+    if (!train && !autodiff) {
+      llvm::errs() << "dlopt-compile: error: applying a plan (--cluster, "
+                      "--fix or --plan without --dry-run) needs --train (or "
+                      "--autodiff)\n";
       return 2;
-    };
-    if (!train && !autodiff)
-      return fail("applying a plan (--cluster/--fix without --dry-run) "
-                  "needs --train (or --autodiff)");
-    if (clusterOpt.empty() || fixOpt.empty())
-      return fail("applying a plan needs --cluster and --fix dp=N (the "
-                  "planner's own choice is applied once every form of "
-                  "parallelism is; today only data parallelism is)");
-    auto cluster = dlopt::planner::resolveCluster(clusterOpt.getValue());
-    if (!cluster)
-      return fail(cluster.status().message());
-    auto fix = dlopt::planner::parseFix(fixOpt.getValue());
-    if (!fix)
-      return fail(fix.status().message());
-    auto one = [](const std::optional<int> &v) { return !v || *v == 1; };
-    if (!fix->dp || !one(fix->tp) || !one(fix->pp) || !one(fix->cp) ||
-        (fix->sp && *fix->sp) || (fix->zero && *fix->zero > 0) ||
-        fix->mbs || fix->numMicroBatches || fix->v || fix->schedule ||
-        fix->recompute)
-      return fail("--fix " + fix->str() + ": plan application supports "
-                  "data parallelism only so far (--fix dp=N, N = the "
-                  "cluster's devices); tensor, pipeline, sequence and "
-                  "context parallelism, ZeRO and micro-batching come next "
-                  "(docs/parallel.md)");
-    if (*fix->dp != cluster->numDevices())
-      return fail("--fix dp=" + std::to_string(*fix->dp) + " but --cluster " +
-                  clusterOpt + " has " +
-                  std::to_string(cluster->numDevices()) + " devices");
-    dataParallel = *fix->dp;
+    }
+    dlopt::planner::Plan plan;
+    if (int rc = runDryRun(*module, &plan))
+      return rc;
+    phase("plan");
+    if (applyPlanToModule(*module, plan, meshAxes, meshSizes))
+      return 2;
   }
 
-  if (dryRun || (!clusterOpt.empty() && dataParallel == 1) ||
-      (!fixOpt.empty() && dataParallel == 1) ||
-      formatOpt.getNumOccurrences() || explainOpt || !planFileOpt.empty() ||
-      !traceOpt.empty() ||
-      !calibrationOpt.empty() || topK.getNumOccurrences() ||
-      globalBatchOpt.getNumOccurrences()) {
+  if (dryRun || formatOpt.getNumOccurrences() || explainOpt ||
+      !traceOpt.empty() || !calibrationOpt.empty() ||
+      topK.getNumOccurrences() || globalBatchOpt.getNumOccurrences()) {
     int rc = runDryRun(*module);
     phase("plan");
     return rc;
@@ -501,7 +583,8 @@ int main(int argc, char **argv) {
   options.optimizer.accumulate = accumulateOpt;
   options.recompute = recomputeOpt;
   options.precision = precisionOpt;
-  options.dataParallel = dataParallel;
+  options.meshAxes = meshAxes;
+  options.meshSizes = meshSizes;
   if (!train && !autodiff &&
       (recomputeOpt != "none" || precisionOpt != "f32")) {
     llvm::errs() << "dlopt-compile: error: --recompute and --precision need "

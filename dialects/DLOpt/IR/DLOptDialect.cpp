@@ -89,8 +89,9 @@ static LogicalResult verifyInit(Operation *op, unsigned argIndex,
 }
 
 /// dlopt.global_type (a ranked tensor type) and dlopt.split (per dim, a
-/// list of mesh axis names), written by the partitioning passes on split
-/// arguments and results.
+/// list of mesh axis names), written by the partitioning pass on split
+/// arguments and results; dlopt.sharding (the same form), the plan's
+/// sharding of an argument, read by it.
 static LogicalResult verifyGlobalAttr(Operation *op, const std::string &what,
                                       NamedAttribute attr) {
   StringRef name = attr.getName().getValue();
@@ -112,7 +113,7 @@ static LogicalResult verifyGlobalAttr(Operation *op, const std::string &what,
           ok &= isa<StringAttr>(a);
     }
   if (!ok)
-    return op->emitError() << what << ": 'dlopt.split' expects a list of "
+    return op->emitError() << what << ": '" << name << "' expects a list of "
                            << "mesh axis name lists, got " << attr.getValue();
   return success();
 }
@@ -132,11 +133,13 @@ LogicalResult DLOptDialect::verifyRegionArgAttribute(Operation *op,
   }
   if (name == kInitAttr)
     return verifyInit(op, argIndex, attr.getValue());
-  if (name == "dlopt.global_type" || name == "dlopt.split")
+  if (name == "dlopt.global_type" || name == "dlopt.split" ||
+      name == "dlopt.sharding")
     return verifyGlobalAttr(op, "argument #" + std::to_string(argIndex), attr);
   return op->emitError() << "argument #" << argIndex
                          << ": unknown dlopt argument attribute '" << name
-                         << "', expected dlopt.param, dlopt.input, dlopt.state or dlopt.init";
+                         << "', expected dlopt.param, dlopt.input, dlopt.state, "
+                            "dlopt.init or dlopt.sharding";
 }
 
 LogicalResult DLOptDialect::verifyRegionResultAttribute(Operation *op,

@@ -1,4 +1,4 @@
-// RUN: dlopt-opt %s --split-input-file --dlopt-autodiff --dlopt-partition-batch=dp=2 --verify-diagnostics | FileCheck %s
+// RUN: dlopt-opt %s --split-input-file --dlopt-autodiff --dlopt-partition="axes=dp sizes=2" --verify-diagnostics | FileCheck %s
 
 // MSE regression: inputs split on the batch, the loss and every weight
 // gradient summed over dp, mse's local mean scaled by 1/dp.
@@ -49,7 +49,7 @@ func.func @main(%x: tensor<8x4xf32> {dlopt.input = "x"},
 // -----
 
 // A batch that does not divide by dp is refused.
-// expected-error @+1 {{dlopt-partition-batch: input #0 ('tensor<3x4xf32>') cannot be split over dp = 2: its dim 0 must be a multiple of dp}}
+// expected-error @+1 {{dlopt-partition: argument #0 ('tensor<3x4xf32>') cannot be split over dp = 2: its dim 0 (3 here) must be a multiple of 2}}
 func.func @main(%x: tensor<3x4xf32> {dlopt.input = "x"},
                 %w: tensor<4x3xf32> {dlopt.param = "w"})
     -> (tensor<f32> {dlopt.output = "loss"}) attributes {dlopt.loss} {
@@ -67,7 +67,7 @@ func.func @main(%x: tensor<8x4x6x6xf32> {dlopt.input = "x"},
                 %w: tensor<4xf32> {dlopt.param = "w"}, %b: tensor<4xf32> {dlopt.param = "b"},
                 %m: tensor<4xf32> {dlopt.param = "m"}, %v: tensor<4xf32> {dlopt.param = "v"})
     -> (tensor<f32> {dlopt.output = "loss"}) attributes {dlopt.loss} {
-  // expected-error @+1 {{'dlopt.batch_norm' op has no data-parallel rule for operand shardings (S0, R, R, R, R): not supported by the batch partitioner yet}}
+  // expected-error @+1 {{'dlopt.batch_norm' op has no rule for operand shardings (S0, R, R, R, R) over mesh axis 'dp' (2 ranks): this op has no partitioning rule yet}}
   %y, %mean, %var = dlopt.batch_norm %x, %w, %b, %m, %v {training} : (tensor<8x4x6x6xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) -> (tensor<8x4x6x6xf32>, tensor<4xf32>, tensor<4xf32>)
   %l = dlopt.mean %y dims = [0, 1, 2, 3] : tensor<8x4x6x6xf32> -> tensor<f32>
   return %l : tensor<f32>
