@@ -415,8 +415,12 @@ static int applyPlanToModule(ModuleOp module, const dlopt::planner::Plan &plan,
       list += (list.empty() ? "" : ", ") + m;
     return fail(what + " " + plan.mesh.str() + " uses " + list +
                 ", which plan application does not support yet (data and "
-                "tensor parallelism do; docs/parallel.md); pin what can be "
-                "applied with --fix, e.g. --fix pp=1,zero=0");
+                "tensor parallelism do; docs/parallel.md); " +
+                (planFileOpt.empty()
+                     ? std::string("pin what can be applied with --fix, e.g. "
+                                   "--fix pp=1,zero=0")
+                     : std::string("write a plan that avoids it with "
+                                   "--dry-run --format json --fix ...")));
   }
   FailureOr<func::FuncOp> fnOr = dlopt::findEntryFunction(module, entry);
   if (failed(fnOr))

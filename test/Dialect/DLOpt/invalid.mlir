@@ -411,7 +411,7 @@ func.func @param_name(%w: tensor<4xf32> {dlopt.param = 3}) {
 
 // -----
 
-// expected-error @+1 {{argument #0: unknown dlopt argument attribute 'dlopt.weight', expected dlopt.param, dlopt.input, dlopt.state or dlopt.init}}
+// expected-error @+1 {{argument #0: unknown dlopt argument attribute 'dlopt.weight', expected dlopt.param, dlopt.input, dlopt.state, dlopt.init or dlopt.sharding}}
 func.func @unknown_arg_attr(%w: tensor<4xf32> {dlopt.weight}) {
   return
 }
