@@ -809,8 +809,14 @@ LogicalResult AxisPartitioner::partitionOp(Operation *op) {
       return maskedGather(g);
   }
 
-  // The remaining rules need whole (not partial) operands.
+  // The remaining rules need whole (not partial) operands; on whole
+  // operands every op computes the same on every rank.
   materializeOperands(op);
+  if (llvm::all_of(op->getOperands(), [&](Value v) { return of(v).isR(); })) {
+    for (unsigned i = 0; i < op->getNumResults(); ++i)
+      sh[op->getResult(i)] = Sh::rep();
+    return success();
+  }
   auto splitOf = [&](unsigned i) { return of(op->getOperand(i)); };
   auto allSplitOn = [&](int64_t d) {
     for (Value v : op->getOperands())
