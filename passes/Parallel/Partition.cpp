@@ -48,6 +48,7 @@
 
 #include <map>
 #include <set>
+#include <tuple>
 #include <optional>
 
 namespace dlopt {
@@ -309,6 +310,11 @@ private:
   std::pair<Value, Value> splitLogSumExp(Operation *op, Value logits);
   LogicalResult vocabCrossEntropy(Operation *op);
   LogicalResult maskedGather(dl::GatherOp op);
+  /// Batch statistics over the whole batch of x [N, C, ...] split on N:
+  /// (mean, biased variance), both [C] and R, and the global count.
+  std::tuple<Value, Value, double> batchStats(Operation *op, Value x);
+  LogicalResult syncedBatchNorm(Operation *op);
+  llvm::DenseMap<Value, std::tuple<Value, Value, double>> statsOf;
 
   LogicalResult seedArguments();
   LogicalResult finishResults();
@@ -594,6 +600,111 @@ LogicalResult AxisPartitioner::maskedGather(dl::GatherOp op) {
   op.getResult().replaceAllUsesExcept(out, out.getDefiningOp());
   sh[op.getResult()] = Sh::partial();
   sh[out] = Sh::partial();
+  return success();
+}
+
+std::tuple<Value, Value, double> AxisPartitioner::batchStats(Operation *op,
+                                                             Value x) {
+  auto it = statsOf.find(x);
+  if (it != statsOf.end())
+    return it->second;
+  OpBuilder b(op->getContext());
+  b.setInsertionPointAfterValue(x);
+  Location loc = x.getLoc();
+  auto xt = rtt(x);
+  int64_t c = xt.getDimSize(1);
+  double count = double(xt.getDimSize(0) * n);
+  SmallVector<int64_t> dims{0}, bshape{1, c};
+  for (int64_t d = 2; d < xt.getRank(); ++d) {
+    dims.push_back(d);
+    bshape.push_back(1);
+    count *= double(xt.getDimSize(d));
+  }
+  Type elem = xt.getElementType();
+  auto dimsAttr = b.getDenseI64ArrayAttr(dims);
+  Value s1 = allReduce(b, loc, dl::SumOp::create(b, loc, x, dimsAttr, false),
+                       shard::ReductionKind::Sum);
+  Value mean = dl::MulOp::create(b, loc, s1, scalarLike(b, loc, elem, 1.0 / count));
+  Value meanB = dl::ReshapeOp::create(b, loc, RankedTensorType::get(bshape, elem), mean);
+  Value xc = dl::SubOp::create(b, loc, x, meanB);
+  Value s2 = allReduce(
+      b, loc,
+      dl::SumOp::create(b, loc, dl::MulOp::create(b, loc, xc, xc), dimsAttr, false),
+      shard::ReductionKind::Sum);
+  Value var = dl::MulOp::create(b, loc, s2, scalarLike(b, loc, elem, 1.0 / count));
+  sh[mean] = sh[var] = Sh::rep();
+  return statsOf[x] = {mean, var, count};
+}
+
+/// batch_norm / batch_norm_grad (training) with the batch split: the
+/// statistics are reduced over the axis (synchronized batch norm), so every
+/// rank normalizes with the whole batch's. The ops then run in inference
+/// form on those statistics; the running statistics and the terms of the
+/// input gradient that flow through the statistics are added around them.
+LogicalResult AxisPartitioner::syncedBatchNorm(Operation *op) {
+  Value x = op->getOperand(0);
+  auto xt = rtt(x);
+  if (!of(x).isS() || of(x).dim != 0 || xt.getRank() < 2)
+    return refuse(op, "only the batch dim (0) of the input may be split");
+  for (unsigned i = 1; i < op->getNumOperands(); ++i)
+    if (isa<dl::BatchNormGradOp>(op) && i == 4
+            ? !(of(op->getOperand(i)).isS() && of(op->getOperand(i)).dim == 0)
+            : !of(op->getOperand(i)).isR())
+      return refuse(op, "the weights and statistics must be whole and the "
+                        "output gradient split like the input");
+  auto [mean, var, count] = batchStats(op, x);
+  OpBuilder b(op);
+  Location loc = op->getLoc();
+  Type elem = xt.getElementType();
+  int64_t c = xt.getDimSize(1);
+  SmallVector<int64_t> bshape{1, c};
+  bshape.append(size_t(xt.getRank() - 2), 1);
+  auto bt = RankedTensorType::get(bshape, elem);
+  double eps = op->getAttrOfType<FloatAttr>("eps").getValueAsDouble();
+  if (auto bn = dyn_cast<dl::BatchNormOp>(op)) {
+    double m = bn.getMomentum().convertToDouble();
+    auto y = dl::BatchNormOp::create(b, loc, x, bn.getWeight(), bn.getBias(),
+                                     mean, var, bn.getEpsAttr(),
+                                     bn.getMomentumAttr(), UnitAttr());
+    Value rm = dl::AddOp::create(
+        b, loc,
+        dl::MulOp::create(b, loc, bn.getRunningMean(), scalarLike(b, loc, elem, 1.0 - m)),
+        dl::MulOp::create(b, loc, mean, scalarLike(b, loc, elem, m)));
+    Value rv = dl::AddOp::create(
+        b, loc,
+        dl::MulOp::create(b, loc, bn.getRunningVar(), scalarLike(b, loc, elem, 1.0 - m)),
+        dl::MulOp::create(b, loc, var,
+                          scalarLike(b, loc, elem, m * count / std::max(count - 1.0, 1.0))));
+    sh[y.getResult()] = Sh::split(0);
+    sh[rm] = sh[rv] = Sh::rep();
+    op->getResult(0).replaceAllUsesWith(y.getResult());
+    op->getResult(1).replaceAllUsesWith(rm);
+    op->getResult(2).replaceAllUsesWith(rv);
+    dead.push_back(op);
+    return success();
+  }
+  auto g = cast<dl::BatchNormGradOp>(op);
+  Value w = g.getWeight(), dy = g.getGrad();
+  auto inf = dl::BatchNormGradOp::create(b, loc, xt, w.getType(), w.getType(),
+                                         x, w, mean, var, dy, g.getEpsAttr(),
+                                         UnitAttr());
+  Value dw = allReduce(b, loc, inf.getResult(1), shard::ReductionKind::Sum);
+  Value db = allReduce(b, loc, inf.getResult(2), shard::ReductionKind::Sum);
+  // dx = w inv dy - w inv / M (db + xhat dw), xhat = (x - mean) inv.
+  Value inv = dl::RsqrtOp::create(
+      b, loc, dl::AddOp::create(b, loc, var, scalarLike(b, loc, elem, eps)));
+  Value k = dl::MulOp::create(b, loc, dl::MulOp::create(b, loc, w, inv),
+                              scalarLike(b, loc, elem, 1.0 / count));
+  auto r = [&](Value v) { return dl::ReshapeOp::create(b, loc, bt, v).getResult(); };
+  Value xhat = dl::MulOp::create(b, loc, dl::SubOp::create(b, loc, x, r(mean)), r(inv));
+  Value corr = dl::MulOp::create(
+      b, loc, r(k), dl::AddOp::create(b, loc, r(db), dl::MulOp::create(b, loc, xhat, r(dw))));
+  Value dx = dl::SubOp::create(b, loc, inf.getResult(0), corr);
+  sh[dx] = Sh::split(0);
+  op->getResult(0).replaceAllUsesWith(dx);
+  op->getResult(1).replaceAllUsesWith(dw);
+  op->getResult(2).replaceAllUsesWith(db);
+  dead.push_back(op);
   return success();
 }
 
@@ -911,6 +1022,9 @@ LogicalResult AxisPartitioner::partitionOp(Operation *op) {
       setResult(op, i, Sh::partial());
     return success();
   }
+  if (isa<dl::BatchNormOp, dl::BatchNormGradOp>(op) &&
+      op->hasAttr("training"))
+    return syncedBatchNorm(op);
   if (auto tr = dyn_cast<dl::TransposeOp>(op)) {
     Sh s = splitOf(0);
     auto perm = tr.getPerm();
