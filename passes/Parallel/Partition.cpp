@@ -646,12 +646,12 @@ LogicalResult AxisPartitioner::syncedBatchNorm(Operation *op) {
   auto xt = rtt(x);
   if (!of(x).isS() || of(x).dim != 0 || xt.getRank() < 2)
     return refuse(op, "only the batch dim (0) of the input may be split");
-  for (unsigned i = 1; i < op->getNumOperands(); ++i)
-    if (isa<dl::BatchNormGradOp>(op) && i == 4
-            ? !(of(op->getOperand(i)).isS() && of(op->getOperand(i)).dim == 0)
-            : !of(op->getOperand(i)).isR())
-      return refuse(op, "the weights and statistics must be whole and the "
-                        "output gradient split like the input");
+  // The output gradient is split like the input, the rest whole.
+  for (unsigned i = 1; i < op->getNumOperands(); ++i) {
+    OpOperand &o = op->getOpOperand(i);
+    o.set(isa<dl::BatchNormGradOp>(op) && i == 4 ? toSplit(o.get(), 0)
+                                                 : whole(o.get()));
+  }
   auto [mean, var, count] = batchStats(op, x);
   OpBuilder b(op);
   Location loc = op->getLoc();

@@ -60,15 +60,36 @@ func.func @main(%x: tensor<3x4xf32> {dlopt.input = "x"},
 
 // -----
 
-// An op without a rule for what it meets is refused, naming both.
-// expected-warning @+2 {{parameter 'm' does not reach the loss}}
-// expected-warning @+1 {{parameter 'v' does not reach the loss}}
+// Batch norm with the batch split is synchronized: the statistics are
+// summed over dp, the op runs in inference form on them, and the running
+// statistics follow from the global ones.
+// CHECK-LABEL: func.func @main
+// CHECK: %[[S1:.+]] = dlopt.sum %{{.+}} dims = [0, 2, 3] : tensor<4x4x6x6xf32> -> tensor<4xf32>
+// CHECK: %[[S1R:.+]] = shard.all_reduce %[[S1]] on @dlopt_mesh grid_axes = [0]
+// CHECK: %[[MEAN:.+]] = dlopt.mul %[[S1R]]
+// CHECK: %[[S2R:.+]] = shard.all_reduce %{{.+}} on @dlopt_mesh grid_axes = [0] : tensor<4xf32>
+// CHECK: %[[VAR:.+]] = dlopt.mul %[[S2R]]
+// CHECK: dlopt.batch_norm %{{.+}}, %{{.+}}, %{{.+}}, %[[MEAN]], %[[VAR]] : (tensor<4x4x6x6xf32>
+// CHECK: dlopt.batch_norm_grad %{{.+}}, %{{.+}}, %[[MEAN]], %[[VAR]], %{{.+}} : (tensor<4x4x6x6xf32>
 func.func @main(%x: tensor<8x4x6x6xf32> {dlopt.input = "x"},
                 %w: tensor<4xf32> {dlopt.param = "w"}, %b: tensor<4xf32> {dlopt.param = "b"},
-                %m: tensor<4xf32> {dlopt.param = "m"}, %v: tensor<4xf32> {dlopt.param = "v"})
+                %m: tensor<4xf32> {dlopt.state = "m"}, %v: tensor<4xf32> {dlopt.state = "v"})
     -> (tensor<f32> {dlopt.output = "loss"}) attributes {dlopt.loss} {
-  // expected-error @+1 {{'dlopt.batch_norm' op has no rule for operand shardings (S0, R, R, R, R) over mesh axis 'dp' (2 ranks): this op has no partitioning rule yet}}
   %y, %mean, %var = dlopt.batch_norm %x, %w, %b, %m, %v {training} : (tensor<8x4x6x6xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) -> (tensor<8x4x6x6xf32>, tensor<4xf32>, tensor<4xf32>)
   %l = dlopt.mean %y dims = [0, 1, 2, 3] : tensor<8x4x6x6xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// An op without a rule for what it meets is refused, naming both (dropout
+// masks must not depend on the split: global element indices come later).
+func.func @main(%x: tensor<8x4xf32> {dlopt.input = "x"},
+                %w: tensor<4x4xf32> {dlopt.param = "w"})
+    -> (tensor<f32> {dlopt.output = "loss"}) attributes {dlopt.loss} {
+  %h = dlopt.matmul %x, %w : tensor<8x4xf32>, tensor<4x4xf32> -> tensor<8x4xf32>
+  // expected-error @+1 {{'dlopt.dropout' op has no rule for operand shardings (S0) over mesh axis 'dp' (2 ranks): this op has no partitioning rule yet}}
+  %d = dlopt.dropout %h {rate = 0.5 : f64, seed = 1 : i64} : tensor<8x4xf32>
+  %l = dlopt.mean %d dims = [0, 1] : tensor<8x4xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
