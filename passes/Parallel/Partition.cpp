@@ -1025,6 +1025,31 @@ LogicalResult AxisPartitioner::partitionOp(Operation *op) {
   if (isa<dl::BatchNormOp, dl::BatchNormGradOp>(op) &&
       op->hasAttr("training"))
     return syncedBatchNorm(op);
+  if (auto drop = dyn_cast<dl::DropoutOp>(op)) {
+    // The mask must not depend on the sharding: it is drawn for the whole
+    // tensor (global element indices, the same seed and offset on every
+    // rank) and each rank keeps its block. Every rank draws the whole mask.
+    Sh s = splitOf(0);
+    if (!s.isS() || (drop.getOffset() && !of(drop.getOffset()).isR()))
+      return refuse(op, "expects a split input and a whole offset");
+    OpBuilder b(op);
+    Location loc = op->getLoc();
+    auto whole = gatheredType(rtt(drop.getInput()), s.dim);
+    Value ones = arith::ConstantOp::create(
+        b, loc, whole,
+        DenseElementsAttr::get(whole, b.getFloatAttr(whole.getElementType(), 1.0)));
+    sh[ones] = Sh::rep();
+    auto mask = dl::DropoutOp::create(b, loc, ones, drop.getOffset(),
+                                      drop.getRateAttr(), drop.getSeedAttr());
+    sh[mask.getResult()] = Sh::rep();
+    Value mine = toSplit(mask.getResult(), s.dim);
+    b.setInsertionPoint(op);
+    Value y = dl::MulOp::create(b, loc, drop.getInput(), mine);
+    sh[y] = s;
+    op->getResult(0).replaceAllUsesWith(y);
+    dead.push_back(op);
+    return success();
+  }
   if (auto tr = dyn_cast<dl::TransposeOp>(op)) {
     Sh s = splitOf(0);
     auto perm = tr.getPerm();

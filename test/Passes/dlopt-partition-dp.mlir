@@ -82,14 +82,32 @@ func.func @main(%x: tensor<8x4x6x6xf32> {dlopt.input = "x"},
 
 // -----
 
-// An op without a rule for what it meets is refused, naming both (dropout
-// masks must not depend on the split: global element indices come later).
+// Dropout masks do not depend on the split: the mask is drawn for the whole
+// batch (global element indices) and each rank keeps its block.
+// CHECK-LABEL: func.func @main
+// CHECK: %[[ONES:.+]] = arith.constant dense<1.000000e+00> : tensor<8x4xf32>
+// CHECK: %[[MASK:.+]] = dlopt.dropout %[[ONES]] {rate = 5.000000e-01 : f64, seed = 1 : i64} : tensor<8x4xf32>
+// CHECK: %[[MINE:.+]] = shard.all_slice %[[MASK]] on @dlopt_mesh grid_axes = [0] slice_axis = 0 : tensor<8x4xf32> -> tensor<4x4xf32>
+// CHECK: dlopt.mul %{{.+}}, %[[MINE]] : tensor<4x4xf32>, tensor<4x4xf32>
 func.func @main(%x: tensor<8x4xf32> {dlopt.input = "x"},
                 %w: tensor<4x4xf32> {dlopt.param = "w"})
     -> (tensor<f32> {dlopt.output = "loss"}) attributes {dlopt.loss} {
   %h = dlopt.matmul %x, %w : tensor<8x4xf32>, tensor<4x4xf32> -> tensor<8x4xf32>
-  // expected-error @+1 {{'dlopt.dropout' op has no rule for operand shardings (S0) over mesh axis 'dp' (2 ranks): this op has no partitioning rule yet}}
   %d = dlopt.dropout %h {rate = 0.5 : f64, seed = 1 : i64} : tensor<8x4xf32>
   %l = dlopt.mean %d dims = [0, 1] : tensor<8x4xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// An op without a rule for what it meets is refused, naming the op, the
+// axis and the shardings.
+func.func @main(%x: tensor<8x4xf32> {dlopt.input = "x"},
+                %w: tensor<4x4xf32> {dlopt.param = "w"})
+    -> (tensor<f32> {dlopt.output = "loss"}) attributes {dlopt.loss} {
+  %h = dlopt.matmul %x, %w : tensor<8x4xf32>, tensor<4x4xf32> -> tensor<8x4xf32>
+  // expected-error @+1 {{'dlopt.slice' op has no rule for operand shardings (S0) over mesh axis 'dp' (2 ranks): this op has no partitioning rule yet}}
+  %d = dlopt.slice %h start = [0, 0] limit = [4, 4] stride = [1, 1] : tensor<8x4xf32> -> tensor<4x4xf32>
+  %l = dlopt.mean %d dims = [0, 1] : tensor<4x4xf32> -> tensor<f32>
   return %l : tensor<f32>
 }

@@ -76,6 +76,11 @@ CASES = [
      ["--optimizer", "sgd", "--lr", "0.1", "--clip-norm", "0.5"], "dp=2,tp=2", "cpu:2"),
     ("llama.grads.tp2", ["llama", "--preset", "llama-tiny", "--batch", "4"], ["--autodiff"], "dp=1,tp=2", "cpu:1"),
     ("llama.grads.dp2.tp2", ["llama", "--preset", "llama-tiny", "--batch", "4"], ["--autodiff"], "dp=2,tp=2", "cpu:2"),
+    # Dropout masks do not depend on the sharding (global element indices).
+    ("gpt.dropout.grads.dp2.tp2", ["gpt", "--preset", "gpt-tiny", "--batch", "4", "--dropout", "0.2"],
+     ["--autodiff"], "dp=2,tp=2", "cpu:2"),
+    ("mlp.dropout.sgd.dp2", ["mlp", "--preset", "mlp-tiny", "--batch", "8", "--dropout", "0.3"],
+     ["--optimizer", "sgd", "--lr", "0.1"], "dp=2", "cpu:1"),
     # Batch norm with the batch split: statistics over the global batch
     # (synchronized batch norm), running statistics included.
     ("cnn.sgd.dp2", ["cnn", "--preset", "cnn-small", "--batch", "4"],
