@@ -316,9 +316,30 @@ private:
   LogicalResult syncedBatchNorm(Operation *op);
   llvm::DenseMap<Value, std::tuple<Value, Value, double>> statsOf;
 
+  /// The plan's sharding (a {split, partial} dictionary) along this axis:
+  /// S(d), R, or P; nullopt without one.
+  std::optional<Sh> planned(Attribute a) const {
+    auto d = dyn_cast_or_null<DictionaryAttr>(a);
+    if (!d)
+      return std::nullopt;
+    for (Attribute p : cast<ArrayAttr>(d.get("partial")))
+      if (cast<StringAttr>(p).getValue() == axis)
+        return Sh::partial();
+    int64_t dim = dimOfAxis(cast<ArrayAttr>(d.get("split")), axis);
+    return dim >= 0 ? Sh::split(dim) : Sh::rep();
+  }
+  /// Brings the operands of a planned (forward) op to the shardings the
+  /// plan requires of them (a sequence-parallel input gathered before a
+  /// column-parallel matmul, a row-parallel partial sum reduce-scattered
+  /// into a sequence-parallel region). Partial requirements are left to
+  /// the rules.
+  void planOperands(Operation *op);
+  /// Reshards the results of a planned op that the plan wants split.
+  void planResults(Operation *op);
   LogicalResult seedArguments();
   LogicalResult finishResults();
   LogicalResult partitionOp(Operation *op);
+  LogicalResult applyRule(Operation *op);
   LogicalResult elementwise(Operation *op);
   LogicalResult reduction(Operation *op);
   LogicalResult matmul(dl::MatmulOp op);
@@ -414,6 +435,57 @@ LogicalResult AxisPartitioner::finishResults() {
   fn.setFunctionType(FunctionType::get(ctx, body.getArgumentTypes(),
                                        ret->getOperandTypes()));
   return success();
+}
+
+void AxisPartitioner::planOperands(Operation *op) {
+  auto plan = op->getAttrOfType<DictionaryAttr>("dlopt.plan");
+  if (!plan)
+    return;
+  auto want = cast<ArrayAttr>(plan.get("operands"));
+  if (want.size() != op->getNumOperands())
+    return;
+  for (OpOperand &o : op->getOpOperands()) {
+    std::optional<Sh> w = planned(want[o.getOperandNumber()]);
+    auto t = dyn_cast<RankedTensorType>(o.get().getType());
+    if (!w || w->isP() || !t ||
+        int64_t(cast<ArrayAttr>(cast<DictionaryAttr>(want[o.getOperandNumber()])
+                                    .get("split"))
+                    .size()) != t.getRank())
+      continue;
+    if (w->isS() && t.getDimSize(w->dim) % n)
+      continue;
+    Sh now = of(o.get());
+    if (!(now == *w))
+      o.set(reshard(o.get(), *w));
+  }
+}
+
+void AxisPartitioner::planResults(Operation *op) {
+  auto plan = op->getAttrOfType<DictionaryAttr>("dlopt.plan");
+  if (!plan || llvm::is_contained(dead, op))
+    return;
+  auto want = cast<ArrayAttr>(plan.get("results"));
+  if (want.size() != op->getNumResults())
+    return;
+  for (OpResult r : op->getResults()) {
+    std::optional<Sh> w = planned(want[r.getResultNumber()]);
+    auto t = dyn_cast<RankedTensorType>(r.getType());
+    if (!w || !w->isS() || !t ||
+        int64_t(cast<ArrayAttr>(cast<DictionaryAttr>(want[r.getResultNumber()])
+                                    .get("split"))
+                    .size()) != t.getRank())
+      continue;
+    Sh now = of(r);
+    if (now == *w || (now.isR() && t.getDimSize(w->dim) % n) ||
+        (now.isP() && t.getDimSize(w->dim) % n))
+      continue;
+    SmallVector<OpOperand *> uses;
+    for (OpOperand &u : r.getUses())
+      uses.push_back(&u);
+    Value v = reshard(r, *w);
+    for (OpOperand *u : uses)
+      u->set(v);
+  }
 }
 
 LogicalResult AxisPartitioner::run() {
@@ -711,28 +783,9 @@ LogicalResult AxisPartitioner::syncedBatchNorm(Operation *op) {
 LogicalResult AxisPartitioner::elementwise(Operation *op) {
   auto rt = rtt(op->getResult(0));
   int64_t rr = rt.getRank();
-  // Linear in a partial operand: add/sub of partials, neg, and mul/div by
-  // a whole value (the partial being the numerator).
-  unsigned numP = 0, numS = 0;
-  for (Value v : op->getOperands()) {
-    numP += of(v).isP();
-    numS += of(v).isS();
-  }
-  bool linear = false;
-  if (numP && !numS) {
-    if (isa<dl::AddOp, dl::SubOp>(op))
-      linear = numP == op->getNumOperands();
-    else if (isa<dl::NegOp>(op))
-      linear = true;
-    else if (isa<dl::MulOp>(op))
-      linear = numP == 1;
-    else if (isa<dl::DivOp>(op))
-      linear = numP == 1 && of(op->getOperand(0)).isP();
-  }
-  if (numP && !linear)
-    materializeOperands(op);
   // The split dim of the result: the first split operand's. Operands split
-  // on another dim are gathered, whole operands spanning it sliced.
+  // on another dim are gathered, whole or partial operands spanning it are
+  // sliced or reduce-scattered, partial ones broadcast along it summed.
   std::optional<int64_t> split;
   for (Value v : op->getOperands())
     if (of(v).isS()) {
@@ -748,13 +801,27 @@ LogicalResult AxisPartitioner::elementwise(Operation *op) {
         continue;
       if (of(v).isS())
         v = whole(v);
-      if (spans)
-        v = toSplit(v, od);
-      o.set(v);
+      o.set(spans ? toSplit(v, od) : whole(v));
     }
     setResult(op, 0, Sh::split(*split));
     return success();
   }
+  // Linear in a partial operand: add/sub of partials, neg, and mul/div by
+  // a whole value (the partial being the numerator).
+  unsigned numP = 0;
+  for (Value v : op->getOperands())
+    numP += of(v).isP();
+  bool linear = false;
+  if (isa<dl::AddOp, dl::SubOp>(op))
+    linear = numP == op->getNumOperands();
+  else if (isa<dl::NegOp>(op))
+    linear = true;
+  else if (isa<dl::MulOp>(op))
+    linear = numP == 1;
+  else if (isa<dl::DivOp>(op))
+    linear = numP == 1 && of(op->getOperand(0)).isP();
+  if (!linear)
+    materializeOperands(op);
   setResult(op, 0, linear ? Sh::partial() : Sh::rep());
   return success();
 }
@@ -804,22 +871,21 @@ LogicalResult AxisPartitioner::reduction(Operation *op) {
 }
 
 LogicalResult AxisPartitioner::matmul(dl::MatmulOp op) {
-  auto apply = [&]() -> std::optional<Sh> {
-    Value a = op.getLhs(), b = op.getRhs();
-    Sh sa = of(a), sb = of(b);
-    auto at = rtt(a), bt = rtt(b), rt = rtt(op.getResult());
-    int64_t ra = at.getRank(), rb = bt.getRank(), rr = rt.getRank();
+  Value a = op.getLhs(), b = op.getRhs();
+  auto at = rtt(a), bt = rtt(b), rt = rtt(op.getResult());
+  int64_t ra = at.getRank(), rb = bt.getRank(), rr = rt.getRank();
+  // Logical dims: a [.., M, K], b [.., K, N].
+  int64_t aM = op.getTransposeA() ? ra - 1 : ra - 2;
+  int64_t aK = op.getTransposeA() ? ra - 2 : ra - 1;
+  int64_t bK = op.getTransposeB() ? rb - 1 : rb - 2;
+  int64_t bN = op.getTransposeB() ? rb - 2 : rb - 1;
+  auto apply = [&](Sh sa, Sh sb) -> std::optional<Sh> {
     if (sa.isP() && sb.isR())
       return Sh::partial();
     if (sb.isP() && sa.isR())
       return Sh::partial();
     if (sa.isP() || sb.isP())
       return std::nullopt;
-    // Logical dims: a [.., M, K], b [.., K, N].
-    int64_t aM = op.getTransposeA() ? ra - 1 : ra - 2;
-    int64_t aK = op.getTransposeA() ? ra - 2 : ra - 1;
-    int64_t bK = op.getTransposeB() ? rb - 1 : rb - 2;
-    int64_t bN = op.getTransposeB() ? rb - 2 : rb - 1;
     if (sa.isS() && sb.isS() && sa.dim == aK && sb.dim == bK)
       return Sh::partial(); // a shared contraction (row-parallel)
     if (sa.isS() && sb.isR()) {
@@ -850,24 +916,42 @@ LogicalResult AxisPartitioner::matmul(dl::MatmulOp op) {
       return Sh::rep();
     return std::nullopt;
   };
-  std::optional<Sh> r = apply();
-  // No rule for this pair: gather the left operand (the activation in
-  // x @ W, e.g. a sequence-parallel input of a column-parallel matmul),
-  // then the right one.
-  for (unsigned i = 0; !r && i < 2; ++i) {
-    OpOperand &o = op->getOpOperand(i);
-    if (!of(o.get()).isR()) {
-      o.set(whole(o.get()));
-      r = apply();
+  Sh sa = of(a), sb = of(b);
+  std::optional<Sh> r = apply(sa, sb);
+  if (!r) {
+    // No rule for this pair: make one operand whole, the one that gives a
+    // rule with the fewer bytes moved (x @ W with x sequence-parallel
+    // gathers x; a weight gradient x^T dy with dy sequence-parallel
+    // gathers dy); else both.
+    auto bytes = [&](Value v) {
+      return rtt(v).getNumElements() * (of(v).isS() ? n : 1);
+    };
+    std::optional<Sh> ra = sa.isR() ? std::nullopt : apply(Sh::rep(), sb);
+    std::optional<Sh> rb = sb.isR() ? std::nullopt : apply(sa, Sh::rep());
+    if (ra && (!rb || bytes(a) <= bytes(b))) {
+      op->getOpOperand(0).set(whole(a));
+      r = ra;
+    } else if (rb) {
+      op->getOpOperand(1).set(whole(b));
+      r = rb;
+    } else {
+      wholeOperands(op);
+      r = Sh::rep();
     }
   }
-  if (!r)
-    return refuse(op, "no matmul form for these operands");
   setResult(op, 0, *r);
   return success();
 }
 
 LogicalResult AxisPartitioner::partitionOp(Operation *op) {
+  planOperands(op);
+  if (failed(applyRule(op)))
+    return failure();
+  planResults(op);
+  return success();
+}
+
+LogicalResult AxisPartitioner::applyRule(Operation *op) {
   if (isa<arith::ConstantOp, dl::IotaOp>(op)) {
     sh[op->getResult(0)] = Sh::rep();
     return success();
@@ -920,78 +1004,9 @@ LogicalResult AxisPartitioner::partitionOp(Operation *op) {
       return maskedGather(g);
   }
 
-  // The remaining rules need whole (not partial) operands; on whole
-  // operands every op computes the same on every rank.
-  materializeOperands(op);
-  if (llvm::all_of(op->getOperands(), [&](Value v) { return of(v).isR(); })) {
-    for (unsigned i = 0; i < op->getNumResults(); ++i)
-      sh[op->getResult(i)] = Sh::rep();
-    return success();
-  }
+  // Row-wise ops align their operands on a split leading dim: a partial
+  // operand is reduce-scattered there rather than summed whole.
   auto splitOf = [&](unsigned i) { return of(op->getOperand(i)); };
-  auto allSplitOn = [&](int64_t d) {
-    for (Value v : op->getOperands())
-      if (!of(v).isR() && !(of(v).isS() && of(v).dim == d))
-        return false;
-    return true;
-  };
-
-  if (isa<dl::CrossEntropyOp, dl::CrossEntropyGradOp>(op)) {
-    Sh lg = splitOf(0), lb = splitOf(1);
-    if (lg.isS() && lg.dim == 1)
-      return vocabCrossEntropy(op);
-    if (!(lg.isS() && lg.dim == 0 && lb.isS() && lb.dim == 0))
-      return refuse(op, "logits and labels must both be split on rows, or "
-                        "the logits on the classes with whole labels");
-    if (auto ce = dyn_cast<dl::CrossEntropyOp>(op)) {
-      setResult(op, 0, Sh::partial());
-      scaleAfter(op, op->getResult(0),
-                 crossEntropyScale(op, ce.getLabels(), ce.getIgnoreIndex()));
-      return success();
-    }
-    auto ceg = cast<dl::CrossEntropyGradOp>(op);
-    if (!splitOf(2).isR())
-      return refuse(op, "the upstream gradient must be whole");
-    setResult(op, 0, Sh::split(0));
-    scaleAfter(op, op->getResult(0),
-               crossEntropyScale(op, ceg.getLabels(), ceg.getIgnoreIndex()));
-    return success();
-  }
-  if (isa<dl::MSEOp>(op)) {
-    Sh s0 = splitOf(0), s1 = splitOf(1);
-    if (!s0.isS() && !s1.isS())
-      return refuse(op, "expects a split operand");
-    int64_t d = s0.isS() ? s0.dim : s1.dim;
-    alignOn(op, {0, 1}, d);
-    setResult(op, 0, Sh::partial());
-    scaleAfter(op, op->getResult(0),
-               constScale(op, op->getResult(0), 1.0 / double(n)));
-    return success();
-  }
-  if (isa<dl::SoftmaxOp, dl::LogSoftmaxOp, dl::SoftmaxGradOp,
-          dl::LogSoftmaxGradOp>(op)) {
-    int64_t dim = op->getAttrOfType<IntegerAttr>("dim").getInt();
-    int64_t rank = rtt(op->getOperand(0)).getRank();
-    if (dim < 0)
-      dim += rank;
-    // Split on a dim that is not normalized: every operand alike. Else the
-    // normalized dim is gathered (the whole row is needed).
-    std::optional<int64_t> d;
-    for (Value v : op->getOperands())
-      if (of(v).isS() && of(v).dim != dim)
-        d = of(v).dim;
-    if (!d) {
-      wholeOperands(op);
-      setResult(op, 0, Sh::rep());
-      return success();
-    }
-    SmallVector<unsigned> all;
-    for (unsigned i = 0; i < op->getNumOperands(); ++i)
-      all.push_back(i);
-    alignOn(op, all, *d);
-    setResult(op, 0, Sh::split(*d));
-    return success();
-  }
   if (isa<dl::LayerNormOp, dl::RMSNormOp, dl::LayerNormGradOp,
           dl::RMSNormGradOp>(op)) {
     int64_t rank = rtt(op->getOperand(0)).getRank();
@@ -1020,6 +1035,80 @@ LogicalResult AxisPartitioner::partitionOp(Operation *op) {
     // Weight and bias gradients sum over the leading dims: partial.
     for (unsigned i = 1; i < op->getNumResults(); ++i)
       setResult(op, i, Sh::partial());
+    return success();
+  }
+  if (isa<dl::SoftmaxOp, dl::LogSoftmaxOp, dl::SoftmaxGradOp,
+          dl::LogSoftmaxGradOp>(op)) {
+    int64_t dim = op->getAttrOfType<IntegerAttr>("dim").getInt();
+    int64_t rank = rtt(op->getOperand(0)).getRank();
+    if (dim < 0)
+      dim += rank;
+    // Split on a dim that is not normalized: every operand alike. Else the
+    // normalized dim is gathered (the whole row is needed).
+    std::optional<int64_t> d;
+    for (Value v : op->getOperands())
+      if (of(v).isS() && of(v).dim != dim)
+        d = of(v).dim;
+    if (!d) {
+      wholeOperands(op);
+      setResult(op, 0, Sh::rep());
+      return success();
+    }
+    SmallVector<unsigned> all;
+    for (unsigned i = 0; i < op->getNumOperands(); ++i)
+      all.push_back(i);
+    alignOn(op, all, *d);
+    setResult(op, 0, Sh::split(*d));
+    return success();
+  }
+  if (isa<dl::MSEOp>(op)) {
+    Sh s0 = splitOf(0), s1 = splitOf(1);
+    if (!s0.isS() && !s1.isS()) {
+      wholeOperands(op);
+      setResult(op, 0, Sh::rep());
+      return success();
+    }
+    int64_t d = s0.isS() ? s0.dim : s1.dim;
+    alignOn(op, {0, 1}, d);
+    setResult(op, 0, Sh::partial());
+    scaleAfter(op, op->getResult(0),
+               constScale(op, op->getResult(0), 1.0 / double(n)));
+    return success();
+  }
+  // The remaining rules need whole (not partial) operands; on whole
+  // operands every op computes the same on every rank.
+  materializeOperands(op);
+  if (llvm::all_of(op->getOperands(), [&](Value v) { return of(v).isR(); })) {
+    for (unsigned i = 0; i < op->getNumResults(); ++i)
+      sh[op->getResult(i)] = Sh::rep();
+    return success();
+  }
+  auto allSplitOn = [&](int64_t d) {
+    for (Value v : op->getOperands())
+      if (!of(v).isR() && !(of(v).isS() && of(v).dim == d))
+        return false;
+    return true;
+  };
+
+  if (isa<dl::CrossEntropyOp, dl::CrossEntropyGradOp>(op)) {
+    Sh lg = splitOf(0), lb = splitOf(1);
+    if (lg.isS() && lg.dim == 1)
+      return vocabCrossEntropy(op);
+    if (!(lg.isS() && lg.dim == 0 && lb.isS() && lb.dim == 0))
+      return refuse(op, "logits and labels must both be split on rows, or "
+                        "the logits on the classes with whole labels");
+    if (auto ce = dyn_cast<dl::CrossEntropyOp>(op)) {
+      setResult(op, 0, Sh::partial());
+      scaleAfter(op, op->getResult(0),
+                 crossEntropyScale(op, ce.getLabels(), ce.getIgnoreIndex()));
+      return success();
+    }
+    auto ceg = cast<dl::CrossEntropyGradOp>(op);
+    if (!splitOf(2).isR())
+      return refuse(op, "the upstream gradient must be whole");
+    setResult(op, 0, Sh::split(0));
+    scaleAfter(op, op->getResult(0),
+               crossEntropyScale(op, ceg.getLabels(), ceg.getIgnoreIndex()));
     return success();
   }
   if (isa<dl::BatchNormOp, dl::BatchNormGradOp>(op) &&
@@ -1114,6 +1203,13 @@ LogicalResult AxisPartitioner::partitionOp(Operation *op) {
     }
     if (ids.isS() && upd.isR()) {
       alignOn(op, {1}, ids.dim);
+      setResult(op, 0, Sh::partial());
+      return success();
+    }
+    if (ids.isR() && upd.isS() && upd.dim < idsRank) {
+      // Updates split along an ids dim (a sequence-parallel gradient):
+      // each rank scatters its rows with its ids.
+      alignOn(op, {0}, upd.dim);
       setResult(op, 0, Sh::partial());
       return success();
     }
@@ -1302,6 +1398,7 @@ struct PartitionPass : dlopt::impl::PartitionPassBase<PartitionPass> {
     }
     for (unsigned i = 0; i < fn.getNumArguments(); ++i)
       fn.removeArgAttr(i, kShardingAttr);
+    fn.walk([](Operation *op) { op->removeAttr("dlopt.plan"); });
   }
 };
 

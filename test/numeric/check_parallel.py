@@ -76,6 +76,13 @@ CASES = [
      ["--optimizer", "sgd", "--lr", "0.1", "--clip-norm", "0.5"], "dp=2,tp=2", "cpu:2"),
     ("llama.grads.tp2", ["llama", "--preset", "llama-tiny", "--batch", "4"], ["--autodiff"], "dp=1,tp=2", "cpu:1"),
     ("llama.grads.dp2.tp2", ["llama", "--preset", "llama-tiny", "--batch", "4"], ["--autodiff"], "dp=2,tp=2", "cpu:2"),
+    # Sequence parallelism (Megatron-SP): norms, residuals and dropout split
+    # on the sequence over tp; all-gather before the column-parallel
+    # matmuls, reduce-scatter after the row-parallel ones.
+    ("gpt.grads.tp2.sp", ["gpt", "--preset", "gpt-tiny", "--batch", "4"], ["--autodiff"], "dp=1,tp=2,sp=1", "cpu:1"),
+    ("gpt.sgd.clip.dp2.tp2.sp", ["gpt", "--preset", "gpt-tiny", "--batch", "4", "--dropout", "0.1"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--clip-norm", "0.5"], "dp=2,tp=2,sp=1", "cpu:2"),
+    ("llama.grads.dp2.tp2.sp", ["llama", "--preset", "llama-tiny", "--batch", "4"], ["--autodiff"], "dp=2,tp=2,sp=1", "cpu:2"),
     # Dropout masks do not depend on the sharding (global element indices).
     ("gpt.dropout.grads.dp2.tp2", ["gpt", "--preset", "gpt-tiny", "--batch", "4", "--dropout", "0.2"],
      ["--autodiff"], "dp=2,tp=2", "cpu:2"),
@@ -101,9 +108,22 @@ CASES = [
      ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9"], "dp=1,tp=4", "cpu:2"),
 ]
 
-# Shardings written into the plan file of the ".plan" cases.
+# Shardings written into the plan file of the ".plan" cases: the arguments
+# and what ops 0-3 (fc0 matmul, bias add, relu, fc1 matmul) take and give.
 MLP_MEGATRON = {"fc0.weight": [[], ["tp"]], "fc0.bias": [["tp"]],
                 "fc1.weight": [["tp"], []]}
+
+
+def _s(split, partial=()):
+    return {"split": split, "partial": list(partial)}
+
+
+MLP_MEGATRON_OPS = {
+    0: ([_s([[], []]), _s([[], ["tp"]])], [_s([[], ["tp"]])]),
+    1: ([_s([[], ["tp"]]), _s([["tp"]])], [_s([[], ["tp"]])]),
+    2: ([_s([[], ["tp"]])], [_s([[], ["tp"]])]),
+    3: ([_s([[], ["tp"]]), _s([["tp"], []])], [_s([[], []], ["tp"])]),
+}
 
 
 def main():
@@ -145,6 +165,17 @@ def main():
                 for a in plan["args"]:
                     if a["name"] in MLP_MEGATRON:
                         a["sharding"]["split"] = MLP_MEGATRON[a["name"]]
+                for o in plan["ops"]:
+                    if o["id"] in MLP_MEGATRON_OPS:
+                        ops_, res_ = MLP_MEGATRON_OPS[o["id"]]
+                        for want, got in ((ops_, o["operands"]), (res_, o["results"])):
+                            for k, w in enumerate(want):
+                                # Batch dims keep the plan's dp.
+                                dp0 = got[k]["split"][0] if got[k]["split"] else []
+                                w = json.loads(json.dumps(w))
+                                if w["split"] and "dp" in dp0:
+                                    w["split"][0] = ["dp"] + w["split"][0]
+                                got[k] = w
                 with open(pj, "w") as fh:
                     json.dump(plan, fh)
                 r = run([comp, model, "--quiet", "-o", par, "--plan", pj] + mode + flags)

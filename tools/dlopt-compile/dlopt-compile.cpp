@@ -259,11 +259,10 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr) {
   if (!fix)
     return fail(fix.status().message(), 2);
   if (apply && !loaded) {
-    // The planner chooses among what can be applied today: data and tensor
-    // parallelism, one micro-batch, no ZeRO, no recomputation.
+    // The planner chooses among what can be applied today: data, tensor and
+    // sequence parallelism, one micro-batch, no ZeRO, no recomputation.
     if (!fix->pp) fix->pp = 1;
     if (!fix->cp) fix->cp = 1;
-    if (!fix->sp) fix->sp = false;
     if (!fix->zero) fix->zero = 0;
     if (!fix->numMicroBatches) fix->numMicroBatches = 1;
     if (!fix->recompute) fix->recompute = RecomputePolicy::None;
@@ -401,8 +400,6 @@ static int applyPlanToModule(ModuleOp module, const dlopt::planner::Plan &plan,
     missing.push_back("pipeline stages (pp=" + std::to_string(plan.pp()) + ")");
   if (plan.cp() > 1)
     missing.push_back("context parallelism (cp=" + std::to_string(plan.cp()) + ")");
-  if (plan.sequenceParallel)
-    missing.push_back("sequence parallelism (sp)");
   if (plan.zeroStage > 0)
     missing.push_back("ZeRO stage " + std::to_string(plan.zeroStage));
   if (plan.numMicroBatches > 1)
@@ -461,6 +458,53 @@ static int applyPlanToModule(ModuleOp module, const dlopt::planner::Plan &plan,
       dims.push_back(ArrayAttr::get(ctx, list));
     }
     fn.setArgAttr(i, "dlopt.sharding", ArrayAttr::get(ctx, dims));
+  }
+  // What the plan requires of each forward op's operands and results
+  // (sequence-parallel regions, gathers before column-parallel matmuls),
+  // keyed by the stable op ids.
+  auto toAttr = [&](const Sharding &s) {
+    SmallVector<Attribute> dims, partial;
+    for (const auto &axes : s.split) {
+      SmallVector<Attribute> list;
+      for (const std::string &a : axes)
+        if (keep(a))
+          list.push_back(StringAttr::get(ctx, a));
+      dims.push_back(ArrayAttr::get(ctx, list));
+    }
+    for (const std::string &a : s.partial)
+      if (keep(a))
+        partial.push_back(StringAttr::get(ctx, a));
+    return DictionaryAttr::get(
+        ctx, {NamedAttribute(StringAttr::get(ctx, "split"), ArrayAttr::get(ctx, dims)),
+              NamedAttribute(StringAttr::get(ctx, "partial"),
+                             ArrayAttr::get(ctx, partial))});
+  };
+  llvm::DenseMap<int64_t, Operation *> byId;
+  for (Operation &op : fn.getBody().front())
+    if (auto id = op.getAttrOfType<IntegerAttr>(dlopt::dl::DLOptDialect::kIdAttr))
+      byId[id.getInt()] = &op;
+  for (const PlannedOp &po : plan.ops) {
+    Operation *op = byId.lookup(po.id);
+    if (!op)
+      continue;
+    if (op->getName().getStringRef() != po.op)
+      return fail(what + " op " + std::to_string(po.id) + " is a " + po.op +
+                  " in the plan but a " + op->getName().getStringRef().str() +
+                  " in the model");
+    if (po.operands.size() != op->getNumOperands() ||
+        po.results.size() != op->getNumResults())
+      continue; // a plan that does not describe this op's operands
+    SmallVector<Attribute> ops, res;
+    for (const Sharding &s : po.operands)
+      ops.push_back(toAttr(s));
+    for (const Sharding &s : po.results)
+      res.push_back(toAttr(s));
+    op->setAttr("dlopt.plan",
+                DictionaryAttr::get(
+                    ctx, {NamedAttribute(StringAttr::get(ctx, "operands"),
+                                         ArrayAttr::get(ctx, ops)),
+                          NamedAttribute(StringAttr::get(ctx, "results"),
+                                         ArrayAttr::get(ctx, res))}));
   }
   return 0;
 }

@@ -194,8 +194,42 @@ LogicalResult DLOptDialect::verifyOperationAttribute(Operation *op,
                              << attr.getValue();
     return success();
   }
+  if (name == "dlopt.plan") {
+    // {operands = [S...], results = [S...]}, S = {split = [[axis, ...] per
+    // dim], partial = [axis, ...]}: the shardings a plan requires of an
+    // op's operands and results (read by dlopt-partition).
+    auto bad = [&]() {
+      return op->emitError()
+             << "'dlopt.plan' expects {operands = [...], results = [...]} of "
+                "{split = [[axis names] per dim], partial = [axis names]}, got "
+             << attr.getValue();
+    };
+    auto d = dyn_cast<DictionaryAttr>(attr.getValue());
+    if (!d)
+      return bad();
+    for (StringRef key : {"operands", "results"}) {
+      auto list = dyn_cast_or_null<ArrayAttr>(d.get(key));
+      if (!list)
+        return bad();
+      for (Attribute e : list) {
+        auto sd = dyn_cast<DictionaryAttr>(e);
+        auto split = sd ? dyn_cast_or_null<ArrayAttr>(sd.get("split")) : nullptr;
+        auto partial = sd ? dyn_cast_or_null<ArrayAttr>(sd.get("partial")) : nullptr;
+        if (!split || !partial ||
+            !llvm::all_of(partial, [](Attribute a) { return isa<StringAttr>(a); }))
+          return bad();
+        for (Attribute dim : split) {
+          auto axes = dyn_cast<ArrayAttr>(dim);
+          if (!axes ||
+              !llvm::all_of(axes, [](Attribute a) { return isa<StringAttr>(a); }))
+            return bad();
+        }
+      }
+    }
+    return success();
+  }
   return op->emitError() << "unknown dlopt attribute '" << name
                          << "', expected dlopt.layer, dlopt.loss, dlopt.train_step, "
                             "dlopt.backward, dlopt.recompute, dlopt.id, "
-                            "dlopt.fwd_id or dlopt.mb";
+                            "dlopt.fwd_id, dlopt.mb or dlopt.plan";
 }
