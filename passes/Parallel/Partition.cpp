@@ -928,7 +928,14 @@ LogicalResult AxisPartitioner::matmul(dl::MatmulOp op) {
     };
     std::optional<Sh> ra = sa.isR() ? std::nullopt : apply(Sh::rep(), sb);
     std::optional<Sh> rb = sb.isR() ? std::nullopt : apply(sa, Sh::rep());
-    if (ra && (!rb || bytes(a) <= bytes(b))) {
+    // A parameter keeps its sharding (gathering a weight would leave the
+    // activation split where the plan has it whole, e.g. on the sequence).
+    auto isParam = [&](Value v) {
+      auto arg = dyn_cast<BlockArgument>(v);
+      return arg && fn.getArgAttr(arg.getArgNumber(), DLOptDialect::kParamAttr);
+    };
+    bool preferA = isParam(b) != isParam(a) ? isParam(b) : bytes(a) <= bytes(b);
+    if (ra && (!rb || preferA)) {
       op->getOpOperand(0).set(whole(a));
       r = ra;
     } else if (rb) {
@@ -1218,11 +1225,13 @@ LogicalResult AxisPartitioner::applyRule(Operation *op) {
   if (isa<dl::AttentionOp, dl::AttentionGradOp>(op)) {
     // [B, H, S, D]: the batch or the heads may be split (the kv heads of
     // a group follow their query heads when both divide).
+    // Heads first, then the batch; operands split otherwise are resharded.
     std::optional<int64_t> d;
-    for (Value v : op->getOperands())
-      if (of(v).isS())
-        d = of(v).dim;
-    if (!d || (*d != 0 && *d != 1))
+    for (int64_t cand : {1, 0})
+      for (Value v : op->getOperands())
+        if (!d && of(v).isS() && of(v).dim == cand)
+          d = cand;
+    if (!d)
       return refuse(op, "only the batch (0) or the heads (1) of q, k and v "
                         "may be split; the sequence needs context "
                         "parallelism's ring or gather form");
