@@ -200,6 +200,7 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
     Emit e{b, ret->getLoc()};
     SmallVector<Value> sums(ret->getNumOperands());
     SmallVector<bool> averaged(ret->getNumOperands(), false);
+    SmallVector<shard::AllReduceOp> partialOf(ret->getNumOperands());
     for (unsigned r = 0; r < ret->getNumOperands(); ++r)
       averaged[r] = r == 0 || fn.getResultAttr(r, DLOptDialect::kGradAttr);
     for (int64_t i = 0; i < k; ++i) {
@@ -222,9 +223,29 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
                                    b.getI64IntegerAttr(i));
       for (unsigned r = 0; r < ret->getNumOperands(); ++r) {
         Value v = map.lookupOrDefault(ret->getOperand(r));
+        // A partitioned step sums a gradient over its ranks last: sum the
+        // micro-batches' partial sums and reduce once (the all-reduce is
+        // linear), so accumulation does not multiply the traffic.
+        if (averaged[r])
+          if (auto ar = v.getDefiningOp<shard::AllReduceOp>();
+              ar && ar.getReduction() == shard::ReductionKind::Sum &&
+              v.use_empty()) {
+            partialOf[r] = ar;
+            v = ar.getInput();
+          }
         // Averaged results are summed; the others keep the last micro-batch.
         sums[r] = averaged[r] && sums[r] ? e.add(sums[r], v) : v;
       }
+    }
+    for (unsigned r = 0; r < ret->getNumOperands(); ++r) {
+      shard::AllReduceOp ar = partialOf[r];
+      if (!ar || !averaged[r])
+        continue;
+      // Every micro-batch's value was its own all-reduce of the same axes.
+      sums[r] = shard::AllReduceOp::create(b, ar.getLoc(), sums[r].getType(),
+                                           ar.getGridAttr(), ar.getGridAxesAttr(),
+                                           sums[r], ar.getReductionAttr())
+                    .getResult();
     }
     for (unsigned r = 0; r < ret->getNumOperands(); ++r)
       if (averaged[r])

@@ -145,6 +145,9 @@ struct GraphSummary {
   int64_t vocab = 0; ///< rows of the table gathered by the tokens input
   bool tiedEmbeddings = false;   ///< the gathered table is used again in "post"
   bool learnedPositions = false; ///< a second gather (positions) in "pre"
+  /// Params that weight or shift a norm (layer_norm, rms_norm) inside the
+  /// first layer, and after the last one ("post").
+  int64_t normParamsPerLayer = 0, normParamsPost = 0;
   std::string dtype;             ///< element type of the params ("f32", ...)
   int dtypeBytes = 4;
   double totalParams = 0;     ///< elements of every dlopt.param argument

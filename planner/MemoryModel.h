@@ -59,6 +59,9 @@ struct TransformerSpec {
   int64_t ffnHidden = 0; ///< 0 means 4h
   bool tiedEmbeddings = true;
   bool learnedPositions = true;
+  /// Norm weights and biases per layer and after the last layer (GPT: 2
+  /// layer norms with both; Llama: 2 RMS norms with weights only).
+  int64_t normParamsPerLayer = 4, normParamsPost = 2;
 
   /// The MLP width tensor parallelism splits, when it differs from the
   /// parameter-equivalent ffnHidden (a gated MLP with 3 matrices of width

@@ -277,6 +277,10 @@ Expected<TransformerSpec> transformerSpecOf(const GraphSummary &g) {
   s.ffnHidden = g.ffn;
   s.tiedEmbeddings = g.tiedEmbeddings;
   s.learnedPositions = g.learnedPositions;
+  if (g.normParamsPerLayer || g.normParamsPost) {
+    s.normParamsPerLayer = g.normParamsPerLayer;
+    s.normParamsPost = g.normParamsPost;
+  }
   // The memory model counts a GPT layer (4h^2 + 2hf + biases). A layer with
   // more parameters (a gated MLP) gets the ffn width with the same count.
   const OpGroupSummary *l0 = nullptr;
@@ -1048,6 +1052,63 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       record("tp reduce-scatter (sequence parallel)",
              Collective::ReduceScatter, cfg.tp, 1, boundary, calls,
              perLayer * worstLayers * rs * m);
+    }
+    // Vocabulary parallelism (the embedding table and the LM head split on
+    // the vocabulary, planner/TransformerSharding.cpp), as dlopt-partition
+    // applies it: the lookup's partial sum is all-reduced (reduce-scattered
+    // into the sequence-parallel region), the head's input gathered under
+    // sp; backward, the head's input gradient is all-reduced
+    // (reduce-scattered) and, under sp, the embedding's output gradient
+    // gathered for the local scatter into the table's rows. Cross-entropy
+    // reduces three float32 [rows, 1] vectors (row max, sum of
+    // exponentials, target logit) instead of gathering logits. On the
+    // stages that hold the embedding or the head; priced on the critical
+    // path.
+    if (c.spec.vocab > 0 && c.spec.vocab % cfg.tp == 0) {
+      double vcalls = (train ? 2 : 1) * m;
+      double vPerMb = 0;
+      if (!sp) {
+        double one = c.comm(Collective::AllReduce, boundary, cfg.tp, 1);
+        vPerMb = (train ? 2 : 1) * one;
+        record("tp all-reduce (vocab-parallel embedding, LM head)",
+               Collective::AllReduce, cfg.tp, 1, boundary, vcalls, vPerMb * m);
+      } else {
+        double ag = c.comm(Collective::AllGather, boundary, cfg.tp, 1);
+        double rs = c.comm(Collective::ReduceScatter, boundary, cfg.tp, 1);
+        vPerMb = (train ? 2 : 1) * (ag + rs);
+        record("tp all-gather (vocab-parallel LM head, embedding grad)",
+               Collective::AllGather, cfg.tp, 1, boundary, vcalls,
+               (train ? 2 : 1) * ag * m);
+        record("tp reduce-scatter (vocab-parallel embedding, LM head grad)",
+               Collective::ReduceScatter, cfg.tp, 1, boundary, vcalls,
+               (train ? 2 : 1) * rs * m);
+      }
+      double rowStats = double(cfg.microBatchSize) * c.spec.seqLen / cp * 4;
+      double ce = c.comm(Collective::AllReduce, rowStats, cfg.tp, 1);
+      vPerMb += 3 * ce;
+      record("tp all-reduce (vocab-parallel cross-entropy)",
+             Collective::AllReduce, cfg.tp, 1, rowStats, 3 * m, 3 * ce * m);
+      tpPerMb += vPerMb;
+    }
+    // Sequence parallelism leaves the gradients of the weights applied to
+    // sequence-split rows partial over tp: one all-reduce each per step
+    // (the norms' weights and biases, learned positions; the row-parallel
+    // biases too, which are left out: a vector each).
+    if (sp && train) {
+      double h = c.spec.hidden * cfg.precision.gradBytes;
+      double calls = double(c.spec.normParamsPerLayer * worstLayers +
+                            c.spec.normParamsPost);
+      double bytes = calls * h;
+      if (c.spec.learnedPositions) {
+        bytes += double(c.spec.seqLen) * h;
+        calls += 1;
+      }
+      double time =
+          calls > 0 ? c.comm(Collective::AllReduce, bytes / calls, cfg.tp, 1) * calls : 0;
+      if (calls > 0)
+        record("tp all-reduce (sequence-parallel weight gradients)",
+             Collective::AllReduce, cfg.tp, 1, bytes / calls, calls, time);
+      tpPerMb += time / m;
     }
   }
 

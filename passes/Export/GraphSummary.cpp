@@ -244,6 +244,8 @@ FailureOr<planner::GraphSummary> dlopt::summarizeGraph(ModuleOp module,
   llvm::DenseSet<Value> usedParams;
   Value embeddingTable;
   int preGathers = 0;
+  std::optional<int64_t> firstMark;
+  llvm::DenseSet<Value> normParamsLayer, normParamsPost, normParamsPre;
 
   Block &body = fn.getBody().front();
   Operation *terminator = body.getTerminator();
@@ -335,6 +337,17 @@ FailureOr<planner::GraphSummary> dlopt::summarizeGraph(ModuleOp module,
       opIds[&op] = n.id;
       s.ops.push_back(std::move(n));
     }
+    if (isa<dl::LayerNormOp, dl::RMSNormOp>(op)) {
+      auto mark = op.getAttrOfType<IntegerAttr>(DLOptDialect::kLayerAttr);
+      if (!mark || !firstMark || *firstMark == mark.getInt()) {
+        if (mark)
+          firstMark = mark.getInt();
+        for (Value v : op.getOperands().drop_front())
+          if (params.contains(v))
+            (mark ? normParamsLayer : (seenLayer ? normParamsPost : normParamsPre))
+                .insert(v);
+      }
+    }
     planner::OpGroupSummary *g;
     if (auto mark = op.getAttrOfType<IntegerAttr>(DLOptDialect::kLayerAttr)) {
       seenLayer = true;
@@ -424,6 +437,8 @@ FailureOr<planner::GraphSummary> dlopt::summarizeGraph(ModuleOp module,
     s.groups.push_back(std::move(post));
   s.numLayers = static_cast<int64_t>(layers.size());
   s.learnedPositions = preGathers >= 2;
+  s.normParamsPerLayer = int64_t(normParamsLayer.size());
+  s.normParamsPost = int64_t(normParamsPost.size());
   if (s.dtype.empty()) {
     s.dtype = "f32";
     s.dtypeBytes = 4;

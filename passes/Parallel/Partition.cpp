@@ -310,6 +310,15 @@ private:
   std::pair<Value, Value> splitLogSumExp(Operation *op, Value logits);
   LogicalResult vocabCrossEntropy(Operation *op);
   LogicalResult maskedGather(dl::GatherOp op);
+  /// The gradient of a lookup in a table split on its rows: each rank adds
+  /// the updates of the ids in its block into its rows (no [V, H] table is
+  /// built whole, nothing is reduced).
+  LogicalResult maskedScatter(dl::ScatterAddOp op);
+  /// This rank's first row of a table of `rowsLocal` rows per rank, as a
+  /// scalar of `ie`, created before `op`.
+  Value firstRow(Operation *op, int64_t rowsLocal, Type ie);
+  /// Forward ops by stable id (dlopt.id), for backward ops' dlopt.fwd_id.
+  llvm::DenseMap<int64_t, Operation *> forwardOps;
   /// Batch statistics over the whole batch of x [N, C, ...] split on N:
   /// (mean, biased variance), both [C] and R, and the global count.
   std::tuple<Value, Value, double> batchStats(Operation *op, Value x);
@@ -455,8 +464,18 @@ void AxisPartitioner::planOperands(Operation *op) {
     if (w->isS() && t.getDimSize(w->dim) % n)
       continue;
     Sh now = of(o.get());
-    if (!(now == *w))
-      o.set(reshard(o.get(), *w));
+    if (now == *w)
+      continue;
+    Value v = o.get(), r = reshard(v, *w);
+    if (now.isP()) {
+      // A partial sum is reduced once, in the form the plan asks for;
+      // every later use (a backward op saving it) takes that form.
+      v.replaceUsesWithIf(r, [&](OpOperand &u) {
+        return u.getOwner() != r.getDefiningOp() &&
+               !isa<shard::AllReduceOp, shard::ReduceScatterOp>(u.getOwner());
+      });
+    }
+    o.set(r);
   }
 }
 
@@ -493,8 +512,11 @@ LogicalResult AxisPartitioner::run() {
     return failure();
   Block &body = fn.getBody().front();
   SmallVector<Operation *> ops;
-  for (Operation &op : body.without_terminator())
+  for (Operation &op : body.without_terminator()) {
     ops.push_back(&op);
+    if (auto id = op.getAttrOfType<IntegerAttr>(DLOptDialect::kIdAttr))
+      forwardOps[id.getInt()] = &op;
+  }
   for (Operation *op : ops)
     if (failed(partitionOp(op)))
       return failure();
@@ -634,6 +656,49 @@ LogicalResult AxisPartitioner::vocabCrossEntropy(Operation *op) {
   return success();
 }
 
+Value AxisPartitioner::firstRow(Operation *op, int64_t rowsLocal, Type ie) {
+  OpBuilder b(op);
+  Location loc = op->getLoc();
+  SmallVector<Attribute> starts;
+  for (int64_t r = 0; r < n; ++r)
+    starts.push_back(b.getIntegerAttr(ie, r * rowsLocal));
+  auto st = RankedTensorType::get({n}, ie);
+  Value all = arith::ConstantOp::create(b, loc, st,
+                                        DenseElementsAttr::get(st, starts));
+  sh[all] = Sh::rep();
+  Value mine = toSplit(all, 0);
+  b.setInsertionPoint(op);
+  return dl::ReshapeOp::create(b, loc, RankedTensorType::get({}, ie), mine);
+}
+
+LogicalResult AxisPartitioner::maskedScatter(dl::ScatterAddOp op) {
+  op->getOpOperand(0).set(whole(op.getIds()));
+  op->getOpOperand(1).set(whole(op.getUpdates()));
+  Value ids = op.getIds(), upd = op.getUpdates();
+  auto it = rtt(ids);
+  Type ie = it.getElementType();
+  auto rt = rtt(op.getResult());
+  int64_t rowsLocal = rt.getDimSize(0) / n;
+  Value base = firstRow(op, rowsLocal, ie);
+  OpBuilder b(op);
+  Location loc = op->getLoc();
+  Value local = dl::SubOp::create(b, loc, ids, base);
+  Value clamped = dl::MinimumOp::create(
+      b, loc, dl::MaximumOp::create(b, loc, local, scalarLike(b, loc, ie, 0)),
+      scalarLike(b, loc, ie, double(rowsLocal - 1)));
+  Value in = dl::CompareOp::create(b, loc, dl::CmpPredicate::eq, clamped, local);
+  SmallVector<int64_t> maskShape(it.getShape());
+  maskShape.append(size_t(rtt(upd).getRank() - it.getRank()), 1);
+  Value mask = dl::ReshapeOp::create(
+      b, loc, RankedTensorType::get(maskShape, b.getI1Type()), in);
+  Value masked = dl::SelectOp::create(
+      b, loc, mask, upd, scalarLike(b, loc, rtt(upd).getElementType(), 0.0));
+  op->getOpOperand(0).set(clamped);
+  op->getOpOperand(1).set(masked);
+  setResult(op, 0, Sh::split(0));
+  return success();
+}
+
 /// An embedding lookup in a table split on its rows (vocabulary-parallel):
 /// each rank looks up the ids in its block and zeroes the others; the sum
 /// over the axis is the lookup.
@@ -645,16 +710,8 @@ LogicalResult AxisPartitioner::maskedGather(dl::GatherOp op) {
   Type ie = it.getElementType();
   int64_t rowsLocal = rtt(table).getDimSize(0);
   // This rank's first row: its block of [0, Vl, 2 Vl, ...].
-  SmallVector<Attribute> starts;
-  for (int64_t r = 0; r < n; ++r)
-    starts.push_back(b.getIntegerAttr(ie, r * rowsLocal));
-  auto st = RankedTensorType::get({n}, ie);
-  Value all = arith::ConstantOp::create(b, loc, st,
-                                        DenseElementsAttr::get(st, starts));
-  sh[all] = Sh::rep();
-  Value mine = toSplit(all, 0);
+  Value base = firstRow(op, rowsLocal, ie);
   b.setInsertionPoint(op);
-  Value base = dl::ReshapeOp::create(b, loc, RankedTensorType::get({}, ie), mine);
   Value local = dl::SubOp::create(b, loc, ids, base);
   Value clamped = dl::MinimumOp::create(
       b, loc, dl::MaximumOp::create(b, loc, local, scalarLike(b, loc, ie, 0)),
@@ -998,6 +1055,17 @@ LogicalResult AxisPartitioner::applyRule(Operation *op) {
   if (auto mm = dyn_cast<dl::MatmulOp>(op))
     return matmul(mm);
 
+  // The gradient of a vocabulary-parallel lookup stays in the table's rows.
+  if (auto sa = dyn_cast<dl::ScatterAddOp>(op)) {
+    auto fid = op->getAttrOfType<IntegerAttr>(DLOptDialect::kFwdIdAttr);
+    auto g = fid ? dyn_cast_or_null<dl::GatherOp>(forwardOps.lookup(fid.getInt()))
+                 : dl::GatherOp();
+    if (g && of(g.getTable()).isS() && of(g.getTable()).dim == 0 &&
+        rtt(op->getResult(0)).getDimSize(0) % n == 0 &&
+        !(of(sa.getIds()).isS() && of(sa.getUpdates()).isS() &&
+          of(sa.getIds()).dim == of(sa.getUpdates()).dim))
+      return maskedScatter(sa);
+  }
   // scatter_add is linear in its updates: whole ids with partial updates
   // give a partial result.
   if (isa<dl::ScatterAddOp>(op) && of(op->getOperand(0)).isR() &&

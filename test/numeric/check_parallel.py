@@ -187,6 +187,16 @@ def main():
                          "--fix", fix] + mode + flags)
             if r.returncode:
                 raise RuntimeError("compile (%s): %s" % (fix, r.stderr))
+            # The collectives inserted are the ones the planner priced
+            # (dlopt-compile warns otherwise). A hand-edited plan file was
+            # priced as the planner made it, so there the warning must come.
+            warned = "warning:" in r.stderr and "the plan priced" in r.stderr
+            if name.endswith(".plan") and not warned:
+                raise RuntimeError("no warning for collectives the edited plan "
+                                   "was not priced for: " + r.stderr)
+            if not name.endswith(".plan") and warned:
+                raise RuntimeError("inserted collectives differ from the priced "
+                                   "ones: " + r.stderr)
             # Global inputs: read their types from the single-device plan.
             dump = run([runp, one, "--dump"]).stdout
             binds = []

@@ -26,6 +26,7 @@
 #include "mlir/Support/FileUtilities.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/SourceMgr.h"
@@ -34,6 +35,8 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <chrono>
+#include <map>
+#include <set>
 #include <optional>
 
 using namespace mlir;
@@ -190,7 +193,8 @@ static std::string humanBytes(int64_t b) {
 /// With `apply` (plan application, no --dry-run), the same search runs but
 /// its plan is stored there instead of reported; the choices that cannot be
 /// applied yet are pinned to what can (docs/parallel.md).
-static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr) {
+static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
+                     std::vector<dlopt::planner::CommOp> *applyComms = nullptr) {
   using namespace dlopt::planner;
   auto fail = [](const std::string &msg, int rc = 1) {
     llvm::errs() << "dlopt-compile: error: " << msg << "\n";
@@ -331,6 +335,8 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr) {
       return fail(planPrefix + opPlan.status().message());
     if (apply) {
       *apply = loaded ? *loaded : opPlan->plan;
+      if (applyComms)
+        *applyComms = opPlan->comms;
       return 0;
     }
     if (loaded) {
@@ -354,6 +360,8 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr) {
     return fail(planPrefix + plan.status().message());
   if (apply) {
     *apply = loaded ? *loaded : plan->plan;
+    if (applyComms)
+      *applyComms = plan->comms;
     return 0;
   }
   if (loaded) {
@@ -509,6 +517,96 @@ static int applyPlanToModule(ModuleOp module, const dlopt::planner::Plan &plan,
   return 0;
 }
 
+/// The mesh axes of a collective the planner priced, from its label ("tp
+/// all-reduce ...", "dp*cp gradient ...", "zero-3 parameter ..." over dp,
+/// "embedding gradient ..." over pp).
+static std::string pricedGroup(const dlopt::planner::CommOp &c) {
+  std::string first = c.what.substr(0, c.what.find(' '));
+  if (first == "dp*cp")
+    return "dp+cp";
+  if (first == "zero-3")
+    return "dp";
+  if (first == "embedding")
+    return "pp";
+  return first;
+}
+
+/// Compares the collectives the partitioned step issues (kind, group, bytes
+/// per step, as nccl-tests count them: the buffer for all-reduce, the
+/// gathered size for all-gather and reduce-scatter) with the ones the
+/// planner priced, and warns about every (kind, group) whose bytes differ by
+/// more than 10% or that only one side has, unless the difference is under
+/// 2% of the group's traffic per step (vectors: a loss, a norm, a bias
+/// gradient). Returns the number of warnings.
+static int checkPricedCollectives(ModuleOp module,
+                                  const std::vector<dlopt::planner::CommOp> &priced) {
+  struct Row {
+    double calls = 0, bytes = 0;
+  };
+  std::map<std::pair<std::string, std::string>, Row> inserted, planned;
+  auto mesh = module->getAttrOfType<DictionaryAttr>("dlopt.mesh");
+  if (!mesh)
+    return 0;
+  auto axes = cast<ArrayAttr>(mesh.get("axes"));
+  auto bytesOf = [](Type t) {
+    auto rt = cast<RankedTensorType>(t);
+    return double(rt.getNumElements()) *
+           std::max<unsigned>(1, rt.getElementTypeBitWidth() / 8);
+  };
+  module.walk([&](Operation *op) {
+    auto ga = op->getAttrOfType<DenseI16ArrayAttr>("grid_axes");
+    if (!ga || isa<shard::AllSliceOp>(op) || op->getNumResults() != 1)
+      return;
+    std::string group;
+    for (int16_t a : ga.asArrayRef())
+      group += (group.empty() ? "" : "+") +
+               cast<StringAttr>(axes[size_t(a)]).getValue().str();
+    std::string kind = isa<shard::AllReduceOp>(op)       ? "all-reduce"
+                       : isa<shard::AllGatherOp>(op)     ? "all-gather"
+                       : isa<shard::ReduceScatterOp>(op) ? "reduce-scatter"
+                       : isa<shard::AllToAllOp>(op)      ? "all-to-all"
+                                                         : op->getName().stripDialect().str();
+    double b = isa<shard::ReduceScatterOp>(op) ? bytesOf(op->getOperand(0).getType())
+                                               : bytesOf(op->getResult(0).getType());
+    Row &r = inserted[{kind, group}];
+    r.calls += 1;
+    r.bytes += b;
+  });
+  for (const dlopt::planner::CommOp &c : priced) {
+    std::string kind = dlopt::planner::collectiveName(c.collective);
+    Row &r = planned[{kind, pricedGroup(c)}];
+    r.calls += c.calls;
+    r.bytes += c.bytes * c.calls;
+  }
+  std::map<std::string, double> insertedTotal, plannedTotal;
+  std::set<std::pair<std::string, std::string>> keys;
+  for (auto &[k, r] : inserted) {
+    insertedTotal[k.second] += r.bytes;
+    keys.insert(k);
+  }
+  for (auto &[k, r] : planned) {
+    plannedTotal[k.second] += r.bytes;
+    keys.insert(k);
+  }
+  auto kib = [](double b) { return llvm::formatv("{0:F1} KiB", b / 1024).str(); };
+  int warnings = 0;
+  for (const auto &k : keys) {
+    Row in = inserted.count(k) ? inserted[k] : Row{};
+    Row pr = planned.count(k) ? planned[k] : Row{};
+    double hi = std::max(in.bytes, pr.bytes), lo = std::min(in.bytes, pr.bytes);
+    double traffic = std::max(insertedTotal[k.second], plannedTotal[k.second]);
+    if (hi <= 1.1 * lo || hi - lo < 0.02 * traffic)
+      continue;
+    ++warnings;
+    llvm::errs() << "dlopt-compile: warning: " << k.first << " over " << k.second
+                 << ": the step issues " << int64_t(in.calls) << " call(s), "
+                 << kib(in.bytes) << " per step; the plan priced "
+                 << int64_t(pr.calls + 0.5) << " call(s), " << kib(pr.bytes)
+                 << "\n";
+  }
+  return warnings;
+}
+
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
   // The fusion switches are declared with the pipeline (passes/Pipelines.cpp)
@@ -585,6 +683,7 @@ int main(int argc, char **argv) {
   // compiles to a multi-rank executable.
   std::vector<std::string> meshAxes;
   std::vector<int64_t> meshSizes;
+  std::vector<dlopt::planner::CommOp> pricedComms;
   bool applying = !dryRun && (!clusterOpt.empty() || !fixOpt.empty() ||
                               !planFileOpt.empty());
   if (applying) {
@@ -595,7 +694,7 @@ int main(int argc, char **argv) {
       return 2;
     }
     dlopt::planner::Plan plan;
-    if (int rc = runDryRun(*module, &plan))
+    if (int rc = runDryRun(*module, &plan, &pricedComms))
       return rc;
     phase("plan");
     if (applyPlanToModule(*module, plan, meshAxes, meshSizes))
@@ -643,6 +742,8 @@ int main(int argc, char **argv) {
   if (failed(pm.run(*module)))
     return 1;
   phase("pipeline");
+  if (applying && !meshAxes.empty())
+    checkPricedCollectives(*module, pricedComms);
 
   std::string out = outputFile;
   if (out.empty()) {
