@@ -49,9 +49,9 @@ def run(cmd):
 CASES = [
     # name, dlopt-gen args, compile flags, --fix, cluster
     ("mlp.adamw.clip.dp2", ["mlp", "--preset", "mlp-tiny", "--batch", "8"],
-     ["--optimizer", "adamw", "--lr", "0.01", "--clip-norm", "0.1"], "dp=2", "cpu:1"),
+     ["--optimizer", "adamw", "--lr", "0.01", "--clip-norm", "0.1", "--adam-eps", "1e-3"], "dp=2", "cpu:1"),
     ("mlp.adamw.dp4", ["mlp", "--preset", "mlp-tiny", "--batch", "8"],
-     ["--optimizer", "adamw", "--lr", "0.01"], "dp=4", "cpu:2"),
+     ["--optimizer", "adamw", "--lr", "0.01", "--adam-eps", "1e-3"], "dp=4", "cpu:2"),
     ("mlp.sgd.momentum.dp2", ["mlp", "--preset", "mlp-tiny", "--batch", "4"],
      ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9"], "dp=2", "cpu:1"),
     # Transformers: the loss and every gradient (--autodiff). Some of their
@@ -65,7 +65,7 @@ CASES = [
     ("gpt.sgd.clip.dp2", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
      ["--optimizer", "sgd", "--lr", "0.1", "--clip-norm", "0.5"], "dp=2", "cpu:1"),
     ("mlp.adam.accumulate2.dp2", ["mlp", "--preset", "mlp-tiny", "--batch", "4"],
-     ["--optimizer", "adam", "--lr", "0.01", "--accumulate", "2"], "dp=2", "cpu:1"),
+     ["--optimizer", "adam", "--lr", "0.01", "--accumulate", "2", "--adam-eps", "1e-3"], "dp=2", "cpu:1"),
     # Tensor parallelism (Megatron: column- and row-parallel matmuls, heads
     # over tp, vocabulary-parallel embedding and cross-entropy), alone and
     # with dp, up to 8 ranks.

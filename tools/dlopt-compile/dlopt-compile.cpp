@@ -16,6 +16,8 @@
 #include "planner/Search.h"
 #include "passes/Passes.h"
 #include "runtime/format/Executable.h"
+#include "runtime/exec/DataLoader.h"
+#include "runtime/exec/World.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -124,6 +126,21 @@ static cl::opt<bool> dryRun(
     "dry-run", cl::desc("Plan the parallel layout on --cluster, print the "
                         "placement report to stdout, write no plan file"),
     cl::cat(planCategory));
+static cl::opt<bool> verifyPlan(
+    "verify-plan",
+    cl::desc("After applying a plan, run the parallel step and the "
+             "single-device step on the CPU backend on the same random "
+             "batches and initial parameters, print the largest difference "
+             "per tensor and fail above --verify-tolerance (parallel.md)"),
+    cl::cat(planCategory));
+static cl::opt<int> verifySteps(
+    "verify-steps", cl::desc("Training steps --verify-plan runs (default 3)"),
+    cl::init(3), cl::cat(planCategory));
+static cl::opt<double> verifyTolerance(
+    "verify-tolerance",
+    cl::desc("Largest relative difference --verify-plan accepts (default "
+             "1e-5)"),
+    cl::init(1e-5), cl::cat(planCategory));
 static cl::opt<std::string> fixOpt(
     "fix", cl::value_desc("k=v,..."),
     cl::desc("Pin planner choices: dp, tp, pp, cp, sp (0|1), mbs, mb, "
@@ -607,6 +624,183 @@ static int checkPricedCollectives(ModuleOp module,
   return warnings;
 }
 
+/// --verify-plan: runs `par` (the applied plan, ranks as threads) and `one`
+/// (the single-device step) for --verify-steps steps on the same synthetic
+/// global batches and parameters, and compares every output each step and
+/// every parameter and state at the end: max|a - b| / (max|b| + 1e-6), with
+/// gradients and optimizer states measured against the largest of their
+/// kind in the model (some are 0 up to rounding). Returns the exit code.
+static int runVerifyPlan(const dlopt::rt::Executable &par,
+                         const dlopt::rt::Executable &one) {
+  using namespace dlopt::rt;
+  auto fail = [](const std::string &msg) {
+    llvm::errs() << "dlopt-compile: error: --verify-plan: " << msg << "\n";
+    return 1;
+  };
+  if (verifySteps < 1 || verifySteps > 1000)
+    return fail("--verify-steps must be between 1 and 1000");
+  // Every rank holds its program's memory in this process.
+  double bytes = 0;
+  for (const Program &p : par.programs)
+    bytes += double(p.memory.totalBytes()) * double(p.ranks.size());
+  bytes += double(one.programs[0].memory.totalBytes());
+  if (bytes > 16.0 * (1ull << 30))
+    return fail(llvm::formatv("the two steps need {0:F1} GiB here; verify "
+                              "on a smaller preset of the model",
+                              bytes / (1ull << 30))
+                    .str());
+  WorldOptions wo;
+  wo.seed = 1234;
+  auto wp = World::create(par, wo);
+  if (!wp)
+    return fail("parallel step: " + wp.status().message());
+  auto w1 = World::create(one, wo);
+  if (!w1)
+    return fail("single-device step: " + w1.status().message());
+  std::vector<std::string> inputNames;
+  for (int32_t id : one.inputs)
+    inputNames.push_back(one.values[size_t(id)].name);
+  auto loader = createSyntheticLoader(one, inputNames, 0);
+  if (!loader)
+    return fail(loader.status().message());
+  for (World *w : {wp->get(), w1->get()})
+    if (Status st = w->initializeParams(); !st.isOk())
+      return fail(st.message());
+  const char *kinds[] = {"grad.",    "sgd.momentum.", "adamw.m.",
+                         "adamw.v.", "adam.m.",       "adam.v."};
+  auto kindOf = [&](const std::string &n) -> const char * {
+    for (const char *k : kinds)
+      if (llvm::StringRef(n).starts_with(k))
+        return k;
+    return nullptr;
+  };
+  auto maxAbs = [](const HostTensor &t) {
+    double m = 0;
+    for (int64_t i = 0; i < t.numElements(); ++i)
+      m = std::max(m, std::abs(t.elementAsDouble(i)));
+    return m;
+  };
+  // Params Adam updates: their update divides each gradient element by its
+  // own magnitude, so elements whose gradient is rounding noise (a key
+  // bias, which cannot change softmax) move by up to lr either way in
+  // either run. They are reported, not judged, and the steps after the
+  // first inherit those moves: the verdict takes every output of step 1
+  // but them, and the loss of every step at 10x the tolerance.
+  std::set<std::string> adamUpdated;
+  for (int32_t id : one.states) {
+    llvm::StringRef n(one.values[size_t(id)].name);
+    for (llvm::StringRef pre : {"adam.m.", "adamw.m."})
+      if (n.starts_with(pre))
+        adamUpdated.insert(n.drop_front(pre.size()).str());
+  }
+  std::map<std::string, double> worst; // tensor -> largest relative diff
+  double verdict = 0;
+  std::string verdictOf;
+  auto judge = [&](const std::string &n, double rel) {
+    if (rel > verdict || verdictOf.empty()) {
+      verdict = rel;
+      verdictOf = n;
+    }
+  };
+  int stepNow = 0;
+  auto compare = [&](const std::vector<std::pair<std::string, HostTensor>> &a,
+                     const std::vector<std::pair<std::string, HostTensor>> &b)
+      -> std::string {
+    std::map<std::string, double> scale;
+    for (auto &[n, t] : b)
+      if (const char *k = kindOf(n))
+        scale[k] = std::max(scale[k], maxAbs(t));
+    for (size_t i = 0; i < a.size(); ++i) {
+      const auto &[n, ta] = a[i];
+      const HostTensor &tb = b[i].second;
+      if (ta.type.shape != tb.type.shape)
+        return n + ": shape differs";
+      double d = 0;
+      bool finite = true;
+      for (int64_t j = 0; j < ta.numElements(); ++j) {
+        double x = ta.elementAsDouble(j), y = tb.elementAsDouble(j);
+        finite &= std::isfinite(x) == std::isfinite(y);
+        d = std::max(d, std::abs(x - y));
+      }
+      const char *k = kindOf(n);
+      double rel = finite ? d / ((k ? scale[k] : maxAbs(tb)) + 1e-6)
+                          : std::numeric_limits<double>::infinity();
+      worst[n] = std::max(worst[n], rel);
+      if (stepNow == 1 && !adamUpdated.count(n))
+        judge(n + " (step 1)", rel);
+      if (n == "loss" && stepNow > 1)
+        judge("loss (step " + std::to_string(stepNow) + ", 10x tolerance)",
+              rel / 10);
+    }
+    return "";
+  };
+  for (int step = 0; step < verifySteps; ++step) {
+    stepNow = step + 1;
+    auto batch = (*loader)->batch(uint64_t(step), 99);
+    if (!batch)
+      return fail(batch.status().message());
+    for (World *w : {wp->get(), w1->get()})
+      for (const NamedTensor &t : *batch)
+        if (Status st = w->bind(t.name, t.tensor, "verify"); !st.isOk())
+          return fail(st.message());
+    for (World *w : {wp->get(), w1->get()})
+      if (Status st = w->execute(); !st.isOk())
+        return fail((w == wp->get() ? "parallel step: " : "single-device step: ") +
+                    st.message());
+    std::vector<std::pair<std::string, HostTensor>> a, b;
+    for (const std::string &n : one.outputNames) {
+      auto x = (*wp)->readOutput(n);
+      auto y = (*w1)->readOutput(n);
+      if (!x || !y)
+        return fail(n + ": " + (!x ? x.status() : y.status()).message());
+      a.emplace_back(n, std::move(*x));
+      b.emplace_back(n, std::move(*y));
+    }
+    if (std::string e = compare(a, b); !e.empty())
+      return fail(e);
+    for (World *w : {wp->get(), w1->get()})
+      if (Status st = w->applyUpdates(); !st.isOk())
+        return fail(st.message());
+  }
+  stepNow = 0;
+  // The parameters and states after the last step (reported).
+  std::vector<std::pair<std::string, HostTensor>> a, b;
+  for (auto ids : {&one.params, &one.states})
+    for (int32_t id : *ids) {
+      const std::string &n = one.values[size_t(id)].name;
+      auto x = (*wp)->readArgument(n);
+      auto y = (*w1)->readArgument(n);
+      if (!x || !y)
+        return fail(n + ": " + (!x ? x.status() : y.status()).message());
+      a.emplace_back("final " + n, std::move(*x));
+      b.emplace_back("final " + n, std::move(*y));
+    }
+  if (std::string e = compare(a, b); !e.empty())
+    return fail(e);
+  std::vector<std::pair<double, std::string>> rows;
+  for (auto &[n, d] : worst)
+    rows.emplace_back(d, n);
+  llvm::sort(rows, [](auto &x, auto &y) { return x.first > y.first; });
+  llvm::outs() << "verify-plan: " << int(verifySteps) << " step(s) of "
+               << par.worldSize << " ranks against 1 device on the CPU "
+               << "backend, same batches and initial parameters\n"
+               << "  largest relative difference per tensor (worst first):\n";
+  for (auto &[d, n] : rows) {
+    llvm::StringRef base(n);
+    base.consume_front("final ");
+    llvm::outs() << llvm::formatv("    {0,-40} {1:e2}{2}\n", n, d,
+                                  adamUpdated.count(base.str())
+                                      ? "  (Adam-updated: reported, not judged)"
+                                      : "");
+  }
+  bool ok = !verdictOf.empty() && verdict <= verifyTolerance;
+  llvm::outs() << llvm::formatv("verify-plan: {0}: largest judged difference "
+                                "{1:e2} ({2}) {3} the tolerance {4:e1}\n",
+                                ok ? "ok" : "FAILED", verdict, verdictOf,
+                                ok ? "<=" : ">", double(verifyTolerance));
+  return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
   // The fusion switches are declared with the pipeline (passes/Pipelines.cpp)
@@ -686,6 +880,14 @@ int main(int argc, char **argv) {
   std::vector<dlopt::planner::CommOp> pricedComms;
   bool applying = !dryRun && (!clusterOpt.empty() || !fixOpt.empty() ||
                               !planFileOpt.empty());
+  OwningOpRef<ModuleOp> singleDevice;
+  if (verifyPlan && !applying) {
+    llvm::errs() << "dlopt-compile: error: --verify-plan needs a plan to "
+                    "apply (--cluster, --fix or --plan, without --dry-run)\n";
+    return 2;
+  }
+  if (applying && verifyPlan)
+    singleDevice = OwningOpRef<ModuleOp>(module->clone());
   if (applying) {
     if (!train && !autodiff) {
       llvm::errs() << "dlopt-compile: error: applying a plan (--cluster, "
@@ -793,6 +995,23 @@ int main(int argc, char **argv) {
                  << " inputs; planned memory " << humanBytes(mem.totalBytes())
                  << " (persistent " << humanBytes(mem.persistentBytes)
                  << ", scratch " << humanBytes(mem.scratchBytes) << ")\n";
+  }
+  if (singleDevice) {
+    // The same model, options and seed on one device.
+    PassManager pm1(&context);
+    dlopt::CompilePipelineOptions single = options;
+    single.meshAxes.clear();
+    single.meshSizes.clear();
+    dlopt::buildCompilePipeline(pm1, single);
+    if (failed(pm1.run(*singleDevice)))
+      return 1;
+    FailureOr<dlopt::rt::Executable> one =
+        dlopt::exportExecutable(*singleDevice, entry, inputFile);
+    if (failed(one))
+      return 1;
+    int rc = runVerifyPlan(*exe, *one);
+    phase("verify");
+    return rc;
   }
   return 0;
 }
