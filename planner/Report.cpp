@@ -48,11 +48,13 @@ std::string launchCommand(const Cluster &cluster, const ProcessPlan &p,
   const int nodes = cluster.numNodes();
   const int devices = cluster.numDevices();
   const int perNode = p.processesPerNode;
-  // CPU "devices" (the cpu preset) run on the CPU backend.
+  // CPU "devices" (the cpu preset) run on the CPU backend, every rank a
+  // thread of one dlopt-run process (docs/parallel.md).
   bool cpu = !cluster.groups.empty() &&
              cluster.groups.front().gpu.name.rfind("CPU", 0) == 0;
-  std::string run =
-      std::string("dlopt-run --backend ") + (cpu ? "cpu" : "cuda");
+  if (cpu)
+    return "dlopt-run --backend cpu " + planFile;
+  std::string run = "dlopt-run --backend cuda";
   if (p.layout == ProcessLayout::InGraph)
     run += " --devices-per-process " +
            std::to_string(devices / std::max(1, nodes));
@@ -101,11 +103,16 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
   r += strf("  processes: %s, %d per node (%s)\n",
               layoutName(proc.layout, nodes), proc.processesPerNode,
               proc.why.c_str());
-  r += "  launch: " + launchCommand(cluster, proc, "model.plan") +
-       (devices > 1 ? "  (once plan application emits per-rank programs; "
-                      "dlopt-run runs single-device plans today)"
-                    : "") +
-       "\n";
+  {
+    bool cpu = !cluster.groups.empty() &&
+               cluster.groups.front().gpu.name.rfind("CPU", 0) == 0;
+    r += "  launch: " + launchCommand(cluster, proc, o.executable);
+    if (devices > 1)
+      r += cpu ? "  (every rank a thread of this process)"
+               : "  (multi-rank CUDA and MPI execution are not there yet: "
+                 "the CPU backend runs the executable's ranks as threads)";
+    r += "\n";
+  }
   {
     std::string shard = "  sharding: matmul ";
     shard += cfg.tp > 1 ? "column/row-parallel over tp (Megatron)"
@@ -254,7 +261,7 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
       {"host_memory_per_node", p.best.process.hostMemory},
       {"host_memory_capacity", p.best.process.hostCapacity},
       {"why", p.best.process.why},
-      {"launch", launchCommand(cluster, p.best.process, "model.plan")}};
+      {"launch", launchCommand(cluster, p.best.process, o.executable)}};
   json stages = json::array();
   for (size_t s = 0; s < p.stageLayers.size(); ++s) {
     json st = {{"stage", s},

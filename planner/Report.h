@@ -18,6 +18,9 @@ namespace dlopt::planner {
 struct ReportOptions {
   bool explain = false; ///< add the search statistics
   int maxRanks = 16;    ///< rank-table rows before the summary line
+  /// The executable the launch line runs (dlopt-compile's -o, else the
+  /// model's name with .exe).
+  std::string executable = "model.exe";
 };
 
 /// The standard mesh (planner/Mesh.h) of a configuration:

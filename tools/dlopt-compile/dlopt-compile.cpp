@@ -202,6 +202,16 @@ static std::string humanBytes(int64_t b) {
   return s;
 }
 
+/// The executable a launch line runs: -o when given, else the model's file
+/// name with .exe.
+static std::string executableName() {
+  if (!outputFile.empty() && outputFile != "-")
+    return outputFile;
+  llvm::SmallString<256> path(inputFile == "-" ? "model" : inputFile.getValue());
+  llvm::sys::path::replace_extension(path, ".exe");
+  return std::string(llvm::sys::path::filename(path));
+}
+
 /// --dry-run: summarize the forward graph, search the plan, print the report.
 /// The training step is modelled from the forward graph (backward = the
 /// calibration's backward_flops_ratio times the forward), so the compile
@@ -364,6 +374,7 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
     }
     ReportOptions ro;
     ro.explain = explainOpt;
+    ro.executable = executableName();
     llvm::outs() << (formatOpt == Format::Json
                          ? formatOpJsonReport(*opPlan, *cluster, *graph, ro)
                          : formatOpTextReport(*opPlan, *cluster, *graph, ro));
@@ -400,6 +411,7 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
   }
   ReportOptions ro;
   ro.explain = explainOpt;
+  ro.executable = executableName();
   llvm::outs() << (formatOpt == Format::Json
                        ? formatJsonReport(*plan, *cluster, *graph, ro)
                        : formatTextReport(*plan, *cluster, *graph, ro));
