@@ -291,6 +291,47 @@ TEST(Search, SequenceParallelSplitsReplicatedWork) {
               0.05 * off->best.time.tpComm);
 }
 
+TEST(Search, VocabularyParallelCollectivesArePriced) {
+  // What dlopt-partition inserts for a vocabulary-parallel embedding, LM
+  // head and cross-entropy (docs/cost-model.md, section 7), per step.
+  GraphSummary g = gpt(4, 1024, 16, 1024, 32000);
+  auto c = resolveCluster("dgx-a100:1");
+  ASSERT_TRUE(c);
+  SearchOptions o = opts(8);
+  auto find = [](const PlanResult &p, const std::string &what) {
+    for (const CommOp &x : p.comms)
+      if (x.what == what)
+        return x;
+    return CommOp{};
+  };
+  o.fix = *parseFix("tp=8,pp=1,mbs=1,recompute=none,zero=0,sp=0");
+  auto off = searchPlan(g, *c, CostModel(), o);
+  ASSERT_TRUE(off);
+  double m = double(off->best.cfg.numMicroBatches);
+  CommOp layer = find(*off, "tp all-reduce (layer in/out)");
+  CommOp vocab = find(*off, "tp all-reduce (vocab-parallel embedding, LM head)");
+  CommOp ce = find(*off, "tp all-reduce (vocab-parallel cross-entropy)");
+  EXPECT_EQ(vocab.calls, 2 * m);          // lookup forward, head input backward
+  EXPECT_EQ(vocab.bytes, layer.bytes);    // one [b, s, h] activation each
+  EXPECT_EQ(ce.calls, 3 * m);             // row max, sum of exps, target
+  EXPECT_EQ(ce.bytes, 1024.0 * 4);        // float32 per row
+  o.fix = *parseFix("tp=8,pp=1,mbs=1,recompute=none,zero=0,sp=1");
+  auto on = searchPlan(g, *c, CostModel(), o);
+  ASSERT_TRUE(on);
+  EXPECT_EQ(find(*on, "tp all-gather (vocab-parallel LM head, embedding grad)").calls, 2 * m);
+  EXPECT_EQ(find(*on, "tp reduce-scatter (vocab-parallel embedding, LM head grad)").calls, 2 * m);
+  // Norm weights (GPT: 2 layer norms with weight and bias per layer, the
+  // final one) and learned positions are all-reduced once per step.
+  EXPECT_EQ(find(*on, "tp all-reduce (sequence-parallel weight gradients)").calls,
+            4 * 4 + 2 + 1);
+  // Not vocabulary-parallel when the vocabulary does not divide by tp.
+  GraphSummary odd = gpt(4, 1024, 16, 1024, 32001);
+  o.fix = *parseFix("tp=8,pp=1,mbs=1,recompute=none,zero=0,sp=0");
+  auto p = searchPlan(odd, *c, CostModel(), o);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(find(*p, "tp all-reduce (vocab-parallel cross-entropy)").calls, 0);
+}
+
 TEST(Search, ProcessLayoutIsADecision) {
   // Large model: dispatch hidden, in-graph (hybrid) saves host memory.
   GraphSummary big = gpt(24, 2048, 16, 2048, 50257);
