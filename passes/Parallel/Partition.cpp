@@ -46,6 +46,7 @@
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringMap.h"
 
+#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
@@ -976,32 +977,73 @@ LogicalResult AxisPartitioner::matmul(dl::MatmulOp op) {
   Sh sa = of(a), sb = of(b);
   std::optional<Sh> r = apply(sa, sb);
   if (!r) {
-    // No rule for this pair: make one operand whole, the one that gives a
-    // rule with the fewer bytes moved (x @ W with x sequence-parallel
-    // gathers x; a weight gradient x^T dy with dy sequence-parallel
-    // gathers dy); else both.
-    auto bytes = [&](Value v) {
-      return rtt(v).getNumElements() * (of(v).isS() ? n : 1);
-    };
-    std::optional<Sh> ra = sa.isR() ? std::nullopt : apply(Sh::rep(), sb);
-    std::optional<Sh> rb = sb.isR() ? std::nullopt : apply(sa, Sh::rep());
-    // A parameter keeps its sharding (gathering a weight would leave the
-    // activation split where the plan has it whole, e.g. on the sequence).
+    // No rule for this pair: reshard the operands to the pair with a rule
+    // that moves the fewest elements: gathers and reduce-scatters cost the
+    // value's size, sums twice that, slices and reuses of an earlier
+    // reshard nothing; a partial result costs its size (a reduction
+    // later). A parameter keeps its sharding unless nothing else works
+    // (gathering a weight would leave the activation split where the plan
+    // has it whole). So a sequence-parallel x @ W gathers x, its weight
+    // gradient x^T dy gathers dy, and a context-parallel key gradient is
+    // reduce-scattered back onto the sequence.
     auto isParam = [&](Value v) {
       auto arg = dyn_cast<BlockArgument>(v);
       return arg && fn.getArgAttr(arg.getArgNumber(), DLOptDialect::kParamAttr);
     };
-    bool preferA = isParam(b) != isParam(a) ? isParam(b) : bytes(a) <= bytes(b);
-    if (ra && (!rb || preferA)) {
-      op->getOpOperand(0).set(whole(a));
-      r = ra;
-    } else if (rb) {
-      op->getOpOperand(1).set(whole(b));
-      r = rb;
-    } else {
-      wholeOperands(op);
-      r = Sh::rep();
-    }
+    auto size = [&](Value v) {
+      return double(rtt(v).getNumElements()) * (of(v).isS() ? double(n) : 1.0);
+    };
+    auto cost = [&](Value v, Sh to) -> double {
+      Sh from = of(v);
+      if (from == to)
+        return 0;
+      double c;
+      void *key = v.getAsOpaquePointer();
+      if (to.isR())
+        c = from.isS() ? (gathered.count(v) ? 0 : size(v))
+                       : (summed.count(v) ? 0 : 2 * size(v));
+      else if (from.isR())
+        c = 0;
+      else if (from.isP())
+        c = scattered.count({key, to.dim}) ? 0 : size(v);
+      else
+        c = gathered.count(v) ? 0 : size(v);
+      if (isParam(v) && !(from.isR() && to.isS()))
+        c += 1e15;
+      return c;
+    };
+    auto candidates = [&](Value v) {
+      SmallVector<Sh> c{of(v), Sh::rep()};
+      auto t = rtt(v);
+      for (int64_t k = 0; k < t.getRank(); ++k) {
+        int64_t global = t.getDimSize(k) * (of(v).isS() && of(v).dim == k ? n : 1);
+        if (global % n == 0 && !(of(v).isS() && of(v).dim == k))
+          c.push_back(Sh::split(k));
+      }
+      return c;
+    };
+    double best = std::numeric_limits<double>::infinity();
+    Sh bestA = Sh::rep(), bestB = Sh::rep();
+    for (Sh ca : candidates(a))
+      for (Sh cb : candidates(b)) {
+        std::optional<Sh> res = apply(ca, cb);
+        if (!res)
+          continue;
+        double c = cost(a, ca) + cost(b, cb) +
+                   (res->isP() ? double(rt.getNumElements()) : 0.0);
+        if (c < best) {
+          best = c;
+          bestA = ca;
+          bestB = cb;
+          r = res;
+        }
+      }
+    if (!r)
+      return refuse(op, "no matmul form for these operands");
+    if (!(bestA == sa))
+      op->getOpOperand(0).set(reshard(a, bestA));
+    if (!(bestB == sb))
+      op->getOpOperand(1).set(reshard(b, bestB));
   }
   setResult(op, 0, *r);
   return success();
@@ -1150,6 +1192,17 @@ LogicalResult AxisPartitioner::applyRule(Operation *op) {
                constScale(op, op->getResult(0), 1.0 / double(n)));
     return success();
   }
+  // Data movement and rotations are linear: a partial sum stays one.
+  if (isa<dl::TransposeOp, dl::ReshapeOp>(op) && of(op->getOperand(0)).isP()) {
+    setResult(op, 0, Sh::partial());
+    return success();
+  }
+  if (auto rope = dyn_cast<dl::RopeOp>(op);
+      rope && of(rope.getInput()).isP() &&
+      (!rope.getOffset() || of(rope.getOffset()).isR())) {
+    setResult(op, 0, Sh::partial());
+    return success();
+  }
   // The remaining rules need whole (not partial) operands; on whole
   // operands every op computes the same on every rank.
   materializeOperands(op);
@@ -1290,25 +1343,77 @@ LogicalResult AxisPartitioner::applyRule(Operation *op) {
     }
     return refuse(op, "ids and updates must be split alike");
   }
+  if (isa<dl::AttentionOp, dl::AttentionGradOp>(op) &&
+      splitOf(0).isS() && splitOf(0).dim == 2) {
+    // Queries split on the sequence (context parallelism, the all-gather
+    // form): every rank attends with its block of queries to all keys and
+    // values (gathered), its causal mask shifted to its block's position.
+    bool isGrad = isa<dl::AttentionGradOp>(op);
+    OpOperand &q = op->getOpOperand(0);
+    int64_t sLocal = rtt(q.get()).getDimSize(2);
+    for (unsigned i : {1u, 2u}) {
+      OpOperand &o = op->getOpOperand(i);
+      o.set(whole(o.get()));
+    }
+    if (isGrad) {
+      OpOperand &g = op->getOpOperand(3);
+      if (!(of(g.get()).isS() && of(g.get()).dim == 2))
+        g.set(toSplit(g.get(), 2));
+    }
+    int64_t keys = rtt(op->getOperand(1)).getDimSize(2);
+    auto i64 = IntegerType::get(op->getContext(), 64);
+    Value base = firstRow(op, sLocal, i64);
+    OpBuilder b(op);
+    Location loc = op->getLoc();
+    Value old = isGrad ? cast<dl::AttentionGradOp>(op).getQueryOffset()
+                       : cast<dl::AttentionOp>(op).getQueryOffset();
+    if (old && !of(old).isR())
+      return refuse(op, "expects a whole offset");
+    // Query 0 of the whole sequence sits at T - S among the keys (or at the
+    // op's own offset); this rank's first query r * S_local after it.
+    Value start = old ? (getElementTypeOrSelf(old.getType()) == i64
+                             ? old
+                             : dl::CastOp::create(
+                                   b, loc, RankedTensorType::get({}, i64), old)
+                                   .getResult())
+                      : scalarLike(b, loc, i64, double(keys - sLocal * n));
+    Value offset = dl::AddOp::create(b, loc, start, base);
+    sh[offset] = Sh::rep();
+    if (isGrad)
+      cast<dl::AttentionGradOp>(op).getQueryOffsetMutable().assign(offset);
+    else
+      cast<dl::AttentionOp>(op).getQueryOffsetMutable().assign(offset);
+    setResult(op, 0, Sh::split(2));
+    for (unsigned i = 1; i < op->getNumResults(); ++i)
+      setResult(op, i, Sh::partial()); // each rank's share of dk, dv
+    return success();
+  }
   if (isa<dl::AttentionOp, dl::AttentionGradOp>(op)) {
     // [B, H, S, D]: the batch or the heads may be split (the kv heads of
     // a group follow their query heads when both divide).
     // Heads first, then the batch; operands split otherwise are resharded.
+    // q, k, v (and the output gradient); an offset operand stays whole.
+    unsigned tensors = isa<dl::AttentionGradOp>(op) ? 4 : 3;
+    if (op->getNumOperands() > tensors &&
+        !of(op->getOperand(tensors)).isR())
+      return refuse(op, "expects a whole offset");
     std::optional<int64_t> d;
     for (int64_t cand : {1, 0})
-      for (Value v : op->getOperands())
-        if (!d && of(v).isS() && of(v).dim == cand)
+      for (unsigned i = 0; i < tensors; ++i)
+        if (!d && of(op->getOperand(i)).isS() &&
+            of(op->getOperand(i)).dim == cand)
           d = cand;
     if (!d)
       return refuse(op, "only the batch (0) or the heads (1) of q, k and v "
-                        "may be split; the sequence needs context "
-                        "parallelism's ring or gather form");
-    for (Value v : op->getOperands())
+                        "may be split, or the queries' sequence (2)");
+    for (unsigned i = 0; i < tensors; ++i) {
+      Value v = op->getOperand(i);
       if (!of(v).isS() && rtt(v).getDimSize(*d) % n)
         return refuse(op, "dim " + std::to_string(*d) + " of an operand does "
                           "not divide by the axis");
+    }
     SmallVector<unsigned> all;
-    for (unsigned i = 0; i < op->getNumOperands(); ++i)
+    for (unsigned i = 0; i < tensors; ++i)
       all.push_back(i);
     alignOn(op, all, *d);
     for (unsigned i = 0; i < op->getNumResults(); ++i)
@@ -1339,13 +1444,32 @@ LogicalResult AxisPartitioner::applyRule(Operation *op) {
     setResult(op, 0, Sh::partial());
     return success();
   }
-  if (isa<dl::RopeOp>(op)) {
-    // Positions run along dim -2 and pairs along the last dim.
+  if (auto rope = dyn_cast<dl::RopeOp>(op)) {
+    // Positions run along dim -2 and pairs along the last dim. Split on
+    // the positions (context parallelism), a rank's rows start at its
+    // block's position.
     Sh s = splitOf(0);
     int64_t rank = rtt(op->getOperand(0)).getRank();
-    if (!s.isS() || s.dim >= rank - 2)
-      return refuse(op, "only the leading dims (batch, heads) may be split; "
-                        "positions run along dim -2");
+    if (!s.isS() || s.dim == rank - 1 ||
+        (rope.getOffset() && !of(rope.getOffset()).isR()))
+      return refuse(op, "the pairs (last dim) may not be split, and the "
+                        "offset must be whole");
+    if (s.dim == rank - 2) {
+      auto i64 = IntegerType::get(op->getContext(), 64);
+      Value base = firstRow(op, rtt(op->getOperand(0)).getDimSize(s.dim), i64);
+      Value offset = base;
+      if (Value old = rope.getOffset()) {
+        OpBuilder b(op);
+        Value o = getElementTypeOrSelf(old.getType()) == i64
+                      ? old
+                      : dl::CastOp::create(b, op->getLoc(),
+                                           RankedTensorType::get({}, i64), old)
+                            .getResult();
+        offset = dl::AddOp::create(b, op->getLoc(), o, base);
+      }
+      sh[offset] = Sh::rep();
+      rope.getOffsetMutable().assign(offset);
+    }
     setResult(op, 0, s);
     return success();
   }
@@ -1472,6 +1596,22 @@ struct PartitionPass : dlopt::impl::PartitionPassBase<PartitionPass> {
       AxisPartitioner part(fn, meshAxes[k], int16_t(k), meshSizes[k]);
       if (failed(part.run()))
         return signalPassFailure();
+    }
+    // A sum over one axis, then over another (a gradient of a weight
+    // replicated over dp and cp): one all-reduce over both.
+    SmallVector<shard::AllReduceOp> outer;
+    fn.walk([&](shard::AllReduceOp ar) { outer.push_back(ar); });
+    for (shard::AllReduceOp ar : outer) {
+      auto inner = ar.getInput().getDefiningOp<shard::AllReduceOp>();
+      if (!inner || !inner->hasOneUse() ||
+          inner.getReduction() != ar.getReduction())
+        continue;
+      SmallVector<int16_t> axes(inner.getGridAxes());
+      llvm::append_range(axes, ar.getGridAxes());
+      llvm::sort(axes);
+      ar.getInputMutable().assign(inner.getInput());
+      ar.setGridAxes(axes);
+      inner->erase();
     }
     for (unsigned i = 0; i < fn.getNumArguments(); ++i)
       fn.removeArgAttr(i, kShardingAttr);

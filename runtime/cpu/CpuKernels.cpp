@@ -63,6 +63,19 @@ Status checkArityRange(const Instr &instr, Ins ins, Outs outs, size_t minIns,
   return Status::ok();
 }
 
+Expected<int64_t> optionalScalarInt(const Instr &instr, Ins ins, size_t index,
+                                    const char *name, int64_t otherwise) {
+  if (ins.size() <= index)
+    return otherwise;
+  const TensorType &t = ins[index].type;
+  if (!t.shape.empty() || (t.dtype != DType::I32 && t.dtype != DType::I64))
+    return opError(instr, "expects operand #" + std::to_string(index) + " (" +
+                              name + ") to be a rank-0 i32/i64 tensor, got " +
+                              typeStr(t));
+  return t.dtype == DType::I32 ? int64_t(ins[index].as<int32_t>()[0])
+                               : ins[index].as<int64_t>()[0];
+}
+
 Status checkFloat(const Instr &instr, const std::string &what,
                   const TensorType &t) {
   if (isFloat(t.dtype))

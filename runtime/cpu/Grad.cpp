@@ -270,7 +270,7 @@ Status normGradKernel(const Instr &instr, Ins ins, Outs outs) {
 //===----------------------------------------------------------------------===//
 
 Status attentionGradKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 4, 3));
+  DLOPT_RETURN_IF_ERROR(checkArityRange(instr, ins, outs, 4, 5, 3));
   const TensorType &tq = ins[0].type, &tk = ins[1].type, &tv = ins[2].type,
                    &tdo = ins[3].type;
   DLOPT_RETURN_IF_ERROR(checkFloat(instr, "q", tq));
@@ -297,6 +297,10 @@ Status attentionGradKernel(const Instr &instr, Ins ins, Outs outs) {
   double scale = d > 0 ? 1.0 / std::sqrt(double(d)) : 1.0;
   DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "causal", causal));
   DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "scale", scale));
+  Expected<int64_t> shiftOr = optionalScalarInt(instr, ins, 4, "offset", t - s);
+  if (!shiftOr)
+    return shiftOr.status();
+  const int64_t shift = *shiftOr;
   int64_t headsPerGroup = h / g;
   // The query heads of one kv head are adjacent, so each (batch, kv head) is
   // a stack of headsPerGroup*S query rows; dk/dv GEMMs over that stack sum
@@ -340,7 +344,7 @@ Status attentionGradKernel(const Instr &instr, Ins ins, Outs outs) {
                 int64_t allowed = t;
                 if (causal) {
                   int64_t i = (r0 + r) % s;
-                  allowed = std::clamp<int64_t>(i + (t - s) + 1, 0, t);
+                  allowed = std::clamp<int64_t>(i + shift + 1, 0, t);
                 }
                 if (allowed > 0)
                   softmaxInPlace(row, allowed, false);

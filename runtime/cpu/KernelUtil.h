@@ -133,6 +133,12 @@ Status checkArity(const Instr &instr, Ins ins, Outs outs, size_t numIns,
 Status checkArityRange(const Instr &instr, Ins ins, Outs outs, size_t minIns,
                        size_t maxIns, size_t numOuts);
 
+/// The optional rank-0 i32/i64 operand `index` (a position offset: dropout,
+/// rope, attention), or `otherwise` when the instruction has no such
+/// operand.
+Expected<int64_t> optionalScalarInt(const Instr &instr, Ins ins, size_t index,
+                                    const char *name, int64_t otherwise);
+
 /// `what` (e.g. "operand #0") must have a float element type.
 Status checkFloat(const Instr &instr, const std::string &what,
                   const TensorType &t);

@@ -204,7 +204,7 @@ template <bool Rms> Status normKernel(const Instr &instr, Ins ins, Outs outs) {
 }
 
 Status attentionKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 3, 1));
+  DLOPT_RETURN_IF_ERROR(checkArityRange(instr, ins, outs, 3, 4, 1));
   const TensorType &tq = ins[0].type, &tk = ins[1].type, &tv = ins[2].type;
   DLOPT_RETURN_IF_ERROR(checkFloat(instr, "q", tq));
   for (const TensorType *t : {&tq, &tk, &tv})
@@ -227,6 +227,11 @@ Status attentionKernel(const Instr &instr, Ins ins, Outs outs) {
   double scale = d > 0 ? 1.0 / std::sqrt(double(d)) : 1.0;
   DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "causal", causal));
   DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "scale", scale));
+  // Causal: query i sees keys j <= i + shift (T - S, or the offset operand).
+  Expected<int64_t> shiftOr = optionalScalarInt(instr, ins, 3, "offset", t - s);
+  if (!shiftOr)
+    return shiftOr.status();
+  const int64_t shift = *shiftOr;
   if (outs[0].numElements() == 0)
     return Status::ok();
   int64_t headsPerGroup = h / g;
@@ -274,7 +279,7 @@ Status attentionKernel(const Instr &instr, Ins ins, Outs outs) {
               int64_t allowed = t;
               if (causal) {
                 int64_t i = (r0 + r) % s;
-                allowed = std::clamp<int64_t>(i + (t - s) + 1, 0, t);
+                allowed = std::clamp<int64_t>(i + shift + 1, 0, t);
               }
               // A query that may see no key (causal with S > T) gets zeros
               // rather than the NaN of an all -inf softmax.
@@ -295,7 +300,7 @@ Status attentionKernel(const Instr &instr, Ins ins, Outs outs) {
 }
 
 Status ropeKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 1, 1));
+  DLOPT_RETURN_IF_ERROR(checkArityRange(instr, ins, outs, 1, 2, 1));
   const TensorType &tx = ins[0].type;
   DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", tx));
   DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, tx));
@@ -309,6 +314,10 @@ Status ropeKernel(const Instr &instr, Ins ins, Outs outs) {
   // `inverse` rotates by the negated angle (rope's gradient).
   DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "inverse", inverse));
   int64_t s = tx.shape[rank - 2], d = tx.shape[rank - 1], half = d / 2;
+  // Positions start at the offset operand (a context-parallel block).
+  Expected<int64_t> first = optionalScalarInt(instr, ins, 1, "offset", 0);
+  if (!first)
+    return first.status();
   if (tx.numElements() == 0)
     return Status::ok();
   // cos/sin table [S, D/2], angles in double.
@@ -316,7 +325,8 @@ Status ropeKernel(const Instr &instr, Ins ins, Outs outs) {
       sinT(static_cast<size_t>(s * half));
   for (int64_t p = 0; p < s; ++p)
     for (int64_t i = 0; i < half; ++i) {
-      double a = double(p) * std::pow(theta, -2.0 * double(i) / double(d));
+      double a = double(p + *first) *
+                 std::pow(theta, -2.0 * double(i) / double(d));
       cosT[p * half + i] = float(std::cos(a));
       sinT[p * half + i] = float(inverse ? -std::sin(a) : std::sin(a));
     }

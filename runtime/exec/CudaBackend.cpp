@@ -1619,7 +1619,18 @@ Status attentionDims(const Instr &instr, Ins ins, bool grad,
   return Status::ok();
 }
 
+/// Position offsets (context parallelism, docs/parallel.md) are applied by
+/// the CPU kernels only so far.
+Status refuseOffset(const Instr &instr, Ins ins, size_t index) {
+  if (ins.size() > index)
+    return opError(instr, "a position offset operand (context parallelism) "
+                          "is not implemented on the CUDA backend yet; run "
+                          "this executable on the CPU backend");
+  return Status::ok();
+}
+
 Status attentionHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(refuseOffset(L.instr, ins, 3));
   DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 3, 1));
   kernels::AttentionDims a;
   DLOPT_RETURN_IF_ERROR(attentionDims(L.instr, ins, false, a));
@@ -1635,6 +1646,7 @@ Status attentionHandler(Launch &L, Ins ins, Outs outs) {
 }
 
 Status attentionGradHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(refuseOffset(L.instr, ins, 4));
   DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 4, 3));
   kernels::AttentionDims a;
   DLOPT_RETURN_IF_ERROR(attentionDims(L.instr, ins, true, a));
@@ -1658,6 +1670,7 @@ Status attentionGradHandler(Launch &L, Ins ins, Outs outs) {
 }
 
 Status ropeHandler(Launch &L, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(refuseOffset(L.instr, ins, 1));
   DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
   const TensorType &tx = ins[0].type;
   DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", tx));

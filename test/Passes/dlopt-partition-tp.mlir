@@ -42,7 +42,9 @@ func.func @main(%x: tensor<4x8xf32> {dlopt.input = "x"},
 // [0, 8]), clamps, and zeroes ids outside the block: a partial sum. The
 // LM head gives logits split on the classes; cross-entropy reduces the row
 // max (max), the sum of exponentials and the target logit over tp, and
-// compares labels with this rank's block of the class ids.
+// compares labels with this rank's block of the class ids. The embedding
+// gradient is scattered into this rank's rows only (ids outside its block
+// masked out): no [16, 8] table is built.
 // CHECK-LABEL: func.func @main
 // CHECK-SAME: tensor<8x8xf32> {dlopt.global_type = tensor<16x8xf32>, dlopt.param = "wte", dlopt.split = {{\[}}["tp"], []]}
 // CHECK: %[[STARTS:.+]] = arith.constant dense<[0, 8]> : tensor<2xi32>
@@ -51,19 +53,19 @@ func.func @main(%x: tensor<4x8xf32> {dlopt.input = "x"},
 // CHECK: shard.all_slice %[[STARTS]] on @dlopt_mesh grid_axes = [1] slice_axis = 0 : tensor<2xi32> -> tensor<1xi32>
 // CHECK: %[[ROWS:.+]] = dlopt.gather
 // CHECK: %[[MASKED:.+]] = dlopt.select %{{.+}}, %[[ROWS]]
-// CHECK: shard.all_reduce %[[MASKED]] on @dlopt_mesh grid_axes = [1]
+// CHECK: %[[LOOKUP:.+]] = dlopt.reshape %[[MASKED]] : tensor<2x4x8xf32> -> tensor<8x8xf32>
+// CHECK: shard.all_reduce %[[LOOKUP]] on @dlopt_mesh grid_axes = [1]
 // CHECK: %[[LOGITS:.+]] = dlopt.matmul {{.+}} {transpose_b} : tensor<8x8xf32>, tensor<8x8xf32> -> tensor<8x8xf32>
 // CHECK: %[[M:.+]] = dlopt.max %[[LOGITS]] dims = [1] keepdims
 // CHECK: shard.all_reduce %[[M]] on @dlopt_mesh grid_axes = [1] reduction = max
 // CHECK: dlopt.compare eq, %[[CLS]]
 // CHECK-NOT: dlopt.cross_entropy
-// CHECK: dlopt.scatter_add
-// CHECK: shard.all_slice %{{.+}} on @dlopt_mesh grid_axes = [1] slice_axis = 0 : tensor<16x8xf32> -> tensor<8x8xf32>
+// CHECK: dlopt.scatter_add {{.+}} -> tensor<8x8xf32>
 func.func @main(%ids: tensor<4x4xi32> {dlopt.input = "tokens"},
                 %labels: tensor<16xi32> {dlopt.input = "labels"},
                 %wte: tensor<16x8xf32> {dlopt.param = "wte", dlopt.sharding = [["tp"], []]})
     -> (tensor<f32> {dlopt.output = "loss"}) attributes {dlopt.loss} {
-  %e = dlopt.gather %wte, %ids : tensor<16x8xf32>, tensor<4x4xi32> -> tensor<4x4x8xf32>
+  %e = dlopt.gather %wte, %ids {dlopt.id = 0 : i64} : tensor<16x8xf32>, tensor<4x4xi32> -> tensor<4x4x8xf32>
   %e2 = dlopt.reshape %e : tensor<4x4x8xf32> -> tensor<16x8xf32>
   %logits = dlopt.matmul %e2, %wte {transpose_b} : tensor<16x8xf32>, tensor<16x8xf32> -> tensor<16x16xf32>
   %l = dlopt.cross_entropy %logits, %labels : tensor<16x16xf32>, tensor<16xi32> -> tensor<f32>
@@ -72,14 +74,12 @@ func.func @main(%ids: tensor<4x4xi32> {dlopt.input = "tokens"},
 
 // -----
 
-// Attention with its heads split over tp (q, k and v from column-parallel
-// projections): each rank attends over its heads; the sequence may not be
-// split over tp.
-func.func @main(%q: tensor<2x4x8x4xf32> {dlopt.input = "q", dlopt.sharding = [["dp"], [], ["tp"], []]},
-                %w: tensor<4x4xf32> {dlopt.param = "w"})
+// Attention split on the head dim D (nothing attends over a part of D).
+func.func @main(%q: tensor<2x4x8x4xf32> {dlopt.input = "q", dlopt.sharding = [["dp"], [], [], ["tp"]]},
+                %w: tensor<1x4x8x4xf32> {dlopt.param = "w"})
     -> (tensor<f32> {dlopt.output = "loss"}) attributes {dlopt.loss} {
-  %k = dlopt.matmul %q, %w : tensor<2x4x8x4xf32>, tensor<4x4xf32> -> tensor<2x4x8x4xf32>
-  // expected-error @+1 {{'dlopt.attention' op has no rule for operand shardings (S2, S2, S2) over mesh axis 'tp' (2 ranks): only the batch (0) or the heads (1) of q, k and v may be split}}
+  %k = dlopt.mul %q, %w : tensor<2x4x8x4xf32>, tensor<1x4x8x4xf32> -> tensor<2x4x8x4xf32>
+  // expected-error @+1 {{'dlopt.attention' op has no rule for operand shardings (S3, S3, S3) over mesh axis 'tp' (2 ranks): only the batch (0) or the heads (1) of q, k and v may be split, or the queries' sequence (2)}}
   %o = dlopt.attention %k, %k, %k {causal} : tensor<2x4x8x4xf32>, tensor<2x4x8x4xf32>, tensor<2x4x8x4xf32> -> tensor<2x4x8x4xf32>
   %l = dlopt.sum %o dims = [0, 1, 2, 3] : tensor<2x4x8x4xf32> -> tensor<f32>
   return %l : tensor<f32>

@@ -290,10 +290,10 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
   if (!fix)
     return fail(fix.status().message(), 2);
   if (apply && !loaded) {
-    // The planner chooses among what can be applied today: data, tensor and
-    // sequence parallelism, one micro-batch, no ZeRO, no recomputation.
+    // The planner chooses among what can be applied today: data, tensor,
+    // sequence and context parallelism, one micro-batch, no ZeRO, no
+    // recomputation.
     if (!fix->pp) fix->pp = 1;
-    if (!fix->cp) fix->cp = 1;
     if (!fix->zero) fix->zero = 0;
     if (!fix->numMicroBatches) fix->numMicroBatches = 1;
     if (!fix->recompute) fix->recompute = RecomputePolicy::None;
@@ -435,8 +435,6 @@ static int applyPlanToModule(ModuleOp module, const dlopt::planner::Plan &plan,
   std::vector<std::string> missing;
   if (plan.pp() > 1)
     missing.push_back("pipeline stages (pp=" + std::to_string(plan.pp()) + ")");
-  if (plan.cp() > 1)
-    missing.push_back("context parallelism (cp=" + std::to_string(plan.cp()) + ")");
   if (plan.zeroStage > 0)
     missing.push_back("ZeRO stage " + std::to_string(plan.zeroStage));
   if (plan.numMicroBatches > 1)
@@ -448,8 +446,9 @@ static int applyPlanToModule(ModuleOp module, const dlopt::planner::Plan &plan,
     for (const std::string &m : missing)
       list += (list.empty() ? "" : ", ") + m;
     return fail(what + " " + plan.mesh.str() + " uses " + list +
-                ", which plan application does not support yet (data and "
-                "tensor parallelism do; docs/parallel.md); " +
+                ", which plan application does not support yet (data, "
+                "tensor, sequence and context parallelism do; "
+                "docs/parallel.md); " +
                 (planFileOpt.empty()
                      ? std::string("pin what can be applied with --fix, e.g. "
                                    "--fix pp=1,zero=0")
@@ -563,7 +562,8 @@ static std::string pricedGroup(const dlopt::planner::CommOp &c) {
 /// Compares the collectives the partitioned step issues (kind, group, bytes
 /// per step, as nccl-tests count them: the buffer for all-reduce, the
 /// gathered size for all-gather and reduce-scatter) with the ones the
-/// planner priced, and warns about every (kind, group) whose bytes differ by
+/// planner priced, per mesh axis, and warns about every (kind, axis) whose
+/// bytes differ by
 /// more than 10% or that only one side has, unless the difference is under
 /// 2% of the group's traffic per step (vectors: a loss, a norm, a bias
 /// gradient). Returns the number of warnings.
@@ -597,15 +597,22 @@ static int checkPricedCollectives(ModuleOp module,
                                                          : op->getName().stripDialect().str();
     double b = isa<shard::ReduceScatterOp>(op) ? bytesOf(op->getOperand(0).getType())
                                                : bytesOf(op->getResult(0).getType());
-    Row &r = inserted[{kind, group}];
-    r.calls += 1;
-    r.bytes += b;
+    for (llvm::StringRef a : llvm::split(group, '+')) {
+      Row &r = inserted[{kind, a.str()}];
+      r.calls += 1;
+      r.bytes += b;
+    }
   });
+  // A collective over several axes (the planner's dp*cp gradient sum, or
+  // dlopt-partition's fold of a sum over dp then tp) counts on each axis.
   for (const dlopt::planner::CommOp &c : priced) {
     std::string kind = dlopt::planner::collectiveName(c.collective);
-    Row &r = planned[{kind, pricedGroup(c)}];
-    r.calls += c.calls;
-    r.bytes += c.bytes * c.calls;
+    std::string group = pricedGroup(c);
+    for (llvm::StringRef a : llvm::split(group, '+')) {
+      Row &r = planned[{kind, a.str()}];
+      r.calls += c.calls;
+      r.bytes += c.bytes * c.calls;
+    }
   }
   std::map<std::string, double> insertedTotal, plannedTotal;
   std::set<std::pair<std::string, std::string>> keys;

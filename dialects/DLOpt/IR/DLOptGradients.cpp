@@ -422,14 +422,14 @@ RULE(AttentionOp) {
   auto op = AttentionGradOp::create(
       builder, getLoc(),
       TypeRange{getQuery().getType(), getKey().getType(), getValue().getType()},
-      getQuery(), getKey(), getValue(), dy(resultGrads), getCausalAttr(),
-      getScaleAttr());
+      getQuery(), getKey(), getValue(), dy(resultGrads), getQueryOffset(),
+      getCausalAttr(), getScaleAttr());
   operandGrads.assign({op.getQueryGrad(), op.getKeyGrad(), op.getValueGrad()});
   return success();
 }
 RULE(RopeOp) {
   operandGrads.assign({RopeOp::create(builder, getLoc(), dy(resultGrads),
-                                 getThetaAttr(),
+                                 getOffset(), getThetaAttr(),
                                  getInverse() ? UnitAttr() : builder.getUnitAttr())});
   return success();
 }

@@ -608,13 +608,25 @@ LogicalResult AttentionOp::inferReturnTypes(MLIRContext *context,
   if (auto scale = adaptor.getScale())
     if (!(scale->convertToDouble() > 0))
       return INFER_ERROR("expects scale > 0, got " << scale->convertToDouble());
+  if (Value o = adaptor.getQueryOffset())
+    if (cast<RankedTensorType>(o.getType()).getRank() != 0)
+      return INFER_ERROR("expects a rank-0 offset, got " << o.getType());
   types.push_back(RankedTensorType::get(
       {q.getDimSize(0), q.getDimSize(1), q.getDimSize(2), v.getDimSize(3)},
       q.getElementType()));
   return success();
 }
 
+/// An optional position offset must be one integer (rank 0).
+static LogicalResult verifyOffset(Operation *op, Value offset) {
+  if (offset && cast<RankedTensorType>(offset.getType()).getRank() != 0)
+    return op->emitOpError("expects a rank-0 offset, got ") << offset.getType();
+  return success();
+}
+
 LogicalResult RopeOp::verify() {
+  if (failed(verifyOffset(*this, getOffset())))
+    return failure();
   auto t = getType();
   if (t.getRank() < 2 || t.getDimSize(t.getRank() - 1) % 2 != 0)
     return emitOpError("expects rank >= 2 and an even last dim, got ") << t;
@@ -869,6 +881,8 @@ LogicalResult RMSNormGradOp::verify() {
 }
 
 LogicalResult AttentionGradOp::verify() {
+  if (failed(verifyOffset(*this, getQueryOffset())))
+    return failure();
   SmallVector<Type> forward;
   StringRef opName = getOperationName();
   std::optional<Location> loc = getLoc();

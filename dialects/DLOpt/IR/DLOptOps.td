@@ -395,7 +395,10 @@ def DLOpt_AttentionOp : DLOpt_Op<"attention", [Pure, InferTypeOpAdaptor, Differe
     `softmax(scale * q k^T + mask) v` with `q: [B, H, S, D]`,
     `k: [B, G, T, D]`, `v: [B, G, T, E]`, `H % G == 0` (query head `h` reads
     kv head `h / (H / G)`). `scale` defaults to `1/sqrt(D)`. With `causal`,
-    query `i` sees keys `j <= i + (T - S)`. The result is `[B, H, S, E]`.
+    query `i` sees keys `j <= i + (T - S)`, or `j <= i + o` with the optional
+    `offset` operand `o` (a rank-0 integer tensor: the position of query 0
+    among the keys, as when a rank of a context-parallel step attends with
+    its block of queries to every key). The result is `[B, H, S, E]`.
 
     ```mlir
     %o = dlopt.attention %q, %k, %v {causal} : tensor<2x4x16x8xf32>,
@@ -403,27 +406,31 @@ def DLOpt_AttentionOp : DLOpt_Op<"attention", [Pure, InferTypeOpAdaptor, Differe
     ```
   }];
   let arguments = (ins DLOpt_FloatTensor:$query, DLOpt_FloatTensor:$key,
-                       DLOpt_FloatTensor:$value, UnitAttr:$causal,
+                       DLOpt_FloatTensor:$value,
+                       Optional<DLOpt_IntTensor>:$query_offset, UnitAttr:$causal,
                        OptionalAttr<F64Attr>:$scale);
   let results = (outs DLOpt_FloatTensor:$result);
-  let assemblyFormat = "$query `,` $key `,` $value attr-dict `:` type($query) `,` type($key) `,` type($value) `->` type($result)";
+  let assemblyFormat = "$query `,` $key `,` $value (`offset` `(` $query_offset^ `:` type($query_offset) `)`)? attr-dict `:` type($query) `,` type($key) `,` type($value) `->` type($result)";
 }
 
-def DLOpt_RopeOp : DLOpt_Op<"rope", [Pure, SameOperandsAndResultType, Differentiable]> {
+def DLOpt_RopeOp : DLOpt_Op<"rope", [Pure, AllTypesMatch<["input", "result"]>, Differentiable]> {
   let summary = "rotary position embedding over the last dim, positions along dim -2";
   let description = [{
     Half-split rotation: for `i < D/2`, angle `p * theta^(-2i/D)` rotates the
-    pair `(x[i], x[i + D/2])`, where `p` is the index along dim -2. With
+    pair `(x[i], x[i + D/2])`, where `p` is the index along dim -2 plus the
+    optional `offset` operand (a rank-0 integer tensor: the position of the
+    first row, as in a context-parallel rank's block of the sequence). With
     `inverse` the rotation is by the negated angle (the gradient of rope).
 
     ```mlir
     %y = dlopt.rope %x {theta = 1.0e+04 : f64} : tensor<2x4x16x8xf32>
     ```
   }];
-  let arguments = (ins DLOpt_FloatTensor:$input, DefaultValuedAttr<F64Attr, "10000.0">:$theta,
+  let arguments = (ins DLOpt_FloatTensor:$input, Optional<DLOpt_IntTensor>:$offset,
+                       DefaultValuedAttr<F64Attr, "10000.0">:$theta,
                        UnitAttr:$inverse);
   let results = (outs DLOpt_FloatTensor:$result);
-  let assemblyFormat = "$input attr-dict `:` type($result)";
+  let assemblyFormat = "$input (`offset` `(` $offset^ `:` type($offset) `)`)? attr-dict `:` type($result)";
   let hasVerifier = 1;
 }
 
@@ -639,10 +646,11 @@ def DLOpt_AttentionGradOp : DLOpt_Op<"attention_grad", [Pure]> {
   }];
   let arguments = (ins DLOpt_FloatTensor:$query, DLOpt_FloatTensor:$key,
                        DLOpt_FloatTensor:$value, DLOpt_FloatTensor:$grad,
+                       Optional<DLOpt_IntTensor>:$query_offset,
                        UnitAttr:$causal, OptionalAttr<F64Attr>:$scale);
   let results = (outs DLOpt_FloatTensor:$query_grad, DLOpt_FloatTensor:$key_grad,
                       DLOpt_FloatTensor:$value_grad);
-  let assemblyFormat = "$query `,` $key `,` $value `,` $grad attr-dict `:` functional-type(operands, results)";
+  let assemblyFormat = "$query `,` $key `,` $value `,` $grad (`offset` `(` $query_offset^ `)`)? attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
 }
 
