@@ -615,3 +615,20 @@ func.func @fused_segments_zero(%x: tensor<4xf32>) {
   }
   return
 }
+
+// -----
+
+func.func @attention_offset_not_scalar(%q: tensor<1x2x4x8xf32>, %k: tensor<1x2x8x8xf32>, %o: tensor<2xi64>) -> tensor<1x2x4x8xf32> {
+  // expected-error @+2 {{'dlopt.attention' op expects a rank-0 offset, got 'tensor<2xi64>'}}
+  // expected-error @+1 {{'dlopt.attention' op failed to infer returned types}}
+  %r = dlopt.attention %q, %k, %k offset(%o : tensor<2xi64>) {causal} : tensor<1x2x4x8xf32>, tensor<1x2x8x8xf32>, tensor<1x2x8x8xf32> -> tensor<1x2x4x8xf32>
+  return %r : tensor<1x2x4x8xf32>
+}
+
+// -----
+
+func.func @rope_offset_not_scalar(%x: tensor<2x4x8xf32>, %o: tensor<1xi32>) -> tensor<2x4x8xf32> {
+  // expected-error @+1 {{'dlopt.rope' op expects a rank-0 offset, got 'tensor<1xi32>'}}
+  %r = dlopt.rope %x offset(%o : tensor<1xi32>) : tensor<2x4x8xf32>
+  return %r : tensor<2x4x8xf32>
+}
