@@ -31,27 +31,17 @@ std::optional<uint64_t> parseU64(const std::string &s) {
   return v;
 }
 
-/// The params and states of the session's rank, in checkpoint order.
-std::vector<int32_t> savedValues(const Session &s) {
-  const Executable &exe = s.executable();
-  const std::vector<int64_t> &offsets = exe.programs[s.rank()].memory.offsets;
-  std::vector<int32_t> ids;
-  for (const auto *list : {&exe.params, &exe.states})
-    for (int32_t id : *list)
-      if (offsets[id] >= 0)
-        ids.push_back(id);
-  return ids;
-}
-
 } // namespace
 
 std::string modelFingerprint(const Executable &exe) {
   std::string text;
   for (const auto *list : {&exe.params, &exe.states})
     for (int32_t id : *list) {
+      // Global types: a checkpoint of a multi-rank step holds global
+      // tensors and loads into any layout of the same model.
       const Value &v = exe.values[id];
       text += std::string(valueKindName(v.kind)) + " " + v.name + " " +
-              v.type.str() + "\n";
+              argumentType(exe, id).str() + "\n";
     }
   uint64_t h = fnv1a64(reinterpret_cast<const uint8_t *>(text.data()),
                        text.size());
@@ -66,15 +56,15 @@ std::string checkpointFileName(int64_t step) {
   return buf;
 }
 
-Status saveCheckpoint(Session &session, const std::string &path,
+Status saveCheckpoint(StepRunner &session, const std::string &path,
                       const CheckpointState &state) {
   const Executable &exe = session.executable();
   DLOPT_RETURN_IF_ERROR(session.initializeParams().withContext(
       "writing checkpoint " + path + ": "));
   std::vector<NamedTensor> tensors;
   Json table = Json::object();
-  for (int32_t id : savedValues(session)) {
-    Expected<HostTensor> t = session.readValue(id);
+  for (int32_t id : session.checkpointedValues()) {
+    Expected<HostTensor> t = session.readArgument(exe.values[id].name);
     if (!t)
       return t.status().withContext("writing checkpoint " + path + ": '" +
                                     exe.values[id].name + "': ");
@@ -95,10 +85,10 @@ Status saveCheckpoint(Session &session, const std::string &path,
   meta["data_source"] = state.dataSource;
   meta["rng"] = kRng;
   meta["rng_seed"] = std::to_string(state.rngSeed);
-  // World size 1 and replicated tensors for now; sharded plans will write
-  // one file per rank with each tensor's shard layout here.
+  // Global tensors (a multi-rank step's are gathered from its ranks), in
+  // one file; sharded checkpoints written per rank come with MPI execution.
   meta["world_size"] = "1";
-  meta["rank"] = std::to_string(session.rank());
+  meta["rank"] = std::to_string(session.checkpointRank());
   try {
     meta["tensors"] = table.dump();
   } catch (const std::exception &e) {
@@ -158,7 +148,7 @@ parseCheckpointMetadata(const std::map<std::string, std::string> &meta,
   return state;
 }
 
-Expected<CheckpointState> loadCheckpoint(Session &session,
+Expected<CheckpointState> loadCheckpoint(StepRunner &session,
                                          const std::string &path) {
   const Executable &exe = session.executable();
   Expected<SafeTensorsFile> file = readSafeTensors(path);
@@ -177,18 +167,19 @@ Expected<CheckpointState> loadCheckpoint(Session &session,
   // Every tensor of the model, with its exact type, and nothing else.
   std::string otherModel = where + "does not match this model (saved from '" +
                            get("model") + "'): ";
-  std::vector<int32_t> ids = savedValues(session);
+  std::vector<int32_t> ids = session.checkpointedValues();
   std::map<std::string, int32_t> byName;
   for (int32_t id : ids) {
     const Value &v = exe.values[id];
+    const TensorType &type = argumentType(exe, id);
     byName[v.name] = id;
     const HostTensor *t = file->find(v.name);
     if (!t)
       return Status::error(otherModel + valueKindName(v.kind) + " '" + v.name +
-                           "' (" + v.type.str() + ") is missing");
-    if (!(t->type == v.type))
+                           "' (" + type.str() + ") is missing");
+    if (!(t->type == type))
       return Status::error(otherModel + valueKindName(v.kind) + " '" + v.name +
-                           "': expected " + v.type.str() + ", got " +
+                           "': expected " + type.str() + ", got " +
                            t->type.str());
   }
   for (const NamedTensor &t : file->tensors)

@@ -15,7 +15,7 @@
 //===----------------------------------------------------------------------===//
 #pragma once
 
-#include "runtime/exec/Session.h"
+#include "runtime/exec/StepRunner.h"
 #include "runtime/support/Status.h"
 
 #include <cstdint>
@@ -46,8 +46,9 @@ inline constexpr int64_t kMaxTrainingStep = int64_t(1) << 53;
 /// "step-000123.safetensors".
 std::string checkpointFileName(int64_t step);
 
-/// Writes every param and state the session's rank holds, atomically.
-Status saveCheckpoint(Session &session, const std::string &path,
+/// Writes every param and state the runner holds (a World's as global
+/// tensors), atomically.
+Status saveCheckpoint(StepRunner &session, const std::string &path,
                       const CheckpointState &state);
 
 /// Checks a checkpoint's metadata on its own (format, version, world size,
@@ -62,7 +63,7 @@ parseCheckpointMetadata(const std::map<std::string, std::string> &meta,
 /// param and state present with the same dtype and shape, nothing else),
 /// then binds the tensors and returns the saved position. On error nothing
 /// in the session has changed.
-Expected<CheckpointState> loadCheckpoint(Session &session,
+Expected<CheckpointState> loadCheckpoint(StepRunner &session,
                                          const std::string &path);
 
 } // namespace dlopt::rt

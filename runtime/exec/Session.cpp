@@ -435,3 +435,18 @@ MemoryReport Session::memory() const {
 }
 
 } // namespace dlopt::rt
+
+namespace dlopt::rt {
+
+std::vector<int32_t> Session::checkpointedValues() const {
+  const std::vector<int64_t> &offsets =
+      exe_.programs[size_t(opts_.rank)].memory.offsets;
+  std::vector<int32_t> ids;
+  for (const auto *list : {&exe_.params, &exe_.states})
+    for (int32_t id : *list)
+      if (offsets[size_t(id)] >= 0)
+        ids.push_back(id);
+  return ids;
+}
+
+} // namespace dlopt::rt

@@ -17,6 +17,8 @@
 #include "runtime/format/Executable.h"
 #include "runtime/support/Status.h"
 
+#include "runtime/exec/StepRunner.h"
+
 #include <map>
 #include <memory>
 #include <string>
@@ -38,16 +40,16 @@ struct MemoryReport {
   int64_t peakAllocatedBytes = 0; ///< most device bytes held at once
 };
 
-class Session {
+class Session final : public StepRunner {
 public:
   /// Validates `exe` and prepares the rank's arena. Errors name the problem
   /// (invalid executable, unsupported op with its instruction, allocation).
   static Expected<std::unique_ptr<Session>>
   create(Executable exe, std::unique_ptr<Backend> backend,
          const SessionOptions &opts = {});
-  ~Session();
+  ~Session() override;
 
-  const Executable &executable() const { return exe_; }
+  const Executable &executable() const override { return exe_; }
   Backend &backend() { return *backend_; }
   int rank() const { return opts_.rank; }
 
@@ -57,11 +59,11 @@ public:
   /// "input 'tokens': expected 2x16xi32, got 2x8xi32 from tokens.npy".
   /// Values this rank does not hold are accepted and ignored.
   Status bind(const std::string &name, const HostTensor &value,
-              const std::string &origin = "");
+              const std::string &origin = "") override;
   /// Whether `name` is a param, state or input of the executable.
   bool hasArgument(const std::string &name) const;
   /// Inputs (held by this rank) that have not been bound yet.
-  std::vector<std::string> missingInputs() const;
+  std::vector<std::string> missingInputs() const override;
 
   /// Checks every input is bound and initializes the unbound params and
   /// states. run() calls it; call it first to read initial values.
@@ -69,7 +71,7 @@ public:
   /// Initializes the unbound params and states only (inputs may still be
   /// missing). The state at position s of Executable::states is initialized
   /// like the param at position params.size() + s.
-  Status initializeParams();
+  Status initializeParams() override;
   /// Runs the program and returns the outputs this rank holds, in output
   /// order.
   Expected<std::vector<NamedTensor>> run();
@@ -82,12 +84,12 @@ public:
   /// the new ones kept for applyUpdates(), so the run changes nothing until
   /// updates are applied (a full copy of those arguments: use it to look at
   /// the loss before applying, or to evaluate).
-  Status execute(bool keepArguments = false);
+  Status execute(bool keepArguments = false) override;
   /// An output of the last run, by name.
-  Expected<HostTensor> readOutput(const std::string &name) const;
+  Expected<HostTensor> readOutput(const std::string &name) const override;
 
   /// Whether some output updates a param or state (a training step).
-  bool hasUpdates() const;
+  bool hasUpdates() const override;
   /// Runs one training step: runs the program and returns the outputs this
   /// rank holds that update nothing (loss, metrics, logits), in output
   /// order; with `apply`, then applies the updates (applyUpdates()). With
@@ -96,12 +98,15 @@ public:
   /// Copies each update output of the last run into the param or state it
   /// names, so the next run sees the new values. An error if nothing ran
   /// since the last call (updates are applied at most once per run).
-  Status applyUpdates();
+  Status applyUpdates() override;
 
   /// Current contents of a value held by this rank.
   Expected<HostTensor> readValue(int32_t id) const;
   /// Current value of a param, state or input by name.
-  Expected<HostTensor> readArgument(const std::string &name) const;
+  Expected<HostTensor> readArgument(const std::string &name) const override;
+  /// The params and states this rank holds.
+  std::vector<int32_t> checkpointedValues() const override;
+  int checkpointRank() const override { return opts_.rank; }
   /// Value id of a param, state or input, or -1.
   int32_t findArgument(const std::string &name) const;
 

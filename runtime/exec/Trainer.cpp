@@ -26,7 +26,7 @@ double now() {
 int findScalarOutput(const Executable &exe, const std::string &name) {
   for (size_t i = 0; i < exe.outputs.size(); ++i)
     if (exe.outputNames[i] == name) {
-      const TensorType &t = exe.values[exe.outputs[i]].type;
+      const TensorType &t = argumentType(exe, exe.outputs[i]);
       return t.shape.empty() && isFloat(t.dtype) ? int(i) : -1;
     }
   return -1;
@@ -82,13 +82,13 @@ std::string clock(double seconds) {
 
 } // namespace
 
-Trainer::Trainer(Session &session, const DataLoader &train,
+Trainer::Trainer(StepRunner &session, const DataLoader &train,
                  const DataLoader *eval, const TrainerOptions &opts)
     : session_(session), train_(train), eval_(eval), opts_(opts),
       log_(opts.log ? opts.log : stderr), seed_(opts.seed) {}
 
 Expected<std::unique_ptr<Trainer>>
-Trainer::create(Session &session, const DataLoader &train,
+Trainer::create(StepRunner &session, const DataLoader &train,
                 const DataLoader *eval, const TrainerOptions &opts) {
   const Executable &exe = session.executable();
   if (!session.hasUpdates())
@@ -123,9 +123,9 @@ Trainer::create(Session &session, const DataLoader &train,
 
   std::unique_ptr<Trainer> t(new Trainer(session, train, eval, opts));
   if (int32_t tok = findInput(exe, "tokens"); tok >= 0)
-    t->tokensPerStep_ = exe.values[tok].type.numElements();
+    t->tokensPerStep_ = argumentType(exe, tok).numElements();
   for (const std::string &name : fed) {
-    const TensorType &type = exe.values[findInput(exe, name)].type;
+    const TensorType &type = argumentType(exe, findInput(exe, name));
     if (!type.shape.empty()) {
       t->samplesPerStep_ = type.shape[0];
       break;
@@ -139,8 +139,8 @@ Trainer::create(Session &session, const DataLoader &train,
   int32_t labels = findInput(exe, "labels");
   for (size_t i = 0; i < exe.outputs.size() && labels >= 0; ++i)
     if (exe.outputNames[i] == "logits") {
-      const TensorType &lt = exe.values[exe.outputs[i]].type;
-      const TensorType &yt = exe.values[labels].type;
+      const TensorType &lt = argumentType(exe, exe.outputs[i]);
+      const TensorType &yt = argumentType(exe, labels);
       t->hasAccuracy_ =
           isFloat(lt.dtype) && isInteger(yt.dtype) &&
           lt.shape.size() == yt.shape.size() + 1 &&

@@ -15,7 +15,7 @@
 #pragma once
 
 #include "runtime/exec/DataLoader.h"
-#include "runtime/exec/Session.h"
+#include "runtime/exec/StepRunner.h"
 
 #include <cstdio>
 #include <memory>
@@ -66,7 +66,7 @@ public:
   /// "loss" output) and that `train` (and `eval`, which must feed the same
   /// inputs) together with what is already bound feed every input.
   static Expected<std::unique_ptr<Trainer>>
-  create(Session &session, const DataLoader &train, const DataLoader *eval,
+  create(StepRunner &session, const DataLoader &train, const DataLoader *eval,
          const TrainerOptions &opts);
 
   /// Restores params, states, step, data position and data seed from a
@@ -99,7 +99,7 @@ public:
   const std::string &lastCheckpoint() const { return lastCheckpoint_; }
 
 private:
-  Trainer(Session &session, const DataLoader &train, const DataLoader *eval,
+  Trainer(StepRunner &session, const DataLoader &train, const DataLoader *eval,
           const TrainerOptions &opts);
   Status runLoop();
   Status bindBatch(const DataLoader &loader, uint64_t index);
@@ -108,7 +108,7 @@ private:
                     double elapsed, bool last);
   void note(const std::string &line);
 
-  Session &session_;
+  StepRunner &session_;
   const DataLoader &train_;
   const DataLoader *eval_;
   TrainerOptions opts_;

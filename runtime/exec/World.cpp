@@ -273,3 +273,14 @@ Expected<HostTensor> World::readArgument(const std::string &name) const {
 }
 
 } // namespace dlopt::rt
+
+namespace dlopt::rt {
+
+std::vector<int32_t> World::checkpointedValues() const {
+  std::vector<int32_t> ids;
+  for (const auto *list : {&exe_.params, &exe_.states})
+    ids.insert(ids.end(), list->begin(), list->end());
+  return ids;
+}
+
+} // namespace dlopt::rt

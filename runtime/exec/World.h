@@ -35,31 +35,39 @@ struct WorldOptions {
   std::function<Expected<std::unique_ptr<Backend>>(int rank)> backend;
 };
 
-class World {
+class World final : public StepRunner {
 public:
   static Expected<std::unique_ptr<World>> create(const Executable &exe,
                                                  const WorldOptions &opts = {});
-  ~World();
+  ~World() override;
 
   int size() const { return int(sessions_.size()); }
   Session &session(int rank) { return *sessions_[size_t(rank)]; }
-  const Executable &executable() const { return exe_; }
+  const Executable &executable() const override { return exe_; }
 
   /// Binds a param, state or input by name to its global value.
   Status bind(const std::string &name, const HostTensor &global,
-              const std::string &origin = "");
+              const std::string &origin = "") override;
   /// Global type of an argument or output (its local type if unsplit).
   Expected<TensorType> globalType(const std::string &name) const;
   /// Initializes every rank's unbound params and states.
-  Status initializeParams();
+  Status initializeParams() override;
   /// Runs every rank's program once (Session::execute on every rank).
-  Status execute(bool keepArguments = false);
+  Status execute(bool keepArguments = false) override;
   /// Session::applyUpdates on every rank.
-  Status applyUpdates();
+  Status applyUpdates() override;
   /// An output of the last run, as its global tensor.
-  Expected<HostTensor> readOutput(const std::string &name) const;
+  Expected<HostTensor> readOutput(const std::string &name) const override;
   /// A param, state or input, as its global tensor.
-  Expected<HostTensor> readArgument(const std::string &name) const;
+  Expected<HostTensor> readArgument(const std::string &name) const override;
+  /// Inputs rank 0 has not bound (every rank binds the same globals).
+  std::vector<std::string> missingInputs() const override {
+    return sessions_[0]->missingInputs();
+  }
+  bool hasUpdates() const override { return sessions_[0]->hasUpdates(); }
+  /// Every param and state (global tensors).
+  std::vector<int32_t> checkpointedValues() const override;
+  int checkpointRank() const override { return 0; }
 
 private:
   explicit World(Executable exe) : exe_(std::move(exe)) {}

@@ -398,15 +398,15 @@ void printProfile(Session &s) {
                 (long long)p.calls);
 }
 
-void saveParams(Session &s, const std::string &dir) {
+void saveParams(StepRunner &s, const std::string &dir) {
   const Executable &e = s.executable();
   makeDir(dir);
-  const MemoryPlan &mem = e.programs[s.rank()].memory;
+  std::vector<int32_t> held = s.checkpointedValues();
   for (int32_t id : e.params) {
-    if (mem.offsets[id] < 0)
+    if (std::find(held.begin(), held.end(), id) == held.end())
       continue; // held by another rank
     const std::string &name = e.values[id].name;
-    Expected<HostTensor> t = s.readValue(id);
+    Expected<HostTensor> t = s.readArgument(name);
     if (!t)
       error("param '" + name + "': " + t.status().message());
     std::string path =
@@ -424,9 +424,23 @@ std::unique_ptr<DataLoader> check(Expected<std::unique_ptr<DataLoader>> l,
   return l.take();
 }
 
-/// --steps N: the training loop over a training-step plan.
-int runTraining(const Options &opts, Session &s, const std::string &header) {
-  const Executable &e = s.executable();
+/// An executable whose params, states, inputs and outputs have their global
+/// types: what data loaders shape batches by and checkpoints hold.
+Executable globalView(const Executable &exe) {
+  Executable g = exe;
+  for (Value &v : g.values)
+    if (v.global)
+      v.type = v.global->type;
+  return g;
+}
+
+/// --steps N: the training loop over a training-step plan, on one rank
+/// (`session`, a Session) or every rank of a multi-rank executable in this
+/// process (`world`, a World).
+int runTraining(const Options &opts, StepRunner &s, Session *session,
+                const std::string &header) {
+  const Executable view = globalView(s.executable());
+  const Executable &e = view;
   if (!s.hasUpdates())
     error(opts.planPath + ": --steps needs a training-step plan, but no output "
           "updates a param or state (compile the model with dlopt-compile "
@@ -510,6 +524,9 @@ int runTraining(const Options &opts, Session &s, const std::string &header) {
     saveParams(s, opts.saveParamsDir);
 
   if (!opts.quiet) {
+    if (!session)
+      std::printf("ran %d ranks as threads of this process (in-graph)\n",
+                  s.executable().worldSize);
     const std::vector<StepResult> &h = t.history();
     double seconds = 0;
     for (const StepResult &r : h)
@@ -533,17 +550,19 @@ int runTraining(const Options &opts, Session &s, const std::string &header) {
     if (!opts.saveParamsDir.empty())
       std::printf("wrote %zu param(s) to %s\n", e.params.size(),
                   opts.saveParamsDir.c_str());
-    MemoryReport m = s.memory();
-    std::printf("memory: planned %s (persistent %s + scratch %s), "
-                "allocated %s\n",
-                formatBytes(m.plannedBytes).c_str(),
-                formatBytes(m.persistentBytes).c_str(),
-                formatBytes(m.scratchBytes).c_str(),
-                formatBytes(m.peakAllocatedBytes).c_str());
-    printDeviceMemory(s);
+    if (session) {
+      MemoryReport m = session->memory();
+      std::printf("memory: planned %s (persistent %s + scratch %s), "
+                  "allocated %s\n",
+                  formatBytes(m.plannedBytes).c_str(),
+                  formatBytes(m.persistentBytes).c_str(),
+                  formatBytes(m.scratchBytes).c_str(),
+                  formatBytes(m.peakAllocatedBytes).c_str());
+      printDeviceMemory(*session);
+    }
   }
-  if (opts.profile)
-    printProfile(s);
+  if (opts.profile && session)
+    printProfile(*session);
   return 0;
 }
 
@@ -551,16 +570,12 @@ int runTraining(const Options &opts, Session &s, const std::string &header) {
 /// (in-graph, CPU backend), global inputs and outputs (docs/parallel.md).
 int runWorld(const Options &opts, const Executable &exe,
              const std::string &header) {
-  if (opts.steps > 0)
-    error(opts.planPath + ": training loops (--steps) on multi-rank "
-          "executables are not implemented yet; run single steps with "
-          "--input/--output-dir");
   if (opts.backend != "cpu")
     error(opts.planPath + ": multi-rank executables run on the cpu backend "
           "for now (--backend " + opts.backend + ")");
-  if (!opts.saveParamsDir.empty() || opts.profile)
-    error(opts.planPath + ": --save-params and --profile are not supported "
-          "for multi-rank executables yet");
+  if (opts.profile)
+    error(opts.planPath + ": --profile is not supported for multi-rank "
+          "executables yet");
   WorldOptions wo;
   wo.seed = opts.seed;
   Expected<std::unique_ptr<World>> world = World::create(exe, wo);
@@ -575,6 +590,8 @@ int runWorld(const Options &opts, const Executable &exe,
     if (!st)
       error("--input " + name + "=" + file + ": " + st.message());
   }
+  if (opts.steps > 0)
+    return runTraining(opts, w, nullptr, header);
   std::vector<std::string> missing = w.session(0).missingInputs();
   if (!missing.empty())
     error("input '" + missing[0] + "' is not bound; bind with --input " +
@@ -589,6 +606,8 @@ int runWorld(const Options &opts, const Executable &exe,
   double secs = std::chrono::duration<double>(
                     std::chrono::steady_clock::now() - t0)
                     .count();
+  if (!opts.saveParamsDir.empty())
+    saveParams(w, opts.saveParamsDir);
   std::vector<NamedTensor> outputs;
   for (const std::string &name : exe.outputNames) {
     Expected<HostTensor> t = w.readOutput(name);
@@ -679,7 +698,7 @@ int runMain(int argc, char **argv) {
       error(st.message());
   }
   if (opts.steps > 0)
-    return runTraining(opts, s, header);
+    return runTraining(opts, s, &s, header);
   std::vector<std::string> missing = s.missingInputs();
   if (!missing.empty()) {
     Status st = s.prepare();
