@@ -1103,6 +1103,15 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
         bytes += double(c.spec.seqLen) * h;
         calls += 1;
       }
+      // A vocabulary that tp does not divide keeps the embedding and the
+      // LM head replicated: their gradients over sequence-split rows are
+      // whole tables, all-reduced over tp (pad the vocabulary to a
+      // multiple of tp to avoid it).
+      if (c.spec.vocab > 0 && c.spec.vocab % cfg.tp != 0) {
+        double tables = c.spec.tiedEmbeddings ? 1 : 2;
+        bytes += tables * double(c.spec.vocab) * h;
+        calls += tables;
+      }
       double time =
           calls > 0 ? c.comm(Collective::AllReduce, bytes / calls, cfg.tp, 1) * calls : 0;
       if (calls > 0)

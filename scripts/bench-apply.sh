@@ -44,3 +44,21 @@ for fix in dp=2:cpu dp=8:cpu:4 tp=2,dp=1:cpu dp=2,tp=4:cpu:4 dp=2,tp=2,sp=1:cpu:
   printf '  %-16s %8d bytes (%.2fx)\n' "$f" "$(size "$work/t.exe")" \
     "$(echo "$(size "$work/t.exe") / $(size "$work/tiny1.exe")" | bc -l)"
 done
+# In-process all-reduce of 64 MiB over 4 ranks against memcpy.
+"$BIN/dlopt-bench-comm" 64 4 5
+# Step time of a dp=2 (and dp=2 x tp=2) tiny-gpt training step against one
+# device: median over 30 SGD steps on the bundled corpus, ranks as threads.
+"$BIN/dlopt-gen" gpt-tiny --batch 8 -q -o "$work/g8.mlir"
+median() { python3 -c "import json,sys,statistics; print('%.3f' % (1e3*statistics.median(json.loads(l)['step_time_s'] for l in open(sys.argv[1]))))" "$1"; }
+printf 'gpt-tiny training step (batch 8, SGD), median of 30 steps:\n'
+for fix in none dp=2:cpu dp=2,tp=2:cpu:2 dp=2,tp=2,sp=1:cpu:2; do
+  if [ "$fix" = none ]; then
+    "$BIN/dlopt-compile" "$work/g8.mlir" --train --optimizer sgd --quiet -o "$work/s.exe"
+  else
+    f=${fix%%:*}; c=${fix#*:}
+    "$BIN/dlopt-compile" "$work/g8.mlir" --train --optimizer sgd --quiet --cluster "$c" --fix "$f" -o "$work/s.exe"
+  fi
+  rm -f "$work/m.jsonl"
+  "$BIN/dlopt-run" "$work/s.exe" --steps 30 --data examples/data/corpus.npy --quiet --metrics "$work/m.jsonl"
+  printf '  %-18s %s ms\n' "${fix%%:*}" "$(median "$work/m.jsonl")"
+done
