@@ -120,7 +120,7 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
     shard += ", attention ";
     shard += cfg.tp > 1 ? "by heads" : "unsharded";
     if (cfg.cp > 1)
-      shard += " and by sequence over cp (ring, load-balanced causal chunks)";
+      shard += " and by sequence over cp (keys and values all-gathered)";
     shard += ", norms/dropout/residual ";
     shard += cfg.sequenceParallel ? "split by sequence over tp (sequence "
                                     "parallel)"

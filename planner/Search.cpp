@@ -1121,34 +1121,35 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     }
   }
 
-  // Context parallelism: ring attention passes K and V chunks (cp - 1 steps
-  // per layer forward; K/V plus their gradients backward), each step hidden
-  // behind the attention of the chunk in hand.
+  // Context parallelism as dlopt-partition applies it, the all-gather form
+  // (docs/parallel.md): per layer every rank gathers the keys and values of
+  // the whole sequence before attention (again for a recomputed forward)
+  // and, backward, reduce-scatters their gradients back onto the sequence;
+  // the loss gathers the logits over cp (flattening [b, s] with s split has
+  // no block layout). None of it overlaps with compute.
   double cpPerMb = 0;
   if (cp > 1) {
-    double kv = 2 * double(cfg.microBatchSize) * c.spec.seqLen / cp *
-                c.spec.hidden * c.kvFraction / cfg.tp * actBytes;
-    // The ring's slowest hop: inside a node when tp*cp fits in one.
-    int hopStride = cfg.tp * cp <= c.gpusPerNode ? cfg.tp : c.gpusPerNode;
-    double hop = c.comm(Collective::SendRecv, kv, 2, hopStride);
-    double eff = c.cost.calibration().cpOverlapEfficiency;
-    double attPerLayer = worstLayers > 0 ? worstAtt / worstLayers : 0;
-    double fwdComm = (cp - 1) * hop;
-    double perLayer = CostModel::exposed(fwdComm, attPerLayer, eff);
-    double calls = (cp - 1) * worstLayers * m;
-    if (train) {
-      double bwdComm = 2 * fwdComm;
-      perLayer += CostModel::exposed(
-          bwdComm, attPerLayer * c.cost.calibration().backwardFlopsRatio, eff);
-      calls *= 3;
-      if (cfg.recompute == RecomputePolicy::Full) {
-        perLayer += CostModel::exposed(fwdComm, attPerLayer, eff);
-        calls += (cp - 1) * worstLayers * m;
-      }
+    const double mbs = double(cfg.microBatchSize), seqLen = double(c.spec.seqLen);
+    double kvOne = mbs * seqLen * c.spec.hidden * c.kvFraction / cfg.tp * actBytes;
+    double ag = c.comm(Collective::AllGather, kvOne, cp, cfg.tp);
+    double rs = c.comm(Collective::ReduceScatter, kvOne, cp, cfg.tp);
+    double gathers = 2 * (1 + (train && cfg.recompute == RecomputePolicy::Full ? 1 : 0));
+    double scatters = train ? 2 : 0;
+    cpPerMb = worstLayers * (gathers * ag + scatters * rs);
+    record("cp K/V all-gather (attention)", Collective::AllGather, cp, cfg.tp,
+           kvOne, gathers * worstLayers * m, gathers * worstLayers * ag * m);
+    record("cp K/V gradient reduce-scatter (attention)",
+           Collective::ReduceScatter, cp, cfg.tp, kvOne,
+           scatters * worstLayers * m, scatters * worstLayers * rs * m);
+    if (c.spec.vocab > 0) {
+      bool vocabParallel = cfg.tp > 1 && c.spec.vocab % cfg.tp == 0;
+      double logits = mbs * seqLen * double(c.spec.vocab) /
+                      (vocabParallel ? cfg.tp : 1) * actBytes;
+      double lg = c.comm(Collective::AllGather, logits, cp, cfg.tp);
+      cpPerMb += lg;
+      record("cp logits all-gather (loss)", Collective::AllGather, cp, cfg.tp,
+             logits, m, lg * m);
     }
-    cpPerMb = perLayer * worstLayers;
-    record("cp K/V ring send/recv (attention)", Collective::SendRecv, 2,
-           hopStride, kv, calls, cpPerMb * m);
   }
 
   // Pipeline send/recv: activations forward, gradients backward, v times

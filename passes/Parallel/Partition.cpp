@@ -976,6 +976,12 @@ LogicalResult AxisPartitioner::matmul(dl::MatmulOp op) {
   };
   Sh sa = of(a), sb = of(b);
   std::optional<Sh> r = apply(sa, sb);
+  // A partial operand passed on as a partial result is reduced later at the
+  // result's size; reduce-scattering the operand now may be cheaper (a
+  // context-parallel key gradient before its input-gradient matmul), so
+  // that case is searched too.
+  if (r && r->isP() && (sa.isP() || sb.isP()))
+    r.reset();
   if (!r) {
     // No rule for this pair: reshard the operands to the pair with a rule
     // that moves the fewest elements: gathers and reduce-scatters cost the
@@ -1012,25 +1018,34 @@ LogicalResult AxisPartitioner::matmul(dl::MatmulOp op) {
         c += 1e15;
       return c;
     };
-    auto candidates = [&](Value v) {
+    // A partial operand is reduce-scattered only along its rows or the
+    // contraction (its own output-feature dim would leave the result split
+    // on a weight dim that is gathered again later).
+    auto candidates = [&](Value v, int64_t featureDim) {
       SmallVector<Sh> c{of(v), Sh::rep()};
       auto t = rtt(v);
       for (int64_t k = 0; k < t.getRank(); ++k) {
         int64_t global = t.getDimSize(k) * (of(v).isS() && of(v).dim == k ? n : 1);
-        if (global % n == 0 && !(of(v).isS() && of(v).dim == k))
+        if (global % n == 0 && !(of(v).isS() && of(v).dim == k) &&
+            !(of(v).isP() && k == featureDim))
           c.push_back(Sh::split(k));
       }
       return c;
     };
     double best = std::numeric_limits<double>::infinity();
     Sh bestA = Sh::rep(), bestB = Sh::rep();
-    for (Sh ca : candidates(a))
-      for (Sh cb : candidates(b)) {
+    for (Sh ca : candidates(a, aM))
+      for (Sh cb : candidates(b, bN)) {
         std::optional<Sh> res = apply(ca, cb);
         if (!res)
           continue;
+        // A partial result costs its reduction later; a batched product
+        // (a weight gradient per sample) is summed over the batch first, so
+        // only its matrix dims count.
         double c = cost(a, ca) + cost(b, cb) +
-                   (res->isP() ? double(rt.getNumElements()) : 0.0);
+                   (res->isP() ? double(rt.getDimSize(rr - 2)) *
+                                     double(rt.getDimSize(rr - 1))
+                               : 0.0);
         if (c < best) {
           best = c;
           bestA = ca;

@@ -88,9 +88,11 @@ CASES = [
     ("llama.grads.dp2.tp2.sp", ["llama", "--preset", "llama-tiny", "--batch", "4"], ["--autodiff"], "dp=2,tp=2,sp=1", "cpu:2"),
     # Context parallelism (the all-gather form): the sequence split over cp,
     # keys and values gathered, causal masks and rope positions shifted to
-    # each rank's block. Its collectives differ from the planner's ring
-    # pricing (and the loss gathers the logits), which the ".cp" cases
-    # expect dlopt-compile to say.
+    # each rank's block. The planner prices this form, but the step still
+    # issues more than priced (the key/value projections' input gradient is
+    # reduce-scattered besides the key/value gradients, and the LM head's
+    # input is gathered for its weight gradient): the ".cp" cases expect
+    # dlopt-compile to say so.
     ("gpt.grads.cp2.cp", ["gpt", "--preset", "gpt-tiny", "--batch", "4"], ["--autodiff"], "dp=1,tp=1,cp=2", "cpu:1"),
     ("gpt.sgd.dp2.cp2.cp", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
      ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9"], "dp=2,tp=1,cp=2", "cpu:2"),

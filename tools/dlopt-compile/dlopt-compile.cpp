@@ -609,6 +609,11 @@ static int checkPricedCollectives(ModuleOp module,
     std::string kind = dlopt::planner::collectiveName(c.collective);
     std::string group = pricedGroup(c);
     for (llvm::StringRef a : llvm::split(group, '+')) {
+      // The planner names dp*cp even where dp is 1 (no such mesh axis).
+      if (!llvm::any_of(axes, [&](Attribute x) {
+            return cast<StringAttr>(x).getValue() == a;
+          }))
+        continue;
       Row &r = planned[{kind, a.str()}];
       r.calls += c.calls;
       r.bytes += c.bytes * c.calls;

@@ -231,10 +231,10 @@ TEST(Search, LongSequencesUseContextParallelism) {
   ASSERT_TRUE(p) << p.status().message();
   checkInvariants(*p, *c);
   EXPECT_GT(p->best.cfg.cp, 1) << p->best.key();
-  bool ring = false;
+  bool gather = false;
   for (const CommOp &op : p->comms)
-    ring |= op.what.find("cp K/V ring") != std::string::npos;
-  EXPECT_TRUE(ring);
+    gather |= op.what.find("cp K/V all-gather") != std::string::npos;
+  EXPECT_TRUE(gather);
   // Short sequences do not search cp.
   GraphSummary s = gpt(8, 4096, 32, 2048, 32000);
   auto q = searchPlan(s, *c, CostModel(), opts(16));
@@ -243,7 +243,7 @@ TEST(Search, LongSequencesUseContextParallelism) {
   EXPECT_GT(q->stats.pruned.size(), 0u);
 }
 
-TEST(Search, ContextParallelDividesActivationsAndAddsRing) {
+TEST(Search, ContextParallelDividesActivationsAndGathersKeysAndValues) {
   GraphSummary g = gpt(8, 4096, 32, 16384, 32000);
   auto c = resolveCluster("dgx-h100:1");
   ASSERT_TRUE(c);
@@ -259,11 +259,21 @@ TEST(Search, ContextParallelDividesActivationsAndAddsRing) {
   EXPECT_DOUBLE_EQ(two->best.memory.activations,
                    one->best.memory.activations / 2);
   EXPECT_EQ(one->best.time.cpComm, 0);
-  double ringTime = 0;
-  for (const CommOp &op : two->comms)
-    if (op.what.find("cp K/V ring") != std::string::npos)
-      ringTime = op.time;
-  EXPECT_GT(ringTime, 0);
+  // As applied: per layer an all-gather of K and of V forward, their
+  // gradients reduce-scattered backward, one logits all-gather for the
+  // loss (the vocabulary divides by tp: a tp-th of it).
+  CommOp ag, rs, logits;
+  for (const CommOp &op : two->comms) {
+    if (op.what == "cp K/V all-gather (attention)") ag = op;
+    if (op.what == "cp K/V gradient reduce-scatter (attention)") rs = op;
+    if (op.what == "cp logits all-gather (loss)") logits = op;
+  }
+  double m = double(two->best.cfg.numMicroBatches);
+  EXPECT_EQ(ag.calls, 2 * 8 * m);
+  EXPECT_EQ(rs.calls, 2 * 8 * m);
+  EXPECT_EQ(ag.bytes, 16384.0 * 4096 / 4 * 2); // b=1, s, h/tp, bf16
+  EXPECT_EQ(logits.bytes, 16384.0 * 32000 / 4 * 2);
+  EXPECT_GT(two->best.time.cpComm, 0);
   // 8 GPUs / (tp 4 * cp 2) leave dp = 1: gradients still sync over the
   // dp*cp = 2 ranks that hold the same parameters.
   EXPECT_EQ(two->best.cfg.dp, 1);
