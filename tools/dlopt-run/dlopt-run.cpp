@@ -131,6 +131,18 @@ void printDeviceMemory(Session &s) {
               cuda->deviceDescription(s.rank()).c_str());
 }
 
+/// The planned and allocated memory of one rank, then the device's.
+void printMemory(Session &s) {
+  MemoryReport m = s.memory();
+  std::printf("memory: planned %s (persistent %s + scratch %s), "
+              "allocated %s\n",
+              formatBytes(m.plannedBytes).c_str(),
+              formatBytes(m.persistentBytes).c_str(),
+              formatBytes(m.scratchBytes).c_str(),
+              formatBytes(m.peakAllocatedBytes).c_str());
+  printDeviceMemory(s);
+}
+
 /// Thrown only inside this file: parse errors carry their exit code.
 struct Exit {
   int code;
@@ -551,14 +563,7 @@ int runTraining(const Options &opts, StepRunner &s, Session *session,
       std::printf("wrote %zu param(s) to %s\n", e.params.size(),
                   opts.saveParamsDir.c_str());
     if (session) {
-      MemoryReport m = session->memory();
-      std::printf("memory: planned %s (persistent %s + scratch %s), "
-                  "allocated %s\n",
-                  formatBytes(m.plannedBytes).c_str(),
-                  formatBytes(m.persistentBytes).c_str(),
-                  formatBytes(m.scratchBytes).c_str(),
-                  formatBytes(m.peakAllocatedBytes).c_str());
-      printDeviceMemory(*session);
+      printMemory(*session);
     }
   }
   if (opts.profile && session)
@@ -733,14 +738,7 @@ int runMain(int argc, char **argv) {
     std::printf("outputs:\n");
     for (const NamedTensor &out : *outputs)
       std::printf("  %s\n", describe(out).c_str());
-    MemoryReport m = s.memory();
-    std::printf("memory: planned %s (persistent %s + scratch %s), "
-                "allocated %s\n",
-                formatBytes(m.plannedBytes).c_str(),
-                formatBytes(m.persistentBytes).c_str(),
-                formatBytes(m.scratchBytes).c_str(),
-                formatBytes(m.peakAllocatedBytes).c_str());
-    printDeviceMemory(s);
+    printMemory(s);
     std::printf("time: %.3f ms (%s backend)\n", s.lastRunSeconds() * 1e3,
                 s.backend().name().c_str());
     if (!opts.outputDir.empty())
