@@ -21,57 +21,13 @@
 namespace dlopt::rt::cpu {
 namespace {
 
-/// One group's conv2d geometry, shared by conv2d and its gradients.
-struct ConvGeom {
-  int64_t cg, h, w, kh, kw, oh, ow;
-  std::vector<int64_t> stride, padding, dilation;
-  int64_t ckk() const { return cg * kh * kw; }
-  /// 1x1 kernel, stride 1, no padding: the input plane is the column matrix.
-  bool direct() const {
-    return kh == 1 && kw == 1 && stride[0] == 1 && stride[1] == 1 &&
-           padding[0] == 0 && padding[1] == 0;
-  }
-  /// Output rows per GEMM so the column buffer stays around 32 MB.
-  int64_t rowsPerChunk() const {
-    return std::clamp<int64_t>(
-        (int64_t(1) << 23) / std::max<int64_t>(ckk() * ow, 1), 1,
-        std::max<int64_t>(oh, 1));
-  }
-};
-
-/// Reads stride/padding/dilation/groups and derives the geometry of
-/// x [N,C,H,W] and w [O,Cg,KH,KW] (both of rank 4) under conv2d's shape rule;
-/// `bias`, when given, must be [O] of x's element type.
-Status convGeometry(const Instr &instr, const TensorType &tx,
-                    const TensorType &tw, const TensorType *bias,
-                    int64_t &groups, ConvGeom &geom) {
-  std::vector<int64_t> stride{1, 1}, padding{0, 0}, dilation{1, 1};
-  groups = 1;
-  DLOPT_RETURN_IF_ERROR(getWindowPair(instr, "stride", stride, 1));
-  DLOPT_RETURN_IF_ERROR(getWindowPair(instr, "padding", padding, 0));
-  DLOPT_RETURN_IF_ERROR(getWindowPair(instr, "dilation", dilation, 1));
-  DLOPT_RETURN_IF_ERROR(getOptIntAttr(instr, "groups", groups));
-  int64_t c = tx.shape[1], h = tx.shape[2], w = tx.shape[3];
-  int64_t o = tw.shape[0], cg = tw.shape[1], kh = tw.shape[2], kw = tw.shape[3];
-  if (groups < 1 || groups > c || c != cg * groups || o % groups != 0)
-    return opError(instr, "expects C = Cg * groups and O % groups == 0, got " +
-                              typeStr(tx) + ", " + typeStr(tw) +
-                              ", groups = " + std::to_string(groups));
-  if (bias)
-    DLOPT_RETURN_IF_ERROR(
-        checkType(instr, "bias", *bias, TensorType{tx.dtype, {o}}));
-  int64_t oh = windowOut(h, kh, stride[0], padding[0], dilation[0]);
-  int64_t ow = windowOut(w, kw, stride[1], padding[1], dilation[1]);
-  if (oh < 0 || ow < 0)
-    return opError(instr, "kernel does not fit the padded input: " +
-                              typeStr(tx) + ", " + typeStr(tw));
-  geom = ConvGeom{cg, h, w, kh, kw, oh, ow, stride, padding, dilation};
-  return Status::ok();
+/// Output rows per GEMM so the column buffer stays around 32 MB.
+int64_t rowsPerChunkOf(const ConvGeom &g) {
+  return std::clamp<int64_t>(
+      (int64_t(1) << 23) / std::max<int64_t>(g.ckk() * g.ow, 1), 1,
+      std::max<int64_t>(g.oh, 1));
 }
 
-/// im2col of output rows [r0, r0+rows) of one group: row (ci, ky, kx) of
-/// `col` ([ckk, rows*ow]) holds the input pixel each output position sees
-/// through that kernel tap (0 in the padding).
 void im2col(const ConvGeom &g, const float *xg, int64_t r0, int64_t rows,
             float *col) {
   int64_t cols = rows * g.ow;
@@ -128,34 +84,20 @@ void col2imAdd(const ConvGeom &g, const float *col, int64_t r0, int64_t rows,
 }
 
 Status conv2dKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArityRange(instr, ins, outs, 2, 3, 1));
   const TensorType &tx = ins[0].type, &tw = ins[1].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "x", tx));
-  if (tx.shape.size() != 4 || tw.shape.size() != 4 || tw.dtype != tx.dtype)
-    return opError(instr, "expects x [N,C,H,W] and w [O,C/groups,KH,KW] of "
-                          "one float type, got " +
-                              typeStr(tx) + " and " + typeStr(tw));
-  bool hasBias = ins.size() == 3;
-  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "has_bias", hasBias));
-  if (ins.size() != 2 + size_t(hasBias))
-    return opError(instr,
-                   "expects " + std::to_string(2 + hasBias) +
-                       " operands (has_bias = " + std::to_string(hasBias) +
-                       "), got " + std::to_string(ins.size()));
-  int64_t groups = 1;
+  const bool hasBias = ins.size() == 3;
   ConvGeom geom;
   DLOPT_RETURN_IF_ERROR(convGeometry(
-      instr, tx, tw, hasBias ? &ins[2].type : nullptr, groups, geom));
+      instr, tx, tw, hasBias ? &ins[2].type : nullptr, geom));
+  const int64_t groups = geom.groups;
   int64_t n = tx.shape[0], c = tx.shape[1], h = geom.h, w = geom.w;
   int64_t o = tw.shape[0], og = o / groups, cg = geom.cg, ckk = geom.ckk();
   int64_t oh = geom.oh, ow = geom.ow, plane = oh * ow;
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type,
-                                  TensorType{tx.dtype, {n, o, oh, ow}}));
   if (outs[0].numElements() == 0)
     return Status::ok();
 
   bool direct = geom.direct();
-  int64_t rowsPerChunk = geom.rowsPerChunk();
+  int64_t rowsPerChunk = rowsPerChunkOf(geom);
   return dispatchFloat(tx.dtype, [&](auto tag) -> Status {
     using T = decltype(tag);
     std::vector<float> xb, wb, ob, col;
@@ -202,53 +144,11 @@ Status conv2dKernel(const Instr &instr, Ins ins, Outs outs) {
   });
 }
 
-/// Pool attributes and the pooled shape of x [..., H, W] (rank >= 2).
-struct PoolGeom {
-  std::vector<int64_t> kernel, stride, padding{0, 0};
-  bool includePad = true;
-  std::vector<int64_t> pooled; ///< x's shape with H, W replaced by OH, OW
-};
-
-/// Reads kernel/stride/padding (and count_include_pad for avg pooling) and
-/// derives the pooled shape of `tx`.
-Status poolGeometry(const Instr &instr, bool isMax, const TensorType &tx,
-                    PoolGeom &g) {
-  size_t rank = tx.shape.size();
-  DLOPT_RETURN_IF_ERROR(getIntsAttr(instr, "kernel", g.kernel));
-  if (g.kernel.size() != 2 || g.kernel[0] < 1 || g.kernel[1] < 1 ||
-      g.kernel[0] > kMaxWindowAttr || g.kernel[1] > kMaxWindowAttr)
-    return opError(instr, "expects 'kernel' to be 2 ints in [1, 2^30], got " +
-                              shapeStr(g.kernel));
-  g.stride = g.kernel;
-  DLOPT_RETURN_IF_ERROR(getWindowPair(instr, "stride", g.stride, 1));
-  DLOPT_RETURN_IF_ERROR(getWindowPair(instr, "padding", g.padding, 0));
-  if (!isMax)
-    DLOPT_RETURN_IF_ERROR(
-        getOptBoolAttr(instr, "count_include_pad", g.includePad));
-  int64_t h = tx.shape[rank - 2], w = tx.shape[rank - 1];
-  int64_t oh = windowOut(h, g.kernel[0], g.stride[0], g.padding[0], 1);
-  int64_t ow = windowOut(w, g.kernel[1], g.stride[1], g.padding[1], 1);
-  if (oh < 0 || ow < 0)
-    return opError(instr, "window " + shapeStr(g.kernel) +
-                              " does not fit the padded input " + typeStr(tx));
-  g.pooled.assign(tx.shape.begin(), tx.shape.end() - 2);
-  g.pooled.push_back(oh);
-  g.pooled.push_back(ow);
-  return Status::ok();
-}
-
 template <bool Max> Status poolKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 1, 1));
   const TensorType &tx = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", tx));
   size_t rank = tx.shape.size();
-  if (rank < 2)
-    return opError(instr,
-                   "expects rank >= 2 ([..., H, W]), got " + typeStr(tx));
   PoolGeom g;
   DLOPT_RETURN_IF_ERROR(poolGeometry(instr, Max, tx, g));
-  DLOPT_RETURN_IF_ERROR(
-      checkType(instr, "result", outs[0].type, TensorType{tx.dtype, g.pooled}));
   const std::vector<int64_t> &kernel = g.kernel, &stride = g.stride,
                              &padding = g.padding;
   bool includePad = g.includePad;
@@ -305,37 +205,20 @@ template <bool Max> Status poolKernel(const Instr &instr, Ins ins, Outs outs) {
 // Gradients (see "Gradient ops" in docs/ops.md)
 //===----------------------------------------------------------------------===//
 
-/// Reads stride/padding/dilation/groups and checks that x [N,C,H,W],
-/// w [O,Cg,KH,KW] and dy [N,O,OH,OW] agree with conv2d's shape rule.
-Status convGradGeom(const Instr &instr, const TensorType &tx,
-                    const TensorType &tw, const TensorType &tdy,
-                    int64_t &groups, ConvGeom &geom) {
-  for (const TensorType *t : {&tx, &tw, &tdy})
-    if (t->shape.size() != 4 || t->dtype != tx.dtype || !isFloat(t->dtype))
-      return opError(instr, "expects x [N,C,H,W], w [O,C/groups,KH,KW] and "
-                            "dy [N,O,OH,OW] of one float type, got " +
-                                typeStr(tx) + ", " + typeStr(tw) + ", " +
-                                typeStr(tdy));
-  DLOPT_RETURN_IF_ERROR(convGeometry(instr, tx, tw, nullptr, groups, geom));
-  return checkShape(instr, "dy (conv2d's output)", tdy.shape,
-                    {tx.shape[0], tw.shape[0], geom.oh, geom.ow});
-}
-
 /// conv2d_grad_input %dy, %w -> dx (the forward input type): per (image,
 /// group) col = w_g^T dy_g, then col2im.
 Status conv2dGradInputKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
   const TensorType &tdy = ins[0].type, &tw = ins[1].type, &tx = outs[0].type;
-  int64_t groups = 1;
   ConvGeom geom;
-  DLOPT_RETURN_IF_ERROR(convGradGeom(instr, tx, tw, tdy, groups, geom));
+  DLOPT_RETURN_IF_ERROR(convGradGeometry(instr, tx, tw, tdy, geom));
+  const int64_t groups = geom.groups;
   if (outs[0].numElements() == 0)
     return Status::ok();
   int64_t n = tx.shape[0], c = tx.shape[1], h = geom.h, w = geom.w;
   int64_t o = tw.shape[0], og = o / groups, cg = geom.cg, ckk = geom.ckk();
   int64_t oh = geom.oh, ow = geom.ow, plane = oh * ow;
   bool direct = geom.direct();
-  int64_t rowsPerChunk = geom.rowsPerChunk();
+  int64_t rowsPerChunk = rowsPerChunkOf(geom);
   return dispatchFloat(tx.dtype, [&](auto tag) -> Status {
     using T = decltype(tag);
     std::vector<float> dyb, wb, dxb, col;
@@ -374,18 +257,17 @@ Status conv2dGradInputKernel(const Instr &instr, Ins ins, Outs outs) {
 /// conv2d_grad_filter %x, %dy -> dw (the filter type): per group,
 /// dw_g = sum over images and row chunks of dy_g col^T, in a fixed order.
 Status conv2dGradFilterKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
   const TensorType &tx = ins[0].type, &tdy = ins[1].type, &tw = outs[0].type;
-  int64_t groups = 1;
   ConvGeom geom;
-  DLOPT_RETURN_IF_ERROR(convGradGeom(instr, tx, tw, tdy, groups, geom));
+  DLOPT_RETURN_IF_ERROR(convGradGeometry(instr, tx, tw, tdy, geom));
+  const int64_t groups = geom.groups;
   if (outs[0].numElements() == 0)
     return Status::ok();
   int64_t n = tx.shape[0], c = tx.shape[1], h = geom.h, w = geom.w;
   int64_t o = tw.shape[0], og = o / groups, cg = geom.cg, ckk = geom.ckk();
   int64_t oh = geom.oh, ow = geom.ow, plane = oh * ow;
   bool direct = geom.direct();
-  int64_t rowsPerChunk = geom.rowsPerChunk();
+  int64_t rowsPerChunk = rowsPerChunkOf(geom);
   return dispatchFloat(tx.dtype, [&](auto tag) -> Status {
     using T = decltype(tag);
     std::vector<float> xb, dyb, dwb, col;
@@ -421,35 +303,18 @@ Status conv2dGradFilterKernel(const Instr &instr, Ins ins, Outs outs) {
   });
 }
 
-/// Pool attributes and the input/output geometry of a pool gradient: `tx`
-/// is the forward input type, `tdy` the pooled type.
-Status poolGradGeom(const Instr &instr, bool isMax, const TensorType &tx,
-                    const TensorType &tdy, PoolGeom &g) {
-  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "x", tx));
-  size_t rank = tx.shape.size();
-  if (rank < 2)
-    return opError(instr,
-                   "expects rank >= 2 ([..., H, W]), got " + typeStr(tx));
-  DLOPT_RETURN_IF_ERROR(checkDType(instr, "dy", tdy.dtype, tx.dtype));
-  DLOPT_RETURN_IF_ERROR(poolGeometry(instr, isMax, tx, g));
-  return checkShape(instr, "dy (the pooled shape)", tdy.shape, g.pooled);
-}
-
 /// max_pool2d_grad %x, %dy and avg_pool2d_grad %dy. Windows overlap when
 /// stride < kernel, so the work is split by planes; each plane accumulates
 /// its output positions in row-major order in f32.
 template <bool Max>
 Status poolGradKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, Max ? 2 : 1, 1));
   const TensorType &tx = Max ? ins[0].type : outs[0].type;
   const TensorType &tdy = ins[Max ? 1 : 0].type;
   PoolGeom g;
-  DLOPT_RETURN_IF_ERROR(poolGradGeom(instr, Max, tx, tdy, g));
+  DLOPT_RETURN_IF_ERROR(poolGradGeometry(instr, Max, tx, tdy, g));
   const std::vector<int64_t> &kernel = g.kernel, &stride = g.stride,
                              &padding = g.padding;
   bool includePad = g.includePad;
-  if constexpr (Max)
-    DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, tx));
   size_t rank = tx.shape.size();
   int64_t h = tx.shape[rank - 2], w = tx.shape[rank - 1];
   int64_t oh = tdy.shape[rank - 2], ow = tdy.shape[rank - 1];

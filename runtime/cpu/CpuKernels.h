@@ -3,9 +3,12 @@
 // One entry point runs any instruction on host memory. Kernels read their
 // attributes from the Instr (see docs/ops.md for each op's attributes and
 // semantics) and the operand/result tensors from TensorRefs whose types were
-// fixed at compile time. Kernels validate what they rely on (ranks, shapes,
-// index ranges) and return an error Status naming the op and its location
-// instead of crashing.
+// fixed at compile time. The instruction must have passed verifyInstr
+// (runtime/format/OpTable.h), which Executable::validate runs on every
+// instruction when an executable is loaded: kernels do not check counts,
+// types, shapes or attributes again. They check what depends on data (ids
+// and labels in range, integer division by zero) and return an error Status
+// naming the op and its location.
 //
 //===----------------------------------------------------------------------===//
 #pragma once
@@ -29,8 +32,9 @@ struct TensorRef {
 
 namespace cpu {
 
-/// Runs one instruction. `ins` and `outs` follow instr.operands/results.
-/// Results never alias operands.
+/// Runs one verified instruction. `ins` and `outs` follow
+/// instr.operands/results, with buffers for every non-empty tensor. Results
+/// never alias operands.
 Status runKernel(const Instr &instr, std::span<const TensorRef> ins,
                  std::span<const TensorRef> outs);
 

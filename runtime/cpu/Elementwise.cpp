@@ -112,7 +112,7 @@ template <Unary K, typename I> inline I unaryI(I x) {
 }
 
 template <Unary K>
-Status runUnaryTyped(const Instr &instr, const TensorRef &in,
+Status runUnaryTyped(const TensorRef &in,
                      const TensorRef &out) {
   constexpr bool intOk = K == Unary::Neg || K == Unary::Abs || K == Unary::Relu;
   constexpr int64_t cost = K <= Unary::Relu ? 1 : 16;
@@ -135,32 +135,22 @@ Status runUnaryTyped(const Instr &instr, const TensorRef &in,
     return Status::ok();
   };
   if constexpr (intOk) {
-    DLOPT_RETURN_IF_ERROR(checkNumeric(instr, "operand #0", in.type));
     return dispatchNumeric(in.type.dtype, body);
   } else {
-    DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", in.type));
     return dispatchFloat(in.type.dtype, body);
   }
 }
 
-template <Unary K> Status unaryKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 1, 1));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, ins[0].type));
-  return runUnaryTyped<K>(instr, ins[0], outs[0]);
+template <Unary K> Status unaryKernel(const Instr &, Ins ins, Outs outs) {
+  return runUnaryTyped<K>(ins[0], outs[0]);
 }
 
 Status geluKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 1, 1));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, ins[0].type));
   std::string approx = "none";
   DLOPT_RETURN_IF_ERROR(getOptStringAttr(instr, "approximate", approx));
-  if (approx == "none")
-    return runUnaryTyped<Unary::GeluErf>(instr, ins[0], outs[0]);
   if (approx == "tanh")
-    return runUnaryTyped<Unary::GeluTanh>(instr, ins[0], outs[0]);
-  return opError(instr, "expects attribute 'approximate' to be \"none\" or "
-                        "\"tanh\", got \"" +
-                            approx + "\"");
+    return runUnaryTyped<Unary::GeluTanh>(ins[0], outs[0]);
+  return runUnaryTyped<Unary::GeluErf>(ins[0], outs[0]);
 }
 
 //===----------------------------------------------------------------------===//
@@ -191,10 +181,7 @@ template <typename D, typename S> inline D castElem(S x) {
   }
 }
 
-Status castKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 1, 1));
-  DLOPT_RETURN_IF_ERROR(
-      checkShape(instr, "result", outs[0].type.shape, ins[0].type.shape));
+Status castKernel(const Instr &, Ins ins, Outs outs) {
   int64_t n = ins[0].numElements();
   return dispatchAny(ins[0].type.dtype, [&](auto stag) -> Status {
     using S = decltype(stag);
@@ -294,37 +281,16 @@ void broadcast2(const BroadcastPlan &p, const TA *a, const TA *b, TO *out,
                     });
 }
 
-/// Checks operand/result shapes of a broadcasting binary op and plans it.
-Status planBinary(const Instr &instr, Ins ins, Outs outs, BroadcastPlan &p) {
-  if (ins[0].type.dtype != ins[1].type.dtype)
-    return opError(instr, "expects operands of the same element type, got " +
-                              typeStr(ins[0].type) + " and " +
-                              typeStr(ins[1].type));
-  std::vector<int64_t> shape;
-  if (!broadcastShapes(ins[0].type.shape, ins[1].type.shape, shape))
-    return opError(instr, "operand shapes " + shapeStr(ins[0].type.shape) +
-                              " and " + shapeStr(ins[1].type.shape) +
-                              " do not broadcast");
-  DLOPT_RETURN_IF_ERROR(checkShape(instr, "result", outs[0].type.shape, shape));
-  std::string err =
-      planBroadcast(shape, {ins[0].type.shape, ins[1].type.shape}, p);
-  if (!err.empty())
-    return opError(instr, err);
-  return Status::ok();
+/// Plans a broadcasting binary op (shapes checked by the verifier).
+void planBinary(Ins ins, Outs outs, BroadcastPlan &p) {
+  planBroadcast(outs[0].type.shape, {ins[0].type.shape, ins[1].type.shape}, p);
 }
 
 template <Binary K>
 Status binaryKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
   BroadcastPlan p;
-  DLOPT_RETURN_IF_ERROR(planBinary(instr, ins, outs, p));
+  planBinary(ins, outs, p);
   const TensorType &t = ins[0].type;
-  if constexpr (K == Binary::Pow)
-    DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", t));
-  else
-    DLOPT_RETURN_IF_ERROR(checkNumeric(instr, "operand #0", t));
-  DLOPT_RETURN_IF_ERROR(
-      checkDType(instr, "result", outs[0].type.dtype, t.dtype));
   if (outs[0].numElements() == 0)
     return Status::ok();
   constexpr int64_t cost = K == Binary::Pow ? 16 : (K == Binary::Div ? 4 : 1);
@@ -369,12 +335,8 @@ Status runCompare(const BroadcastPlan &p, const TensorRef &a,
 }
 
 Status compareKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
   BroadcastPlan p;
-  DLOPT_RETURN_IF_ERROR(planBinary(instr, ins, outs, p));
-  DLOPT_RETURN_IF_ERROR(checkNumeric(instr, "operand #0", ins[0].type));
-  DLOPT_RETURN_IF_ERROR(
-      checkDType(instr, "result", outs[0].type.dtype, DType::I1));
+  planBinary(ins, outs, p);
   std::string pred;
   DLOPT_RETURN_IF_ERROR(getOptStringAttr(instr, "predicate", pred));
   if (pred == "eq")
@@ -398,30 +360,10 @@ Status compareKernel(const Instr &instr, Ins ins, Outs outs) {
 // Select
 //===----------------------------------------------------------------------===//
 
-Status selectKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 3, 1));
-  DLOPT_RETURN_IF_ERROR(
-      checkDType(instr, "operand #0", ins[0].type.dtype, DType::I1));
-  if (ins[1].type.dtype != ins[2].type.dtype)
-    return opError(instr, "expects operands #1 and #2 of the same element "
-                          "type, got " +
-                              typeStr(ins[1].type) + " and " +
-                              typeStr(ins[2].type));
-  DLOPT_RETURN_IF_ERROR(
-      checkDType(instr, "result", outs[0].type.dtype, ins[1].type.dtype));
-  std::vector<int64_t> s01, shape;
-  if (!broadcastShapes(ins[0].type.shape, ins[1].type.shape, s01) ||
-      !broadcastShapes(s01, ins[2].type.shape, shape))
-    return opError(instr, "operand shapes " + shapeStr(ins[0].type.shape) +
-                              ", " + shapeStr(ins[1].type.shape) + " and " +
-                              shapeStr(ins[2].type.shape) +
-                              " do not broadcast");
-  DLOPT_RETURN_IF_ERROR(checkShape(instr, "result", outs[0].type.shape, shape));
+Status selectKernel(const Instr &, Ins ins, Outs outs) {
   BroadcastPlan p;
-  std::string err = planBroadcast(
-      shape, {ins[0].type.shape, ins[1].type.shape, ins[2].type.shape}, p);
-  if (!err.empty())
-    return opError(instr, err);
+  planBroadcast(outs[0].type.shape,
+                {ins[0].type.shape, ins[1].type.shape, ins[2].type.shape}, p);
   return dispatchBySize(ins[1].type.dtype, [&](auto tag) -> Status {
     using T = decltype(tag);
     const uint8_t *c = ins[0].as<uint8_t>();

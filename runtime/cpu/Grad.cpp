@@ -34,16 +34,7 @@ inline int64_t intAt(const TensorRef &t, int64_t i) {
 //===----------------------------------------------------------------------===//
 
 Status scatterAddKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
-  const TensorType &ti = ins[0].type, &tu = ins[1].type, &tr = outs[0].type;
-  DLOPT_RETURN_IF_ERROR(checkInt(instr, "operand #0 (ids)", ti));
-  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #1 (updates)", tu));
-  if (tr.shape.empty())
-    return opError(instr, "expects a result of rank >= 1, got " + typeStr(tr));
-  std::vector<int64_t> expected = ti.shape;
-  expected.insert(expected.end(), tr.shape.begin() + 1, tr.shape.end());
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "operand #1 (updates)", tu,
-                                  TensorType{tr.dtype, expected}));
+  const TensorType &tr = outs[0].type;
   int64_t v = tr.shape[0];
   int64_t n = ins[0].numElements();
   int64_t rest = product(tr.shape, 1, tr.shape.size());
@@ -93,11 +84,7 @@ Status scatterAddKernel(const Instr &instr, Ins ins, Outs outs) {
 
 template <bool Log>
 Status softmaxGradKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
   const TensorType &t = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0 (y)", t));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "operand #1 (dy)", ins[1].type, t));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, t));
   DimSplit split;
   DLOPT_RETURN_IF_ERROR(getDimSplit(instr, t.shape, split));
   int64_t n = split.n, inner = split.inner, outer = split.outer;
@@ -155,36 +142,12 @@ Status softmaxGradKernel(const Instr &instr, Ins ins, Outs outs) {
 /// Operands x, dy[, w]; results dx, dw[, db] (db for layer_norm only).
 template <bool Rms>
 Status normGradKernel(const Instr &instr, Ins ins, Outs outs) {
-  size_t numOuts = Rms ? 2 : 3;
-  DLOPT_RETURN_IF_ERROR(checkArityRange(instr, ins, outs, 2, 3, numOuts));
   const TensorType &t = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0 (x)", t));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "operand #1 (dy)", ins[1].type, t));
-  size_t rank = t.shape.size();
-  int64_t axis = rank > 0 ? int64_t(rank) - 1 : 0;
-  double eps = Rms ? 1e-6 : 1e-5;
-  bool hasWeight = ins.size() == 3;
-  DLOPT_RETURN_IF_ERROR(getOptIntAttr(instr, "axis", axis));
-  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "eps", eps));
-  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "has_weight", hasWeight));
-  if (ins.size() != 2 + size_t(hasWeight))
-    return opError(instr, "expects " + std::to_string(2 + hasWeight) +
-                              " operands (has_weight = " +
-                              std::to_string(hasWeight) + "), got " +
-                              std::to_string(ins.size()));
-  if (axis < 0 || axis > int64_t(rank) || (rank > 0 && axis == int64_t(rank)))
-    return opError(instr, "expects 'axis' in [0, " + std::to_string(rank) +
-                              "), got " + std::to_string(axis));
-  std::vector<int64_t> normShape(t.shape.begin() + axis, t.shape.end());
-  TensorType paramType{t.dtype, normShape};
-  if (hasWeight)
-    DLOPT_RETURN_IF_ERROR(checkType(instr, "weight", ins[2].type, paramType));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #0", outs[0].type, t));
-  for (size_t i = 1; i < numOuts; ++i)
-    DLOPT_RETURN_IF_ERROR(checkType(instr, "result #" + std::to_string(i),
-                                    outs[i].type, paramType));
-  int64_t n = product(normShape, 0, normShape.size());
-  int64_t rows = n == 0 ? 0 : t.numElements() / n;
+  NormGeom geom;
+  DLOPT_RETURN_IF_ERROR(normGeometry(instr, t, Rms, true, ins.size(), geom));
+  const double eps = geom.eps;
+  const bool hasWeight = geom.hasWeight;
+  const int64_t n = geom.n, rows = geom.rows;
   // Fixed row chunks (from the shape only); each chunk leaves partial
   // parameter-gradient sums that are then added in chunk order.
   int64_t rowChunk =
@@ -270,37 +233,14 @@ Status normGradKernel(const Instr &instr, Ins ins, Outs outs) {
 //===----------------------------------------------------------------------===//
 
 Status attentionGradKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArityRange(instr, ins, outs, 4, 5, 3));
-  const TensorType &tq = ins[0].type, &tk = ins[1].type, &tv = ins[2].type,
-                   &tdo = ins[3].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "q", tq));
-  for (const TensorType *t : {&tq, &tk, &tv, &tdo})
-    if (t->shape.size() != 4 || t->dtype != tq.dtype)
-      return opError(instr, "expects q, k, v, dout of rank 4 with one float "
-                            "element type, got " +
-                                typeStr(tq) + ", " + typeStr(tk) + ", " +
-                                typeStr(tv) + ", " + typeStr(tdo));
-  int64_t b = tq.shape[0], h = tq.shape[1], s = tq.shape[2], d = tq.shape[3];
-  int64_t g = tk.shape[1], t = tk.shape[2], e = tv.shape[3];
-  if (tk.shape[0] != b || tv.shape[0] != b || tk.shape[3] != d ||
-      tv.shape[1] != g || tv.shape[2] != t || g == 0 || h % g != 0)
-    return opError(instr, "expects q [B,H,S,D], k [B,G,T,D], v [B,G,T,E] "
-                          "with H % G == 0, got " +
-                              typeStr(tq) + ", " + typeStr(tk) + ", " +
-                              typeStr(tv));
-  DLOPT_RETURN_IF_ERROR(
-      checkType(instr, "dout", tdo, TensorType{tq.dtype, {b, h, s, e}}));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #0 (dq)", outs[0].type, tq));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #1 (dk)", outs[1].type, tk));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #2 (dv)", outs[2].type, tv));
-  bool causal = false;
-  double scale = d > 0 ? 1.0 / std::sqrt(double(d)) : 1.0;
-  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "causal", causal));
-  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "scale", scale));
-  Expected<int64_t> shiftOr = optionalScalarInt(instr, ins, 4, "offset", t - s);
-  if (!shiftOr)
-    return shiftOr.status();
-  const int64_t shift = *shiftOr;
+  const TensorType &tq = ins[0].type, &tk = ins[1].type, &tv = ins[2].type;
+  AttentionDims ad;
+  DLOPT_RETURN_IF_ERROR(attentionDims(instr, tq, tk, tv, ad));
+  const int64_t b = ad.b, h = ad.h, s = ad.s, d = ad.d, g = ad.g, t = ad.t,
+                e = ad.e;
+  const bool causal = ad.causal;
+  const double scale = ad.scale;
+  const int64_t shift = optionalScalarInt(ins, 4, t - s);
   int64_t headsPerGroup = h / g;
   // The query heads of one kv head are adjacent, so each (batch, kv head) is
   // a stack of headsPerGroup*S query rows; dk/dv GEMMs over that stack sum
@@ -389,21 +329,8 @@ Status attentionGradKernel(const Instr &instr, Ins ins, Outs outs) {
 //===----------------------------------------------------------------------===//
 
 Status batchNormGradKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 5, 3));
   const TensorType &tx = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0 (x)", tx));
-  if (tx.shape.size() < 2)
-    return opError(instr,
-                   "expects x of rank >= 2 ([N, C, ...]), got " + typeStr(tx));
   int64_t n = tx.shape[0], c = tx.shape[1];
-  TensorType vec{tx.dtype, {c}};
-  static const char *names[] = {"x", "weight", "running_mean", "running_var"};
-  for (size_t i = 1; i < 4; ++i)
-    DLOPT_RETURN_IF_ERROR(checkType(instr, names[i], ins[i].type, vec));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "dy", ins[4].type, tx));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #0", outs[0].type, tx));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #1", outs[1].type, vec));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #2", outs[2].type, vec));
   double eps = 1e-5;
   bool training = false;
   DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "eps", eps));
@@ -482,17 +409,7 @@ Status batchNormGradKernel(const Instr &instr, Ins ins, Outs outs) {
 //===----------------------------------------------------------------------===//
 
 Status crossEntropyGradKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 3, 1));
-  const TensorType &tl = ins[0].type, &ty = ins[1].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "logits", tl));
-  DLOPT_RETURN_IF_ERROR(checkInt(instr, "labels", ty));
-  if (tl.shape.size() != 2 || ty.shape.size() != 1 ||
-      ty.shape[0] != tl.shape[0])
-    return opError(instr, "expects logits [N, C] and labels [N], got " +
-                              typeStr(tl) + " and " + typeStr(ty));
-  DLOPT_RETURN_IF_ERROR(
-      checkType(instr, "dloss", ins[2].type, TensorType{tl.dtype, {}}));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, tl));
+  const TensorType &tl = ins[0].type;
   int64_t ignore = -100;
   DLOPT_RETURN_IF_ERROR(getOptIntAttr(instr, "ignore_index", ignore));
   int64_t n = tl.shape[0], c = tl.shape[1];
@@ -553,17 +470,9 @@ template <bool Tanh> inline float geluDeriv(float x) {
 }
 
 Status geluGradKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
   const TensorType &t = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0 (x)", t));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "operand #1 (dy)", ins[1].type, t));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, t));
   std::string approx = "none";
   DLOPT_RETURN_IF_ERROR(getOptStringAttr(instr, "approximate", approx));
-  if (approx != "none" && approx != "tanh")
-    return opError(instr, "expects attribute 'approximate' to be \"none\" or "
-                          "\"tanh\", got \"" +
-                              approx + "\"");
   bool useTanh = approx == "tanh";
   int64_t n = t.numElements();
   return dispatchFloat(t.dtype, [&](auto tag) -> Status {
@@ -587,33 +496,12 @@ Status geluGradKernel(const Instr &instr, Ins ins, Outs outs) {
 //===----------------------------------------------------------------------===//
 
 Status sliceGradKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 1, 1));
-  const TensorType &tdy = ins[0].type, &tr = outs[0].type;
-  DLOPT_RETURN_IF_ERROR(checkDType(instr, "result", tr.dtype, tdy.dtype));
+  const TensorType &tr = outs[0].type;
   size_t rank = tr.shape.size();
-  std::vector<int64_t> start, limit, stride(rank, 1);
-  DLOPT_RETURN_IF_ERROR(getIntsAttr(instr, "start", start));
-  DLOPT_RETURN_IF_ERROR(getIntsAttr(instr, "limit", limit));
-  DLOPT_RETURN_IF_ERROR(getOptIntsAttr(instr, "stride", stride));
-  if (start.size() != rank || limit.size() != rank || stride.size() != rank)
-    return opError(instr, "expects start/limit/stride of length " +
-                              std::to_string(rank) + ", got " +
-                              std::to_string(start.size()) + "/" +
-                              std::to_string(limit.size()) + "/" +
-                              std::to_string(stride.size()));
-  std::vector<int64_t> sliced(rank);
-  for (size_t i = 0; i < rank; ++i) {
-    if (start[i] < 0 || start[i] > limit[i] || limit[i] > tr.shape[i] ||
-        stride[i] < 1)
-      return opError(instr, "invalid slice of dim " + std::to_string(i) +
-                                " (size " + std::to_string(tr.shape[i]) +
-                                "): start " + std::to_string(start[i]) +
-                                ", limit " + std::to_string(limit[i]) +
-                                ", stride " + std::to_string(stride[i]));
-    sliced[i] = (limit[i] - start[i] + stride[i] - 1) / stride[i];
-  }
-  DLOPT_RETURN_IF_ERROR(
-      checkShape(instr, "operand #0 (dy)", tdy.shape, sliced));
+  SliceGeom sg;
+  DLOPT_RETURN_IF_ERROR(sliceGeometry(instr, tr.shape, sg));
+  const std::vector<int64_t> &start = sg.start, &stride = sg.stride,
+                             &sliced = sg.sliced;
   // Zero bits are 0 for every element type.
   int64_t bytes = tr.byteSize();
   parallelFor(bytes, 1 << 20, [&](int64_t b, int64_t e) {

@@ -9,6 +9,7 @@
 
 #include "runtime/cpu/CpuKernels.h"
 #include "runtime/cpu/Half.h"
+#include "runtime/format/OpTable.h"
 
 #include <cstdint>
 #include <cstring>
@@ -119,90 +120,17 @@ template <typename T> inline void finishF32(const TensorRef &t, const float *buf
 // Errors and checks
 //===----------------------------------------------------------------------===//
 
-std::string shapeStr(const std::vector<int64_t> &shape);
-/// "4x8xf32" (tensor type as in MLIR, without `tensor<>`).
-std::string typeStr(const TensorType &t);
-
-/// "op 'OP' at LOC: MSG" (the location part is left out when unknown).
-Status opError(const Instr &instr, const std::string &msg);
-
-/// Checks the number of operands and results.
+/// Checks the number of operands and results (the CUDA handlers' form; the
+/// verifier in runtime/format/OpTable.cpp is the one that counts).
 Status checkArity(const Instr &instr, Ins ins, Outs outs, size_t numIns,
                   size_t numOuts);
-/// Like checkArity with a range of operand counts.
 Status checkArityRange(const Instr &instr, Ins ins, Outs outs, size_t minIns,
                        size_t maxIns, size_t numOuts);
 
 /// The optional rank-0 i32/i64 operand `index` (a position offset: dropout,
 /// rope, attention), or `otherwise` when the instruction has no such
-/// operand.
-Expected<int64_t> optionalScalarInt(const Instr &instr, Ins ins, size_t index,
-                                    const char *name, int64_t otherwise);
-
-/// `what` (e.g. "operand #0") must have a float element type.
-Status checkFloat(const Instr &instr, const std::string &what,
-                  const TensorType &t);
-/// `what` must have a float or int element type.
-Status checkNumeric(const Instr &instr, const std::string &what,
-                    const TensorType &t);
-/// `what` must have an int (i32/i64) element type.
-Status checkInt(const Instr &instr, const std::string &what,
-                const TensorType &t);
-/// `got` must equal `expected` (dtype and shape).
-Status checkType(const Instr &instr, const std::string &what,
-                 const TensorType &got, const TensorType &expected);
-Status checkDType(const Instr &instr, const std::string &what, DType got,
-                  DType expected);
-Status checkShape(const Instr &instr, const std::string &what,
-                  const std::vector<int64_t> &got,
-                  const std::vector<int64_t> &expected);
-
-/// Typed attribute reads that turn a missing/mistyped attribute into an
-/// error naming the op.
-Status getIntAttr(const Instr &instr, const std::string &name, int64_t &out);
-Status getIntsAttr(const Instr &instr, const std::string &name,
-                   std::vector<int64_t> &out);
-Status getFloatAttr(const Instr &instr, const std::string &name, double &out);
-/// Optional variants: `out` keeps its default when the attribute is absent.
-Status getOptIntAttr(const Instr &instr, const std::string &name, int64_t &out);
-Status getOptIntsAttr(const Instr &instr, const std::string &name,
-                      std::vector<int64_t> &out);
-Status getOptFloatAttr(const Instr &instr, const std::string &name,
-                       double &out);
-Status getOptBoolAttr(const Instr &instr, const std::string &name, bool &out);
-Status getOptStringAttr(const Instr &instr, const std::string &name,
-                        std::string &out);
-
-/// Largest stride, padding, dilation and window size the conv and pool
-/// kernels take; far above any real one, and small enough that every index
-/// computed from them stays far from int64 overflow.
-constexpr int64_t kMaxWindowAttr = int64_t(1) << 30;
-
-/// Reads a 2-int attribute (stride, padding, dilation, kernel) with a
-/// default; each int must lie in [minValue, kMaxWindowAttr].
-inline Status getWindowPair(const Instr &instr, const std::string &name,
-                            std::vector<int64_t> &out, int64_t minValue) {
-  DLOPT_RETURN_IF_ERROR(getOptIntsAttr(instr, name, out));
-  if (out.size() != 2 || out[0] < minValue || out[1] < minValue ||
-      out[0] > kMaxWindowAttr || out[1] > kMaxWindowAttr)
-    return opError(instr, "expects '" + name + "' to be 2 ints in [" +
-                              std::to_string(minValue) + ", 2^30], got " +
-                              shapeStr(out));
-  return Status::ok();
-}
-
-/// Output size of a sliding window; -1 when the window does not fit or the
-/// arithmetic would overflow.
-inline int64_t windowOut(int64_t in, int64_t k, int64_t s, int64_t p,
-                         int64_t dil) {
-  int64_t twoP, reach, padded, span;
-  if (__builtin_mul_overflow(p, int64_t(2), &twoP) ||
-      __builtin_mul_overflow(dil, k - 1, &reach) ||
-      __builtin_add_overflow(in, twoP, &padded) ||
-      __builtin_sub_overflow(padded, reach + 1, &span) || s < 1)
-    return -1;
-  return span < 0 ? -1 : span / s + 1;
-}
+/// operand. Its type was checked by the verifier.
+int64_t optionalScalarInt(Ins ins, size_t index, int64_t otherwise);
 
 //===----------------------------------------------------------------------===//
 // Dtype dispatch: fn receives a value of the storage type as a tag.
@@ -259,45 +187,6 @@ template <typename Fn> Status dispatchBySize(DType t, Fn &&fn) {
 //===----------------------------------------------------------------------===//
 // Shapes and broadcasting
 //===----------------------------------------------------------------------===//
-
-inline int64_t product(const std::vector<int64_t> &v, size_t begin,
-                       size_t end) {
-  int64_t p = 1;
-  for (size_t i = begin; i < end; ++i)
-    p *= v[i];
-  return p;
-}
-
-/// Reads the required "dim" attribute and checks it is in [0, rank).
-inline Status getDimAttr(const Instr &instr, size_t rank, int64_t &dim) {
-  DLOPT_RETURN_IF_ERROR(getIntAttr(instr, "dim", dim));
-  if (dim < 0 || dim >= int64_t(rank))
-    return opError(instr, "expects 'dim' in [0, " + std::to_string(rank) +
-                              "), got " + std::to_string(dim));
-  return Status::ok();
-}
-
-/// A row-major shape seen as [outer, n, inner] around one dim.
-struct DimSplit {
-  int64_t dim = 0, outer = 1, n = 1, inner = 1;
-};
-
-/// getDimAttr, then splits `shape` around that dim.
-inline Status getDimSplit(const Instr &instr, const std::vector<int64_t> &shape,
-                          DimSplit &s) {
-  DLOPT_RETURN_IF_ERROR(getDimAttr(instr, shape.size(), s.dim));
-  s.n = shape[s.dim];
-  s.inner = product(shape, s.dim + 1, shape.size());
-  s.outer = product(shape, 0, s.dim);
-  return Status::ok();
-}
-
-/// Row-major element strides.
-std::vector<int64_t> contiguousStrides(const std::vector<int64_t> &shape);
-
-/// NumPy broadcast of `a` and `b`; false when incompatible.
-bool broadcastShapes(const std::vector<int64_t> &a,
-                     const std::vector<int64_t> &b, std::vector<int64_t> &out);
 
 /// Operands broadcast into an output shape, with size-1 dims dropped and
 /// compatible neighbours merged, so the innermost dim is as long as

@@ -39,47 +39,14 @@ void gemmF32(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
 namespace {
 
 Status matmulKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
   const TensorType &ta = ins[0].type, &tb = ins[1].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", ta));
-  if (tb.dtype != ta.dtype)
-    return opError(instr, "expects operands of the same element type, got " +
-                              typeStr(ta) + " and " + typeStr(tb));
-  DLOPT_RETURN_IF_ERROR(
-      checkDType(instr, "result", outs[0].type.dtype, ta.dtype));
-  if (ta.shape.size() < 2 || tb.shape.size() < 2)
-    return opError(instr, "expects operands of rank >= 2, got " + typeStr(ta) +
-                              " and " + typeStr(tb));
-  bool transA = false, transB = false;
-  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "transpose_a", transA));
-  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "transpose_b", transB));
-
-  size_t ra = ta.shape.size(), rb = tb.shape.size();
-  int64_t m = transA ? ta.shape[ra - 1] : ta.shape[ra - 2];
-  int64_t ka = transA ? ta.shape[ra - 2] : ta.shape[ra - 1];
-  int64_t kb = transB ? tb.shape[rb - 1] : tb.shape[rb - 2];
-  int64_t n = transB ? tb.shape[rb - 2] : tb.shape[rb - 1];
-  if (ka != kb)
-    return opError(instr, "contraction dims differ: " + typeStr(ta) +
-                              (transA ? " (transposed)" : "") + " vs " +
-                              typeStr(tb) + (transB ? " (transposed)" : ""));
-  int64_t k = ka;
-  for (int64_t d : {m, n, k})
-    if (d > INT_MAX)
-      return opError(instr, "matrix dim " + std::to_string(d) +
-                                " exceeds the BLAS int range");
-
+  MatmulDims md;
+  DLOPT_RETURN_IF_ERROR(matmulDims(instr, ta, tb, md));
+  const bool transA = md.transA, transB = md.transB;
+  const int64_t m = md.m, n = md.n, k = md.k;
+  const std::vector<int64_t> &batch = md.batch;
   std::vector<int64_t> aBatch(ta.shape.begin(), ta.shape.end() - 2);
   std::vector<int64_t> bBatch(tb.shape.begin(), tb.shape.end() - 2);
-  std::vector<int64_t> batch;
-  if (!broadcastShapes(aBatch, bBatch, batch))
-    return opError(instr, "batch dims " + shapeStr(aBatch) + " and " +
-                              shapeStr(bBatch) + " do not broadcast");
-  std::vector<int64_t> expected = batch;
-  expected.push_back(m);
-  expected.push_back(n);
-  DLOPT_RETURN_IF_ERROR(
-      checkShape(instr, "result", outs[0].type.shape, expected));
   if (outs[0].numElements() == 0)
     return Status::ok();
 

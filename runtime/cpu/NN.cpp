@@ -44,10 +44,7 @@ namespace {
 
 template <bool Log>
 Status softmaxKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 1, 1));
   const TensorType &t = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", t));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, t));
   DimSplit split;
   DLOPT_RETURN_IF_ERROR(getDimSplit(instr, t.shape, split));
   int64_t n = split.n, inner = split.inner, outer = split.outer;
@@ -120,37 +117,12 @@ Status softmaxKernel(const Instr &instr, Ins ins, Outs outs) {
 
 /// Shared by layer_norm (Rms = false) and rms_norm (Rms = true).
 template <bool Rms> Status normKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArityRange(instr, ins, outs, 1, Rms ? 2 : 3, 1));
   const TensorType &t = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", t));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, t));
-  size_t rank = t.shape.size();
-  int64_t axis = rank > 0 ? int64_t(rank) - 1 : 0;
-  double eps = Rms ? 1e-6 : 1e-5;
-  // Without the flags, the operand count says which optional operands exist
-  // (weight comes before bias).
-  bool hasWeight = ins.size() >= 2, hasBias = !Rms && ins.size() >= 3;
-  DLOPT_RETURN_IF_ERROR(getOptIntAttr(instr, "axis", axis));
-  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "eps", eps));
-  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "has_weight", hasWeight));
-  if constexpr (!Rms)
-    DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "has_bias", hasBias));
-  if (ins.size() != 1 + size_t(hasWeight) + size_t(hasBias))
-    return opError(instr,
-                   "expects " + std::to_string(1 + hasWeight + hasBias) +
-                       " operands (has_weight = " + std::to_string(hasWeight) +
-                       ", has_bias = " + std::to_string(hasBias) + "), got " +
-                       std::to_string(ins.size()));
-  if (axis < 0 || axis > int64_t(rank) || (rank > 0 && axis == int64_t(rank)))
-    return opError(instr, "expects 'axis' in [0, " + std::to_string(rank) +
-                              "), got " + std::to_string(axis));
-  std::vector<int64_t> normShape(t.shape.begin() + axis, t.shape.end());
-  for (size_t k = 1; k < ins.size(); ++k)
-    DLOPT_RETURN_IF_ERROR(
-        checkType(instr, k == 1 && hasWeight ? "weight" : "bias", ins[k].type,
-                  TensorType{t.dtype, normShape}));
-  int64_t n = product(normShape, 0, normShape.size());
-  int64_t rows = n == 0 ? 0 : t.numElements() / n;
+  NormGeom geom;
+  DLOPT_RETURN_IF_ERROR(normGeometry(instr, t, Rms, false, ins.size(), geom));
+  const double eps = geom.eps;
+  const bool hasWeight = geom.hasWeight, hasBias = geom.hasBias;
+  const int64_t n = geom.n, rows = geom.rows;
   return dispatchFloat(t.dtype, [&](auto tag) -> Status {
     using T = decltype(tag);
     const T *x = ins[0].as<T>();
@@ -204,34 +176,15 @@ template <bool Rms> Status normKernel(const Instr &instr, Ins ins, Outs outs) {
 }
 
 Status attentionKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArityRange(instr, ins, outs, 3, 4, 1));
   const TensorType &tq = ins[0].type, &tk = ins[1].type, &tv = ins[2].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "q", tq));
-  for (const TensorType *t : {&tq, &tk, &tv})
-    if (t->shape.size() != 4 || t->dtype != tq.dtype)
-      return opError(instr, "expects q, k, v of rank 4 with one float "
-                            "element type, got " +
-                                typeStr(tq) + ", " + typeStr(tk) + ", " +
-                                typeStr(tv));
-  int64_t b = tq.shape[0], h = tq.shape[1], s = tq.shape[2], d = tq.shape[3];
-  int64_t g = tk.shape[1], t = tk.shape[2], e = tv.shape[3];
-  if (tk.shape[0] != b || tv.shape[0] != b || tk.shape[3] != d ||
-      tv.shape[1] != g || tv.shape[2] != t || g == 0 || h % g != 0)
-    return opError(instr, "expects q [B,H,S,D], k [B,G,T,D], v [B,G,T,E] "
-                          "with H % G == 0, got " +
-                              typeStr(tq) + ", " + typeStr(tk) + ", " +
-                              typeStr(tv));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type,
-                                  TensorType{tq.dtype, {b, h, s, e}}));
-  bool causal = false;
-  double scale = d > 0 ? 1.0 / std::sqrt(double(d)) : 1.0;
-  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "causal", causal));
-  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "scale", scale));
+  AttentionDims ad;
+  DLOPT_RETURN_IF_ERROR(attentionDims(instr, tq, tk, tv, ad));
+  const int64_t b = ad.b, h = ad.h, s = ad.s, d = ad.d, g = ad.g, t = ad.t,
+                e = ad.e;
+  const bool causal = ad.causal;
+  const double scale = ad.scale;
   // Causal: query i sees keys j <= i + shift (T - S, or the offset operand).
-  Expected<int64_t> shiftOr = optionalScalarInt(instr, ins, 3, "offset", t - s);
-  if (!shiftOr)
-    return shiftOr.status();
-  const int64_t shift = *shiftOr;
+  const int64_t shift = optionalScalarInt(ins, 3, t - s);
   if (outs[0].numElements() == 0)
     return Status::ok();
   int64_t headsPerGroup = h / g;
@@ -300,14 +253,8 @@ Status attentionKernel(const Instr &instr, Ins ins, Outs outs) {
 }
 
 Status ropeKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArityRange(instr, ins, outs, 1, 2, 1));
   const TensorType &tx = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", tx));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, tx));
   size_t rank = tx.shape.size();
-  if (rank < 2 || tx.shape[rank - 1] % 2 != 0)
-    return opError(instr, "expects rank >= 2 and an even last dim, got " +
-                              typeStr(tx));
   double theta = 10000.0;
   bool inverse = false;
   DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "theta", theta));
@@ -315,9 +262,7 @@ Status ropeKernel(const Instr &instr, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "inverse", inverse));
   int64_t s = tx.shape[rank - 2], d = tx.shape[rank - 1], half = d / 2;
   // Positions start at the offset operand (a context-parallel block).
-  Expected<int64_t> first = optionalScalarInt(instr, ins, 1, "offset", 0);
-  if (!first)
-    return first.status();
+  const int64_t first = optionalScalarInt(ins, 1, 0);
   if (tx.numElements() == 0)
     return Status::ok();
   // cos/sin table [S, D/2], angles in double.
@@ -325,7 +270,7 @@ Status ropeKernel(const Instr &instr, Ins ins, Outs outs) {
       sinT(static_cast<size_t>(s * half));
   for (int64_t p = 0; p < s; ++p)
     for (int64_t i = 0; i < half; ++i) {
-      double a = double(p + *first) *
+      double a = double(p + first) *
                  std::pow(theta, -2.0 * double(i) / double(d));
       cosT[p * half + i] = float(std::cos(a));
       sinT[p * half + i] = float(inverse ? -std::sin(a) : std::sin(a));
@@ -353,20 +298,8 @@ Status ropeKernel(const Instr &instr, Ins ins, Outs outs) {
 }
 
 Status batchNormKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 5, 3));
   const TensorType &tx = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", tx));
-  if (tx.shape.size() < 2)
-    return opError(instr,
-                   "expects x of rank >= 2 ([N, C, ...]), got " + typeStr(tx));
   int64_t n = tx.shape[0], c = tx.shape[1];
-  TensorType vec{tx.dtype, {c}};
-  static const char *names[] = {"x", "weight", "bias", "mean", "var"};
-  for (size_t i = 1; i < 5; ++i)
-    DLOPT_RETURN_IF_ERROR(checkType(instr, names[i], ins[i].type, vec));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #0", outs[0].type, tx));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #1", outs[1].type, vec));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #2", outs[2].type, vec));
   double eps = 1e-5, momentum = 0.1;
   bool training = false;
   DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "eps", eps));
@@ -374,10 +307,6 @@ Status batchNormKernel(const Instr &instr, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "training", training));
   int64_t inner = product(tx.shape, 2, tx.shape.size());
   int64_t count = n * inner;
-  if (training && count < 2 && c > 0)
-    return opError(instr, "training mode needs more than 1 value per "
-                          "channel, got " +
-                              typeStr(tx));
   return dispatchFloat(tx.dtype, [&](auto tag) -> Status {
     using T = decltype(tag);
     const T *x = ins[0].as<T>(), *w = ins[1].as<T>(), *bias = ins[2].as<T>();
@@ -445,28 +374,12 @@ inline uint64_t dropoutSeed(int64_t seed, int64_t offset) {
 }
 
 Status dropoutKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArityRange(instr, ins, outs, 1, 2, 1));
   const TensorType &t = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "operand #0", t));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type, t));
   double rate = 0;
   int64_t seed = 0;
   DLOPT_RETURN_IF_ERROR(getFloatAttr(instr, "rate", rate));
   DLOPT_RETURN_IF_ERROR(getOptIntAttr(instr, "seed", seed));
-  if (!(rate >= 0.0 && rate < 1.0))
-    return opError(instr,
-                   "expects 'rate' in [0, 1), got " + std::to_string(rate));
-  int64_t offset = 0;
-  if (ins.size() == 2) {
-    const TensorType &ot = ins[1].type;
-    if (!ot.shape.empty() ||
-        (ot.dtype != DType::I32 && ot.dtype != DType::I64))
-      return opError(instr, "expects operand #1 (offset) to be a rank-0 "
-                            "i32/i64 tensor, got " +
-                                typeStr(ot));
-    offset = ot.dtype == DType::I32 ? int64_t(ins[1].as<int32_t>()[0])
-                                    : ins[1].as<int64_t>()[0];
-  }
+  const int64_t offset = optionalScalarInt(ins, 1, 0);
   uint64_t s = dropoutSeed(seed, offset);
   float scale = float(1.0 / (1.0 - rate));
   int64_t n = t.numElements();

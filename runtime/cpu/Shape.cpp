@@ -14,15 +14,7 @@
 namespace dlopt::rt::cpu {
 namespace {
 
-Status reshapeKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 1, 1));
-  DLOPT_RETURN_IF_ERROR(
-      checkDType(instr, "result", outs[0].type.dtype, ins[0].type.dtype));
-  if (outs[0].numElements() != ins[0].numElements())
-    return opError(instr, "expects the result to have " +
-                              std::to_string(ins[0].numElements()) +
-                              " elements like the operand, got " +
-                              typeStr(outs[0].type));
+Status reshapeKernel(const Instr &, Ins ins, Outs outs) {
   int64_t bytes = ins[0].type.byteSize();
   parallelFor(bytes, 1 << 20, [&](int64_t b, int64_t e) {
     std::memcpy(static_cast<char *>(outs[0].data) + b,
@@ -32,29 +24,13 @@ Status reshapeKernel(const Instr &instr, Ins ins, Outs outs) {
 }
 
 Status transposeKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 1, 1));
   const TensorType &in = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(
-      checkDType(instr, "result", outs[0].type.dtype, in.dtype));
   std::vector<int64_t> perm;
   DLOPT_RETURN_IF_ERROR(getIntsAttr(instr, "perm", perm));
   size_t rank = in.shape.size();
-  std::vector<bool> seen(rank, false);
-  bool valid = perm.size() == rank;
-  for (size_t i = 0; valid && i < rank; ++i) {
-    valid = perm[i] >= 0 && perm[i] < int64_t(rank) && !seen[perm[i]];
-    if (valid)
-      seen[perm[i]] = true;
-  }
-  if (!valid)
-    return opError(instr, "expects 'perm' to be a permutation of [0, " +
-                              std::to_string(rank) + "), got " +
-                              shapeStr(perm));
   std::vector<int64_t> expected(rank);
   for (size_t i = 0; i < rank; ++i)
     expected[i] = in.shape[perm[i]];
-  DLOPT_RETURN_IF_ERROR(
-      checkShape(instr, "result", outs[0].type.shape, expected));
   if (outs[0].numElements() == 0)
     return Status::ok();
 
@@ -121,14 +97,9 @@ Status transposeKernel(const Instr &instr, Ins ins, Outs outs) {
   });
 }
 
-Status broadcastToKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 1, 1));
-  DLOPT_RETURN_IF_ERROR(
-      checkDType(instr, "result", outs[0].type.dtype, ins[0].type.dtype));
+Status broadcastToKernel(const Instr &, Ins ins, Outs outs) {
   BroadcastPlan p;
-  std::string err = planBroadcast(outs[0].type.shape, {ins[0].type.shape}, p);
-  if (!err.empty())
-    return opError(instr, err);
+  planBroadcast(outs[0].type.shape, {ins[0].type.shape}, p);
   if (outs[0].numElements() == 0)
     return Status::ok();
   return dispatchBySize(ins[0].type.dtype, [&](auto tag) -> Status {
@@ -151,7 +122,6 @@ Status broadcastToKernel(const Instr &instr, Ins ins, Outs outs) {
 }
 
 Status concatKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArityRange(instr, ins, outs, 1, SIZE_MAX, 1));
   const TensorType &t0 = ins[0].type;
   size_t rank = t0.shape.size();
   int64_t dim = 0;
@@ -159,19 +129,8 @@ Status concatKernel(const Instr &instr, Ins ins, Outs outs) {
   std::vector<int64_t> expected = t0.shape;
   expected[dim] = 0;
   for (size_t k = 0; k < ins.size(); ++k) {
-    const TensorType &t = ins[k].type;
-    bool ok = t.dtype == t0.dtype && t.shape.size() == rank;
-    for (size_t i = 0; ok && i < rank; ++i)
-      ok = int64_t(i) == dim || t.shape[i] == t0.shape[i];
-    if (!ok)
-      return opError(instr, "operand #" + std::to_string(k) + " of type " +
-                                typeStr(t) + " does not match operand #0 " +
-                                typeStr(t0) + " outside dim " +
-                                std::to_string(dim));
-    expected[dim] += t.shape[dim];
+    expected[dim] += ins[k].type.shape[dim];
   }
-  DLOPT_RETURN_IF_ERROR(
-      checkType(instr, "result", outs[0].type, TensorType{t0.dtype, expected}));
   int64_t esize = dtypeSize(t0.dtype);
   int64_t outer = product(expected, 0, dim);
   int64_t innerBytes = product(expected, dim + 1, rank) * esize;
@@ -192,32 +151,12 @@ Status concatKernel(const Instr &instr, Ins ins, Outs outs) {
 }
 
 Status sliceKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 1, 1));
   const TensorType &in = ins[0].type;
   size_t rank = in.shape.size();
-  std::vector<int64_t> start, limit, stride(rank, 1);
-  DLOPT_RETURN_IF_ERROR(getIntsAttr(instr, "start", start));
-  DLOPT_RETURN_IF_ERROR(getIntsAttr(instr, "limit", limit));
-  DLOPT_RETURN_IF_ERROR(getOptIntsAttr(instr, "stride", stride));
-  if (start.size() != rank || limit.size() != rank || stride.size() != rank)
-    return opError(instr, "expects start/limit/stride of length " +
-                              std::to_string(rank) + ", got " +
-                              std::to_string(start.size()) + "/" +
-                              std::to_string(limit.size()) + "/" +
-                              std::to_string(stride.size()));
-  std::vector<int64_t> expected(rank);
-  for (size_t i = 0; i < rank; ++i) {
-    if (start[i] < 0 || start[i] > limit[i] || limit[i] > in.shape[i] ||
-        stride[i] < 1)
-      return opError(instr, "invalid slice of dim " + std::to_string(i) +
-                                " (size " + std::to_string(in.shape[i]) +
-                                "): start " + std::to_string(start[i]) +
-                                ", limit " + std::to_string(limit[i]) +
-                                ", stride " + std::to_string(stride[i]));
-    expected[i] = (limit[i] - start[i] + stride[i] - 1) / stride[i];
-  }
-  DLOPT_RETURN_IF_ERROR(
-      checkType(instr, "result", outs[0].type, TensorType{in.dtype, expected}));
+  SliceGeom g;
+  DLOPT_RETURN_IF_ERROR(sliceGeometry(instr, in.shape, g));
+  const std::vector<int64_t> &start = g.start, &stride = g.stride,
+                             &expected = g.sliced;
   if (outs[0].numElements() == 0)
     return Status::ok();
   std::vector<int64_t> inStrides = contiguousStrides(in.shape);
@@ -251,16 +190,7 @@ Status sliceKernel(const Instr &instr, Ins ins, Outs outs) {
 }
 
 Status gatherKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 2, 1));
   const TensorType &table = ins[0].type, &ids = ins[1].type;
-  if (table.shape.empty())
-    return opError(instr,
-                   "expects a table of rank >= 1, got " + typeStr(table));
-  DLOPT_RETURN_IF_ERROR(checkInt(instr, "operand #1 (ids)", ids));
-  std::vector<int64_t> expected = ids.shape;
-  expected.insert(expected.end(), table.shape.begin() + 1, table.shape.end());
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result", outs[0].type,
-                                  TensorType{table.dtype, expected}));
   int64_t v = table.shape[0];
   int64_t n = ins[1].numElements();
   int64_t rowBytes =
@@ -285,10 +215,8 @@ Status gatherKernel(const Instr &instr, Ins ins, Outs outs) {
   return run(ins[1].as<int64_t>());
 }
 
-Status iotaKernel(const Instr &instr, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 0, 1));
+Status iotaKernel(const Instr &instr, Ins, Outs outs) {
   const TensorType &t = outs[0].type;
-  DLOPT_RETURN_IF_ERROR(checkNumeric(instr, "result", t));
   DimSplit split;
   DLOPT_RETURN_IF_ERROR(getDimSplit(instr, t.shape, split));
   int64_t size = split.n, inner = split.inner;

@@ -31,15 +31,6 @@ namespace dlopt::rt {
 using namespace cuda;
 using cpu::checkArity;
 using cpu::checkArityRange;
-using cpu::checkDType;
-using cpu::checkFloat;
-using cpu::checkInt;
-using cpu::checkNumeric;
-using cpu::checkShape;
-using cpu::checkType;
-using cpu::opError;
-using cpu::shapeStr;
-using cpu::typeStr;
 using Ins = std::span<const TensorRef>;
 using Outs = std::span<const TensorRef>;
 
@@ -526,8 +517,8 @@ using Handler = Status (*)(Launch &, Ins, Outs);
 Status matmulHandler(Launch &L, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
   bool transA = false, transB = false;
-  DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(L.instr, "transpose_a", transA));
-  DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(L.instr, "transpose_b", transB));
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(L.instr, "transpose_a", transA));
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(L.instr, "transpose_b", transB));
   auto plan = planMatmul(ins[0].type, ins[1].type, outs[0].type, transA, transB);
   if (!plan)
     return opError(L.instr, plan.status().message());
@@ -650,7 +641,7 @@ Status unaryHandler(Launch &L, Ins ins, Outs outs) {
 
 Status geluHandler(Launch &L, Ins ins, Outs outs) {
   std::string approx = "none";
-  DLOPT_RETURN_IF_ERROR(cpu::getOptStringAttr(L.instr, "approximate", approx));
+  DLOPT_RETURN_IF_ERROR(getOptStringAttr(L.instr, "approximate", approx));
   if (approx == "none")
     return unaryHandler<kernels::UnaryOp::GeluErf, false>(L, ins, outs);
   if (approx == "tanh")
@@ -676,7 +667,7 @@ Status planBinary(const Instr &instr, Ins ins, Outs outs, StridedIndex &ix) {
                               typeStr(ins[0].type) + " and " +
                               typeStr(ins[1].type));
   std::vector<int64_t> shape;
-  if (!cpu::broadcastShapes(ins[0].type.shape, ins[1].type.shape, shape))
+  if (!broadcastShapes(ins[0].type.shape, ins[1].type.shape, shape))
     return opError(instr, "operand shapes " + shapeStr(ins[0].type.shape) +
                               " and " + shapeStr(ins[1].type.shape) +
                               " do not broadcast");
@@ -712,7 +703,7 @@ Status compareHandler(Launch &L, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(
       checkDType(L.instr, "result", outs[0].type.dtype, DType::I1));
   std::string pred;
-  DLOPT_RETURN_IF_ERROR(cpu::getOptStringAttr(L.instr, "predicate", pred));
+  DLOPT_RETURN_IF_ERROR(getOptStringAttr(L.instr, "predicate", pred));
   static const std::pair<const char *, kernels::ComparePred> preds[] = {
       {"eq", kernels::ComparePred::Eq}, {"ne", kernels::ComparePred::Ne},
       {"lt", kernels::ComparePred::Lt}, {"le", kernels::ComparePred::Le},
@@ -739,8 +730,8 @@ Status selectHandler(Launch &L, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(
       checkDType(L.instr, "result", outs[0].type.dtype, ins[1].type.dtype));
   std::vector<int64_t> s01, shape;
-  if (!cpu::broadcastShapes(ins[0].type.shape, ins[1].type.shape, s01) ||
-      !cpu::broadcastShapes(s01, ins[2].type.shape, shape))
+  if (!broadcastShapes(ins[0].type.shape, ins[1].type.shape, s01) ||
+      !broadcastShapes(s01, ins[2].type.shape, shape))
     return opError(L.instr, "operand shapes " + shapeStr(ins[0].type.shape) +
                                 ", " + shapeStr(ins[1].type.shape) + " and " +
                                 shapeStr(ins[2].type.shape) +
@@ -764,7 +755,7 @@ Status geluGradHandler(Launch &L, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(checkType(L.instr, "operand #1 (dy)", ins[1].type, t));
   DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, t));
   std::string approx = "none";
-  DLOPT_RETURN_IF_ERROR(cpu::getOptStringAttr(L.instr, "approximate", approx));
+  DLOPT_RETURN_IF_ERROR(getOptStringAttr(L.instr, "approximate", approx));
   if (approx != "none" && approx != "tanh")
     return opError(L.instr, "expects attribute 'approximate' to be \"none\" "
                             "or \"tanh\", got \"" + approx + "\"");
@@ -786,8 +777,8 @@ Status dropoutHandler(Launch &L, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, t));
   double rate = 0;
   int64_t seed = 0;
-  DLOPT_RETURN_IF_ERROR(cpu::getFloatAttr(L.instr, "rate", rate));
-  DLOPT_RETURN_IF_ERROR(cpu::getOptIntAttr(L.instr, "seed", seed));
+  DLOPT_RETURN_IF_ERROR(getFloatAttr(L.instr, "rate", rate));
+  DLOPT_RETURN_IF_ERROR(getOptIntAttr(L.instr, "seed", seed));
   if (!(rate >= 0.0 && rate < 1.0))
     return opError(L.instr,
                    "expects 'rate' in [0, 1), got " + std::to_string(rate));
@@ -818,7 +809,7 @@ Status transposeHandler(Launch &L, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(
       checkDType(L.instr, "result", outs[0].type.dtype, in.dtype));
   std::vector<int64_t> perm;
-  DLOPT_RETURN_IF_ERROR(cpu::getIntsAttr(L.instr, "perm", perm));
+  DLOPT_RETURN_IF_ERROR(getIntsAttr(L.instr, "perm", perm));
   size_t rank = in.shape.size();
   std::vector<bool> seen(rank, false);
   bool valid = perm.size() == rank;
@@ -832,7 +823,7 @@ Status transposeHandler(Launch &L, Ins ins, Outs outs) {
                                 std::to_string(rank) + "), got " +
                                 shapeStr(perm));
   std::vector<int64_t> expected(rank), srcStride(rank);
-  std::vector<int64_t> inStrides = cpu::contiguousStrides(in.shape);
+  std::vector<int64_t> inStrides = contiguousStrides(in.shape);
   for (size_t i = 0; i < rank; ++i) {
     expected[i] = in.shape[perm[i]];
     srcStride[i] = inStrides[perm[i]];
@@ -843,7 +834,7 @@ Status transposeHandler(Launch &L, Ins ins, Outs outs) {
     return Status::ok();
   StridedIndex ix;
   DLOPT_RETURN_IF_ERROR(collapse(
-      L.instr, expected, {cpu::contiguousStrides(expected), srcStride}, ix));
+      L.instr, expected, {contiguousStrides(expected), srcStride}, ix));
   DLOPT_LAUNCH(L, kernels::stridedCopy(L.stream, int(dtypeSize(in.dtype)), ix,
                                        ins[0].data, outs[0].data,
                                        outs[0].numElements()));
@@ -862,7 +853,7 @@ Status broadcastToHandler(Launch &L, Ins ins, Outs outs) {
     return Status::ok();
   StridedIndex ix;
   DLOPT_RETURN_IF_ERROR(collapse(
-      L.instr, p.shape, {cpu::contiguousStrides(p.shape), p.strides[0]}, ix));
+      L.instr, p.shape, {contiguousStrides(p.shape), p.strides[0]}, ix));
   DLOPT_LAUNCH(L, kernels::stridedCopy(L.stream,
                                        int(dtypeSize(ins[0].type.dtype)), ix,
                                        ins[0].data, outs[0].data,
@@ -875,7 +866,7 @@ Status concatHandler(Launch &L, Ins ins, Outs outs) {
   const TensorType &t0 = ins[0].type;
   size_t rank = t0.shape.size();
   int64_t dim = 0;
-  DLOPT_RETURN_IF_ERROR(cpu::getDimAttr(L.instr, rank, dim));
+  DLOPT_RETURN_IF_ERROR(getDimAttr(L.instr, rank, dim));
   std::vector<int64_t> expected = t0.shape;
   expected[dim] = 0;
   for (size_t k = 0; k < ins.size(); ++k) {
@@ -893,7 +884,7 @@ Status concatHandler(Launch &L, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type,
                                   TensorType{t0.dtype, expected}));
   int64_t es = dtypeSize(t0.dtype);
-  std::vector<int64_t> outStrides = cpu::contiguousStrides(expected);
+  std::vector<int64_t> outStrides = contiguousStrides(expected);
   int64_t at = 0;
   for (const TensorRef &in : ins) {
     int64_t n = in.numElements();
@@ -901,7 +892,7 @@ Status concatHandler(Launch &L, Ins ins, Outs outs) {
       StridedIndex ix;
       DLOPT_RETURN_IF_ERROR(collapse(L.instr, in.type.shape,
                                      {outStrides,
-                                      cpu::contiguousStrides(in.type.shape)},
+                                      contiguousStrides(in.type.shape)},
                                      ix));
       DLOPT_LAUNCH(L, kernels::stridedCopy(
                           L.stream, int(es), ix, in.data,
@@ -921,9 +912,9 @@ Status sliceGeometry(const Instr &instr, const std::vector<int64_t> &full,
   size_t rank = full.size();
   std::vector<int64_t> limit;
   stride.assign(rank, 1);
-  DLOPT_RETURN_IF_ERROR(cpu::getIntsAttr(instr, "start", start));
-  DLOPT_RETURN_IF_ERROR(cpu::getIntsAttr(instr, "limit", limit));
-  DLOPT_RETURN_IF_ERROR(cpu::getOptIntsAttr(instr, "stride", stride));
+  DLOPT_RETURN_IF_ERROR(getIntsAttr(instr, "start", start));
+  DLOPT_RETURN_IF_ERROR(getIntsAttr(instr, "limit", limit));
+  DLOPT_RETURN_IF_ERROR(getOptIntsAttr(instr, "stride", stride));
   if (start.size() != rank || limit.size() != rank || stride.size() != rank)
     return opError(instr, "expects start/limit/stride of length " +
                               std::to_string(rank) + ", got " +
@@ -949,7 +940,7 @@ void sliceView(const std::vector<int64_t> &full,
                const std::vector<int64_t> &start,
                const std::vector<int64_t> &stride, int64_t &base,
                std::vector<int64_t> &strides) {
-  std::vector<int64_t> fs = cpu::contiguousStrides(full);
+  std::vector<int64_t> fs = contiguousStrides(full);
   base = 0;
   strides.assign(full.size(), 0);
   for (size_t i = 0; i < full.size(); ++i) {
@@ -972,7 +963,7 @@ Status sliceHandler(Launch &L, Ins ins, Outs outs) {
   sliceView(in.shape, start, stride, base, srcStride);
   StridedIndex ix;
   DLOPT_RETURN_IF_ERROR(collapse(
-      L.instr, sliced, {cpu::contiguousStrides(sliced), srcStride}, ix));
+      L.instr, sliced, {contiguousStrides(sliced), srcStride}, ix));
   DLOPT_LAUNCH(L, kernels::stridedCopy(
                       L.stream, int(es), ix,
                       static_cast<const char *>(ins[0].data) + base * es,
@@ -999,7 +990,7 @@ Status sliceGradHandler(Launch &L, Ins ins, Outs outs) {
   sliceView(tr.shape, start, stride, base, dstStride);
   StridedIndex ix;
   DLOPT_RETURN_IF_ERROR(collapse(
-      L.instr, sliced, {dstStride, cpu::contiguousStrides(sliced)}, ix));
+      L.instr, sliced, {dstStride, contiguousStrides(sliced)}, ix));
   DLOPT_LAUNCH(L, kernels::stridedCopy(L.stream, int(es), ix, ins[0].data,
                                        static_cast<char *>(outs[0].data) +
                                            base * es,
@@ -1018,7 +1009,7 @@ Status gatherHandler(Launch &L, Ins ins, Outs outs) {
   expected.insert(expected.end(), table.shape.begin() + 1, table.shape.end());
   DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type,
                                   TensorType{table.dtype, expected}));
-  int64_t rowBytes = cpu::product(table.shape, 1, table.shape.size()) *
+  int64_t rowBytes = product(table.shape, 1, table.shape.size()) *
                      dtypeSize(table.dtype);
   int64_t n = ins[1].numElements();
   if (n == 0 || rowBytes == 0)
@@ -1033,8 +1024,8 @@ Status iotaHandler(Launch &L, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 0, 1));
   const TensorType &t = outs[0].type;
   DLOPT_RETURN_IF_ERROR(checkNumeric(L.instr, "result", t));
-  cpu::DimSplit split;
-  DLOPT_RETURN_IF_ERROR(cpu::getDimSplit(L.instr, t.shape, split));
+  DimSplit split;
+  DLOPT_RETURN_IF_ERROR(getDimSplit(L.instr, t.shape, split));
   DLOPT_LAUNCH(L, kernels::iota(L.stream, t.dtype, outs[0].data,
                                 t.numElements(), split.n, split.inner));
   return Status::ok();
@@ -1051,7 +1042,7 @@ Status scatterAddHandler(Launch &L, Ins ins, Outs outs) {
   expected.insert(expected.end(), tr.shape.begin() + 1, tr.shape.end());
   DLOPT_RETURN_IF_ERROR(checkType(L.instr, "operand #1 (updates)", tu,
                                   TensorType{tr.dtype, expected}));
-  int64_t v = tr.shape[0], rest = cpu::product(tr.shape, 1, tr.shape.size());
+  int64_t v = tr.shape[0], rest = product(tr.shape, 1, tr.shape.size());
   auto ws = L.r.scratch(kernels::scatterAddWorkspaceBytes(tr.dtype, v, rest));
   if (!ws)
     return ws.status();
@@ -1075,9 +1066,9 @@ Status reduceHandler(Launch &L, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(
       checkDType(L.instr, "result", outs[0].type.dtype, in.dtype));
   std::vector<int64_t> dims;
-  DLOPT_RETURN_IF_ERROR(cpu::getIntsAttr(L.instr, "dims", dims));
+  DLOPT_RETURN_IF_ERROR(getIntsAttr(L.instr, "dims", dims));
   bool keepdims = false;
-  DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(L.instr, "keepdims", keepdims));
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(L.instr, "keepdims", keepdims));
   size_t rank = in.shape.size();
   std::vector<bool> isRed(rank, false);
   for (int64_t d : dims) {
@@ -1099,7 +1090,7 @@ Status reduceHandler(Launch &L, Ins ins, Outs outs) {
     return Status::ok();
   // Runs of kept / reduced dims, as the CPU kernel collapses them.
   kernels::ReducePlan p;
-  std::vector<int64_t> strides = cpu::contiguousStrides(in.shape);
+  std::vector<int64_t> strides = contiguousStrides(in.shape);
   int lastKind = -1;
   for (size_t i = 0; i < rank; ++i) {
     if (in.shape[i] == 1)
@@ -1137,8 +1128,8 @@ template <bool Log> Status softmaxHandler(Launch &L, Ins ins, Outs outs) {
   const TensorType &t = ins[0].type;
   DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", t));
   DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, t));
-  cpu::DimSplit split;
-  DLOPT_RETURN_IF_ERROR(cpu::getDimSplit(L.instr, t.shape, split));
+  DimSplit split;
+  DLOPT_RETURN_IF_ERROR(getDimSplit(L.instr, t.shape, split));
   if (t.numElements() == 0)
     return Status::ok();
   DLOPT_LAUNCH(L, kernels::softmax(L.stream, Log, t.dtype, ins[0].data,
@@ -1153,8 +1144,8 @@ template <bool Log> Status softmaxGradHandler(Launch &L, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0 (y)", t));
   DLOPT_RETURN_IF_ERROR(checkType(L.instr, "operand #1 (dy)", ins[1].type, t));
   DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, t));
-  cpu::DimSplit split;
-  DLOPT_RETURN_IF_ERROR(cpu::getDimSplit(L.instr, t.shape, split));
+  DimSplit split;
+  DLOPT_RETURN_IF_ERROR(getDimSplit(L.instr, t.shape, split));
   if (t.numElements() == 0)
     return Status::ok();
   DLOPT_LAUNCH(L, kernels::softmaxGrad(L.stream, Log, t.dtype, ins[0].data,
@@ -1170,13 +1161,13 @@ Status normGeometry(const Instr &instr, const TensorType &t, bool rms,
   size_t rank = t.shape.size();
   int64_t axis = rank > 0 ? int64_t(rank) - 1 : 0;
   eps = rms ? 1e-6 : 1e-5;
-  DLOPT_RETURN_IF_ERROR(cpu::getOptIntAttr(instr, "axis", axis));
-  DLOPT_RETURN_IF_ERROR(cpu::getOptFloatAttr(instr, "eps", eps));
+  DLOPT_RETURN_IF_ERROR(getOptIntAttr(instr, "axis", axis));
+  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "eps", eps));
   if (axis < 0 || axis > int64_t(rank) || (rank > 0 && axis == int64_t(rank)))
     return opError(instr, "expects 'axis' in [0, " + std::to_string(rank) +
                               "), got " + std::to_string(axis));
   normShape.assign(t.shape.begin() + axis, t.shape.end());
-  n = cpu::product(normShape, 0, normShape.size());
+  n = product(normShape, 0, normShape.size());
   return Status::ok();
 }
 
@@ -1186,9 +1177,9 @@ template <bool Rms> Status normHandler(Launch &L, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", t));
   DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, t));
   bool hasWeight = ins.size() >= 2, hasBias = !Rms && ins.size() >= 3;
-  DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(L.instr, "has_weight", hasWeight));
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(L.instr, "has_weight", hasWeight));
   if constexpr (!Rms)
-    DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(L.instr, "has_bias", hasBias));
+    DLOPT_RETURN_IF_ERROR(getOptBoolAttr(L.instr, "has_bias", hasBias));
   if (ins.size() != 1 + size_t(hasWeight) + size_t(hasBias))
     return opError(L.instr,
                    "expects " + std::to_string(1 + hasWeight + hasBias) +
@@ -1220,7 +1211,7 @@ template <bool Rms> Status normGradHandler(Launch &L, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0 (x)", t));
   DLOPT_RETURN_IF_ERROR(checkType(L.instr, "operand #1 (dy)", ins[1].type, t));
   bool hasWeight = ins.size() == 3;
-  DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(L.instr, "has_weight", hasWeight));
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(L.instr, "has_weight", hasWeight));
   if (ins.size() != 2 + size_t(hasWeight))
     return opError(L.instr, "expects " + std::to_string(2 + hasWeight) +
                                 " operands (has_weight = " +
@@ -1259,7 +1250,7 @@ Status crossEntropyChecks(const Instr &instr, Ins ins, int64_t &ignore) {
     return opError(instr, "expects logits [N, C] and labels [N], got " +
                               typeStr(tl) + " and " + typeStr(ty));
   ignore = -100;
-  return cpu::getOptIntAttr(instr, "ignore_index", ignore);
+  return getOptIntAttr(instr, "ignore_index", ignore);
 }
 
 Status crossEntropyHandler(Launch &L, Ins ins, Outs outs) {
@@ -1325,10 +1316,10 @@ Status convDims(const Instr &instr, const TensorType &tx,
                 kernels::ConvDims &d) {
   std::vector<int64_t> stride{1, 1}, padding{0, 0}, dilation{1, 1};
   int64_t groups = 1;
-  DLOPT_RETURN_IF_ERROR(cpu::getWindowPair(instr, "stride", stride, 1));
-  DLOPT_RETURN_IF_ERROR(cpu::getWindowPair(instr, "padding", padding, 0));
-  DLOPT_RETURN_IF_ERROR(cpu::getWindowPair(instr, "dilation", dilation, 1));
-  DLOPT_RETURN_IF_ERROR(cpu::getOptIntAttr(instr, "groups", groups));
+  DLOPT_RETURN_IF_ERROR(getWindowPair(instr, "stride", stride, 1));
+  DLOPT_RETURN_IF_ERROR(getWindowPair(instr, "padding", padding, 0));
+  DLOPT_RETURN_IF_ERROR(getWindowPair(instr, "dilation", dilation, 1));
+  DLOPT_RETURN_IF_ERROR(getOptIntAttr(instr, "groups", groups));
   int64_t c = tx.shape[1], o = tw.shape[0], cg = tw.shape[1];
   if (groups < 1 || groups > c || c != cg * groups || o % groups != 0)
     return opError(instr, "expects C = Cg * groups and O % groups == 0, got " +
@@ -1353,8 +1344,8 @@ Status convDims(const Instr &instr, const TensorType &tx,
   d.padW = padding[1];
   d.dilH = dilation[0];
   d.dilW = dilation[1];
-  d.oh = cpu::windowOut(d.h, d.kh, d.strideH, d.padH, d.dilH);
-  d.ow = cpu::windowOut(d.w, d.kw, d.strideW, d.padW, d.dilW);
+  d.oh = windowOut(d.h, d.kh, d.strideH, d.padH, d.dilH);
+  d.ow = windowOut(d.w, d.kw, d.strideW, d.padW, d.dilW);
   if (d.oh < 0 || d.ow < 0)
     return opError(instr, "kernel does not fit the padded input: " +
                               typeStr(tx) + ", " + typeStr(tw));
@@ -1370,7 +1361,7 @@ Status conv2dHandler(Launch &L, Ins ins, Outs outs) {
                             "one float type, got " +
                                 typeStr(tx) + " and " + typeStr(tw));
   bool hasBias = ins.size() == 3;
-  DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(L.instr, "has_bias", hasBias));
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(L.instr, "has_bias", hasBias));
   if (ins.size() != 2 + size_t(hasBias))
     return opError(L.instr,
                    "expects " + std::to_string(2 + hasBias) +
@@ -1440,19 +1431,19 @@ Status poolDims(const Instr &instr, bool isMax, const TensorType &tx,
                 kernels::PoolDims &d, std::vector<int64_t> &pooled) {
   size_t rank = tx.shape.size();
   std::vector<int64_t> kernel, stride, padding{0, 0};
-  DLOPT_RETURN_IF_ERROR(cpu::getIntsAttr(instr, "kernel", kernel));
+  DLOPT_RETURN_IF_ERROR(getIntsAttr(instr, "kernel", kernel));
   if (kernel.size() != 2 || kernel[0] < 1 || kernel[1] < 1 ||
-      kernel[0] > cpu::kMaxWindowAttr || kernel[1] > cpu::kMaxWindowAttr)
+      kernel[0] > kMaxWindowAttr || kernel[1] > kMaxWindowAttr)
     return opError(instr, "expects 'kernel' to be 2 ints in [1, 2^30], got " +
                               shapeStr(kernel));
   stride = kernel;
-  DLOPT_RETURN_IF_ERROR(cpu::getWindowPair(instr, "stride", stride, 1));
-  DLOPT_RETURN_IF_ERROR(cpu::getWindowPair(instr, "padding", padding, 0));
+  DLOPT_RETURN_IF_ERROR(getWindowPair(instr, "stride", stride, 1));
+  DLOPT_RETURN_IF_ERROR(getWindowPair(instr, "padding", padding, 0));
   d = kernels::PoolDims{};
   if (!isMax)
     DLOPT_RETURN_IF_ERROR(
-        cpu::getOptBoolAttr(instr, "count_include_pad", d.countIncludePad));
-  d.planes = cpu::product(tx.shape, 0, rank - 2);
+        getOptBoolAttr(instr, "count_include_pad", d.countIncludePad));
+  d.planes = product(tx.shape, 0, rank - 2);
   d.h = tx.shape[rank - 2];
   d.w = tx.shape[rank - 1];
   d.kh = kernel[0];
@@ -1461,8 +1452,8 @@ Status poolDims(const Instr &instr, bool isMax, const TensorType &tx,
   d.strideW = stride[1];
   d.padH = padding[0];
   d.padW = padding[1];
-  d.oh = cpu::windowOut(d.h, d.kh, d.strideH, d.padH, 1);
-  d.ow = cpu::windowOut(d.w, d.kw, d.strideW, d.padW, 1);
+  d.oh = windowOut(d.h, d.kh, d.strideH, d.padH, 1);
+  d.ow = windowOut(d.w, d.kw, d.strideW, d.padW, 1);
   if (d.oh < 0 || d.ow < 0)
     return opError(instr, "window " + shapeStr(kernel) +
                               " does not fit the padded input " + typeStr(tx));
@@ -1528,7 +1519,7 @@ Status batchNormChecks(const Instr &instr, Ins ins, Outs outs, bool grad,
                    "expects x of rank >= 2 ([N, C, ...]), got " + typeStr(tx));
   n = tx.shape[0];
   c = tx.shape[1];
-  inner = cpu::product(tx.shape, 2, tx.shape.size());
+  inner = product(tx.shape, 2, tx.shape.size());
   TensorType vec{tx.dtype, {c}};
   static const char *fwdNames[] = {"x", "weight", "bias", "mean", "var"};
   static const char *gradNames[] = {"x", "weight", "running_mean",
@@ -1548,9 +1539,9 @@ Status batchNormHandler(Launch &L, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(batchNormChecks(L.instr, ins, outs, false, n, c, inner));
   double eps = 1e-5, momentum = 0.1;
   bool training = false;
-  DLOPT_RETURN_IF_ERROR(cpu::getOptFloatAttr(L.instr, "eps", eps));
-  DLOPT_RETURN_IF_ERROR(cpu::getOptFloatAttr(L.instr, "momentum", momentum));
-  DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(L.instr, "training", training));
+  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(L.instr, "eps", eps));
+  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(L.instr, "momentum", momentum));
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(L.instr, "training", training));
   if (training && n * inner < 2 && c > 0)
     return opError(L.instr, "training mode needs more than 1 value per "
                             "channel, got " +
@@ -1568,8 +1559,8 @@ Status batchNormGradHandler(Launch &L, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(batchNormChecks(L.instr, ins, outs, true, n, c, inner));
   double eps = 1e-5;
   bool training = false;
-  DLOPT_RETURN_IF_ERROR(cpu::getOptFloatAttr(L.instr, "eps", eps));
-  DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(L.instr, "training", training));
+  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(L.instr, "eps", eps));
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(L.instr, "training", training));
   DLOPT_LAUNCH(L, kernels::batchNormGrad(L.stream, ins[0].type.dtype,
                                          ins[0].data, ins[1].data, ins[2].data,
                                          ins[3].data, ins[4].data, outs[0].data,
@@ -1607,8 +1598,8 @@ Status attentionDims(const Instr &instr, Ins ins, bool grad,
                               typeStr(tk) + ", " + typeStr(tv));
   bool causal = false;
   double scale = a.d > 0 ? 1.0 / std::sqrt(double(a.d)) : 1.0;
-  DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(instr, "causal", causal));
-  DLOPT_RETURN_IF_ERROR(cpu::getOptFloatAttr(instr, "scale", scale));
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "causal", causal));
+  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "scale", scale));
   a.causal = causal;
   a.scale = float(scale);
   if (a.d > kernels::kMaxHeadDim || a.e > kernels::kMaxHeadDim)
@@ -1681,8 +1672,8 @@ Status ropeHandler(Launch &L, Ins ins, Outs outs) {
                                 typeStr(tx));
   double theta = 10000.0;
   bool inverse = false;
-  DLOPT_RETURN_IF_ERROR(cpu::getOptFloatAttr(L.instr, "theta", theta));
-  DLOPT_RETURN_IF_ERROR(cpu::getOptBoolAttr(L.instr, "inverse", inverse));
+  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(L.instr, "theta", theta));
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(L.instr, "inverse", inverse));
   int64_t s = tx.shape[rank - 2], d = tx.shape[rank - 1];
   if (tx.numElements() == 0)
     return Status::ok();

@@ -8,6 +8,7 @@
 
 #include "runtime/format/Executable.h"
 #include "runtime/format/FusedProgram.h"
+#include "runtime/format/OpTable.h"
 #include "runtime/format/MemoryPlanner.h"
 
 #include <algorithm>
@@ -417,18 +418,25 @@ Status validateProgram(const Executable &exe, size_t r,
       defAt[id] = i;
       lastUse[id] = i;
     }
-    if (isCommunicationOp(in.op))
-      DLOPT_RETURN_IF_ERROR(validateCommunication(exe, in, iw));
-    if (in.op == fused::kOpName) {
+    {
       std::vector<TensorType> ot, rt;
       for (int32_t id : in.operands)
         ot.push_back(exe.values[id].type);
       for (int32_t id : in.results)
         rt.push_back(exe.values[id].type);
-      auto program = fused::decode(in, ot, rt);
-      if (!program)
-        return Status::error(iw + program.status().message());
+      Status st = verifyInstr(in, ot, rt);
+      if (!st) {
+        // `iw` names the op and its location already.
+        std::string msg = st.message();
+        std::string self = "op '" + in.op + "'" +
+                           (in.loc.empty() ? "" : " at " + in.loc) + ": ";
+        if (msg.rfind(self, 0) == 0)
+          msg = msg.substr(self.size());
+        return Status::error(iw + msg);
+      }
     }
+    if (isCommunicationOp(in.op))
+      DLOPT_RETURN_IF_ERROR(validateCommunication(exe, in, iw));
   }
   // Outputs this rank defines stay live to the end so they can be read back.
   for (int32_t id : exe.outputs)
@@ -754,10 +762,6 @@ Status Executable::validate() const {
   return Status::ok();
 }
 
-bool isCommunicationOp(const std::string &op) {
-  return op == "all_reduce" || op == "all_gather" || op == "reduce_scatter" ||
-         op == "all_to_all" || op == "broadcast" || op == "all_slice";
-}
 
 std::vector<int64_t> Mesh::coords(int64_t rank) const {
   std::vector<int64_t> c(shape.size());

@@ -10,6 +10,7 @@
 #pragma once
 
 #include "runtime/cpu/CpuKernels.h"
+#include "runtime/format/OpTable.h"
 #include "runtime/cpu/Half.h"
 
 #include <gtest/gtest.h>
@@ -164,6 +165,14 @@ inline Status run(const Instr &instr, const std::vector<const Tensor *> &ins,
     i.push_back(t->ref());
   for (Tensor *t : outs)
     o.push_back(t->ref());
+  // As when an executable is loaded: the verifier first, then the kernel.
+  std::vector<TensorType> it, ot;
+  for (const TensorRef &r : i)
+    it.push_back(r.type);
+  for (const TensorRef &r : o)
+    ot.push_back(r.type);
+  if (Status st = verifyInstr(instr, it, ot); !st)
+    return st;
   return cpu::runKernel(instr, i, o);
 }
 

@@ -84,22 +84,29 @@ Executable randomExecutable(std::mt19937_64 &rng) {
       avail.push_back(v);
     int numInstrs = int(pick(0, 12));
     for (int i = 0; i < numInstrs; ++i) {
+      // Only verified instructions can be written and read back
+      // (runtime/format/OpTable.h): a cast of an available value to a
+      // random element type, or an iota when there is none. Extra
+      // attributes are kept and ignored.
       Instr in;
-      in.op = i % 3 ? "add" : "weird.op_name";
-      int numOperands = avail.empty() ? 0 : int(pick(0, 3));
-      for (int o = 0; o < numOperands; ++o)
+      Value v;
+      if (avail.empty()) {
+        in.op = "iota";
+        in.attrs["dim"] = int64_t(0);
+        v.type = TensorType{pick(0, 1) ? DType::I32 : DType::F32,
+                            {pick(0, 6)}};
+      } else {
+        in.op = "cast";
         in.operands.push_back(avail[pick(0, avail.size() - 1)]);
-      int numResults = int(pick(0, 2));
-      for (int o = 0; o < numResults; ++o) {
-        Value v;
-        v.type = randomType();
-        exe.values.push_back(v);
-        in.results.push_back(int32_t(exe.values.size() - 1));
-        avail.push_back(in.results.back());
+        v.type = TensorType{dtypes[pick(0, 5)],
+                            exe.values[in.operands[0]].type.shape};
       }
+      exe.values.push_back(v);
+      in.results.push_back(int32_t(exe.values.size() - 1));
+      avail.push_back(in.results.back());
       int numAttrs = int(pick(0, 5));
       for (int a = 0; a < numAttrs; ++a) {
-        std::string name = "a" + std::to_string(a);
+        std::string name = "x" + std::to_string(a);
         switch (pick(0, 4)) {
         case 0: in.attrs[name] = int64_t(pick(INT64_MIN, INT64_MAX)); break;
         case 1: {
@@ -686,4 +693,37 @@ TEST(ExecutableDump, ReadableListing) {
   exe.programs[0].instrs[0].results = {12345};
   exe.outputs = {-3};
   EXPECT_TRUE(contains(dumpExecutable(exe), "<bad id>"));
+}
+
+// Every instruction passes the op table's verifier (runtime/format/OpTable.h)
+// before an executable is written or after it is read: an unknown op or a
+// badly typed one is refused with the instruction, the op, its location and
+// what was expected versus what it got.
+TEST(ExecutableFormat, RefusesUnverifiedInstructions) {
+  Executable exe = smallExecutable();
+  ASSERT_FALSE(exe.programs[0].instrs.empty());
+  Instr &first = exe.programs[0].instrs[0];
+  std::string op = first.op;
+  first.op = "weird.op_name";
+  Expected<std::vector<uint8_t>> bytes = serializeExecutable(exe);
+  ASSERT_FALSE(bytes.isOk());
+  EXPECT_NE(bytes.status().message().find(
+                "instruction 0 ('weird.op_name'"),
+            std::string::npos)
+      << bytes.status().message();
+  EXPECT_NE(bytes.status().message().find("unknown op"), std::string::npos)
+      << bytes.status().message();
+  // A known op whose attributes do not fit its operands: x [2, 3] times
+  // w [3, 4] transposed.
+  first.op = op;
+  ASSERT_EQ(op, "matmul");
+  first.attrs["transpose_b"] = int64_t(1);
+  Status st = exe.validate();
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("instruction 0 ('matmul'"), std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("contraction dims differ: 2x3xf32 vs 3x4xf32 "
+                              "(transposed)"),
+            std::string::npos)
+      << st.message();
 }
