@@ -999,6 +999,12 @@ LogicalResult AxisPartitioner::matmul(dl::MatmulOp op) {
     auto size = [&](Value v) {
       return double(rtt(v).getNumElements()) * (of(v).isS() ? double(n) : 1.0);
     };
+    auto matmulUsers = [](Value v) {
+      double k = 0;
+      for (Operation *user : v.getUsers())
+        k += isa<dl::MatmulOp>(user) ? 1 : 0;
+      return std::max(k, 1.0);
+    };
     auto cost = [&](Value v, Sh to) -> double {
       Sh from = of(v);
       if (from == to)
@@ -1011,23 +1017,67 @@ LogicalResult AxisPartitioner::matmul(dl::MatmulOp op) {
       else if (from.isR())
         c = 0;
       else if (from.isP())
-        c = scattered.count({key, to.dim}) ? 0 : size(v);
+        // One reduce-scatter serves every matmul that reads the value (a
+        // context-parallel key gradient feeds both its input- and its
+        // weight-gradient matmul), so each pays its share.
+        c = scattered.count({key, to.dim}) ? 0 : size(v) / matmulUsers(v);
       else
         c = gathered.count(v) ? 0 : size(v);
       if (isParam(v) && !(from.isR() && to.isS()))
         c += 1e15;
       return c;
     };
-    // A partial operand is reduce-scattered only along its rows or the
-    // contraction (its own output-feature dim would leave the result split
-    // on a weight dim that is gathered again later).
+    // In a weight gradient (x^T dy) a partial operand is reduce-scattered
+    // only along the contraction (its own feature dim would leave the
+    // result split on a weight dim that is gathered again later); other
+    // partial operands (an input gradient dy W^T) may be scattered on their
+    // rows too.
+    // A weight gradient (x^T dy in the backward pass) whose weight is
+    // replicated over this axis: over cp (which never splits a weight) a
+    // partial result is reduced by the gradient synchronization the plan
+    // prices over dp and cp anyway, so it costs nothing extra here.
+    const bool weightGrad = op->hasAttr("dlopt.backward") &&
+                            op.getTransposeA() && axis == "cp";
+    // A partial result costs its reduction later: its size, or for a
+    // batched weight gradient (summed over the batch dims first) its
+    // matrix dims.
+    auto partialCost = [&]() -> double {
+      if (weightGrad)
+        return 0;
+      bool summedOverBatch = false;
+      if (rr > 2 && op->hasOneUse())
+        if (auto sum = dyn_cast<dl::SumOp>(*op->getUsers().begin())) {
+          auto dims = sum.getDims();
+          summedOverBatch = int64_t(dims.size()) == rr - 2;
+          for (int64_t i = 0; summedOverBatch && i < rr - 2; ++i)
+            summedOverBatch = dims[size_t(i)] == i;
+        }
+      if (summedOverBatch)
+        return double(rt.getDimSize(rr - 2)) * double(rt.getDimSize(rr - 1));
+      return double(rt.getNumElements());
+    };
+    // Equal costs go to the dim this axis splits the model's inputs on
+    // (the batch under dp, the sequence under cp), so a reduce-scattered
+    // gradient lands where the activations are.
+    int64_t home = -1;
+    for (BlockArgument arg : fn.getArguments())
+      if (!isParam(arg) && of(arg).isS()) {
+        home = of(arg).dim;
+        break;
+      }
     auto candidates = [&](Value v, int64_t featureDim) {
       SmallVector<Sh> c{of(v), Sh::rep()};
       auto t = rtt(v);
-      for (int64_t k = 0; k < t.getRank(); ++k) {
+      SmallVector<int64_t> dims;
+      if (home >= 0 && home < t.getRank())
+        dims.push_back(home);
+      for (int64_t k = 0; k < t.getRank(); ++k)
+        if (k != home)
+          dims.push_back(k);
+      for (int64_t k : dims) {
         int64_t global = t.getDimSize(k) * (of(v).isS() && of(v).dim == k ? n : 1);
         if (global % n == 0 && !(of(v).isS() && of(v).dim == k) &&
-            !(of(v).isP() && k == featureDim))
+            !(of(v).isP() && k == featureDim && op.getTransposeA()))
           c.push_back(Sh::split(k));
       }
       return c;
@@ -1039,13 +1089,7 @@ LogicalResult AxisPartitioner::matmul(dl::MatmulOp op) {
         std::optional<Sh> res = apply(ca, cb);
         if (!res)
           continue;
-        // A partial result costs its reduction later; a batched product
-        // (a weight gradient per sample) is summed over the batch first, so
-        // only its matrix dims count.
-        double c = cost(a, ca) + cost(b, cb) +
-                   (res->isP() ? double(rt.getDimSize(rr - 2)) *
-                                     double(rt.getDimSize(rr - 1))
-                               : 0.0);
+        double c = cost(a, ca) + cost(b, cb) + (res->isP() ? partialCost() : 0.0);
         if (c < best) {
           best = c;
           bestA = ca;

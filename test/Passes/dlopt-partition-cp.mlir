@@ -41,3 +41,33 @@ func.func @main(%x: tensor<1x2x8x8xf32> {dlopt.input = "x", dlopt.sharding = [[]
   %l = dlopt.sum %sq dims = [0, 1, 2, 3] : tensor<1x2x8x8xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// Key and value projections: each gradient is reduce-scattered once, and
+// that one collective serves both its weight gradient and the projection's
+// input gradient (computed on the rank's rows: no third reduce-scatter).
+// The weights are replicated over cp, so their gradients are all-reduced.
+// CHECK-LABEL: func.func @main
+// CHECK: dlopt.attention_grad
+// CHECK-NEXT: %[[DK:.+]] = shard.reduce_scatter %key_grad {{.+}} scatter_axis = 2 : tensor<1x1x8x8xf32> -> tensor<1x1x4x8xf32>
+// CHECK-NEXT: %[[DV:.+]] = shard.reduce_scatter %value_grad {{.+}} scatter_axis = 2
+// CHECK-NOT: shard.reduce_scatter
+// CHECK-DAG: dlopt.matmul %[[DV]], %{{.+}} {dlopt.backward, transpose_b} : tensor<1x1x4x8xf32>, tensor<8x8xf32> -> tensor<1x1x4x8xf32>
+// CHECK-DAG: dlopt.matmul %[[DK]], %{{.+}} {dlopt.backward, transpose_b} : tensor<1x1x4x8xf32>, tensor<8x8xf32> -> tensor<1x1x4x8xf32>
+// CHECK-DAG: dlopt.matmul %{{.+}}, %[[DK]] {dlopt.backward, transpose_a}
+// CHECK-DAG: dlopt.matmul %{{.+}}, %[[DV]] {dlopt.backward, transpose_a}
+// CHECK: return
+func.func @main(%x: tensor<1x1x8x8xf32> {dlopt.input = "x", dlopt.sharding = [[], [], ["cp"], []]},
+                %wk: tensor<8x8xf32> {dlopt.param = "wk"},
+                %wv: tensor<8x8xf32> {dlopt.param = "wv"},
+                %s: tensor<8xf32> {dlopt.param = "s"})
+    -> (tensor<f32> {dlopt.output = "loss"}) attributes {dlopt.loss} {
+  %h = dlopt.mul %x, %s : tensor<1x1x8x8xf32>, tensor<8xf32> -> tensor<1x1x8x8xf32>
+  %k = dlopt.matmul %h, %wk : tensor<1x1x8x8xf32>, tensor<8x8xf32> -> tensor<1x1x8x8xf32>
+  %v = dlopt.matmul %h, %wv : tensor<1x1x8x8xf32>, tensor<8x8xf32> -> tensor<1x1x8x8xf32>
+  %o = dlopt.attention %h, %k, %v {causal} : tensor<1x1x8x8xf32>, tensor<1x1x8x8xf32>, tensor<1x1x8x8xf32> -> tensor<1x1x8x8xf32>
+  %sq = dlopt.mul %o, %o : tensor<1x1x8x8xf32>, tensor<1x1x8x8xf32> -> tensor<1x1x8x8xf32>
+  %l = dlopt.sum %sq dims = [0, 1, 2, 3] : tensor<1x1x8x8xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
