@@ -1378,7 +1378,7 @@ bool better(const Candidate &a, const Candidate &b) {
 
 /// Why a fixed choice cannot work, or "" if no divisibility constraint fails.
 std::string explainFix(const FixSpec &f, const TransformerSpec &spec,
-                       int devices, int64_t gb) {
+                       int64_t kvHeads, int devices, int64_t gb) {
   auto str = [](int64_t v) { return std::to_string(v); };
   std::vector<std::string> why;
   std::optional<int64_t> prodOr = f.degreeProduct();
@@ -1398,6 +1398,10 @@ std::string explainFix(const FixSpec &f, const TransformerSpec &spec,
     why.push_back("tp=" + str(*f.tp) + " does not divide the " +
                   str(spec.heads) + " attention heads (remainder " +
                   str(spec.heads % *f.tp) + ")");
+  if (f.tp && kvHeads > 0 && kvHeads % *f.tp)
+    why.push_back("tp=" + str(*f.tp) + " does not divide the " +
+                  str(kvHeads) + " key/value heads (grouped-query attention "
+                  "splits them over tp; replicating them is not supported)");
   if (f.tp && spec.tpWidth() % *f.tp)
     why.push_back("tp=" + str(*f.tp) + " does not divide the ffn width " +
                   str(spec.tpWidth()));
@@ -1571,7 +1575,7 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
   const TransformerSpec &spec = c.spec;
 
   if (!fix.empty()) {
-    std::string why = explainFix(fix, spec, devices, gb);
+    std::string why = explainFix(fix, spec, graph.kvHeads, devices, gb);
     if (!why.empty())
       return Status::error("--fix " + fix.str() + " is impossible: " + why);
   }
@@ -1590,6 +1594,10 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
       continue;
     if (spec.heads % tp || spec.tpWidth() % tp) {
       prune("tp does not divide heads or ffn");
+      continue;
+    }
+    if (graph.kvHeads > 0 && graph.kvHeads % tp) {
+      prune("tp does not divide the key/value heads");
       continue;
     }
     if (tp > gpusPerNode && !fix.tp) {

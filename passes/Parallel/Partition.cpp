@@ -1498,6 +1498,13 @@ LogicalResult AxisPartitioner::applyRule(Operation *op) {
     return success();
   }
   if (isa<dl::Conv2DGradFilterOp>(op)) {
+    // A whole operand beside a batch-split one takes its rank's block (a
+    // slice, no traffic): dy of a loss summed over the whole batch.
+    for (unsigned i = 0; i < 2; ++i) {
+      Sh mine = splitOf(i), other = splitOf(1 - i);
+      if (mine.isR() && other.isS() && other.dim == 0)
+        op->getOpOperand(i).set(reshard(op->getOperand(i), Sh::split(0)));
+    }
     if (!allSplitOn(0) || !splitOf(0).isS() || !splitOf(1).isS())
       return refuse(op, "x and dy must both be split on the batch");
     setResult(op, 0, Sh::partial());

@@ -111,3 +111,20 @@ func.func @main(%x: tensor<8x4xf32> {dlopt.input = "x"},
   %l = dlopt.mean %d dims = [0, 1] : tensor<4x4xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// A filter gradient whose dy is whole (the gradient of a loss summed over
+// the whole batch) beside a batch-split x: dy takes the rank's block (a
+// slice, no traffic) and the partial filter gradient is all-reduced.
+// CHECK-LABEL: func.func @main
+// CHECK: %[[DY:.+]] = shard.all_slice %{{.+}} on @dlopt_mesh grid_axes = [0] slice_axis = 0 : tensor<2x4x4x4xf32> -> tensor<1x4x4x4xf32>
+// CHECK: %[[DW:.+]] = dlopt.conv2d_grad_filter %arg0, %[[DY]] {dlopt.backward} : (tensor<1x1x6x6xf32>, tensor<1x4x4x4xf32>) -> tensor<4x1x3x3xf32>
+// CHECK: shard.all_reduce %[[DW]] on @dlopt_mesh grid_axes = [0] : tensor<4x1x3x3xf32>
+func.func @main(%x: tensor<2x1x6x6xf32> {dlopt.input = "x"},
+                %w: tensor<4x1x3x3xf32> {dlopt.param = "w"})
+    -> (tensor<f32> {dlopt.output = "loss"}) attributes {dlopt.loss} {
+  %y = dlopt.conv2d %x, %w : (tensor<2x1x6x6xf32>, tensor<4x1x3x3xf32>) -> tensor<2x4x4x4xf32>
+  %l = dlopt.sum %y dims = [0, 1, 2, 3] : tensor<2x4x4x4xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}

@@ -87,6 +87,22 @@ func.func @main(%q: tensor<2x4x8x4xf32> {dlopt.input = "q", dlopt.sharding = [["
 
 // -----
 
+// Grouped-query attention with fewer key/value heads than tp ranks: the
+// queries' heads split, the one key/value head cannot (Megatron would
+// replicate it; dlopt refuses, and the planner never proposes such a tp).
+func.func @main(%q: tensor<2x2x8x4xf32> {dlopt.input = "q", dlopt.sharding = [[], ["tp"], [], []]},
+                %kv: tensor<2x1x8x4xf32> {dlopt.input = "kv"},
+                %w: tensor<4xf32> {dlopt.param = "w"})
+    -> (tensor<f32> {dlopt.output = "loss"}) attributes {dlopt.loss} {
+  %k = dlopt.mul %kv, %w : tensor<2x1x8x4xf32>, tensor<4xf32> -> tensor<2x1x8x4xf32>
+  // expected-error @+1 {{'dlopt.attention' op has no rule for operand shardings (S1, R, R) over mesh axis 'tp' (2 ranks): dim 1 of an operand does not divide by the axis}}
+  %o = dlopt.attention %q, %k, %k {causal} : tensor<2x2x8x4xf32>, tensor<2x1x8x4xf32>, tensor<2x1x8x4xf32> -> tensor<2x2x8x4xf32>
+  %l = dlopt.sum %o dims = [0, 1, 2, 3] : tensor<2x2x8x4xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
 // expected-error @+1 {{dlopt-partition: argument #1 ('tensor<4x6xf32>'): dim 1 (6) does not divide by 4, the ranks of the axes that split it}}
 func.func @main(%x: tensor<4x4xf32> {dlopt.input = "x"},
                 %w: tensor<4x6xf32> {dlopt.param = "w", dlopt.sharding = [[], ["dp", "tp"]]})
@@ -126,5 +142,18 @@ func.func @main(%x: tensor<4x4xf32> {dlopt.input = "x"},
     -> (tensor<f32> {dlopt.output = "loss"}) attributes {dlopt.loss} {
   %h = dlopt.matmul %x, %w : tensor<4x4xf32>, tensor<4x8xf32> -> tensor<4x8xf32>
   %l = dlopt.sum %h dims = [0, 1] : tensor<4x8xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// Convolution filters split on their output channels (tensor parallelism
+// over channels): no rule yet, refused by name.
+func.func @main(%x: tensor<2x1x6x6xf32> {dlopt.input = "x"},
+                %w: tensor<4x1x3x3xf32> {dlopt.param = "w", dlopt.sharding = [["tp"], [], [], []]})
+    -> (tensor<f32> {dlopt.output = "loss"}) attributes {dlopt.loss} {
+  // expected-error @+1 {{'dlopt.conv2d' op has no rule for operand shardings (R, S0) over mesh axis 'tp' (2 ranks): only the batch dim (0) of the activations may be split, with whole filters and biases}}
+  %y = dlopt.conv2d %x, %w : (tensor<2x1x6x6xf32>, tensor<4x1x3x3xf32>) -> tensor<2x4x4x4xf32>
+  %l = dlopt.sum %y dims = [0, 1, 2, 3] : tensor<2x4x4x4xf32> -> tensor<f32>
   return %l : tensor<f32>
 }

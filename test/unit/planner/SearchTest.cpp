@@ -199,6 +199,32 @@ TEST(Search, ImpossibleFixSaysWhy) {
   EXPECT_FALSE(parseFix("color=red"));
 }
 
+// Grouped-query attention splits the key/value heads over tp; a tp that does
+// not divide them is never chosen, and a fixed one is refused saying why.
+TEST(Search, TensorParallelDividesTheKeyValueHeads) {
+  GraphSummary g = gpt(24, 2048, 16, 2048, 50257);
+  g.kvHeads = 4;
+  auto c = resolveCluster("dgx-a100:4");
+  ASSERT_TRUE(c);
+  SearchOptions o = opts(256);
+  auto p = searchPlan(g, *c, CostModel(), o);
+  ASSERT_TRUE(p) << p.status().message();
+  EXPECT_EQ(4 % p->best.cfg.tp, 0) << "tp=" << p->best.cfg.tp;
+  for (const auto &alt : p->alternatives)
+    EXPECT_EQ(4 % alt.cand.cfg.tp, 0) << "tp=" << alt.cand.cfg.tp;
+  o.fix = *parseFix("tp=8");
+  p = searchPlan(g, *c, CostModel(), o);
+  ASSERT_FALSE(p);
+  EXPECT_NE(p.status().message().find("tp=8 does not divide the 4 key/value "
+                                      "heads"),
+            std::string::npos)
+      << p.status().message();
+  o.fix = *parseFix("tp=4");
+  p = searchPlan(g, *c, CostModel(), o);
+  ASSERT_TRUE(p) << p.status().message();
+  EXPECT_EQ(p->best.cfg.tp, 4);
+}
+
 TEST(Search, TooLargeReportsBestMemory) {
   GraphSummary g = gpt(96, 12288, 96, 2048, 50257);
   auto c = resolveCluster("dgx-a100:1");
