@@ -1,0 +1,56 @@
+//===- MpiCommunicator.h - Ranks as processes, over MPI ------------------===//
+//
+// Between-graph execution on the CPU: one process per rank (or per group of
+// in-process ranks), started by mpirun or srun, exchanging host buffers over
+// MPI (Debian's OpenMPI). It keeps the Communicator contract of
+// InProcessCommunicator, so a job gives the same bits whatever its layout:
+//
+//  - every reduction runs in rank order through RankOrderReduce.h (an
+//    all-reduce is an all-to-all of chunks, each chunk reduced by its owner
+//    in rank order, then an all-gather), never through MPI's own reduction
+//    order;
+//  - before each collective the ranks exchange what they are about to do
+//    (operation, counts, element type, root), so a mismatch is an error on
+//    every rank instead of corrupt memory;
+//  - no call waits forever: every MPI request is polled against the
+//    communicator's timeout, and a timeout (or abort()) fails the call with
+//    a message naming the operation, the group and this rank. The job-level
+//    policy (a failed rank ends the job, naming itself) is dlopt-run's.
+//
+// MPI must be initialized with MPI_THREAD_MULTIPLE when several threads of
+// one process use communicators concurrently (hybrid layouts);
+// initMpi() asks for it and says what the library granted.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "runtime/comm/Communicator.h"
+
+#include <memory>
+
+namespace dlopt::rt {
+
+/// What MPI_Init_thread granted.
+struct MpiInfo {
+  int worldRank = 0;
+  int worldSize = 1;
+  bool threadMultiple = false; ///< several threads may call MPI at once
+};
+
+/// Initializes MPI once per process (later calls return the same info).
+Expected<MpiInfo> initMpi(int *argc, char ***argv);
+/// Whether this process was started by an MPI launcher (mpirun, srun):
+/// checks the launchers' environment variables, without initializing MPI.
+bool launchedByMpi();
+/// Finalizes MPI if initMpi() initialized it.
+void finalizeMpi();
+
+struct MpiOptions {
+  std::chrono::milliseconds timeout = kDefaultCommTimeout;
+};
+
+/// This process's communicator over every process of the job
+/// (MPI_COMM_WORLD, duplicated). initMpi() must have succeeded.
+Expected<std::unique_ptr<Communicator>> createMpiWorld(MpiOptions opts = {});
+
+} // namespace dlopt::rt

@@ -1,0 +1,311 @@
+//===- MpiCommunicatorTest.cpp - The MPI communicator, as 4 processes -----===//
+//
+// Run under mpirun (ctest: mpi-communicator). Every rank generates every
+// rank's input from (rank, element) alone, so each can compute the expected
+// result itself: the reductions must equal RankOrderReduce bit for bit (the
+// in-process communicator's results) and, for float32 sums, a float64
+// reference within rounding.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/comm/MpiCommunicator.h"
+#include "runtime/comm/RankOrderReduce.h"
+#include "runtime/cpu/Half.h"
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace dlopt::rt;
+
+namespace {
+
+std::unique_ptr<Communicator> gWorld;
+
+Communicator &world() { return *gWorld; }
+
+bool contains(const std::string &s, const std::string &n) {
+  return s.find(n) != std::string::npos;
+}
+
+/// Element i of rank r's input, as bytes of `t`.
+std::vector<uint8_t> inputOf(int r, int64_t count, DType t, uint32_t salt) {
+  std::vector<uint8_t> v(size_t(count * dtypeSize(t)));
+  for (int64_t i = 0; i < count; ++i) {
+    // Values of mixed sign and magnitude, so rounding order matters.
+    uint32_t h = uint32_t(i) * 2654435761u ^ uint32_t(r + 1) * 40503u ^ salt;
+    h ^= h >> 13;
+    double x = (double(h % 20001) - 10000.0) / 997.0 * std::ldexp(1.0, int(h % 7));
+    switch (t) {
+    case DType::F32: {
+      float f = float(x);
+      std::memcpy(v.data() + i * 4, &f, 4);
+      break;
+    }
+    case DType::F16: {
+      uint16_t b = floatToHalf(float(x) / 64.0f);
+      std::memcpy(v.data() + i * 2, &b, 2);
+      break;
+    }
+    case DType::BF16: {
+      uint16_t b = floatToBf16(float(x));
+      std::memcpy(v.data() + i * 2, &b, 2);
+      break;
+    }
+    case DType::I32: {
+      int32_t k = int32_t(h) - int32_t(1u << 30);
+      std::memcpy(v.data() + i * 4, &k, 4);
+      break;
+    }
+    case DType::I64: {
+      int64_t k = int64_t(h) * 1000003 - (int64_t(1) << 40);
+      std::memcpy(v.data() + i * 8, &k, 8);
+      break;
+    }
+    case DType::I1:
+      v[size_t(i)] = uint8_t(h & 1);
+      break;
+    }
+  }
+  return v;
+}
+
+TEST(Mpi, WorldHasFourRanks) {
+  EXPECT_EQ(world().size(), 4);
+  EXPECT_GE(world().rank(), 0);
+  EXPECT_LT(world().rank(), 4);
+}
+
+TEST(Mpi, AllReduceEqualsTheRankOrderReduction) {
+  const int n = world().size(), me = world().rank();
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::I32, DType::I64})
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min,
+                        ReduceOp::Avg})
+      for (int64_t count : {int64_t(0), int64_t(1), int64_t(3), int64_t(7),
+                            int64_t(1000), int64_t(4097)})
+        for (bool inPlace : {false, true}) {
+          std::vector<std::vector<uint8_t>> all;
+          std::vector<const void *> ptrs;
+          for (int r = 0; r < n; ++r)
+            all.push_back(inputOf(r, count, t, uint32_t(count) * 7 + 1));
+          for (auto &a : all)
+            ptrs.push_back(a.data());
+          std::vector<uint8_t> want(all[0].size() + 1);
+          reduceInto(ptrs, 0, count, t, op, want.data());
+          std::vector<uint8_t> in = all[size_t(me)], out(in.size() + 1);
+          void *dst = inPlace ? in.data() : out.data();
+          Status st = world().allReduce(hostIn(in.data(), count, t),
+                                        hostOut(dst, count, t), op);
+          ASSERT_TRUE(st.isOk()) << st.message();
+          EXPECT_EQ(0, std::memcmp(dst, want.data(), all[0].size()))
+              << dtypeName(t) << " " << reduceOpName(op) << " count "
+              << count << (inPlace ? " in place" : "");
+        }
+}
+
+TEST(Mpi, Float32SumAgreesWithFloat64) {
+  const int n = world().size(), me = world().rank();
+  const int64_t count = 10000;
+  std::vector<uint8_t> in = inputOf(me, count, DType::F32, 99);
+  std::vector<float> out(static_cast<size_t>(count));
+  ASSERT_TRUE(world()
+                  .allReduce(hostIn(in.data(), count, DType::F32),
+                             hostOut(out.data(), count, DType::F32),
+                             ReduceOp::Sum)
+                  .isOk());
+  std::vector<std::vector<uint8_t>> all;
+  for (int r = 0; r < n; ++r)
+    all.push_back(inputOf(r, count, DType::F32, 99));
+  for (int64_t i = 0; i < count; ++i) {
+    double ref = 0, mag = 0;
+    for (int r = 0; r < n; ++r) {
+      float x;
+      std::memcpy(&x, all[size_t(r)].data() + i * 4, 4);
+      ref += double(x);
+      mag += std::fabs(double(x));
+    }
+    ASSERT_NEAR(double(out[size_t(i)]), ref, 4 * 6e-8 * mag + 1e-30) << i;
+  }
+}
+
+TEST(Mpi, GatherScatterAllToAllBroadcast) {
+  const int n = world().size(), me = world().rank();
+  const int64_t k = 5;
+  // all_gather: rank r's block at r*k.
+  std::vector<int32_t> mine(k), got(size_t(k * n));
+  for (int64_t i = 0; i < k; ++i)
+    mine[size_t(i)] = me * 100 + int32_t(i);
+  ASSERT_TRUE(world()
+                  .allGather(hostIn(mine.data(), k, DType::I32),
+                             hostOut(got.data(), k * n, DType::I32))
+                  .isOk());
+  for (int r = 0; r < n; ++r)
+    for (int64_t i = 0; i < k; ++i)
+      EXPECT_EQ(got[size_t(r * k + i)], r * 100 + i);
+  // reduce_scatter: block r of the rank-order sum goes to rank r.
+  std::vector<std::vector<uint8_t>> all;
+  std::vector<const void *> ptrs;
+  for (int r = 0; r < n; ++r)
+    all.push_back(inputOf(r, k * n, DType::F32, 5));
+  for (auto &a : all)
+    ptrs.push_back(a.data());
+  std::vector<float> want(static_cast<size_t>(k)), out(static_cast<size_t>(k));
+  reduceInto(ptrs, me * k, k, DType::F32, ReduceOp::Sum, want.data());
+  ASSERT_TRUE(world()
+                  .reduceScatter(hostIn(all[size_t(me)].data(), k * n,
+                                        DType::F32),
+                                 hostOut(out.data(), k, DType::F32),
+                                 ReduceOp::Sum)
+                  .isOk());
+  EXPECT_EQ(0, std::memcmp(out.data(), want.data(), size_t(k) * 4));
+  // all_to_all: block j of rank i lands in block i of rank j.
+  std::vector<int64_t> send(size_t(k * n)), recv(size_t(k * n));
+  for (int j = 0; j < n; ++j)
+    for (int64_t i = 0; i < k; ++i)
+      send[size_t(j * k + i)] = me * 1000 + j * 10 + i;
+  ASSERT_TRUE(world()
+                  .allToAll(hostIn(send.data(), k * n, DType::I64),
+                            hostOut(recv.data(), k * n, DType::I64))
+                  .isOk());
+  for (int src = 0; src < n; ++src)
+    for (int64_t i = 0; i < k; ++i)
+      EXPECT_EQ(recv[size_t(src * k + i)], src * 1000 + me * 10 + i);
+  // broadcast from rank 2.
+  std::vector<float> b(3, float(me));
+  ASSERT_TRUE(world().broadcast(hostOut(b.data(), 3, DType::F32), 2).isOk());
+  EXPECT_EQ(b, std::vector<float>(3, 2.0f));
+}
+
+TEST(Mpi, SplitFormsGroupsByColor) {
+  const int me = world().rank();
+  auto sub = world().split(me % 2, -me); // reversed order within a color
+  ASSERT_TRUE(sub.isOk()) << sub.status().message();
+  ASSERT_TRUE(*sub);
+  Communicator &g = **sub;
+  EXPECT_EQ(g.size(), 2);
+  EXPECT_EQ(g.rank(), me < 2 ? 1 : 0);
+  int64_t x = me, y = 0;
+  ASSERT_TRUE(g.allReduce(hostIn(&x, 1, DType::I64),
+                          hostOut(&y, 1, DType::I64), ReduceOp::Sum)
+                  .isOk());
+  EXPECT_EQ(y, me % 2 == 0 ? 0 + 2 : 1 + 3);
+  auto none = world().split(me == 3 ? -1 : 0, me);
+  ASSERT_TRUE(none.isOk());
+  EXPECT_EQ(bool(*none), me != 3);
+}
+
+TEST(Mpi, MismatchedCallsFailOnEveryRankAndKeepTheGroupUsable) {
+  const int me = world().rank();
+  std::vector<float> x(8, 1.0f), y(8);
+  int64_t count = me == 1 ? 7 : 8;
+  Status st = world().allReduce(hostIn(x.data(), count, DType::F32),
+                                hostOut(y.data(), count, DType::F32),
+                                ReduceOp::Sum);
+  ASSERT_FALSE(st.isOk());
+  EXPECT_TRUE(contains(st.message(), "all_reduce (rank " + std::to_string(me)))
+      << st.message();
+  EXPECT_TRUE(contains(st.message(), "called all_reduce with")) << st.message();
+  // The data was never exchanged, so the group goes on.
+  ASSERT_TRUE(world()
+                  .allReduce(hostIn(x.data(), 8, DType::F32),
+                             hostOut(y.data(), 8, DType::F32), ReduceOp::Sum)
+                  .isOk());
+  EXPECT_EQ(y[0], 4.0f);
+}
+
+TEST(Mpi, SendRecvPairsAndChecksWhatArrives) {
+  const int n = world().size(), me = world().rank();
+  int32_t v = me * 7, got = -1;
+  int next = (me + 1) % n, prev = (me + n - 1) % n;
+  // Even ranks send first, so the ring cannot deadlock with blocking sends.
+  if (me % 2 == 0) {
+    ASSERT_TRUE(world().send(hostIn(&v, 1, DType::I32), next).isOk());
+    ASSERT_TRUE(world().recv(hostOut(&got, 1, DType::I32), prev).isOk());
+  } else {
+    ASSERT_TRUE(world().recv(hostOut(&got, 1, DType::I32), prev).isOk());
+    ASSERT_TRUE(world().send(hostIn(&v, 1, DType::I32), next).isOk());
+  }
+  EXPECT_EQ(got, prev * 7);
+  // Rank 0 sends 2 elements, rank 1 expects 3: an error naming both.
+  if (me == 0) {
+    int32_t two[2] = {1, 2};
+    EXPECT_TRUE(world().send(hostIn(two, 2, DType::I32), 1).isOk());
+  } else if (me == 1) {
+    int32_t three[3];
+    Status st = world().recv(hostOut(three, 3, DType::I32), 0);
+    ASSERT_FALSE(st.isOk());
+    EXPECT_TRUE(contains(st.message(), "rank 0 sent 2 elements of i32, this "
+                                       "rank expects 3 of i32"))
+        << st.message();
+  }
+  EXPECT_FALSE(world().send(hostIn(&v, 1, DType::I32), me).isOk());
+  ASSERT_TRUE(world().barrier().isOk());
+}
+
+TEST(Mpi, AMissingRankTimesOutWithAMessage) {
+  const int me = world().rank();
+  auto sub = world().split(0, me);
+  ASSERT_TRUE(sub.isOk() && *sub);
+  Communicator &g = **sub;
+  g.setTimeout(std::chrono::milliseconds(300));
+  if (me != 0) {
+    auto t0 = std::chrono::steady_clock::now();
+    Status st = g.barrier();
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                             t0)
+                   .count();
+    ASSERT_FALSE(st.isOk());
+    EXPECT_TRUE(contains(st.message(), "timed out after 0.3")) << st.message();
+    EXPECT_LT(s, 5.0);
+    // The group is unusable afterwards, and says so.
+    Status again = g.barrier();
+    EXPECT_TRUE(contains(again.message(), "earlier call timed out"))
+        << again.message();
+  }
+  ASSERT_TRUE(world().barrier().isOk());
+  if (me == 0) { // completes the others' abandoned barrier
+    EXPECT_TRUE(g.barrier().isOk());
+  }
+  ASSERT_TRUE(world().barrier().isOk());
+}
+
+TEST(Mpi, AbortFailsLaterCallsWithTheReason) {
+  auto sub = world().split(world().rank(), 0); // a group of one per rank
+  ASSERT_TRUE(sub.isOk() && *sub);
+  (*sub)->abort("rank 9 failed: test");
+  float x = 1, y = 0;
+  Status st = (*sub)->allReduce(hostIn(&x, 1, DType::F32),
+                                hostOut(&y, 1, DType::F32), ReduceOp::Sum);
+  ASSERT_FALSE(st.isOk());
+  EXPECT_TRUE(contains(st.message(), "aborted: rank 9 failed: test"))
+      << st.message();
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  auto info = initMpi(&argc, &argv);
+  if (!info) {
+    std::fprintf(stderr, "%s\n", info.status().message().c_str());
+    return 1;
+  }
+  auto w = createMpiWorld();
+  if (!w) {
+    std::fprintf(stderr, "%s\n", w.status().message().c_str());
+    return 1;
+  }
+  gWorld = w.take();
+  int rc = RUN_ALL_TESTS();
+  // Every rank reports; the job fails if any rank failed.
+  int worst = 0;
+  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  gWorld.reset();
+  finalizeMpi();
+  return worst;
+}
