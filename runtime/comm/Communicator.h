@@ -7,8 +7,8 @@
 // send/recv pair up per (sender, receiver) in FIFO order.
 //
 // Implementations: InProcessCommunicator (ranks are threads of one process,
-// host buffers, deterministic reductions). An NCCL communicator over device
-// buffers comes with the CUDA backend (issue 5); see docs/communicators.md.
+// host buffers, deterministic reductions) and NcclCommunicator (device
+// buffers, runtime/cuda/NcclCommunicator.h); see docs/communicators.md.
 //
 // No call hangs forever: each has a timeout (default 60 s, setTimeout()).
 // A timeout aborts the group and returns an error naming the operation and
@@ -107,6 +107,21 @@ public:
 
   virtual void setTimeout(std::chrono::milliseconds t) = 0;
   virtual std::chrono::milliseconds timeout() const = 0;
+
+  /// Whether the calls take MemorySpace::Device buffers (the NCCL
+  /// communicator). Host communicators (InProcessCommunicator) say no; a
+  /// device backend then stages its buffers through host memory.
+  virtual bool acceptsDeviceMemory() const { return false; }
+  /// Device communicators: enqueue the following calls on `stream` (a
+  /// cudaStream_t of the communicator's device), after the work already
+  /// queued there; null returns to the communicator's own stream. Callers
+  /// put the communicator's own stream back before that stream may go away.
+  /// Host communicators have no stream: an error.
+  virtual Status setDeviceStream(void *stream) {
+    (void)stream;
+    return Status::error("this communicator takes host buffers and has no "
+                         "device stream");
+  }
 };
 
 /// Default time a rank waits for its peers before aborting the group.

@@ -126,6 +126,58 @@ private:
   int64_t bytes_ = 0;
 };
 
+/// A cudaMallocHost (page-locked) allocation of `bytes()` bytes: host
+/// memory the device copies to and from asynchronously.
+class PinnedBuffer {
+public:
+  PinnedBuffer() = default;
+  PinnedBuffer(PinnedBuffer &&o) noexcept
+      : lib_(o.lib_), p_(std::exchange(o.p_, nullptr)),
+        bytes_(std::exchange(o.bytes_, 0)) {}
+  PinnedBuffer &operator=(PinnedBuffer &&o) noexcept {
+    if (this != &o) {
+      reset();
+      lib_ = o.lib_;
+      p_ = std::exchange(o.p_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+  }
+  PinnedBuffer(const PinnedBuffer &) = delete;
+  PinnedBuffer &operator=(const PinnedBuffer &) = delete;
+  ~PinnedBuffer() { reset(); }
+
+  static Expected<PinnedBuffer> allocate(const CudaLibrary &lib,
+                                         int64_t bytes) {
+    PinnedBuffer b;
+    b.lib_ = &lib;
+    void *p = nullptr;
+    cudaError_t e = lib.cudaMallocHost(&p, size_t(bytes > 0 ? bytes : 1));
+    if (e != 0) {
+      (void)lib.cudaGetLastError();
+      return Status::error("cudaMallocHost of " + std::to_string(bytes) +
+                           " bytes failed: " + cudaErrorMessage(e));
+    }
+    b.p_ = p;
+    b.bytes_ = bytes;
+    return b;
+  }
+
+  void *get() const { return p_; }
+  int64_t bytes() const { return bytes_; }
+  void reset() noexcept {
+    if (p_ && lib_)
+      (void)lib_->cudaFreeHost(p_);
+    p_ = nullptr;
+    bytes_ = 0;
+  }
+
+private:
+  const CudaLibrary *lib_ = nullptr;
+  void *p_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
 inline Expected<Stream> createStream(const CudaLibrary &lib) {
   cudaStream_t s = nullptr;
   DLOPT_CUDA_CHECK(lib.cudaStreamCreateWithFlags(&s, kCudaStreamNonBlocking));

@@ -255,6 +255,12 @@ struct AttentionDims {
   int64_t b = 0, h = 0, g = 0, s = 0, t = 0, d = 0, e = 0;
   float scale = 1.0f;
   bool causal = false;
+  /// Causal mask: query i sees keys j <= i + shift, where shift is T - S
+  /// when `offset` is null, else the rank-0 i32 (or i64 with offset64)
+  /// device tensor at `offset` (the context-parallel position offset
+  /// operand), read on the device.
+  const void *offset = nullptr;
+  bool offset64 = false;
 };
 /// Most head dim (D and E) the attention kernels take.
 inline constexpr int64_t kMaxHeadDim = 256;
@@ -270,9 +276,12 @@ int attentionGrad(Stream s, DType t, const AttentionDims &dims,
                   const void *dout, void *dq, void *dk, void *dv, float *ws);
 int64_t attentionGradWorkspaceBytes(const AttentionDims &dims);
 
-/// rope over rows of d (positions along the dim of size `seq`).
+/// rope over rows of d (positions along the dim of size `seq`). `offset`:
+/// null, or a rank-0 device tensor of `offsetType` (i32/i64) added to every
+/// position (the context-parallel offset operand), read on the device.
 int rope(Stream s, DType t, const void *x, void *y, int64_t rows,
-         int64_t seq, int64_t d, double theta, bool inverse);
+         int64_t seq, int64_t d, double theta, bool inverse,
+         const void *offset = nullptr, DType offsetType = DType::I64);
 
 //===--- Convolution, pooling, batch_norm ------------------------------------===//
 

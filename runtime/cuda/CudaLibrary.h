@@ -111,6 +111,11 @@ inline constexpr int CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
   X(cudaMemcpy, cudaError_t, (void *, const void *, size_t, cudaMemcpyKind))   \
   X(cudaMemcpyAsync, cudaError_t,                                              \
     (void *, const void *, size_t, cudaMemcpyKind, cudaStream_t))              \
+  X(cudaMemcpy2DAsync, cudaError_t,                                            \
+    (void *, size_t, const void *, size_t, size_t, size_t, cudaMemcpyKind,     \
+     cudaStream_t))                                                            \
+  X(cudaMallocHost, cudaError_t, (void **, size_t))                            \
+  X(cudaFreeHost, cudaError_t, (void *))                                       \
   X(cudaMemGetInfo, cudaError_t, (size_t *, size_t *))                         \
   X(cudaDeviceSynchronize, cudaError_t, ())                                    \
   X(cudaStreamCreate, cudaError_t, (cudaStream_t *))                           \

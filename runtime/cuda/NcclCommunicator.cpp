@@ -143,7 +143,13 @@ NcclCommunicator::create(const CudaLibrary &lib, NcclComm comm, int device,
     c->ownStream_ = s.take();
     c->stream_ = c->ownStream_.get();
   }
+  c->homeStream_ = c->stream_;
   return c;
+}
+
+Status NcclCommunicator::setDeviceStream(void *stream) {
+  stream_ = stream ? static_cast<cudaStream_t>(stream) : homeStream_;
+  return Status::ok();
 }
 
 void NcclCommunicator::abort(const std::string &reason) {
@@ -415,7 +421,9 @@ Expected<std::unique_ptr<Communicator>> NcclCommunicator::split(int color,
                                            key, &child, nullptr));
   if (color < 0 || !child)
     return std::unique_ptr<Communicator>();
-  auto c = create(lib_, NcclComm(lib_, child), device_, stream_, opts_);
+  // The child shares our creation stream, not one set by setDeviceStream()
+  // for the calls in flight (that stream belongs to the caller).
+  auto c = create(lib_, NcclComm(lib_, child), device_, homeStream_, opts_);
   if (!c)
     return c.status();
   return std::unique_ptr<Communicator>(c.take());

@@ -9,7 +9,10 @@
 //    communicator may have peers that never arrive; destroy would hang).
 //  - NcclGroupGuard brackets ncclGroupStart/End; end() reports End's status,
 //    the destructor ends a group left open on an error path.
-//  - Every call enqueues on the communicator's stream. In blocking mode (the
+//  - Every call enqueues on the communicator's stream (its own, the one
+//    given at creation, or one set by setDeviceStream(): the cuda backend
+//    passes its comm stream so collectives follow the events it placed
+//    there). In blocking mode (the
 //    default, as Communicator's contract expects) it then waits for the
 //    stream, polling ncclCommGetAsyncError: an asynchronous NCCL error or
 //    the timeout aborts the communicator and returns an error naming the
@@ -137,6 +140,12 @@ public:
   void abort(const std::string &reason) override;
   void setTimeout(std::chrono::milliseconds t) override { opts_.timeout = t; }
   std::chrono::milliseconds timeout() const override { return opts_.timeout; }
+  bool acceptsDeviceMemory() const override { return true; }
+  /// Later calls enqueue on `stream` (the cuda backend's comm stream of this
+  /// rank); null returns to the stream given at creation (or our own).
+  /// Blocking calls then wait for that stream, everything queued on it
+  /// before them included.
+  Status setDeviceStream(void *stream) override;
 
   /// Waits for everything enqueued so far (non-blocking mode), with the
   /// async-error polling and timeout of blocking calls.
@@ -160,6 +169,7 @@ private:
   int device_ = 0, rank_ = 0, size_ = 1;
   Stream ownStream_;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t homeStream_ = nullptr; ///< the stream of create()
   NcclOptions opts_;
   std::atomic<bool> aborted_{false};
   /// Held while polling the handle and while aborting it, so abort() from

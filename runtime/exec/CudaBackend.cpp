@@ -14,7 +14,9 @@
 #include "runtime/cuda/CudaGemm.h"
 #include "runtime/cuda/CudaHandles.h"
 #include "runtime/cuda/CudaLibrary.h"
+#include "runtime/cuda/NcclCommunicator.h"
 #include "runtime/cuda/StreamSchedule.h"
+#include "runtime/exec/CommPlan.h"
 #ifdef DLOPT_CUDA_KERNELS
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/format/FusedProgram.h"
@@ -24,6 +26,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <unordered_map>
 
 namespace dlopt::rt {
@@ -72,6 +75,10 @@ struct CudaBackend::Rank {
   std::unique_ptr<GemmRunner> gemm;
   DeviceBuffer workspace;
   DeviceBuffer errorWord;
+  // Communication: device staging (comm stream only) and pinned host
+  // staging for host communicators, both grown on demand.
+  DeviceBuffer commStaging;
+  PinnedBuffer hostStaging;
   // Arena bounds, for the scheduler's byte ranges.
   const char *arenaBase = nullptr;
   int64_t arenaBytes = 0;
@@ -499,6 +506,7 @@ struct Launch {
   CudaBackend::Rank &r;
   cudaStream_t stream;
   const Instr &instr;
+  const RunContext *ctx = nullptr; ///< the rank and its communicators
   const CudaLibrary &lib() const { return *r.lib; }
 };
 
@@ -545,6 +553,208 @@ Status reshapeHandler(Launch &L, Ins ins, Outs outs) {
                                              cudaMemcpyDeviceToDevice,
                                              L.stream));
   return Status::ok();
+}
+
+//===--- Communication ---------------------------------------------------------===//
+//
+// A communication instruction runs as its plan (runtime/exec/CommPlan.h):
+// block copies on the device (cudaMemcpy2DAsync on the comm stream, into
+// and out of a device staging buffer) around at most one collective over
+// the rank's communicator of the instruction's group.
+//
+//  - A communicator that takes device memory (NCCL) gets the device
+//    buffers and enqueues on this rank's comm stream (setDeviceStream), so
+//    it follows the events the scheduler placed there; the NCCL
+//    communicator then waits for it (blocking mode, with its timeout and
+//    async-error polling), so this rank's host thread waits for the
+//    collective while its queued compute keeps running.
+//  - A host communicator (InProcessCommunicator: ranks as threads sharing
+//    one GPU, and the tests) gets host copies: the collective's input is
+//    copied to pinned host memory, the comm stream synchronized, the host
+//    collective run, and its output copied back. Correct but slow (a host
+//    round trip and a synchronization per instruction): meant for tests and
+//    one-GPU worlds, not for performance.
+//
+// all_slice has no collective: one strided device copy.
+
+constexpr int64_t kStagingAlign = 256;
+
+int64_t alignUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+/// The rank's device staging, at least `bytes` (grown after the comm
+/// stream drains: queued copies may still use the old buffer).
+Expected<char *> commStaging(Launch &L, int64_t bytes) {
+  CudaBackend::Rank &r = L.r;
+  if (bytes <= r.commStaging.bytes() && r.commStaging.get())
+    return static_cast<char *>(r.commStaging.get());
+  DLOPT_CUDA_CHECK(r.lib->cudaStreamSynchronize(L.stream));
+  int64_t want = alignUp(std::max<int64_t>(bytes, int64_t(1) << 20),
+                         int64_t(1) << 20);
+  r.track(-r.commStaging.bytes());
+  r.commStaging.reset();
+  auto buf = DeviceBuffer::allocate(*r.lib, want);
+  if (!buf)
+    return buf.status().withContext("communication staging: ");
+  r.commStaging = buf.take();
+  r.track(r.commStaging.bytes());
+  return static_cast<char *>(r.commStaging.get());
+}
+
+/// The rank's pinned host staging, at least `bytes`.
+Expected<char *> hostStaging(Launch &L, int64_t bytes) {
+  CudaBackend::Rank &r = L.r;
+  if (bytes <= r.hostStaging.bytes() && r.hostStaging.get())
+    return static_cast<char *>(r.hostStaging.get());
+  DLOPT_CUDA_CHECK(r.lib->cudaStreamSynchronize(L.stream));
+  int64_t want = alignUp(std::max<int64_t>(bytes, int64_t(1) << 20),
+                         int64_t(1) << 20);
+  r.hostStaging.reset();
+  auto buf = PinnedBuffer::allocate(*r.lib, want);
+  if (!buf)
+    return buf.status().withContext("pinned communication staging: ");
+  r.hostStaging = buf.take();
+  return static_cast<char *>(r.hostStaging.get());
+}
+
+/// Enqueues `copies` on the comm stream; `ptr` resolves a plan buffer.
+template <typename Ptr>
+Status copyBlocksOnDevice(Launch &L, const std::vector<BlockCopy> &copies,
+                          Ptr &&ptr) {
+  for (const BlockCopy &c : copies) {
+    if (c.width == 0 || c.height == 0)
+      continue;
+    char *dst = ptr(c.dst) + c.dstOffset;
+    const char *src = ptr(c.src) + c.srcOffset;
+    if (dst == src && (c.height == 1 || c.dstPitch == c.srcPitch))
+      continue; // the same bytes (broadcast in place)
+    if (c.height == 1 || (c.dstPitch == c.width && c.srcPitch == c.width)) {
+      DLOPT_CUDA_CHECK(L.lib().cudaMemcpyAsync(dst, src,
+                                               size_t(c.width * c.height),
+                                               cudaMemcpyDeviceToDevice,
+                                               L.stream));
+    } else {
+      DLOPT_CUDA_CHECK(L.lib().cudaMemcpy2DAsync(
+          dst, size_t(c.dstPitch), src, size_t(c.srcPitch), size_t(c.width),
+          size_t(c.height), cudaMemcpyDeviceToDevice, L.stream));
+    }
+  }
+  return Status::ok();
+}
+
+/// The plan's collective on `in`/`out` in `space`.
+Status callCollective(Communicator &comm, const CommPlan &p, const void *in,
+                      void *out, MemorySpace space) {
+  CommInput ci{in, p.inCount, p.dtype, space};
+  CommOutput co{out, p.outCount, p.dtype, space};
+  switch (p.call) {
+  case CollectiveKind::AllReduce: return comm.allReduce(ci, co, p.reduce);
+  case CollectiveKind::AllGather: return comm.allGather(ci, co);
+  case CollectiveKind::ReduceScatter:
+    return comm.reduceScatter(ci, co, p.reduce);
+  case CollectiveKind::AllToAll: return comm.allToAll(ci, co);
+  case CollectiveKind::Broadcast: return comm.broadcast(co, p.root);
+  case CollectiveKind::None: break;
+  }
+  return Status::ok();
+}
+
+/// all_reduce, all_gather, reduce_scatter, all_slice, all_to_all, broadcast.
+Status communicationHandler(Launch &L, Ins ins, Outs outs) {
+  const Instr &instr = L.instr;
+  const RunContext *ctx = L.ctx;
+  std::string where = "'" + instr.op + "'" +
+                      (instr.loc.empty() ? "" : " at " + instr.loc) + ": ";
+  if (ins.size() != 1 || outs.size() != 1)
+    return Status::error(where + "expects 1 operand and 1 result, got " +
+                         std::to_string(ins.size()) + " and " +
+                         std::to_string(outs.size()));
+  int64_t group = instr.getInt("group", -1);
+  int rank = ctx ? ctx->rank : 0;
+  if (!ctx || group < 0 || size_t(group) >= ctx->groups.size() ||
+      !ctx->groups[size_t(group)])
+    return Status::error(where + "no communicator for group " +
+                         std::to_string(group) + " on rank " +
+                         std::to_string(rank));
+  Communicator &comm = *ctx->groups[size_t(group)];
+  const TensorRef &x = ins[0], &y = outs[0];
+  Expected<CommPlan> planned =
+      planCommunication(instr, x.type, y.type, comm.size(), comm.rank());
+  if (!planned)
+    return planned.status();
+  const CommPlan &p = *planned;
+  const int64_t elem = dtypeSize(p.dtype);
+  const int64_t inBytes = p.inCount * elem, outBytes = p.outCount * elem;
+
+  // Device staging: [send | recv | a separate output for an all_to_all
+  // whose input and output are one buffer (NCCL refuses in place)].
+  auto devPtr = [&](CommBuffer b, char *staging) -> char * {
+    switch (b) {
+    case CommBuffer::X: return static_cast<char *>(x.data);
+    case CommBuffer::Y: return static_cast<char *>(y.data);
+    case CommBuffer::Send: return staging;
+    case CommBuffer::Recv: return staging + alignUp(p.sendBytes, kStagingAlign);
+    }
+    return nullptr;
+  };
+  bool aliased = p.call == CollectiveKind::AllToAll && outBytes > 0 &&
+                 p.in == CommBuffer::X && p.out == CommBuffer::Y &&
+                 x.data == y.data;
+  int64_t stagingBytes = alignUp(p.sendBytes, kStagingAlign) +
+                         alignUp(p.recvBytes, kStagingAlign) +
+                         (aliased ? outBytes : 0);
+  char *staging = nullptr;
+  if (stagingBytes > 0) {
+    Expected<char *> s = commStaging(L, stagingBytes);
+    if (!s)
+      return s.status().withContext(where);
+    staging = *s;
+  }
+  auto ptr = [&](CommBuffer b) { return devPtr(b, staging); };
+  DLOPT_RETURN_IF_ERROR(
+      copyBlocksOnDevice(L, p.before, ptr).withContext(where));
+  if (p.call != CollectiveKind::None) {
+    const char *in = ptr(p.in);
+    char *out = ptr(p.out);
+    char *target = aliased ? staging + alignUp(p.sendBytes, kStagingAlign) +
+                                 alignUp(p.recvBytes, kStagingAlign)
+                           : out;
+    Status st;
+    if (comm.acceptsDeviceMemory()) {
+      st = comm.setDeviceStream(L.stream);
+      if (st)
+        st = callCollective(comm, p, in, target, MemorySpace::Device);
+      Status back = comm.setDeviceStream(nullptr);
+      if (st)
+        st = back;
+      DLOPT_RETURN_IF_ERROR(L.r.setDevice()); // NCCL selects its device
+    } else {
+      // Host communicator: stage through pinned memory (see above).
+      int64_t hostIn = alignUp(inBytes, kStagingAlign);
+      Expected<char *> h = hostStaging(L, hostIn + outBytes);
+      if (!h)
+        return h.status().withContext(where);
+      char *hin = *h, *hout = *h + hostIn;
+      bool inPlace = p.call == CollectiveKind::Broadcast;
+      if (inPlace ? outBytes > 0 : inBytes > 0)
+        DLOPT_CUDA_CHECK(L.lib().cudaMemcpyAsync(
+            inPlace ? hout : hin, inPlace ? out : in,
+            size_t(inPlace ? outBytes : inBytes), cudaMemcpyDeviceToHost,
+            L.stream));
+      DLOPT_CUDA_CHECK(L.lib().cudaStreamSynchronize(L.stream));
+      st = callCollective(comm, p, hin, hout, MemorySpace::Host);
+      if (st && outBytes > 0)
+        DLOPT_CUDA_CHECK(L.lib().cudaMemcpyAsync(target, hout, size_t(outBytes),
+                                                 cudaMemcpyHostToDevice,
+                                                 L.stream));
+    }
+    if (!st)
+      return st.withContext(where);
+    if (aliased)
+      DLOPT_CUDA_CHECK(L.lib().cudaMemcpyAsync(out, target, size_t(outBytes),
+                                               cudaMemcpyDeviceToDevice,
+                                               L.stream));
+  }
+  return copyBlocksOnDevice(L, p.after, ptr).withContext(where);
 }
 
 #ifdef DLOPT_CUDA_KERNELS
@@ -1610,8 +1820,9 @@ Status attentionDims(const Instr &instr, Ins ins, bool grad,
   return Status::ok();
 }
 
-/// Position offsets (context parallelism, docs/parallel.md) are applied by
-/// the CPU kernels only so far.
+/// Position offsets (context parallelism, docs/parallel.md): handlers()
+/// registers the *OffsetHandler wrappers below, which take instructions
+/// with the operand themselves, so this no longer fires through run().
 Status refuseOffset(const Instr &instr, Ins ins, size_t index) {
   if (ins.size() > index)
     return opError(instr, "a position offset operand (context parallelism) "
@@ -1679,6 +1890,105 @@ Status ropeHandler(Launch &L, Ins ins, Outs outs) {
     return Status::ok();
   DLOPT_LAUNCH(L, kernels::rope(L.stream, tx.dtype, ins[0].data, outs[0].data,
                                 tx.numElements() / d, s, d, theta, inverse));
+  return Status::ok();
+}
+
+//===--- Position offsets (context parallelism) ---------------------------===//
+//
+// attention, attention_grad and rope take an optional trailing rank-0
+// i32/i64 `offset` operand (docs/parallel.md): the causal mask becomes
+// "query i sees keys j <= i + offset" and rope's positions start at offset,
+// as in the CPU kernels (runtime/cpu/NN.cpp, Grad.cpp). The offset stays in
+// device memory; the kernels read it. These handlers take the instructions
+// with the operand (or too many operands, for the arity error) and pass
+// the others to the handlers above.
+
+/// The optional offset operand `index`: its device pointer (null when the
+/// instruction has none) and element type; the CPU's message otherwise.
+Status offsetOperand(const Instr &instr, Ins ins, size_t index,
+                     const void *&ptr, bool &is64) {
+  ptr = nullptr;
+  is64 = false;
+  if (ins.size() <= index)
+    return Status::ok();
+  const TensorType &t = ins[index].type;
+  if (!t.shape.empty() || (t.dtype != DType::I32 && t.dtype != DType::I64))
+    return opError(instr, "expects operand #" + std::to_string(index) +
+                              " (offset) to be a rank-0 i32/i64 tensor, got " +
+                              typeStr(t));
+  ptr = ins[index].data;
+  is64 = t.dtype == DType::I64;
+  return Status::ok();
+}
+
+Status attentionOffsetHandler(Launch &L, Ins ins, Outs outs) {
+  if (ins.size() < 4)
+    return attentionHandler(L, ins, outs);
+  DLOPT_RETURN_IF_ERROR(checkArityRange(L.instr, ins, outs, 3, 4, 1));
+  kernels::AttentionDims a;
+  DLOPT_RETURN_IF_ERROR(attentionDims(L.instr, ins, false, a));
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type,
+                                  TensorType{ins[0].type.dtype,
+                                             {a.b, a.h, a.s, a.e}}));
+  DLOPT_RETURN_IF_ERROR(offsetOperand(L.instr, ins, 3, a.offset, a.offset64));
+  if (outs[0].numElements() == 0)
+    return Status::ok();
+  DLOPT_LAUNCH(L, kernels::attention(L.stream, ins[0].type.dtype, a,
+                                     ins[0].data, ins[1].data, ins[2].data,
+                                     outs[0].data));
+  return Status::ok();
+}
+
+Status attentionGradOffsetHandler(Launch &L, Ins ins, Outs outs) {
+  if (ins.size() < 5)
+    return attentionGradHandler(L, ins, outs);
+  DLOPT_RETURN_IF_ERROR(checkArityRange(L.instr, ins, outs, 4, 5, 3));
+  kernels::AttentionDims a;
+  DLOPT_RETURN_IF_ERROR(attentionDims(L.instr, ins, true, a));
+  DType dt = ins[0].type.dtype;
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "dout", ins[3].type,
+                                  TensorType{dt, {a.b, a.h, a.s, a.e}}));
+  DLOPT_RETURN_IF_ERROR(
+      checkType(L.instr, "result #0 (dq)", outs[0].type, ins[0].type));
+  DLOPT_RETURN_IF_ERROR(
+      checkType(L.instr, "result #1 (dk)", outs[1].type, ins[1].type));
+  DLOPT_RETURN_IF_ERROR(
+      checkType(L.instr, "result #2 (dv)", outs[2].type, ins[2].type));
+  DLOPT_RETURN_IF_ERROR(offsetOperand(L.instr, ins, 4, a.offset, a.offset64));
+  auto ws = L.r.scratch(kernels::attentionGradWorkspaceBytes(a));
+  if (!ws)
+    return ws.status();
+  DLOPT_LAUNCH(L, kernels::attentionGrad(L.stream, dt, a, ins[0].data,
+                                         ins[1].data, ins[2].data, ins[3].data,
+                                         outs[0].data, outs[1].data,
+                                         outs[2].data, *ws));
+  return Status::ok();
+}
+
+Status ropeOffsetHandler(Launch &L, Ins ins, Outs outs) {
+  if (ins.size() < 2)
+    return ropeHandler(L, ins, outs);
+  DLOPT_RETURN_IF_ERROR(checkArityRange(L.instr, ins, outs, 1, 2, 1));
+  const TensorType &tx = ins[0].type;
+  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", tx));
+  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, tx));
+  size_t rank = tx.shape.size();
+  if (rank < 2 || tx.shape[rank - 1] % 2 != 0)
+    return opError(L.instr, "expects rank >= 2 and an even last dim, got " +
+                                typeStr(tx));
+  double theta = 10000.0;
+  bool inverse = false;
+  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(L.instr, "theta", theta));
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(L.instr, "inverse", inverse));
+  const void *offset = nullptr;
+  bool offset64 = false;
+  DLOPT_RETURN_IF_ERROR(offsetOperand(L.instr, ins, 1, offset, offset64));
+  int64_t s = tx.shape[rank - 2], d = tx.shape[rank - 1];
+  if (tx.numElements() == 0)
+    return Status::ok();
+  DLOPT_LAUNCH(L, kernels::rope(L.stream, tx.dtype, ins[0].data, outs[0].data,
+                                tx.numElements() / d, s, d, theta, inverse,
+                                offset, offset64 ? DType::I64 : DType::I32));
   return Status::ok();
 }
 
@@ -1880,6 +2190,9 @@ const std::unordered_map<std::string, Handler> &handlers() {
     std::unordered_map<std::string, Handler> h;
     h["matmul"] = matmulHandler;
     h["reshape"] = reshapeHandler;
+    for (const char *op : {"all_reduce", "all_gather", "reduce_scatter",
+                           "all_slice", "all_to_all", "broadcast"})
+      h[op] = communicationHandler;
 #ifdef DLOPT_CUDA_KERNELS
     using U = kernels::UnaryOp;
     using B = kernels::BinaryOp;
@@ -1932,9 +2245,9 @@ const std::unordered_map<std::string, Handler> &handlers() {
     h["cross_entropy"] = crossEntropyHandler;
     h["cross_entropy_grad"] = crossEntropyGradHandler;
     h["mse"] = mseHandler;
-    h["attention"] = attentionHandler;
-    h["attention_grad"] = attentionGradHandler;
-    h["rope"] = ropeHandler;
+    h["attention"] = attentionOffsetHandler;
+    h["attention_grad"] = attentionGradOffsetHandler;
+    h["rope"] = ropeOffsetHandler;
     h["conv2d"] = conv2dHandler;
     h["conv2d_grad_input"] = conv2dGradInputHandler;
     h["conv2d_grad_filter"] = conv2dGradFilterHandler;
@@ -1997,7 +2310,7 @@ Status CudaBackend::run(const Instr &instr, std::span<const TensorRef> ins,
   auto stream = r.schedule(kind, std::move(reads), std::move(writes));
   if (!stream)
     return stream.status();
-  Launch L{r, *stream, instr};
+  Launch L{r, *stream, instr, &ctx};
   return it->second(L, ins, outs);
 }
 
@@ -2047,6 +2360,104 @@ Status CudaBackend::synchronize(int rank) {
   DLOPT_RETURN_IF_ERROR(r->sampleMemGetInfo());
   r->resetSchedule();
   return result;
+}
+
+
+//===----------------------------------------------------------------------===//
+// Worlds of cuda ranks
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// The backend's CUDA runtime table (the kernels' static runtime when they
+/// are built) with NCCL's entries from loadCuda(), so NCCL communicators
+/// use the same runtime for their streams and device selection.
+Expected<const CudaLibrary *> ncclLibrary() {
+  static std::once_flag once;
+  static CudaLibrary table;
+  static std::string error;
+  static bool ok = false;
+  std::call_once(once, [] {
+    auto full = loadCuda();
+    if (!full) {
+      error = full.status().message();
+      return;
+    }
+#ifdef DLOPT_CUDA_KERNELS
+    const char *why = nullptr;
+    const CudaLibrary *base = kernels::runtimeTable(&why);
+    if (!base) {
+      error = why ? why : "the CUDA runtime table is not available";
+      return;
+    }
+    table = *base;
+#define DLOPT_COPY_NCCL(name, ret, params) table.name = (*full)->name;
+    DLOPT_NCCL_SYMBOLS(DLOPT_COPY_NCCL, DLOPT_COPY_NCCL)
+#undef DLOPT_COPY_NCCL
+    table.ncclPath = (*full)->ncclPath;
+#else
+    table = **full;
+#endif
+    ok = true;
+  });
+  if (!ok)
+    return Status::error("NCCL: " + error);
+  return &table;
+}
+
+} // namespace
+
+Status configureCudaWorld(WorldOptions &o, int worldSize,
+                          const CudaWorldOptions &co) {
+  if (worldSize < 1)
+    return Status::error("cuda world: no ranks");
+  std::string why;
+  int visible = deviceCount(&why);
+  if (visible <= 0)
+    return Status::error("cuda backend: no CUDA device (" + why + ")");
+  std::vector<int> devices = co.devices;
+  if (devices.empty())
+    for (int r = 0; r < worldSize; ++r)
+      devices.push_back(r % visible);
+  if (int(devices.size()) != worldSize)
+    return Status::error("cuda world: " + std::to_string(devices.size()) +
+                         " devices for " + std::to_string(worldSize) +
+                         " ranks");
+  for (int d : devices)
+    if (d < 0 || d >= visible)
+      return Status::error("cuda world: device " + std::to_string(d) +
+                           " does not exist (" + std::to_string(visible) +
+                           " visible)");
+  if (co.nccl &&
+      std::set<int>(devices.begin(), devices.end()).size() != devices.size())
+    return Status::error(
+        "cuda world: NCCL needs a distinct device per rank (" +
+        std::to_string(worldSize) + " ranks, " + std::to_string(visible) +
+        " devices visible); without NCCL, ranks may share devices");
+  CudaBackendOptions base = co.backend;
+  o.backend = [devices, base](int r) -> Expected<std::unique_ptr<Backend>> {
+    CudaBackendOptions b = base;
+    b.device = devices[size_t(r)];
+    auto made = CudaBackend::create(b);
+    if (!made)
+      return made.status();
+    return std::unique_ptr<Backend>(made.take());
+  };
+  if (co.nccl)
+    o.worldGroup = [devices](int n)
+        -> Expected<std::vector<std::unique_ptr<Communicator>>> {
+      if (n != int(devices.size()))
+        return Status::error("cuda world: " + std::to_string(n) +
+                             " ranks, configured for " +
+                             std::to_string(devices.size()));
+      auto lib = ncclLibrary();
+      if (!lib)
+        return lib.status();
+      return createNcclGroup(**lib, devices);
+    };
+  else
+    o.worldGroup = nullptr;
+  return Status::ok();
 }
 
 } // namespace dlopt::rt

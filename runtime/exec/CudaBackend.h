@@ -7,6 +7,9 @@
 // runs matmul and plain copies only and says "built without CUDA kernels").
 // Instructions go to a compute stream and communication instructions to a
 // comm stream, with the events runtime/cuda/StreamSchedule.h derives.
+// Communication instructions run over the rank's communicators: NCCL on
+// device buffers, or a host communicator through pinned host staging
+// (CudaBackend.cpp, "Communication"; configureCudaWorld() below).
 //
 // CUDA, cuBLAS(Lt) and NCCL are loaded at run time (CudaLibrary.h); without
 // a driver or device, create() fails with "cuda backend: no CUDA device
@@ -19,6 +22,7 @@
 #pragma once
 
 #include "runtime/exec/Backend.h"
+#include "runtime/exec/World.h"
 
 #include <map>
 #include <memory>
@@ -106,5 +110,27 @@ private:
   mutable std::mutex mu_;
   std::map<int, std::unique_ptr<Rank>> ranks_;
 };
+
+/// How a World (runtime/exec/World.h) runs its ranks on the cuda backend.
+struct CudaWorldOptions {
+  /// Device of each rank; empty: rank r on device r modulo the visible
+  /// devices (several ranks may share one GPU).
+  std::vector<int> devices;
+  /// NCCL communicators: ncclCommInitAll over the ranks' devices, every
+  /// group split off with ncclCommSplit (NCCL >= 2.18). Needs a distinct
+  /// device per rank. Otherwise the World's default host communicators:
+  /// every collective is staged through host memory (slow; for tests and
+  /// ranks sharing one GPU).
+  bool nccl = false;
+  /// Options of every rank's backend (`device` is taken from `devices`).
+  CudaBackendOptions backend;
+};
+
+/// Makes `o` run a World of `worldSize` ranks on the cuda backend: sets
+/// o.backend (one CudaBackend per rank, on its device) and, with nccl,
+/// o.worldGroup. Errors: no CUDA device, a device that does not exist, or
+/// NCCL with fewer distinct devices than ranks.
+Status configureCudaWorld(WorldOptions &o, int worldSize,
+                          const CudaWorldOptions &co = {});
 
 } // namespace dlopt::rt

@@ -38,9 +38,27 @@ Expected<std::unique_ptr<World>> World::create(const Executable &exe,
   }
   // One communicator per (rank, group): ranks sharing their coordinates off
   // the group's axes split off together, ordered by their index in it.
-  InProcessOptions io;
-  io.timeout = opts.commTimeout;
-  w->world_ = createInProcessGroup(n, io);
+  if (opts.worldGroup) {
+    Expected<std::vector<std::unique_ptr<Communicator>>> made =
+        opts.worldGroup(n);
+    if (!made)
+      return made.status().withContext("creating the world communicators: ");
+    if (int(made->size()) != n)
+      return Status::error("creating the world communicators: made " +
+                           std::to_string(made->size()) + " for " +
+                           std::to_string(n) + " ranks");
+    w->world_ = made.take();
+    for (auto &c : w->world_) {
+      if (!c)
+        return Status::error("creating the world communicators: a rank got "
+                             "none");
+      c->setTimeout(opts.commTimeout);
+    }
+  } else {
+    InProcessOptions io;
+    io.timeout = opts.commTimeout;
+    w->world_ = createInProcessGroup(n, io);
+  }
   w->groups_.resize(size_t(n));
   for (auto &g : w->groups_)
     g.resize(exe.groups.size());

@@ -2,7 +2,9 @@
 //
 // In-graph execution of a multi-rank executable: one Session per rank, each
 // with its own backend, run by one thread per rank, and one communicator
-// per (rank, group of Executable::groups), split from one in-process group.
+// per (rank, group of Executable::groups), split from one world group (an
+// in-process group unless WorldOptions::worldGroup makes another, e.g.
+// NCCL for cuda ranks on distinct devices).
 //
 // Callers speak in global tensors: bind() cuts each rank's block out of a
 // global param, state or input (GlobalTensor.h), readOutput() and
@@ -33,6 +35,12 @@ struct WorldOptions {
   std::chrono::milliseconds commTimeout = kDefaultCommTimeout;
   /// Makes each rank's backend; default: the CPU backend, one kernel thread.
   std::function<Expected<std::unique_ptr<Backend>>(int rank)> backend;
+  /// Makes the world communicator group of n ranks (element r is rank r's),
+  /// from which every group's communicators are split; default: an
+  /// in-process group (host buffers; the cuda backend stages device data
+  /// through host memory). createCudaWorld() in CudaBackend.h sets NCCL.
+  std::function<Expected<std::vector<std::unique_ptr<Communicator>>>(int n)>
+      worldGroup;
 };
 
 class World final : public StepRunner {

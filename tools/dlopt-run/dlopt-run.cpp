@@ -575,14 +575,25 @@ int runTraining(const Options &opts, StepRunner &s, Session *session,
 /// (in-graph, CPU backend), global inputs and outputs (docs/parallel.md).
 int runWorld(const Options &opts, const Executable &exe,
              const std::string &header) {
-  if (opts.backend != "cpu")
-    error(opts.planPath + ": multi-rank executables run on the cpu backend "
-          "for now (--backend " + opts.backend + ")");
+  if (opts.backend != "cpu" && opts.backend != "cuda")
+    error(opts.planPath + ": multi-rank executables run on the cpu or cuda "
+          "backend (--backend " + opts.backend + ")");
   if (opts.profile)
     error(opts.planPath + ": --profile is not supported for multi-rank "
           "executables yet");
   WorldOptions wo;
   wo.seed = opts.seed;
+  if (opts.backend == "cuda") {
+    // Ranks on devices r mod (visible devices); host-staged communicators
+    // unless DLOPT_CUDA_NCCL=1 (one distinct device per rank) (docs/gpu.md).
+    CudaWorldOptions co;
+    co.backend = CudaBackend::optionsFromEnv();
+    const char *nccl = std::getenv("DLOPT_CUDA_NCCL");
+    co.nccl = nccl && std::string(nccl) == "1";
+    Status st = configureCudaWorld(wo, exe.worldSize, co);
+    if (!st)
+      error(opts.planPath + ": " + st.message());
+  }
   Expected<std::unique_ptr<World>> world = World::create(exe, wo);
   if (!world)
     error(opts.planPath + ": " + world.status().message());
@@ -638,7 +649,8 @@ int runWorld(const Options &opts, const Executable &exe,
     std::printf("outputs (global):\n");
     for (const NamedTensor &out : outputs)
       std::printf("  %s\n", describe(out).c_str());
-    std::printf("time: %.3f ms (cpu backend, all ranks)\n", secs * 1e3);
+    std::printf("time: %.3f ms (%s backend, all ranks)\n", secs * 1e3,
+                opts.backend.c_str());
     if (!opts.outputDir.empty())
       std::printf("wrote %zu output(s) to %s\n", outputs.size(),
                   opts.outputDir.c_str());

@@ -16,6 +16,11 @@
 // The math runs in f32 on CUDA cores (no tensor cores yet): correct and
 // memory-frugal, not yet fast. Head dims up to kMaxHeadDim (256).
 //
+// Context parallelism: the causal shift (query i sees keys j <= i + shift)
+// is T - S or the offset operand, and rope's positions start at its offset
+// operand; both are read from device memory by every thread (one cached
+// word), so a step counter or rank offset needs no host copy.
+//
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cuda/kernels/Common.cuh"
@@ -47,11 +52,18 @@ __device__ __forceinline__ float groupSum8(float v) {
   return v;
 }
 
+/// The causal shift: query i sees keys j <= i + shift (T - S, or the
+/// offset operand).
+__device__ __forceinline__ int64_t causalShift(const AttentionDims &a) {
+  return a.offset ? loadId(a.offset, a.offset64, 0) : a.t - a.s;
+}
+
 /// Number of keys query i may attend to.
-__device__ __forceinline__ int64_t keyLimit(const AttentionDims &a, int64_t i) {
+__device__ __forceinline__ int64_t keyLimit(const AttentionDims &a,
+                                            int64_t shift, int64_t i) {
   if (!a.causal)
     return a.t;
-  int64_t l = i + (a.t - a.s) + 1;
+  int64_t l = i + shift + 1;
   return l < 0 ? 0 : (l > a.t ? a.t : l);
 }
 
@@ -93,9 +105,10 @@ __global__ void __launch_bounds__(kAttnThreads)
   const T *kb = k + kvh * a.t * D;
   const T *vb = v + kvh * a.t * E;
   loadTile(qs, DP, q + bh * a.s * D, q0, BQ, a.s, D);
-  int64_t myLimit = valid ? keyLimit(a, qi) : 0;
+  const int64_t shift = causalShift(a);
+  int64_t myLimit = valid ? keyLimit(a, shift, qi) : 0;
   int64_t last = (q0 + BQ < a.s ? q0 + BQ : a.s) - 1;
-  int64_t blockLimit = keyLimit(a, last);
+  int64_t blockLimit = keyLimit(a, shift, last);
   float m = -INFINITY, l = 0.0f, acc[CPT];
 #pragma unroll
   for (int i = 0; i < CPT; ++i)
@@ -197,9 +210,10 @@ __global__ void __launch_bounds__(kAttnThreads)
   loadTile(qs, DP, q + bh * a.s * D, q0, BQ, a.s, D);
   loadTile(dos, EP, dout + bh * a.s * E, q0, BQ, a.s, E);
   float rowLse = valid ? lse[row] : 0.0f, rowD = valid ? dvec[row] : 0.0f;
-  int64_t myLimit = valid ? keyLimit(a, qi) : 0;
+  const int64_t shift = causalShift(a);
+  int64_t myLimit = valid ? keyLimit(a, shift, qi) : 0;
   int64_t last = (q0 + BQ < a.s ? q0 + BQ : a.s) - 1;
-  int64_t blockLimit = keyLimit(a, last);
+  int64_t blockLimit = keyLimit(a, shift, last);
   const T *kb = k + kvh * a.t * D;
   const T *vb = v + kvh * a.t * E;
   float acc[CPT];
@@ -263,7 +277,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   int64_t kvh = blockIdx.x, b = kvh / a.g, gi = kvh % a.g;
   int64_t k0 = int64_t(blockIdx.y) * KR, j = k0 + kr;
   bool validK = j < a.t;
-  int64_t shift = a.t - a.s;
+  const int64_t shift = causalShift(a);
   loadTile(ks, DP, k + kvh * a.t * D, k0, KR, a.t, D);
   loadTile(vs, EP, v + kvh * a.t * E, k0, KR, a.t, E);
   float accK[CPT], accV[CPT];
@@ -325,10 +339,13 @@ __global__ void __launch_bounds__(kAttnThreads)
 
 template <typename T>
 __global__ void ropeKernel(const T *x, T *y, int64_t rows, int64_t seq,
-                           int64_t d, double theta, bool inverse) {
+                           int64_t d, double theta, bool inverse,
+                           const void *offset, bool offset64) {
   int64_t half = d / 2;
+  // Positions start at the offset operand (a context-parallel block).
+  int64_t first = offset ? loadId(offset, offset64, 0) : 0;
   DLOPT_GRID_STRIDE(idx, rows * half) {
-    int64_t r = idx / half, i = idx % half, p = r % seq;
+    int64_t r = idx / half, i = idx % half, p = r % seq + first;
     double ang = double(p) * pow(theta, -2.0 * double(i) / double(d));
     float c = float(cos(ang)), s = float(inverse ? -sin(ang) : sin(ang));
     float x0 = toF(x[r * d + i]), x1 = toF(x[r * d + i + half]);
@@ -442,7 +459,8 @@ int attentionGrad(Stream s, DType t, const AttentionDims &a, const void *q,
 }
 
 int rope(Stream s, DType t, const void *x, void *y, int64_t rows, int64_t seq,
-         int64_t d, double theta, bool inverse) {
+         int64_t d, double theta, bool inverse, const void *offset,
+         DType offsetType) {
   if (rows == 0 || d == 0)
     return 0;
   auto st = static_cast<cudaStream_t>(s);
@@ -450,7 +468,7 @@ int rope(Stream s, DType t, const void *x, void *y, int64_t rows, int64_t seq,
     using T = decltype(tt);
     ropeKernel<T><<<gridFor(rows * (d / 2)), kThreads, 0, st>>>(
         static_cast<const T *>(x), static_cast<T *>(y), rows, seq, d, theta,
-        inverse);
+        inverse, offset, offsetType == DType::I64);
     return lastError();
   });
 }

@@ -1,13 +1,16 @@
 //===- CudaBackendTest.cpp - The cuda backend against the cpu backend -----===//
 //
 // Without a GPU: the backend's error is the documented one, its op list is
-// exact (a subset of the CPU kernels, no communication ops) and the build
-// says whether it has kernels. With a GPU (tests named CudaGpu*, ctest label
+// exact (a subset of the CPU kernels, plus every communication op) and the
+// build says whether it has kernels. With a GPU (tests named CudaGpu*, ctest label
 // `gpu`, skipped with the reason elsewhere): every supported op, for every
 // float dtype it takes, runs on random data through a Session on both
 // backends and the outputs agree within per-dtype tolerances (ints, i1 and
 // data movement exactly); device-side errors name their op. Every case is
 // also run on the CPU backend alone, GPU or not, to check it is well formed.
+// Multi-rank executables (every communication op, a context-parallel
+// attention step with offsets) run as a World of cuda ranks against one of
+// cpu ranks (CudaGpuWorld*).
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/CpuKernels.h"
@@ -16,10 +19,12 @@
 #include "runtime/exec/CudaBackend.h"
 #include "runtime/format/FusedProgram.h"
 #include "runtime/exec/Session.h"
+#include "runtime/exec/World.h"
 #include "test/unit/runtime/TestUtil.h"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -53,17 +58,27 @@ TEST(CudaBackend, CreateFailsClearlyWithoutADevice) {
 TEST(CudaBackend, SupportedOpsAreExact) {
   std::vector<std::string> ops = CudaBackend::supportedOps();
   ASSERT_FALSE(ops.empty());
-  // Every op the cuda backend runs has a CPU reference kernel.
+  // Every op the cuda backend runs has a CPU reference: a kernel, or the
+  // CPU backend's communication code.
   for (const std::string &op : ops)
-    EXPECT_TRUE(cpu::hasKernel(op)) << op;
+    EXPECT_TRUE(cpu::hasKernel(op) || isCommunicationOp(op)) << op;
   auto has = [&](const std::string &op) {
     return std::find(ops.begin(), ops.end(), op) != ops.end();
   };
   EXPECT_TRUE(has("matmul"));
   EXPECT_TRUE(has("reshape"));
-  // No CUDA kernels for these (docs/gpu.md): supportsOp must say so, so
-  // plans using them fail at load naming the op.
-  for (const char *op : {"all_reduce", "no_such_op"})
+  // Every communication instruction runs, kernels or not (copies and
+  // communicator calls only).
+  const std::vector<std::string> comm = {"all_gather", "all_reduce",
+                                         "all_slice",  "all_to_all",
+                                         "broadcast",  "reduce_scatter"};
+  for (const std::string &op : comm) {
+    EXPECT_TRUE(isCommunicationOp(op)) << op;
+    EXPECT_TRUE(has(op)) << op;
+  }
+  // supportsOp must say no to what it cannot run, so plans using it fail
+  // at load naming the op.
+  for (const char *op : {"send", "barrier", "no_such_op"})
     EXPECT_FALSE(has(op)) << op;
   if (CudaBackend::kernelsBuilt()) {
     for (const char *op :
@@ -77,7 +92,10 @@ TEST(CudaBackend, SupportedOpsAreExact) {
           "avg_pool2d_grad", "batch_norm", "batch_norm_grad"})
       EXPECT_TRUE(has(op)) << op;
   } else {
-    EXPECT_EQ(ops, (std::vector<std::string>{"matmul", "reshape"}));
+    std::vector<std::string> want = comm;
+    want.insert(want.end(), {"matmul", "reshape"});
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(ops, want);
   }
 }
 
@@ -576,6 +594,39 @@ std::vector<ConformanceCase> conformanceCases() {
     c.out(c.op("rope", {x}, T({2, 3, 10, 16}, d),
                {{"theta", 500000.0}, {"inverse", int64_t(1)}}));
   });
+  // Context-parallel position offsets (docs/parallel.md): the causal mask
+  // "key j <= query i + offset" and rope positions starting at the offset,
+  // from i32 and i64 operands; offsets that hide every key from the first
+  // queries (< 0) and that show every key (> T) included.
+  add("attention_offset", [](Case &c, DType d) {
+    int64_t B = 1, H = 4, G = 2, S = 19, Tk = 45, D = 16, E = 24;
+    int32_t q = c.in(T({B, H, S, D}, d)), k = c.in(T({B, G, Tk, D}, d)),
+            v = c.in(T({B, G, Tk, E}, d)), dout = c.in(T({B, H, S, E}, d));
+    std::map<std::string, AttrValue> at = {{"causal", int64_t(1)},
+                                           {"scale", 0.25}};
+    struct Off {
+      DType t;
+      int64_t lo, hi;
+    };
+    for (Off o : {Off{DType::I32, 10, 27}, Off{DType::I64, -8, -3},
+                  Off{DType::I32, 50, 60}}) {
+      int32_t off = c.in(T({}, o.t), Dist::Ints, o.lo, o.hi);
+      c.out(c.op("attention", {q, k, v, off}, T({B, H, S, E}, d), at));
+      for (int32_t r : c.ops("attention_grad", {q, k, v, dout, off},
+                             {T({B, H, S, D}, d), T({B, G, Tk, D}, d),
+                              T({B, G, Tk, E}, d)},
+                             at))
+        c.out(r);
+    }
+  });
+  add("rope_offset", [](Case &c, DType d) {
+    int32_t x = c.in(T({2, 3, 10, 16}, d));
+    int32_t off = c.in(T({}, DType::I32), Dist::Ints, 0, 100);
+    int32_t off64 = c.in(T({}, DType::I64), Dist::Ints, 1000, 5000);
+    c.out(c.op("rope", {x, off}, T({2, 3, 10, 16}, d), {{"theta", 10000.0}}));
+    c.out(c.op("rope", {x, off64}, T({2, 3, 10, 16}, d),
+               {{"theta", 500000.0}, {"inverse", int64_t(1)}}));
+  });
   return cs;
 }
 
@@ -633,6 +684,216 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Param> &info) {
       return info.param.c.name + "_" + dtypeName(info.param.dtype);
     });
+
+//===--- Multi-rank executables on the cuda backend ------------------------===//
+
+/// Every communication instruction over every group of a dp x tp mesh:
+/// x [4, 8, 12] per rank (global [4 dp tp, 8, 12], distinct per rank), one
+/// output per instruction.
+Executable collectivesExe(int64_t dp, int64_t tp) {
+  ExeBuilder b;
+  const int64_t all = dp * tp;
+  const int64_t size[3] = {dp, tp, all}; // groups 0 dp, 1 tp, 2 all
+  int32_t x = b.input("x", T({4, 8, 12}, DType::F32));
+  b.global(x, T({4 * all, 8, 12}, DType::F32), {{0, 1}, {}, {}});
+  int outs = 0;
+  auto out = [&](int32_t id) { b.output("y" + std::to_string(outs++), id); };
+  auto grp = [](int64_t g) { return std::make_pair(std::string("group"), AttrValue(g)); };
+  auto shape = [](int64_t axis, int64_t f, bool divide) {
+    std::vector<int64_t> s = {4, 8, 12};
+    s[size_t(axis)] = divide ? s[size_t(axis)] / f : s[size_t(axis)] * f;
+    return s;
+  };
+  for (int64_t g = 0; g < 3; ++g) {
+    int64_t n = size[g];
+    for (const char *red : {"sum", "max", "min", "avg"})
+      out(b.op("all_reduce", {x}, T({4, 8, 12}, DType::F32),
+               {grp(g), {"reduce", std::string(red)}}));
+    out(b.op("broadcast", {x}, T({4, 8, 12}, DType::F32),
+             {grp(g), {"root", int64_t(n - 1)}}));
+    for (int64_t axis = 0; axis < 3; ++axis) {
+      out(b.op("all_gather", {x}, T(shape(axis, n, false), DType::F32),
+               {grp(g), {"axis", axis}}));
+      out(b.op("reduce_scatter", {x}, T(shape(axis, n, true), DType::F32),
+               {grp(g), {"axis", axis}, {"reduce", std::string("sum")}}));
+      out(b.op("all_slice", {x}, T(shape(axis, n, true), DType::F32),
+               {grp(g), {"axis", axis}}));
+      for (int64_t concat = 0; concat < 3; ++concat) {
+        std::vector<int64_t> ys = shape(axis, n, true);
+        ys[size_t(concat)] *= n;
+        out(b.op("all_to_all", {x}, T(ys, DType::F32),
+                 {grp(g), {"split_axis", axis}, {"concat_axis", concat}}));
+      }
+    }
+  }
+  return b.buildSpmd(Mesh{{"dp", "tp"}, {dp, tp}},
+                     {{"dp", {0}}, {"tp", {1}}, {"all", {0, 1}}});
+}
+
+/// Context parallelism over cp ranks: q, k, v split along the sequence,
+/// k and v all-gathered, the rank's offset (its block index times S, from
+/// all_slice of an iota) shifting the causal mask and rope's positions;
+/// attention, its gradient (dk, dv reduce-scattered back), rope.
+Executable contextParallelExe(int64_t cp) {
+  ExeBuilder b;
+  const int64_t B = 1, H = 4, G = 2, S = 24, D = 32, E = 16;
+  const DType f = DType::F32;
+  auto split = [&](int32_t id, std::vector<int64_t> global) {
+    b.global(id, T(global, f), {{}, {}, {0}, {}});
+  };
+  int32_t q = b.input("q", T({B, H, S, D}, f));
+  int32_t k = b.input("k", T({B, G, S, D}, f));
+  int32_t v = b.input("v", T({B, G, S, E}, f));
+  int32_t dout = b.input("dout", T({B, H, S, E}, f));
+  split(q, {B, H, S * cp, D});
+  split(k, {B, G, S * cp, D});
+  split(v, {B, G, S * cp, E});
+  split(dout, {B, H, S * cp, E});
+  std::map<std::string, AttrValue> g0 = {{"group", int64_t(0)}};
+  auto with = [&](std::map<std::string, AttrValue> a) {
+    a["group"] = int64_t(0);
+    return a;
+  };
+  int32_t ids = b.op("iota", {}, T({cp}, DType::I32), {{"dim", int64_t(0)}});
+  int32_t mine = b.op("all_slice", {ids}, T({1}, DType::I32),
+                      with({{"axis", int64_t(0)}}));
+  int32_t idx = b.op("reshape", {mine}, T({}, DType::I32));
+  int32_t s32 = int32_t(S);
+  int32_t sc = b.constantBytes(T({}, DType::I32), &s32, sizeof s32);
+  int32_t off = b.op("mul", {idx, sc}, T({}, DType::I32));
+  int32_t kf = b.op("all_gather", {k}, T({B, G, S * cp, D}, f),
+                    with({{"axis", int64_t(2)}}));
+  int32_t vf = b.op("all_gather", {v}, T({B, G, S * cp, E}, f),
+                    with({{"axis", int64_t(2)}}));
+  std::map<std::string, AttrValue> at = {{"causal", int64_t(1)},
+                                         {"scale", 0.2}};
+  int32_t y = b.op("attention", {q, kf, vf, off}, T({B, H, S, E}, f), at);
+  int32_t dq = b.temp(T({B, H, S, D}, f)), dk = b.temp(T({B, G, S * cp, D}, f)),
+          dv = b.temp(T({B, G, S * cp, E}, f));
+  Instr grad;
+  grad.op = "attention_grad";
+  grad.operands = {q, kf, vf, dout, off};
+  grad.results = {dq, dk, dv};
+  grad.attrs = at;
+  grad.loc = "cp.mlir:1:1";
+  b.instrs.push_back(grad);
+  int32_t dkl = b.op("reduce_scatter", {dk}, T({B, G, S, D}, f),
+                     with({{"axis", int64_t(2)}, {"reduce", std::string("sum")}}));
+  int32_t dvl = b.op("reduce_scatter", {dv}, T({B, G, S, E}, f),
+                     with({{"axis", int64_t(2)}, {"reduce", std::string("sum")}}));
+  int32_t rq = b.op("rope", {q, off}, T({B, H, S, D}, f), {{"theta", 10000.0}});
+  b.output("offset", off);
+  b.output("y", y);
+  b.output("dq", dq);
+  b.output("dk", dkl);
+  b.output("dv", dvl);
+  b.output("rope", rq);
+  return b.buildSpmd(Mesh{{"cp"}, {cp}}, {{"cp", {0}}});
+}
+
+/// Runs `exe` as a World of cpu ranks and as one of cuda ranks (host
+/// communicators, or NCCL) on the same global inputs; every rank's local
+/// outputs must agree (exactly, or within `tol` relative).
+void compareWorlds(const Executable &exe, bool nccl, double tol) {
+  std::string why;
+  int devices = cuda::deviceCount(&why);
+  if (devices == 0)
+    GTEST_SKIP() << "no GPU: " << why;
+  if (nccl && devices < exe.worldSize)
+    GTEST_SKIP() << "NCCL needs " << exe.worldSize << " GPUs, " << devices
+                 << " visible";
+  WorldOptions co;
+  co.commTimeout = std::chrono::milliseconds(60000);
+  auto cpuWorld = World::create(exe, co);
+  ASSERT_TRUE(cpuWorld) << cpuWorld.status().message();
+  WorldOptions go = co;
+  CudaWorldOptions cw;
+  cw.nccl = nccl;
+  Status st = configureCudaWorld(go, exe.worldSize, cw);
+  ASSERT_TRUE(st) << st.message();
+  auto gpuWorld = World::create(exe, go);
+  ASSERT_TRUE(gpuWorld) << gpuWorld.status().message();
+  std::mt19937_64 rng(99);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  for (int32_t id : exe.inputs) {
+    const Value &v = exe.values[size_t(id)];
+    HostTensor h(v.global ? v.global->type : v.type);
+    for (int64_t i = 0; i < h.numElements(); ++i)
+      h.setElementFromDouble(i, normal(rng));
+    ASSERT_TRUE((*cpuWorld)->bind(v.name, h));
+    ASSERT_TRUE((*gpuWorld)->bind(v.name, h));
+  }
+  Status ran = (*cpuWorld)->execute();
+  ASSERT_TRUE(ran) << ran.message();
+  ran = (*gpuWorld)->execute();
+  ASSERT_TRUE(ran) << ran.message();
+  for (int r = 0; r < exe.worldSize; ++r)
+    for (size_t o = 0; o < exe.outputNames.size(); ++o) {
+      const std::string &name = exe.outputNames[o];
+      auto want = (*cpuWorld)->session(r).readOutput(name);
+      auto got = (*gpuWorld)->session(r).readOutput(name);
+      ASSERT_TRUE(want && got) << name;
+      ASSERT_EQ(got->type, want->type) << name;
+      int64_t bad = 0, first = -1;
+      for (int64_t i = 0; i < want->numElements(); ++i) {
+        double a = want->elementAsDouble(i), x = got->elementAsDouble(i);
+        if (!(a == x || (tol > 0 && std::fabs(x - a) <= tol * (1 + std::fabs(a))))
+            && bad++ == 0)
+          first = i;
+      }
+      EXPECT_EQ(bad, 0) << "rank " << r << ", output " << name << ": "
+                        << bad << " of " << want->numElements()
+                        << " elements differ, first at " << first << ": cuda "
+                        << (first >= 0 ? got->elementAsDouble(first) : 0)
+                        << ", cpu "
+                        << (first >= 0 ? want->elementAsDouble(first) : 0);
+    }
+}
+
+// Without a GPU: the executables are well formed and run on cpu ranks.
+TEST(CudaBackend, MultiRankCasesAreWellFormedOnTheCpu) {
+  for (const Executable &exe :
+       {collectivesExe(2, 2), collectivesExe(2, 1), contextParallelExe(2)}) {
+    ASSERT_TRUE(exe.validate()) << exe.validate().message();
+    auto w = World::create(exe);
+    ASSERT_TRUE(w) << w.status().message();
+    for (int32_t id : exe.inputs) {
+      const Value &v = exe.values[size_t(id)];
+      ASSERT_TRUE((*w)->bind(v.name, HostTensor(v.global ? v.global->type
+                                                         : v.type)));
+    }
+    Status st = (*w)->execute();
+    ASSERT_TRUE(st) << st.message();
+  }
+  // Without a device a cuda World is refused before any rank is made.
+  WorldOptions o;
+  Status st = configureCudaWorld(o, 4);
+  if (cuda::deviceCount() == 0) {
+    EXPECT_TRUE(contains(st.message(), "no CUDA device")) << st.message();
+    EXPECT_FALSE(o.backend);
+  }
+}
+
+// Four ranks on however many GPUs there are (one is enough), host
+// communicators: every collective is data movement or a host reduction in
+// rank order, as on the cpu, so the results are the same bits.
+TEST(CudaGpuWorld, CollectivesOverHostCommunicatorsMatchTheCpu) {
+  compareWorlds(collectivesExe(2, 2), false, 0.0);
+}
+
+// NCCL (one GPU per rank): reductions may sum in another order.
+TEST(CudaGpuWorld, CollectivesOverNcclMatchTheCpu) {
+  std::string why;
+  int devices = cuda::deviceCount(&why);
+  compareWorlds(devices >= 4 ? collectivesExe(2, 2) : collectivesExe(2, 1),
+                true, 1e-5);
+}
+
+TEST(CudaGpuWorld, ContextParallelAttentionMatchesTheCpu) {
+  if (!CudaBackend::kernelsBuilt())
+    GTEST_SKIP() << CudaBackend::buildDescription();
+  compareWorlds(contextParallelExe(2), false, 2e-4);
+}
 
 TEST(CudaGpu, DeviceErrorsNameTheirOp) {
   std::string why;

@@ -6,6 +6,7 @@
 // clock: no GPU, no NCCL.
 //
 //===----------------------------------------------------------------------===//
+#include "runtime/comm/InProcessCommunicator.h"
 #include "runtime/cuda/NcclCommunicator.h"
 
 #include <gtest/gtest.h>
@@ -30,6 +31,8 @@ struct FakeState {
   int aborts = 0, destroys = 0, groupStarts = 0, groupEnds = 0;
   int failSendAt = -1, sends = 0, recvs = 0;
   bool haveSplit = true;
+  cudaStream_t lastStream = nullptr; ///< of the last ncclAllReduce
+  cudaStream_t queried = nullptr;    ///< of the last cudaStreamQuery
   struct Call {
     std::string fn;
     const void *in = nullptr;
@@ -60,7 +63,8 @@ CudaLibrary fakeLib() {
     return 0;
   };
   l.cudaFree = [](void *) -> cudaError_t { return 0; };
-  l.cudaStreamQuery = [](cudaStream_t) -> cudaError_t {
+  l.cudaStreamQuery = [](cudaStream_t s) -> cudaError_t {
+    g.queried = s;
     if (g.neverReady)
       return cudaErrorNotReady;
     if (g.notReadyPolls > 0) {
@@ -98,7 +102,9 @@ CudaLibrary fakeLib() {
     return 0;
   };
   l.ncclAllReduce = [](const void *in, void *out, size_t n, ncclDataType_t t,
-                       ncclRedOp_t op, ncclComm_t, cudaStream_t) -> ncclResult_t {
+                       ncclRedOp_t op, ncclComm_t,
+                       cudaStream_t s) -> ncclResult_t {
+    g.lastStream = s;
     g.calls.push_back({"allReduce", in, out, n, int(t), int(op), -1});
     return 0;
   };
@@ -223,6 +229,33 @@ TEST_F(NcclCommunicatorTest, CallsMapTypesOpsAndCounts) {
   EXPECT_EQ(g.calls[2].count, 2u);
   EXPECT_EQ(g.calls[3].peer, 3);
   EXPECT_EQ(g.calls[3].type, ncclFloat16);
+}
+
+TEST_F(NcclCommunicatorTest, CallsGoToTheStreamTheBackendSets) {
+  // The cuda backend enqueues collectives on its rank's comm stream.
+  auto c = make();
+  EXPECT_TRUE(c->acceptsDeviceMemory());
+  cudaStream_t own = c->stream();
+  auto backendStream = reinterpret_cast<cudaStream_t>(uintptr_t(0x99));
+  ASSERT_TRUE(c->setDeviceStream(backendStream));
+  ASSERT_TRUE(c->allReduce(din(4), dout(4), ReduceOp::Sum));
+  EXPECT_EQ(g.lastStream, backendStream);
+  EXPECT_EQ(g.queried, backendStream); // the blocking wait polls it
+  // A group split meanwhile keeps the creation stream, not the backend's.
+  auto child = c->split(0, 0);
+  ASSERT_TRUE(child) << child.status().message();
+  ASSERT_TRUE((*child)->allReduce(din(4), dout(4), ReduceOp::Sum));
+  EXPECT_EQ(g.lastStream, own);
+  ASSERT_TRUE(c->setDeviceStream(nullptr));
+  ASSERT_TRUE(c->allReduce(din(4), dout(4), ReduceOp::Sum));
+  EXPECT_EQ(g.lastStream, own);
+  EXPECT_EQ(c->stream(), own);
+}
+
+TEST(HostCommunicator, TakesHostMemoryAndHasNoDeviceStream) {
+  auto group = createInProcessGroup(1);
+  EXPECT_FALSE(group[0]->acceptsDeviceMemory());
+  EXPECT_FALSE(group[0]->setDeviceStream(nullptr));
 }
 
 TEST_F(NcclCommunicatorTest, BadLocalArgumentsAreErrorsNotCalls) {
