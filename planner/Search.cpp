@@ -1398,7 +1398,7 @@ std::string explainFix(const FixSpec &f, const TransformerSpec &spec,
     why.push_back("tp=" + str(*f.tp) + " does not divide the " +
                   str(spec.heads) + " attention heads (remainder " +
                   str(spec.heads % *f.tp) + ")");
-  if (f.tp && kvHeads > 0 && kvHeads % *f.tp)
+  if (f.tp && kvHeads > 0 && kvHeads != spec.heads && kvHeads % *f.tp)
     why.push_back("tp=" + str(*f.tp) + " does not divide the " +
                   str(kvHeads) + " key/value heads (grouped-query attention "
                   "splits them over tp; replicating them is not supported)");
