@@ -17,18 +17,6 @@ namespace dlopt::rt::cpu {
 // Errors and checks
 //===----------------------------------------------------------------------===//
 
-Status checkArity(const Instr &instr, Ins ins, Outs outs, size_t numIns,
-                  size_t numOuts) {
-  return rt::checkArity(instr, ins.size(), outs.size(), numIns, numIns,
-                        numOuts);
-}
-
-Status checkArityRange(const Instr &instr, Ins ins, Outs outs, size_t minIns,
-                       size_t maxIns, size_t numOuts) {
-  return rt::checkArity(instr, ins.size(), outs.size(), minIns, maxIns,
-                        numOuts);
-}
-
 int64_t optionalScalarInt(Ins ins, size_t index, int64_t otherwise) {
   if (ins.size() <= index)
     return otherwise;

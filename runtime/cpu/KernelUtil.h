@@ -120,13 +120,6 @@ template <typename T> inline void finishF32(const TensorRef &t, const float *buf
 // Errors and checks
 //===----------------------------------------------------------------------===//
 
-/// Checks the number of operands and results (the CUDA handlers' form; the
-/// verifier in runtime/format/OpTable.cpp is the one that counts).
-Status checkArity(const Instr &instr, Ins ins, Outs outs, size_t numIns,
-                  size_t numOuts);
-Status checkArityRange(const Instr &instr, Ins ins, Outs outs, size_t minIns,
-                       size_t maxIns, size_t numOuts);
-
 /// The optional rank-0 i32/i64 operand `index` (a position offset: dropout,
 /// rope, attention), or `otherwise` when the instruction has no such
 /// operand. Its type was checked by the verifier.

@@ -2,9 +2,12 @@
 //
 // Host side of the cuda backend: per-rank device state (streams, cuBLASLt,
 // workspaces, the device error word), the stream/event bookkeeping of
-// runtime/cuda/StreamSchedule.h, and one handler per op that checks the
-// instruction like the CPU kernel does (runtime/cpu; the same messages) and
-// then launches cuBLASLt or a kernel of runtime/cuda/kernels.
+// runtime/cuda/StreamSchedule.h, and one handler per op that launches
+// cuBLASLt or a kernel of runtime/cuda/kernels. Instructions arrive
+// verified (runtime/format/OpTable.h, when the executable was loaded), so a
+// handler checks only what the CUDA kernels cannot do (head dims, fused
+// program limits, dims after collapsing) and takes the shape rules it needs
+// from the op table.
 //
 //===----------------------------------------------------------------------===//
 
@@ -32,8 +35,6 @@
 namespace dlopt::rt {
 
 using namespace cuda;
-using cpu::checkArity;
-using cpu::checkArityRange;
 using Ins = std::span<const TensorRef>;
 using Outs = std::span<const TensorRef>;
 
@@ -523,7 +524,6 @@ using Handler = Status (*)(Launch &, Ins, Outs);
   } while (0)
 
 Status matmulHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
   bool transA = false, transB = false;
   DLOPT_RETURN_IF_ERROR(getOptBoolAttr(L.instr, "transpose_a", transA));
   DLOPT_RETURN_IF_ERROR(getOptBoolAttr(L.instr, "transpose_b", transB));
@@ -538,14 +538,6 @@ Status matmulHandler(Launch &L, Ins ins, Outs outs) {
 }
 
 Status reshapeHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
-  DLOPT_RETURN_IF_ERROR(
-      checkDType(L.instr, "result", outs[0].type.dtype, ins[0].type.dtype));
-  if (outs[0].numElements() != ins[0].numElements())
-    return opError(L.instr, "expects the result to have " +
-                                std::to_string(ins[0].numElements()) +
-                                " elements like the operand, got " +
-                                typeStr(outs[0].type));
   int64_t bytes = ins[0].type.byteSize();
   if (bytes && outs[0].data != ins[0].data)
     DLOPT_CUDA_CHECK(L.lib().cudaMemcpyAsync(outs[0].data, ins[0].data,
@@ -838,12 +830,6 @@ kernels::DeviceError *errorWord(Launch &L) {
 
 template <kernels::UnaryOp Op, bool IntOk>
 Status unaryHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, ins[0].type));
-  if constexpr (IntOk)
-    DLOPT_RETURN_IF_ERROR(checkNumeric(L.instr, "operand #0", ins[0].type));
-  else
-    DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", ins[0].type));
   DLOPT_LAUNCH(L, kernels::unary(L.stream, Op, ins[0].type.dtype, ins[0].data,
                                  outs[0].data, ins[0].numElements()));
   return Status::ok();
@@ -852,52 +838,29 @@ Status unaryHandler(Launch &L, Ins ins, Outs outs) {
 Status geluHandler(Launch &L, Ins ins, Outs outs) {
   std::string approx = "none";
   DLOPT_RETURN_IF_ERROR(getOptStringAttr(L.instr, "approximate", approx));
-  if (approx == "none")
-    return unaryHandler<kernels::UnaryOp::GeluErf, false>(L, ins, outs);
   if (approx == "tanh")
     return unaryHandler<kernels::UnaryOp::GeluTanh, false>(L, ins, outs);
-  return opError(L.instr, "expects attribute 'approximate' to be \"none\" or "
-                          "\"tanh\", got \"" + approx + "\"");
+  return unaryHandler<kernels::UnaryOp::GeluErf, false>(L, ins, outs);
 }
 
 Status castHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
-  DLOPT_RETURN_IF_ERROR(
-      checkShape(L.instr, "result", outs[0].type.shape, ins[0].type.shape));
   DLOPT_LAUNCH(L, kernels::cast(L.stream, ins[0].type.dtype, outs[0].type.dtype,
                                 ins[0].data, outs[0].data,
                                 ins[0].numElements()));
   return Status::ok();
 }
 
-/// Shapes and types of a broadcasting binary op (as runtime/cpu planBinary).
+/// The strided index of a broadcasting binary op (verified shapes).
 Status planBinary(const Instr &instr, Ins ins, Outs outs, StridedIndex &ix) {
-  if (ins[0].type.dtype != ins[1].type.dtype)
-    return opError(instr, "expects operands of the same element type, got " +
-                              typeStr(ins[0].type) + " and " +
-                              typeStr(ins[1].type));
-  std::vector<int64_t> shape;
-  if (!broadcastShapes(ins[0].type.shape, ins[1].type.shape, shape))
-    return opError(instr, "operand shapes " + shapeStr(ins[0].type.shape) +
-                              " and " + shapeStr(ins[1].type.shape) +
-                              " do not broadcast");
-  DLOPT_RETURN_IF_ERROR(checkShape(instr, "result", outs[0].type.shape, shape));
-  return broadcastIndex(instr, shape, {ins[0].type.shape, ins[1].type.shape},
-                        ix);
+  return broadcastIndex(instr, outs[0].type.shape,
+                        {ins[0].type.shape, ins[1].type.shape}, ix);
 }
 
 template <kernels::BinaryOp Op>
 Status binaryHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
   StridedIndex ix;
   DLOPT_RETURN_IF_ERROR(planBinary(L.instr, ins, outs, ix));
   const TensorType &t = ins[0].type;
-  if constexpr (Op == kernels::BinaryOp::Pow)
-    DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", t));
-  else
-    DLOPT_RETURN_IF_ERROR(checkNumeric(L.instr, "operand #0", t));
-  DLOPT_RETURN_IF_ERROR(
-      checkDType(L.instr, "result", outs[0].type.dtype, t.dtype));
   int tag = Op == kernels::BinaryOp::Div && isInteger(t.dtype) ? tagOf(L) : -1;
   DLOPT_LAUNCH(L, kernels::binary(L.stream, Op, t.dtype, ix, ins[0].data,
                                   ins[1].data, outs[0].data,
@@ -906,12 +869,8 @@ Status binaryHandler(Launch &L, Ins ins, Outs outs) {
 }
 
 Status compareHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
   StridedIndex ix;
   DLOPT_RETURN_IF_ERROR(planBinary(L.instr, ins, outs, ix));
-  DLOPT_RETURN_IF_ERROR(checkNumeric(L.instr, "operand #0", ins[0].type));
-  DLOPT_RETURN_IF_ERROR(
-      checkDType(L.instr, "result", outs[0].type.dtype, DType::I1));
   std::string pred;
   DLOPT_RETURN_IF_ERROR(getOptStringAttr(L.instr, "predicate", pred));
   static const std::pair<const char *, kernels::ComparePred> preds[] = {
@@ -930,27 +889,9 @@ Status compareHandler(Launch &L, Ins ins, Outs outs) {
 }
 
 Status selectHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 3, 1));
-  DLOPT_RETURN_IF_ERROR(
-      checkDType(L.instr, "operand #0", ins[0].type.dtype, DType::I1));
-  if (ins[1].type.dtype != ins[2].type.dtype)
-    return opError(L.instr, "expects operands #1 and #2 of the same element "
-                            "type, got " + typeStr(ins[1].type) + " and " +
-                                typeStr(ins[2].type));
-  DLOPT_RETURN_IF_ERROR(
-      checkDType(L.instr, "result", outs[0].type.dtype, ins[1].type.dtype));
-  std::vector<int64_t> s01, shape;
-  if (!broadcastShapes(ins[0].type.shape, ins[1].type.shape, s01) ||
-      !broadcastShapes(s01, ins[2].type.shape, shape))
-    return opError(L.instr, "operand shapes " + shapeStr(ins[0].type.shape) +
-                                ", " + shapeStr(ins[1].type.shape) + " and " +
-                                shapeStr(ins[2].type.shape) +
-                                " do not broadcast");
-  DLOPT_RETURN_IF_ERROR(
-      checkShape(L.instr, "result", outs[0].type.shape, shape));
   StridedIndex ix;
   DLOPT_RETURN_IF_ERROR(broadcastIndex(
-      L.instr, shape,
+      L.instr, outs[0].type.shape,
       {ins[0].type.shape, ins[1].type.shape, ins[2].type.shape}, ix));
   DLOPT_LAUNCH(L, kernels::select(L.stream, int(dtypeSize(ins[1].type.dtype)),
                                   ix, ins[0].data, ins[1].data, ins[2].data,
@@ -959,16 +900,9 @@ Status selectHandler(Launch &L, Ins ins, Outs outs) {
 }
 
 Status geluGradHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
   const TensorType &t = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0 (x)", t));
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "operand #1 (dy)", ins[1].type, t));
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, t));
   std::string approx = "none";
   DLOPT_RETURN_IF_ERROR(getOptStringAttr(L.instr, "approximate", approx));
-  if (approx != "none" && approx != "tanh")
-    return opError(L.instr, "expects attribute 'approximate' to be \"none\" "
-                            "or \"tanh\", got \"" + approx + "\"");
   StridedIndex ix;
   DLOPT_RETURN_IF_ERROR(broadcastIndex(L.instr, t.shape, {t.shape, t.shape}, ix));
   DLOPT_LAUNCH(L, kernels::binary(L.stream,
@@ -981,27 +915,16 @@ Status geluGradHandler(Launch &L, Ins ins, Outs outs) {
 }
 
 Status dropoutHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArityRange(L.instr, ins, outs, 1, 2, 1));
   const TensorType &t = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", t));
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, t));
   double rate = 0;
   int64_t seed = 0;
   DLOPT_RETURN_IF_ERROR(getFloatAttr(L.instr, "rate", rate));
   DLOPT_RETURN_IF_ERROR(getOptIntAttr(L.instr, "seed", seed));
-  if (!(rate >= 0.0 && rate < 1.0))
-    return opError(L.instr,
-                   "expects 'rate' in [0, 1), got " + std::to_string(rate));
   const void *offset = nullptr;
   DType offsetType = DType::I64;
   if (ins.size() == 2) {
-    const TensorType &ot = ins[1].type;
-    if (!ot.shape.empty() ||
-        (ot.dtype != DType::I32 && ot.dtype != DType::I64))
-      return opError(L.instr, "expects operand #1 (offset) to be a rank-0 "
-                              "i32/i64 tensor, got " + typeStr(ot));
     offset = ins[1].data;
-    offsetType = ot.dtype;
+    offsetType = ins[1].type.dtype;
   }
   float scale = float(1.0 / (1.0 - rate));
   DLOPT_LAUNCH(L, kernels::dropout(L.stream, t.dtype, ins[0].data,
@@ -1014,32 +937,16 @@ Status dropoutHandler(Launch &L, Ins ins, Outs outs) {
 //===--- Data movement -------------------------------------------------------===//
 
 Status transposeHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
   const TensorType &in = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(
-      checkDType(L.instr, "result", outs[0].type.dtype, in.dtype));
   std::vector<int64_t> perm;
   DLOPT_RETURN_IF_ERROR(getIntsAttr(L.instr, "perm", perm));
   size_t rank = in.shape.size();
-  std::vector<bool> seen(rank, false);
-  bool valid = perm.size() == rank;
-  for (size_t i = 0; valid && i < rank; ++i) {
-    valid = perm[i] >= 0 && perm[i] < int64_t(rank) && !seen[perm[i]];
-    if (valid)
-      seen[perm[i]] = true;
-  }
-  if (!valid)
-    return opError(L.instr, "expects 'perm' to be a permutation of [0, " +
-                                std::to_string(rank) + "), got " +
-                                shapeStr(perm));
   std::vector<int64_t> expected(rank), srcStride(rank);
   std::vector<int64_t> inStrides = contiguousStrides(in.shape);
   for (size_t i = 0; i < rank; ++i) {
     expected[i] = in.shape[perm[i]];
     srcStride[i] = inStrides[perm[i]];
   }
-  DLOPT_RETURN_IF_ERROR(
-      checkShape(L.instr, "result", outs[0].type.shape, expected));
   if (outs[0].numElements() == 0)
     return Status::ok();
   StridedIndex ix;
@@ -1052,13 +959,8 @@ Status transposeHandler(Launch &L, Ins ins, Outs outs) {
 }
 
 Status broadcastToHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
-  DLOPT_RETURN_IF_ERROR(
-      checkDType(L.instr, "result", outs[0].type.dtype, ins[0].type.dtype));
   cpu::BroadcastPlan p;
-  std::string err = cpu::planBroadcast(outs[0].type.shape, {ins[0].type.shape}, p);
-  if (!err.empty())
-    return opError(L.instr, err);
+  cpu::planBroadcast(outs[0].type.shape, {ins[0].type.shape}, p);
   if (outs[0].numElements() == 0)
     return Status::ok();
   StridedIndex ix;
@@ -1072,27 +974,14 @@ Status broadcastToHandler(Launch &L, Ins ins, Outs outs) {
 }
 
 Status concatHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArityRange(L.instr, ins, outs, 1, SIZE_MAX, 1));
   const TensorType &t0 = ins[0].type;
   size_t rank = t0.shape.size();
   int64_t dim = 0;
   DLOPT_RETURN_IF_ERROR(getDimAttr(L.instr, rank, dim));
   std::vector<int64_t> expected = t0.shape;
   expected[dim] = 0;
-  for (size_t k = 0; k < ins.size(); ++k) {
-    const TensorType &t = ins[k].type;
-    bool ok = t.dtype == t0.dtype && t.shape.size() == rank;
-    for (size_t i = 0; ok && i < rank; ++i)
-      ok = int64_t(i) == dim || t.shape[i] == t0.shape[i];
-    if (!ok)
-      return opError(L.instr, "operand #" + std::to_string(k) + " of type " +
-                                  typeStr(t) + " does not match operand #0 " +
-                                  typeStr(t0) + " outside dim " +
-                                  std::to_string(dim));
-    expected[dim] += t.shape[dim];
-  }
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type,
-                                  TensorType{t0.dtype, expected}));
+  for (const TensorRef &in : ins)
+    expected[dim] += in.type.shape[dim];
   int64_t es = dtypeSize(t0.dtype);
   std::vector<int64_t> outStrides = contiguousStrides(expected);
   int64_t at = 0;
@@ -1115,36 +1004,6 @@ Status concatHandler(Launch &L, Ins ins, Outs outs) {
   return Status::ok();
 }
 
-/// start/limit/stride of slice and slice_grad; `full` is the unsliced shape.
-Status sliceGeometry(const Instr &instr, const std::vector<int64_t> &full,
-                     std::vector<int64_t> &start, std::vector<int64_t> &stride,
-                     std::vector<int64_t> &sliced) {
-  size_t rank = full.size();
-  std::vector<int64_t> limit;
-  stride.assign(rank, 1);
-  DLOPT_RETURN_IF_ERROR(getIntsAttr(instr, "start", start));
-  DLOPT_RETURN_IF_ERROR(getIntsAttr(instr, "limit", limit));
-  DLOPT_RETURN_IF_ERROR(getOptIntsAttr(instr, "stride", stride));
-  if (start.size() != rank || limit.size() != rank || stride.size() != rank)
-    return opError(instr, "expects start/limit/stride of length " +
-                              std::to_string(rank) + ", got " +
-                              std::to_string(start.size()) + "/" +
-                              std::to_string(limit.size()) + "/" +
-                              std::to_string(stride.size()));
-  sliced.assign(rank, 0);
-  for (size_t i = 0; i < rank; ++i) {
-    if (start[i] < 0 || start[i] > limit[i] || limit[i] > full[i] ||
-        stride[i] < 1)
-      return opError(instr, "invalid slice of dim " + std::to_string(i) +
-                                " (size " + std::to_string(full[i]) +
-                                "): start " + std::to_string(start[i]) +
-                                ", limit " + std::to_string(limit[i]) +
-                                ", stride " + std::to_string(stride[i]));
-    sliced[i] = (limit[i] - start[i] + stride[i] - 1) / stride[i];
-  }
-  return Status::ok();
-}
-
 /// The strided view of a slice inside `full`: element offset and strides.
 void sliceView(const std::vector<int64_t> &full,
                const std::vector<int64_t> &start,
@@ -1160,12 +1019,11 @@ void sliceView(const std::vector<int64_t> &full,
 }
 
 Status sliceHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
   const TensorType &in = ins[0].type;
-  std::vector<int64_t> start, stride, sliced;
-  DLOPT_RETURN_IF_ERROR(sliceGeometry(L.instr, in.shape, start, stride, sliced));
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type,
-                                  TensorType{in.dtype, sliced}));
+  SliceGeom g;
+  DLOPT_RETURN_IF_ERROR(sliceGeometry(L.instr, in.shape, g));
+  const std::vector<int64_t> &start = g.start, &stride = g.stride,
+                             &sliced = g.sliced;
   if (outs[0].numElements() == 0)
     return Status::ok();
   int64_t base = 0, es = dtypeSize(in.dtype);
@@ -1182,13 +1040,11 @@ Status sliceHandler(Launch &L, Ins ins, Outs outs) {
 }
 
 Status sliceGradHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
-  const TensorType &tdy = ins[0].type, &tr = outs[0].type;
-  DLOPT_RETURN_IF_ERROR(checkDType(L.instr, "result", tr.dtype, tdy.dtype));
-  std::vector<int64_t> start, stride, sliced;
-  DLOPT_RETURN_IF_ERROR(sliceGeometry(L.instr, tr.shape, start, stride, sliced));
-  DLOPT_RETURN_IF_ERROR(
-      checkShape(L.instr, "operand #0 (dy)", tdy.shape, sliced));
+  const TensorType &tr = outs[0].type;
+  SliceGeom g;
+  DLOPT_RETURN_IF_ERROR(sliceGeometry(L.instr, tr.shape, g));
+  const std::vector<int64_t> &start = g.start, &stride = g.stride,
+                             &sliced = g.sliced;
   int64_t es = dtypeSize(tr.dtype);
   if (tr.byteSize())
     DLOPT_CUDA_CHECK(L.lib().cudaMemsetAsync(outs[0].data, 0,
@@ -1209,16 +1065,7 @@ Status sliceGradHandler(Launch &L, Ins ins, Outs outs) {
 }
 
 Status gatherHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
   const TensorType &table = ins[0].type, &ids = ins[1].type;
-  if (table.shape.empty())
-    return opError(L.instr,
-                   "expects a table of rank >= 1, got " + typeStr(table));
-  DLOPT_RETURN_IF_ERROR(checkInt(L.instr, "operand #1 (ids)", ids));
-  std::vector<int64_t> expected = ids.shape;
-  expected.insert(expected.end(), table.shape.begin() + 1, table.shape.end());
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type,
-                                  TensorType{table.dtype, expected}));
   int64_t rowBytes = product(table.shape, 1, table.shape.size()) *
                      dtypeSize(table.dtype);
   int64_t n = ins[1].numElements();
@@ -1230,10 +1077,8 @@ Status gatherHandler(Launch &L, Ins ins, Outs outs) {
   return Status::ok();
 }
 
-Status iotaHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 0, 1));
+Status iotaHandler(Launch &L, Ins, Outs outs) {
   const TensorType &t = outs[0].type;
-  DLOPT_RETURN_IF_ERROR(checkNumeric(L.instr, "result", t));
   DimSplit split;
   DLOPT_RETURN_IF_ERROR(getDimSplit(L.instr, t.shape, split));
   DLOPT_LAUNCH(L, kernels::iota(L.stream, t.dtype, outs[0].data,
@@ -1242,16 +1087,7 @@ Status iotaHandler(Launch &L, Ins ins, Outs outs) {
 }
 
 Status scatterAddHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
-  const TensorType &ti = ins[0].type, &tu = ins[1].type, &tr = outs[0].type;
-  DLOPT_RETURN_IF_ERROR(checkInt(L.instr, "operand #0 (ids)", ti));
-  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #1 (updates)", tu));
-  if (tr.shape.empty())
-    return opError(L.instr, "expects a result of rank >= 1, got " + typeStr(tr));
-  std::vector<int64_t> expected = ti.shape;
-  expected.insert(expected.end(), tr.shape.begin() + 1, tr.shape.end());
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "operand #1 (updates)", tu,
-                                  TensorType{tr.dtype, expected}));
+  const TensorType &ti = ins[0].type, &tr = outs[0].type;
   int64_t v = tr.shape[0], rest = product(tr.shape, 1, tr.shape.size());
   auto ws = L.r.scratch(kernels::scatterAddWorkspaceBytes(tr.dtype, v, rest));
   if (!ws)
@@ -1267,35 +1103,13 @@ Status scatterAddHandler(Launch &L, Ins ins, Outs outs) {
 
 template <kernels::ReduceKind K>
 Status reduceHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
   const TensorType &in = ins[0].type;
-  if constexpr (K == kernels::ReduceKind::Mean)
-    DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", in));
-  else
-    DLOPT_RETURN_IF_ERROR(checkNumeric(L.instr, "operand #0", in));
-  DLOPT_RETURN_IF_ERROR(
-      checkDType(L.instr, "result", outs[0].type.dtype, in.dtype));
   std::vector<int64_t> dims;
   DLOPT_RETURN_IF_ERROR(getIntsAttr(L.instr, "dims", dims));
-  bool keepdims = false;
-  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(L.instr, "keepdims", keepdims));
   size_t rank = in.shape.size();
   std::vector<bool> isRed(rank, false);
-  for (int64_t d : dims) {
-    if (d < 0 || d >= int64_t(rank) || isRed[d])
-      return opError(L.instr, "expects distinct dims in [0, " +
-                                  std::to_string(rank) + "), got " +
-                                  shapeStr(dims));
-    isRed[d] = true;
-  }
-  std::vector<int64_t> expected;
-  for (size_t i = 0; i < rank; ++i)
-    if (!isRed[i])
-      expected.push_back(in.shape[i]);
-    else if (keepdims)
-      expected.push_back(1);
-  DLOPT_RETURN_IF_ERROR(
-      checkShape(L.instr, "result", outs[0].type.shape, expected));
+  for (int64_t d : dims)
+    isRed[size_t(d)] = true;
   if (outs[0].numElements() == 0)
     return Status::ok();
   // Runs of kept / reduced dims, as the CPU kernel collapses them.
@@ -1334,10 +1148,7 @@ Status reduceHandler(Launch &L, Ins ins, Outs outs) {
 //===--- Softmax, norms, losses ----------------------------------------------===//
 
 template <bool Log> Status softmaxHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
   const TensorType &t = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", t));
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, t));
   DimSplit split;
   DLOPT_RETURN_IF_ERROR(getDimSplit(L.instr, t.shape, split));
   if (t.numElements() == 0)
@@ -1349,11 +1160,7 @@ template <bool Log> Status softmaxHandler(Launch &L, Ins ins, Outs outs) {
 }
 
 template <bool Log> Status softmaxGradHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
   const TensorType &t = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0 (y)", t));
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "operand #1 (dy)", ins[1].type, t));
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, t));
   DimSplit split;
   DLOPT_RETURN_IF_ERROR(getDimSplit(L.instr, t.shape, split));
   if (t.numElements() == 0)
@@ -1364,47 +1171,13 @@ template <bool Log> Status softmaxGradHandler(Launch &L, Ins ins, Outs outs) {
   return Status::ok();
 }
 
-/// axis/eps of layer_norm and rms_norm (and their gradients): the number of
-/// elements normalized per row.
-Status normGeometry(const Instr &instr, const TensorType &t, bool rms,
-                    double &eps, int64_t &n, std::vector<int64_t> &normShape) {
-  size_t rank = t.shape.size();
-  int64_t axis = rank > 0 ? int64_t(rank) - 1 : 0;
-  eps = rms ? 1e-6 : 1e-5;
-  DLOPT_RETURN_IF_ERROR(getOptIntAttr(instr, "axis", axis));
-  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "eps", eps));
-  if (axis < 0 || axis > int64_t(rank) || (rank > 0 && axis == int64_t(rank)))
-    return opError(instr, "expects 'axis' in [0, " + std::to_string(rank) +
-                              "), got " + std::to_string(axis));
-  normShape.assign(t.shape.begin() + axis, t.shape.end());
-  n = product(normShape, 0, normShape.size());
-  return Status::ok();
-}
-
 template <bool Rms> Status normHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArityRange(L.instr, ins, outs, 1, Rms ? 2 : 3, 1));
   const TensorType &t = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", t));
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, t));
-  bool hasWeight = ins.size() >= 2, hasBias = !Rms && ins.size() >= 3;
-  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(L.instr, "has_weight", hasWeight));
-  if constexpr (!Rms)
-    DLOPT_RETURN_IF_ERROR(getOptBoolAttr(L.instr, "has_bias", hasBias));
-  if (ins.size() != 1 + size_t(hasWeight) + size_t(hasBias))
-    return opError(L.instr,
-                   "expects " + std::to_string(1 + hasWeight + hasBias) +
-                       " operands (has_weight = " + std::to_string(hasWeight) +
-                       ", has_bias = " + std::to_string(hasBias) + "), got " +
-                       std::to_string(ins.size()));
-  double eps;
-  int64_t n;
-  std::vector<int64_t> normShape;
-  DLOPT_RETURN_IF_ERROR(normGeometry(L.instr, t, Rms, eps, n, normShape));
-  for (size_t k = 1; k < ins.size(); ++k)
-    DLOPT_RETURN_IF_ERROR(checkType(L.instr,
-                                    k == 1 && hasWeight ? "weight" : "bias",
-                                    ins[k].type, TensorType{t.dtype, normShape}));
-  int64_t rows = n == 0 ? 0 : t.numElements() / n;
+  NormGeom g;
+  DLOPT_RETURN_IF_ERROR(normGeometry(L.instr, t, Rms, false, ins.size(), g));
+  const bool hasWeight = g.hasWeight, hasBias = g.hasBias;
+  const double eps = g.eps;
+  const int64_t n = g.n, rows = g.rows;
   if (rows == 0)
     return Status::ok();
   const void *w = hasWeight ? ins[1].data : nullptr;
@@ -1415,30 +1188,12 @@ template <bool Rms> Status normHandler(Launch &L, Ins ins, Outs outs) {
 }
 
 template <bool Rms> Status normGradHandler(Launch &L, Ins ins, Outs outs) {
-  size_t numOuts = Rms ? 2 : 3;
-  DLOPT_RETURN_IF_ERROR(checkArityRange(L.instr, ins, outs, 2, 3, numOuts));
   const TensorType &t = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0 (x)", t));
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "operand #1 (dy)", ins[1].type, t));
-  bool hasWeight = ins.size() == 3;
-  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(L.instr, "has_weight", hasWeight));
-  if (ins.size() != 2 + size_t(hasWeight))
-    return opError(L.instr, "expects " + std::to_string(2 + hasWeight) +
-                                " operands (has_weight = " +
-                                std::to_string(hasWeight) + "), got " +
-                                std::to_string(ins.size()));
-  double eps;
-  int64_t n;
-  std::vector<int64_t> normShape;
-  DLOPT_RETURN_IF_ERROR(normGeometry(L.instr, t, Rms, eps, n, normShape));
-  TensorType paramType{t.dtype, normShape};
-  if (hasWeight)
-    DLOPT_RETURN_IF_ERROR(checkType(L.instr, "weight", ins[2].type, paramType));
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result #0", outs[0].type, t));
-  for (size_t i = 1; i < numOuts; ++i)
-    DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result #" + std::to_string(i),
-                                    outs[i].type, paramType));
-  int64_t rows = n == 0 ? 0 : t.numElements() / n;
+  NormGeom g;
+  DLOPT_RETURN_IF_ERROR(normGeometry(L.instr, t, Rms, true, ins.size(), g));
+  const bool hasWeight = g.hasWeight;
+  const double eps = g.eps;
+  const int64_t n = g.n, rows = g.rows;
   auto ws = L.r.scratch(kernels::normGradWorkspaceBytes(rows, n));
   if (!ws)
     return ws.status();
@@ -1451,25 +1206,15 @@ template <bool Rms> Status normGradHandler(Launch &L, Ins ins, Outs outs) {
   return Status::ok();
 }
 
-Status crossEntropyChecks(const Instr &instr, Ins ins, int64_t &ignore) {
-  const TensorType &tl = ins[0].type, &ty = ins[1].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "logits", tl));
-  DLOPT_RETURN_IF_ERROR(checkInt(instr, "labels", ty));
-  if (tl.shape.size() != 2 || ty.shape.size() != 1 ||
-      ty.shape[0] != tl.shape[0])
-    return opError(instr, "expects logits [N, C] and labels [N], got " +
-                              typeStr(tl) + " and " + typeStr(ty));
+Status crossEntropyIgnore(const Instr &instr, Ins, int64_t &ignore) {
   ignore = -100;
   return getOptIntAttr(instr, "ignore_index", ignore);
 }
 
 Status crossEntropyHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
   int64_t ignore;
-  DLOPT_RETURN_IF_ERROR(crossEntropyChecks(L.instr, ins, ignore));
+  DLOPT_RETURN_IF_ERROR(crossEntropyIgnore(L.instr, ins, ignore));
   const TensorType &tl = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(
-      checkType(L.instr, "result", outs[0].type, TensorType{tl.dtype, {}}));
   int64_t n = tl.shape[0], c = tl.shape[1];
   auto ws = L.r.scratch(kernels::lossWorkspaceBytes(n));
   if (!ws)
@@ -1482,13 +1227,9 @@ Status crossEntropyHandler(Launch &L, Ins ins, Outs outs) {
 }
 
 Status crossEntropyGradHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 3, 1));
   int64_t ignore;
-  DLOPT_RETURN_IF_ERROR(crossEntropyChecks(L.instr, ins, ignore));
+  DLOPT_RETURN_IF_ERROR(crossEntropyIgnore(L.instr, ins, ignore));
   const TensorType &tl = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(
-      checkType(L.instr, "dloss", ins[2].type, TensorType{tl.dtype, {}}));
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, tl));
   int64_t n = tl.shape[0], c = tl.shape[1];
   auto ws = L.r.scratch(kernels::lossWorkspaceBytes(n));
   if (!ws)
@@ -1501,12 +1242,7 @@ Status crossEntropyGradHandler(Launch &L, Ins ins, Outs outs) {
 }
 
 Status mseHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
   const TensorType &ta = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", ta));
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "operand #1", ins[1].type, ta));
-  DLOPT_RETURN_IF_ERROR(
-      checkType(L.instr, "result", outs[0].type, TensorType{ta.dtype, {}}));
   auto ws = L.r.scratch(kernels::lossWorkspaceBytes(ta.numElements()));
   if (!ws)
     return ws.status();
@@ -1516,72 +1252,38 @@ Status mseHandler(Launch &L, Ins ins, Outs outs) {
 }
 
 //===--- conv2d, pooling, batch_norm ------------------------------------------===//
-// Checks and messages as runtime/cpu/Conv.cpp, NN.cpp and Grad.cpp.
 
-/// stride/padding/dilation/groups and the geometry of x [N,C,H,W] and
-/// w [O,Cg,KH,KW] under conv2d's shape rule; `bias`, when given, must be
-/// [O] of x's element type.
-Status convDims(const Instr &instr, const TensorType &tx,
-                const TensorType &tw, const TensorType *bias,
-                kernels::ConvDims &d) {
-  std::vector<int64_t> stride{1, 1}, padding{0, 0}, dilation{1, 1};
-  int64_t groups = 1;
-  DLOPT_RETURN_IF_ERROR(getWindowPair(instr, "stride", stride, 1));
-  DLOPT_RETURN_IF_ERROR(getWindowPair(instr, "padding", padding, 0));
-  DLOPT_RETURN_IF_ERROR(getWindowPair(instr, "dilation", dilation, 1));
-  DLOPT_RETURN_IF_ERROR(getOptIntAttr(instr, "groups", groups));
-  int64_t c = tx.shape[1], o = tw.shape[0], cg = tw.shape[1];
-  if (groups < 1 || groups > c || c != cg * groups || o % groups != 0)
-    return opError(instr, "expects C = Cg * groups and O % groups == 0, got " +
-                              typeStr(tx) + ", " + typeStr(tw) +
-                              ", groups = " + std::to_string(groups));
-  if (bias)
-    DLOPT_RETURN_IF_ERROR(
-        checkType(instr, "bias", *bias, TensorType{tx.dtype, {o}}));
-  d = kernels::ConvDims{};
+/// The kernels' form of the shared conv2d geometry (runtime/format/OpTable.h).
+kernels::ConvDims convDimsOf(const TensorType &tx, const TensorType &tw,
+                             const ConvGeom &g) {
+  kernels::ConvDims d{};
   d.n = tx.shape[0];
-  d.c = c;
-  d.h = tx.shape[2];
-  d.w = tx.shape[3];
-  d.o = o;
-  d.cg = cg;
-  d.kh = tw.shape[2];
-  d.kw = tw.shape[3];
-  d.groups = groups;
-  d.strideH = stride[0];
-  d.strideW = stride[1];
-  d.padH = padding[0];
-  d.padW = padding[1];
-  d.dilH = dilation[0];
-  d.dilW = dilation[1];
-  d.oh = windowOut(d.h, d.kh, d.strideH, d.padH, d.dilH);
-  d.ow = windowOut(d.w, d.kw, d.strideW, d.padW, d.dilW);
-  if (d.oh < 0 || d.ow < 0)
-    return opError(instr, "kernel does not fit the padded input: " +
-                              typeStr(tx) + ", " + typeStr(tw));
-  return Status::ok();
+  d.c = tx.shape[1];
+  d.h = g.h;
+  d.w = g.w;
+  d.o = tw.shape[0];
+  d.cg = g.cg;
+  d.kh = g.kh;
+  d.kw = g.kw;
+  d.groups = g.groups;
+  d.strideH = g.stride[0];
+  d.strideW = g.stride[1];
+  d.padH = g.padding[0];
+  d.padW = g.padding[1];
+  d.dilH = g.dilation[0];
+  d.dilW = g.dilation[1];
+  d.oh = g.oh;
+  d.ow = g.ow;
+  return d;
 }
 
 Status conv2dHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArityRange(L.instr, ins, outs, 2, 3, 1));
   const TensorType &tx = ins[0].type, &tw = ins[1].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "x", tx));
-  if (tx.shape.size() != 4 || tw.shape.size() != 4 || tw.dtype != tx.dtype)
-    return opError(L.instr, "expects x [N,C,H,W] and w [O,C/groups,KH,KW] of "
-                            "one float type, got " +
-                                typeStr(tx) + " and " + typeStr(tw));
-  bool hasBias = ins.size() == 3;
-  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(L.instr, "has_bias", hasBias));
-  if (ins.size() != 2 + size_t(hasBias))
-    return opError(L.instr,
-                   "expects " + std::to_string(2 + hasBias) +
-                       " operands (has_bias = " + std::to_string(hasBias) +
-                       "), got " + std::to_string(ins.size()));
-  kernels::ConvDims d;
+  const bool hasBias = ins.size() == 3; // verified against has_bias
+  ConvGeom g;
   DLOPT_RETURN_IF_ERROR(
-      convDims(L.instr, tx, tw, hasBias ? &ins[2].type : nullptr, d));
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type,
-                                  TensorType{tx.dtype, {d.n, d.o, d.oh, d.ow}}));
+      convGeometry(L.instr, tx, tw, hasBias ? &ins[2].type : nullptr, g));
+  const kernels::ConvDims d = convDimsOf(tx, tw, g);
   if (outs[0].numElements() == 0)
     return Status::ok();
   DLOPT_LAUNCH(L, kernels::conv2d(L.stream, tx.dtype, d, ins[0].data,
@@ -1591,25 +1293,18 @@ Status conv2dHandler(Launch &L, Ins ins, Outs outs) {
   return Status::ok();
 }
 
-/// x [N,C,H,W], w [O,Cg,KH,KW] and dy [N,O,OH,OW] agree with conv2d's
-/// shape rule.
+/// conv2d's geometry for its gradients, in the kernels' form.
 Status convGradDims(const Instr &instr, const TensorType &tx,
                     const TensorType &tw, const TensorType &tdy,
                     kernels::ConvDims &d) {
-  for (const TensorType *t : {&tx, &tw, &tdy})
-    if (t->shape.size() != 4 || t->dtype != tx.dtype || !isFloat(t->dtype))
-      return opError(instr, "expects x [N,C,H,W], w [O,C/groups,KH,KW] and "
-                            "dy [N,O,OH,OW] of one float type, got " +
-                                typeStr(tx) + ", " + typeStr(tw) + ", " +
-                                typeStr(tdy));
-  DLOPT_RETURN_IF_ERROR(convDims(instr, tx, tw, nullptr, d));
-  return checkShape(instr, "dy (conv2d's output)", tdy.shape,
-                    {tx.shape[0], tw.shape[0], d.oh, d.ow});
+  ConvGeom g;
+  DLOPT_RETURN_IF_ERROR(convGradGeometry(instr, tx, tw, tdy, g));
+  d = convDimsOf(tx, tw, g);
+  return Status::ok();
 }
 
 /// conv2d_grad_input %dy, %w -> dx (the forward input type).
 Status conv2dGradInputHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
   kernels::ConvDims d;
   DLOPT_RETURN_IF_ERROR(
       convGradDims(L.instr, outs[0].type, ins[1].type, ins[0].type, d));
@@ -1623,7 +1318,6 @@ Status conv2dGradInputHandler(Launch &L, Ins ins, Outs outs) {
 
 /// conv2d_grad_filter %x, %dy -> dw (the filter type).
 Status conv2dGradFilterHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 2, 1));
   kernels::ConvDims d;
   DLOPT_RETURN_IF_ERROR(
       convGradDims(L.instr, ins[0].type, outs[0].type, ins[1].type, d));
@@ -1635,56 +1329,30 @@ Status conv2dGradFilterHandler(Launch &L, Ins ins, Outs outs) {
   return Status::ok();
 }
 
-/// kernel/stride/padding (and count_include_pad for avg pooling) and the
-/// pooled shape of x [..., H, W] (rank >= 2, checked by the caller).
-Status poolDims(const Instr &instr, bool isMax, const TensorType &tx,
-                kernels::PoolDims &d, std::vector<int64_t> &pooled) {
+/// The kernels' form of the shared pooling geometry.
+kernels::PoolDims poolDimsOf(const TensorType &tx, const PoolGeom &g) {
   size_t rank = tx.shape.size();
-  std::vector<int64_t> kernel, stride, padding{0, 0};
-  DLOPT_RETURN_IF_ERROR(getIntsAttr(instr, "kernel", kernel));
-  if (kernel.size() != 2 || kernel[0] < 1 || kernel[1] < 1 ||
-      kernel[0] > kMaxWindowAttr || kernel[1] > kMaxWindowAttr)
-    return opError(instr, "expects 'kernel' to be 2 ints in [1, 2^30], got " +
-                              shapeStr(kernel));
-  stride = kernel;
-  DLOPT_RETURN_IF_ERROR(getWindowPair(instr, "stride", stride, 1));
-  DLOPT_RETURN_IF_ERROR(getWindowPair(instr, "padding", padding, 0));
-  d = kernels::PoolDims{};
-  if (!isMax)
-    DLOPT_RETURN_IF_ERROR(
-        getOptBoolAttr(instr, "count_include_pad", d.countIncludePad));
+  kernels::PoolDims d{};
+  d.countIncludePad = g.includePad;
   d.planes = product(tx.shape, 0, rank - 2);
   d.h = tx.shape[rank - 2];
   d.w = tx.shape[rank - 1];
-  d.kh = kernel[0];
-  d.kw = kernel[1];
-  d.strideH = stride[0];
-  d.strideW = stride[1];
-  d.padH = padding[0];
-  d.padW = padding[1];
-  d.oh = windowOut(d.h, d.kh, d.strideH, d.padH, 1);
-  d.ow = windowOut(d.w, d.kw, d.strideW, d.padW, 1);
-  if (d.oh < 0 || d.ow < 0)
-    return opError(instr, "window " + shapeStr(kernel) +
-                              " does not fit the padded input " + typeStr(tx));
-  pooled.assign(tx.shape.begin(), tx.shape.end() - 2);
-  pooled.push_back(d.oh);
-  pooled.push_back(d.ow);
-  return Status::ok();
+  d.kh = g.kernel[0];
+  d.kw = g.kernel[1];
+  d.strideH = g.stride[0];
+  d.strideW = g.stride[1];
+  d.padH = g.padding[0];
+  d.padW = g.padding[1];
+  d.oh = g.pooled[rank - 2];
+  d.ow = g.pooled[rank - 1];
+  return d;
 }
 
 template <bool Max> Status poolHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
   const TensorType &tx = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", tx));
-  if (tx.shape.size() < 2)
-    return opError(L.instr,
-                   "expects rank >= 2 ([..., H, W]), got " + typeStr(tx));
-  kernels::PoolDims d;
-  std::vector<int64_t> pooled;
-  DLOPT_RETURN_IF_ERROR(poolDims(L.instr, Max, tx, d, pooled));
-  DLOPT_RETURN_IF_ERROR(
-      checkType(L.instr, "result", outs[0].type, TensorType{tx.dtype, pooled}));
+  PoolGeom g;
+  DLOPT_RETURN_IF_ERROR(poolGeometry(L.instr, Max, tx, g));
+  const kernels::PoolDims d = poolDimsOf(tx, g);
   if (outs[0].numElements() == 0)
     return Status::ok();
   DLOPT_LAUNCH(L, kernels::pool2d(L.stream, Max, tx.dtype, d, ins[0].data,
@@ -1694,21 +1362,10 @@ template <bool Max> Status poolHandler(Launch &L, Ins ins, Outs outs) {
 
 /// max_pool2d_grad %x, %dy and avg_pool2d_grad %dy.
 template <bool Max> Status poolGradHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, Max ? 2 : 1, 1));
   const TensorType &tx = Max ? ins[0].type : outs[0].type;
-  const TensorType &tdy = ins[Max ? 1 : 0].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "x", tx));
-  if (tx.shape.size() < 2)
-    return opError(L.instr,
-                   "expects rank >= 2 ([..., H, W]), got " + typeStr(tx));
-  DLOPT_RETURN_IF_ERROR(checkDType(L.instr, "dy", tdy.dtype, tx.dtype));
-  kernels::PoolDims d;
-  std::vector<int64_t> pooled;
-  DLOPT_RETURN_IF_ERROR(poolDims(L.instr, Max, tx, d, pooled));
-  DLOPT_RETURN_IF_ERROR(
-      checkShape(L.instr, "dy (the pooled shape)", tdy.shape, pooled));
-  if constexpr (Max)
-    DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, tx));
+  PoolGeom g;
+  DLOPT_RETURN_IF_ERROR(poolGeometry(L.instr, Max, tx, g));
+  const kernels::PoolDims d = poolDimsOf(tx, g);
   if (outs[0].numElements() == 0)
     return Status::ok();
   DLOPT_LAUNCH(L, kernels::pool2dGrad(L.stream, Max, tx.dtype, d,
@@ -1717,45 +1374,22 @@ template <bool Max> Status poolGradHandler(Launch &L, Ins ins, Outs outs) {
   return Status::ok();
 }
 
-/// x [N, C, ...] and the [C] operands/results of batch_norm(_grad).
-Status batchNormChecks(const Instr &instr, Ins ins, Outs outs, bool grad,
-                       int64_t &n, int64_t &c, int64_t &inner) {
-  DLOPT_RETURN_IF_ERROR(checkArity(instr, ins, outs, 5, 3));
+/// N, C and the elements per (image, channel) of batch_norm(_grad)'s x.
+void batchNormDims(Ins ins, int64_t &n, int64_t &c, int64_t &inner) {
   const TensorType &tx = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(
-      checkFloat(instr, grad ? "operand #0 (x)" : "operand #0", tx));
-  if (tx.shape.size() < 2)
-    return opError(instr,
-                   "expects x of rank >= 2 ([N, C, ...]), got " + typeStr(tx));
   n = tx.shape[0];
   c = tx.shape[1];
   inner = product(tx.shape, 2, tx.shape.size());
-  TensorType vec{tx.dtype, {c}};
-  static const char *fwdNames[] = {"x", "weight", "bias", "mean", "var"};
-  static const char *gradNames[] = {"x", "weight", "running_mean",
-                                    "running_var"};
-  for (size_t i = 1; i < (grad ? 4u : 5u); ++i)
-    DLOPT_RETURN_IF_ERROR(checkType(instr, grad ? gradNames[i] : fwdNames[i],
-                                    ins[i].type, vec));
-  if (grad)
-    DLOPT_RETURN_IF_ERROR(checkType(instr, "dy", ins[4].type, tx));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #0", outs[0].type, tx));
-  DLOPT_RETURN_IF_ERROR(checkType(instr, "result #1", outs[1].type, vec));
-  return checkType(instr, "result #2", outs[2].type, vec);
 }
 
 Status batchNormHandler(Launch &L, Ins ins, Outs outs) {
   int64_t n, c, inner;
-  DLOPT_RETURN_IF_ERROR(batchNormChecks(L.instr, ins, outs, false, n, c, inner));
+  batchNormDims(ins, n, c, inner);
   double eps = 1e-5, momentum = 0.1;
   bool training = false;
   DLOPT_RETURN_IF_ERROR(getOptFloatAttr(L.instr, "eps", eps));
   DLOPT_RETURN_IF_ERROR(getOptFloatAttr(L.instr, "momentum", momentum));
   DLOPT_RETURN_IF_ERROR(getOptBoolAttr(L.instr, "training", training));
-  if (training && n * inner < 2 && c > 0)
-    return opError(L.instr, "training mode needs more than 1 value per "
-                            "channel, got " +
-                                typeStr(ins[0].type));
   DLOPT_LAUNCH(L, kernels::batchNorm(L.stream, ins[0].type.dtype, ins[0].data,
                                      ins[1].data, ins[2].data, ins[3].data,
                                      ins[4].data, outs[0].data, outs[1].data,
@@ -1766,7 +1400,7 @@ Status batchNormHandler(Launch &L, Ins ins, Outs outs) {
 
 Status batchNormGradHandler(Launch &L, Ins ins, Outs outs) {
   int64_t n, c, inner;
-  DLOPT_RETURN_IF_ERROR(batchNormChecks(L.instr, ins, outs, true, n, c, inner));
+  batchNormDims(ins, n, c, inner);
   double eps = 1e-5;
   bool training = false;
   DLOPT_RETURN_IF_ERROR(getOptFloatAttr(L.instr, "eps", eps));
@@ -1781,37 +1415,31 @@ Status batchNormGradHandler(Launch &L, Ins ins, Outs outs) {
 
 //===--- Attention and rope ---------------------------------------------------===//
 
-Status attentionDims(const Instr &instr, Ins ins, bool grad,
-                     kernels::AttentionDims &a) {
-  const TensorType &tq = ins[0].type, &tk = ins[1].type, &tv = ins[2].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(instr, "q", tq));
-  size_t num = grad ? 4 : 3;
-  for (size_t i = 0; i < num; ++i)
-    if (ins[i].type.shape.size() != 4 || ins[i].type.dtype != tq.dtype)
-      return opError(instr, std::string("expects q, k, v") +
-                                (grad ? ", dout" : "") +
-                                " of rank 4 with one float element type, "
-                                "got " + typeStr(tq) + ", " + typeStr(tk) +
-                                ", " + typeStr(tv) +
-                                (grad ? ", " + typeStr(ins[3].type) : ""));
-  a.b = tq.shape[0];
-  a.h = tq.shape[1];
-  a.s = tq.shape[2];
-  a.d = tq.shape[3];
-  a.g = tk.shape[1];
-  a.t = tk.shape[2];
-  a.e = tv.shape[3];
-  if (tk.shape[0] != a.b || tv.shape[0] != a.b || tk.shape[3] != a.d ||
-      tv.shape[1] != a.g || tv.shape[2] != a.t || a.g == 0 || a.h % a.g != 0)
-    return opError(instr, "expects q [B,H,S,D], k [B,G,T,D], v [B,G,T,E] "
-                          "with H % G == 0, got " + typeStr(tq) + ", " +
-                              typeStr(tk) + ", " + typeStr(tv));
-  bool causal = false;
-  double scale = a.d > 0 ? 1.0 / std::sqrt(double(a.d)) : 1.0;
-  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "causal", causal));
-  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(instr, "scale", scale));
-  a.causal = causal;
-  a.scale = float(scale);
+/// The kernels' form of the shared attention dims; the optional trailing
+/// offset operand (context parallelism, docs/parallel.md) stays in device
+/// memory and the kernels read it: the causal mask becomes "query i sees
+/// keys j <= i + offset" (T - S without it), as in runtime/cpu/NN.cpp.
+Status cudaAttentionDims(const Instr &instr, Ins ins, size_t offsetIndex,
+                         kernels::AttentionDims &a) {
+  AttentionDims g;
+  DLOPT_RETURN_IF_ERROR(
+      attentionDims(instr, ins[0].type, ins[1].type, ins[2].type, g));
+  a.b = g.b;
+  a.h = g.h;
+  a.s = g.s;
+  a.d = g.d;
+  a.g = g.g;
+  a.t = g.t;
+  a.e = g.e;
+  a.causal = g.causal;
+  a.scale = float(g.scale);
+  a.offset = nullptr;
+  a.offset64 = false;
+  if (ins.size() > offsetIndex) {
+    a.offset = ins[offsetIndex].data;
+    a.offset64 = ins[offsetIndex].type.dtype == DType::I64;
+  }
+  // What the kernels can do (not a property of the instruction).
   if (a.d > kernels::kMaxHeadDim || a.e > kernels::kMaxHeadDim)
     return opError(instr, "head dims D = " + std::to_string(a.d) + ", E = " +
                               std::to_string(a.e) +
@@ -1820,25 +1448,9 @@ Status attentionDims(const Instr &instr, Ins ins, bool grad,
   return Status::ok();
 }
 
-/// Position offsets (context parallelism, docs/parallel.md): handlers()
-/// registers the *OffsetHandler wrappers below, which take instructions
-/// with the operand themselves, so this no longer fires through run().
-Status refuseOffset(const Instr &instr, Ins ins, size_t index) {
-  if (ins.size() > index)
-    return opError(instr, "a position offset operand (context parallelism) "
-                          "is not implemented on the CUDA backend yet; run "
-                          "this executable on the CPU backend");
-  return Status::ok();
-}
-
 Status attentionHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(refuseOffset(L.instr, ins, 3));
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 3, 1));
   kernels::AttentionDims a;
-  DLOPT_RETURN_IF_ERROR(attentionDims(L.instr, ins, false, a));
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type,
-                                  TensorType{ins[0].type.dtype,
-                                             {a.b, a.h, a.s, a.e}}));
+  DLOPT_RETURN_IF_ERROR(cudaAttentionDims(L.instr, ins, 3, a));
   if (outs[0].numElements() == 0)
     return Status::ok();
   DLOPT_LAUNCH(L, kernels::attention(L.stream, ins[0].type.dtype, a,
@@ -1848,19 +1460,9 @@ Status attentionHandler(Launch &L, Ins ins, Outs outs) {
 }
 
 Status attentionGradHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(refuseOffset(L.instr, ins, 4));
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 4, 3));
   kernels::AttentionDims a;
-  DLOPT_RETURN_IF_ERROR(attentionDims(L.instr, ins, true, a));
+  DLOPT_RETURN_IF_ERROR(cudaAttentionDims(L.instr, ins, 4, a));
   DType dt = ins[0].type.dtype;
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "dout", ins[3].type,
-                                  TensorType{dt, {a.b, a.h, a.s, a.e}}));
-  DLOPT_RETURN_IF_ERROR(
-      checkType(L.instr, "result #0 (dq)", outs[0].type, ins[0].type));
-  DLOPT_RETURN_IF_ERROR(
-      checkType(L.instr, "result #1 (dk)", outs[1].type, ins[1].type));
-  DLOPT_RETURN_IF_ERROR(
-      checkType(L.instr, "result #2 (dv)", outs[2].type, ins[2].type));
   auto ws = L.r.scratch(kernels::attentionGradWorkspaceBytes(a));
   if (!ws)
     return ws.status();
@@ -1871,124 +1473,22 @@ Status attentionGradHandler(Launch &L, Ins ins, Outs outs) {
   return Status::ok();
 }
 
+/// rope; positions start at the optional offset operand (device memory).
 Status ropeHandler(Launch &L, Ins ins, Outs outs) {
-  DLOPT_RETURN_IF_ERROR(refuseOffset(L.instr, ins, 1));
-  DLOPT_RETURN_IF_ERROR(checkArity(L.instr, ins, outs, 1, 1));
   const TensorType &tx = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", tx));
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, tx));
   size_t rank = tx.shape.size();
-  if (rank < 2 || tx.shape[rank - 1] % 2 != 0)
-    return opError(L.instr, "expects rank >= 2 and an even last dim, got " +
-                                typeStr(tx));
   double theta = 10000.0;
   bool inverse = false;
   DLOPT_RETURN_IF_ERROR(getOptFloatAttr(L.instr, "theta", theta));
   DLOPT_RETURN_IF_ERROR(getOptBoolAttr(L.instr, "inverse", inverse));
-  int64_t s = tx.shape[rank - 2], d = tx.shape[rank - 1];
-  if (tx.numElements() == 0)
-    return Status::ok();
-  DLOPT_LAUNCH(L, kernels::rope(L.stream, tx.dtype, ins[0].data, outs[0].data,
-                                tx.numElements() / d, s, d, theta, inverse));
-  return Status::ok();
-}
-
-//===--- Position offsets (context parallelism) ---------------------------===//
-//
-// attention, attention_grad and rope take an optional trailing rank-0
-// i32/i64 `offset` operand (docs/parallel.md): the causal mask becomes
-// "query i sees keys j <= i + offset" and rope's positions start at offset,
-// as in the CPU kernels (runtime/cpu/NN.cpp, Grad.cpp). The offset stays in
-// device memory; the kernels read it. These handlers take the instructions
-// with the operand (or too many operands, for the arity error) and pass
-// the others to the handlers above.
-
-/// The optional offset operand `index`: its device pointer (null when the
-/// instruction has none) and element type; the CPU's message otherwise.
-Status offsetOperand(const Instr &instr, Ins ins, size_t index,
-                     const void *&ptr, bool &is64) {
-  ptr = nullptr;
-  is64 = false;
-  if (ins.size() <= index)
-    return Status::ok();
-  const TensorType &t = ins[index].type;
-  if (!t.shape.empty() || (t.dtype != DType::I32 && t.dtype != DType::I64))
-    return opError(instr, "expects operand #" + std::to_string(index) +
-                              " (offset) to be a rank-0 i32/i64 tensor, got " +
-                              typeStr(t));
-  ptr = ins[index].data;
-  is64 = t.dtype == DType::I64;
-  return Status::ok();
-}
-
-Status attentionOffsetHandler(Launch &L, Ins ins, Outs outs) {
-  if (ins.size() < 4)
-    return attentionHandler(L, ins, outs);
-  DLOPT_RETURN_IF_ERROR(checkArityRange(L.instr, ins, outs, 3, 4, 1));
-  kernels::AttentionDims a;
-  DLOPT_RETURN_IF_ERROR(attentionDims(L.instr, ins, false, a));
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type,
-                                  TensorType{ins[0].type.dtype,
-                                             {a.b, a.h, a.s, a.e}}));
-  DLOPT_RETURN_IF_ERROR(offsetOperand(L.instr, ins, 3, a.offset, a.offset64));
-  if (outs[0].numElements() == 0)
-    return Status::ok();
-  DLOPT_LAUNCH(L, kernels::attention(L.stream, ins[0].type.dtype, a,
-                                     ins[0].data, ins[1].data, ins[2].data,
-                                     outs[0].data));
-  return Status::ok();
-}
-
-Status attentionGradOffsetHandler(Launch &L, Ins ins, Outs outs) {
-  if (ins.size() < 5)
-    return attentionGradHandler(L, ins, outs);
-  DLOPT_RETURN_IF_ERROR(checkArityRange(L.instr, ins, outs, 4, 5, 3));
-  kernels::AttentionDims a;
-  DLOPT_RETURN_IF_ERROR(attentionDims(L.instr, ins, true, a));
-  DType dt = ins[0].type.dtype;
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "dout", ins[3].type,
-                                  TensorType{dt, {a.b, a.h, a.s, a.e}}));
-  DLOPT_RETURN_IF_ERROR(
-      checkType(L.instr, "result #0 (dq)", outs[0].type, ins[0].type));
-  DLOPT_RETURN_IF_ERROR(
-      checkType(L.instr, "result #1 (dk)", outs[1].type, ins[1].type));
-  DLOPT_RETURN_IF_ERROR(
-      checkType(L.instr, "result #2 (dv)", outs[2].type, ins[2].type));
-  DLOPT_RETURN_IF_ERROR(offsetOperand(L.instr, ins, 4, a.offset, a.offset64));
-  auto ws = L.r.scratch(kernels::attentionGradWorkspaceBytes(a));
-  if (!ws)
-    return ws.status();
-  DLOPT_LAUNCH(L, kernels::attentionGrad(L.stream, dt, a, ins[0].data,
-                                         ins[1].data, ins[2].data, ins[3].data,
-                                         outs[0].data, outs[1].data,
-                                         outs[2].data, *ws));
-  return Status::ok();
-}
-
-Status ropeOffsetHandler(Launch &L, Ins ins, Outs outs) {
-  if (ins.size() < 2)
-    return ropeHandler(L, ins, outs);
-  DLOPT_RETURN_IF_ERROR(checkArityRange(L.instr, ins, outs, 1, 2, 1));
-  const TensorType &tx = ins[0].type;
-  DLOPT_RETURN_IF_ERROR(checkFloat(L.instr, "operand #0", tx));
-  DLOPT_RETURN_IF_ERROR(checkType(L.instr, "result", outs[0].type, tx));
-  size_t rank = tx.shape.size();
-  if (rank < 2 || tx.shape[rank - 1] % 2 != 0)
-    return opError(L.instr, "expects rank >= 2 and an even last dim, got " +
-                                typeStr(tx));
-  double theta = 10000.0;
-  bool inverse = false;
-  DLOPT_RETURN_IF_ERROR(getOptFloatAttr(L.instr, "theta", theta));
-  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(L.instr, "inverse", inverse));
-  const void *offset = nullptr;
-  bool offset64 = false;
-  DLOPT_RETURN_IF_ERROR(offsetOperand(L.instr, ins, 1, offset, offset64));
+  const void *offset = ins.size() > 1 ? ins[1].data : nullptr;
+  DType offsetType = ins.size() > 1 ? ins[1].type.dtype : DType::I32;
   int64_t s = tx.shape[rank - 2], d = tx.shape[rank - 1];
   if (tx.numElements() == 0)
     return Status::ok();
   DLOPT_LAUNCH(L, kernels::rope(L.stream, tx.dtype, ins[0].data, outs[0].data,
                                 tx.numElements() / d, s, d, theta, inverse,
-                                offset, offset64 ? DType::I64 : DType::I32));
+                                offset, offsetType));
   return Status::ok();
 }
 
@@ -2245,9 +1745,9 @@ const std::unordered_map<std::string, Handler> &handlers() {
     h["cross_entropy"] = crossEntropyHandler;
     h["cross_entropy_grad"] = crossEntropyGradHandler;
     h["mse"] = mseHandler;
-    h["attention"] = attentionOffsetHandler;
-    h["attention_grad"] = attentionGradOffsetHandler;
-    h["rope"] = ropeOffsetHandler;
+    h["attention"] = attentionHandler;
+    h["attention_grad"] = attentionGradHandler;
+    h["rope"] = ropeHandler;
     h["conv2d"] = conv2dHandler;
     h["conv2d_grad_input"] = conv2dGradInputHandler;
     h["conv2d_grad_filter"] = conv2dGradFilterHandler;
@@ -2289,12 +1789,6 @@ Status CudaBackend::run(const Instr &instr, std::span<const TensorRef> ins,
     return Status::error("no CUDA kernel for op '" + instr.op + "'" +
                          (instr.loc.empty() ? "" : " at " + instr.loc) +
                          (kernelsBuilt() ? "" : " (" + buildDescription() + ")"));
-  for (size_t i = 0; i < ins.size(); ++i)
-    if (!ins[i].data && ins[i].numElements() > 0)
-      return opError(instr, "operand #" + std::to_string(i) + " has no buffer");
-  for (size_t i = 0; i < outs.size(); ++i)
-    if (!outs[i].data && outs[i].numElements() > 0)
-      return opError(instr, "result #" + std::to_string(i) + " has no buffer");
   auto st = rankState(ctx.rank);
   if (!st)
     return st.status();
