@@ -1,6 +1,7 @@
 //===- CudaGemm.cpp - dlopt matmul on cuBLASLt ----------------------------===//
 
 #include "runtime/cuda/CudaGemm.h"
+#include "runtime/format/OpTable.h"
 
 #include <algorithm>
 #include <climits>
@@ -8,34 +9,6 @@
 namespace dlopt::rt::cuda {
 
 namespace {
-
-std::string shapeText(const std::vector<int64_t> &s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i)
-    t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
-}
-
-std::string typeText(const TensorType &t) {
-  std::string s;
-  for (int64_t d : t.shape)
-    s += std::to_string(d) + "x";
-  return s + dtypeName(t.dtype);
-}
-
-bool broadcast(const std::vector<int64_t> &a, const std::vector<int64_t> &b,
-               std::vector<int64_t> &out) {
-  size_t r = std::max(a.size(), b.size());
-  out.assign(r, 1);
-  for (size_t i = 0; i < r; ++i) {
-    int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
-    int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
-    if (da != db && da != 1 && db != 1)
-      return false;
-    out[i] = da == 1 ? db : da;
-  }
-  return true;
-}
 
 int cudaType(DType t) {
   switch (t) {
@@ -60,46 +33,29 @@ Expected<GemmPlan> planMatmul(const TensorType &ta, const TensorType &tb,
                               const TensorType &tc, bool transA, bool transB) {
   if (!isFloat(ta.dtype))
     return Status::error("expects operand #0 to have a float element type, "
-                         "got " + typeText(ta));
-  if (tb.dtype != ta.dtype)
-    return Status::error("expects operands of the same element type, got " +
-                         typeText(ta) + " and " + typeText(tb));
+                         "got " + typeStr(ta));
   if (tc.dtype != ta.dtype)
     return Status::error(std::string("expects result to have element type ") +
                          dtypeName(ta.dtype) + ", got " + dtypeName(tc.dtype));
-  if (ta.shape.size() < 2 || tb.shape.size() < 2)
-    return Status::error("expects operands of rank >= 2, got " + typeText(ta) +
-                         " and " + typeText(tb));
-  size_t ra = ta.shape.size(), rb = tb.shape.size();
+  // The op table's matmul rule (runtime/format/OpTable.h).
+  MatmulDims md;
+  DLOPT_RETURN_IF_ERROR(matmulShapes(ta, tb, transA, transB, md));
   GemmPlan p;
   p.dtype = ta.dtype;
   p.transA = transA;
   p.transB = transB;
-  p.m = transA ? ta.shape[ra - 1] : ta.shape[ra - 2];
-  int64_t ka = transA ? ta.shape[ra - 2] : ta.shape[ra - 1];
-  int64_t kb = transB ? tb.shape[rb - 1] : tb.shape[rb - 2];
-  p.n = transB ? tb.shape[rb - 2] : tb.shape[rb - 1];
-  if (ka != kb)
-    return Status::error("contraction dims differ: " + typeText(ta) +
-                         (transA ? " (transposed)" : "") + " vs " +
-                         typeText(tb) + (transB ? " (transposed)" : ""));
-  p.k = ka;
-  for (int64_t d : {p.m, p.n, p.k})
-    if (d > INT_MAX)
-      return Status::error("matrix dim " + std::to_string(d) +
-                           " exceeds the cuBLAS int range");
+  p.m = md.m;
+  p.n = md.n;
+  p.k = md.k;
+  const std::vector<int64_t> &batch = md.batch;
   std::vector<int64_t> aBatch(ta.shape.begin(), ta.shape.end() - 2);
   std::vector<int64_t> bBatch(tb.shape.begin(), tb.shape.end() - 2);
-  std::vector<int64_t> batch;
-  if (!broadcast(aBatch, bBatch, batch))
-    return Status::error("batch dims " + shapeText(aBatch) + " and " +
-                         shapeText(bBatch) + " do not broadcast");
   std::vector<int64_t> expected = batch;
   expected.push_back(p.m);
   expected.push_back(p.n);
   if (tc.shape != expected)
-    return Status::error("expects result of shape " + shapeText(expected) +
-                         ", got " + shapeText(tc.shape));
+    return Status::error("expects result of shape " + shapeStr(expected) +
+                         ", got " + shapeStr(tc.shape));
 
   int64_t mk = p.m * p.k, kn = p.k * p.n, mn = p.m * p.n;
   int64_t numBatch = 1, numA = 1, numB = 1;

@@ -74,14 +74,34 @@ using Event = UniqueHandle<cudaEvent_t, EventTraits>;
 using CublasLtHandle = UniqueHandle<cublasLtHandle_t, CublasLtTraits>;
 using GraphExec = UniqueHandle<cudaGraphExec_t, GraphExecTraits>;
 
-/// A cudaMalloc allocation of `bytes()` bytes.
-class DeviceBuffer {
+/// How a CudaAllocation allocates and frees: device memory (cudaMalloc)
+/// or page-locked host memory (cudaMallocHost), which the device copies to
+/// and from asynchronously.
+struct DeviceMemory {
+  static constexpr const char *kAlloc = "cudaMalloc";
+  static cudaError_t alloc(const CudaLibrary &lib, void **p, size_t n) {
+    return lib.cudaMalloc(p, n);
+  }
+  static void free(const CudaLibrary &lib, void *p) { (void)lib.cudaFree(p); }
+};
+struct PinnedHostMemory {
+  static constexpr const char *kAlloc = "cudaMallocHost";
+  static cudaError_t alloc(const CudaLibrary &lib, void **p, size_t n) {
+    return lib.cudaMallocHost(p, n);
+  }
+  static void free(const CudaLibrary &lib, void *p) {
+    (void)lib.cudaFreeHost(p);
+  }
+};
+
+/// One allocation of `bytes()` bytes, freed when destroyed or reset.
+template <typename Memory> class CudaAllocation {
 public:
-  DeviceBuffer() = default;
-  DeviceBuffer(DeviceBuffer &&o) noexcept
+  CudaAllocation() = default;
+  CudaAllocation(CudaAllocation &&o) noexcept
       : lib_(o.lib_), p_(std::exchange(o.p_, nullptr)),
         bytes_(std::exchange(o.bytes_, 0)) {}
-  DeviceBuffer &operator=(DeviceBuffer &&o) noexcept {
+  CudaAllocation &operator=(CudaAllocation &&o) noexcept {
     if (this != &o) {
       reset();
       lib_ = o.lib_;
@@ -90,20 +110,22 @@ public:
     }
     return *this;
   }
-  DeviceBuffer(const DeviceBuffer &) = delete;
-  DeviceBuffer &operator=(const DeviceBuffer &) = delete;
-  ~DeviceBuffer() { reset(); }
+  CudaAllocation(const CudaAllocation &) = delete;
+  CudaAllocation &operator=(const CudaAllocation &) = delete;
+  ~CudaAllocation() { reset(); }
 
-  /// cudaMalloc on the current device; the error names the size.
-  static Expected<DeviceBuffer> allocate(const CudaLibrary &lib,
-                                         int64_t bytes) {
-    DeviceBuffer b;
+  /// Allocates (on the current device for device memory); the error names
+  /// the call and the size.
+  static Expected<CudaAllocation> allocate(const CudaLibrary &lib,
+                                           int64_t bytes) {
+    CudaAllocation b;
     b.lib_ = &lib;
     void *p = nullptr;
-    cudaError_t e = lib.cudaMalloc(&p, size_t(bytes > 0 ? bytes : 1));
+    cudaError_t e = Memory::alloc(lib, &p, size_t(bytes > 0 ? bytes : 1));
     if (e != 0) {
       (void)lib.cudaGetLastError(); // clear the sticky-free error state
-      return Status::error("cudaMalloc of " + std::to_string(bytes) +
+      return Status::error(std::string(Memory::kAlloc) + " of " +
+                           std::to_string(bytes) +
                            " bytes failed: " + cudaErrorMessage(e));
     }
     b.p_ = p;
@@ -115,7 +137,7 @@ public:
   int64_t bytes() const { return bytes_; }
   void reset() noexcept {
     if (p_ && lib_)
-      (void)lib_->cudaFree(p_);
+      Memory::free(*lib_, p_);
     p_ = nullptr;
     bytes_ = 0;
   }
@@ -126,57 +148,8 @@ private:
   int64_t bytes_ = 0;
 };
 
-/// A cudaMallocHost (page-locked) allocation of `bytes()` bytes: host
-/// memory the device copies to and from asynchronously.
-class PinnedBuffer {
-public:
-  PinnedBuffer() = default;
-  PinnedBuffer(PinnedBuffer &&o) noexcept
-      : lib_(o.lib_), p_(std::exchange(o.p_, nullptr)),
-        bytes_(std::exchange(o.bytes_, 0)) {}
-  PinnedBuffer &operator=(PinnedBuffer &&o) noexcept {
-    if (this != &o) {
-      reset();
-      lib_ = o.lib_;
-      p_ = std::exchange(o.p_, nullptr);
-      bytes_ = std::exchange(o.bytes_, 0);
-    }
-    return *this;
-  }
-  PinnedBuffer(const PinnedBuffer &) = delete;
-  PinnedBuffer &operator=(const PinnedBuffer &) = delete;
-  ~PinnedBuffer() { reset(); }
-
-  static Expected<PinnedBuffer> allocate(const CudaLibrary &lib,
-                                         int64_t bytes) {
-    PinnedBuffer b;
-    b.lib_ = &lib;
-    void *p = nullptr;
-    cudaError_t e = lib.cudaMallocHost(&p, size_t(bytes > 0 ? bytes : 1));
-    if (e != 0) {
-      (void)lib.cudaGetLastError();
-      return Status::error("cudaMallocHost of " + std::to_string(bytes) +
-                           " bytes failed: " + cudaErrorMessage(e));
-    }
-    b.p_ = p;
-    b.bytes_ = bytes;
-    return b;
-  }
-
-  void *get() const { return p_; }
-  int64_t bytes() const { return bytes_; }
-  void reset() noexcept {
-    if (p_ && lib_)
-      (void)lib_->cudaFreeHost(p_);
-    p_ = nullptr;
-    bytes_ = 0;
-  }
-
-private:
-  const CudaLibrary *lib_ = nullptr;
-  void *p_ = nullptr;
-  int64_t bytes_ = 0;
-};
+using DeviceBuffer = CudaAllocation<DeviceMemory>;
+using PinnedBuffer = CudaAllocation<PinnedHostMemory>;
 
 inline Expected<Stream> createStream(const CudaLibrary &lib) {
   cudaStream_t s = nullptr;

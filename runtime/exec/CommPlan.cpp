@@ -1,19 +1,13 @@
 //===- CommPlan.cpp - Communication instructions as copies and one collective =//
 
 #include "runtime/exec/CommPlan.h"
+#include "runtime/format/OpTable.h"
 
 #include <cstring>
 
 namespace dlopt::rt {
 
 namespace {
-
-int64_t product(const std::vector<int64_t> &shape, size_t begin, size_t end) {
-  int64_t n = 1;
-  for (size_t d = begin; d < end && d < shape.size(); ++d)
-    n *= shape[d];
-  return n;
-}
 
 /// One copy per rank r of `n`: rank r's block of `height` rows of `width`
 /// bytes, strided on one side and packed rank-major on the other.
@@ -53,49 +47,22 @@ Expected<CommPlan> planCommunication(const Instr &instr, const TensorType &x,
   if (x.dtype != y.dtype)
     return fail("operand is " + x.str() + " but result is " + y.str() +
                 " (the element types must agree)");
-  auto expect = [&](const TensorType &want) -> Status {
-    if (want == y)
-      return Status::ok();
-    return fail("expects a " + want.str() + " result for a " + x.str() +
+  // The shape rule shared with Executable::validate; after it, every
+  // attribute below is present and in range.
+  Expected<TensorType> want = commResultType(instr, x, n);
+  if (!want)
+    return fail(want.status().message());
+  if (!(*want == y))
+    return fail("expects a " + want->str() + " result for a " + x.str() +
                 " operand over a group of " + std::to_string(n) + ", got " +
                 y.str());
-  };
-  auto axisOf = [&](const char *name) -> Expected<int64_t> {
-    Expected<int64_t> a = instr.getInt(name);
-    if (!a)
-      return fail(a.status().message());
-    if (*a < 0 || *a >= int64_t(x.shape.size()))
-      return fail(std::string(name) + " " + std::to_string(*a) +
-                  " is not a dim of the " + x.str() + " operand");
-    return a;
-  };
-  auto reduceOf = [&](ReduceOp &op) -> Status {
-    // As the CPU backend: a missing attribute reads as sum.
-    std::string r = "sum";
-    if (instr.hasAttr("reduce")) {
-      Expected<std::string> s = instr.getString("reduce");
-      if (!s)
-        return fail(s.status().message());
-      r = *s;
-    }
-    if (r == "sum")
-      op = ReduceOp::Sum;
-    else if (r == "max")
-      op = ReduceOp::Max;
-    else if (r == "min")
-      op = ReduceOp::Min;
-    else if (r == "avg")
-      op = ReduceOp::Avg;
-    else
-      return fail("reduce '" + r + "' is not one of sum, max, min, avg");
-    return Status::ok();
-  };
-  auto divisible = [&](int64_t axis, const char *what) -> Status {
-    if (x.shape[size_t(axis)] % n == 0)
-      return Status::ok();
-    return fail(std::string(what) + " " + std::to_string(axis) + " of " +
-                x.str() + " does not divide by the group of " +
-                std::to_string(n));
+  auto axisOf = [&](const char *name) { return instr.getInt(name, 0); };
+  auto reduceOf = [&]() {
+    std::string r = *instr.getString("reduce");
+    return r == "max"   ? ReduceOp::Max
+           : r == "min" ? ReduceOp::Min
+           : r == "avg" ? ReduceOp::Avg
+                        : ReduceOp::Sum;
   };
 
   CommPlan p;
@@ -104,16 +71,11 @@ Expected<CommPlan> planCommunication(const Instr &instr, const TensorType &x,
   const int64_t xBytes = x.byteSize(), yBytes = y.byteSize();
   const std::string &op = instr.op;
   if (op == "all_reduce") {
-    DLOPT_RETURN_IF_ERROR(reduceOf(p.reduce));
-    DLOPT_RETURN_IF_ERROR(expect(x));
+    p.reduce = reduceOf();
     p.call = CollectiveKind::AllReduce;
     p.inCount = p.outCount = x.numElements();
   } else if (op == "broadcast") {
     int64_t root = instr.getInt("root", 0);
-    if (root < 0 || root >= n)
-      return fail("root " + std::to_string(root) + " is outside the group of " +
-                  std::to_string(n));
-    DLOPT_RETURN_IF_ERROR(expect(x));
     p.call = CollectiveKind::Broadcast;
     p.root = int(root);
     p.in = p.out = CommBuffer::Y;
@@ -122,19 +84,14 @@ Expected<CommPlan> planCommunication(const Instr &instr, const TensorType &x,
     p.before.push_back({CommBuffer::Y, CommBuffer::X, 0, xBytes, 0, xBytes,
                         xBytes, 1});
   } else if (op == "all_gather") {
-    Expected<int64_t> axis = axisOf("axis");
-    if (!axis)
-      return axis.status();
-    TensorType want = x;
-    want.shape[size_t(*axis)] *= n;
-    DLOPT_RETURN_IF_ERROR(expect(want));
+    const int64_t axis = axisOf("axis");
     p.call = CollectiveKind::AllGather;
     p.inCount = x.numElements();
     p.outCount = y.numElements();
-    int64_t rows = product(x.shape, 0, size_t(*axis));
+    int64_t rows = product(x.shape, 0, size_t(axis));
     if (rows > 1) {
       // Gathered blocks arrive rank-major; interleave them into dim `axis`.
-      int64_t chunk = product(x.shape, size_t(*axis), x.shape.size()) * elem;
+      int64_t chunk = product(x.shape, size_t(axis), x.shape.size()) * elem;
       p.out = CommBuffer::Recv;
       p.recvBytes = yBytes;
       perRank(p.after, n,
@@ -143,21 +100,15 @@ Expected<CommPlan> planCommunication(const Instr &instr, const TensorType &x,
               chunk, rows * chunk);
     }
   } else if (op == "reduce_scatter") {
-    Expected<int64_t> axis = axisOf("axis");
-    if (!axis)
-      return axis.status();
-    DLOPT_RETURN_IF_ERROR(reduceOf(p.reduce));
-    DLOPT_RETURN_IF_ERROR(divisible(*axis, "dim"));
-    TensorType want = x;
-    want.shape[size_t(*axis)] /= n;
-    DLOPT_RETURN_IF_ERROR(expect(want));
+    const int64_t axis = axisOf("axis");
+    p.reduce = reduceOf();
     p.call = CollectiveKind::ReduceScatter;
     p.inCount = x.numElements();
     p.outCount = y.numElements();
-    int64_t rows = product(x.shape, 0, size_t(*axis));
+    int64_t rows = product(x.shape, 0, size_t(axis));
     if (rows > 1) {
       // Make each destination rank's blocks contiguous first.
-      int64_t chunk = product(y.shape, size_t(*axis), y.shape.size()) * elem;
+      int64_t chunk = product(y.shape, size_t(axis), y.shape.size()) * elem;
       p.in = CommBuffer::Send;
       p.sendBytes = xBytes;
       perRank(p.before, n,
@@ -167,29 +118,14 @@ Expected<CommPlan> planCommunication(const Instr &instr, const TensorType &x,
     }
   } else if (op == "all_slice") {
     // No traffic: this rank's block (its index in the group) along `axis`.
-    Expected<int64_t> axis = axisOf("axis");
-    if (!axis)
-      return axis.status();
-    DLOPT_RETURN_IF_ERROR(divisible(*axis, "dim"));
-    TensorType want = x;
-    want.shape[size_t(*axis)] /= n;
-    DLOPT_RETURN_IF_ERROR(expect(want));
-    int64_t rows = product(x.shape, 0, size_t(*axis));
-    int64_t chunk = product(y.shape, size_t(*axis), y.shape.size()) * elem;
+    const int64_t axis = axisOf("axis");
+    int64_t rows = product(x.shape, 0, size_t(axis));
+    int64_t chunk = product(y.shape, size_t(axis), y.shape.size()) * elem;
     p.before.push_back({CommBuffer::Y, CommBuffer::X, 0, chunk,
                         groupRank * chunk, n * chunk, chunk, rows});
-  } else if (op == "all_to_all") {
-    Expected<int64_t> split = axisOf("split_axis");
-    if (!split)
-      return split.status();
-    Expected<int64_t> concat = axisOf("concat_axis");
-    if (!concat)
-      return concat.status();
-    DLOPT_RETURN_IF_ERROR(divisible(*split, "split_axis dim"));
-    TensorType want = x;
-    want.shape[size_t(*split)] /= n;
-    want.shape[size_t(*concat)] *= n;
-    DLOPT_RETURN_IF_ERROR(expect(want));
+  } else { // all_to_all: commResultType refused every other op
+    const int64_t split = axisOf("split_axis");
+    const int64_t concat = axisOf("concat_axis");
     p.call = CollectiveKind::AllToAll;
     p.inCount = x.numElements();
     p.outCount = y.numElements();
@@ -197,9 +133,9 @@ Expected<CommPlan> planCommunication(const Instr &instr, const TensorType &x,
     // becomes the r-th slice of `concat`. With nothing before the split
     // (or concat) dim the blocks are already rank-major: no copy.
     const int64_t blockBytes = xBytes / n;
-    int64_t so = product(x.shape, 0, size_t(*split));
-    int64_t sIn = x.shape[size_t(*split)];
-    int64_t sInner = product(x.shape, size_t(*split) + 1, x.shape.size()) * elem;
+    int64_t so = product(x.shape, 0, size_t(split));
+    int64_t sIn = x.shape[size_t(split)];
+    int64_t sInner = product(x.shape, size_t(split) + 1, x.shape.size()) * elem;
     if (so > 1) {
       p.in = CommBuffer::Send;
       p.sendBytes = xBytes;
@@ -210,11 +146,11 @@ Expected<CommPlan> planCommunication(const Instr &instr, const TensorType &x,
     }
     // Each received block has x's shape with dim `split` divided by n.
     TensorType bt = x;
-    bt.shape[size_t(*split)] /= n;
-    int64_t co = product(bt.shape, 0, size_t(*concat));
-    int64_t cIn = bt.shape[size_t(*concat)];
+    bt.shape[size_t(split)] /= n;
+    int64_t co = product(bt.shape, 0, size_t(concat));
+    int64_t cIn = bt.shape[size_t(concat)];
     int64_t cInner =
-        product(bt.shape, size_t(*concat) + 1, bt.shape.size()) * elem;
+        product(bt.shape, size_t(concat) + 1, bt.shape.size()) * elem;
     if (co > 1) {
       p.out = CommBuffer::Recv;
       p.recvBytes = yBytes;
@@ -223,8 +159,6 @@ Expected<CommPlan> planCommunication(const Instr &instr, const TensorType &x,
               {CommBuffer::Y, CommBuffer::Recv, 0, w * n, 0, w, w, co}, w,
               blockBytes);
     }
-  } else {
-    return fail("unknown communication op");
   }
 
   // Every copy inside its buffers (the backends copy without checking).

@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <type_traits>
 #include <unordered_map>
 
 namespace dlopt::rt {
@@ -573,39 +574,37 @@ constexpr int64_t kStagingAlign = 256;
 
 int64_t alignUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
-/// The rank's device staging, at least `bytes` (grown after the comm
-/// stream drains: queued copies may still use the old buffer).
-Expected<char *> commStaging(Launch &L, int64_t bytes) {
+/// A staging buffer of the rank of at least `bytes`, grown in whole MiB
+/// after the comm stream drains (queued copies may still use the old one).
+/// Device staging counts toward the rank's tracked device memory.
+template <typename Memory>
+Expected<char *> staging(Launch &L, CudaAllocation<Memory> &buf, int64_t bytes,
+                         const char *what) {
   CudaBackend::Rank &r = L.r;
-  if (bytes <= r.commStaging.bytes() && r.commStaging.get())
-    return static_cast<char *>(r.commStaging.get());
+  if (bytes <= buf.bytes() && buf.get())
+    return static_cast<char *>(buf.get());
   DLOPT_CUDA_CHECK(r.lib->cudaStreamSynchronize(L.stream));
+  constexpr bool onDevice = std::is_same_v<Memory, DeviceMemory>;
   int64_t want = alignUp(std::max<int64_t>(bytes, int64_t(1) << 20),
                          int64_t(1) << 20);
-  r.track(-r.commStaging.bytes());
-  r.commStaging.reset();
-  auto buf = DeviceBuffer::allocate(*r.lib, want);
-  if (!buf)
-    return buf.status().withContext("communication staging: ");
-  r.commStaging = buf.take();
-  r.track(r.commStaging.bytes());
-  return static_cast<char *>(r.commStaging.get());
+  if (onDevice)
+    r.track(-buf.bytes());
+  buf.reset();
+  auto grown = CudaAllocation<Memory>::allocate(*r.lib, want);
+  if (!grown)
+    return grown.status().withContext(what);
+  buf = grown.take();
+  if (onDevice)
+    r.track(buf.bytes());
+  return static_cast<char *>(buf.get());
 }
 
-/// The rank's pinned host staging, at least `bytes`.
+Expected<char *> commStaging(Launch &L, int64_t bytes) {
+  return staging(L, L.r.commStaging, bytes, "communication staging: ");
+}
+
 Expected<char *> hostStaging(Launch &L, int64_t bytes) {
-  CudaBackend::Rank &r = L.r;
-  if (bytes <= r.hostStaging.bytes() && r.hostStaging.get())
-    return static_cast<char *>(r.hostStaging.get());
-  DLOPT_CUDA_CHECK(r.lib->cudaStreamSynchronize(L.stream));
-  int64_t want = alignUp(std::max<int64_t>(bytes, int64_t(1) << 20),
-                         int64_t(1) << 20);
-  r.hostStaging.reset();
-  auto buf = PinnedBuffer::allocate(*r.lib, want);
-  if (!buf)
-    return buf.status().withContext("pinned communication staging: ");
-  r.hostStaging = buf.take();
-  return static_cast<char *>(r.hostStaging.get());
+  return staging(L, L.r.hostStaging, bytes, "pinned communication staging: ");
 }
 
 /// Enqueues `copies` on the comm stream; `ptr` resolves a plan buffer.

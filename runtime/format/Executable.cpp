@@ -228,7 +228,8 @@ std::string ranksText(const std::vector<int32_t> &ranks) {
   return s;
 }
 
-/// Shape rules of the communication instructions against their group.
+/// A communication instruction against its group (the shape rule is
+/// commResultType, runtime/format/OpTable.h).
 Status validateCommunication(const Executable &exe, const Instr &in,
                              const std::string &iw) {
   auto attrInt = [&](const char *name) -> Expected<int64_t> {
@@ -247,89 +248,17 @@ Status validateCommunication(const Executable &exe, const Instr &in,
   int64_t n = 1;
   for (int32_t a : exe.groups[size_t(*group)].axes)
     n *= exe.mesh.shape[size_t(a)];
-  if (in.operands.size() != 1 || in.results.size() != 1)
-    return Status::error(iw + "expects 1 operand and 1 result, got " +
-                         std::to_string(in.operands.size()) + " and " +
-                         std::to_string(in.results.size()));
+  // verifyInstr checked the counts and element types already.
   const TensorType &x = exe.values[in.operands[0]].type;
   const TensorType &y = exe.values[in.results[0]].type;
-  if (x.dtype != y.dtype)
-    return Status::error(iw + "operand is " + x.str() + " but result is " +
-                         y.str() + " (the element types must agree)");
-  auto reduceOk = [&]() -> Status {
-    Expected<std::string> r = in.getString("reduce");
-    if (!r)
-      return Status::error(iw + r.status().message());
-    if (*r != "sum" && *r != "max" && *r != "min" && *r != "avg")
-      return Status::error(iw + "reduce '" + *r +
-                           "' is not one of sum, max, min, avg");
+  Expected<TensorType> want = commResultType(in, x, n);
+  if (!want)
+    return Status::error(iw + want.status().message());
+  if (*want == y)
     return Status::ok();
-  };
-  auto axisOf = [&](const char *name) -> Expected<int64_t> {
-    Expected<int64_t> a = attrInt(name);
-    if (!a)
-      return a;
-    if (*a < 0 || *a >= int64_t(x.shape.size()))
-      return Status::error(iw + name + " " + std::to_string(*a) +
-                           " is not a dim of the " + x.str() + " operand");
-    return a;
-  };
-  auto expect = [&](const TensorType &want) -> Status {
-    if (want == y)
-      return Status::ok();
-    return Status::error(iw + "expects a " + want.str() + " result for a " +
-                         x.str() + " operand over a group of " +
-                         std::to_string(n) + ", got " + y.str());
-  };
-  if (in.op == "all_reduce") {
-    DLOPT_RETURN_IF_ERROR(reduceOk());
-    return expect(x);
-  }
-  if (in.op == "broadcast") {
-    Expected<int64_t> root = attrInt("root");
-    if (!root)
-      return root.status();
-    if (*root < 0 || *root >= n)
-      return Status::error(iw + "root " + std::to_string(*root) +
-                           " is outside the group of " + std::to_string(n));
-    return expect(x);
-  }
-  if (in.op == "all_gather" || in.op == "reduce_scatter" ||
-      in.op == "all_slice") {
-    Expected<int64_t> axis = axisOf("axis");
-    if (!axis)
-      return axis.status();
-    TensorType want = x;
-    if (in.op == "all_gather") {
-      want.shape[size_t(*axis)] *= n;
-    } else {
-      if (in.op == "reduce_scatter")
-        DLOPT_RETURN_IF_ERROR(reduceOk());
-      if (x.shape[size_t(*axis)] % n)
-        return Status::error(iw + "dim " + std::to_string(*axis) + " of " +
-                             x.str() + " does not divide by the group of " +
-                             std::to_string(n));
-      want.shape[size_t(*axis)] /= n;
-    }
-    return expect(want);
-  }
-  if (in.op == "all_to_all") {
-    Expected<int64_t> split = axisOf("split_axis");
-    if (!split)
-      return split.status();
-    Expected<int64_t> concat = axisOf("concat_axis");
-    if (!concat)
-      return concat.status();
-    if (x.shape[size_t(*split)] % n)
-      return Status::error(iw + "split_axis dim of " + x.str() +
-                           " does not divide by the group of " +
-                           std::to_string(n));
-    TensorType want = x;
-    want.shape[size_t(*split)] /= n;
-    want.shape[size_t(*concat)] *= n;
-    return expect(want);
-  }
-  return Status::error(iw + "unknown communication op");
+  return Status::error(iw + "expects a " + want->str() + " result for a " +
+                       x.str() + " operand over a group of " +
+                       std::to_string(n) + ", got " + y.str());
 }
 
 Status validateProgram(const Executable &exe, size_t r,

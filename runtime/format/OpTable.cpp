@@ -692,37 +692,117 @@ Status verifyInstr(const Instr &instr, TypeSpan ins, TypeSpan outs) {
 // Shape rules
 //===----------------------------------------------------------------------===//
 
-Status matmulDims(const Instr &instr, const TensorType &ta, const TensorType &tb,
-                  MatmulDims &out) {
+Expected<TensorType> commResultType(const Instr &in, const TensorType &x,
+                                    int64_t n) {
+  auto axisOf = [&](const char *name) -> Expected<int64_t> {
+    Expected<int64_t> a = in.getInt(name);
+    if (!a)
+      return a;
+    if (*a < 0 || *a >= int64_t(x.shape.size()))
+      return Status::error(std::string(name) + " " + std::to_string(*a) +
+                           " is not a dim of the " + x.str() + " operand");
+    return a;
+  };
+  auto reduceOk = [&]() -> Status {
+    Expected<std::string> r = in.getString("reduce");
+    if (!r)
+      return r.status();
+    if (*r != "sum" && *r != "max" && *r != "min" && *r != "avg")
+      return Status::error("reduce '" + *r +
+                           "' is not one of sum, max, min, avg");
+    return Status::ok();
+  };
+  auto divides = [&](int64_t axis, const std::string &what) -> Status {
+    if (x.shape[size_t(axis)] % n == 0)
+      return Status::ok();
+    return Status::error(what + " of " + x.str() +
+                         " does not divide by the group of " +
+                         std::to_string(n));
+  };
+  if (in.op == "all_reduce") {
+    DLOPT_RETURN_IF_ERROR(reduceOk());
+    return x;
+  }
+  if (in.op == "broadcast") {
+    Expected<int64_t> root = in.getInt("root");
+    if (!root)
+      return root.status();
+    if (*root < 0 || *root >= n)
+      return Status::error("root " + std::to_string(*root) +
+                           " is outside the group of " + std::to_string(n));
+    return x;
+  }
+  if (in.op == "all_gather" || in.op == "reduce_scatter" ||
+      in.op == "all_slice") {
+    Expected<int64_t> axis = axisOf("axis");
+    if (!axis)
+      return axis.status();
+    TensorType want = x;
+    if (in.op == "all_gather") {
+      want.shape[size_t(*axis)] *= n;
+      return want;
+    }
+    if (in.op == "reduce_scatter")
+      DLOPT_RETURN_IF_ERROR(reduceOk());
+    DLOPT_RETURN_IF_ERROR(divides(*axis, "dim " + std::to_string(*axis)));
+    want.shape[size_t(*axis)] /= n;
+    return want;
+  }
+  if (in.op == "all_to_all") {
+    Expected<int64_t> split = axisOf("split_axis");
+    if (!split)
+      return split.status();
+    Expected<int64_t> concat = axisOf("concat_axis");
+    if (!concat)
+      return concat.status();
+    DLOPT_RETURN_IF_ERROR(divides(*split, "split_axis dim"));
+    TensorType want = x;
+    want.shape[size_t(*split)] /= n;
+    want.shape[size_t(*concat)] *= n;
+    return want;
+  }
+  return Status::error("unknown communication op");
+}
+
+Status matmulShapes(const TensorType &ta, const TensorType &tb, bool transA,
+                    bool transB, MatmulDims &out) {
   if (tb.dtype != ta.dtype)
-    return opError(instr, "expects operands of the same element type, got " +
-                              typeStr(ta) + " and " + typeStr(tb));
+    return Status::error("expects operands of the same element type, got " +
+                         typeStr(ta) + " and " + typeStr(tb));
   if (ta.shape.size() < 2 || tb.shape.size() < 2)
-    return opError(instr, "expects operands of rank >= 2, got " + typeStr(ta) +
-                              " and " + typeStr(tb));
-  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "transpose_a", out.transA));
-  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "transpose_b", out.transB));
+    return Status::error("expects operands of rank >= 2, got " + typeStr(ta) +
+                         " and " + typeStr(tb));
+  out.transA = transA;
+  out.transB = transB;
   size_t ra = ta.shape.size(), rb = tb.shape.size();
-  bool transA = out.transA, transB = out.transB;
   out.m = transA ? ta.shape[ra - 1] : ta.shape[ra - 2];
   int64_t ka = transA ? ta.shape[ra - 2] : ta.shape[ra - 1];
   int64_t kb = transB ? tb.shape[rb - 1] : tb.shape[rb - 2];
   out.n = transB ? tb.shape[rb - 2] : tb.shape[rb - 1];
   if (ka != kb)
-    return opError(instr, "contraction dims differ: " + typeStr(ta) +
-                              (transA ? " (transposed)" : "") + " vs " +
-                              typeStr(tb) + (transB ? " (transposed)" : ""));
+    return Status::error("contraction dims differ: " + typeStr(ta) +
+                         (transA ? " (transposed)" : "") + " vs " +
+                         typeStr(tb) + (transB ? " (transposed)" : ""));
   out.k = ka;
   for (int64_t d : {out.m, out.n, out.k})
     if (d > INT_MAX)
-      return opError(instr, "matrix dim " + std::to_string(d) +
-                                " exceeds the BLAS int range");
+      return Status::error("matrix dim " + std::to_string(d) +
+                           " exceeds the BLAS int range");
   std::vector<int64_t> aBatch(ta.shape.begin(), ta.shape.end() - 2);
   std::vector<int64_t> bBatch(tb.shape.begin(), tb.shape.end() - 2);
   if (!broadcastShapes(aBatch, bBatch, out.batch))
-    return opError(instr, "batch dims " + shapeStr(aBatch) + " and " +
-                              shapeStr(bBatch) + " do not broadcast");
+    return Status::error("batch dims " + shapeStr(aBatch) + " and " +
+                         shapeStr(bBatch) + " do not broadcast");
   return Status::ok();
+}
+
+Status matmulDims(const Instr &instr, const TensorType &ta, const TensorType &tb,
+                  MatmulDims &out) {
+  bool transA = false, transB = false;
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "transpose_a", transA));
+  DLOPT_RETURN_IF_ERROR(getOptBoolAttr(instr, "transpose_b", transB));
+  Status st = matmulShapes(ta, tb, transA, transB, out);
+  return st ? st : opError(instr, st.message());
 }
 
 Status sliceGeometry(const Instr &instr, const std::vector<int64_t> &full,

@@ -48,6 +48,15 @@ Status verifyInstr(const Instr &instr, TypeSpan ins, TypeSpan outs);
 // Shape rules shared by the verifier and the backends
 //===----------------------------------------------------------------------===//
 
+/// The result type of a communication instruction (all_reduce, all_gather,
+/// reduce_scatter, all_slice, all_to_all, broadcast) with operand type `x`
+/// over a group of `n` ranks, after checking its attributes (reduce, axis,
+/// split_axis/concat_axis, root) and that its split dims divide by `n`.
+/// Executable::validate and the CUDA backend's CommPlan both use it; the
+/// messages name no op (callers prefix it).
+Expected<TensorType> commResultType(const Instr &instr, const TensorType &x,
+                                    int64_t n);
+
 /// matmul: op(A) is [.., M, K], op(B) is [.., K, N].
 struct MatmulDims {
   bool transA = false, transB = false;
@@ -56,6 +65,10 @@ struct MatmulDims {
 };
 Status matmulDims(const Instr &instr, const TensorType &a, const TensorType &b,
                   MatmulDims &out);
+/// The same rule for explicit transposes, with messages that name no op
+/// (the CUDA GEMM planner's form).
+Status matmulShapes(const TensorType &a, const TensorType &b, bool transA,
+                    bool transB, MatmulDims &out);
 
 /// slice / slice_grad: start, limit, stride over `full`, and the sliced
 /// shape.
