@@ -99,10 +99,221 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
     FailureOr<func::FuncOp> fn = findEntryFunction(getOperation(), entry);
     if (failed(fn) || failed(checkOptions(*fn)))
       return signalPassFailure();
+    if (zero > 0 && failed(planZero(*fn)))
+      return signalPassFailure();
+    // ZeRO-3 gathers per micro-batch and stage 2 reduce-scatters every
+    // micro-batch's gradient: before the replay. Stage 1 accumulates whole
+    // gradients and reduce-scatters once: after it.
+    if (zero >= 3)
+      shardParameters(*fn);
+    if (zero >= 2)
+      scatterGradients(*fn);
     if (accumulate > 1 && failed(accumulateMicroBatches(*fn)))
       return signalPassFailure();
+    if (zero == 1)
+      scatterGradients(*fn);
+    if (zero >= 3)
+      markParameterGathers(*fn);
     if (failed(buildStep(*fn)))
       return signalPassFailure();
+  }
+
+  //===--------------------------------------------------------------------===//
+  // ZeRO
+  //===--------------------------------------------------------------------===//
+
+  /// The replica axes (mesh indices of dp and cp, in mesh order), their
+  /// names and their number of ranks; the sharded local dim per parameter
+  /// (absent: no dim divides, the parameter keeps whole state).
+  SmallVector<int16_t> zeroAxes;
+  SmallVector<StringRef> zeroAxisNames;
+  int64_t zeroRanks = 1;
+  llvm::StringMap<int64_t> zeroDim;
+
+  static constexpr llvm::StringLiteral kGlobalType = "dlopt.global_type";
+  static constexpr llvm::StringLiteral kSplit = "dlopt.split";
+  static constexpr llvm::StringLiteral kZeroGather = "dlopt.zero_gather";
+
+  LogicalResult planZero(func::FuncOp fn) {
+    auto bad = [&]() { return fn.emitError() << "dlopt-optimizer: zero=" << int64_t(zero) << ": "; };
+    if (zero > 3)
+      return bad() << "expects a ZeRO stage from 0 to 3";
+    auto mesh = fn->getParentOfType<ModuleOp>()->getAttrOfType<DictionaryAttr>("dlopt.mesh");
+    if (mesh) {
+      auto axes = cast<ArrayAttr>(mesh.get("axes"));
+      auto shape = cast<DenseI64ArrayAttr>(mesh.get("shape")).asArrayRef();
+      for (auto [k, a] : llvm::enumerate(axes)) {
+        StringRef name = cast<StringAttr>(a).getValue();
+        if ((name == "dp" || name == "cp") && shape[k] > 1) {
+          zeroAxes.push_back(int16_t(k));
+          zeroAxisNames.push_back(name);
+          zeroRanks *= shape[k];
+        }
+      }
+    }
+    if (zeroAxes.empty())
+      return bad() << "ZeRO shards over the data-parallel replicas (mesh axes "
+                      "dp and cp), but "
+                   << (mesh ? "the step's mesh has neither"
+                            : "the step is not partitioned (no dlopt.mesh)");
+    for (BlockArgument arg : fn.getArguments()) {
+      auto name = fn.getArgAttrOfType<StringAttr>(arg.getArgNumber(), DLOptDialect::kParamAttr);
+      if (!name)
+        continue;
+      auto t = cast<RankedTensorType>(arg.getType());
+      for (int64_t d = 0; d < t.getRank(); ++d)
+        if (t.getDimSize(d) >= zeroRanks && t.getDimSize(d) % zeroRanks == 0) {
+          zeroDim[name.getValue()] = d;
+          break;
+        }
+    }
+    return success();
+  }
+
+  FlatSymbolRefAttr grid() { return FlatSymbolRefAttr::get(&getContext(), "dlopt_mesh"); }
+
+  RankedTensorType shardType(Type full, int64_t d) {
+    auto t = cast<RankedTensorType>(full);
+    SmallVector<int64_t> shape(t.getShape());
+    shape[d] /= zeroRanks;
+    return RankedTensorType::get(shape, t.getElementType());
+  }
+
+  /// The global layout of parameter `arg`'s shard: its own layout with the
+  /// replica axes appended on the sharded dim.
+  SmallVector<NamedAttribute> shardLayout(func::FuncOp fn, BlockArgument arg, int64_t d) {
+    MLIRContext *ctx = &getContext();
+    unsigned i = arg.getArgNumber();
+    auto t = cast<RankedTensorType>(arg.getType());
+    Attribute global = fn.getArgAttr(i, kGlobalType);
+    if (!global)
+      global = TypeAttr::get(t);
+    auto split = fn.getArgAttrOfType<ArrayAttr>(i, kSplit);
+    SmallVector<Attribute> dims;
+    for (int64_t k = 0; k < t.getRank(); ++k) {
+      SmallVector<Attribute> list;
+      if (split)
+        llvm::append_range(list, cast<ArrayAttr>(split[k]).getValue());
+      if (k == d)
+        for (StringRef a : zeroAxisNames)
+          list.push_back(StringAttr::get(ctx, a));
+      dims.push_back(ArrayAttr::get(ctx, list));
+    }
+    return {NamedAttribute(StringAttr::get(ctx, kGlobalType), global),
+            NamedAttribute(StringAttr::get(ctx, kSplit), ArrayAttr::get(ctx, dims))};
+  }
+
+  /// ZeRO-3: every sharded parameter argument becomes its shard; its uses
+  /// read an all-gather created right before the first use of each phase
+  /// (forward, backward), so the whole parameter lives only while used.
+  void shardParameters(func::FuncOp fn) {
+    OpBuilder b(&getContext());
+    for (BlockArgument arg : fn.getArguments()) {
+      unsigned i = arg.getArgNumber();
+      auto name = fn.getArgAttrOfType<StringAttr>(i, DLOptDialect::kParamAttr);
+      if (!name || !zeroDim.count(name.getValue()))
+        continue;
+      int64_t d = zeroDim[name.getValue()];
+      auto full = cast<RankedTensorType>(arg.getType());
+      for (NamedAttribute a : shardLayout(fn, arg, d))
+        fn.setArgAttr(i, a.getName(), a.getValue());
+      SmallVector<Operation *> users(arg.getUsers());
+      llvm::sort(users, [](Operation *x, Operation *y) { return x->isBeforeInBlock(y); });
+      users.erase(std::unique(users.begin(), users.end()), users.end());
+      arg.setType(shardType(full, d));
+      Value gathered[2];
+      for (Operation *user : users) {
+        int phase = user->hasAttr(DLOptDialect::kBackwardAttr) ? 1 : 0;
+        if (!gathered[phase]) {
+          b.setInsertionPoint(user);
+          auto ag = shard::AllGatherOp::create(b, user->getLoc(), full, grid(),
+                                               b.getDenseI16ArrayAttr(zeroAxes),
+                                               arg, b.getIndexAttr(d));
+          ag->setAttr(kZeroGather, b.getStringAttr(phase ? "bwd" : "fwd"));
+          gathered[phase] = ag.getResult();
+        }
+        user->replaceUsesOfWith(arg, gathered[phase]);
+      }
+    }
+    fn.setFunctionType(FunctionType::get(&getContext(), fn.getBody().getArgumentTypes(),
+                                         fn.getResultTypes()));
+  }
+
+  /// Keeps the micro-batches' parameter gathers apart (CSE merges ops that
+  /// differ only in their ids and micro-batch marks).
+  void markParameterGathers(func::FuncOp fn) {
+    fn.walk([&](shard::AllGatherOp ag) {
+      auto phase = ag->getAttrOfType<StringAttr>(kZeroGather);
+      auto mb = ag->getAttrOfType<IntegerAttr>(DLOptDialect::kMicroBatchAttr);
+      if (phase && mb)
+        ag->setAttr(kZeroGather,
+                    StringAttr::get(&getContext(), phase.getValue() + ".mb" +
+                                                       std::to_string(mb.getInt())));
+    });
+  }
+
+  /// ZeRO: a sharded parameter's gradient sum over the replica axes becomes
+  /// a reduce-scatter onto its shard (the rest of the sum, over other axes,
+  /// an all-reduce of the shard); the result is the gradient's shard.
+  void scatterGradients(func::FuncOp fn) {
+    Operation *ret = fn.getBody().front().getTerminator();
+    OpBuilder b(&getContext());
+    for (OpOperand &o : ret->getOpOperands()) {
+      auto p = fn.getResultAttrOfType<StringAttr>(o.getOperandNumber(), DLOptDialect::kGradAttr);
+      if (!p || !zeroDim.count(p.getValue()))
+        continue;
+      int64_t d = zeroDim[p.getValue()];
+      // Accumulated micro-batches end in sum / k: scatter the sum.
+      Value v = o.get();
+      dl::DivOp mean = v.getDefiningOp<dl::DivOp>();
+      if (mean && mean->hasOneUse() && mean.getRhs().getType().getRank() == 0)
+        v = mean.getLhs();
+      else
+        mean = {};
+      auto ar = v.getDefiningOp<shard::AllReduceOp>();
+      SmallVector<int16_t> rest;
+      bool covers = false;
+      if (ar && ar.getReduction() == shard::ReductionKind::Sum && ar->hasOneUse()) {
+        ArrayRef<int16_t> axes = ar.getGridAxes();
+        covers = llvm::all_of(zeroAxes, [&](int16_t a) { return llvm::is_contained(axes, a); });
+        for (int16_t a : axes)
+          if (!llvm::is_contained(zeroAxes, a))
+            rest.push_back(a);
+      }
+      b.setInsertionPointAfterValue(o.get());
+      Value shard;
+      if (covers) {
+        b.setInsertionPoint(ar);
+        shard = shard::ReduceScatterOp::create(
+                    b, ar.getLoc(), shardType(ar.getType(), d), grid(),
+                    b.getDenseI16ArrayAttr(zeroAxes), ar.getInput(),
+                    shard::ReductionKindAttr::get(&getContext(), shard::ReductionKind::Sum),
+                    b.getIndexAttr(d))
+                    .getResult();
+        if (!rest.empty())
+          shard = shard::AllReduceOp::create(b, ar.getLoc(), shard.getType(), grid(),
+                                             b.getDenseI16ArrayAttr(rest), shard,
+                                             ar.getReductionAttr())
+                      .getResult();
+        if (mean) {
+          b.setInsertionPoint(mean);
+          shard = dl::DivOp::create(b, mean.getLoc(), shard, mean.getRhs());
+          o.set(shard);
+          mean->erase();
+        }
+        o.set(shard);
+        ar->erase();
+      } else {
+        // Already summed (or never partial): every rank keeps its block.
+        shard = shard::AllSliceOp::create(b, o.get().getLoc(), shardType(o.get().getType(), d),
+                                          grid(), b.getDenseI16ArrayAttr(zeroAxes),
+                                          o.get(), b.getIndexAttr(d))
+                    .getResult();
+        o.set(shard);
+      }
+    }
+    fn.setFunctionType(FunctionType::get(&getContext(), fn.getBody().getArgumentTypes(),
+                                         ret->getOperandTypes()));
   }
 
   LogicalResult checkOptions(func::FuncOp fn) {
@@ -306,6 +517,9 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       return l;
     };
     llvm::StringMap<SmallVector<NamedAttribute>> layouts;
+    // ZeRO stages 1 and 2: the layout of a sharded parameter's states (its
+    // own layout with the replica axes on the sharded dim).
+    llvm::StringMap<SmallVector<NamedAttribute>> stateLayouts;
     // New state arguments; `like` gives its layout.
     auto addState = [&](Type t, StringRef name,
                         BlockArgument like = {}) -> BlockArgument {
@@ -313,14 +527,24 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       NamedAttrList attrs;
       attrs.append(DLOptDialect::kStateAttr, b.getStringAttr(name));
       if (like) {
-        attrs.append(layoutOf(like));
-        layouts[name] = layoutOf(like);
+        StringRef param = fn.getArgAttrOfType<StringAttr>(
+                               like.getArgNumber(), DLOptDialect::kParamAttr)
+                              .getValue();
+        auto it = stateLayouts.find(param);
+        SmallVector<NamedAttribute> l =
+            it != stateLayouts.end() ? it->second : layoutOf(like);
+        attrs.append(l);
+        layouts[name] = l;
       }
       (void)fn.insertArgument(idx, t, attrs.getDictionary(ctx), loc);
       return fn.getArgument(idx);
     };
-    for (auto &[arg, name] : params)
+    for (auto &[arg, name] : params) {
       layouts[name.getValue()] = layoutOf(arg);
+      auto z = zeroDim.find(name.getValue());
+      if (z != zeroDim.end() && zero < 3)
+        stateLayouts[name.getValue()] = shardLayout(fn, arg, z->second);
+    }
     struct Update {
       Value value;
       std::string name;
@@ -373,9 +597,13 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       Value g = gradOf[name.getValue()];
       Value s = e.sumAll(e.mul(g, g));
       std::vector<int16_t> axes;
-      if (auto split = fn.getArgAttrOfType<ArrayAttr>(arg.getArgNumber(),
-                                                      "dlopt.split");
-          split && mesh)
+      ArrayAttr split = fn.getArgAttrOfType<ArrayAttr>(arg.getArgNumber(), "dlopt.split");
+      // A ZeRO-sharded gradient is the shard: its state's layout.
+      if (auto it = stateLayouts.find(name.getValue()); it != stateLayouts.end())
+        for (NamedAttribute a : it->second)
+          if (a.getName() == "dlopt.split")
+            split = cast<ArrayAttr>(a.getValue());
+      if (split && mesh)
         for (Attribute d : split)
           for (Attribute a : cast<ArrayAttr>(d))
             for (auto [k, m] : llvm::enumerate(cast<ArrayAttr>(mesh.get("axes"))))
@@ -412,9 +640,19 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       bc2 = biasCorrection(e, beta2, t);
     }
     size_t numUpdatedParams = 0;
-    for (auto &[p, nameAttr] : params) {
+    for (auto &[param, nameAttr] : params) {
       StringRef name = nameAttr.getValue();
       Value g = gradOf[name];
+      // ZeRO stages 1 and 2 update the shard of a replicated parameter
+      // (each rank keeps its block, no traffic) and gather the result.
+      Value p = param;
+      auto z = zeroDim.find(name);
+      bool gatherUpdate = z != zeroDim.end() && zero < 3;
+      if (gatherUpdate)
+        p = shard::AllSliceOp::create(b, loc, shardType(param.getType(), z->second), grid(),
+                                      b.getDenseI16ArrayAttr(zeroAxes), param,
+                                      b.getIndexAttr(z->second))
+                .getResult();
       if (clipScale)
         g = e.mul(g, e.castLike(clipScale, g));
       Value lrP = e.castLike(lrNow, p);
@@ -423,7 +661,7 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
         if (wd > 0)
           g = e.add(g, e.mul(p, e.like(p, wd)));
         if (momentum > 0) {
-          BlockArgument buf = addState(p.getType(), ("sgd.momentum." + name).str(), p);
+          BlockArgument buf = addState(p.getType(), ("sgd.momentum." + name).str(), param);
           Value newBuf = e.add(e.mul(buf, e.like(buf, momentum)), g);
           updates.push_back({newBuf, ("sgd.momentum." + name).str()});
           g = nesterov ? e.add(g, e.mul(newBuf, e.like(buf, momentum))) : newBuf;
@@ -433,8 +671,8 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
         std::string prefix = optimizer + ".";
         if (optimizer == "adam" && wd > 0)
           g = e.add(g, e.mul(p, e.like(p, wd)));
-        BlockArgument m = addState(p.getType(), prefix + "m." + name.str(), p);
-        BlockArgument v = addState(p.getType(), prefix + "v." + name.str(), p);
+        BlockArgument m = addState(p.getType(), prefix + "m." + name.str(), param);
+        BlockArgument v = addState(p.getType(), prefix + "v." + name.str(), param);
         Value newM = e.add(e.mul(m, e.like(m, beta1)), e.mul(g, e.like(g, 1 - beta1)));
         Value newV = e.add(e.mul(v, e.like(v, beta2)),
                            e.mul(e.mul(g, g), e.like(g, 1 - beta2)));
@@ -447,6 +685,11 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
           upd = e.add(upd, e.mul(p, e.like(p, wd)));
         newP = e.sub(p, e.mul(upd, lrP));
       }
+      if (gatherUpdate)
+        newP = shard::AllGatherOp::create(b, loc, param.getType(), grid(),
+                                          b.getDenseI16ArrayAttr(zeroAxes), newP,
+                                          b.getIndexAttr(z->second))
+                   .getResult();
       // New parameter values come first, then the optimizer state.
       updates.insert(updates.begin() + numUpdatedParams++, {newP, name.str()});
       ++numParams;

@@ -138,6 +138,21 @@ def OptimizerPass : Pass<"dlopt-optimizer", "mlir::ModuleOp"> {
     its offset, so each step draws a new mask and `--resume` (which restores
     `step`) replays the same masks.
 
+    With `zero=1|2|3` on a partitioned step (a `dlopt.mesh` with a `dp` or
+    `cp` axis), every parameter with a dim whose local size divides by the
+    number of replicas R is sharded on its first such dim over those axes
+    (ZeRO, Rajbhandari et al. 2020): its optimizer state holds 1/R of it,
+    its gradient's all-reduce becomes a reduce-scatter (the rest of the
+    sum, over tp, stays an all-reduce of the shard), the update runs on the
+    shard and the new parameter is all-gathered (stages 1 and 2). Stage 2
+    reduce-scatters every micro-batch's gradient and accumulates shards;
+    stage 1 accumulates whole gradients and reduce-scatters once. Stage 3
+    stores the parameter sharded and all-gathers it right before its first
+    use in the forward pass and again before its first use in the backward
+    pass (each micro-batch), so the whole parameter lives only while used.
+    Shards record their global layout (`dlopt.global_type`, `dlopt.split`
+    with the replica axes appended on the sharded dim).
+
     ```mlir
     // before: (loss, grad.w) = f(x, w)
     // after:  (loss, lr, grad_norm, w', adamw.m.w', adamw.v.w', step') =
@@ -168,7 +183,11 @@ def OptimizerPass : Pass<"dlopt-optimizer", "mlir::ModuleOp"> {
     Option<"accumulate", "accumulate", "int64_t", /*default=*/"1",
            "Micro-batches per step (gradient accumulation)">,
     Option<"growthInterval", "loss-scale-growth-interval", "int64_t", /*default=*/"2000",
-           "Good steps before a dynamic loss scale (state 'loss_scale') doubles">
+           "Good steps before a dynamic loss scale (state 'loss_scale') doubles">,
+    Option<"zero", "zero", "int64_t", /*default=*/"0",
+           "ZeRO stage (0-3) over the data-parallel replicas (mesh axes dp "
+           "and cp) of a partitioned step: 1 shards the optimizer state, 2 "
+           "also the gradients, 3 also the parameters">
   ];
   let statistics = [
     Statistic<"numParams", "params", "Parameters updated">

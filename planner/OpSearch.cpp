@@ -947,6 +947,64 @@ struct Solved {
       : geo(g, microBatch, floatBytes) {}
 };
 
+/// The fraction of the parameters' elements that the backward pass reads
+/// (ZeRO-3 gathers those again there; the others only in the forward
+/// pass): a parameter is read by the backward pass when an op that is not
+/// linear in each operand separately (matmul, mul, a norm, a convolution,
+/// ...) uses it beside an operand that needs a gradient (one that depends
+/// on a parameter). A first layer's weight (its input is data), a bias
+/// (an add) and an untied embedding table (a gather) are not.
+double backwardReadFraction(const GraphSummary &g) {
+  std::vector<bool> dependsOnParam(g.ops.size(), false);
+  std::vector<bool> read(g.args.size(), false);
+  auto isParam = [&](const ValueRef &r) {
+    return r.isArg() && r.argIndex() < int(g.args.size()) &&
+           g.args[r.argIndex()].role == ArgNode::Role::Param;
+  };
+  auto depends = [&](const ValueRef &r) {
+    if (r.isArg())
+      return isParam(r);
+    return r.producer >= 0 && r.producer < int(g.ops.size()) &&
+           dependsOnParam[r.producer];
+  };
+  for (const OpNode &n : g.ops) {
+    if (n.backward)
+      continue;
+    bool any = false;
+    for (const ValueRef &r : n.operands)
+      any = any || depends(r);
+    if (n.id >= 0 && n.id < int(g.ops.size()))
+      dependsOnParam[n.id] = any && n.isFloat;
+    bool linearInEach =
+        n.op == "dlopt.add" || n.op == "dlopt.sub" || n.op == "dlopt.neg" ||
+        n.op == "dlopt.cast" || n.kind == OpClass::Reshape ||
+        n.kind == OpClass::Transpose || n.kind == OpClass::Broadcast ||
+        n.kind == OpClass::Gather || n.kind == OpClass::Concat ||
+        n.kind == OpClass::Slice || n.kind == OpClass::Constant;
+    if (linearInEach)
+      continue;
+    for (size_t i = 0; i < n.operands.size(); ++i) {
+      if (!isParam(n.operands[i]))
+        continue;
+      for (size_t j = 0; j < n.operands.size(); ++j)
+        if (j != i && depends(n.operands[j]))
+          read[n.operands[i].argIndex()] = true;
+    }
+  }
+  double all = 0, bwd = 0;
+  for (size_t k = 0; k < g.args.size(); ++k) {
+    if (g.args[k].role != ArgNode::Role::Param)
+      continue;
+    double e = 1;
+    for (int64_t d : g.args[k].shape)
+      e *= double(d);
+    all += e;
+    if (read[k])
+      bwd += e;
+  }
+  return all > 0 ? bwd / all : 1.0;
+}
+
 struct Ctx {
   const GraphSummary &g;
   const Cluster &cluster;
@@ -1389,9 +1447,11 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
         e = c.cost.exposedGradSync(
             c.pricer.time(Collective::ReduceScatter, grads, dp, t), backward);
         double ag = c.pricer.time(Collective::AllGather, params, dp, t);
+        double agBwd = c.pricer.time(Collective::AllGather,
+                                     params * backwardReadFraction(c.g), dp, t);
         e += cfg.zeroStage < 3
                  ? ag
-                 : m * CostModel::exposed(2 * ag, x.compute + x.comm,
+                 : m * CostModel::exposed(ag + agBwd, x.compute + x.comm,
                                           cal.gradOverlapEfficiency);
       }
       worst = std::max(worst, e);
@@ -1884,9 +1944,13 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
       if (cfg.zeroStage < 3)
         record("dp parameter all-gather (after update)", Collective::AllGather,
                dp, t, params, 1, 0);
-      else
-        record("zero-3 parameter all-gather (fwd+bwd)", Collective::AllGather,
-               dp, t, params, 2 * m, 0);
+      else {
+        record("dp zero-3 parameter all-gather (forward)", Collective::AllGather,
+               dp, t, params, m, 0);
+        // The backward pass gathers only what it reads.
+        record("dp zero-3 parameter all-gather (backward)", Collective::AllGather,
+               dp, t, params * backwardReadFraction(g), m, 0);
+      }
     }
   }
 

@@ -1243,7 +1243,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
                             c.cost.calibration().gradOverlapEfficiency);
         T.dpComm += e3;
         zero3Calls = 2 * layersHere * m;
-        record("zero-3 parameter all-gather (per layer, fwd+bwd)",
+        record(std::string(grp) + " zero-3 parameter all-gather (per layer, fwd+bwd)",
                Collective::AllGather, dp, stride, perLayer, zero3Calls, e3);
       }
     }

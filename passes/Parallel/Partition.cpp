@@ -1679,6 +1679,30 @@ struct PartitionPass : dlopt::impl::PartitionPassBase<PartitionPass> {
       ar.setGridAxes(axes);
       inner->erase();
     }
+    // A sum over one axis, then a slice over another (the gradient of a
+    // vocabulary-parallel embedding, built whole): slice first, so the sum
+    // moves only this rank's block. Slicing commutes with a sum over
+    // other ranks.
+    SmallVector<shard::AllSliceOp> slices;
+    fn.walk([&](shard::AllSliceOp sl) { slices.push_back(sl); });
+    for (shard::AllSliceOp sl : slices) {
+      auto ar = sl.getInput().getDefiningOp<shard::AllReduceOp>();
+      if (!ar || !ar->hasOneUse() ||
+          llvm::any_of(sl.getGridAxes(), [&](int16_t a) {
+            return llvm::is_contained(ar.getGridAxes(), a);
+          }))
+        continue;
+      OpBuilder b(sl);
+      auto first = shard::AllSliceOp::create(
+          b, sl.getLoc(), sl.getType(), sl.getGridAttr(), sl.getGridAxesAttr(),
+          ar.getInput(), sl.getSliceAxisAttr());
+      auto sum = shard::AllReduceOp::create(b, ar.getLoc(), sl.getType(),
+                                            ar.getGridAttr(), ar.getGridAxesAttr(),
+                                            first.getResult(), ar.getReductionAttr());
+      sl.getResult().replaceAllUsesWith(sum.getResult());
+      sl->erase();
+      ar->erase();
+    }
     for (unsigned i = 0; i < fn.getNumArguments(); ++i)
       fn.removeArgAttr(i, kShardingAttr);
     fn.walk([](Operation *op) { op->removeAttr("dlopt.plan"); });

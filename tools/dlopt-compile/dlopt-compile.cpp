@@ -291,8 +291,9 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
     return fail(fix.status().message(), 2);
   if (apply && !loaded) {
     // The planner chooses among what can be applied today: data, tensor,
-    // sequence and context parallelism, one micro-batch, no ZeRO, no
-    // recomputation.
+    // sequence and context parallelism, one micro-batch, no recomputation.
+    // ZeRO is applied when pinned (--fix zero=N); the free search keeps it
+    // off, since its ZeRO pricing still favours stage 3 too often.
     if (!fix->pp) fix->pp = 1;
     if (!fix->zero) fix->zero = 0;
     if (!fix->numMicroBatches) fix->numMicroBatches = 1;
@@ -435,8 +436,6 @@ static int applyPlanToModule(ModuleOp module, const dlopt::planner::Plan &plan,
   std::vector<std::string> missing;
   if (plan.pp() > 1)
     missing.push_back("pipeline stages (pp=" + std::to_string(plan.pp()) + ")");
-  if (plan.zeroStage > 0)
-    missing.push_back("ZeRO stage " + std::to_string(plan.zeroStage));
   if (plan.numMicroBatches > 1)
     missing.push_back(std::to_string(plan.numMicroBatches) + " micro-batches");
   if (plan.recompute != RecomputePolicy::None)
@@ -454,6 +453,23 @@ static int applyPlanToModule(ModuleOp module, const dlopt::planner::Plan &plan,
                                    "--fix pp=1,zero=0")
                      : std::string("write a plan that avoids it with "
                                    "--dry-run --format json --fix ...")));
+  }
+  if (plan.zeroStage > 0) {
+    // ZeRO shards what the data-parallel replicas (dp x cp ranks) hold
+    // alike; the optimizer pass does it (docs/parallel.md).
+    int64_t replicas = plan.mesh.size("dp") * plan.mesh.size("cp");
+    if (replicas < 2)
+      return fail(what + " " + plan.mesh.str() + " uses ZeRO stage " +
+                  std::to_string(plan.zeroStage) +
+                  ", which shards over the data-parallel replicas (dp x cp), "
+                  "but it has dp=" + std::to_string(plan.mesh.size("dp")) +
+                  " cp=" + std::to_string(plan.mesh.size("cp")) +
+                  ": there is nothing to shard over; use zero=0 or dp >= 2");
+    if (!train)
+      return fail(what + " " + plan.mesh.str() + " uses ZeRO stage " +
+                  std::to_string(plan.zeroStage) +
+                  ", which shards the optimizer's state: it needs --train "
+                  "(--autodiff builds no optimizer)");
   }
   FailureOr<func::FuncOp> fnOr = dlopt::findEntryFunction(module, entry);
   if (failed(fnOr))
@@ -546,14 +562,12 @@ static int applyPlanToModule(ModuleOp module, const dlopt::planner::Plan &plan,
 }
 
 /// The mesh axes of a collective the planner priced, from its label ("tp
-/// all-reduce ...", "dp*cp gradient ...", "zero-3 parameter ..." over dp,
+/// all-reduce ...", "dp*cp gradient ...", "dp zero-3 parameter ...",
 /// "embedding gradient ..." over pp).
 static std::string pricedGroup(const dlopt::planner::CommOp &c) {
   std::string first = c.what.substr(0, c.what.find(' '));
   if (first == "dp*cp")
     return "dp+cp";
-  if (first == "zero-3")
-    return "dp";
   if (first == "embedding")
     return "pp";
   return first;
@@ -597,10 +611,15 @@ static int checkPricedCollectives(ModuleOp module,
                                                          : op->getName().stripDialect().str();
     double b = isa<shard::ReduceScatterOp>(op) ? bytesOf(op->getOperand(0).getType())
                                                : bytesOf(op->getResult(0).getType());
+    // The plan prices one micro-batch's step: a collective that
+    // --accumulate k replays per micro-batch (dlopt.mb) counts 1/k.
+    double w = op->hasAttr(dlopt::dl::DLOptDialect::kMicroBatchAttr) && accumulateOpt > 1
+                   ? 1.0 / double(accumulateOpt)
+                   : 1.0;
     for (llvm::StringRef a : llvm::split(group, '+')) {
       Row &r = inserted[{kind, a.str()}];
-      r.calls += 1;
-      r.bytes += b;
+      r.calls += w;
+      r.bytes += b * w;
     }
   });
   // A collective over several axes (the planner's dp*cp gradient sum, or
@@ -902,6 +921,7 @@ int main(int argc, char **argv) {
   std::vector<std::string> meshAxes;
   std::vector<int64_t> meshSizes;
   std::vector<dlopt::planner::CommOp> pricedComms;
+  int zeroStage = 0;
   bool applying = !dryRun && (!clusterOpt.empty() || !fixOpt.empty() ||
                               !planFileOpt.empty());
   OwningOpRef<ModuleOp> singleDevice;
@@ -925,6 +945,7 @@ int main(int argc, char **argv) {
     phase("plan");
     if (applyPlanToModule(*module, plan, meshAxes, meshSizes))
       return 2;
+    zeroStage = plan.zeroStage;
   }
 
   if (dryRun || formatOpt.getNumOccurrences() || explainOpt ||
@@ -954,6 +975,7 @@ int main(int argc, char **argv) {
   options.optimizer.minLr = minLrOpt;
   options.optimizer.clipNorm = clipOpt;
   options.optimizer.accumulate = accumulateOpt;
+  options.optimizer.zero = zeroStage;
   options.recompute = recomputeOpt;
   options.precision = precisionOpt;
   options.meshAxes = meshAxes;
@@ -1026,6 +1048,7 @@ int main(int argc, char **argv) {
     dlopt::CompilePipelineOptions single = options;
     single.meshAxes.clear();
     single.meshSizes.clear();
+    single.optimizer.zero = 0;
     dlopt::buildCompilePipeline(pm1, single);
     if (failed(pm1.run(*singleDevice)))
       return 1;

@@ -228,8 +228,18 @@ LogicalResult DLOptDialect::verifyOperationAttribute(Operation *op,
     }
     return success();
   }
+  if (name == "dlopt.zero_gather") {
+    // ZeRO-3's gather of a sharded parameter for one phase ("fwd" or "bwd",
+    // with ".mb<k>" per micro-batch): keeps the gathers apart under CSE.
+    auto s = dyn_cast<StringAttr>(attr.getValue());
+    if (!s || !(s.getValue().starts_with("fwd") || s.getValue().starts_with("bwd")))
+      return op->emitError() << "'dlopt.zero_gather' expects a string "
+                                "\"fwd...\" or \"bwd...\", got "
+                             << attr.getValue();
+    return success();
+  }
   return op->emitError() << "unknown dlopt attribute '" << name
                          << "', expected dlopt.layer, dlopt.loss, dlopt.train_step, "
                             "dlopt.backward, dlopt.recompute, dlopt.id, "
-                            "dlopt.fwd_id, dlopt.mb or dlopt.plan";
+                            "dlopt.fwd_id, dlopt.mb, dlopt.plan or dlopt.zero_gather";
 }
