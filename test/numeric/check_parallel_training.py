@@ -48,12 +48,22 @@ def close(a, b):
 
 
 CASES = [
-    # name, dlopt-gen args, compile flags, --fix, cluster, data flags
+    # name, dlopt-gen args, compile flags, --fix, cluster, data flags[,
+    # (another --fix, its cluster): the checkpoints also resume there]
     ("mlp.sgd.dp2", ["mlp", "--preset", "mlp-tiny", "--batch", "8"],
      ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9"], "dp=2", "cpu:1", []),
     ("gpt.sgd.dp2.tp2.sp", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
      ["--optimizer", "sgd", "--lr", "0.1", "--clip-norm", "1"], "dp=2,tp=2,sp=1", "cpu:2",
      ["--data", CORPUS]),
+    # ZeRO: several AdamW steps with clipping; the sharded optimizer state
+    # is checkpointed as global tensors and resumes under another ZeRO
+    # stage and layout.
+    ("mlp.adamw.clip.dp4.zero2", ["mlp", "--preset", "mlp-tiny", "--batch", "8"],
+     ["--optimizer", "adamw", "--lr", "0.01", "--clip-norm", "0.1", "--adam-eps", "1e-3"],
+     "dp=4,zero=2", "cpu:2", [], ("dp=2,zero=3", "cpu:1")),
+    ("gpt.adamw.clip.dp2.tp2.zero3", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
+     ["--optimizer", "adamw", "--lr", "0.001", "--clip-norm", "1"], "dp=2,tp=2,zero=3", "cpu:2",
+     ["--data", CORPUS], ("dp=2,zero=1", "cpu:1")),
 ]
 
 
@@ -64,7 +74,9 @@ def main():
     work = args.work_dir or tempfile.mkdtemp(prefix="dlopt_ptrain_")
     gen, comp, runp = tool("dlopt-gen"), tool("dlopt-compile"), tool("dlopt-run")
     passed = failed = 0
-    for name, genargs, flags, fix, cluster, data in CASES:
+    for case in CASES:
+        name, genargs, flags, fix, cluster, data = case[:6]
+        other = case[6] if len(case) > 6 else None
         d = os.path.join(work, name)
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
@@ -74,6 +86,9 @@ def main():
             one, par = os.path.join(d, "one.exe"), os.path.join(d, "par.exe")
             run([comp, m, "--train", "--quiet", "-o", one] + flags)
             run([comp, m, "--train", "--quiet", "-o", par, "--cluster", cluster, "--fix", fix] + flags)
+            alt = os.path.join(d, "other.exe")
+            if other:
+                run([comp, m, "--train", "--quiet", "-o", alt, "--cluster", other[1], "--fix", other[0]] + flags)
             common = ["--seed", "3", "--quiet"] + data
 
             def train(exe, tag, steps, resume=None):
@@ -93,8 +108,11 @@ def main():
             train(par, "par3", 3)
             ck_one = os.path.join(d, "one3", "step-000003.safetensors")
             ck_par = os.path.join(d, "par3", "step-000003.safetensors")
-            for tag, exe, ck in (("par_to_one", one, ck_par), ("one_to_par", par, ck_one),
-                                 ("par_to_par", par, ck_par)):
+            resumes = [("par_to_one", one, ck_par), ("one_to_par", par, ck_one),
+                       ("par_to_par", par, ck_par)]
+            if other:
+                resumes.append(("par_to_other", alt, ck_par))
+            for tag, exe, ck in resumes:
                 rest = train(exe, tag, 3, ck)
                 if not close(rest, full[3:]):
                     raise RuntimeError("%s: resumed losses %s, uninterrupted %s" % (tag, rest, full[3:]))
