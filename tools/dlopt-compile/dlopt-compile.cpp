@@ -221,7 +221,8 @@ static std::string executableName() {
 /// its plan is stored there instead of reported; the choices that cannot be
 /// applied yet are pinned to what can (docs/parallel.md).
 static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
-                     std::vector<dlopt::planner::CommOp> *applyComms = nullptr) {
+                     std::vector<dlopt::planner::CommOp> *applyComms = nullptr,
+                     dlopt::planner::MemoryBreakdown *applyMemory = nullptr) {
   using namespace dlopt::planner;
   auto fail = [](const std::string &msg, int rc = 1) {
     llvm::errs() << "dlopt-compile: error: " << msg << "\n";
@@ -365,6 +366,8 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
       *apply = loaded ? *loaded : opPlan->plan;
       if (applyComms)
         *applyComms = opPlan->comms;
+      if (applyMemory)
+        *applyMemory = opPlan->best.memory;
       return 0;
     }
     if (loaded) {
@@ -391,6 +394,8 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
     *apply = loaded ? *loaded : plan->plan;
     if (applyComms)
       *applyComms = plan->comms;
+    if (applyMemory)
+      *applyMemory = plan->best.memory;
     return 0;
   }
   if (loaded) {
@@ -571,6 +576,35 @@ static std::string pricedGroup(const dlopt::planner::CommOp &c) {
   if (first == "embedding")
     return "pp";
   return first;
+}
+
+/// Compares each rank program's planned arena (the memory it runs in:
+/// parameters, states, inputs, constants and every temporary, packed by
+/// lifetime) with the planner's per-device estimate for the same plan,
+/// without the runtime reserve and fragmentation allowance (the arena holds
+/// neither). The estimate must not be under the arena: that would be a
+/// plan the planner thinks fits and that does not. Warns; returns the
+/// number of warnings.
+static int checkPlannedMemory(const dlopt::rt::Executable &exe,
+                              const dlopt::planner::MemoryBreakdown &m) {
+  double estimate = m.total() - m.workspace;
+  int warnings = 0;
+  for (size_t i = 0; i < exe.programs.size(); ++i) {
+    double arena = double(exe.programs[i].memory.totalBytes());
+    if (arena <= estimate)
+      continue;
+    ++warnings;
+    llvm::errs() << llvm::formatv(
+        "dlopt-compile: warning: program {0} runs in {1} of planned memory "
+        "per rank, but the planner estimated {2} (params {3}, grads {4}, "
+        "optimizer {5}, activations {6}, transient {7}, communication {8}; "
+        "reserve excluded): the memory model under-estimates this step\n",
+        i, humanBytes(int64_t(arena)), humanBytes(int64_t(estimate)),
+        humanBytes(int64_t(m.params)), humanBytes(int64_t(m.grads)),
+        humanBytes(int64_t(m.optimizer)), humanBytes(int64_t(m.activations)),
+        humanBytes(int64_t(m.transient)), humanBytes(int64_t(m.commBuffers)));
+  }
+  return warnings;
 }
 
 /// Compares the collectives the partitioned step issues (kind, group, bytes
@@ -921,6 +955,7 @@ int main(int argc, char **argv) {
   std::vector<std::string> meshAxes;
   std::vector<int64_t> meshSizes;
   std::vector<dlopt::planner::CommOp> pricedComms;
+  dlopt::planner::MemoryBreakdown pricedMemory;
   int zeroStage = 0;
   bool applying = !dryRun && (!clusterOpt.empty() || !fixOpt.empty() ||
                               !planFileOpt.empty());
@@ -940,7 +975,7 @@ int main(int argc, char **argv) {
       return 2;
     }
     dlopt::planner::Plan plan;
-    if (int rc = runDryRun(*module, &plan, &pricedComms))
+    if (int rc = runDryRun(*module, &plan, &pricedComms, &pricedMemory))
       return rc;
     phase("plan");
     if (applyPlanToModule(*module, plan, meshAxes, meshSizes))
@@ -1033,6 +1068,8 @@ int main(int argc, char **argv) {
   output->keep();
   phase("write");
 
+  if (applying && !meshAxes.empty())
+    checkPlannedMemory(*exe, pricedMemory);
   if (!quiet && out != "-") {
     const auto &mem = exe->programs[0].memory;
     llvm::errs() << "dlopt-compile: wrote " << out << ": "
