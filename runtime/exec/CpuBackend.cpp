@@ -138,6 +138,17 @@ Status runCommunication(const Instr &instr, std::span<const TensorRef> ins,
                          std::to_string(group) + " on rank " +
                          std::to_string(ctx.rank));
   Communicator &comm = *ctx.groups[size_t(group)];
+  if (instr.op == "send" || instr.op == "recv") {
+    int peer = int(instr.getInt("peer", -1));
+    Status st = instr.op == "send"
+                    ? comm.send(hostIn(ins[0].data, ins[0].numElements(),
+                                       ins[0].type.dtype),
+                                peer)
+                    : comm.recv(hostOut(outs[0].data, outs[0].numElements(),
+                                        outs[0].type.dtype),
+                                peer);
+    return st.withContext(where);
+  }
   const TensorRef &x = ins[0], &y = outs[0];
   CommInput in = hostIn(x.data, x.numElements(), x.type.dtype);
   CommOutput out = hostOut(y.data, y.numElements(), y.type.dtype);

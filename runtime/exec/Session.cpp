@@ -440,7 +440,7 @@ namespace dlopt::rt {
 
 std::vector<int32_t> Session::checkpointedValues() const {
   const std::vector<int64_t> &offsets =
-      exe_.programs[size_t(opts_.rank)].memory.offsets;
+      exe_.programs[size_t(exe_.programOf(opts_.rank))].memory.offsets;
   std::vector<int32_t> ids;
   for (const auto *list : {&exe_.params, &exe_.states})
     for (int32_t id : *list)

@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/format/Executable.h"
+#include "runtime/format/CommOrder.h"
 #include "runtime/format/FusedProgram.h"
 #include "runtime/format/OpTable.h"
 #include "runtime/format/MemoryPlanner.h"
@@ -248,6 +249,16 @@ Status validateCommunication(const Executable &exe, const Instr &in,
   int64_t n = 1;
   for (int32_t a : exe.groups[size_t(*group)].axes)
     n *= exe.mesh.shape[size_t(a)];
+  if (in.op == "send" || in.op == "recv") {
+    // The pairing is checked across ranks (checkCommunicationOrder).
+    Expected<int64_t> peer = attrInt("peer");
+    if (!peer)
+      return peer.status();
+    if (*peer < 0 || *peer >= n)
+      return Status::error(iw + "peer " + std::to_string(*peer) +
+                           " is outside the group of " + std::to_string(n));
+    return Status::ok();
+  }
   // verifyInstr checked the counts and element types already.
   const TensorType &x = exe.values[in.operands[0]].type;
   const TensorType &y = exe.values[in.results[0]].type;
@@ -688,7 +699,8 @@ Status Executable::validate() const {
                            valueRef(*this, id) +
                            ") is not defined by any instruction");
   }
-  return Status::ok();
+  // Sends meet receives, collectives agree, and nothing can hang.
+  return checkCommunicationOrder(*this);
 }
 
 

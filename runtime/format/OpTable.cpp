@@ -575,6 +575,23 @@ Status verifyCommunication(const Instr &instr, Ins ins, Outs outs) {
   return checkDType(instr, "result", outs[0].dtype, ins[0].dtype);
 }
 
+/// send {group, peer}: one operand, no result; recv {group, peer}: no
+/// operand, one result. `peer` is the other rank's index in the group; the
+/// pairing of sends with receives is checked across ranks
+/// (checkCommunicationOrder).
+template <bool Send>
+Status verifyPointToPoint(const Instr &instr, Ins ins, Outs outs) {
+  DLOPT_RETURN_IF_ERROR(arity(instr, ins, outs, Send ? 1 : 0, Send ? 0 : 1));
+  for (const char *name : {"group", "peer"}) {
+    int64_t v = 0;
+    DLOPT_RETURN_IF_ERROR(getIntAttr(instr, name, v));
+    if (v < 0)
+      return opError(instr, std::string("expects '") + name + "' >= 0, got " +
+                                std::to_string(v));
+  }
+  return Status::ok();
+}
+
 std::vector<OpInfo> buildTable() {
   std::vector<OpInfo> t = {
       {"neg", false, verifyUnary<true>},
@@ -645,6 +662,8 @@ std::vector<OpInfo> buildTable() {
       {"all_slice", true, verifyCommunication},
       {"all_to_all", true, verifyCommunication},
       {"broadcast", true, verifyCommunication},
+      {"send", true, verifyPointToPoint<true>},
+      {"recv", true, verifyPointToPoint<false>},
   };
   std::sort(t.begin(), t.end(),
             [](const OpInfo &a, const OpInfo &b) { return a.name < b.name; });

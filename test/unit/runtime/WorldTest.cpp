@@ -373,3 +373,178 @@ TEST(World, AMissingReductionShowsAsDisagreeingReplicas) {
   EXPECT_EQ(s.status().message(), "output 's': ranks 0 and 1 hold different "
                                   "values of the replicated 3xf32 value");
 }
+
+namespace {
+
+/// A two-stage pipeline over pp=2 (one program per stage): rank 0 computes
+/// y = x + x and sends it; rank 1 receives it as z and outputs w = z + z.
+/// `secondFirst` makes rank 1 send something back before it receives.
+struct Pipeline {
+  ExeBuilder b;
+  int32_t x = 0, y = 0, z = 0, w = 0;
+  std::vector<Instr> stage0, stage1;
+
+  Pipeline() {
+    x = b.input("x", tt({2, 3}));
+    y = b.temp(tt({2, 3}));
+    z = b.temp(tt({2, 3}));
+    w = b.temp(tt({2, 3}));
+    b.output("w", w);
+    stage0 = {instr("add", {x, x}, {y}), p2p("send", {y}, {}, 1)};
+    stage1 = {p2p("recv", {}, {z}, 0), instr("add", {z, z}, {w})};
+  }
+  static Instr instr(const std::string &op, std::vector<int32_t> ins,
+                     std::vector<int32_t> outs) {
+    Instr in;
+    in.op = op;
+    in.operands = std::move(ins);
+    in.results = std::move(outs);
+    in.loc = "pipe.mlir:1:1";
+    return in;
+  }
+  static Instr p2p(const std::string &op, std::vector<int32_t> ins,
+                   std::vector<int32_t> outs, int64_t peer) {
+    Instr in = instr(op, std::move(ins), std::move(outs));
+    in.attrs = {{"group", int64_t(0)}, {"peer", peer}};
+    return in;
+  }
+  Executable build() {
+    Executable e = b.exe;
+    e.outputUpdates.clear();
+    e.worldSize = 2;
+    e.mesh = Mesh{{"pp"}, {2}};
+    e.groups = {{"pp", {0}}};
+    for (int s = 0; s < 2; ++s) {
+      Program p;
+      p.ranks = {s};
+      p.instrs = s == 0 ? stage0 : stage1;
+      e.programs.push_back(p);
+    }
+    for (Program &p : e.programs) {
+      Expected<MemoryPlan> plan = planProgramMemory(e, p, 64);
+      EXPECT_TRUE(plan) << plan.status().message();
+      if (plan)
+        p.memory = *plan;
+    }
+    return e;
+  }
+};
+
+} // namespace
+
+TEST(World, PipelineStagesSendAndReceive) {
+  Pipeline p;
+  Executable e = p.build();
+  ASSERT_TRUE(e.validate()) << e.validate().message();
+  // Through the file format: the reader validates the pairing too.
+  auto bytes = serializeExecutable(e);
+  ASSERT_TRUE(bytes) << bytes.status().message();
+  auto back = deserializeExecutable(*bytes);
+  ASSERT_TRUE(back) << back.status().message();
+  EXPECT_TRUE(*back == e);
+  auto w = makeWorld(e);
+  ASSERT_TRUE(w);
+  HostTensor x = randomTensor(tt({2, 3}), 5);
+  ASSERT_TRUE(w->bind("x", x));
+  Status st = w->execute();
+  ASSERT_TRUE(st) << st.message();
+  auto out = w->readOutput("w");
+  ASSERT_TRUE(out) << out.status().message();
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j)
+      EXPECT_FLOAT_EQ(at(*out, i, j), 4 * at(x, i, j));
+}
+
+TEST(World, BrokenPairingsAndDeadlocksAreRefusedAtLoad) {
+  {
+    // The receive expects another type.
+    Pipeline p;
+    int32_t other = p.b.temp(tt({3, 2}));
+    p.stage1 = {Pipeline::p2p("recv", {}, {other}, 0),
+                Pipeline::instr("reshape", {other}, {p.z}),
+                Pipeline::instr("add", {p.z, p.z}, {p.w})};
+    Status st = p.build().validate();
+    ASSERT_FALSE(st);
+    EXPECT_TRUE(contains(st.message(),
+                         "rank 0 sends a 2x3xf32 with 'send' (instruction 1 at "
+                         "pipe.mlir:1:1) to rank 1, which receives a 3x2xf32 "
+                         "with 'recv' (instruction 0 at pipe.mlir:1:1)"))
+        << st.message();
+  }
+  {
+    // Nobody receives: rank 0 waits for a rank that has finished.
+    Pipeline p;
+    p.stage1 = {Pipeline::instr("add", {p.x, p.x}, {p.w})};
+    Status st = p.build().validate();
+    ASSERT_FALSE(st);
+    EXPECT_TRUE(contains(st.message(),
+                         "the programs can deadlock (assuming a send waits for "
+                         "its receive): rank 0 waits in 'send' (instruction 1 "
+                         "at pipe.mlir:1:1) to send to rank 1, which has "
+                         "finished its program"))
+        << st.message();
+  }
+  {
+    // Both stages send first: with blocking sends, neither receives.
+    Pipeline p;
+    int32_t back = p.b.temp(tt({2, 3}));
+    int32_t got = p.b.temp(tt({2, 3}));
+    p.stage0 = {Pipeline::instr("add", {p.x, p.x}, {p.y}),
+                Pipeline::p2p("send", {p.y}, {}, 1),
+                Pipeline::p2p("recv", {}, {got}, 1)};
+    p.stage1 = {Pipeline::instr("add", {p.x, p.x}, {back}),
+                Pipeline::p2p("send", {back}, {}, 0),
+                Pipeline::p2p("recv", {}, {p.z}, 0),
+                Pipeline::instr("add", {p.z, p.z}, {p.w})};
+    Status st = p.build().validate();
+    ASSERT_FALSE(st);
+    EXPECT_TRUE(contains(st.message(),
+                         "rank 0 waits in 'send' (instruction 1 at "
+                         "pipe.mlir:1:1) to send to rank 1, which waits in "
+                         "'send' (instruction 1 at pipe.mlir:1:1)"))
+        << st.message();
+    // Receiving first on one side makes the same exchange safe.
+    std::swap(p.stage1[1], p.stage1[2]);
+    Status ok = p.build().validate();
+    EXPECT_TRUE(ok) << ok.message();
+  }
+  {
+    // A rank cannot be its own peer; a peer must be in the group.
+    Pipeline p;
+    p.stage0[1].attrs["peer"] = int64_t(0);
+    Status st = p.build().validate();
+    ASSERT_FALSE(st);
+    EXPECT_TRUE(contains(st.message(), "names the rank itself as its peer"))
+        << st.message();
+    p.stage0[1].attrs["peer"] = int64_t(2);
+    st = p.build().validate();
+    ASSERT_FALSE(st);
+    EXPECT_TRUE(contains(st.message(), "peer 2 is outside the group of 2"))
+        << st.message();
+  }
+}
+
+TEST(World, CollectivesInADifferentOrderAreRefusedAtLoad) {
+  // Two programs over dp=2 issue the same two all-reduces in opposite
+  // orders: each rank waits for the other at a different collective.
+  Pipeline p;
+  int32_t a = p.b.temp(tt({2, 3})), c = p.b.temp(tt({2, 3}));
+  int32_t a2 = p.b.temp(tt({2, 3})), c2 = p.b.temp(tt({2, 3}));
+  auto ar = [](int32_t in, int32_t out, const char *reduce) {
+    Instr i = Pipeline::instr("all_reduce", {in}, {out});
+    i.attrs = {{"group", int64_t(0)}, {"reduce", std::string(reduce)}};
+    return i;
+  };
+  p.stage0 = {ar(p.x, a, "sum"), ar(a, c, "max"), Pipeline::instr("add", {c, c}, {p.w})};
+  p.stage1 = {ar(p.x, a2, "max"), ar(a2, c2, "sum"), Pipeline::instr("add", {c2, c2}, {p.w})};
+  Status st = p.build().validate();
+  ASSERT_FALSE(st);
+  EXPECT_TRUE(contains(st.message(),
+                       "the ranks of one communicator disagree on their next "
+                       "collective: rank 0 runs 'all_reduce' (instruction 0 "
+                       "at pipe.mlir:1:1) (all_reduce group=0 reduce=sum of "
+                       "2x3xf32), rank 1 runs 'all_reduce' (instruction 0 at "
+                       "pipe.mlir:1:1) (all_reduce group=0 reduce=max of "
+                       "2x3xf32)"))
+      << st.message();
+}
