@@ -230,6 +230,11 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
                                                b.getDenseI16ArrayAttr(zeroAxes),
                                                arg, b.getIndexAttr(d));
           ag->setAttr(kZeroGather, b.getStringAttr(phase ? "bwd" : "fwd"));
+          // Part of its first user's layer and pass: recomputing the layer
+          // gathers the parameter again.
+          for (StringRef mark : {DLOptDialect::kLayerAttr, DLOptDialect::kBackwardAttr})
+            if (Attribute a = user->getAttr(mark))
+              ag->setAttr(mark, a);
           gathered[phase] = ag.getResult();
         }
         user->replaceUsesOfWith(arg, gathered[phase]);

@@ -5,6 +5,7 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Shard/IR/ShardOps.h"
 #include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/SetVector.h"
@@ -101,6 +102,34 @@ struct RecomputePass : dlopt::impl::RecomputePassBase<RecomputePass> {
         copy->setAttr(DLOptDialect::kRecomputeAttr, b.getUnitAttr());
         markDerivedOp(op, copy);
         ++numCloned;
+      }
+      // ZeRO-3: the recomputed forward gathers the layer's parameters again;
+      // the backward pass reads those gathers instead of its own, so each
+      // parameter is gathered once per backward pass, as FSDP does with
+      // activation checkpointing.
+      for (Operation *op : clone) {
+        Operation *copy = map.lookup(op->getResult(0)).getDefiningOp();
+        auto phase = copy->getAttrOfType<StringAttr>("dlopt.zero_gather");
+        if (!phase || !phase.getValue().starts_with("fwd"))
+          continue;
+        std::string bwd = ("bwd" + phase.getValue().drop_front(3)).str();
+        for (Operation *user : llvm::make_early_inc_range(op->getOperand(0).getUsers())) {
+          auto other = user->getAttrOfType<StringAttr>("dlopt.zero_gather");
+          auto mine = dyn_cast<shard::AllGatherOp>(copy);
+          auto theirs = dyn_cast<shard::AllGatherOp>(user);
+          if (!other || other.getValue() != bwd || !mine || !theirs ||
+              theirs.getType() != mine.getType() ||
+              theirs.getGatherAxis() != mine.getGatherAxis() ||
+              theirs.getGridAxes() != mine.getGridAxes())
+            continue;
+          bool dominated = llvm::all_of(user->getUsers(), [&](Operation *u) {
+            return copy->isBeforeInBlock(u);
+          });
+          if (!dominated)
+            continue;
+          user->getResult(0).replaceAllUsesWith(copy->getResult(0));
+          user->erase();
+        }
       }
       // Backward ops from the insertion point on read the clones.
       for (Operation *op : clone)

@@ -347,6 +347,32 @@ struct Shape {
   }
 };
 
+/// Tensor-parallel collectives of one layer per micro-batch, as
+/// dlopt-partition and dlopt-recompute issue them: 2 per pass (an
+/// all-reduce, or under sequence parallelism an all-gather and a
+/// reduce-scatter of the same activation), forward and backward; full
+/// recomputation re-runs the forward collectives the backward pass needs,
+/// which are all but the one producing the layer's output (its input is
+/// kept): one all-reduce, or two all-gathers and one reduce-scatter.
+struct TpCalls {
+  double allReduce = 0, allGather = 0, reduceScatter = 0;
+  double total() const { return allReduce + allGather + reduceScatter; }
+};
+TpCalls tpCallsPerLayer(const TrainingConfig &cfg, bool train) {
+  TpCalls n;
+  if (cfg.tp <= 1)
+    return n;
+  double passes = train ? 2 : 1;
+  bool full = train && cfg.recompute == RecomputePolicy::Full;
+  if (cfg.sequenceParallel) {
+    n.allGather = 2 * passes + (full ? 2 : 0);
+    n.reduceScatter = 2 * passes + (full ? 1 : 0);
+  } else {
+    n.allReduce = 2 * passes + (full ? 1 : 0);
+  }
+  return n;
+}
+
 struct Ctx {
   const GraphSummary &graph;
   const Cluster &cluster;
@@ -446,17 +472,15 @@ struct Ctx {
   }
 
   /// Tensor-parallel communication of one layer for one micro-batch of
-  /// `boundary` activation bytes: 2 collectives per pass (all-reduce, or
-  /// all-gather + reduce-scatter under sequence parallelism).
+  /// `boundary` activation bytes (tpCallsPerLayer).
   double tpCommPerLayer(const TrainingConfig &cfg, double boundary,
-                        double passes) {
+                        bool train) {
     if (cfg.tp <= 1)
       return 0;
-    bool sp = cfg.sequenceParallel;
-    return 2 * passes *
-           (sp ? comm(Collective::AllGather, boundary, cfg.tp, 1) +
-                     comm(Collective::ReduceScatter, boundary, cfg.tp, 1)
-               : comm(Collective::AllReduce, boundary, cfg.tp, 1));
+    TpCalls n = tpCallsPerLayer(cfg, train);
+    return n.allReduce * comm(Collective::AllReduce, boundary, cfg.tp, 1) +
+           n.allGather * comm(Collective::AllGather, boundary, cfg.tp, 1) +
+           n.reduceScatter * comm(Collective::ReduceScatter, boundary, cfg.tp, 1);
   }
 
   /// Every stage on the slowest kind with the smallest memory (cached).
@@ -934,11 +958,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // One micro-batch's [s/cp, b, h] activation.
   const double boundary = double(cfg.microBatchSize) * c.spec.seqLen / cp *
                           c.spec.hidden * actBytes;
-  // Forward passes per micro-batch whose layers communicate: 1, plus the
-  // backward (counted as one more), plus a recomputed forward.
-  const double passes =
-      train ? 2 + (cfg.recompute == RecomputePolicy::Full ? 1 : 0) : 1;
-  const double tpLayer = c.tpCommPerLayer(cfg, boundary, passes);
+  const double tpLayer = c.tpCommPerLayer(cfg, boundary, train);
 
   // The layer split of a pipeline: the slowest stage as fast as possible.
   // On a homogeneous cluster that moves layers off the stages that also
@@ -1036,22 +1056,23 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // same activation (Korthikanti et al. 2022): the same ring volume.
   double tpPerMb = 0;
   if (cfg.tp > 1) {
-    double perLayer = 2 * passes;
-    double calls = perLayer * worstLayers * m;
+    TpCalls n = tpCallsPerLayer(cfg, train);
     if (!sp) {
       double one = c.comm(Collective::AllReduce, boundary, cfg.tp, 1);
-      tpPerMb = perLayer * worstLayers * one;
+      tpPerMb = n.allReduce * worstLayers * one;
       record("tp all-reduce (layer in/out)", Collective::AllReduce, cfg.tp, 1,
-             boundary, calls, tpPerMb * m);
+             boundary, n.allReduce * worstLayers * m, tpPerMb * m);
     } else {
       double ag = c.comm(Collective::AllGather, boundary, cfg.tp, 1);
       double rs = c.comm(Collective::ReduceScatter, boundary, cfg.tp, 1);
-      tpPerMb = perLayer * worstLayers * (ag + rs);
+      tpPerMb = worstLayers * (n.allGather * ag + n.reduceScatter * rs);
       record("tp all-gather (sequence parallel)", Collective::AllGather,
-             cfg.tp, 1, boundary, calls, perLayer * worstLayers * ag * m);
+             cfg.tp, 1, boundary, n.allGather * worstLayers * m,
+             n.allGather * worstLayers * ag * m);
       record("tp reduce-scatter (sequence parallel)",
-             Collective::ReduceScatter, cfg.tp, 1, boundary, calls,
-             perLayer * worstLayers * rs * m);
+             Collective::ReduceScatter, cfg.tp, 1, boundary,
+             n.reduceScatter * worstLayers * m,
+             n.reduceScatter * worstLayers * rs * m);
     }
     // Vocabulary parallelism (the embedding table and the LM head split on
     // the vocabulary, planner/TransformerSharding.cpp), as dlopt-partition
@@ -1277,7 +1298,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   double kernelsPerMb =
       worstOps * (train ? 1 + c.cost.calibration().backwardFlopsRatio : 1) +
       (cfg.recompute == RecomputePolicy::Full && train ? worstOps : 0) +
-      (cfg.tp > 1 ? 2 * passes * worstLayers * (sp ? 2 : 1) : 0) +
+      (cfg.tp > 1 ? tpCallsPerLayer(cfg, train).total() * worstLayers : 0) +
       (cp > 1 ? (cp - 1) * worstLayers * (train ? 3 : 1) : 0) +
       (cfg.pp > 1 ? (train ? 2 : 1) : 0);
   chooseLayout(c, cand, kernelsPerMb * m + zero3Calls, T.total());
@@ -1301,8 +1322,11 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
   const double actBytes = cfg.precision.activationBytes;
   const double boundary = double(cfg.microBatchSize) * c.spec.seqLen / cp *
                           c.spec.hidden * actBytes;
-  const double passes = 2 + (cfg.recompute == RecomputePolicy::Full ? 1 : 0);
-  const double tpLayer = c.tpCommPerLayer(cfg, boundary, passes);
+  const double tpLayer = c.tpCommPerLayer(cfg, boundary, true);
+  // The forward pass's share of the layer's collectives (2 or 4 of them).
+  const TpCalls tpCalls = tpCallsPerLayer(cfg, true);
+  const double fwdShare =
+      tpCalls.total() > 0 ? (cfg.sequenceParallel ? 4 : 2) / tpCalls.total() : 0;
   SimInput in;
   in.schedule = cfg.schedule;
   in.virtualStages = int(v);
@@ -1322,12 +1346,12 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
       f += lt.post;
     double layers = double(ranges.layers(st));
     double t = c.cost.trainingTime(f, cfg.recompute, att);
-    // Communication on the critical path of every pass, split as the
-    // passes are: a third (or a quarter with full recompute) forward.
+    // Communication on the critical path of every pass, split between the
+    // forward and the rest (backward, recomputed forward) by their calls.
     double comm = tpLayer * layers;
     SimStage s;
-    s.forward = (f + comm / passes) / v;
-    s.backward = (t - f + comm * (passes - 1) / passes) / v;
+    s.forward = (f + comm * fwdShare) / v;
+    s.backward = (t - f + comm * (1 - fwdShare)) / v;
     s.weightGrad = std::min(s.backward, f * cal.backwardFlopsRatio / 2 / v);
     auto mem = transformerStageMemory(c.spec, cfg, st, cal);
     if (mem) {

@@ -518,9 +518,23 @@ LogicalResult AxisPartitioner::run() {
     if (auto id = op.getAttrOfType<IntegerAttr>(DLOptDialect::kIdAttr))
       forwardOps[id.getInt()] = &op;
   }
-  for (Operation *op : ops)
+  llvm::DenseSet<Operation *> original(ops.begin(), ops.end());
+  for (Operation *op : ops) {
+    Operation *prev = op->getPrevNode(), *next = op->getNextNode();
     if (failed(partitionOp(op)))
       return failure();
+    // Ops a rule creates around `op` (a dropout's mask and product, a
+    // decomposed loss) belong to its layer and pass, like `op`: the
+    // recomputation pass finds a layer's forward by those marks.
+    for (Operation *n = prev ? prev->getNextNode() : &body.front();
+         n && n != next && n != body.getTerminator(); n = n->getNextNode()) {
+      if (original.contains(n))
+        continue;
+      for (StringRef mark : {DLOptDialect::kLayerAttr, DLOptDialect::kBackwardAttr})
+        if (Attribute a = op->getAttr(mark); a && !n->hasAttr(mark))
+          n->setAttr(mark, a);
+    }
+  }
   if (failed(finishResults()))
     return failure();
   for (Operation *op : llvm::reverse(dead))
@@ -1703,6 +1717,19 @@ struct PartitionPass : dlopt::impl::PartitionPassBase<PartitionPass> {
       sl->erase();
       ar->erase();
     }
+    // A collective belongs to the layer and pass (forward or backward) of
+    // the value it reshards, so recomputation re-runs a layer's forward
+    // collectives with its ops and the backward reads the clones.
+    fn.walk([&](Operation *op) {
+      if (!isa<shard::ShardDialect>(op->getDialect()) || op->getNumOperands() != 1)
+        return;
+      Operation *def = op->getOperand(0).getDefiningOp();
+      if (!def)
+        return;
+      for (StringRef mark : {DLOptDialect::kLayerAttr, DLOptDialect::kBackwardAttr})
+        if (Attribute a = def->getAttr(mark); a && !op->hasAttr(mark))
+          op->setAttr(mark, a);
+    });
     for (unsigned i = 0; i < fn.getNumArguments(); ++i)
       fn.removeArgAttr(i, kShardingAttr);
     fn.walk([](Operation *op) { op->removeAttr("dlopt.plan"); });

@@ -146,6 +146,14 @@ CASES = [
      ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--clip-norm", "0.5"], "dp=2,tp=2,zero=3", "cpu:2"),
     ("cnn.adamw.clip.dp2.zero2", ["cnn", "--preset", "cnn-small", "--batch", "4"],
      ["--optimizer", "adamw", "--lr", "0.01", "--clip-norm", "0.5", "--adam-eps", "1e-3"], "dp=2,zero=2", "cpu:1"),
+    # The plan's recomputation: each layer's forward (its collectives
+    # included) re-runs before its backward pass.
+    ("gpt.sgd.clip.dp2.tp2.sp.recompute", ["gpt", "--preset", "gpt-tiny", "--batch", "4", "--dropout", "0.1"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--clip-norm", "0.5"], "dp=2,tp=2,sp=1,recompute=full", "cpu:2"),
+    ("gpt.sgd.dp2.zero3.recompute", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9"], "dp=2,zero=3,recompute=full", "cpu:1"),
+    ("llama.grads.tp2.cp2.recompute", ["llama", "--preset", "llama-tiny", "--batch", "4"], ["--autodiff"],
+     "dp=1,tp=2,cp=2,sp=1,recompute=full", "cpu:2"),
 ]
 
 # Shardings written into the plan file of the ".plan" cases: the arguments

@@ -292,13 +292,15 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
     return fail(fix.status().message(), 2);
   if (apply && !loaded) {
     // The planner chooses among what can be applied today: data, tensor,
-    // sequence and context parallelism, one micro-batch, no recomputation.
+    // sequence and context parallelism, one micro-batch, any recomputation.
     // ZeRO is applied when pinned (--fix zero=N); the free search keeps it
     // off, since its ZeRO pricing still favours stage 3 too often.
     if (!fix->pp) fix->pp = 1;
     if (!fix->zero) fix->zero = 0;
     if (!fix->numMicroBatches) fix->numMicroBatches = 1;
-    if (!fix->recompute) fix->recompute = RecomputePolicy::None;
+    // --recompute on the command line pins the plan's recomputation.
+    if (!fix->recompute && recomputeOpt.getNumOccurrences())
+      fix->recompute = parseRecompute(recomputeOpt.getValue());
   }
   // The same stable op ids dlopt-check-model stamps before the training
   // transforms: the plan keys its ops by them.
@@ -443,8 +445,6 @@ static int applyPlanToModule(ModuleOp module, const dlopt::planner::Plan &plan,
     missing.push_back("pipeline stages (pp=" + std::to_string(plan.pp()) + ")");
   if (plan.numMicroBatches > 1)
     missing.push_back(std::to_string(plan.numMicroBatches) + " micro-batches");
-  if (plan.recompute != RecomputePolicy::None)
-    missing.push_back("recomputation");
   if (!missing.empty()) {
     std::string list;
     for (const std::string &m : missing)
@@ -981,6 +981,15 @@ int main(int argc, char **argv) {
     if (applyPlanToModule(*module, plan, meshAxes, meshSizes))
       return 2;
     zeroStage = plan.zeroStage;
+    // The plan's recomputation is applied (dlopt-recompute, per layer).
+    std::string planned = dlopt::planner::recomputeName(plan.recompute);
+    if (recomputeOpt.getNumOccurrences() && recomputeOpt != planned) {
+      llvm::errs() << "dlopt-compile: error: --recompute " << recomputeOpt
+                   << " contradicts the plan's recompute=" << planned
+                   << " (drop --recompute, or pin it in the plan)\n";
+      return 2;
+    }
+    recomputeOpt = planned;
   }
 
   if (dryRun || formatOpt.getNumOccurrences() || explainOpt ||
