@@ -295,6 +295,8 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
                     shard::ReductionKindAttr::get(&getContext(), shard::ReductionKind::Sum),
                     b.getIndexAttr(d))
                     .getResult();
+        // The reduction's marks (layer, pass, micro-batch) carry over.
+        shard.getDefiningOp()->setDiscardableAttrs(ar->getDiscardableAttrDictionary());
         if (!rest.empty())
           shard = shard::AllReduceOp::create(b, ar.getLoc(), shard.getType(), grid(),
                                              b.getDenseI16ArrayAttr(rest), shard,
@@ -600,7 +602,11 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
         "dlopt.mesh");
     for (auto &[arg, name] : params) {
       Value g = gradOf[name.getValue()];
-      Value s = e.sumAll(e.mul(g, g));
+      // |g| * |g| = g * g exactly, but not the same op as Adam's g * g:
+      // CSE would otherwise keep every gradient's square alive from here to
+      // the update (a second copy of all gradients at the step's peak).
+      Value mag = dl::AbsOp::create(b, loc, g);
+      Value s = e.sumAll(e.mul(mag, mag));
       std::vector<int16_t> axes;
       ArrayAttr split = fn.getArgAttrOfType<ArrayAttr>(arg.getArgNumber(), "dlopt.split");
       // A ZeRO-sharded gradient is the shard: its state's layout.

@@ -287,17 +287,20 @@ transformerStageMemoryWithLayers(const TransformerSpec &spec,
   const double b = cfg.microBatchSize, t = cfg.tp;
   const bool first = stage == 0, last = stage == cfg.pp - 1;
   const double spDiv = cfg.sequenceParallel ? t : 1.0;
+  // The embedding table and the LM head are split on the vocabulary over
+  // tp when it divides (TransformerSharding), else replicated.
+  const double vLocal = spec.vocab % cfg.tp == 0 ? v / t : v;
   const PrecisionConfig &pr = cfg.precision;
 
   // Parameters this device holds before ZeRO.
   const double layers = double(layersHere);
   double params = layers * layerParamsPerTpRank(spec, cfg.tp);
   if (first)
-    params += v * h / t + (spec.learnedPositions ? spec.seqLen * h : 0.0);
+    params += vLocal * h + (spec.learnedPositions ? spec.seqLen * h : 0.0);
   if (last) {
     params += 2 * h; // final layer norm
     if (cfg.pp > 1 || !spec.tiedEmbeddings)
-      params += v * h / t; // output matrix (a tied copy when pp > 1)
+      params += vLocal * h; // output matrix (a tied copy when pp > 1)
   }
   // ZeRO shards over the dp * cp ranks that hold the same parameters.
   auto states =
@@ -320,7 +323,7 @@ transformerStageMemoryWithLayers(const TransformerSpec &spec,
     m.activations += inflight * s * b * h / spDiv;
   if (last) // final LN + output projection inputs, fp32 logits for the loss
     m.activations += microBatchesInFlight(cfg, cfg.pp - 1) *
-                     (4 * s * b * h / spDiv * scale + 4 * s * b * v / t);
+                     (4 * s * b * h / spDiv * scale + 4 * s * b * vLocal);
 
   // Working set of one layer's backward when its activations are recomputed.
   if (cfg.recompute != RecomputePolicy::None) {
@@ -330,6 +333,21 @@ transformerStageMemoryWithLayers(const TransformerSpec &spec,
       m.transient = activationBytesPerLayer(spec, noRecompute);
     else // the attention scores, softmax, dropout of one layer
       m.transient = 5 * spec.heads * s * spec.seqLen * b / t * scale;
+  }
+
+  // The end of the backward pass, when every gradient is held and the
+  // embedding table's is being formed (dlopt's autodiff builds it whole):
+  // the lookup's gradient (a scatter into a zeroed table) exists beside
+  // the table's reduced gradient; with the LM head tied on the same stage,
+  // its partial and their sum as well, and under ZeRO >= 2 (gradients
+  // held as shards) the whole sum is not among them. Measured against
+  // dlopt's memory plans (docs/parallel.md, "Planned memory against the
+  // planner").
+  if (first || last) {
+    const double table = vLocal * h * pr.gradBytes;
+    const bool tiedHere = spec.tiedEmbeddings && first && last;
+    const double tables = tiedHere ? (cfg.zeroStage >= 2 ? 3 : 2) : 1;
+    m.transient = std::max(m.transient, tables * table);
   }
 
   // Communication buffers.

@@ -9,7 +9,9 @@
 #include "runtime/format/Executable.h"
 #include "runtime/format/FusedProgram.h"
 
+#include <algorithm>
 #include <charconv>
+#include <map>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -92,6 +94,8 @@ std::string typeOf(const Executable &exe, int32_t id) {
 }
 
 } // namespace
+
+static std::string scratchPeak(const Executable &exe, const Program &prog);
 
 static std::string dumpImpl(const Executable &exe) {
   std::ostringstream os;
@@ -265,7 +269,86 @@ static std::string dumpImpl(const Executable &exe) {
        << formatBytes(mem.scratchBytes) << " = "
        << formatBytes(mem.totalBytes()) << " (" << mem.totalBytes()
        << " bytes, alignment " << mem.alignment << ")\n";
+    os << scratchPeak(exe, prog);
   }
+  return os.str();
+}
+
+/// Where a program's temporaries peak and what is live there: the
+/// instruction, the live bytes, the largest live values (with the
+/// instruction that made them) and the live bytes by producing op. Explains
+/// a memory plan (docs/executable-format.md, "Reading the memory plan").
+static std::string scratchPeak(const Executable &exe, const Program &prog) {
+  const size_t n = prog.instrs.size();
+  if (n == 0)
+    return "";
+  std::vector<int64_t> defAt(exe.values.size(), -1), lastUse(exe.values.size(), -1);
+  for (size_t i = 0; i < n; ++i) {
+    for (int32_t id : prog.instrs[i].operands)
+      if (id >= 0 && size_t(id) < exe.values.size())
+        lastUse[size_t(id)] = int64_t(i);
+    for (int32_t id : prog.instrs[i].results)
+      if (id >= 0 && size_t(id) < exe.values.size())
+        defAt[size_t(id)] = lastUse[size_t(id)] = int64_t(i);
+  }
+  for (int32_t id : exe.outputs)
+    if (id >= 0 && size_t(id) < exe.values.size() && defAt[size_t(id)] >= 0)
+      lastUse[size_t(id)] = int64_t(n) - 1;
+  // Temporaries in the scratch region (an in-place update's result shares
+  // its argument's persistent bytes and is not counted).
+  auto inScratch = [&](size_t v) {
+    return exe.values[v].kind == ValueKind::Temp && defAt[v] >= 0 &&
+           v < prog.memory.offsets.size() &&
+           prog.memory.offsets[v] >= prog.memory.persistentBytes;
+  };
+  std::vector<int64_t> delta(n + 1, 0);
+  for (size_t v = 0; v < exe.values.size(); ++v)
+    if (inScratch(v)) {
+      int64_t b = exe.values[v].type.byteSize();
+      delta[size_t(defAt[v])] += b;
+      delta[size_t(lastUse[v]) + 1] -= b;
+    }
+  int64_t live = 0, best = -1;
+  size_t at = 0;
+  for (size_t i = 0; i < n; ++i) {
+    live += delta[i];
+    if (live > best)
+      best = live, at = i;
+  }
+  struct Live {
+    int64_t bytes;
+    size_t v;
+  };
+  std::vector<Live> here;
+  std::map<std::string, int64_t> byOp;
+  for (size_t v = 0; v < exe.values.size(); ++v)
+    if (inScratch(v) && defAt[v] <= int64_t(at) && lastUse[v] >= int64_t(at)) {
+      int64_t b = exe.values[v].type.byteSize();
+      here.push_back({b, v});
+      byOp[prog.instrs[size_t(defAt[v])].op] += b;
+    }
+  std::sort(here.begin(), here.end(), [](const Live &a, const Live &b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : a.v < b.v;
+  });
+  std::ostringstream os;
+  const Instr &peak = prog.instrs[at];
+  os << "  scratch peak: " << formatBytes(best) << " live at instruction "
+     << at << " ('" << peak.op << "'" << (peak.loc.empty() ? "" : " at " + peak.loc)
+     << "), " << here.size() << " temporaries; the largest:\n";
+  for (size_t k = 0; k < here.size() && k < 6; ++k) {
+    const Instr &def = prog.instrs[size_t(defAt[here[k].v])];
+    os << "    %" << here[k].v << "  " << exe.values[here[k].v].type.str() << "  "
+       << formatBytes(here[k].bytes) << "  from '" << def.op << "' (instruction "
+       << defAt[here[k].v] << (def.loc.empty() ? "" : " at " + def.loc) << ")\n";
+  }
+  std::vector<std::pair<int64_t, std::string>> ops;
+  for (const auto &[op, b] : byOp)
+    ops.push_back({b, op});
+  std::sort(ops.rbegin(), ops.rend());
+  os << "    by op:";
+  for (size_t k = 0; k < ops.size() && k < 6; ++k)
+    os << (k ? ", " : " ") << ops[k].second << " " << formatBytes(ops[k].first);
+  os << "\n";
   return os.str();
 }
 

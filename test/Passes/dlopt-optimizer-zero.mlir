@@ -14,7 +14,8 @@
 // ZERO1: %[[GW:.+]] = dlopt.matmul %{{.+}} {dlopt.backward, transpose_a} : tensor<4x4xf32>, tensor<4x3xf32> -> tensor<4x3xf32>
 // ZERO1-NEXT: %[[RS:.+]] = shard.reduce_scatter %[[GW]] on @dlopt_mesh grid_axes = [0] scatter_axis = 0{{( \{[^}]*\})?}} : tensor<4x3xf32> -> tensor<2x3xf32>
 // The clipping norm sums the shard's squares over dp.
-// ZERO1: %[[SQ:.+]] = dlopt.mul %[[RS]], %[[RS]]
+// ZERO1: %[[ABS:.+]] = dlopt.abs %[[RS]]
+// ZERO1: %[[SQ:.+]] = dlopt.mul %[[ABS]], %[[ABS]]
 // ZERO1: %[[SS:.+]] = dlopt.sum %[[SQ]]
 // ZERO1: shard.all_reduce %[[SS]] on @dlopt_mesh grid_axes = [0]{{( \{[^}]*\})?}} : tensor<f32> -> tensor<f32>
 // ZERO1: %[[WS:.+]] = shard.all_slice %[[W]] on @dlopt_mesh grid_axes = [0] slice_axis = 0{{( \{[^}]*\})?}} : tensor<4x3xf32> -> tensor<2x3xf32>
@@ -35,10 +36,10 @@
 // ZERO3-NEXT: dlopt.matmul %{{.+}}, %[[F0]] {dlopt.mb = 0 : i64}
 // ZERO3: %[[B0:.+]] = shard.all_gather %[[W]] on @dlopt_mesh grid_axes = [0] gather_axis = 0 {dlopt.backward, dlopt.mb = 0 : i64, dlopt.zero_gather = "bwd.mb0"}
 // ZERO3-NEXT: dlopt.matmul %{{.+}}, %[[B0]] {dlopt.backward, dlopt.mb = 0 : i64, transpose_b}
-// ZERO3: %[[R0:.+]] = shard.reduce_scatter %{{.+}} on @dlopt_mesh grid_axes = [0] scatter_axis = 0 {dlopt.mb = 0 : i64} : tensor<4x3xf32> -> tensor<2x3xf32>
+// ZERO3: %[[R0:.+]] = shard.reduce_scatter %{{.+}} on @dlopt_mesh grid_axes = [0] scatter_axis = 0 {dlopt.backward, dlopt.mb = 0 : i64} : tensor<4x3xf32> -> tensor<2x3xf32>
 // ZERO3: shard.all_gather %[[W]] {{.+}} {dlopt.mb = 1 : i64, dlopt.zero_gather = "fwd.mb1"}
 // ZERO3: shard.all_gather %[[W]] {{.+}} {dlopt.backward, dlopt.mb = 1 : i64, dlopt.zero_gather = "bwd.mb1"}
-// ZERO3: %[[R1:.+]] = shard.reduce_scatter %{{.+}} {dlopt.mb = 1 : i64} : tensor<4x3xf32> -> tensor<2x3xf32>
+// ZERO3: %[[R1:.+]] = shard.reduce_scatter %{{.+}} {dlopt.backward, dlopt.mb = 1 : i64} : tensor<4x3xf32> -> tensor<2x3xf32>
 // ZERO3: dlopt.add %[[R0]], %[[R1]] : tensor<2x3xf32>, tensor<2x3xf32> -> tensor<2x3xf32>
 // ZERO3-NOT: shard.all_gather
 // ZERO3: return

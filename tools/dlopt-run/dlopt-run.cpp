@@ -143,6 +143,37 @@ void printMemory(Session &s) {
   printDeviceMemory(s);
 }
 
+/// The memory of every rank of a multi-rank run: planned (persistent +
+/// scratch) and the most the backend held at once; ranks with the same
+/// figures share a line. Then each rank's device memory (cuda).
+void printWorldMemory(World &w) {
+  std::map<std::string, std::vector<int>> lines;
+  for (int r = 0; r < w.size(); ++r) {
+    MemoryReport m = w.session(r).memory();
+    lines[formatBytes(m.plannedBytes) + " (persistent " +
+          formatBytes(m.persistentBytes) + " + scratch " +
+          formatBytes(m.scratchBytes) + "), allocated " +
+          formatBytes(m.peakAllocatedBytes)]
+        .push_back(r);
+  }
+  for (const auto &[text, ranks] : lines) {
+    std::string list;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      // Runs of consecutive ranks as a-b.
+      size_t j = i;
+      while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1)
+        ++j;
+      list += (list.empty() ? "" : ",") + std::to_string(ranks[i]) +
+              (j > i ? "-" + std::to_string(ranks[j]) : "");
+      i = j;
+    }
+    std::printf("memory per rank: rank%s %s: planned %s\n",
+                ranks.size() > 1 ? "s" : "", list.c_str(), text.c_str());
+  }
+  for (int r = 0; r < w.size(); ++r)
+    printDeviceMemory(w.session(r));
+}
+
 /// Thrown only inside this file: parse errors carry their exit code.
 struct Exit {
   int code;
@@ -562,9 +593,10 @@ int runTraining(const Options &opts, StepRunner &s, Session *session,
     if (!opts.saveParamsDir.empty())
       std::printf("wrote %zu param(s) to %s\n", e.params.size(),
                   opts.saveParamsDir.c_str());
-    if (session) {
+    if (session)
       printMemory(*session);
-    }
+    else if (auto *w = dynamic_cast<World *>(&s))
+      printWorldMemory(*w);
   }
   if (opts.profile && session)
     printProfile(*session);
@@ -649,6 +681,7 @@ int runWorld(const Options &opts, const Executable &exe,
     std::printf("outputs (global):\n");
     for (const NamedTensor &out : outputs)
       std::printf("  %s\n", describe(out).c_str());
+    printWorldMemory(w);
     std::printf("time: %.3f ms (%s backend, all ranks)\n", secs * 1e3,
                 opts.backend.c_str());
     if (!opts.outputDir.empty())

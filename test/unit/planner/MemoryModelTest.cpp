@@ -106,20 +106,26 @@ TEST(Transformer, Gpt3ParameterCount) {
 TEST(Transformer, Gpt3StateBytesPerDeviceByHand) {
   // Per tp rank, one layer: (12h^2 + 7h)/8 + 6h (replicated biases + LNs)
   //   = 1812025344 / 8 + 73728 = 226576896.
-  // Stage 0: 6 layers + word embedding / 8 + positions (replicated)
-  //   = 1359461376 + 77194752 + 25165824 = 1461821952 params.
+  // Stage 0: 6 layers + word embedding + positions, both replicated (the
+  // vocabulary, 50257, does not divide by tp = 8, so dlopt keeps the table
+  // whole; Megatron pads it to a multiple of 128 tp instead)
+  //   = 1359461376 + 617558016 + 25165824 = 2002185216 params.
   TransformerSpec s = gpt3();
   TrainingConfig c = gpt3Config();
   auto m0 = transformerStageMemory(s, c, 0);
   ASSERT_TRUE(m0) << errorOf(m0);
-  EXPECT_DOUBLE_EQ(m0->params, 2 * 1461821952.0);
-  EXPECT_DOUBLE_EQ(m0->grads, 2 * 1461821952.0);
-  EXPECT_DOUBLE_EQ(m0->optimizer, 12 * 1461821952.0 / 8);
+  EXPECT_DOUBLE_EQ(m0->params, 2 * 2002185216.0);
+  EXPECT_DOUBLE_EQ(m0->grads, 2 * 2002185216.0);
+  EXPECT_DOUBLE_EQ(m0->optimizer, 12 * 2002185216.0 / 8);
   // Middle stage: layers only. Last stage: + final LN (2h) + output matrix.
   auto mid = transformerStageMemory(s, c, 7);
   EXPECT_DOUBLE_EQ(mid->params, 2 * 1359461376.0);
   auto last = transformerStageMemory(s, c, 15);
-  EXPECT_DOUBLE_EQ(last->params, 2 * (1359461376.0 + 24576 + 77194752));
+  EXPECT_DOUBLE_EQ(last->params, 2 * (1359461376.0 + 24576 + 617558016));
+  // A vocabulary that divides by tp is split: 50304 (Megatron's padding).
+  s.vocab = 50304;
+  auto padded = transformerStageMemory(s, c, 15);
+  EXPECT_DOUBLE_EQ(padded->params, 2 * (1359461376.0 + 24576 + 50304.0 * 12288 / 8));
 }
 
 //===----------------------------------------------------------------------===//
@@ -179,8 +185,11 @@ TEST(Activations, Gpt3FirstStageBreakdownByHand) {
   // 16 micro-batches in flight x 6 layers = 10267656192; embedding dropout
   // mask 16 x sbh/t = 50331648.
   EXPECT_DOUBLE_EQ(m->activations, 10267656192.0 + 50331648.0);
-  // Attention core of one layer: 5 a s^2 b / t = 5*96*2048^2/8 = 251658240.
-  EXPECT_DOUBLE_EQ(m->transient, 251658240.0);
+  // The larger of the attention core of one layer (5 a s^2 b / t =
+  // 5*96*2048^2/8 = 251658240) and the embedding table's gradient, formed
+  // whole beside the reduced one at the end of the backward pass
+  // (50257 x 12288 x 2 B = 1235116032).
+  EXPECT_DOUBLE_EQ(m->transient, 1235116032.0);
   // 3 communicators x 64 MiB + p2p 2 x sbh/t x 2 B + 2 x 25 MiB buckets.
   double comm = 3 * 64.0 * (1 << 20) + 2 * 3145728.0 * 2 + 2 * 25.0 * (1 << 20);
   EXPECT_DOUBLE_EQ(m->commBuffers, comm);
@@ -201,9 +210,10 @@ TEST(Activations, LastStageHoldsLogits) {
   TrainingConfig c = gpt3Config();
   auto m = transformerStageMemory(s, c, 15);
   ASSERT_TRUE(m);
-  // 1 micro-batch x 6 layers x 106954752 + 4sbh/t + 4sbv/t
-  //   = 641728512 + 12582912 + 4*2048*50257/8 (= 51463168).
-  EXPECT_DOUBLE_EQ(m->activations, 641728512.0 + 12582912.0 + 51463168.0);
+  // 1 micro-batch x 6 layers x 106954752 + 4sbh/t + 4sbv (the logits are
+  // not split: 50257 does not divide by tp)
+  //   = 641728512 + 12582912 + 4*2048*50257 (= 411705344).
+  EXPECT_DOUBLE_EQ(m->activations, 641728512.0 + 12582912.0 + 411705344.0);
 }
 
 TEST(Activations, ScheduleAndRecomputeOrdering) {
