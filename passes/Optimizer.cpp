@@ -114,8 +114,104 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       scatterGradients(*fn);
     if (zero >= 3)
       markParameterGathers(*fn);
+    if (bucketMb > 0)
+      bucketGradients(*fn);
     if (failed(buildStep(*fn)))
       return signalPassFailure();
+  }
+
+  //===--------------------------------------------------------------------===//
+  // Gradient buckets
+  //===--------------------------------------------------------------------===//
+
+  /// Fuses the gradients' all-reduces into buckets: runs of consecutive
+  /// (backward-order) all-reduces of returned gradients over the same axes
+  /// and element type, up to bucket-mb MiB, become one all-reduce of their
+  /// flattened concatenation, placed where the last gradient of the run is
+  /// complete, and slices of it.
+  static RankedTensorType rt(shard::AllReduceOp ar) {
+    return cast<RankedTensorType>(ar.getResult().getType());
+  }
+
+  void bucketGradients(func::FuncOp fn) {
+    Operation *ret = fn.getBody().front().getTerminator();
+    SmallVector<shard::AllReduceOp> grads;
+    for (OpOperand &o : ret->getOpOperands()) {
+      if (!fn.getResultAttr(o.getOperandNumber(), DLOptDialect::kGradAttr))
+        continue;
+      auto ar = o.get().getDefiningOp<shard::AllReduceOp>();
+      if (ar && ar.getReduction() == shard::ReductionKind::Sum &&
+          ar->hasOneUse() && rt(ar).getRank() > 0)
+        grads.push_back(ar);
+    }
+    llvm::sort(grads, [](shard::AllReduceOp a, shard::AllReduceOp b) {
+      return a->isBeforeInBlock(b);
+    });
+    const double limit = double(bucketMb) * 1024 * 1024;
+    auto bytes = [](shard::AllReduceOp ar) {
+      RankedTensorType t = rt(ar);
+      return double(t.getNumElements()) *
+             std::max<unsigned>(1, t.getElementTypeBitWidth() / 8);
+    };
+    SmallVector<shard::AllReduceOp> bucket;
+    double size = 0;
+    auto flush = [&]() {
+      if (bucket.size() >= 2)
+        fuse(bucket);
+      bucket.clear();
+      size = 0;
+    };
+    for (shard::AllReduceOp ar : grads) {
+      bool fits = !bucket.empty() &&
+                  bucket.front().getGridAxes() == ar.getGridAxes() &&
+                  rt(bucket.front()).getElementType() ==
+                      rt(ar).getElementType() &&
+                  size + bytes(ar) <= limit;
+      if (!fits)
+        flush();
+      bucket.push_back(ar);
+      size += bytes(ar);
+    }
+    flush();
+  }
+
+  void fuse(ArrayRef<shard::AllReduceOp> bucket) {
+    shard::AllReduceOp last = bucket.back();
+    OpBuilder b(last);
+    Location loc = last.getLoc();
+    Type elem = rt(last).getElementType();
+    SmallVector<Value> flat;
+    int64_t total = 0;
+    for (shard::AllReduceOp ar : bucket) {
+      int64_t n = rt(ar).getNumElements();
+      flat.push_back(rt(ar).getRank() == 1
+                         ? ar.getInput()
+                         : dl::ReshapeOp::create(
+                               b, loc, RankedTensorType::get({n}, elem),
+                               ar.getInput())
+                               .getResult());
+      total += n;
+    }
+    auto flatType = RankedTensorType::get({total}, elem);
+    Value all = dl::ConcatOp::create(b, loc, flat, int64_t(0));
+    auto sum = shard::AllReduceOp::create(b, loc, flatType, last.getGridAttr(),
+                                          last.getGridAxesAttr(), all,
+                                          last.getReductionAttr());
+    sum->setDiscardableAttrs(last->getDiscardableAttrDictionary());
+    int64_t offset = 0;
+    for (shard::AllReduceOp ar : bucket) {
+      int64_t n = rt(ar).getNumElements();
+      Value piece = dl::SliceOp::create(
+          b, loc, sum.getResult(), b.getDenseI64ArrayAttr({offset}),
+          b.getDenseI64ArrayAttr({offset + n}), b.getDenseI64ArrayAttr({1}));
+      Value back = rt(ar).getRank() == 1
+                       ? piece
+                       : dl::ReshapeOp::create(b, loc, rt(ar), piece).getResult();
+      ar.getResult().replaceAllUsesWith(back);
+      offset += n;
+    }
+    for (shard::AllReduceOp ar : bucket)
+      ar->erase();
   }
 
   //===--------------------------------------------------------------------===//

@@ -153,6 +153,13 @@ def OptimizerPass : Pass<"dlopt-optimizer", "mlir::ModuleOp"> {
     Shards record their global layout (`dlopt.global_type`, `dlopt.split`
     with the replica axes appended on the sharded dim).
 
+    In a partitioned step, gradients that are still all-reduced (every
+    gradient without ZeRO) are reduced in buckets of at most `bucket-mb`
+    MiB: consecutive gradients in backward order with the same axes and
+    element type are flattened, concatenated, all-reduced once where the
+    last of them is complete, and sliced back (element for element the same
+    sums, far fewer collectives).
+
     ```mlir
     // before: (loss, grad.w) = f(x, w)
     // after:  (loss, lr, grad_norm, w', adamw.m.w', adamw.v.w', step') =
@@ -187,7 +194,11 @@ def OptimizerPass : Pass<"dlopt-optimizer", "mlir::ModuleOp"> {
     Option<"zero", "zero", "int64_t", /*default=*/"0",
            "ZeRO stage (0-3) over the data-parallel replicas (mesh axes dp "
            "and cp) of a partitioned step: 1 shards the optimizer state, 2 "
-           "also the gradients, 3 also the parameters">
+           "also the gradients, 3 also the parameters">,
+    Option<"bucketMb", "bucket-mb", "double", /*default=*/"25.0",
+           "Gradient all-reduces of a partitioned step are fused into "
+           "buckets of at most this many MiB, in backward order (0: one "
+           "all-reduce per gradient)">
   ];
   let statistics = [
     Statistic<"numParams", "params", "Parameters updated">

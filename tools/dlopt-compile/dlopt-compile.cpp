@@ -107,6 +107,11 @@ static cl::opt<int64_t> accumulateOpt(
     "accumulate", cl::desc("Micro-batches per step (gradient accumulation); each "
                            "input gains a leading dim of this size"),
     cl::init(1), cl::cat(trainCategory));
+static cl::opt<double> bucketMbOpt(
+    "grad-bucket-mb",
+    cl::desc("Data-parallel gradient all-reduces are fused into buckets of "
+             "at most this many MiB, in backward order (0: one per gradient)"),
+    cl::init(25.0), cl::cat(trainCategory));
 
 static cl::opt<std::string> recomputeOpt(
     "recompute", cl::desc("Activation recomputation: none, full or selective"),
@@ -1020,6 +1025,12 @@ int main(int argc, char **argv) {
   options.optimizer.clipNorm = clipOpt;
   options.optimizer.accumulate = accumulateOpt;
   options.optimizer.zero = zeroStage;
+  if (!(bucketMbOpt >= 0) || bucketMbOpt > 1e6) {
+    llvm::errs() << "dlopt-compile: error: --grad-bucket-mb expects a size in "
+                    "MiB from 0 to 1e6, got " << bucketMbOpt << "\n";
+    return 2;
+  }
+  options.optimizer.bucketMb = bucketMbOpt;
   options.recompute = recomputeOpt;
   options.precision = precisionOpt;
   options.meshAxes = meshAxes;
