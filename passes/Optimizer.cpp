@@ -133,19 +133,25 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
     return cast<RankedTensorType>(ar.getResult().getType());
   }
 
+  /// A gradient's all-reduce and what follows it up to the return (sumOf).
+  struct GradSum {
+    shard::AllReduceOp ar;
+    SmallVector<Operation *> chain;
+  };
+
   void bucketGradients(func::FuncOp fn) {
     Operation *ret = fn.getBody().front().getTerminator();
-    SmallVector<shard::AllReduceOp> grads;
+    SmallVector<GradSum> grads;
     for (OpOperand &o : ret->getOpOperands()) {
       if (!fn.getResultAttr(o.getOperandNumber(), DLOptDialect::kGradAttr))
         continue;
-      auto ar = o.get().getDefiningOp<shard::AllReduceOp>();
-      if (ar && ar.getReduction() == shard::ReductionKind::Sum &&
-          ar->hasOneUse() && rt(ar).getRank() > 0)
-        grads.push_back(ar);
+      GradSum g;
+      g.ar = sumOf(o.get(), g.chain);
+      if (g.ar && rt(g.ar).getRank() > 0)
+        grads.push_back(std::move(g));
     }
-    llvm::sort(grads, [](shard::AllReduceOp a, shard::AllReduceOp b) {
-      return a->isBeforeInBlock(b);
+    llvm::sort(grads, [](const GradSum &a, const GradSum &b) {
+      return a.ar->isBeforeInBlock(b.ar);
     });
     const double limit = double(bucketMb) * 1024 * 1024;
     auto bytes = [](shard::AllReduceOp ar) {
@@ -153,7 +159,7 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       return double(t.getNumElements()) *
              std::max<unsigned>(1, t.getElementTypeBitWidth() / 8);
     };
-    SmallVector<shard::AllReduceOp> bucket;
+    SmallVector<GradSum> bucket;
     double size = 0;
     auto flush = [&]() {
       if (bucket.size() >= 2)
@@ -161,28 +167,30 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       bucket.clear();
       size = 0;
     };
-    for (shard::AllReduceOp ar : grads) {
+    for (GradSum &g : grads) {
+      shard::AllReduceOp ar = g.ar;
       bool fits = !bucket.empty() &&
-                  bucket.front().getGridAxes() == ar.getGridAxes() &&
-                  rt(bucket.front()).getElementType() ==
+                  bucket.front().ar.getGridAxes() == ar.getGridAxes() &&
+                  rt(bucket.front().ar).getElementType() ==
                       rt(ar).getElementType() &&
                   size + bytes(ar) <= limit;
       if (!fits)
         flush();
-      bucket.push_back(ar);
       size += bytes(ar);
+      bucket.push_back(std::move(g));
     }
     flush();
   }
 
-  void fuse(ArrayRef<shard::AllReduceOp> bucket) {
-    shard::AllReduceOp last = bucket.back();
+  void fuse(ArrayRef<GradSum> bucket) {
+    shard::AllReduceOp last = bucket.back().ar;
     OpBuilder b(last);
     Location loc = last.getLoc();
     Type elem = rt(last).getElementType();
     SmallVector<Value> flat;
     int64_t total = 0;
-    for (shard::AllReduceOp ar : bucket) {
+    for (const GradSum &g : bucket) {
+      shard::AllReduceOp ar = g.ar;
       int64_t n = rt(ar).getNumElements();
       flat.push_back(rt(ar).getRank() == 1
                          ? ar.getInput()
@@ -199,7 +207,8 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
                                           last.getReductionAttr());
     sum->setDiscardableAttrs(last->getDiscardableAttrDictionary());
     int64_t offset = 0;
-    for (shard::AllReduceOp ar : bucket) {
+    for (const GradSum &g : bucket) {
+      shard::AllReduceOp ar = g.ar;
       int64_t n = rt(ar).getNumElements();
       Value piece = dl::SliceOp::create(
           b, loc, sum.getResult(), b.getDenseI64ArrayAttr({offset}),
@@ -208,10 +217,20 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
                        ? piece
                        : dl::ReshapeOp::create(b, loc, rt(ar), piece).getResult();
       ar.getResult().replaceAllUsesWith(back);
+      // What followed the gradient's own all-reduce (a cast to the master
+      // weights' type, 1/k) now follows its slice.
+      for (Operation *op : llvm::reverse(g.chain)) {
+        // A constant it reads (1/k's k) may come later: it moves too.
+        for (Value v : op->getOperands())
+          if (Operation *def = v.getDefiningOp();
+              def && def->getNumOperands() == 0 && !def->isBeforeInBlock(last))
+            def->moveBefore(last);
+        op->moveBefore(last);
+      }
       offset += n;
     }
-    for (shard::AllReduceOp ar : bucket)
-      ar->erase();
+    for (const GradSum &g : bucket)
+      g.ar->erase();
   }
 
   //===--------------------------------------------------------------------===//
@@ -353,6 +372,51 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
     });
   }
 
+  /// The all-reduce that sums a returned gradient, looking through what
+  /// may follow it: a cast to the master weights' type (mixed precision
+  /// reduces in the compute type) and the 1/k of accumulated micro-batches.
+  /// `chain` gets those ops, outermost first.
+  static shard::AllReduceOp sumOf(Value v, SmallVector<Operation *> &chain) {
+    chain.clear();
+    while (Operation *def = v.getDefiningOp()) {
+      if (!def->hasOneUse())
+        break;
+      if (auto c = dyn_cast<dl::CastOp>(def)) {
+        chain.push_back(def);
+        v = c.getInput();
+        continue;
+      }
+      if (auto d = dyn_cast<dl::DivOp>(def);
+          d && d.getRhs().getType().getRank() == 0 && d.getLhs().getType() == d.getType()) {
+        chain.push_back(def);
+        v = d.getLhs();
+        continue;
+      }
+      break;
+    }
+    auto ar = v.getDefiningOp<shard::AllReduceOp>();
+    if (!ar || ar.getReduction() != shard::ReductionKind::Sum || !ar->hasOneUse())
+      return {};
+    return ar;
+  }
+
+  /// Re-applies `chain` (from sumOf) to `v`, innermost first, at the types
+  /// of `v`'s shape.
+  static Value reapply(OpBuilder &b, ArrayRef<Operation *> chain, Value v) {
+    for (Operation *op : llvm::reverse(chain)) {
+      b.setInsertionPoint(op);
+      auto vt = cast<RankedTensorType>(v.getType());
+      if (auto c = dyn_cast<dl::CastOp>(op))
+        v = dl::CastOp::create(
+            b, op->getLoc(),
+            RankedTensorType::get(vt.getShape(), c.getType().getElementType()), v);
+      else
+        v = dl::DivOp::create(b, op->getLoc(), v, cast<dl::DivOp>(op).getRhs());
+      v.getDefiningOp()->setDiscardableAttrs(op->getDiscardableAttrDictionary());
+    }
+    return v;
+  }
+
   /// ZeRO: a sharded parameter's gradient sum over the replica axes becomes
   /// a reduce-scatter onto its shard (the rest of the sum, over other axes,
   /// an all-reduce of the shard); the result is the gradient's shard.
@@ -364,33 +428,25 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       if (!p || !zeroDim.count(p.getValue()))
         continue;
       int64_t d = zeroDim[p.getValue()];
-      // Accumulated micro-batches end in sum / k: scatter the sum.
-      Value v = o.get();
-      dl::DivOp mean = v.getDefiningOp<dl::DivOp>();
-      if (mean && mean->hasOneUse() && mean.getRhs().getType().getRank() == 0)
-        v = mean.getLhs();
-      else
-        mean = {};
-      auto ar = v.getDefiningOp<shard::AllReduceOp>();
+      SmallVector<Operation *> chain;
+      shard::AllReduceOp ar = sumOf(o.get(), chain);
       SmallVector<int16_t> rest;
       bool covers = false;
-      if (ar && ar.getReduction() == shard::ReductionKind::Sum && ar->hasOneUse()) {
+      if (ar) {
         ArrayRef<int16_t> axes = ar.getGridAxes();
         covers = llvm::all_of(zeroAxes, [&](int16_t a) { return llvm::is_contained(axes, a); });
         for (int16_t a : axes)
           if (!llvm::is_contained(zeroAxes, a))
             rest.push_back(a);
       }
-      b.setInsertionPointAfterValue(o.get());
-      Value shard;
       if (covers) {
         b.setInsertionPoint(ar);
-        shard = shard::ReduceScatterOp::create(
-                    b, ar.getLoc(), shardType(ar.getType(), d), grid(),
-                    b.getDenseI16ArrayAttr(zeroAxes), ar.getInput(),
-                    shard::ReductionKindAttr::get(&getContext(), shard::ReductionKind::Sum),
-                    b.getIndexAttr(d))
-                    .getResult();
+        Value shard = shard::ReduceScatterOp::create(
+                          b, ar.getLoc(), shardType(ar.getType(), d), grid(),
+                          b.getDenseI16ArrayAttr(zeroAxes), ar.getInput(),
+                          shard::ReductionKindAttr::get(&getContext(), shard::ReductionKind::Sum),
+                          b.getIndexAttr(d))
+                          .getResult();
         // The reduction's marks (layer, pass, micro-batch) carry over.
         shard.getDefiningOp()->setDiscardableAttrs(ar->getDiscardableAttrDictionary());
         if (!rest.empty())
@@ -398,20 +454,18 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
                                              b.getDenseI16ArrayAttr(rest), shard,
                                              ar.getReductionAttr())
                       .getResult();
-        if (mean) {
-          b.setInsertionPoint(mean);
-          shard = dl::DivOp::create(b, mean.getLoc(), shard, mean.getRhs());
-          o.set(shard);
-          mean->erase();
-        }
+        shard = reapply(b, chain, shard);
         o.set(shard);
+        for (Operation *op : chain)
+          op->erase();
         ar->erase();
       } else {
         // Already summed (or never partial): every rank keeps its block.
-        shard = shard::AllSliceOp::create(b, o.get().getLoc(), shardType(o.get().getType(), d),
-                                          grid(), b.getDenseI16ArrayAttr(zeroAxes),
-                                          o.get(), b.getIndexAttr(d))
-                    .getResult();
+        b.setInsertionPointAfterValue(o.get());
+        Value shard = shard::AllSliceOp::create(b, o.get().getLoc(), shardType(o.get().getType(), d),
+                                                grid(), b.getDenseI16ArrayAttr(zeroAxes),
+                                                o.get(), b.getIndexAttr(d))
+                          .getResult();
         o.set(shard);
       }
     }
