@@ -124,11 +124,6 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
   // Gradient buckets
   //===--------------------------------------------------------------------===//
 
-  /// Fuses the gradients' all-reduces into buckets: runs of consecutive
-  /// (backward-order) all-reduces of returned gradients over the same axes
-  /// and element type, up to bucket-mb MiB, become one all-reduce of their
-  /// flattened concatenation, placed where the last gradient of the run is
-  /// complete, and slices of it.
   static RankedTensorType rt(shard::AllReduceOp ar) {
     return cast<RankedTensorType>(ar.getResult().getType());
   }
@@ -139,6 +134,11 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
     SmallVector<Operation *> chain;
   };
 
+  /// Fuses the gradients' all-reduces into buckets: runs of consecutive
+  /// (backward-order) all-reduces of returned gradients over the same axes
+  /// and element type, up to bucket-mb MiB, become one all-reduce of their
+  /// flattened concatenation, placed where the last gradient of the run is
+  /// complete, and slices of it.
   void bucketGradients(func::FuncOp fn) {
     Operation *ret = fn.getBody().front().getTerminator();
     SmallVector<GradSum> grads;
@@ -247,12 +247,9 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
 
   static constexpr llvm::StringLiteral kGlobalType = "dlopt.global_type";
   static constexpr llvm::StringLiteral kSplit = "dlopt.split";
-  static constexpr llvm::StringLiteral kZeroGather = "dlopt.zero_gather";
 
   LogicalResult planZero(func::FuncOp fn) {
     auto bad = [&]() { return fn.emitError() << "dlopt-optimizer: zero=" << int64_t(zero) << ": "; };
-    if (zero > 3)
-      return bad() << "expects a ZeRO stage from 0 to 3";
     auto mesh = fn->getParentOfType<ModuleOp>()->getAttrOfType<DictionaryAttr>("dlopt.mesh");
     if (mesh) {
       auto axes = cast<ArrayAttr>(mesh.get("axes"));
@@ -344,7 +341,7 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
           auto ag = shard::AllGatherOp::create(b, user->getLoc(), full, grid(),
                                                b.getDenseI16ArrayAttr(zeroAxes),
                                                arg, b.getIndexAttr(d));
-          ag->setAttr(kZeroGather, b.getStringAttr(phase ? "bwd" : "fwd"));
+          ag->setAttr(DLOptDialect::kZeroGatherAttr, b.getStringAttr(phase ? "bwd" : "fwd"));
           // Part of its first user's layer and pass: recomputing the layer
           // gathers the parameter again.
           for (StringRef mark : {DLOptDialect::kLayerAttr, DLOptDialect::kBackwardAttr})
@@ -363,10 +360,10 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
   /// differ only in their ids and micro-batch marks).
   void markParameterGathers(func::FuncOp fn) {
     fn.walk([&](shard::AllGatherOp ag) {
-      auto phase = ag->getAttrOfType<StringAttr>(kZeroGather);
+      auto phase = ag->getAttrOfType<StringAttr>(DLOptDialect::kZeroGatherAttr);
       auto mb = ag->getAttrOfType<IntegerAttr>(DLOptDialect::kMicroBatchAttr);
       if (phase && mb)
-        ag->setAttr(kZeroGather,
+        ag->setAttr(DLOptDialect::kZeroGatherAttr,
                     StringAttr::get(&getContext(), phase.getValue() + ".mb" +
                                                        std::to_string(mb.getInt())));
     });
@@ -509,6 +506,11 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       return bad() << "expects 0 <= min-lr <= lr, got " << double(minLr);
     if (!(clipNorm >= 0))
       return bad() << "expects clip-norm >= 0, got " << double(clipNorm);
+    if (zero < 0 || zero > 3)
+      return bad() << "zero=" << int64_t(zero) << ": expects a ZeRO stage from 0 to 3";
+    if (!(bucketMb >= 0) || !std::isfinite(double(bucketMb)))
+      return bad() << "expects bucket-mb >= 0 (MiB; 0: no buckets), got "
+                   << double(bucketMb);
     if (accumulate < 1 || accumulate > kMaxAccumulate)
       return bad() << "expects accumulate in [1, " << kMaxAccumulate
                    << "], got " << int64_t(accumulate)
@@ -668,7 +670,7 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
     // a partitioned step; a parameter's states and updates share it.
     auto layoutOf = [&](BlockArgument arg) {
       SmallVector<NamedAttribute> l;
-      for (StringRef k : {"dlopt.global_type", "dlopt.split"})
+      for (StringRef k : {kGlobalType, kSplit})
         if (Attribute a = fn.getArgAttr(arg.getArgNumber(), k))
           l.push_back(b.getNamedAttr(k, a));
       return l;
@@ -758,11 +760,11 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       Value mag = dl::AbsOp::create(b, loc, g);
       Value s = e.sumAll(e.mul(mag, mag));
       std::vector<int16_t> axes;
-      ArrayAttr split = fn.getArgAttrOfType<ArrayAttr>(arg.getArgNumber(), "dlopt.split");
+      ArrayAttr split = fn.getArgAttrOfType<ArrayAttr>(arg.getArgNumber(), kSplit);
       // A ZeRO-sharded gradient is the shard: its state's layout.
       if (auto it = stateLayouts.find(name.getValue()); it != stateLayouts.end())
         for (NamedAttribute a : it->second)
-          if (a.getName() == "dlopt.split")
+          if (a.getName() == kSplit)
             split = cast<ArrayAttr>(a.getValue());
       if (split && mesh)
         for (Attribute d : split)

@@ -108,26 +108,27 @@ struct RecomputePass : dlopt::impl::RecomputePassBase<RecomputePass> {
       // parameter is gathered once per backward pass, as FSDP does with
       // activation checkpointing.
       for (Operation *op : clone) {
-        Operation *copy = map.lookup(op->getResult(0)).getDefiningOp();
-        auto phase = copy->getAttrOfType<StringAttr>("dlopt.zero_gather");
+        auto mine = dyn_cast<shard::AllGatherOp>(
+            map.lookup(op->getResult(0)).getDefiningOp());
+        auto phase = mine ? mine->getAttrOfType<StringAttr>(DLOptDialect::kZeroGatherAttr)
+                          : StringAttr();
         if (!phase || !phase.getValue().starts_with("fwd"))
           continue;
         std::string bwd = ("bwd" + phase.getValue().drop_front(3)).str();
         for (Operation *user : llvm::make_early_inc_range(op->getOperand(0).getUsers())) {
-          auto other = user->getAttrOfType<StringAttr>("dlopt.zero_gather");
-          auto mine = dyn_cast<shard::AllGatherOp>(copy);
+          auto other = user->getAttrOfType<StringAttr>(DLOptDialect::kZeroGatherAttr);
           auto theirs = dyn_cast<shard::AllGatherOp>(user);
-          if (!other || other.getValue() != bwd || !mine || !theirs ||
+          if (!other || other.getValue() != bwd || !theirs ||
               theirs.getType() != mine.getType() ||
               theirs.getGatherAxis() != mine.getGatherAxis() ||
               theirs.getGridAxes() != mine.getGridAxes())
             continue;
           bool dominated = llvm::all_of(user->getUsers(), [&](Operation *u) {
-            return copy->isBeforeInBlock(u);
+            return mine->isBeforeInBlock(u);
           });
           if (!dominated)
             continue;
-          user->getResult(0).replaceAllUsesWith(copy->getResult(0));
+          user->getResult(0).replaceAllUsesWith(mine.getResult());
           user->erase();
         }
       }

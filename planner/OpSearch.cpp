@@ -1019,6 +1019,8 @@ struct Ctx {
   std::vector<int> fwdOps; ///< non-backward op ids in order
   SolveOptions solveOptions{};
   OpSearchStats *stats = nullptr;
+  /// backwardReadFraction(g): what ZeRO-3 gathers again for the backward.
+  double bwdReadFraction = 1;
 
   double roofline(OpKind kind, double flops, double bytes) const {
     if (flops <= 0 && bytes <= 0)
@@ -1448,7 +1450,7 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
             c.pricer.time(Collective::ReduceScatter, grads, dp, t), backward);
         double ag = c.pricer.time(Collective::AllGather, params, dp, t);
         double agBwd = c.pricer.time(Collective::AllGather,
-                                     params * backwardReadFraction(c.g), dp, t);
+                                     params * c.bwdReadFraction, dp, t);
         e += cfg.zeroStage < 3
                  ? ag
                  : m * CostModel::exposed(ag + agBwd, x.compute + x.comm,
@@ -1577,6 +1579,7 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
   Ctx c{g, cluster, cost, opt, CommPricer(cluster, cost), {}, 0, true, 2, 4,
         {}, {}, nullptr};
   c.stats = &st;
+  c.bwdReadFraction = backwardReadFraction(g);
   c.train = opt.training;
   c.floatBytes = opt.bytes.activationBytes;
   c.capacity = cluster.minDeviceMemory();
@@ -1949,7 +1952,7 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
                dp, t, params, m, 0);
         // The backward pass gathers only what it reads.
         record("dp zero-3 parameter all-gather (backward)", Collective::AllGather,
-               dp, t, params * backwardReadFraction(g), m, 0);
+               dp, t, params * c.bwdReadFraction, m, 0);
       }
     }
   }

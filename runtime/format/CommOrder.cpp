@@ -18,14 +18,20 @@ struct Event {
 
 std::string describe(const Executable &exe, int32_t program, const Event &e) {
   const Instr &in = exe.programs[size_t(program)].instrs[size_t(e.instr)];
-  std::string s = "'" + in.op + "' (instruction " + std::to_string(e.instr) +
-                  (in.loc.empty() ? "" : " at " + in.loc) + ")";
-  return s;
+  return "'" + in.op + "' (instruction " + std::to_string(e.instr) +
+         (in.loc.empty() ? "" : " at " + in.loc) + ")";
 }
 
-/// What makes two ranks' k-th collectives on one communicator the same
-/// operation: the op, its attributes but the location, and the operand's
-/// type (every rank passes a block of the same shape).
+/// Two ranks' k-th collectives on one communicator must be the same
+/// operation: the op, its attributes (the location is not one), and the
+/// operand's type (every rank passes a block of the same shape).
+bool sameCollective(const Executable &exe, const Instr &a, const Instr &b) {
+  return a.op == b.op && a.attrs == b.attrs &&
+         exe.values[size_t(a.operands[0])].type ==
+             exe.values[size_t(b.operands[0])].type;
+}
+
+/// The same, as text for a message.
 std::string signature(const Executable &exe, const Instr &in) {
   std::string s = in.op;
   for (const auto &[k, v] : in.attrs) {
@@ -53,16 +59,6 @@ Status checkCommunicationOrder(const Executable &exe) {
     for (int32_t r : exe.programs[p].ranks)
       programOf[size_t(r)] = int32_t(p);
 
-  // Communicator instances: (group kind, first rank of the group).
-  std::map<std::pair<int32_t, int32_t>, int32_t> commIds;
-  std::vector<std::vector<int32_t>> commRanks;
-  bool any = false;
-  for (const Program &p : exe.programs)
-    for (const Instr &in : p.instrs)
-      any = any || isCommunicationOp(in.op);
-  if (!any)
-    return Status::ok();
-
   // Bounded work: one event per communication instruction per rank.
   int64_t total = 0;
   for (const Program &p : exe.programs) {
@@ -71,6 +67,8 @@ Status checkCommunicationOrder(const Executable &exe) {
       n += isCommunicationOp(in.op) ? 1 : 0;
     total += n * int64_t(p.ranks.size());
   }
+  if (total == 0)
+    return Status::ok();
   constexpr int64_t kMaxEvents = int64_t(1) << 26;
   if (total > kMaxEvents)
     return Status::error("the ranks issue " + std::to_string(total) +
@@ -78,28 +76,10 @@ Status checkCommunicationOrder(const Executable &exe) {
                          std::to_string(kMaxEvents) +
                          " the deadlock check replays");
 
-  // Member k of rank r's group of kind g: r's coordinates with the group's
-  // axes set to k (row-major); no group is enumerated more than once.
-  auto member = [&](int32_t g, int32_t r, int64_t k) {
-    std::vector<int64_t> c = exe.mesh.coords(r);
-    const std::vector<int32_t> &axes = exe.groups[size_t(g)].axes;
-    for (size_t j = axes.size(); j-- > 0;) {
-      int64_t sz = exe.mesh.shape[size_t(axes[j])];
-      c[size_t(axes[j])] = k % sz;
-      k /= sz;
-    }
-    int64_t out = 0;
-    for (size_t a = 0; a < c.size(); ++a)
-      out = out * exe.mesh.shape[a] + c[a];
-    return int32_t(out);
-  };
-  auto groupSize = [&](int32_t g) {
-    int64_t n = 1;
-    for (int32_t a : exe.groups[size_t(g)].axes)
-      n *= exe.mesh.shape[size_t(a)];
-    return n;
-  };
-
+  // Communicator instances: (group kind, first rank of the group); no
+  // group is listed more than once.
+  std::map<std::pair<int32_t, int32_t>, int32_t> commIds;
+  std::vector<std::vector<int32_t>> commRanks;
   std::vector<std::vector<Event>> events(static_cast<size_t>(world));
   for (int32_t r = 0; r < world; ++r) {
     int32_t p = programOf[size_t(r)];
@@ -112,7 +92,7 @@ Status checkCommunicationOrder(const Executable &exe) {
       if (group < 0 || size_t(group) >= exe.groups.size())
         return Status::error("rank " + std::to_string(r) + ": '" + in.op +
                              "' names no valid group");
-      int64_t size = groupSize(group);
+      int64_t size = exe.groupSize(group);
       Event e;
       e.instr = int32_t(i);
       if (in.op == "send" || in.op == "recv") {
@@ -122,7 +102,7 @@ Status checkCommunicationOrder(const Executable &exe) {
                                describe(exe, p, e) + " names peer " +
                                std::to_string(peer) + ", outside its group of " +
                                std::to_string(size));
-        e.peer = member(group, r, peer);
+        e.peer = exe.groupMember(group, r, peer);
         if (e.peer == r)
           return Status::error("rank " + std::to_string(r) + ": " +
                                describe(exe, p, e) +
@@ -130,7 +110,7 @@ Status checkCommunicationOrder(const Executable &exe) {
         e.send = in.op == "send";
         e.recv = !e.send;
       } else {
-        auto key = std::make_pair(group, member(group, r, 0));
+        auto key = std::make_pair(group, exe.groupMember(group, r, 0));
         auto it = commIds.find(key);
         if (it == commIds.end()) {
           it = commIds.emplace(key, int32_t(commRanks.size())).first;
@@ -196,18 +176,18 @@ Status checkCommunicationOrder(const Executable &exe) {
     if (here.size() < members.size())
       continue;
     // Every rank of the communicator is at its next collective on it.
-    std::string want = signature(exe, instrOf(members.front(),
-                                              *at(members.front())));
+    const int32_t first = members.front();
+    const Instr &want = instrOf(first, *at(first));
     for (int32_t m : members) {
-      std::string got = signature(exe, instrOf(m, *at(m)));
-      if (got != want)
+      const Instr &got = instrOf(m, *at(m));
+      if (!sameCollective(exe, want, got))
         return Status::error(
             "the ranks of one communicator disagree on their next "
-            "collective: rank " + std::to_string(members.front()) + " runs " +
-            describe(exe, programOf[size_t(members.front())],
-                     *at(members.front())) +
-            " (" + want + "), rank " + std::to_string(m) + " runs " +
-            describe(exe, programOf[size_t(m)], *at(m)) + " (" + got + ")");
+            "collective: rank " + std::to_string(first) + " runs " +
+            describe(exe, programOf[size_t(first)], *at(first)) + " (" +
+            signature(exe, want) + "), rank " + std::to_string(m) + " runs " +
+            describe(exe, programOf[size_t(m)], *at(m)) + " (" +
+            signature(exe, got) + ")");
     }
     for (int32_t m : members) {
       waiting[size_t(m)] = false;

@@ -246,9 +246,7 @@ Status validateCommunication(const Executable &exe, const Instr &in,
     return Status::error(iw + "group " + std::to_string(*group) +
                          " is not in the group table (" +
                          std::to_string(exe.groups.size()) + " groups)");
-  int64_t n = 1;
-  for (int32_t a : exe.groups[size_t(*group)].axes)
-    n *= exe.mesh.shape[size_t(a)];
+  int64_t n = exe.groupSize(int32_t(*group));
   if (in.op == "send" || in.op == "recv") {
     // The pairing is checked across ranks (checkCommunicationOrder).
     Expected<int64_t> peer = attrInt("peer");
@@ -721,27 +719,34 @@ int32_t Executable::programOf(int32_t rank) const {
   return -1;
 }
 
-std::vector<int32_t> Executable::groupRanks(int32_t group, int32_t rank) const {
+int64_t Executable::groupSize(int32_t group) const {
+  int64_t n = 1;
+  for (int32_t a : groups[size_t(group)].axes)
+    n *= mesh.shape[size_t(a)];
+  return n;
+}
+
+int32_t Executable::groupMember(int32_t group, int32_t rank, int64_t index) const {
+  // `rank`'s coordinates with the group's axes set to `index` (row-major).
   const std::vector<int32_t> &axes = groups[size_t(group)].axes;
   std::vector<int64_t> c = mesh.coords(rank);
-  // Enumerate the coordinates on `axes` row-major, keeping the others.
-  int64_t n = 1;
-  for (int32_t a : axes)
-    n *= mesh.shape[size_t(a)];
+  for (size_t k = axes.size(); k-- > 0;) {
+    int64_t s = mesh.shape[size_t(axes[k])];
+    c[size_t(axes[k])] = index % s;
+    index /= s;
+  }
+  int64_t r = 0;
+  for (size_t a = 0; a < c.size(); ++a)
+    r = r * mesh.shape[a] + c[a];
+  return int32_t(r);
+}
+
+std::vector<int32_t> Executable::groupRanks(int32_t group, int32_t rank) const {
+  int64_t n = groupSize(group);
   std::vector<int32_t> out;
   out.reserve(size_t(n));
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t rest = i;
-    for (size_t k = axes.size(); k-- > 0;) {
-      int64_t s = mesh.shape[size_t(axes[k])];
-      c[size_t(axes[k])] = rest % s;
-      rest /= s;
-    }
-    int64_t r = 0;
-    for (size_t a = 0; a < c.size(); ++a)
-      r = r * mesh.shape[a] + c[a];
-    out.push_back(int32_t(r));
-  }
+  for (int64_t i = 0; i < n; ++i)
+    out.push_back(groupMember(group, rank, i));
   return out;
 }
 

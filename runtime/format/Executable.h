@@ -244,6 +244,10 @@ struct Executable {
   /// The ranks of the group of kind `group` that contains `rank`, in group
   /// order (the index of `rank` in it is its rank in the communicator).
   std::vector<int32_t> groupRanks(int32_t group, int32_t rank) const;
+  /// The number of ranks in a group of kind `group`.
+  int64_t groupSize(int32_t group) const;
+  /// groupRanks(group, rank)[index], without listing the group.
+  int32_t groupMember(int32_t group, int32_t rank, int64_t index) const;
 
   /// Checks internal consistency (ids in range, each Temp defined once and
   /// before use, memory plan covering every value, no overlapping live

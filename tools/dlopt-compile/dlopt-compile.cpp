@@ -1025,11 +1025,6 @@ int main(int argc, char **argv) {
   options.optimizer.clipNorm = clipOpt;
   options.optimizer.accumulate = accumulateOpt;
   options.optimizer.zero = zeroStage;
-  if (!(bucketMbOpt >= 0) || bucketMbOpt > 1e6) {
-    llvm::errs() << "dlopt-compile: error: --grad-bucket-mb expects a size in "
-                    "MiB from 0 to 1e6, got " << bucketMbOpt << "\n";
-    return 2;
-  }
   options.optimizer.bucketMb = bucketMbOpt;
   options.recompute = recomputeOpt;
   options.precision = precisionOpt;

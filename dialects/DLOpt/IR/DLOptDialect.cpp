@@ -228,9 +228,7 @@ LogicalResult DLOptDialect::verifyOperationAttribute(Operation *op,
     }
     return success();
   }
-  if (name == "dlopt.zero_gather") {
-    // ZeRO-3's gather of a sharded parameter for one phase ("fwd" or "bwd",
-    // with ".mb<k>" per micro-batch): keeps the gathers apart under CSE.
+  if (name == kZeroGatherAttr) {
     auto s = dyn_cast<StringAttr>(attr.getValue());
     if (!s || !(s.getValue().starts_with("fwd") || s.getValue().starts_with("bwd")))
       return op->emitError() << "'dlopt.zero_gather' expects a string "

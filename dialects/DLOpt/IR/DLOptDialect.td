@@ -61,6 +61,9 @@ def DLOpt_Dialect : Dialect {
     /// On ops dlopt-optimizer replays per micro-batch (accumulate > 1): the
     /// micro-batch, so that (dlopt.id, dlopt.mb) stays unique.
     static constexpr ::llvm::StringLiteral kMicroBatchAttr = "dlopt.mb";
+    /// On ZeRO-3's parameter gathers (dlopt-optimizer): the phase, "fwd" or
+    /// "bwd", with ".mb<k>" per micro-batch; keeps them apart under CSE.
+    static constexpr ::llvm::StringLiteral kZeroGatherAttr = "dlopt.zero_gather";
   }];
 }
 
