@@ -9,7 +9,7 @@ namespace dlopt::rt::cuda {
 bool isCommunicationOp(std::string_view op) {
   static constexpr std::string_view kComm[] = {
       "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
-      "broadcast",  "send",       "recv",           "barrier"};
+      "broadcast",  "send",       "recv",           "barrier", "send_recv"};
   for (std::string_view c : kComm)
     if (op == c)
       return true;

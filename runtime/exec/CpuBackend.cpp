@@ -138,6 +138,27 @@ Status runCommunication(const Instr &instr, std::span<const TensorRef> ins,
                          std::to_string(group) + " on rank " +
                          std::to_string(ctx.rank));
   Communicator &comm = *ctx.groups[size_t(group)];
+  if (instr.op == "send_recv") {
+    // Sends are posted first, then the receives: the in-process
+    // communicator buffers sends, so a batch never waits on itself.
+    Expected<std::vector<int64_t>> sendPeers = instr.getInts("send_peers");
+    Expected<std::vector<int64_t>> recvPeers = instr.getInts("recv_peers");
+    if (!sendPeers || !recvPeers)
+      return Status::error(where + (!sendPeers ? sendPeers.status().message()
+                                               : recvPeers.status().message()));
+    for (size_t i = 0; i < ins.size(); ++i)
+      DLOPT_RETURN_IF_ERROR(
+          comm.send(hostIn(ins[i].data, ins[i].numElements(), ins[i].type.dtype),
+                    int((*sendPeers)[i]))
+              .withContext(where));
+    for (size_t i = 0; i < outs.size(); ++i)
+      DLOPT_RETURN_IF_ERROR(
+          comm.recv(hostOut(outs[i].data, outs[i].numElements(),
+                            outs[i].type.dtype),
+                    int((*recvPeers)[i]))
+              .withContext(where));
+    return Status::ok();
+  }
   if (instr.op == "send" || instr.op == "recv") {
     int peer = int(instr.getInt("peer", -1));
     Status st = instr.op == "send"

@@ -2,18 +2,30 @@
 #include "runtime/format/CommOrder.h"
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 namespace dlopt::rt {
 namespace {
 
-/// One communication instruction of one rank.
+/// One point-to-point transfer of a batch: a send of operand `index`, or a
+/// receive into result `index`.
+struct P2P {
+  bool send = false;
+  int32_t index = 0;
+  int32_t peer = -1;    ///< the other rank
+  int32_t partner = -1; ///< the peer's step that holds the matching transfer
+};
+
+/// One communication instruction of one rank: a collective, or a batch of
+/// point-to-point transfers (a send or recv is a batch of one; send_recv
+/// posts all of its transfers together, as NCCL's grouped calls do).
 struct Event {
   int32_t instr = 0;   ///< index in the rank's program
   int32_t comm = -1;   ///< communicator instance (collectives)
-  int32_t peer = -1;   ///< the other rank (send, recv)
-  bool send = false, recv = false;
+  std::vector<P2P> p2p;
+  bool isP2P() const { return comm < 0; }
 };
 
 std::string describe(const Executable &exe, int32_t program, const Event &e) {
@@ -95,20 +107,46 @@ Status checkCommunicationOrder(const Executable &exe) {
       int64_t size = exe.groupSize(group);
       Event e;
       e.instr = int32_t(i);
-      if (in.op == "send" || in.op == "recv") {
-        int64_t peer = in.getInt("peer", -1);
+      auto peerOf = [&](int64_t peer) -> Expected<int32_t> {
         if (peer < 0 || peer >= size)
           return Status::error("rank " + std::to_string(r) + ": " +
                                describe(exe, p, e) + " names peer " +
                                std::to_string(peer) + ", outside its group of " +
                                std::to_string(size));
-        e.peer = exe.groupMember(group, r, peer);
-        if (e.peer == r)
+        int32_t q = exe.groupMember(group, r, peer);
+        if (q == r)
           return Status::error("rank " + std::to_string(r) + ": " +
                                describe(exe, p, e) +
                                " names the rank itself as its peer");
-        e.send = in.op == "send";
-        e.recv = !e.send;
+        return q;
+      };
+      if (in.op == "send" || in.op == "recv" || in.op == "send_recv") {
+        std::vector<std::pair<bool, int64_t>> transfers;
+        if (in.op == "send_recv") {
+          Expected<std::vector<int64_t>> sp = in.getInts("send_peers"),
+                                         rp = in.getInts("recv_peers");
+          if (!sp || !rp)
+            return Status::error("rank " + std::to_string(r) + ": " +
+                                 describe(exe, p, e) + ": " +
+                                 (!sp ? sp.status() : rp.status()).message());
+          for (int64_t q : *sp)
+            transfers.push_back({true, q});
+          for (int64_t q : *rp)
+            transfers.push_back({false, q});
+        } else {
+          transfers.push_back({in.op == "send", in.getInt("peer", -1)});
+        }
+        int32_t sends = 0, recvs = 0;
+        for (auto [isSend, peer] : transfers) {
+          Expected<int32_t> q = peerOf(peer);
+          if (!q)
+            return q.status();
+          P2P t;
+          t.send = isSend;
+          t.index = isSend ? sends++ : recvs++;
+          t.peer = *q;
+          e.p2p.push_back(t);
+        }
       } else {
         auto key = std::make_pair(group, exe.groupMember(group, r, 0));
         auto it = commIds.find(key);
@@ -122,9 +160,82 @@ Status checkCommunicationOrder(const Executable &exe) {
     }
   }
 
-  // Replay: every rank runs until its next communication blocks.
+  auto instrOf = [&](int32_t r, const Event &e) -> const Instr & {
+    return exe.programs[size_t(programOf[size_t(r)])].instrs[size_t(e.instr)];
+  };
+
+  // Pairing: the k-th send from a to b meets the k-th receive on b from a
+  // (FIFO per ordered pair of ranks), of the same type.
+  {
+    struct Ref {
+      int32_t step, transfer;
+    };
+    std::map<std::pair<int32_t, int32_t>, std::vector<Ref>> sends, recvs;
+    for (int32_t r = 0; r < world; ++r)
+      for (size_t s = 0; s < events[size_t(r)].size(); ++s) {
+        const Event &e = events[size_t(r)][s];
+        for (size_t t = 0; t < e.p2p.size(); ++t) {
+          const P2P &x = e.p2p[t];
+          auto key = x.send ? std::make_pair(r, x.peer) : std::make_pair(x.peer, r);
+          (x.send ? sends : recvs)[key].push_back({int32_t(s), int32_t(t)});
+        }
+      }
+    auto typeOf = [&](int32_t r, const Ref &ref, bool send) -> const TensorType & {
+      const Event &e = events[size_t(r)][size_t(ref.step)];
+      const Instr &in = instrOf(r, e);
+      int32_t idx = e.p2p[size_t(ref.transfer)].index;
+      return exe.values[size_t(send ? in.operands[size_t(idx)]
+                                    : in.results[size_t(idx)])]
+          .type;
+    };
+    auto unpaired = [&](int32_t r, const Ref &ref, bool send, int32_t peer) {
+      const Event &e = events[size_t(r)][size_t(ref.step)];
+      return Status::error(
+          std::string("the programs can deadlock (assuming a send waits for "
+                      "its receive): rank ") +
+          std::to_string(r) + (send ? " sends to" : " receives from") +
+          " rank " + std::to_string(peer) + " with " +
+          describe(exe, programOf[size_t(r)], e) + ", and rank " +
+          std::to_string(peer) + " has no matching " +
+          (send ? "receive" : "send") + " left");
+    };
+    std::set<std::pair<int32_t, int32_t>> keys;
+    for (const auto &kv : sends)
+      keys.insert(kv.first);
+    for (const auto &kv : recvs)
+      keys.insert(kv.first);
+    for (const auto &key : keys) {
+      const std::vector<Ref> &ss = sends[key], &rs = recvs[key];
+      auto [a, b] = key;
+      for (size_t k = 0; k < std::max(ss.size(), rs.size()); ++k) {
+        if (k >= rs.size())
+          return unpaired(a, ss[k], true, b);
+        if (k >= ss.size())
+          return unpaired(b, rs[k], false, a);
+        const TensorType &st = typeOf(a, ss[k], true), &vt = typeOf(b, rs[k], false);
+        const Event &se = events[size_t(a)][size_t(ss[k].step)];
+        const Event &ve = events[size_t(b)][size_t(rs[k].step)];
+        if (!(st == vt))
+          return Status::error(
+              "rank " + std::to_string(a) + " sends a " + st.str() + " with " +
+              describe(exe, programOf[size_t(a)], se) + " to rank " +
+              std::to_string(b) + ", which receives a " + vt.str() + " with " +
+              describe(exe, programOf[size_t(b)], ve));
+        events[size_t(a)][size_t(ss[k].step)].p2p[size_t(ss[k].transfer)].partner =
+            rs[k].step;
+        events[size_t(b)][size_t(rs[k].step)].p2p[size_t(rs[k].transfer)].partner =
+            ss[k].step;
+      }
+    }
+  }
+
+  // Replay: every rank runs until its next communication blocks. A batch
+  // of transfers completes once every peer has posted its side (reached
+  // the step holding the matching transfer); a collective once every rank
+  // of its communicator has reached it.
   std::vector<size_t> pc(static_cast<size_t>(world), 0);
   std::vector<std::vector<int32_t>> arrived(commRanks.size());
+  std::vector<bool> inCollective(static_cast<size_t>(world), false);
   std::vector<int32_t> work;
   for (int32_t r = 0; r < world; ++r)
     work.push_back(r);
@@ -133,45 +244,31 @@ Status checkCommunicationOrder(const Executable &exe) {
                ? &events[size_t(r)][pc[size_t(r)]]
                : nullptr;
   };
-  auto instrOf = [&](int32_t r, const Event &e) -> const Instr & {
-    return exe.programs[size_t(programOf[size_t(r)])].instrs[size_t(e.instr)];
+  auto advance = [&](int32_t r) {
+    ++pc[size_t(r)];
+    work.push_back(r);
+    // Peers of the step r now posts may have been waiting for it.
+    if (const Event *n = at(r))
+      for (const P2P &t : n->p2p)
+        work.push_back(t.peer);
   };
-  std::vector<bool> waiting(static_cast<size_t>(world), false);
   while (!work.empty()) {
     int32_t r = work.back();
     work.pop_back();
     const Event *e = at(r);
-    if (!e || waiting[size_t(r)])
+    if (!e || inCollective[size_t(r)])
       continue;
-    if (e->send || e->recv) {
-      const Event *o = at(e->peer);
-      bool match = o && waiting[size_t(e->peer)] && o->peer == r &&
-                   (e->send ? o->recv : o->send);
-      if (!match) {
-        waiting[size_t(r)] = true;
-        continue;
-      }
-      const Event &s = e->send ? *e : *o, &v = e->send ? *o : *e;
-      int32_t sr = e->send ? r : e->peer, vr = e->send ? e->peer : r;
-      const Instr &si = instrOf(sr, s), &vi = instrOf(vr, v);
-      const TensorType &st = exe.values[size_t(si.operands[0])].type;
-      const TensorType &vt = exe.values[size_t(vi.results[0])].type;
-      if (!(st == vt))
-        return Status::error(
-            "rank " + std::to_string(sr) + " sends a " + st.str() + " with " +
-            describe(exe, programOf[size_t(sr)], s) + " to rank " +
-            std::to_string(vr) + ", which receives a " + vt.str() + " with " +
-            describe(exe, programOf[size_t(vr)], v));
-      waiting[size_t(e->peer)] = false;
-      ++pc[size_t(r)];
-      ++pc[size_t(e->peer)];
-      work.push_back(r);
-      work.push_back(e->peer);
+    if (e->isP2P()) {
+      bool ready = true;
+      for (const P2P &t : e->p2p)
+        ready = ready && pc[size_t(t.peer)] >= size_t(t.partner);
+      if (ready)
+        advance(r);
       continue;
     }
     std::vector<int32_t> &here = arrived[size_t(e->comm)];
     here.push_back(r);
-    waiting[size_t(r)] = true;
+    inCollective[size_t(r)] = true;
     const std::vector<int32_t> &members = commRanks[size_t(e->comm)];
     if (here.size() < members.size())
       continue;
@@ -189,12 +286,11 @@ Status checkCommunicationOrder(const Executable &exe) {
             describe(exe, programOf[size_t(m)], *at(m)) + " (" +
             signature(exe, got) + ")");
     }
-    for (int32_t m : members) {
-      waiting[size_t(m)] = false;
-      ++pc[size_t(m)];
-      work.push_back(m);
-    }
     here.clear();
+    for (int32_t m : members) {
+      inCollective[size_t(m)] = false;
+      advance(m);
+    }
   }
 
   // Whoever still waits waits forever.
@@ -206,13 +302,18 @@ Status checkCommunicationOrder(const Executable &exe) {
       continue;
     std::string what = "rank " + std::to_string(r) + " waits in " +
                        describe(exe, programOf[size_t(r)], *e);
-    if (e->send || e->recv) {
-      const Event *o = at(e->peer);
-      what += std::string(e->send ? " to send to" : " to receive from") +
-              " rank " + std::to_string(e->peer) +
-              (o ? ", which waits in " +
-                       describe(exe, programOf[size_t(e->peer)], *o)
-                 : ", which has finished its program");
+    if (e->isP2P()) {
+      for (const P2P &t : e->p2p) {
+        if (pc[size_t(t.peer)] >= size_t(t.partner))
+          continue;
+        const Event *o = at(t.peer);
+        what += std::string(t.send ? " to send to" : " to receive from") +
+                " rank " + std::to_string(t.peer) +
+                (o ? ", which waits in " +
+                         describe(exe, programOf[size_t(t.peer)], *o)
+                   : ", which has finished its program");
+        break;
+      }
     } else {
       const std::vector<int32_t> &members = commRanks[size_t(e->comm)];
       std::string missing;

@@ -257,6 +257,19 @@ Status validateCommunication(const Executable &exe, const Instr &in,
                            " is outside the group of " + std::to_string(n));
     return Status::ok();
   }
+  if (in.op == "send_recv") {
+    for (const char *name : {"send_peers", "recv_peers"}) {
+      Expected<std::vector<int64_t>> peers = in.getInts(name);
+      if (!peers)
+        return Status::error(iw + peers.status().message());
+      for (int64_t p : *peers)
+        if (p >= n)
+          return Status::error(iw + "peer " + std::to_string(p) + " in '" +
+                               name + "' is outside the group of " +
+                               std::to_string(n));
+    }
+    return Status::ok();
+  }
   // verifyInstr checked the counts and element types already.
   const TensorType &x = exe.values[in.operands[0]].type;
   const TensorType &y = exe.values[in.results[0]].type;

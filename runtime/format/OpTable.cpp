@@ -592,6 +592,34 @@ Status verifyPointToPoint(const Instr &instr, Ins ins, Outs outs) {
   return Status::ok();
 }
 
+/// send_recv {group, send_peers, recv_peers}: a batch of point-to-point
+/// transfers posted together (NCCL's grouped p2p): operand i goes to
+/// send_peers[i], result j comes from recv_peers[j]. Peers are indices in
+/// the group; the pairing is checked across ranks (checkCommunicationOrder).
+Status verifySendRecv(const Instr &instr, Ins ins, Outs outs) {
+  if (ins.empty() && outs.empty())
+    return opError(instr, "expects at least one operand or result");
+  int64_t group = 0;
+  DLOPT_RETURN_IF_ERROR(getIntAttr(instr, "group", group));
+  if (group < 0)
+    return opError(instr, "expects 'group' >= 0, got " + std::to_string(group));
+  for (auto [name, count] : {std::pair<const char *, size_t>{"send_peers", ins.size()},
+                             {"recv_peers", outs.size()}}) {
+    Expected<std::vector<int64_t>> peers = instr.getInts(name);
+    if (!peers)
+      return opError(instr, peers.status().message());
+    if (peers->size() != count)
+      return opError(instr, std::string("expects ") + std::to_string(count) +
+                                " entries in '" + name + "', got " +
+                                std::to_string(peers->size()));
+    for (int64_t v : *peers)
+      if (v < 0)
+        return opError(instr, std::string("expects '") + name +
+                                  "' >= 0, got " + std::to_string(v));
+  }
+  return Status::ok();
+}
+
 std::vector<OpInfo> buildTable() {
   std::vector<OpInfo> t = {
       {"neg", false, verifyUnary<true>},
@@ -664,6 +692,7 @@ std::vector<OpInfo> buildTable() {
       {"broadcast", true, verifyCommunication},
       {"send", true, verifyPointToPoint<true>},
       {"recv", true, verifyPointToPoint<false>},
+      {"send_recv", true, verifySendRecv},
   };
   std::sort(t.begin(), t.end(),
             [](const OpInfo &a, const OpInfo &b) { return a.name < b.name; });

@@ -479,9 +479,9 @@ TEST(World, BrokenPairingsAndDeadlocksAreRefusedAtLoad) {
     ASSERT_FALSE(st);
     EXPECT_TRUE(contains(st.message(),
                          "the programs can deadlock (assuming a send waits for "
-                         "its receive): rank 0 waits in 'send' (instruction 1 "
-                         "at pipe.mlir:1:1) to send to rank 1, which has "
-                         "finished its program"))
+                         "its receive): rank 0 sends to rank 1 with 'send' "
+                         "(instruction 1 at pipe.mlir:1:1), and rank 1 has no "
+                         "matching receive left"))
         << st.message();
   }
   {
@@ -522,6 +522,74 @@ TEST(World, BrokenPairingsAndDeadlocksAreRefusedAtLoad) {
     EXPECT_TRUE(contains(st.message(), "peer 2 is outside the group of 2"))
         << st.message();
   }
+}
+
+TEST(World, BatchedSendRecvExchangesWithoutDeadlock) {
+  // 1F1B's steady state: each stage sends one tensor to the other and
+  // receives one from it. As separate blocking sends this deadlocks; as one
+  // send_recv batch per stage (posted together) it does not, and runs.
+  Pipeline p;
+  int32_t back = p.b.temp(tt({2, 3})), got = p.b.temp(tt({2, 3}));
+  int32_t sum = p.b.temp(tt({2, 3}));
+  auto batch = [](std::vector<int32_t> ins, std::vector<int32_t> outs,
+                  std::vector<int64_t> sendPeers, std::vector<int64_t> recvPeers) {
+    Instr in = Pipeline::instr("send_recv", std::move(ins), std::move(outs));
+    in.attrs = {{"group", int64_t(0)},
+                {"send_peers", std::move(sendPeers)},
+                {"recv_peers", std::move(recvPeers)}};
+    return in;
+  };
+  p.stage0 = {Pipeline::instr("add", {p.x, p.x}, {p.y}),
+              batch({p.y}, {got}, {1}, {1}),
+              Pipeline::instr("add", {got, p.y}, {sum}),
+              batch({sum}, {}, {1}, {})};
+  p.stage1 = {Pipeline::instr("mul", {p.x, p.x}, {back}),
+              batch({back}, {p.z}, {0}, {0}),
+              batch({}, {sum}, {}, {0}),
+              Pipeline::instr("add", {p.z, sum}, {p.w})};
+  Executable e = p.build();
+  Status ok = e.validate();
+  ASSERT_TRUE(ok) << ok.message();
+  auto w = makeWorld(e);
+  ASSERT_TRUE(w);
+  HostTensor x = randomTensor(tt({2, 3}), 7);
+  ASSERT_TRUE(w->bind("x", x));
+  Status st = w->execute();
+  ASSERT_TRUE(st) << st.message();
+  auto out = w->readOutput("w");
+  ASSERT_TRUE(out) << out.status().message();
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j) {
+      float v = at(x, i, j);
+      // z = 2x, sum = x*x + 2x, w = z + sum.
+      EXPECT_FLOAT_EQ(at(*out, i, j), 2 * v + (v * v + 2 * v));
+    }
+
+  // The same exchange with the batch split into a blocking send, then a
+  // receive, on both stages: refused at load, naming the wait.
+  Pipeline q = p;
+  q.stage0[1] = Pipeline::p2p("send", {p.y}, {}, 1);
+  q.stage0.insert(q.stage0.begin() + 2, Pipeline::p2p("recv", {}, {got}, 1));
+  q.stage1[1] = Pipeline::p2p("send", {back}, {}, 0);
+  q.stage1.insert(q.stage1.begin() + 2, Pipeline::p2p("recv", {}, {p.z}, 0));
+  Status st2 = q.build().validate();
+  ASSERT_FALSE(st2);
+  EXPECT_TRUE(contains(st2.message(), "rank 0 waits in 'send' (instruction 1 "
+                                      "at pipe.mlir:1:1) to send to rank 1, "
+                                      "which waits in 'send'"))
+      << st2.message();
+
+  // Peers are checked against the group, and counts against the operands.
+  Pipeline r = p;
+  r.stage0[1].attrs["send_peers"] = std::vector<int64_t>{2};
+  Status st3 = r.build().validate();
+  ASSERT_FALSE(st3);
+  EXPECT_TRUE(contains(st3.message(), "outside the group of 2")) << st3.message();
+  r.stage0[1].attrs["send_peers"] = std::vector<int64_t>{1, 1};
+  st3 = r.build().validate();
+  ASSERT_FALSE(st3);
+  EXPECT_TRUE(contains(st3.message(), "expects 1 entries in 'send_peers', got 2"))
+      << st3.message();
 }
 
 TEST(World, CollectivesInADifferentOrderAreRefusedAtLoad) {
