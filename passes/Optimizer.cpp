@@ -114,6 +114,14 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       scatterGradients(*fn);
     if (zero >= 3)
       markParameterGathers(*fn);
+    // The replay marks its copies; a single micro-batch is marked alike
+    // when asked (dlopt-pipeline schedules the step by these marks).
+    if (accumulate == 1 && markMicroBatches)
+      for (Operation &op : fn->getBody().front().without_terminator())
+        if (!isa<arith::ConstantOp>(op) &&
+            !op.hasAttr(DLOptDialect::kMicroBatchAttr))
+          op.setAttr(DLOptDialect::kMicroBatchAttr,
+                     IntegerAttr::get(IntegerType::get(op.getContext(), 64), 0));
     if (bucketMb > 0)
       bucketGradients(*fn);
     if (failed(buildStep(*fn)))

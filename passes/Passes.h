@@ -42,6 +42,13 @@ struct CompilePipelineOptions {
   /// from `dlopt.sharding` attributes on the entry function.
   std::vector<std::string> meshAxes;
   std::vector<int64_t> meshSizes;
+  /// Pipeline stages (dlopt-pipeline, after recomputation and before
+  /// fusion): > 1 cuts the training step into one function per stage, by
+  /// the `dlopt.stage` of its forward ops, ordered by `schedule` over the
+  /// optimizer's `accumulate` micro-batches.
+  int64_t pipelineStages = 1;
+  int64_t virtualStages = 1;
+  std::string schedule = "1f1b";
 };
 
 /// Builds the pipeline that `dlopt-compile` runs before export: model

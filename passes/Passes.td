@@ -117,6 +117,47 @@ def PartitionPass : Pass<"dlopt-partition", "mlir::ModuleOp"> {
   let dependentDialects = ["mlir::shard::ShardDialect"];
 }
 
+def PipelinePass : Pass<"dlopt-pipeline", "mlir::ModuleOp"> {
+  let summary = "Cuts a training step into one function per pipeline stage, with send/recv between them, ordered by a micro-batch schedule";
+  let description = [{
+    Runs on a training step (after `dlopt-optimizer`, `dlopt-recompute` and
+    before fusion) whose forward ops carry the plan's `dlopt.stage`. Every
+    op is placed on a stage: a forward op on its plan stage, its backward
+    and recomputed ops with it, other ops with the operand that arrives
+    last in the pipeline (per micro-batch) or the largest operand (the
+    optimizer), and ops that read only constants and arguments (learning
+    rate, masks, slices of the inputs) on every stage that uses them.
+    Parameters and optimizer state live on the stages that use them (a tied
+    embedding on the first and the last). Each stage becomes a function
+    `@<entry>.stage<s>` holding only its arguments and results. Values that
+    cross stages travel in `dlopt.send_recv` ops over the mesh axis `pp`
+    (added to the mesh, major): the sends of one micro-batch task and the
+    receives of the next are posted together. Each stage's micro-batch
+    tasks (forward, backward, and under `zero-bubble` the deferred weight
+    gradient, per model chunk) run in the order of `schedule`, the order
+    the planner's simulator replays; what follows the micro-batches
+    (accumulation, clipping, the update) runs after them, with its
+    transfers in one order on every stage.
+
+    ```mlir
+    // stage 0 of 2, 1F1B, 2 micro-batches:
+    %a0 = ... forward of micro-batch 0 ...
+    %a1 = ... forward of micro-batch 1 ...
+    %g0 = dlopt.send_recv %a1 to [1] from [1] over "pp" : ...
+    ```
+  }];
+  let options = [
+    Option<"entry", "entry", "std::string", /*default=*/"\"\"", "Entry function name">,
+    Option<"stages", "stages", "int64_t", /*default=*/"2", "Pipeline stages (pp)">,
+    Option<"virtualStages", "virtual-stages", "int64_t", /*default=*/"1",
+           "Model chunks per stage (interleaved 1F1B)">,
+    Option<"schedule", "schedule", "std::string", /*default=*/"\"1f1b\"",
+           "gpipe, 1f1b, interleaved or zero-bubble">,
+    Option<"microBatches", "micro-batches", "int64_t", /*default=*/"1",
+           "Micro-batches per step (the step's dlopt.mb marks)">
+  ];
+}
+
 def OptimizerPass : Pass<"dlopt-optimizer", "mlir::ModuleOp"> {
   let summary = "Turns a differentiated model into a training step with an optimizer update";
   let description = [{
@@ -191,6 +232,9 @@ def OptimizerPass : Pass<"dlopt-optimizer", "mlir::ModuleOp"> {
            "Micro-batches per step (gradient accumulation)">,
     Option<"growthInterval", "loss-scale-growth-interval", "int64_t", /*default=*/"2000",
            "Good steps before a dynamic loss scale (state 'loss_scale') doubles">,
+    Option<"markMicroBatches", "mark-micro-batches", "bool", /*default=*/"false",
+           "With accumulate = 1: mark the forward and backward ops dlopt.mb = 0 "
+           "as the replay marks its copies (dlopt-pipeline schedules by them)">,
     Option<"zero", "zero", "int64_t", /*default=*/"0",
            "ZeRO stage (0-3) over the data-parallel replicas (mesh axes dp "
            "and cp) of a partitioned step: 1 shards the optimizer state, 2 "

@@ -54,6 +54,8 @@ void dlopt::buildCompilePipeline(OpPassManager &pm,
   if (options.train) {
     OptimizerPassOptions opt = options.optimizer;
     opt.entry = options.entry;
+    if (options.pipelineStages > 1)
+      opt.markMicroBatches = true;
     pm.addPass(createOptimizerPass(opt));
   }
   pm.addPass(createCanonicalizerPass());
@@ -66,6 +68,15 @@ void dlopt::buildCompilePipeline(OpPassManager &pm,
     rc.entry = options.entry;
     rc.policy = options.recompute;
     pm.addPass(createRecomputePass(rc));
+  }
+  if (options.train && options.pipelineStages > 1) {
+    PipelinePassOptions pp;
+    pp.entry = options.entry;
+    pp.stages = options.pipelineStages;
+    pp.virtualStages = options.virtualStages;
+    pp.schedule = options.schedule;
+    pp.microBatches = options.optimizer.accumulate;
+    pm.addPass(createPipelinePass(pp));
   }
   // Last: fusion outlines ops that the transforms above pattern-match.
   // Training steps only for now (forward-only compiles keep one instruction

@@ -240,6 +240,31 @@ constexpr double kUnset = -1;
 
 } // namespace
 
+Expected<std::vector<PipelineTask>> pipelineOrder(PipelineSchedule schedule,
+                                                  int64_t pp, int64_t stage,
+                                                  int64_t m, int v) {
+  if (pp < 1 || stage < 0 || stage >= pp)
+    return Status::error("pipeline order: stage " + std::to_string(stage) +
+                         " outside [0, " + std::to_string(pp) + ")");
+  SimInput in;
+  in.schedule = schedule;
+  in.virtualStages = v;
+  in.microBatches = m;
+  in.stages.assign(size_t(pp), SimStage{});
+  DLOPT_RETURN_IF_ERROR(validate(in));
+  std::vector<PipelineTask> out;
+  for (const Task &t : stageOrder(in, stage)) {
+    PipelineTask p;
+    p.kind = t.kind == Kind::F   ? PipelineTask::Forward
+             : t.kind == Kind::B ? PipelineTask::Backward
+                                 : PipelineTask::WeightGrad;
+    p.chunk = t.chunk;
+    p.microBatch = t.mb;
+    out.push_back(p);
+  }
+  return out;
+}
+
 //===----------------------------------------------------------------------===//
 // Simulation
 //===----------------------------------------------------------------------===//

@@ -104,6 +104,25 @@ struct SimResult {
   std::vector<SimEvent> events;
 };
 
+/// One compute task of a stage's schedule: the forward, the backward (input
+/// gradient, and the weight gradient too unless the schedule defers it) or
+/// the deferred weight gradient of micro-batch `microBatch` through the
+/// stage's model chunk `chunk` (0 unless interleaved).
+struct PipelineTask {
+  enum Kind : uint8_t { Forward, Backward, WeightGrad } kind = Forward;
+  int chunk = 0;
+  int64_t microBatch = 0;
+};
+
+/// The order in which stage `stage` of `pp` runs its tasks under `schedule`
+/// with `m` micro-batches and `v` chunks per stage: the order the simulator
+/// replays and the order dlopt-pipeline gives each stage's program. Errors
+/// as simulateStep's (m < 1, v < 1, v > 1 without interleaving, interleaving
+/// with m % pp != 0, too many pairs) and a stage outside [0, pp).
+Expected<std::vector<PipelineTask>> pipelineOrder(PipelineSchedule schedule,
+                                                  int64_t pp, int64_t stage,
+                                                  int64_t m, int v);
+
 /// Simulates one step. Errors name the offending field: no stages, m < 1,
 /// v < 1, v > 1 without interleaving, interleaving with m % pp != 0, a
 /// negative or non-finite time or size, weightGrad > backward, gradOverlap

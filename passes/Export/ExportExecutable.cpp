@@ -293,17 +293,31 @@ static LogicalResult encodeFused(dl::FusedElementwiseOp op, rt::Instr &instr) {
 FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
                                                   StringRef entry,
                                                   StringRef sourceName) {
-  FailureOr<func::FuncOp> fnOr = findEntryFunction(module, entry);
-  if (failed(fnOr))
-    return failure();
-  func::FuncOp fn = *fnOr;
+  // A pipelined step (dlopt-pipeline) is one function per stage, each a
+  // program of the ranks with that pp coordinate; otherwise the entry
+  // function is every rank's program.
+  SmallVector<func::FuncOp> fns;
+  for (auto f : module.getOps<func::FuncOp>())
+    if (f->hasAttr(DLOptDialect::kStageAttr))
+      fns.push_back(f);
+  llvm::stable_sort(fns, [](func::FuncOp a, func::FuncOp b) {
+    return a->getAttrOfType<IntegerAttr>(DLOptDialect::kStageAttr).getInt() <
+           b->getAttrOfType<IntegerAttr>(DLOptDialect::kStageAttr).getInt();
+  });
+  if (fns.empty()) {
+    FailureOr<func::FuncOp> fnOr = findEntryFunction(module, entry);
+    if (failed(fnOr))
+      return failure();
+    fns.push_back(*fnOr);
+  }
+  func::FuncOp fn = fns.front();
 
   rt::Executable exe;
   exe.modelName = fn.getSymName().str();
+  if (fns.size() > 1 || fn->hasAttr(DLOptDialect::kStageAttr))
+    exe.modelName = fn.getSymName().rsplit(".stage").first.str();
   exe.source = sourceName.str();
   exe.worldSize = 1;
-  rt::Program prog;
-  prog.ranks = {0};
   // A partitioned step (docs/parallel.md): every rank runs this program.
   if (auto mesh = module->getAttrOfType<DictionaryAttr>("dlopt.mesh")) {
     for (Attribute a : cast<ArrayAttr>(mesh.get("axes")))
@@ -311,9 +325,21 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
     for (int64_t s : cast<DenseI64ArrayAttr>(mesh.get("shape")).asArrayRef())
       exe.mesh.shape.push_back(s);
     exe.worldSize = int32_t(exe.mesh.size());
-    prog.ranks.clear();
-    for (int32_t r = 0; r < exe.worldSize; ++r)
-      prog.ranks.push_back(r);
+  }
+  int64_t ppAxis = -1;
+  for (size_t a = 0; a < exe.mesh.axes.size(); ++a)
+    if (exe.mesh.axes[a] == "pp")
+      ppAxis = int64_t(a);
+  if (fns.size() > 1 || fn->hasAttr(DLOptDialect::kStageAttr)) {
+    if (ppAxis < 0 || exe.mesh.shape[size_t(ppAxis)] != int64_t(fns.size()))
+      return fn.emitError() << "the module has " << fns.size()
+                            << " stage functions but its dlopt.mesh has no "
+                               "'pp' axis of that size";
+    for (auto [s, f] : llvm::enumerate(fns))
+      if (f->getAttrOfType<IntegerAttr>(DLOptDialect::kStageAttr).getInt() !=
+          int64_t(s))
+        return f.emitError() << "expects stage functions 0 to "
+                             << fns.size() - 1 << ", each once";
   }
   // The communicator group of a set of grid axes, created on first use.
   auto groupOf = [&](ArrayRef<int16_t> axes) -> int64_t {
@@ -362,7 +388,21 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
   };
 
   llvm::DenseMap<Value, int32_t> ids;
+  // Values that several stages define or bind under one name (arguments,
+  // outputs) share one value id; each program holds its own copy.
+  llvm::StringMap<int32_t> argIds, outputIds;
+  llvm::DenseMap<Value, int32_t> forced;
+  struct Output {
+    int32_t id;
+    std::string name, update;
+    std::optional<rt::GlobalLayout> global;
+  };
+  std::map<int64_t, Output> outputs;
   auto addValue = [&](Value v, rt::Value desc) -> FailureOr<int32_t> {
+    if (auto it = forced.find(v); it != forced.end()) {
+      ids[v] = it->second;
+      return it->second;
+    }
     FailureOr<rt::TensorType> t = toTensorType(v.getType());
     if (failed(t)) {
       emitError(v.getLoc()) << "cannot export value of type " << v.getType()
@@ -377,6 +417,22 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
     return id;
   };
 
+  for (func::FuncOp fn : fns) {
+  rt::Program prog;
+  prog.ranks.clear();
+  for (int32_t r = 0; r < exe.worldSize; ++r)
+    if (ppAxis < 0 ||
+        exe.mesh.coords(r)[size_t(ppAxis)] ==
+            fn->getAttrOfType<IntegerAttr>(DLOptDialect::kStageAttr).getInt())
+      prog.ranks.push_back(r);
+  Operation *terminator = fn.getBody().front().getTerminator();
+  forced.clear();
+  for (auto [i, v] : llvm::enumerate(terminator->getOperands())) {
+    auto name = fn.getResultAttrOfType<StringAttr>(unsigned(i), DLOptDialect::kOutputAttr);
+    if (name && !isa<BlockArgument>(v))
+      if (auto it = outputIds.find(name.getValue()); it != outputIds.end())
+        forced[v] = it->second;
+  }
   for (unsigned i = 0, e = fn.getNumArguments(); i < e; ++i) {
     rt::Value desc;
     if (auto p = fn.getArgAttrOfType<StringAttr>(i, DLOptDialect::kParamAttr)) {
@@ -398,6 +454,17 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
     if (failed(global))
       return failure();
     desc.global = *global;
+    if (auto it = argIds.find(desc.name); it != argIds.end()) {
+      FailureOr<rt::TensorType> t = toTensorType(fn.getArgument(i).getType());
+      const rt::Value &prev = exe.values[size_t(it->second)];
+      if (failed(t) || !(*t == prev.type) || prev.kind != desc.kind ||
+          !(prev.global == desc.global))
+        return fn.emitError() << "argument '" << desc.name
+                              << "' differs from the argument of that name "
+                                 "of another stage";
+      ids[fn.getArgument(i)] = it->second;
+      continue;
+    }
     FailureOr<int32_t> id = addValue(fn.getArgument(i), desc);
     if (failed(id))
       return failure();
@@ -405,10 +472,10 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
      : desc.kind == rt::ValueKind::State ? exe.states
                                          : exe.inputs)
         .push_back(*id);
+    argIds[desc.name] = *id;
   }
 
   // Instructions and constants, in program order.
-  Operation *terminator = fn.getBody().front().getTerminator();
   for (Operation &op : fn.getBody().front()) {
     if (&op == terminator)
       break;
@@ -489,6 +556,39 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
       prog.instrs.push_back(std::move(instr));
       continue;
     }
+    if (auto sr = dyn_cast<dl::SendRecvOp>(op)) {
+      auto axis = std::find(exe.mesh.axes.begin(), exe.mesh.axes.end(),
+                            sr.getAxis().str());
+      if (axis == exe.mesh.axes.end())
+        return op.emitError() << "mesh axis '" << sr.getAxis()
+                              << "' is not in the module's dlopt.mesh";
+      int64_t a = axis - exe.mesh.axes.begin();
+      for (int64_t c : llvm::concat<const int64_t>(sr.getTo(), sr.getFrom()))
+        if (c >= exe.mesh.shape[size_t(a)])
+          return op.emitError() << "coordinate " << c << " is outside mesh axis '"
+                                << sr.getAxis() << "' of size "
+                                << exe.mesh.shape[size_t(a)];
+      rt::Instr instr;
+      instr.op = "send_recv";
+      instr.loc = locString(op.getLoc());
+      for (Value v : op.getOperands()) {
+        auto it = ids.find(v);
+        if (it == ids.end())
+          return op.emitError("uses a value defined outside the function body");
+        instr.operands.push_back(it->second);
+      }
+      for (Value r : op.getResults()) {
+        FailureOr<int32_t> id = addValue(r, rt::Value{});
+        if (failed(id))
+          return failure();
+        instr.results.push_back(*id);
+      }
+      instr.attrs["group"] = groupOf({int16_t(a)});
+      instr.attrs["send_peers"] = vec(sr.getTo());
+      instr.attrs["recv_peers"] = vec(sr.getFrom());
+      prog.instrs.push_back(std::move(instr));
+      continue;
+    }
     if (!isa<DLOptDialect>(op.getDialect()))
       return op.emitError() << "op '" << op.getName()
                             << "' cannot be exported; expected dlopt ops, "
@@ -529,26 +629,44 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
   }
 
   for (auto [i, v] : llvm::enumerate(terminator->getOperands())) {
-    exe.outputs.push_back(ids.lookup(v));
-    auto name = fn.getResultAttrOfType<StringAttr>(i, DLOptDialect::kOutputAttr);
-    exe.outputNames.push_back(name ? name.getValue().str()
-                                   : "out" + std::to_string(i));
-    auto update = fn.getResultAttrOfType<StringAttr>(i, DLOptDialect::kUpdateAttr);
-    exe.outputUpdates.push_back(update ? update.getValue().str() : "");
-    auto global = globalOf(fn.getResultAttrDict(i));
+    auto index = fn.getResultAttrOfType<IntegerAttr>(unsigned(i), "dlopt.result");
+    int64_t r = index ? index.getInt() : int64_t(i);
+    auto name = fn.getResultAttrOfType<StringAttr>(unsigned(i), DLOptDialect::kOutputAttr);
+    auto update = fn.getResultAttrOfType<StringAttr>(unsigned(i), DLOptDialect::kUpdateAttr);
+    auto global = globalOf(fn.getResultAttrDict(unsigned(i)));
     if (failed(global))
       return failure();
-    if (*global)
-      exe.values[size_t(ids.lookup(v))].global = **global;
+    Output o{ids.lookup(v), name ? name.getValue().str() : "out" + std::to_string(r),
+             update ? update.getValue().str() : "", *global};
+    if (auto it = outputs.find(r); it != outputs.end()) {
+      if (it->second.id != o.id)
+        return fn.emitError() << "result '" << o.name
+                              << "' is another value than the same result "
+                                 "of another stage";
+      continue;
+    }
+    outputIds[o.name] = o.id;
+    outputs.emplace(r, std::move(o));
+  }
+  exe.programs.push_back(std::move(prog));
+  }
+  for (auto &[r, o] : outputs) {
+    exe.outputs.push_back(o.id);
+    exe.outputNames.push_back(o.name);
+    exe.outputUpdates.push_back(o.update);
+    if (o.global)
+      exe.values[size_t(o.id)].global = *o.global;
   }
 
-  // Memory plan: persistent values first, then temporaries packed by
-  // lifetime (outputs live to the end of the program).
-  rt::Expected<rt::MemoryPlan> plan = rt::planProgramMemory(exe, prog);
-  if (!plan)
-    return fn.emitError() << "memory planning failed: "
-                          << plan.status().message();
-  prog.memory = plan.take();
-  exe.programs.push_back(std::move(prog));
+  // Memory plans: persistent values first, then temporaries packed by
+  // lifetime (outputs live to the end of the program). After every program
+  // exists: with several, each holds only the arguments it uses.
+  for (rt::Program &prog : exe.programs) {
+    rt::Expected<rt::MemoryPlan> plan = rt::planProgramMemory(exe, prog);
+    if (!plan)
+      return fn.emitError() << "memory planning failed: "
+                            << plan.status().message();
+    prog.memory = plan.take();
+  }
   return exe;
 }

@@ -300,9 +300,13 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
     // sequence and context parallelism, one micro-batch, any recomputation.
     // ZeRO is applied when pinned (--fix zero=N); the free search keeps it
     // off, since its ZeRO pricing still favours stage 3 too often.
+    // Pipeline stages are applied when pinned (--fix pp=N); the free
+    // search keeps them off for now. The micro-batches are --accumulate's
+    // (or --fix mb=M, which sets --accumulate): the model's batch is one
+    // micro-batch, so the plan's global batch is M times it.
     if (!fix->pp) fix->pp = 1;
     if (!fix->zero) fix->zero = 0;
-    if (!fix->numMicroBatches) fix->numMicroBatches = 1;
+    if (!fix->numMicroBatches) fix->numMicroBatches = accumulateOpt;
     // --recompute on the command line pins the plan's recomputation.
     if (!fix->recompute && recomputeOpt.getNumOccurrences())
       fix->recompute = parseRecompute(recomputeOpt.getValue());
@@ -322,6 +326,9 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
   SearchOptions so;
   so.training = train || autodiff;
   so.globalBatch = globalBatchOpt;
+  if (apply && !loaded && !globalBatchOpt.getNumOccurrences() &&
+      fix->numMicroBatches && *fix->numMicroBatches > 1)
+    so.globalBatch = graph->batch * *fix->numMicroBatches;
   so.fix = *fix;
   if (loaded) {
     if (Status st = checkPlanMatchesModel(*loaded, *graph); !st.isOk())
@@ -445,25 +452,13 @@ static int applyPlanToModule(ModuleOp module, const dlopt::planner::Plan &plan,
   };
   std::string what = planFileOpt.empty() ? std::string("the plan")
                                          : planFileOpt + ":";
-  std::vector<std::string> missing;
-  if (plan.pp() > 1)
-    missing.push_back("pipeline stages (pp=" + std::to_string(plan.pp()) + ")");
-  if (plan.numMicroBatches > 1)
-    missing.push_back(std::to_string(plan.numMicroBatches) + " micro-batches");
-  if (!missing.empty()) {
-    std::string list;
-    for (const std::string &m : missing)
-      list += (list.empty() ? "" : ", ") + m;
-    return fail(what + " " + plan.mesh.str() + " uses " + list +
-                ", which plan application does not support yet (data, "
-                "tensor, sequence and context parallelism do; "
-                "docs/parallel.md); " +
-                (planFileOpt.empty()
-                     ? std::string("pin what can be applied with --fix, e.g. "
-                                   "--fix pp=1,zero=0")
-                     : std::string("write a plan that avoids it with "
-                                   "--dry-run --format json --fix ...")));
-  }
+  if (plan.numMicroBatches > 1 && planFileOpt.size() &&
+      accumulateOpt.getNumOccurrences() &&
+      accumulateOpt != plan.numMicroBatches)
+    return fail(what + " " + plan.mesh.str() + " has " +
+                std::to_string(plan.numMicroBatches) +
+                " micro-batches, but --accumulate is " +
+                std::to_string(accumulateOpt));
   if (plan.zeroStage > 0) {
     // ZeRO shards what the data-parallel replicas (dp x cp ranks) hold
     // alike; the optimizer pass does it (docs/parallel.md).
@@ -486,9 +481,12 @@ static int applyPlanToModule(ModuleOp module, const dlopt::planner::Plan &plan,
     return 1;
   func::FuncOp fn = *fnOr;
   MLIRContext *ctx = module.getContext();
-  auto keep = [&](const std::string &axis) { return plan.mesh.size(axis) > 1; };
+  auto keep = [&](const std::string &axis) {
+    return axis != "pp" && plan.mesh.size(axis) > 1;
+  };
+  // Pipeline stages are cut by dlopt-pipeline, not partitioned.
   for (const MeshAxis &a : plan.mesh.axes())
-    if (a.size > 1) {
+    if (a.size > 1 && a.name != "pp") {
       meshAxes.push_back(a.name);
       meshSizes.push_back(a.size);
     }
@@ -553,6 +551,9 @@ static int applyPlanToModule(ModuleOp module, const dlopt::planner::Plan &plan,
       return fail(what + " op " + std::to_string(po.id) + " is a " + po.op +
                   " in the plan but a " + op->getName().getStringRef().str() +
                   " in the model");
+    if (plan.pp() > 1)
+      op->setAttr(dlopt::dl::DLOptDialect::kStageAttr,
+                  IntegerAttr::get(IntegerType::get(ctx, 64), po.stage));
     if (po.operands.size() != op->getNumOperands() ||
         po.results.size() != op->getNumResults())
       continue; // a plan that does not describe this op's operands
@@ -962,6 +963,8 @@ int main(int argc, char **argv) {
   std::vector<dlopt::planner::CommOp> pricedComms;
   dlopt::planner::MemoryBreakdown pricedMemory;
   int zeroStage = 0;
+  int64_t pipelineStages = 1, virtualStages = 1, planMicroBatches = 0;
+  std::string pipelineSchedule = "1f1b";
   bool applying = !dryRun && (!clusterOpt.empty() || !fixOpt.empty() ||
                               !planFileOpt.empty());
   OwningOpRef<ModuleOp> singleDevice;
@@ -986,6 +989,10 @@ int main(int argc, char **argv) {
     if (applyPlanToModule(*module, plan, meshAxes, meshSizes))
       return 2;
     zeroStage = plan.zeroStage;
+    pipelineStages = plan.pp();
+    virtualStages = plan.virtualStages;
+    pipelineSchedule = dlopt::planner::scheduleName(plan.schedule);
+    planMicroBatches = plan.numMicroBatches;
     // The plan's recomputation is applied (dlopt-recompute, per layer).
     std::string planned = dlopt::planner::recomputeName(plan.recompute);
     if (recomputeOpt.getNumOccurrences() && recomputeOpt != planned) {
@@ -1023,7 +1030,11 @@ int main(int argc, char **argv) {
   options.optimizer.totalSteps = totalStepsOpt;
   options.optimizer.minLr = minLrOpt;
   options.optimizer.clipNorm = clipOpt;
-  options.optimizer.accumulate = accumulateOpt;
+  options.optimizer.accumulate =
+      planMicroBatches > 0 ? planMicroBatches : int64_t(accumulateOpt);
+  options.pipelineStages = pipelineStages;
+  options.virtualStages = virtualStages;
+  options.schedule = pipelineSchedule;
   options.optimizer.zero = zeroStage;
   options.optimizer.bucketMb = bucketMbOpt;
   options.recompute = recomputeOpt;
@@ -1101,6 +1112,7 @@ int main(int argc, char **argv) {
     single.meshAxes.clear();
     single.meshSizes.clear();
     single.optimizer.zero = 0;
+    single.pipelineStages = 1;
     dlopt::buildCompilePipeline(pm1, single);
     if (failed(pm1.run(*singleDevice)))
       return 1;

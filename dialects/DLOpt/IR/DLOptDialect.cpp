@@ -150,6 +150,16 @@ LogicalResult DLOptDialect::verifyRegionResultAttribute(Operation *op,
   if (name == "dlopt.global_type" || name == "dlopt.split")
     return verifyGlobalAttr(op, "result #" + std::to_string(resultIndex),
                             attr);
+  if (name == "dlopt.result") {
+    // On a pipeline stage's function (dlopt-pipeline): the index of the
+    // result in the whole step.
+    auto i = dyn_cast<IntegerAttr>(attr.getValue());
+    if (!i || i.getInt() < 0)
+      return op->emitError() << "result #" << resultIndex
+                             << ": 'dlopt.result' expects a non-negative "
+                                "integer, got " << attr.getValue();
+    return success();
+  }
   if (name != kOutputAttr && name != kGradAttr && name != kUpdateAttr)
     return op->emitError() << "result #" << resultIndex
                            << ": unknown dlopt result attribute '" << name
@@ -166,7 +176,7 @@ LogicalResult DLOptDialect::verifyOperationAttribute(Operation *op,
                                                      NamedAttribute attr) {
   StringRef name = attr.getName().getValue();
   if (name == kLayerAttr || name == kIdAttr || name == kFwdIdAttr ||
-      name == kMicroBatchAttr) {
+      name == kMicroBatchAttr || name == kStageAttr) {
     auto i = dyn_cast<IntegerAttr>(attr.getValue());
     if (!i || i.getInt() < 0)
       return op->emitError() << "'" << name
@@ -239,5 +249,5 @@ LogicalResult DLOptDialect::verifyOperationAttribute(Operation *op,
   return op->emitError() << "unknown dlopt attribute '" << name
                          << "', expected dlopt.layer, dlopt.loss, dlopt.train_step, "
                             "dlopt.backward, dlopt.recompute, dlopt.id, "
-                            "dlopt.fwd_id, dlopt.mb, dlopt.plan or dlopt.zero_gather";
+                            "dlopt.fwd_id, dlopt.mb, dlopt.stage, dlopt.plan or dlopt.zero_gather";
 }

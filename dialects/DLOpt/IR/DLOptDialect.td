@@ -61,6 +61,10 @@ def DLOpt_Dialect : Dialect {
     /// On ops dlopt-optimizer replays per micro-batch (accumulate > 1): the
     /// micro-batch, so that (dlopt.id, dlopt.mb) stays unique.
     static constexpr ::llvm::StringLiteral kMicroBatchAttr = "dlopt.mb";
+    /// On forward ops: the pipeline stage the plan gives them (dlopt-compile
+    /// writes it; dlopt-pipeline reads it). On the per-stage functions
+    /// dlopt-pipeline makes: their stage.
+    static constexpr ::llvm::StringLiteral kStageAttr = "dlopt.stage";
     /// On ZeRO-3's parameter gathers (dlopt-optimizer): the phase, "fwd" or
     /// "bwd", with ".mb<k>" per micro-batch; keeps them apart under CSE.
     static constexpr ::llvm::StringLiteral kZeroGatherAttr = "dlopt.zero_gather";

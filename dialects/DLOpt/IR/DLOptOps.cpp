@@ -763,6 +763,28 @@ LogicalResult BatchNormOp::inferReturnTypes(MLIRContext *,
   return success();
 }
 
+LogicalResult SendRecvOp::verify() {
+  if (getInputs().empty() && getResults().empty())
+    return emitOpError("expects at least one tensor to send or receive");
+  if (getTo().size() != getInputs().size())
+    return emitOpError("expects one 'to' coordinate per sent tensor: ")
+           << getInputs().size() << " tensors, " << getTo().size()
+           << " coordinates";
+  if (getFrom().size() != getResults().size())
+    return emitOpError("expects one 'from' coordinate per received tensor: ")
+           << getResults().size() << " tensors, " << getFrom().size()
+           << " coordinates";
+  for (int64_t c : getTo())
+    if (c < 0)
+      return emitOpError("expects 'to' coordinates >= 0, got ") << c;
+  for (int64_t c : getFrom())
+    if (c < 0)
+      return emitOpError("expects 'from' coordinates >= 0, got ") << c;
+  if (getAxis().empty())
+    return emitOpError("expects a mesh axis name");
+  return success();
+}
+
 LogicalResult DropoutOp::verify() {
   double rate = getRate().convertToDouble();
   if (!(rate >= 0 && rate < 1))

@@ -785,6 +785,38 @@ def DLOpt_SliceGradOp : DLOpt_Op<"slice_grad", [Pure, SameOperandsAndResultEleme
 
 
 //===----------------------------------------------------------------------===//
+// Point-to-point communication (pipeline stages, dlopt-pipeline)
+//===----------------------------------------------------------------------===//
+
+def DLOpt_SendRecvOp : DLOpt_Op<"send_recv", []> {
+  let summary = "point-to-point sends and receives posted together";
+  let description = [{
+    Sends each of `inputs` to the rank at coordinate `to[i]` on mesh axis
+    `axis` (the other coordinates equal), and receives each result from the
+    rank at coordinate `from[j]`. The transfers of one op are posted together
+    and the op completes when all have (NCCL's grouped p2p), so two stages
+    that exchange tensors in one op each cannot wait for each other. The
+    k-th tensor one rank sends another is the k-th that rank receives from
+    it. `dlopt-pipeline` emits these between the per-stage functions of a
+    pipelined step; the executable's load-time check proves that the sends
+    and receives pair up and cannot deadlock.
+
+    ```mlir
+    %g = dlopt.send_recv %act to [1] from [1] over "pp" : (tensor<4x16x64xf32>) -> tensor<4x16x64xf32>
+    dlopt.send_recv %loss to [0] from [] over "pp" : (tensor<f32>) -> ()
+    ```
+  }];
+  let arguments = (ins Variadic<DLOpt_AnyTensor>:$inputs,
+                       DenseI64ArrayAttr:$to, DenseI64ArrayAttr:$from,
+                       StrAttr:$axis);
+  let results = (outs Variadic<DLOpt_AnyTensor>:$results);
+  let assemblyFormat = [{
+    ($inputs^)? `to` $to `from` $from `over` $axis attr-dict `:` functional-type($inputs, $results)
+  }];
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
 // Fused elementwise groups (dlopt-fuse-elementwise)
 //===----------------------------------------------------------------------===//
 
