@@ -44,6 +44,7 @@
 #include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/SmallBitVector.h"
 
+#include <limits>
 #include <map>
 #include <tuple>
 
@@ -350,6 +351,7 @@ LogicalResult PipelinePass::place(const std::map<int64_t, int64_t> &vsOfId) {
   for (Operation *op : ops)
     if (!vs.count(op))
       rep[op] = llvm::SmallBitVector(P);
+  auto fixpoint = [&]() {
   for (bool changed = true; changed;) {
     changed = false;
     for (unsigned r = 0; r < ret->getNumOperands(); ++r) {
@@ -384,18 +386,19 @@ LogicalResult PipelinePass::place(const std::map<int64_t, int64_t> &vsOfId) {
       }
     }
   }
-  // A returned value read nowhere lives on the last stage (where the loss
-  // is); an argument read nowhere on the first.
+  };
+  fixpoint();
+  // An argument read nowhere but by its own update (a step counter without
+  // a schedule) lives on the first stage; a value read nowhere (an output
+  // such as the learning rate) is computed on the last, where the loss is.
+  for (unsigned i = 0; i < homes.size(); ++i)
+    if (homes[i].none())
+      homes[i].set(0);
+  fixpoint();
   for (Operation *op : ops)
     if (auto it = rep.find(op); it != rep.end() && it->second.none())
       it->second.set(P - 1);
-  for (unsigned i = 0; i < homes.size(); ++i)
-    if (homes[i].none()) {
-      homes[i].set(0);
-      for (unsigned r = 0; r < ret->getNumOperands(); ++r)
-        if (ret->getOperand(r) == fn.getArgument(i))
-          retNeed[ret->getOperand(r)].set(0);
-    }
+  fixpoint();
   // A micro-batch's replicated op used on one stage only (a ZeRO-3 gather)
   // joins the task of its first user there, so it runs per micro-batch.
   for (Operation *op : llvm::reverse(ops)) {
@@ -451,16 +454,13 @@ LogicalResult PipelinePass::build(ArrayRef<std::vector<PipelineTask>> orders,
     }
 
   // Transfers: (value, from stage, to stage). A value read by a task on
-  // the receiving stage is received before the first such task; any other
-  // crosses in the tail.
+  // the receiving stage crosses during the tasks; any other in the tail.
   struct Transfer {
     Value v;
     int64_t from, to;
     bool inTasks;
   };
   SmallVector<Transfer> transfers;
-  // Values sent from each producing op, in order.
-  llvm::DenseMap<Operation *, SmallVector<unsigned>> sentBy;
   for (Operation *op : ops) {
     if (!vs.count(op))
       continue;
@@ -475,7 +475,6 @@ LogicalResult PipelinePass::build(ArrayRef<std::vector<PipelineTask>> orders,
           if (inTask(u) && physical(u) == q)
             consumerTask = true;
         transfers.push_back({r, p, q, consumerTask});
-        sentBy[op].push_back(unsigned(transfers.size() - 1));
       }
     }
   }
@@ -515,15 +514,28 @@ LogicalResult PipelinePass::build(ArrayRef<std::vector<PipelineTask>> orders,
     return k;
   };
 
+  // Every stage's function, built side by side.
+  struct Stage {
+    func::FuncOp fn;
+    OpBuilder b;
+    IRMapping map;
+    std::vector<SmallVector<Operation *>> taskOps;
+    SmallVector<Operation *> loose; // ops outside the tasks, program order
+    size_t looseFirst = 0;
+    llvm::DenseSet<Operation *> emitted;
+    size_t next = 0; // the next task to run
+    SmallVector<unsigned> results;
+  };
+  std::vector<Stage> st;
+  st.reserve(size_t(P));
   OpBuilder mb(fn);
   for (int64_t s = 0; s < P; ++s) {
     const std::vector<PipelineTask> &order = orders[size_t(s)];
     std::map<TaskKey, unsigned> orderIndex;
     for (unsigned i = 0; i < order.size(); ++i)
       orderIndex[{int(order[i].kind), order[i].chunk, order[i].microBatch}] = i;
-    // Tasks' ops, in program order.
     std::vector<SmallVector<Operation *>> taskOps(order.size());
-    SmallVector<Operation *> loose; // this stage's other ops
+    SmallVector<Operation *> loose;
     for (Operation *op : ops) {
       if (!stagesOf(op).test(s))
         continue;
@@ -531,34 +543,11 @@ LogicalResult PipelinePass::build(ArrayRef<std::vector<PipelineTask>> orders,
         auto it = orderIndex.find(keyOf(op));
         if (it == orderIndex.end())
           return op->emitError() << "dlopt-pipeline: no task of stage " << s
-                                 << "'s schedule runs this op";
+                                 << "'s schedule runs this op (task "
+                                 << describe(keyOf(op)) << ")";
         taskOps[it->second].push_back(op);
       } else {
         loose.push_back(op);
-      }
-    }
-    // Receives before the first task that reads the value.
-    std::vector<SmallVector<unsigned>> recvAt(order.size());
-    SmallVector<unsigned> tailTransfers;
-    for (unsigned t = 0; t < transfers.size(); ++t) {
-      const Transfer &x = transfers[t];
-      if (x.to != s && x.from != s)
-        continue;
-      if (!x.inTasks) {
-        tailTransfers.push_back(t);
-        continue;
-      }
-      if (x.to == s) {
-        unsigned first = unsigned(order.size());
-        for (Operation *u : x.v.getUsers())
-          if (inTask(u) && physical(u) == s)
-            if (auto it = orderIndex.find(keyOf(u)); it != orderIndex.end())
-              first = std::min(first, it->second);
-        if (first == order.size())
-          return fn.emitError() << "dlopt-pipeline: internal error: no task "
-                                   "of stage " << s << " reads a value it "
-                                   "receives for its tasks";
-        recvAt[first].push_back(t);
       }
     }
 
@@ -606,115 +595,173 @@ LogicalResult PipelinePass::build(ArrayRef<std::vector<PipelineTask>> orders,
                         IntegerAttr::get(IntegerType::get(ctx, 64), r));
     }
     Block *entryBlock = sfn.addEntryBlock();
-    OpBuilder b = OpBuilder::atBlockEnd(entryBlock);
-    IRMapping map;
+    Stage stage{sfn, OpBuilder::atBlockEnd(entryBlock), IRMapping(),
+                std::move(taskOps), std::move(loose), 0, {}, 0, results};
     for (auto [i, a] : llvm::enumerate(argIndex))
-      map.map(fn.getArgument(a), entryBlock->getArgument(unsigned(i)));
+      stage.map.map(fn.getArgument(a), entryBlock->getArgument(unsigned(i)));
+    st.push_back(std::move(stage));
+  }
 
-    auto available = [&](Value v) { return map.contains(v); };
-    auto emitOp = [&](Operation *op) -> LogicalResult {
-      for (auto [i, o] : llvm::enumerate(op->getOperands()))
-        if (!available(o)) {
-          InFlightDiagnostic d = op->emitError()
-                 << "dlopt-pipeline: on stage " << s << ", this op would run "
-                 << "before its operand #" << i << " is there (the step's "
-                    "dependences do not fit the schedule)";
-          if (Operation *def = o.getDefiningOp())
-            d.attachNote(def->getLoc())
-                << "operand defined by '" << def->getName() << "' here ("
-                << (vs.count(def) ? "stage " + std::to_string(physical(def))
-                                  : std::string("replicated"))
-                << (inTask(def) ? ", task " + describe(keyOf(def)) : "")
-                << "); the op is '" << op->getName() << "' ("
-                << (inTask(op) ? "task " + describe(keyOf(op))
-                               : std::string("outside the micro-batches"))
-                << ")";
-          return failure();
-        }
-      b.clone(*op, map);
-      return success();
-    };
-    // One send_recv: the sends, then the receives.
-    auto exchange = [&](ArrayRef<unsigned> sends, ArrayRef<unsigned> recvs) {
-      if (sends.empty() && recvs.empty())
-        return;
-      SmallVector<Value> in;
-      SmallVector<int64_t> to, from;
-      SmallVector<Type> types;
-      Location loc = fn.getLoc();
-      for (unsigned t : sends) {
-        in.push_back(map.lookup(transfers[t].v));
-        to.push_back(transfers[t].to);
-        loc = transfers[t].v.getLoc();
+  auto emitOp = [&](int64_t s, Operation *op) -> LogicalResult {
+    Stage &S = st[size_t(s)];
+    for (auto [i, o] : llvm::enumerate(op->getOperands()))
+      if (!S.map.contains(o)) {
+        InFlightDiagnostic d =
+            op->emitError() << "dlopt-pipeline: on stage " << s
+                            << ", this op would run before its operand #" << i
+                            << " is there";
+        if (auto a = dyn_cast<BlockArgument>(o))
+          d << " (argument #" << a.getArgNumber() << " of the step, which "
+            << "stage " << s << " does not hold; the op is '" << op->getName()
+            << "')";
+        if (Operation *def = o.getDefiningOp())
+          d.attachNote(def->getLoc())
+              << "operand defined by '" << def->getName() << "' here ("
+              << (vs.count(def) ? "stage " + std::to_string(physical(def))
+                                : std::string("replicated"))
+              << (inTask(def) ? ", task " + describe(keyOf(def)) : "")
+              << "); the op is '" << op->getName() << "' ("
+              << (inTask(op) ? "task " + describe(keyOf(op))
+                             : std::string("outside the micro-batches"))
+              << ")";
+        return failure();
       }
-      for (unsigned t : recvs) {
-        types.push_back(transfers[t].v.getType());
-        from.push_back(transfers[t].from);
-        loc = transfers[t].v.getLoc();
-      }
-      auto op = dl::SendRecvOp::create(b, loc, types, in,
-                                       b.getDenseI64ArrayAttr(to),
-                                       b.getDenseI64ArrayAttr(from),
-                                       b.getStringAttr(kAxis));
-      for (auto [i, t] : llvm::enumerate(recvs))
-        map.map(transfers[t].v, op.getResult(unsigned(i)));
-    };
-
-    // Loose ops run as soon as their operands are there; their in-task
-    // sends go with the next task boundary.
-    size_t looseFirst = 0;
-    llvm::DenseSet<Operation *> emitted;
-    SmallVector<unsigned> pendingSends;
-    auto queueSends = [&](Operation *op) {
-      if (auto it = sentBy.find(op); it != sentBy.end())
-        for (unsigned t : it->second)
-          if (transfers[t].inTasks && transfers[t].from == s)
-            pendingSends.push_back(t);
-    };
-    auto flush = [&]() {
-      for (size_t i = looseFirst; i < loose.size(); ++i) {
-        Operation *op = loose[i];
-        if (emitted.count(op))
-          continue;
-        if (!llvm::all_of(op->getOperands(), available))
-          continue;
-        b.clone(*op, map);
-        emitted.insert(op);
-        queueSends(op);
-      }
-      while (looseFirst < loose.size() && emitted.count(loose[looseFirst]))
-        ++looseFirst;
-    };
-    for (unsigned t = 0; t < order.size(); ++t) {
-      flush();
-      exchange(pendingSends, recvAt[t]);
-      pendingSends.clear();
-      for (Operation *op : taskOps[t]) {
-        if (failed(emitOp(op)))
-          return failure();
-        queueSends(op);
-      }
+    S.b.clone(*op, S.map);
+    return success();
+  };
+  // One send_recv on stage s: the sends, then the receives.
+  auto exchange = [&](int64_t s, ArrayRef<unsigned> sends,
+                      ArrayRef<unsigned> recvs) {
+    if (sends.empty() && recvs.empty())
+      return;
+    Stage &S = st[size_t(s)];
+    SmallVector<Value> in;
+    SmallVector<int64_t> to, from;
+    SmallVector<Type> types;
+    Location loc = fn.getLoc();
+    for (unsigned t : sends) {
+      in.push_back(S.map.lookup(transfers[t].v));
+      to.push_back(transfers[t].to);
+      loc = transfers[t].v.getLoc();
     }
-    exchange(pendingSends, {});
-    pendingSends.clear();
-    flush();
-    exchange(pendingSends, {});
-    pendingSends.clear();
+    for (unsigned t : recvs) {
+      types.push_back(transfers[t].v.getType());
+      from.push_back(transfers[t].from);
+      loc = transfers[t].v.getLoc();
+    }
+    auto op = dl::SendRecvOp::create(S.b, loc, types, in,
+                                     S.b.getDenseI64ArrayAttr(to),
+                                     S.b.getDenseI64ArrayAttr(from),
+                                     S.b.getStringAttr(kAxis));
+    for (auto [i, t] : llvm::enumerate(recvs))
+      S.map.map(transfers[t].v, op.getResult(unsigned(i)));
+  };
+  // Ops outside the tasks run as soon as their operands are there.
+  auto flush = [&](int64_t s) {
+    Stage &S = st[size_t(s)];
+    for (size_t i = S.looseFirst; i < S.loose.size(); ++i) {
+      Operation *op = S.loose[i];
+      if (S.emitted.count(op) ||
+          !llvm::all_of(op->getOperands(),
+                        [&](Value v) { return S.map.contains(v); }))
+        continue;
+      S.b.clone(*op, S.map);
+      S.emitted.insert(op);
+    }
+    while (S.looseFirst < S.loose.size() &&
+           S.emitted.count(S.loose[S.looseFirst]))
+      ++S.looseFirst;
+  };
+  auto runnable = [&](int64_t s) {
+    Stage &S = st[size_t(s)];
+    if (S.next >= S.taskOps.size())
+      return false;
+    llvm::DenseSet<Operation *> inside(S.taskOps[S.next].begin(),
+                                       S.taskOps[S.next].end());
+    for (Operation *op : S.taskOps[S.next])
+      for (Value o : op->getOperands())
+        if (!S.map.contains(o) &&
+            !(o.getDefiningOp() && inside.count(o.getDefiningOp())))
+          return false;
+    return true;
+  };
 
-    // The tail: the rest in program order, each transfer at its producer's
-    // position (the same order on every stage).
+  // The tasks, in lockstep rounds: in each round every stage runs its next
+  // task if its inputs are there, then every value a task will read on
+  // another stage crosses as soon as it exists, each stage's transfers of
+  // the round in one send_recv. Each round's send_recvs pair only with
+  // each other and every stage reaches them, so the rounds cannot deadlock
+  // whatever a send waits for; transfers between two stages keep one order
+  // on both sides (first in, first out, as NCCL pairs them).
+  SmallVector<bool> done(transfers.size(), false);
+  for (;;) {
+    bool progress = false, finished = true;
+    for (int64_t s = 0; s < P; ++s) {
+      flush(s);
+      if (runnable(s)) {
+        Stage &S = st[size_t(s)];
+        for (Operation *op : S.taskOps[S.next])
+          if (failed(emitOp(s, op)))
+            return failure();
+        ++S.next;
+        progress = true;
+        flush(s);
+      }
+      finished = finished && st[size_t(s)].next >= st[size_t(s)].taskOps.size();
+    }
+    std::vector<SmallVector<unsigned>> sends(static_cast<size_t>(P)),
+        recvs(static_cast<size_t>(P));
+    for (unsigned t = 0; t < transfers.size(); ++t) {
+      const Transfer &x = transfers[t];
+      if (done[t] || !x.inTasks || !st[size_t(x.from)].map.contains(x.v))
+        continue;
+      sends[size_t(x.from)].push_back(t);
+      recvs[size_t(x.to)].push_back(t);
+      done[t] = true;
+      progress = true;
+    }
+    for (int64_t s = 0; s < P; ++s)
+      exchange(s, sends[size_t(s)], recvs[size_t(s)]);
+    if (finished && llvm::all_of(sends, [](auto &v) { return v.empty(); }))
+      break;
+    if (!progress) {
+      for (int64_t s = 0; s < P; ++s) {
+        Stage &S = st[size_t(s)];
+        if (S.next >= S.taskOps.size())
+          continue;
+        for (Operation *op : S.taskOps[S.next])
+          for (Value o : op->getOperands())
+            if (!S.map.contains(o) && o.getDefiningOp() &&
+                !llvm::is_contained(S.taskOps[S.next], o.getDefiningOp()))
+              return op->emitError()
+                     << "dlopt-pipeline: stage " << s << "'s task "
+                     << describe(keyOf(op))
+                     << " waits for a value no stage produces before it "
+                        "under this schedule";
+      }
+      return fn.emitError() << "dlopt-pipeline: the schedule cannot proceed";
+    }
+  }
+
+  // The tail: the rest in program order, each transfer at its producer's
+  // position (the same order on every stage, so it cannot deadlock).
+  for (int64_t s = 0; s < P; ++s) {
+    Stage &S = st[size_t(s)];
+    flush(s);
     struct Item {
       uint64_t key;
       Operation *op;
       unsigned transfer;
     };
     SmallVector<Item> tail;
-    for (Operation *op : loose)
-      if (!emitted.count(op))
+    for (Operation *op : S.loose)
+      if (!S.emitted.count(op))
         tail.push_back({uint64_t(pos[op]) * 2, op, 0});
-    for (unsigned t : tailTransfers) {
-      Operation *d = transfers[t].v.getDefiningOp();
-      tail.push_back({uint64_t(pos[d]) * 2 + 1, nullptr, t});
+    for (unsigned t = 0; t < transfers.size(); ++t) {
+      const Transfer &x = transfers[t];
+      if (done[t] || (x.from != s && x.to != s))
+        continue;
+      tail.push_back({uint64_t(pos[x.v.getDefiningOp()]) * 2 + 1, nullptr, t});
     }
     // Equal keys are transfers of one value: by receiving stage.
     std::stable_sort(tail.begin(), tail.end(), [&](const Item &a, const Item &c) {
@@ -724,33 +771,30 @@ LogicalResult PipelinePass::build(ArrayRef<std::vector<PipelineTask>> orders,
     });
     for (const Item &it : tail) {
       if (it.op) {
-        if (failed(emitOp(it.op)))
+        if (failed(emitOp(s, it.op)))
           return failure();
-        queueSends(it.op);
-        exchange(pendingSends, {});
-        pendingSends.clear();
         continue;
       }
       const Transfer &x = transfers[it.transfer];
       if (x.from == s) {
-        if (!available(x.v))
+        if (!S.map.contains(x.v))
           return x.v.getDefiningOp()->emitError()
                  << "dlopt-pipeline: stage " << s
                  << " has not computed this value when it must send it";
-        exchange({it.transfer}, {});
+        exchange(s, {it.transfer}, {});
       } else {
-        exchange({}, {it.transfer});
+        exchange(s, {}, {it.transfer});
       }
     }
     SmallVector<Value> outs;
-    for (unsigned r : results) {
+    for (unsigned r : S.results) {
       Value v = ret->getOperand(r);
-      if (!available(v))
+      if (!S.map.contains(v))
         return fn.emitError() << "dlopt-pipeline: result #" << r
                               << " is not computed on stage " << s;
-      outs.push_back(map.lookup(v));
+      outs.push_back(S.map.lookup(v));
     }
-    func::ReturnOp::create(b, ret->getLoc(), outs);
+    func::ReturnOp::create(S.b, ret->getLoc(), outs);
   }
   fn.erase();
   return success();

@@ -242,7 +242,18 @@ World::gather(int32_t id,
   HostTensor global(v.global->type);
   std::vector<std::vector<int64_t>> starts;
   std::vector<std::vector<uint8_t>> blocks;
+  // Pipeline stages: only the ranks of the stages holding it have a block.
+  auto holds = [&](int r) {
+    int32_t p = exe_.programOf(r);
+    return p >= 0 && exe_.programs[size_t(p)].memory.offsets[size_t(id)] >= 0;
+  };
+  int64_t wantBlocks = 1;
+  for (const std::vector<int32_t> &axes : v.global->split)
+    for (int32_t a : axes)
+      wantBlocks *= exe_.mesh.shape[size_t(a)];
   for (int r = 0; r < size(); ++r) {
+    if (!holds(r))
+      continue;
     Expected<HostTensor> part = read(r);
     if (!part)
       return part.status();
@@ -262,6 +273,10 @@ World::gather(int32_t id,
     blocks.push_back(part->bytes);
     DLOPT_RETURN_IF_ERROR(placePart(exe_.mesh, *v.global, r, *part, global));
   }
+  if (int64_t(starts.size()) != wantBlocks)
+    return Status::error("the ranks hold " + std::to_string(starts.size()) +
+                         " of the " + std::to_string(wantBlocks) +
+                         " blocks of the " + v.global->type.str() + " value");
   return global;
 }
 

@@ -154,6 +154,38 @@ CASES = [
      ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9"], "dp=2,zero=3,recompute=full", "cpu:1"),
     ("llama.grads.tp2.cp2.recompute", ["llama", "--preset", "llama-tiny", "--batch", "4"], ["--autodiff"],
      "dp=1,tp=2,cp=2,sp=1,recompute=full", "cpu:2"),
+    # Pipeline stages (dlopt-pipeline): one program per stage, activations
+    # and gradients through send/recv, each stage's micro-batch tasks in the
+    # schedule's order; the model's batch is one micro-batch (--accumulate).
+    # Tied embeddings live on the first and last stage; clipping's norm and
+    # the update span the stages.
+    ("gpt.adamw.clip.pp2.1f1b", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
+     ["--optimizer", "adamw", "--lr", "0.01", "--clip-norm", "0.5", "--adam-eps", "1e-3", "--accumulate", "4"],
+     "pp=2,dp=1,tp=1,schedule=1f1b", "cpu:1"),
+    ("gpt.sgd.pp2.gpipe", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--accumulate", "2"],
+     "pp=2,dp=1,tp=1,schedule=gpipe", "cpu:1"),
+    ("gpt.adamw.clip.pp4.zb", ["gpt", "--preset", "gpt-tiny", "--layers", "4", "--batch", "4"],
+     ["--optimizer", "adamw", "--lr", "0.01", "--clip-norm", "0.5", "--adam-eps", "1e-3", "--accumulate", "4"],
+     "pp=4,dp=1,tp=1,schedule=zero-bubble", "cpu:2"),
+    ("gpt.sgd.clip.pp2.dp2.zero1", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--clip-norm", "0.5", "--accumulate", "2"],
+     "pp=2,dp=2,tp=1,zero=1,schedule=1f1b", "cpu:2"),
+    ("gpt.sgd.clip.pp2.tp2.zb", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--clip-norm", "0.5", "--accumulate", "2"],
+     "pp=2,dp=1,tp=2,schedule=zero-bubble", "cpu:2"),
+    ("gpt.sgd.pp2.dp2.tp2.zero2", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--accumulate", "2"],
+     "pp=2,dp=2,tp=2,zero=2,schedule=1f1b", "cpu:4"),
+    ("llama.sgd.clip.pp2.dp2.tp2.zero3", ["llama", "--preset", "llama-tiny", "--batch", "4"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--clip-norm", "0.5", "--accumulate", "2"],
+     "pp=2,dp=2,tp=2,zero=3,schedule=gpipe", "cpu:4"),
+    ("mlp.adamw.clip.pp2.gpipe", ["mlp", "--preset", "mlp-tiny", "--layers", "4", "--batch", "8"],
+     ["--optimizer", "adamw", "--lr", "0.01", "--clip-norm", "0.1", "--adam-eps", "1e-3", "--accumulate", "4"],
+     "pp=2,dp=1,tp=1,schedule=gpipe", "cpu:1"),
+    ("mlp.sgd.pp4.1f1b", ["mlp", "--preset", "mlp-tiny", "--layers", "4", "--batch", "4"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--accumulate", "4"],
+     "pp=4,dp=1,tp=1,schedule=1f1b", "cpu:2"),
 ]
 
 EQUAL_CASES = [

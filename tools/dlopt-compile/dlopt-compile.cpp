@@ -306,7 +306,23 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
     // micro-batch, so the plan's global batch is M times it.
     if (!fix->pp) fix->pp = 1;
     if (!fix->zero) fix->zero = 0;
-    if (!fix->numMicroBatches) fix->numMicroBatches = accumulateOpt;
+    bool pipelined = fix->pp && *fix->pp > 1;
+    if (!fix->numMicroBatches)
+      fix->numMicroBatches = pipelined ? int64_t(accumulateOpt) : 1;
+    // Interleaving is not applied yet: a pinned pipeline without a pinned
+    // schedule runs 1F1B.
+    // What is not verified with pipeline stages yet (sequence and context
+    // parallelism, recomputation) stays off unless pinned, and is refused.
+    if (fix->pp && *fix->pp > 1) {
+      if (!fix->schedule)
+        fix->schedule = PipelineSchedule::OneFOneB;
+      if (!fix->sp)
+        fix->sp = false;
+      if (!fix->cp)
+        fix->cp = 1;
+      if (!fix->recompute && !recomputeOpt.getNumOccurrences())
+        fix->recompute = RecomputePolicy::None;
+    }
     // --recompute on the command line pins the plan's recomputation.
     if (!fix->recompute && recomputeOpt.getNumOccurrences())
       fix->recompute = parseRecompute(recomputeOpt.getValue());
@@ -327,7 +343,8 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
   so.training = train || autodiff;
   so.globalBatch = globalBatchOpt;
   if (apply && !loaded && !globalBatchOpt.getNumOccurrences() &&
-      fix->numMicroBatches && *fix->numMicroBatches > 1)
+      fix->pp && *fix->pp > 1 && fix->numMicroBatches &&
+      *fix->numMicroBatches > 1)
     so.globalBatch = graph->batch * *fix->numMicroBatches;
   so.fix = *fix;
   if (loaded) {
@@ -452,6 +469,37 @@ static int applyPlanToModule(ModuleOp module, const dlopt::planner::Plan &plan,
   };
   std::string what = planFileOpt.empty() ? std::string("the plan")
                                          : planFileOpt + ":";
+  if (plan.pp() > 1 && !train)
+    return fail(what + " " + plan.mesh.str() + " uses pipeline stages (pp=" +
+                std::to_string(plan.pp()) +
+                "), which need a training step: use --train (--autodiff "
+                "builds no optimizer to close the pipeline)");
+  if (plan.pp() > 1) {
+    std::vector<std::string> notYet;
+    if (plan.sequenceParallel)
+      notYet.push_back("sequence parallelism (sp=1)");
+    if (plan.cp() > 1)
+      notYet.push_back("context parallelism (cp=" + std::to_string(plan.cp()) + ")");
+    if (plan.recompute != dlopt::planner::RecomputePolicy::None)
+      notYet.push_back(std::string("recomputation (recompute=") +
+                       dlopt::planner::recomputeName(plan.recompute) + ")");
+    std::string list;
+    for (const std::string &n : notYet)
+      list += (list.empty() ? "" : ", ") + n;
+    if (!list.empty())
+      return fail(what + " " + plan.mesh.str() + " combines pipeline stages "
+                  "with " + list + ", which plan application does not "
+                  "support together yet (dp, tp and ZeRO do); pin them off "
+                  "with --fix, e.g. sp=0,recompute=none");
+  }
+  if (plan.pp() > 1 &&
+      plan.schedule == dlopt::planner::PipelineSchedule::Interleaved1F1B)
+    return fail(what + " " + plan.mesh.str() +
+                " uses the interleaved 1F1B schedule (v=" +
+                std::to_string(plan.virtualStages) +
+                "), which plan application does not support yet (gpipe, "
+                "1f1b and zero-bubble do); pin another with --fix "
+                "schedule=1f1b");
   if (plan.numMicroBatches > 1 && planFileOpt.size() &&
       accumulateOpt.getNumOccurrences() &&
       accumulateOpt != plan.numMicroBatches)
@@ -992,7 +1040,9 @@ int main(int argc, char **argv) {
     pipelineStages = plan.pp();
     virtualStages = plan.virtualStages;
     pipelineSchedule = dlopt::planner::scheduleName(plan.schedule);
-    planMicroBatches = plan.numMicroBatches;
+    // A pipelined plan's micro-batches are the step's (other plans price
+    // one micro-batch: --accumulate replays it).
+    planMicroBatches = plan.pp() > 1 ? plan.numMicroBatches : 0;
     // The plan's recomputation is applied (dlopt-recompute, per layer).
     std::string planned = dlopt::planner::recomputeName(plan.recompute);
     if (recomputeOpt.getNumOccurrences() && recomputeOpt != planned) {
@@ -1051,7 +1101,9 @@ int main(int argc, char **argv) {
   if (failed(pm.run(*module)))
     return 1;
   phase("pipeline");
-  if (applying && !meshAxes.empty())
+  // Pipelined steps are not compared yet: the planner prices one stage's
+  // collectives and its p2p per micro-batch (docs/parallel.md).
+  if (applying && !meshAxes.empty() && pipelineStages == 1)
     checkPricedCollectives(*module, pricedComms);
 
   std::string out = outputFile;
