@@ -55,20 +55,24 @@ struct RecomputePass : dlopt::impl::RecomputePassBase<RecomputePass> {
   void recompute(func::FuncOp fn) {
     Block &body = fn.getBody().front();
     // Forward ops of each layer, in program order, and the first backward op
-    // of each layer.
-    llvm::MapVector<int64_t, SmallVector<Operation *>> forward;
-    llvm::DenseMap<int64_t, Operation *> firstBackward;
+    // of each layer; per micro-batch when the step replays several
+    // (dlopt.mb), since each replay's backward re-runs its own forward.
+    using Key = std::pair<int64_t, int64_t>; // (layer, micro-batch or -1)
+    llvm::MapVector<Key, SmallVector<Operation *>> forward;
+    llvm::DenseMap<Key, Operation *> firstBackward;
     for (Operation &op : body.without_terminator()) {
       std::optional<int64_t> layer = layerOf(&op);
       if (!layer)
         continue;
+      auto mb = op.getAttrOfType<IntegerAttr>(DLOptDialect::kMicroBatchAttr);
+      Key key{*layer, mb ? mb.getInt() : -1};
       if (op.hasAttr(DLOptDialect::kBackwardAttr))
-        firstBackward.try_emplace(*layer, &op);
+        firstBackward.try_emplace(key, &op);
       else
-        forward[*layer].push_back(&op);
+        forward[key].push_back(&op);
     }
-    for (auto &[layer, ops] : forward) {
-      Operation *insertAt = firstBackward.lookup(layer);
+    for (auto &[key, ops] : forward) {
+      Operation *insertAt = firstBackward.lookup(key);
       if (!insertAt)
         continue;
       llvm::SmallPtrSet<Operation *, 32> inLayer(ops.begin(), ops.end());

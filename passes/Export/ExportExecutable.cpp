@@ -391,6 +391,8 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
   // Values that several stages define or bind under one name (arguments,
   // outputs) share one value id; each program holds its own copy.
   llvm::StringMap<int32_t> argIds, outputIds;
+  // Pipeline stages: each argument's index in the whole step.
+  llvm::DenseMap<int32_t, int64_t> argOrder;
   llvm::DenseMap<Value, int32_t> forced;
   struct Output {
     int32_t id;
@@ -473,6 +475,8 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
                                          : exe.inputs)
         .push_back(*id);
     argIds[desc.name] = *id;
+    if (auto a = fn.getArgAttrOfType<IntegerAttr>(i, "dlopt.arg"))
+      argOrder[*id] = a.getInt();
   }
 
   // Instructions and constants, in program order.
@@ -650,6 +654,13 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
   }
   exe.programs.push_back(std::move(prog));
   }
+  // Params, inputs and states in the step's argument order (a param's
+  // initial value depends on its index), not in order of appearance.
+  if (!argOrder.empty())
+    for (std::vector<int32_t> *list : {&exe.params, &exe.inputs, &exe.states})
+      llvm::stable_sort(*list, [&](int32_t a, int32_t b) {
+        return argOrder.lookup(a) < argOrder.lookup(b);
+      });
   for (auto &[r, o] : outputs) {
     exe.outputs.push_back(o.id);
     exe.outputNames.push_back(o.name);

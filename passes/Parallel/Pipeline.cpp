@@ -585,9 +585,14 @@ LogicalResult PipelinePass::build(ArrayRef<std::vector<PipelineTask>> orders,
       sfn->setAttr(a.getName(), a.getValue());
     sfn->setAttr(DLOptDialect::kStageAttr,
                  IntegerAttr::get(IntegerType::get(ctx, 64), s));
-    for (unsigned i = 0; i < argAttrs.size(); ++i)
+    for (unsigned i = 0; i < argAttrs.size(); ++i) {
       if (argAttrs[i])
         sfn.setArgAttrs(i, argAttrs[i]);
+      // The step's argument order: parameters are initialized by their
+      // index in it, whatever the stage.
+      sfn.setArgAttr(i, "dlopt.arg",
+                     IntegerAttr::get(IntegerType::get(ctx, 64), argIndex[i]));
+    }
     for (auto [i, r] : llvm::enumerate(results)) {
       if (DictionaryAttr d = fn.getResultAttrDict(r))
         sfn.setResultAttrs(unsigned(i), d);

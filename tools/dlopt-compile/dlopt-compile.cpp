@@ -309,20 +309,6 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
     bool pipelined = fix->pp && *fix->pp > 1;
     if (!fix->numMicroBatches)
       fix->numMicroBatches = pipelined ? int64_t(accumulateOpt) : 1;
-    // Interleaving is not applied yet: a pinned pipeline without a pinned
-    // schedule runs 1F1B.
-    // What is not verified with pipeline stages yet (sequence and context
-    // parallelism, recomputation) stays off unless pinned, and is refused.
-    if (fix->pp && *fix->pp > 1) {
-      if (!fix->schedule)
-        fix->schedule = PipelineSchedule::OneFOneB;
-      if (!fix->sp)
-        fix->sp = false;
-      if (!fix->cp)
-        fix->cp = 1;
-      if (!fix->recompute && !recomputeOpt.getNumOccurrences())
-        fix->recompute = RecomputePolicy::None;
-    }
     // --recompute on the command line pins the plan's recomputation.
     if (!fix->recompute && recomputeOpt.getNumOccurrences())
       fix->recompute = parseRecompute(recomputeOpt.getValue());
@@ -474,32 +460,6 @@ static int applyPlanToModule(ModuleOp module, const dlopt::planner::Plan &plan,
                 std::to_string(plan.pp()) +
                 "), which need a training step: use --train (--autodiff "
                 "builds no optimizer to close the pipeline)");
-  if (plan.pp() > 1) {
-    std::vector<std::string> notYet;
-    if (plan.sequenceParallel)
-      notYet.push_back("sequence parallelism (sp=1)");
-    if (plan.cp() > 1)
-      notYet.push_back("context parallelism (cp=" + std::to_string(plan.cp()) + ")");
-    if (plan.recompute != dlopt::planner::RecomputePolicy::None)
-      notYet.push_back(std::string("recomputation (recompute=") +
-                       dlopt::planner::recomputeName(plan.recompute) + ")");
-    std::string list;
-    for (const std::string &n : notYet)
-      list += (list.empty() ? "" : ", ") + n;
-    if (!list.empty())
-      return fail(what + " " + plan.mesh.str() + " combines pipeline stages "
-                  "with " + list + ", which plan application does not "
-                  "support together yet (dp, tp and ZeRO do); pin them off "
-                  "with --fix, e.g. sp=0,recompute=none");
-  }
-  if (plan.pp() > 1 &&
-      plan.schedule == dlopt::planner::PipelineSchedule::Interleaved1F1B)
-    return fail(what + " " + plan.mesh.str() +
-                " uses the interleaved 1F1B schedule (v=" +
-                std::to_string(plan.virtualStages) +
-                "), which plan application does not support yet (gpipe, "
-                "1f1b and zero-bubble do); pin another with --fix "
-                "schedule=1f1b");
   if (plan.numMicroBatches > 1 && planFileOpt.size() &&
       accumulateOpt.getNumOccurrences() &&
       accumulateOpt != plan.numMicroBatches)

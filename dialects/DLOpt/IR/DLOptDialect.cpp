@@ -133,6 +133,16 @@ LogicalResult DLOptDialect::verifyRegionArgAttribute(Operation *op,
   }
   if (name == kInitAttr)
     return verifyInit(op, argIndex, attr.getValue());
+  if (name == "dlopt.arg") {
+    // On a pipeline stage's function (dlopt-pipeline): the index of the
+    // argument in the whole step.
+    auto i = dyn_cast<IntegerAttr>(attr.getValue());
+    if (!i || i.getInt() < 0)
+      return op->emitError() << "argument #" << argIndex
+                             << ": 'dlopt.arg' expects a non-negative "
+                                "integer, got " << attr.getValue();
+    return success();
+  }
   if (name == "dlopt.global_type" || name == "dlopt.split" ||
       name == "dlopt.sharding")
     return verifyGlobalAttr(op, "argument #" + std::to_string(argIndex), attr);
