@@ -64,6 +64,16 @@ CASES = [
     ("gpt.adamw.clip.dp2.tp2.zero3", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
      ["--optimizer", "adamw", "--lr", "0.001", "--clip-norm", "1"], "dp=2,tp=2,zero=3", "cpu:2",
      ["--data", CORPUS], ("dp=2,zero=1", "cpu:1")),
+    # Pipeline stages: several AdamW steps with clipping over 2 micro-batches
+    # per step; the stages' checkpoints hold global tensors too and resume
+    # without stages, and the reverse.
+    ("gpt.adamw.clip.pp2.dp2.zero1", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
+     ["--optimizer", "adamw", "--lr", "0.001", "--clip-norm", "1", "--accumulate", "2"],
+     "pp=2,dp=2,zero=1,schedule=1f1b", "cpu:2", ["--data", CORPUS], ("dp=2,tp=2", "cpu:2")),
+    ("gpt.sgd.pp2.tp2.sp.zb", ["gpt", "--preset", "gpt-tiny", "--layers", "4", "--batch", "4"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--clip-norm", "1", "--accumulate", "2"],
+     "pp=2,tp=2,sp=1,schedule=zero-bubble", "cpu:2", ["--data", CORPUS],
+     ("pp=2,schedule=interleaved,v=2", "cpu:1")),
 ]
 
 
