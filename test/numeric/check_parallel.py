@@ -198,6 +198,14 @@ CASES = [
     ("gpt.sgd.pp2.dp2.zero3.selective", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
      ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--accumulate", "2"],
      "pp=2,dp=2,tp=1,zero=3,recompute=selective,schedule=1f1b", "cpu:2"),
+    # Mixed precision: the loss scale's overflow check and the bf16/fp16
+    # casts span the stages (bit for bit here).
+    ("gpt.adamw.bf16.pp2.1f1b", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
+     ["--optimizer", "adamw", "--lr", "0.01", "--adam-eps", "1e-3", "--precision", "bf16", "--accumulate", "2"],
+     "pp=2,dp=1,tp=1,schedule=1f1b", "cpu:1"),
+    ("gpt.adamw.clip.fp16.pp2.zb", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
+     ["--optimizer", "adamw", "--lr", "0.01", "--adam-eps", "1e-3", "--clip-norm", "0.5", "--precision", "fp16", "--accumulate", "2"],
+     "pp=2,dp=1,tp=1,schedule=zero-bubble", "cpu:1"),
     ("mlp.adamw.clip.pp2.gpipe", ["mlp", "--preset", "mlp-tiny", "--layers", "4", "--batch", "8"],
      ["--optimizer", "adamw", "--lr", "0.01", "--clip-norm", "0.1", "--adam-eps", "1e-3", "--accumulate", "4"],
      "pp=2,dp=1,tp=1,schedule=gpipe", "cpu:1"),
