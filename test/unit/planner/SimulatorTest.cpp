@@ -256,6 +256,47 @@ TEST(SimOrder, ZeroBubbleH1) {
   EXPECT_EQ(computeOrder(r, 3), "F0 B0 F1 B1 W0 W1");
 }
 
+TEST(SimOrder, PipelineOrderIsWhatTheSimulatorRuns) {
+  // dlopt-pipeline orders each stage's program by pipelineOrder: it must be
+  // the order the simulator replays, for every schedule.
+  struct Case {
+    PipelineSchedule s;
+    int pp;
+    int64_t m;
+    int v;
+  };
+  for (Case c : {Case{PipelineSchedule::GPipe, 3, 5, 1},
+                 Case{PipelineSchedule::OneFOneB, 4, 6, 1},
+                 Case{PipelineSchedule::OneFOneB, 4, 2, 1},
+                 Case{PipelineSchedule::Interleaved1F1B, 2, 4, 2},
+                 Case{PipelineSchedule::Interleaved1F1B, 4, 8, 3},
+                 Case{PipelineSchedule::ZeroBubble, 4, 8, 1}}) {
+    SimResult r = simulate(uniform(c.s, c.pp, c.m, c.v, 1, 2,
+                                   c.s == PipelineSchedule::ZeroBubble ? 1 : 0));
+    for (int stage = 0; stage < c.pp; ++stage) {
+      auto order = pipelineOrder(c.s, c.pp, stage, c.m, c.v);
+      ASSERT_TRUE(order.isOk()) << order.status().message();
+      std::string names;
+      for (const PipelineTask &t : *order) {
+        if (!names.empty())
+          names += ' ';
+        names += t.kind == PipelineTask::Forward    ? 'F'
+                 : t.kind == PipelineTask::Backward ? 'B'
+                                                    : 'W';
+        names += std::to_string(t.microBatch);
+        if (c.v > 1)
+          names += "." + std::to_string(t.chunk);
+      }
+      EXPECT_EQ(names, computeOrder(r, stage))
+          << scheduleName(c.s) << " pp=" << c.pp << " stage " << stage;
+    }
+  }
+  // Its errors are the simulator's, and a stage outside the pipeline.
+  EXPECT_FALSE(pipelineOrder(PipelineSchedule::Interleaved1F1B, 4, 0, 6, 2).isOk());
+  EXPECT_FALSE(pipelineOrder(PipelineSchedule::OneFOneB, 4, 0, 4, 2).isOk());
+  EXPECT_FALSE(pipelineOrder(PipelineSchedule::OneFOneB, 4, 4, 4, 1).isOk());
+}
+
 //===----------------------------------------------------------------------===//
 // Invariants on random, non-uniform stages with p2p
 //===----------------------------------------------------------------------===//
