@@ -45,6 +45,7 @@
 #include "llvm/ADT/SmallBitVector.h"
 
 #include <limits>
+#include <functional>
 #include <map>
 #include <tuple>
 
@@ -136,6 +137,7 @@ struct PipelinePass : dlopt::impl::PipelinePassBase<PipelinePass> {
 
   void runOnOperation() override;
   LogicalResult place(const std::map<int64_t, int64_t> &vsOfId);
+  bool sumPerStage();
   LogicalResult build(ArrayRef<std::vector<PipelineTask>> orders,
                       bool zeroBubble);
 };
@@ -248,6 +250,19 @@ void PipelinePass::runOnOperation() {
 
   if (failed(place(vsOfId)))
     return;
+  // Gradients summed from two stages per micro-batch (a tied embedding's)
+  // are summed per stage over the micro-batches first: placed again.
+  if (sumPerStage()) {
+    ops.clear();
+    pos.clear();
+    vs.clear();
+    backward.clear();
+    rep.clear();
+    homes.clear();
+    retNeed.clear();
+    if (failed(place(vsOfId)))
+      return;
+  }
   if (failed(build(orders, sched == planner::PipelineSchedule::ZeroBubble))) {
     for (func::FuncOp f : stageFns)
       f.erase();
@@ -425,6 +440,92 @@ LogicalResult PipelinePass::place(const std::map<int64_t, int64_t> &vsOfId) {
     rep.erase(it);
   }
   return success();
+}
+
+/// A sum over the micro-batches (ops outside them, `((t0 + t1) + t2) ...`)
+/// of per-micro-batch sums `ti = ai + bi` whose terms come from two stages
+/// (a tied embedding: the head's gradient on the last stage, the lookup's on
+/// the first) would send a whole gradient per micro-batch. It becomes
+/// `(a0 + a1 + ...) + (b0 + b1 + ...)`: each stage sums its own terms and
+/// one gradient crosses, as Megatron-LM all-reduces the embedding gradient
+/// of the first and last stage once per step. (The sum is reassociated: it
+/// differs from one device's by rounding.) Returns whether it changed the
+/// step.
+bool PipelinePass::sumPerStage() {
+  auto physOf = [&](Value v) -> int64_t {
+    Operation *d = v.getDefiningOp();
+    auto it = d ? vs.find(d) : vs.end();
+    return it == vs.end() ? -1 : it->second % P;
+  };
+  auto isAdd = [](Operation *op) { return op && isa<dl::AddOp>(op); };
+  auto inMicroBatch = [](Operation *op) {
+    return op->hasAttr(DLOptDialect::kMicroBatchAttr);
+  };
+  bool changed = false;
+  llvm::DenseSet<Operation *> seen;
+  for (Operation *root : llvm::reverse(ops)) {
+    // (Erased ops are in `seen`: test it before touching the op.)
+    if (seen.count(root) || !isAdd(root) || inMicroBatch(root))
+      continue;
+    // The chain's inner adds (outside the micro-batches, used once by it)
+    // and its leaves, in program order.
+    SmallVector<Operation *> inner{root}, leaves;
+    bool ok = true;
+    std::function<void(Value)> walk = [&](Value v) {
+      Operation *d = v.getDefiningOp();
+      if (isAdd(d) && !inMicroBatch(d) && d->hasOneUse()) {
+        inner.push_back(d);
+        walk(d->getOperand(0));
+        walk(d->getOperand(1));
+      } else if (isAdd(d) && inMicroBatch(d) && d->hasOneUse()) {
+        leaves.push_back(d);
+      } else {
+        ok = false;
+      }
+    };
+    walk(root->getOperand(0));
+    walk(root->getOperand(1));
+    for (Operation *op : inner)
+      seen.insert(op);
+    for (Operation *op : leaves)
+      seen.insert(op);
+    if (!ok || leaves.size() < 2)
+      continue;
+    int64_t p = physOf(leaves[0]->getOperand(0)),
+            q = physOf(leaves[0]->getOperand(1));
+    if (p < 0 || q < 0 || p == q)
+      continue;
+    Type type = root->getResult(0).getType();
+    for (Operation *l : leaves)
+      ok = ok && physOf(l->getOperand(0)) == p &&
+           physOf(l->getOperand(1)) == q && l->getResult(0).getType() == type &&
+           l->getOperand(0).getType() == type &&
+           l->getOperand(1).getType() == type;
+    if (!ok)
+      continue;
+    llvm::sort(leaves, [&](Operation *a, Operation *b) {
+      return a->isBeforeInBlock(b);
+    });
+    OpBuilder b(root);
+    Value sums[2];
+    for (int side = 0; side < 2; ++side)
+      for (Operation *l : leaves) {
+        Value t = l->getOperand(side);
+        sums[side] = sums[side] ? dl::AddOp::create(b, root->getLoc(), type,
+                                                    sums[side], t)
+                                      .getResult()
+                                : t;
+      }
+    Value total =
+        dl::AddOp::create(b, root->getLoc(), type, sums[0], sums[1]).getResult();
+    root->getResult(0).replaceAllUsesWith(total);
+    for (Operation *op : inner)
+      op->erase();
+    for (Operation *l : leaves)
+      l->erase();
+    changed = true;
+  }
+  return changed;
 }
 
 LogicalResult PipelinePass::build(ArrayRef<std::vector<PipelineTask>> orders,
