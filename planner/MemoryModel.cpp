@@ -340,13 +340,19 @@ transformerStageMemoryWithLayers(const TransformerSpec &spec,
   // the lookup's gradient (a scatter into a zeroed table) exists beside
   // the table's reduced gradient; with the LM head tied on the same stage,
   // its partial and their sum as well, and under ZeRO >= 2 (gradients
-  // held as shards) the whole sum is not among them. Measured against
+  // held as shards) the whole sum is not among them; with several
+  // micro-batches, the sum so far too. Measured against
   // dlopt's memory plans (docs/parallel.md, "Planned memory against the
   // planner").
   if (first || last) {
     const double table = vLocal * h * pr.gradBytes;
     const bool tiedHere = spec.tiedEmbeddings && first && last;
-    const double tables = tiedHere ? (cfg.zeroStage >= 2 ? 3 : 2) : 1;
+    double tables = tiedHere ? (cfg.zeroStage >= 2 ? 3 : 2) : 1;
+    // Accumulated over micro-batches (gradient accumulation, or a
+    // pipeline's): the sum so far is held while the next micro-batch's
+    // table is formed and added to it.
+    if (cfg.numMicroBatches > 1 && cfg.zeroStage < 2)
+      tables += 1;
     m.transient = std::max(m.transient, tables * table);
   }
 

@@ -511,10 +511,16 @@ bool PipelinePass::sumPerStage() {
     for (int side = 0; side < 2; ++side)
       for (Operation *l : leaves) {
         Value t = l->getOperand(side);
-        sums[side] = sums[side] ? dl::AddOp::create(b, root->getLoc(), type,
-                                                    sums[side], t)
-                                      .getResult()
-                                : t;
+        if (!sums[side]) {
+          sums[side] = t;
+          continue;
+        }
+        // Marked as backward work: fusion then keeps each stage's sum apart
+        // from what follows the exchange (fused with it, the sum would run
+        // after the exchange and keep every term alive until then).
+        auto add = dl::AddOp::create(b, root->getLoc(), type, sums[side], t);
+        add->setAttr(DLOptDialect::kBackwardAttr, b.getUnitAttr());
+        sums[side] = add.getResult();
       }
     Value total =
         dl::AddOp::create(b, root->getLoc(), type, sums[0], sums[1]).getResult();

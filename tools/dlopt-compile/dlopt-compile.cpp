@@ -1106,12 +1106,22 @@ int main(int argc, char **argv) {
   output->keep();
   phase("write");
 
-  if (applying && !meshAxes.empty())
+  if (applying && exe->worldSize > 1)
     checkPlannedMemory(*exe, pricedMemory);
   if (!quiet && out != "-") {
-    const auto &mem = exe->programs[0].memory;
+    // With one program per pipeline stage: the one with the largest arena.
+    size_t largest = 0;
+    for (size_t p = 1; p < exe->programs.size(); ++p)
+      if (exe->programs[p].memory.totalBytes() >
+          exe->programs[largest].memory.totalBytes())
+        largest = p;
+    const auto &mem = exe->programs[largest].memory;
     llvm::errs() << "dlopt-compile: wrote " << out << ": "
-                 << exe->programs[0].instrs.size() << " instructions, "
+                 << (exe->programs.size() > 1
+                         ? std::to_string(exe->programs.size()) +
+                               " programs, the largest "
+                         : std::string())
+                 << exe->programs[largest].instrs.size() << " instructions, "
                  << exe->params.size() << " params, " << exe->inputs.size()
                  << " inputs; planned memory " << humanBytes(mem.totalBytes())
                  << " (persistent " << humanBytes(mem.persistentBytes)
