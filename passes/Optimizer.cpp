@@ -612,7 +612,18 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
             v = ar.getInput();
           }
         // Averaged results are summed; the others keep the last micro-batch.
-        sums[r] = averaged[r] && sums[r] ? e.add(sums[r], v) : v;
+        // Each running sum is marked with its micro-batch (dlopt.accumulate,
+        // not dlopt.mb: it is not that micro-batch's replay), so fusion keeps
+        // the sums apart: one group for the chain would run at the last
+        // micro-batch and keep every micro-batch's gradient until then.
+        if (averaged[r] && sums[r]) {
+          Value sum = e.add(sums[r], v);
+          if (Operation *add = sum.getDefiningOp())
+            add->setAttr(DLOptDialect::kAccumulateAttr, b.getI64IntegerAttr(i));
+          sums[r] = sum;
+        } else {
+          sums[r] = v;
+        }
       }
     }
     for (unsigned r = 0; r < ret->getNumOperands(); ++r) {

@@ -349,9 +349,10 @@ transformerStageMemoryWithLayers(const TransformerSpec &spec,
     const bool tiedHere = spec.tiedEmbeddings && first && last;
     double tables = tiedHere ? (cfg.zeroStage >= 2 ? 3 : 2) : 1;
     // Accumulated over micro-batches (gradient accumulation, or a
-    // pipeline's): the sum so far is held while the next micro-batch's
-    // table is formed and added to it.
-    if (cfg.numMicroBatches > 1 && cfg.zeroStage < 2)
+    // pipeline's): the sum so far (or, under ZeRO >= 2, the other stage's
+    // term of a tied table before the reduce-scatter) is held while the
+    // next micro-batch's table is formed and added to it.
+    if (cfg.numMicroBatches > 1)
       tables += 1;
     m.transient = std::max(m.transient, tables * table);
   }

@@ -520,6 +520,10 @@ bool PipelinePass::sumPerStage() {
         // after the exchange and keep every term alive until then).
         auto add = dl::AddOp::create(b, root->getLoc(), type, sums[side], t);
         add->setAttr(DLOptDialect::kBackwardAttr, b.getUnitAttr());
+        // One mark per micro-batch: fusion keeps the running sums apart.
+        if (Operation *d = t.getDefiningOp())
+          if (Attribute mb = d->getAttr(DLOptDialect::kMicroBatchAttr))
+            add->setAttr(DLOptDialect::kAccumulateAttr, mb);
         sums[side] = add.getResult();
       }
     Value total =
@@ -714,8 +718,36 @@ LogicalResult PipelinePass::build(ArrayRef<std::vector<PipelineTask>> orders,
     st.push_back(std::move(stage));
   }
 
+  // Replicated ops (reading only arguments and constants) run where
+  // first needed, not as early as possible: a ZeRO slice of a parameter
+  // hoisted to the start would be held all step.
+  auto isRepHere = [&](int64_t s, Operation *d) {
+    auto it = d ? rep.find(d) : rep.end();
+    return it != rep.end() && it->second.test(s);
+  };
+  std::function<bool(int64_t, Value)> canHave = [&](int64_t s, Value v) {
+    if (st[size_t(s)].map.contains(v))
+      return true;
+    Operation *d = v.getDefiningOp();
+    return isRepHere(s, d) &&
+           llvm::all_of(d->getOperands(), [&](Value o) { return canHave(s, o); });
+  };
+  std::function<void(int64_t, Value)> ensure = [&](int64_t s, Value v) {
+    Stage &S = st[size_t(s)];
+    Operation *d = v.getDefiningOp();
+    if (S.map.contains(v) || !isRepHere(s, d) || S.emitted.count(d))
+      return;
+    for (Value o : d->getOperands())
+      ensure(s, o);
+    if (llvm::all_of(d->getOperands(), [&](Value o) { return S.map.contains(o); })) {
+      S.b.clone(*d, S.map);
+      S.emitted.insert(d);
+    }
+  };
   auto emitOp = [&](int64_t s, Operation *op) -> LogicalResult {
     Stage &S = st[size_t(s)];
+    for (Value o : op->getOperands())
+      ensure(s, o);
     for (auto [i, o] : llvm::enumerate(op->getOperands()))
       if (!S.map.contains(o)) {
         InFlightDiagnostic d =
@@ -773,15 +805,18 @@ LogicalResult PipelinePass::build(ArrayRef<std::vector<PipelineTask>> orders,
     Stage &S = st[size_t(s)];
     for (size_t i = S.looseFirst; i < S.loose.size(); ++i) {
       Operation *op = S.loose[i];
-      if (S.emitted.count(op) ||
+      if (S.emitted.count(op) || isRepHere(s, op) ||
           !llvm::all_of(op->getOperands(),
-                        [&](Value v) { return S.map.contains(v); }))
+                        [&](Value v) { return canHave(s, v); }))
         continue;
+      for (Value v : op->getOperands())
+        ensure(s, v);
       S.b.clone(*op, S.map);
       S.emitted.insert(op);
     }
     while (S.looseFirst < S.loose.size() &&
-           S.emitted.count(S.loose[S.looseFirst]))
+           (S.emitted.count(S.loose[S.looseFirst]) ||
+            isRepHere(s, S.loose[S.looseFirst])))
       ++S.looseFirst;
   };
   auto runnable = [&](int64_t s) {
@@ -792,7 +827,7 @@ LogicalResult PipelinePass::build(ArrayRef<std::vector<PipelineTask>> orders,
                                        S.taskOps[S.next].end());
     for (Operation *op : S.taskOps[S.next])
       for (Value o : op->getOperands())
-        if (!S.map.contains(o) &&
+        if (!canHave(s, o) &&
             !(o.getDefiningOp() && inside.count(o.getDefiningOp())))
           return false;
     return true;
@@ -883,8 +918,11 @@ LogicalResult PipelinePass::build(ArrayRef<std::vector<PipelineTask>> orders,
     });
     for (const Item &it : tail) {
       if (it.op) {
+        if (S.emitted.count(it.op))
+          continue; // a replicated op some earlier op needed
         if (failed(emitOp(s, it.op)))
           return failure();
+        S.emitted.insert(it.op);
         continue;
       }
       const Transfer &x = transfers[it.transfer];

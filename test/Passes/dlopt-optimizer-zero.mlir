@@ -40,7 +40,7 @@
 // ZERO3: shard.all_gather %[[W]] {{.+}} {dlopt.mb = 1 : i64, dlopt.zero_gather = "fwd.mb1"}
 // ZERO3: shard.all_gather %[[W]] {{.+}} {dlopt.backward, dlopt.mb = 1 : i64, dlopt.zero_gather = "bwd.mb1"}
 // ZERO3: %[[R1:.+]] = shard.reduce_scatter %{{.+}} {dlopt.backward, dlopt.mb = 1 : i64} : tensor<4x3xf32> -> tensor<2x3xf32>
-// ZERO3: dlopt.add %[[R0]], %[[R1]] : tensor<2x3xf32>, tensor<2x3xf32> -> tensor<2x3xf32>
+// ZERO3: dlopt.add %[[R0]], %[[R1]] {dlopt.accumulate = 1 : i64} : tensor<2x3xf32>, tensor<2x3xf32> -> tensor<2x3xf32>
 // ZERO3-NOT: shard.all_gather
 // ZERO3: return
 func.func @main(%x: tensor<8x4xf32> {dlopt.input = "x"},

@@ -17,7 +17,7 @@
 // CHECK-SAME: dlopt.param = "w"
 // CHECK-NOT: dlopt.send_recv {{.*}}tensor<8x8xf32>
 // CHECK: dlopt.send_recv %{{.+}} to [0] from [] over "pp" : (tensor<8x8xf32>) -> ()
-// CHECK-NEXT: %[[NEW:.+]] = dlopt.send_recv to [] from [0] over "pp" : () -> tensor<8x8xf32>
+// CHECK: %[[NEW:.+]] = dlopt.send_recv to [] from [0] over "pp" : () -> tensor<8x8xf32>
 // CHECK: return %{{.+}}, %[[NEW]],
 func.func @main(%x: tensor<4x8xf32> {dlopt.input = "x"},
                 %w: tensor<8x8xf32> {dlopt.param = "w"}) -> tensor<f32>

@@ -186,7 +186,8 @@ LogicalResult DLOptDialect::verifyOperationAttribute(Operation *op,
                                                      NamedAttribute attr) {
   StringRef name = attr.getName().getValue();
   if (name == kLayerAttr || name == kIdAttr || name == kFwdIdAttr ||
-      name == kMicroBatchAttr || name == kStageAttr) {
+      name == kMicroBatchAttr || name == kStageAttr ||
+      name == kAccumulateAttr) {
     auto i = dyn_cast<IntegerAttr>(attr.getValue());
     if (!i || i.getInt() < 0)
       return op->emitError() << "'" << name
@@ -259,5 +260,5 @@ LogicalResult DLOptDialect::verifyOperationAttribute(Operation *op,
   return op->emitError() << "unknown dlopt attribute '" << name
                          << "', expected dlopt.layer, dlopt.loss, dlopt.train_step, "
                             "dlopt.backward, dlopt.recompute, dlopt.id, "
-                            "dlopt.fwd_id, dlopt.mb, dlopt.stage, dlopt.plan or dlopt.zero_gather";
+                            "dlopt.fwd_id, dlopt.mb, dlopt.stage, dlopt.accumulate, dlopt.plan or dlopt.zero_gather";
 }

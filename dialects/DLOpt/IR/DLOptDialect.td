@@ -65,6 +65,9 @@ def DLOpt_Dialect : Dialect {
     /// writes it; dlopt-pipeline reads it). On the per-stage functions
     /// dlopt-pipeline makes: their stage.
     static constexpr ::llvm::StringLiteral kStageAttr = "dlopt.stage";
+    /// On the running sums of accumulated micro-batches (dlopt-optimizer):
+    /// the micro-batch each adds; keeps fusion from grouping the sums.
+    static constexpr ::llvm::StringLiteral kAccumulateAttr = "dlopt.accumulate";
     /// On ZeRO-3's parameter gathers (dlopt-optimizer): the phase, "fwd" or
     /// "bwd", with ".mb<k>" per micro-batch; keeps them apart under CSE.
     static constexpr ::llvm::StringLiteral kZeroGatherAttr = "dlopt.zero_gather";
