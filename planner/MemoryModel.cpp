@@ -345,7 +345,11 @@ transformerStageMemoryWithLayers(const TransformerSpec &spec,
   // dlopt's memory plans (docs/parallel.md, "Planned memory against the
   // planner").
   if (first || last) {
-    const double table = vLocal * h * pr.gradBytes;
+    // A table tied across pipeline stages has its per-stage sums formed
+    // whole (dlopt builds a vocabulary-parallel table's gradient whole and
+    // slices it), before the tp slice.
+    const double table =
+        (spec.tiedEmbeddings && cfg.pp > 1 ? v : vLocal) * h * pr.gradBytes;
     const bool tiedHere = spec.tiedEmbeddings && first && last;
     double tables = tiedHere ? (cfg.zeroStage >= 2 ? 3 : 2) : 1;
     // Accumulated over micro-batches (gradient accumulation, or a
@@ -353,6 +357,18 @@ transformerStageMemoryWithLayers(const TransformerSpec &spec,
     // term of a tied table before the reduce-scatter) is held while the
     // next micro-batch's table is formed and added to it.
     if (cfg.numMicroBatches > 1)
+      tables += 1;
+    // A table tied across stages under ZeRO >= 2 (each micro-batch's
+    // gradient reduce-scattered, so dlopt cannot sum it per stage first):
+    // each micro-batch's head gradient crosses to the first stage as soon
+    // as it exists and waits there for that micro-batch's backward, up to
+    // one per later virtual stage.
+    if (first && !last && spec.tiedEmbeddings && cfg.zeroStage >= 2 &&
+        cfg.numMicroBatches > 1)
+      tables += std::min<double>(double(cfg.numMicroBatches),
+                                 double(cfg.pp * cfg.virtualStages - 1));
+    // Otherwise the last stage's sum arrives once, beside this stage's.
+    else if (first && !last && spec.tiedEmbeddings && cfg.numMicroBatches > 1)
       tables += 1;
     m.transient = std::max(m.transient, tables * table);
   }
