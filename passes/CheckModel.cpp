@@ -70,6 +70,14 @@ bool dlopt::isOpIdentityAttr(StringRef name) {
          name == DLOptDialect::kMicroBatchAttr;
 }
 
+DictionaryAttr dlopt::meshAttr(MLIRContext *ctx, ArrayRef<Attribute> axes,
+                              ArrayRef<int64_t> shape) {
+  return DictionaryAttr::get(
+      ctx, {NamedAttribute(StringAttr::get(ctx, "axes"), ArrayAttr::get(ctx, axes)),
+            NamedAttribute(StringAttr::get(ctx, "shape"),
+                           DenseI64ArrayAttr::get(ctx, shape))});
+}
+
 DictionaryAttr dlopt::marksWithoutIds(Operation *op) {
   DictionaryAttr all = op->getDiscardableAttrDictionary();
   SmallVector<NamedAttribute> kept;

@@ -27,6 +27,12 @@ bool isOpIdentityAttr(llvm::StringRef name);
 /// `op`'s discardable attributes without the identity attributes.
 mlir::DictionaryAttr marksWithoutIds(mlir::Operation *op);
 
+/// The module's `dlopt.mesh` attribute: {axes = [names], shape = sizes},
+/// major first.
+mlir::DictionaryAttr meshAttr(mlir::MLIRContext *ctx,
+                              llvm::ArrayRef<mlir::Attribute> axes,
+                              llvm::ArrayRef<int64_t> shape);
+
 /// Records on every op in [begin, end) of one block that `from` derives
 /// from: `dlopt.fwd_id` = from's `dlopt.id` (or its `dlopt.fwd_id` when
 /// `from` is itself derived), and drops any `dlopt.id` a clone copied.

@@ -419,6 +419,24 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
     return id;
   };
 
+  // An instruction's operands (defined earlier in its function) and its
+  // results (new values).
+  auto bindValues = [&](Operation &op, rt::Instr &instr) -> LogicalResult {
+    for (Value v : op.getOperands()) {
+      auto it = ids.find(v);
+      if (it == ids.end())
+        return op.emitError("uses a value defined outside the function body");
+      instr.operands.push_back(it->second);
+    }
+    for (Value r : op.getResults()) {
+      FailureOr<int32_t> id = addValue(r, rt::Value{});
+      if (failed(id))
+        return failure();
+      instr.results.push_back(*id);
+    }
+    return success();
+  };
+
   for (func::FuncOp fn : fns) {
   rt::Program prog;
   prog.ranks.clear();
@@ -575,18 +593,8 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
       rt::Instr instr;
       instr.op = "send_recv";
       instr.loc = locString(op.getLoc());
-      for (Value v : op.getOperands()) {
-        auto it = ids.find(v);
-        if (it == ids.end())
-          return op.emitError("uses a value defined outside the function body");
-        instr.operands.push_back(it->second);
-      }
-      for (Value r : op.getResults()) {
-        FailureOr<int32_t> id = addValue(r, rt::Value{});
-        if (failed(id))
-          return failure();
-        instr.results.push_back(*id);
-      }
+      if (failed(bindValues(op, instr)))
+        return failure();
       instr.attrs["group"] = groupOf({int16_t(a)});
       instr.attrs["send_peers"] = vec(sr.getTo());
       instr.attrs["recv_peers"] = vec(sr.getFrom());
@@ -602,18 +610,8 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
     rt::Instr instr;
     instr.op = op.getName().stripDialect().str();
     instr.loc = locString(op.getLoc());
-    for (Value v : op.getOperands()) {
-      auto it = ids.find(v);
-      if (it == ids.end())
-        return op.emitError("uses a value defined outside the entry function body");
-      instr.operands.push_back(it->second);
-    }
-    for (Value r : op.getResults()) {
-      FailureOr<int32_t> id = addValue(r, rt::Value{});
-      if (failed(id))
-        return failure();
-      instr.results.push_back(*id);
-    }
+    if (failed(bindValues(op, instr)))
+      return failure();
     for (NamedAttribute attr : op.getAttrDictionary()) {
       StringRef name = attr.getName().getValue();
       if (name == DLOptDialect::kLayerAttr) {

@@ -1665,13 +1665,7 @@ struct PartitionPass : dlopt::impl::PartitionPassBase<PartitionPass> {
     SmallVector<Attribute> axisAttrs;
     for (const std::string &a : meshAxes)
       axisAttrs.push_back(StringAttr::get(ctx, a));
-    module->setAttr(
-        "dlopt.mesh",
-        DictionaryAttr::get(
-            ctx, {NamedAttribute(StringAttr::get(ctx, "axes"),
-                                 ArrayAttr::get(ctx, axisAttrs)),
-                  NamedAttribute(StringAttr::get(ctx, "shape"),
-                                 DenseI64ArrayAttr::get(ctx, meshSizes))}));
+    module->setAttr("dlopt.mesh", meshAttr(ctx, axisAttrs, meshSizes));
     for (size_t k = 0; k < meshAxes.size(); ++k) {
       AxisPartitioner part(fn, meshAxes[k], int16_t(k), meshSizes[k]);
       if (failed(part.run()))

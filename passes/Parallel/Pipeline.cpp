@@ -278,13 +278,7 @@ void PipelinePass::runOnOperation() {
     llvm::append_range(shape,
                        cast<DenseI64ArrayAttr>(mesh.get("shape")).asArrayRef());
   }
-  module->setAttr(
-      "dlopt.mesh",
-      DictionaryAttr::get(
-          ctx, {NamedAttribute(StringAttr::get(ctx, "axes"),
-                               ArrayAttr::get(ctx, axes)),
-                NamedAttribute(StringAttr::get(ctx, "shape"),
-                               DenseI64ArrayAttr::get(ctx, shape))}));
+  module->setAttr("dlopt.mesh", meshAttr(ctx, axes, shape));
   module.walk([&](Operation *op) {
     if (auto grid = dyn_cast<shard::GridOp>(op)) {
       SmallVector<int64_t> s{P};

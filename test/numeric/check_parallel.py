@@ -253,6 +253,23 @@ MLP_MEGATRON_OPS = {
 }
 
 
+def case_dir(work, name, seed):
+    """A fresh directory for a case and its random generator."""
+    d = os.path.join(work, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    return d, np.random.default_rng([seed, sum(map(ord, name))])
+
+
+def generate(gen, genargs, d):
+    """The case's model, written by dlopt-gen into d."""
+    model = os.path.join(d, "m.mlir")
+    r = run([gen] + genargs + ["-q", "-o", model])
+    if r.returncode:
+        raise RuntimeError("dlopt-gen: " + r.stderr)
+    return model
+
+
 def pipeline_grid():
     """The pipeline grid (--grid): gpt and llama at pp 2 and 4, every
     schedule, ZeRO 0-3, alone and with dp and tp, up to 8 ranks; AdamW with
@@ -296,15 +313,9 @@ def main():
     for name, genargs, flags, fix, cluster in (pipeline_grid() if args.grid else CASES):
         if args.only and args.only not in name:
             continue
-        d = os.path.join(work, name)
-        shutil.rmtree(d, ignore_errors=True)
-        os.makedirs(d)
-        rng = np.random.default_rng([seed, sum(map(ord, name))])
+        d, rng = case_dir(work, name, seed)
         try:
-            model = os.path.join(d, "m.mlir")
-            r = run([gen] + genargs + ["-q", "-o", model])
-            if r.returncode:
-                raise RuntimeError("dlopt-gen: " + r.stderr)
+            model = generate(gen, genargs, d)
             one, par = os.path.join(d, "one.plan"), os.path.join(d, "dp.exe")
             mode = [] if "--autodiff" in flags else ["--train"]
             r = run([comp, model, "--quiet", "-o", one] + mode + flags)
@@ -435,15 +446,9 @@ def main():
     for name, genargs, flags, fix, refFlags, refFix, cluster in EQUAL_CASES:
         if args.only and args.only not in name:
             continue
-        d = os.path.join(work, name)
-        shutil.rmtree(d, ignore_errors=True)
-        os.makedirs(d)
-        rng = np.random.default_rng([seed, sum(map(ord, name))])
+        d, rng = case_dir(work, name, seed)
         try:
-            model = os.path.join(d, "m.mlir")
-            r = run([gen] + genargs + ["-q", "-o", model])
-            if r.returncode:
-                raise RuntimeError("dlopt-gen: " + r.stderr)
+            model = generate(gen, genargs, d)
             exes = []
             for tag, fl, fx in (("plan", flags, fix), ("ref", refFlags, refFix)):
                 exe = os.path.join(d, tag + ".exe")

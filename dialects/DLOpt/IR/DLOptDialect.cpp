@@ -92,6 +92,18 @@ static LogicalResult verifyInit(Operation *op, unsigned argIndex,
 /// list of mesh axis names), written by the partitioning pass on split
 /// arguments and results; dlopt.sharding (the same form), the plan's
 /// sharding of an argument, read by it.
+/// `dlopt.arg` / `dlopt.result` on a pipeline stage's function
+/// (dlopt-pipeline): the argument's or result's index in the whole step.
+static LogicalResult verifyStepIndex(Operation *op, const std::string &what,
+                                     NamedAttribute attr) {
+  auto i = dyn_cast<IntegerAttr>(attr.getValue());
+  if (!i || i.getInt() < 0)
+    return op->emitError() << what << ": '" << attr.getName().getValue()
+                           << "' expects a non-negative integer, got "
+                           << attr.getValue();
+  return success();
+}
+
 static LogicalResult verifyGlobalAttr(Operation *op, const std::string &what,
                                       NamedAttribute attr) {
   StringRef name = attr.getName().getValue();
@@ -133,16 +145,8 @@ LogicalResult DLOptDialect::verifyRegionArgAttribute(Operation *op,
   }
   if (name == kInitAttr)
     return verifyInit(op, argIndex, attr.getValue());
-  if (name == "dlopt.arg") {
-    // On a pipeline stage's function (dlopt-pipeline): the index of the
-    // argument in the whole step.
-    auto i = dyn_cast<IntegerAttr>(attr.getValue());
-    if (!i || i.getInt() < 0)
-      return op->emitError() << "argument #" << argIndex
-                             << ": 'dlopt.arg' expects a non-negative "
-                                "integer, got " << attr.getValue();
-    return success();
-  }
+  if (name == "dlopt.arg")
+    return verifyStepIndex(op, "argument #" + std::to_string(argIndex), attr);
   if (name == "dlopt.global_type" || name == "dlopt.split" ||
       name == "dlopt.sharding")
     return verifyGlobalAttr(op, "argument #" + std::to_string(argIndex), attr);
@@ -160,16 +164,8 @@ LogicalResult DLOptDialect::verifyRegionResultAttribute(Operation *op,
   if (name == "dlopt.global_type" || name == "dlopt.split")
     return verifyGlobalAttr(op, "result #" + std::to_string(resultIndex),
                             attr);
-  if (name == "dlopt.result") {
-    // On a pipeline stage's function (dlopt-pipeline): the index of the
-    // result in the whole step.
-    auto i = dyn_cast<IntegerAttr>(attr.getValue());
-    if (!i || i.getInt() < 0)
-      return op->emitError() << "result #" << resultIndex
-                             << ": 'dlopt.result' expects a non-negative "
-                                "integer, got " << attr.getValue();
-    return success();
-  }
+  if (name == "dlopt.result")
+    return verifyStepIndex(op, "result #" + std::to_string(resultIndex), attr);
   if (name != kOutputAttr && name != kGradAttr && name != kUpdateAttr)
     return op->emitError() << "result #" << resultIndex
                            << ": unknown dlopt result attribute '" << name
