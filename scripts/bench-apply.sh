@@ -3,7 +3,10 @@
 #   - the time to apply a tp=8 x dp=128 plan to the gpt3-175b training step
 #     and write its executable (target: under 20 s on the 2-core dev box),
 #     next to compiling the single-device step;
-#   - executable sizes, parallel against single-device (target: at most 2x).
+#   - the time to apply a tp=8 x pp=16 x dp=8 interleaved plan (v=2, 32
+#     micro-batches) to the same step (target: under 30 s);
+#   - executable sizes, parallel against single-device (target: at most 2x);
+#   - step times of the tiny gpt: dp, tp, sp, and pp=2 against one device.
 # The cluster is 128 nodes of 8 A100s with 2 TB each: the plan is applied as
 # pinned, whether or not it fits real A100s (it does not without pp/ZeRO).
 set -euo pipefail
@@ -35,6 +38,17 @@ printf '  compile, 1 device:              %6.2f s  executable %8d bytes\n' \
 printf '  apply tp=8 x dp=128 (1024 ranks): %6.2f s  executable %8d bytes (%.2fx)\n' \
   "$(echo "$t2 - $t1" | bc)" "$(size "$work/par.exe")" \
   "$(echo "$(size "$work/par.exe") / $(size "$work/one.exe")" | bc -l)"
+# Pipelined: the model's batch is one micro-batch (8 sequences, one per
+# data-parallel replica), 32 of them per step.
+"$BIN/dlopt-gen" gpt3-175b --batch 8 -q -o "$work/g175mb.mlir"
+t3=$(now)
+"$BIN/dlopt-compile" "$work/g175mb.mlir" --train --precision bf16 --quiet \
+  --cluster "$work/big.yaml" --fix tp=8,pp=16,dp=8,schedule=interleaved,v=2 \
+  --accumulate 32 -o "$work/pp.exe"
+t4=$(now)
+printf '  apply tp=8 x pp=16 x dp=8, interleaved v=2, 32 micro-batches: %6.2f s  executable %8d bytes\n' \
+  "$(echo "$t4 - $t3" | bc)" "$(size "$work/pp.exe")"
+rm -f "$work/pp.exe"
 "$BIN/dlopt-gen" gpt-tiny --batch 8 -q -o "$work/tiny.mlir"
 "$BIN/dlopt-compile" "$work/tiny.mlir" --train --quiet -o "$work/tiny1.exe"
 printf 'gpt-tiny training step, f32, batch 8: 1 device %d bytes\n' "$(size "$work/tiny1.exe")"
@@ -61,4 +75,17 @@ for fix in none dp=2:cpu dp=2,tp=2:cpu:2 dp=2,tp=2,sp=1:cpu:2; do
   rm -f "$work/m.jsonl"
   "$BIN/dlopt-run" "$work/s.exe" --steps 30 --data examples/data/corpus.npy --quiet --metrics "$work/m.jsonl"
   printf '  %-18s %s ms\n' "${fix%%:*}" "$(median "$work/m.jsonl")"
+done
+# Pipelining overhead: 4 micro-batches of 8 sequences, one device against
+# pp=2 (1F1B and GPipe), both ranks as threads on the 2 cores.
+printf 'gpt-tiny training step (4 micro-batches of 8, SGD), median of 30 steps:\n'
+for fix in none pp=2,schedule=1f1b pp=2,schedule=gpipe; do
+  if [ "$fix" = none ]; then
+    "$BIN/dlopt-compile" "$work/g8.mlir" --train --optimizer sgd --accumulate 4 --quiet -o "$work/s.exe"
+  else
+    "$BIN/dlopt-compile" "$work/g8.mlir" --train --optimizer sgd --accumulate 4 --quiet --cluster cpu:2 --fix "$fix" -o "$work/s.exe"
+  fi
+  rm -f "$work/m.jsonl"
+  "$BIN/dlopt-run" "$work/s.exe" --steps 30 --data examples/data/corpus.npy --quiet --metrics "$work/m.jsonl"
+  printf '  %-18s %s ms\n' "$fix" "$(median "$work/m.jsonl")"
 done

@@ -9,6 +9,7 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/Shard/IR/ShardOps.h"
+#include "mlir/IR/Threading.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/TypeSwitch.h"
 
@@ -670,12 +671,17 @@ FailureOr<rt::Executable> dlopt::exportExecutable(ModuleOp module,
   // Memory plans: persistent values first, then temporaries packed by
   // lifetime (outputs live to the end of the program). After every program
   // exists: with several, each holds only the arguments it uses.
-  for (rt::Program &prog : exe.programs) {
-    rt::Expected<rt::MemoryPlan> plan = rt::planProgramMemory(exe, prog);
-    if (!plan)
+  // Programs are planned independently, on the context's threads.
+  std::vector<std::optional<rt::Expected<rt::MemoryPlan>>> plans(
+      exe.programs.size());
+  mlir::parallelFor(fn.getContext(), 0, exe.programs.size(), [&](size_t i) {
+    plans[i].emplace(rt::planProgramMemory(exe, exe.programs[i]));
+  });
+  for (size_t i = 0; i < plans.size(); ++i) {
+    if (!*plans[i])
       return fn.emitError() << "memory planning failed: "
-                            << plan.status().message();
-    prog.memory = plan.take();
+                            << plans[i]->status().message();
+    exe.programs[i].memory = plans[i]->take();
   }
   return exe;
 }

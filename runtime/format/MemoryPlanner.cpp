@@ -24,10 +24,6 @@ namespace {
 
 int64_t alignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
-bool liveTogether(const BufferLifetime &a, const BufferLifetime &b) {
-  return a.firstUse <= b.lastUse && b.firstUse <= a.lastUse;
-}
-
 /// Lifetimes as the planner uses them: sizes clamped at zero and intervals
 /// made non-empty, so malformed input cannot break the invariants.
 BufferLifetime sanitize(BufferLifetime b) {
@@ -61,9 +57,16 @@ MemoryAssignment planMemory(const std::vector<BufferLifetime> &input,
 
   MemoryAssignment result;
   result.offsets.assign(bufs.size(), 0);
-  // Placed buffers sorted by offset, so the conflicts of a new buffer come
-  // out already in address order.
-  std::vector<size_t> placed;
+  // Placed buffers in address order (ties: in placement order), so the
+  // conflicts of a new buffer come out already in address order. They are
+  // kept as compact records in chunks of at most kChunk: scanning them is
+  // the inner loop (every placed buffer for every new one), and a chunk
+  // keeps insertion cheap.
+  struct Placed {
+    int64_t offset, end, firstUse, lastUse;
+  };
+  constexpr size_t kChunk = 256;
+  std::vector<std::vector<Placed>> chunks;
   int64_t peak = 0;
   for (size_t idx : order) {
     const BufferLifetime &b = bufs[idx];
@@ -72,28 +75,37 @@ MemoryAssignment planMemory(const std::vector<BufferLifetime> &input,
     int64_t cursor = 0; // end of the highest conflicting buffer seen so far
     int64_t bestOffset = -1;
     int64_t bestGap = std::numeric_limits<int64_t>::max();
-    for (size_t p : placed) {
-      const BufferLifetime &o = bufs[p];
-      if (!liveTogether(b, o))
-        continue;
-      int64_t off = result.offsets[p];
-      int64_t candidate = alignUp(cursor, alignment);
-      if (candidate + b.size <= off) {
-        int64_t gap = off - cursor;
-        if (gap < bestGap) {
-          bestGap = gap;
+    for (const std::vector<Placed> &chunk : chunks)
+      for (const Placed &o : chunk) {
+        if (o.firstUse > b.lastUse || b.firstUse > o.lastUse)
+          continue;
+        int64_t candidate = alignUp(cursor, alignment);
+        if (candidate + b.size <= o.offset && o.offset - cursor < bestGap) {
+          bestGap = o.offset - cursor;
           bestOffset = candidate;
         }
+        cursor = std::max(cursor, o.end);
       }
-      cursor = std::max(cursor, off + o.size);
-    }
     int64_t offset = bestOffset >= 0 ? bestOffset : alignUp(cursor, alignment);
     result.offsets[idx] = offset;
     peak = std::max(peak, offset + b.size);
+    Placed rec{offset, offset + b.size, b.firstUse, b.lastUse};
+    // Insert after every record at or below this offset.
+    size_t c = 0;
+    while (c + 1 < chunks.size() && chunks[c].back().offset <= offset)
+      ++c;
+    if (chunks.empty())
+      chunks.emplace_back();
+    std::vector<Placed> &chunk = chunks[c];
     auto pos = std::upper_bound(
-        placed.begin(), placed.end(), offset,
-        [&](int64_t off, size_t p) { return off < result.offsets[p]; });
-    placed.insert(pos, idx);
+        chunk.begin(), chunk.end(), offset,
+        [](int64_t off, const Placed &p) { return off < p.offset; });
+    chunk.insert(pos, rec);
+    if (chunk.size() > 2 * kChunk) {
+      std::vector<Placed> upper(chunk.begin() + kChunk, chunk.end());
+      chunk.resize(kChunk);
+      chunks.insert(chunks.begin() + c + 1, std::move(upper));
+    }
   }
   result.peakBytes = alignUp(peak, alignment);
   return result;
@@ -254,7 +266,8 @@ Expected<MemoryPlan> planProgramMemory(const Executable &exe,
       if (exe.values[id].kind == ValueKind::Temp && defAt[id] < 0)
         return Status::error("instruction " + std::to_string(i) + " ('" +
                              in.op + "') reads %" + std::to_string(id) +
-                             " before it is defined");
+                             " before it is defined" +
+                             definedElsewhere(exe, program, id));
       held[id] = true;
       lastUse[id] = i;
     }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
 #include <random>
 
 using namespace dlopt::rt;
@@ -56,6 +57,53 @@ std::vector<BufferLifetime> randomLifetimes(std::mt19937_64 &rng, int n,
     bufs.push_back(b);
   }
   return bufs;
+}
+
+/// The plain best-fit scan planMemory indexes by time: every placed buffer
+/// is visited in address order. planMemory must give the same offsets.
+std::vector<int64_t> referencePlacement(std::vector<BufferLifetime> bufs,
+                                        int64_t alignment) {
+  auto alignUp = [&](int64_t x) { return (x + alignment - 1) / alignment * alignment; };
+  for (auto &b : bufs) {
+    b.size = std::max<int64_t>(b.size, 0);
+    b.lastUse = std::max(b.lastUse, b.firstUse);
+  }
+  std::vector<size_t> order(bufs.size());
+  for (size_t i = 0; i < order.size(); ++i)
+    order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const BufferLifetime &x = bufs[a], &y = bufs[b];
+    if (x.size != y.size)
+      return x.size > y.size;
+    int64_t lx = x.lastUse - x.firstUse, ly = y.lastUse - y.firstUse;
+    if (lx != ly)
+      return lx > ly;
+    return x.firstUse < y.firstUse;
+  });
+  std::vector<int64_t> off(bufs.size(), 0);
+  std::vector<size_t> placed;
+  for (size_t idx : order) {
+    const BufferLifetime &b = bufs[idx];
+    if (b.size == 0)
+      continue;
+    int64_t cursor = 0, best = -1, bestGap = INT64_MAX;
+    for (size_t p : placed) {
+      const BufferLifetime &o = bufs[p];
+      if (!(b.firstUse <= o.lastUse && o.firstUse <= b.lastUse))
+        continue;
+      int64_t cand = alignUp(cursor);
+      if (cand + b.size <= off[p] && off[p] - cursor < bestGap) {
+        bestGap = off[p] - cursor;
+        best = cand;
+      }
+      cursor = std::max(cursor, off[p] + o.size);
+    }
+    off[idx] = best >= 0 ? best : alignUp(cursor);
+    auto pos = std::upper_bound(placed.begin(), placed.end(), off[idx],
+                                [&](int64_t v, size_t p) { return v < off[p]; });
+    placed.insert(pos, idx);
+  }
+  return off;
 }
 
 } // namespace
@@ -163,4 +211,24 @@ TEST(MemoryPlanner, ScalesToManyBuffers) {
   MemoryAssignment a = planMemory(bufs, 64);
   EXPECT_FALSE(findMemoryConflict(bufs, a.offsets).has_value());
   EXPECT_GE(a.peakBytes, maxLiveBytes(bufs));
+}
+
+TEST(MemoryPlanner, TimeIndexGivesTheReferenceScansOffsets) {
+  std::mt19937_64 rng(11);
+  for (int round = 0; round < 40; ++round) {
+    int n = 50 + int(rng() % 1500);
+    int steps = 20 + int(rng() % 6000); // spans from one block to many
+    std::vector<BufferLifetime> bufs = randomLifetimes(rng, n, steps);
+    if (round % 4 == 0) // long-lived buffers, as weights' gradients are
+      for (int i = 0; i < n / 20; ++i)
+        bufs[rng() % n].lastUse += steps;
+    int64_t alignment = round % 3 == 0 ? 1 : 64;
+    MemoryAssignment a = planMemory(bufs, alignment);
+    EXPECT_EQ(a.offsets, referencePlacement(bufs, alignment)) << "round " << round;
+  }
+  // Lifetimes at the ends of int64 do not overflow the index.
+  std::vector<BufferLifetime> far = {{64, INT64_MIN, INT64_MIN + 1},
+                                     {64, INT64_MAX - 1, INT64_MAX},
+                                     {64, 0, 0}};
+  EXPECT_EQ(planMemory(far, 64).offsets, referencePlacement(far, 64));
 }
