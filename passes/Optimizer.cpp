@@ -7,6 +7,8 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/Shard/IR/ShardOps.h"
 #include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/SmallPtrSet.h"
 
 #include <cmath>
 #include <map>
@@ -122,10 +124,16 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
             !op.hasAttr(DLOptDialect::kMicroBatchAttr))
           op.setAttr(DLOptDialect::kMicroBatchAttr,
                      IntegerAttr::get(IntegerType::get(op.getContext(), 64), 0));
-    if (bucketMb > 0)
+    if (bucketMb > 0) {
+      computeParamStages(*fn);
       bucketGradients(*fn);
+      if (zero > 0)
+        bucketScatters(*fn);
+    }
     if (failed(buildStep(*fn)))
       return signalPassFailure();
+    if (bucketMb > 0 && zero > 0)
+      bucketGathers(*fn);
   }
 
   //===--------------------------------------------------------------------===//
@@ -140,7 +148,53 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
   struct GradSum {
     shard::AllReduceOp ar;
     SmallVector<Operation *> chain;
+    int64_t stage = -1; ///< the pipeline stage using the parameter
   };
+
+  /// The pipeline stage of each parameter: the plan's dlopt.stage of the
+  /// forward ops that read it (through casts, reshapes and ZeRO-3 gathers);
+  /// -1 without stages, kManyStages when several stages read it (a tied
+  /// table). A bucket never mixes stages: its concatenation would pull the
+  /// other stages' gradients across the pipeline and send the sums back.
+  static constexpr int64_t kManyStages = -2;
+  llvm::StringMap<int64_t> paramStage;
+
+  void computeParamStages(func::FuncOp fn) {
+    paramStage.clear();
+    for (BlockArgument arg : fn.getArguments()) {
+      auto name = fn.getArgAttrOfType<StringAttr>(arg.getArgNumber(),
+                                                  DLOptDialect::kParamAttr);
+      if (!name)
+        continue;
+      int64_t stage = -1;
+      SmallVector<Value> work{arg};
+      llvm::SmallPtrSet<Operation *, 16> seen;
+      while (!work.empty() && stage != kManyStages) {
+        Value v = work.pop_back_val();
+        for (Operation *user : v.getUsers()) {
+          if (!seen.insert(user).second)
+            continue;
+          if (auto st = user->getAttrOfType<IntegerAttr>(DLOptDialect::kStageAttr)) {
+            if (stage == -1 || stage == st.getInt())
+              stage = st.getInt();
+            else
+              stage = kManyStages;
+            continue;
+          }
+          // Look through what carries the parameter to its forward use.
+          if (isa<dl::CastOp, dl::ReshapeOp, shard::AllGatherOp>(user))
+            for (Value r : user->getResults())
+              work.push_back(r);
+        }
+      }
+      paramStage[name.getValue()] = stage;
+    }
+  }
+
+  int64_t stageOfParam(StringRef name) const {
+    auto it = paramStage.find(name);
+    return it == paramStage.end() ? -1 : it->second;
+  }
 
   /// Fuses the gradients' all-reduces into buckets: runs of consecutive
   /// (backward-order) all-reduces of returned gradients over the same axes
@@ -151,11 +205,14 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
     Operation *ret = fn.getBody().front().getTerminator();
     SmallVector<GradSum> grads;
     for (OpOperand &o : ret->getOpOperands()) {
-      if (!fn.getResultAttr(o.getOperandNumber(), DLOptDialect::kGradAttr))
+      auto p = fn.getResultAttrOfType<StringAttr>(o.getOperandNumber(),
+                                                  DLOptDialect::kGradAttr);
+      if (!p)
         continue;
       GradSum g;
       g.ar = sumOf(o.get(), g.chain);
-      if (g.ar && rt(g.ar).getRank() > 0)
+      g.stage = stageOfParam(p.getValue());
+      if (g.ar && rt(g.ar).getRank() > 0 && g.stage != kManyStages)
         grads.push_back(std::move(g));
     }
     llvm::sort(grads, [](const GradSum &a, const GradSum &b) {
@@ -177,7 +234,7 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
     };
     for (GradSum &g : grads) {
       shard::AllReduceOp ar = g.ar;
-      bool fits = !bucket.empty() &&
+      bool fits = !bucket.empty() && bucket.front().stage == g.stage &&
                   bucket.front().ar.getGridAxes() == ar.getGridAxes() &&
                   rt(bucket.front().ar).getElementType() ==
                       rt(ar).getElementType() &&
@@ -239,6 +296,282 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
     }
     for (const GradSum &g : bucket)
       g.ar->erase();
+  }
+
+  /// ZeRO's gradient reduce-scatters in buckets: runs of consecutive
+  /// (backward-order) reduce-scatters of whole gradients over the replica
+  /// axes on dim 0, of one micro-batch, stage and element type, up to
+  /// bucket-mb MiB, become one reduce-scatter. Each gradient is viewed as
+  /// [ranks, n / ranks] (its dim-0 blocks are contiguous rows), the views
+  /// are concatenated along dim 1, and row r of the sum is rank r's shard
+  /// of every gradient in turn: every rank keeps its own blocks, as without
+  /// buckets. Gradients sharded on another dim go alone.
+  void bucketScatters(func::FuncOp fn) {
+    Operation *ret = fn.getBody().front().getTerminator();
+    // Which parameter each reduce-scatter serves: the gradient flows from
+    // it to the return, through the chain (cast, 1/k) and, with
+    // micro-batches, the running sum.
+    llvm::DenseMap<Operation *, int64_t> stageOf;
+    for (OpOperand &o : ret->getOpOperands()) {
+      auto p = fn.getResultAttrOfType<StringAttr>(o.getOperandNumber(),
+                                                  DLOptDialect::kGradAttr);
+      if (!p)
+        continue;
+      int64_t stage = stageOfParam(p.getValue());
+      SmallVector<Value> work{o.get()};
+      llvm::SmallPtrSet<Operation *, 16> seen;
+      while (!work.empty()) {
+        Operation *def = work.pop_back_val().getDefiningOp();
+        if (!def || !seen.insert(def).second)
+          continue;
+        if (auto rs = dyn_cast<shard::ReduceScatterOp>(def)) {
+          stageOf[rs] = stage;
+          continue;
+        }
+        if (isa<dl::CastOp, dl::DivOp, dl::AddOp, shard::AllReduceOp>(def))
+          for (Value v : def->getOperands())
+            work.push_back(v);
+      }
+    }
+    SmallVector<shard::ReduceScatterOp> scatters;
+    for (Operation &op : fn.getBody().front().without_terminator())
+      if (auto rs = dyn_cast<shard::ReduceScatterOp>(op))
+        if (stageOf.count(rs) && stageOf[rs] != kManyStages &&
+            rs.getScatterAxis().getSExtValue() == 0 &&
+            rs.getGridAxes() == ArrayRef<int16_t>(zeroAxes) &&
+            rs.getReduction() == shard::ReductionKind::Sum)
+          scatters.push_back(rs);
+    const double limit = double(bucketMb) * 1024 * 1024;
+    auto bytes = [](shard::ReduceScatterOp rs) {
+      auto t = cast<RankedTensorType>(rs.getInput().getType());
+      return double(t.getNumElements()) *
+             std::max<unsigned>(1, t.getElementTypeBitWidth() / 8);
+    };
+    auto mb = [](Operation *op) {
+      auto a = op->getAttrOfType<IntegerAttr>(DLOptDialect::kMicroBatchAttr);
+      return a ? a.getInt() : int64_t(-1);
+    };
+    SmallVector<shard::ReduceScatterOp> bucket;
+    double size = 0;
+    auto flush = [&]() {
+      if (bucket.size() >= 2)
+        fuseScatters(bucket);
+      bucket.clear();
+      size = 0;
+    };
+    for (shard::ReduceScatterOp rs : scatters) {
+      auto elem = [](shard::ReduceScatterOp r) {
+        return cast<RankedTensorType>(r.getType()).getElementType();
+      };
+      bool fits = !bucket.empty() && stageOf[bucket.front()] == stageOf[rs] &&
+                  mb(bucket.front()) == mb(rs) &&
+                  elem(bucket.front()) == elem(rs) &&
+                  size + bytes(rs) <= limit;
+      if (!fits)
+        flush();
+      size += bytes(rs);
+      bucket.push_back(rs);
+    }
+    flush();
+  }
+
+  void fuseScatters(ArrayRef<shard::ReduceScatterOp> bucket) {
+    shard::ReduceScatterOp last = bucket.back();
+    OpBuilder b(last);
+    Location loc = last.getLoc();
+    DictionaryAttr marks = last->getDiscardableAttrDictionary();
+    auto mark = [&](Value v) {
+      v.getDefiningOp()->setDiscardableAttrs(marks);
+      return v;
+    };
+    Type elem = cast<RankedTensorType>(last.getType()).getElementType();
+    const int64_t n = zeroRanks;
+    SmallVector<Value> rows;
+    int64_t total = 0;
+    for (shard::ReduceScatterOp rs : bucket) {
+      int64_t per = cast<RankedTensorType>(rs.getType()).getNumElements();
+      rows.push_back(mark(dl::ReshapeOp::create(
+          b, loc, RankedTensorType::get({n, per}, elem), rs.getInput())));
+      total += per;
+    }
+    Value all = mark(dl::ConcatOp::create(b, loc, rows, int64_t(1)));
+    auto sum = shard::ReduceScatterOp::create(
+        b, loc, RankedTensorType::get({1, total}, elem), last.getGridAttr(),
+        last.getGridAxesAttr(), all, last.getReductionAttr(),
+        b.getIndexAttr(0));
+    sum->setDiscardableAttrs(marks);
+    // Uses of an earlier gradient's shard that come before the bucket's
+    // reduce-scatter move after it, in order, with what depends on them.
+    llvm::SetVector<Operation *> moved;
+    int64_t offset = 0;
+    for (shard::ReduceScatterOp rs : bucket) {
+      auto type = cast<RankedTensorType>(rs.getType());
+      int64_t per = type.getNumElements();
+      Value piece = mark(dl::SliceOp::create(
+          b, loc, sum.getResult(), b.getDenseI64ArrayAttr({0, offset}),
+          b.getDenseI64ArrayAttr({1, offset + per}),
+          b.getDenseI64ArrayAttr({1, 1})));
+      Value shard = mark(dl::ReshapeOp::create(b, loc, type, piece));
+      SmallVector<Operation *> work;
+      for (Operation *u : rs->getUsers())
+        work.push_back(u);
+      while (!work.empty()) {
+        Operation *u = work.pop_back_val();
+        if (u->hasTrait<OpTrait::IsTerminator>() || !u->isBeforeInBlock(last) ||
+            !moved.insert(u))
+          continue;
+        for (Operation *uu : u->getUsers())
+          work.push_back(uu);
+      }
+      rs.getResult().replaceAllUsesWith(shard);
+      offset += per;
+    }
+    SmallVector<Operation *> order(moved.begin(), moved.end());
+    llvm::sort(order, [](Operation *x, Operation *y) { return x->isBeforeInBlock(y); });
+    Operation *after = &*std::prev(b.getInsertionPoint());
+    for (Operation *op : order) {
+      op->moveAfter(after);
+      after = op;
+    }
+    for (shard::ReduceScatterOp rs : bucket)
+      rs->erase();
+  }
+
+  /// The updated parameters' all-gathers (ZeRO 1 and 2), by parameter.
+  llvm::DenseMap<Operation *, std::string> updateGathers;
+
+  /// ZeRO's parameter all-gathers in buckets, as the reduce-scatters: the
+  /// updated parameters' gathers after the update (ZeRO 1 and 2), placed
+  /// where the last of a run is computed, and ZeRO-3's gathers of one
+  /// layer, pass and micro-batch, placed at the first of them (they read
+  /// only arguments). Each shard is flattened to [1, n / ranks], the shards
+  /// are concatenated along dim 1 and gathered along dim 0: row r holds
+  /// rank r's block of every parameter, so a parameter's columns, as
+  /// [ranks, n / ranks] rows, are its dim-0 blocks in order.
+  void bucketGathers(func::FuncOp fn) {
+    struct Gather {
+      shard::AllGatherOp ag;
+      int64_t stage;
+      bool zero3;
+    };
+    SmallVector<Gather> gathers;
+    for (Operation &op : fn.getBody().front().without_terminator()) {
+      auto ag = dyn_cast<shard::AllGatherOp>(op);
+      if (!ag || ag.getGatherAxis().getSExtValue() != 0 ||
+          ag.getGridAxes() != ArrayRef<int16_t>(zeroAxes))
+        continue;
+      std::string param;
+      bool zero3 = false;
+      if (auto it = updateGathers.find(ag); it != updateGathers.end()) {
+        param = it->second;
+      } else if (auto arg = dyn_cast<BlockArgument>(ag.getInput());
+                 arg && ag->hasAttr(DLOptDialect::kZeroGatherAttr)) {
+        auto name = fn.getArgAttrOfType<StringAttr>(arg.getArgNumber(),
+                                                    DLOptDialect::kParamAttr);
+        if (!name)
+          continue;
+        param = name.getValue().str();
+        zero3 = true;
+      } else {
+        continue;
+      }
+      int64_t stage = stageOfParam(param);
+      if (stage != kManyStages)
+        gathers.push_back({ag, stage, zero3});
+    }
+    const double limit = double(bucketMb) * 1024 * 1024;
+    auto bytes = [](shard::AllGatherOp ag) {
+      auto t = cast<RankedTensorType>(ag.getType());
+      return double(t.getNumElements()) *
+             std::max<unsigned>(1, t.getElementTypeBitWidth() / 8);
+    };
+    auto elem = [](shard::AllGatherOp ag) {
+      return cast<RankedTensorType>(ag.getType()).getElementType();
+    };
+    SmallVector<Gather> bucket;
+    double size = 0;
+    auto flush = [&]() {
+      if (bucket.size() >= 2) {
+        SmallVector<shard::AllGatherOp> ops;
+        for (const Gather &g : bucket)
+          ops.push_back(g.ag);
+        fuseGathers(ops, /*atFirst=*/bucket.front().zero3);
+      }
+      bucket.clear();
+      size = 0;
+    };
+    for (const Gather &g : gathers) {
+      const Gather *f = bucket.empty() ? nullptr : &bucket.front();
+      bool fits = f && f->zero3 == g.zero3 && f->stage == g.stage &&
+                  elem(f->ag) == elem(g.ag) &&
+                  f->ag->getDiscardableAttrDictionary() ==
+                      g.ag->getDiscardableAttrDictionary() &&
+                  size + bytes(g.ag) <= limit;
+      if (!fits)
+        flush();
+      size += bytes(g.ag);
+      bucket.push_back(g);
+    }
+    flush();
+  }
+
+  void fuseGathers(ArrayRef<shard::AllGatherOp> bucket, bool atFirst) {
+    shard::AllGatherOp at = atFirst ? bucket.front() : bucket.back();
+    OpBuilder b(at);
+    Location loc = at.getLoc();
+    DictionaryAttr marks = at->getDiscardableAttrDictionary();
+    auto mark = [&](Value v) {
+      v.getDefiningOp()->setDiscardableAttrs(marks);
+      return v;
+    };
+    Type elem = cast<RankedTensorType>(at.getType()).getElementType();
+    const int64_t n = zeroRanks;
+    SmallVector<Value> cols;
+    int64_t total = 0;
+    for (shard::AllGatherOp ag : bucket) {
+      int64_t per = cast<RankedTensorType>(ag.getInput().getType()).getNumElements();
+      cols.push_back(mark(dl::ReshapeOp::create(
+          b, loc, RankedTensorType::get({1, per}, elem), ag.getInput())));
+      total += per;
+    }
+    Value all = mark(dl::ConcatOp::create(b, loc, cols, int64_t(1)));
+    auto gathered = shard::AllGatherOp::create(
+        b, loc, RankedTensorType::get({n, total}, elem), at.getGridAttr(),
+        at.getGridAxesAttr(), all, b.getIndexAttr(0));
+    gathered->setDiscardableAttrs(marks);
+    llvm::SetVector<Operation *> moved;
+    int64_t offset = 0;
+    for (shard::AllGatherOp ag : bucket) {
+      auto type = cast<RankedTensorType>(ag.getType());
+      int64_t per = cast<RankedTensorType>(ag.getInput().getType()).getNumElements();
+      Value piece = mark(dl::SliceOp::create(
+          b, loc, gathered.getResult(), b.getDenseI64ArrayAttr({0, offset}),
+          b.getDenseI64ArrayAttr({n, offset + per}),
+          b.getDenseI64ArrayAttr({1, 1})));
+      Value full = mark(dl::ReshapeOp::create(b, loc, type, piece));
+      SmallVector<Operation *> work(ag->getUsers().begin(), ag->getUsers().end());
+      while (!work.empty()) {
+        Operation *u = work.pop_back_val();
+        if (u->hasTrait<OpTrait::IsTerminator>() || !u->isBeforeInBlock(at) ||
+            !moved.insert(u))
+          continue;
+        for (Operation *uu : u->getUsers())
+          work.push_back(uu);
+      }
+      ag.getResult().replaceAllUsesWith(full);
+      offset += per;
+    }
+    SmallVector<Operation *> order(moved.begin(), moved.end());
+    llvm::sort(order, [](Operation *x, Operation *y) { return x->isBeforeInBlock(y); });
+    Operation *after = &*std::prev(b.getInsertionPoint());
+    for (Operation *op : order) {
+      op->moveAfter(after);
+      after = op;
+    }
+    for (shard::AllGatherOp ag : bucket) {
+      updateGathers.erase(ag);
+      ag->erase();
+    }
   }
 
   //===--------------------------------------------------------------------===//
@@ -867,11 +1200,13 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
           upd = e.add(upd, e.mul(p, e.like(p, wd)));
         newP = e.sub(p, e.mul(upd, lrP));
       }
-      if (gatherUpdate)
-        newP = shard::AllGatherOp::create(b, loc, param.getType(), grid(),
-                                          b.getDenseI16ArrayAttr(zeroAxes), newP,
-                                          b.getIndexAttr(z->second))
-                   .getResult();
+      if (gatherUpdate) {
+        auto ag = shard::AllGatherOp::create(b, loc, param.getType(), grid(),
+                                             b.getDenseI16ArrayAttr(zeroAxes), newP,
+                                             b.getIndexAttr(z->second));
+        updateGathers[ag] = name.str();
+        newP = ag.getResult();
+      }
       // New parameter values come first, then the optimizer state.
       updates.insert(updates.begin() + numUpdatedParams++, {newP, name.str()});
       ++numParams;

@@ -22,6 +22,149 @@ using namespace dlopt;
 using dl::DLOptDialect;
 
 namespace {
+
+/// The parameters a ZeRO-3 gather gathers, each as its shard and its
+/// full value: one, or, for a bucket (dlopt-optimizer's bucketGathers), one
+/// per reshaped shard its concatenation reads, with the column offset of
+/// its block in the gathered [ranks, total] rows.
+struct GatheredPiece {
+  Value shard;
+  int64_t offset = 0;
+  int64_t size = 0;
+};
+
+SmallVector<GatheredPiece> gatheredPieces(shard::AllGatherOp g) {
+  Value in = g.getInput();
+  auto c = in.getDefiningOp<dl::ConcatOp>();
+  if (!c || c.getDim() != 1)
+    return {{in, 0, cast<RankedTensorType>(in.getType()).getNumElements()}};
+  SmallVector<GatheredPiece> pieces;
+  int64_t offset = 0;
+  for (Value v : c.getOperands()) {
+    auto r = v.getDefiningOp<dl::ReshapeOp>();
+    int64_t n = cast<RankedTensorType>(v.getType()).getNumElements();
+    pieces.push_back({r ? r.getInput() : v, offset, n});
+    offset += n;
+  }
+  return pieces;
+}
+
+bool isBucket(shard::AllGatherOp g) {
+  return g.getInput().getDefiningOp<dl::ConcatOp>() != nullptr;
+}
+
+/// The backward pass's gathers `g` of parameters that the recomputed
+/// forward gather `mine` also gathers read `mine` instead: each full
+/// parameter becomes a slice of `mine`'s rows (a bucket) or `mine` itself.
+/// Returns false, changing nothing, unless every parameter `g` gathers is
+/// in `mine` and `mine` comes before every use of `g`.
+bool reuseGather(shard::AllGatherOp mine, shard::AllGatherOp g) {
+  if (g.getGridAxes() != mine.getGridAxes() ||
+      g.getGatherAxis() != mine.getGatherAxis() ||
+      g.getGatherAxis().getSExtValue() != 0 ||
+      getElementTypeOrSelf(g.getType()) != getElementTypeOrSelf(mine.getType()))
+    return false;
+  SmallVector<GatheredPiece> ours = gatheredPieces(mine), theirs = gatheredPieces(g);
+  auto find = [&](Value shard) -> const GatheredPiece * {
+    for (const GatheredPiece &p : ours)
+      if (p.shard == shard)
+        return &p;
+    return nullptr;
+  };
+  for (const GatheredPiece &p : theirs)
+    if (!find(p.shard))
+      return false;
+  if (!llvm::all_of(g->getUsers(), [&](Operation *u) { return mine->isBeforeInBlock(u); }))
+    return false;
+  // Where each of g's parameters is used, as a full value: its bucket's
+  // slice (then reshaped), or g itself.
+  SmallVector<std::pair<Operation *, const GatheredPiece *>> uses;
+  if (isBucket(g)) {
+    for (Operation *u : g->getUsers()) {
+      auto slice = dyn_cast<dl::SliceOp>(u);
+      if (!slice || slice.getStart().size() != 2)
+        return false;
+      int64_t off = slice.getStart()[1];
+      const GatheredPiece *piece = nullptr;
+      for (const GatheredPiece &p : theirs)
+        if (p.offset == off)
+          piece = &p;
+      if (!piece)
+        return false;
+      uses.push_back({u, piece});
+    }
+  } else if (isBucket(mine)) {
+    uses.push_back({g, &theirs.front()});
+  } else {
+    g.getResult().replaceAllUsesWith(mine.getResult());
+    g->erase();
+    return true;
+  }
+  OpBuilder b(mine->getContext());
+  b.setInsertionPointAfter(mine);
+  SmallVector<Operation *> u0Users;
+  const int64_t ranks = cast<RankedTensorType>(mine.getType()).getDimSize(0);
+  DictionaryAttr marks = mine->getDiscardableAttrDictionary();
+  // A value of `type` derived from v by `op`: the recomputed forward's own
+  // (a slice or reshape of the gather that it already cloned), else a new
+  // one right after the gather.
+  auto derived = [&](Value v, Type type, auto match, auto build) -> Value {
+    for (Operation *user : v.getUsers())
+      if (user->getResult(0).getType() == type && match(user) &&
+          llvm::all_of(u0Users, [&](Operation *x) { return user->isBeforeInBlock(x); }))
+        return user->getResult(0);
+    Value r = build();
+    r.getDefiningOp()->setDiscardableAttrs(marks);
+    b.setInsertionPointAfter(r.getDefiningOp());
+    return r;
+  };
+  for (auto [u, piece] : uses) {
+    const GatheredPiece &p = *find(piece->shard);
+    u0Users.assign(u->getUsers().begin(), u->getUsers().end());
+    Value v = mine.getResult();
+    if (isBucket(mine)) {
+      auto type = RankedTensorType::get(
+          {ranks, p.size}, getElementTypeOrSelf(mine.getType()));
+      SmallVector<int64_t> start{0, p.offset}, limit{ranks, p.offset + p.size};
+      v = derived(
+          v, type,
+          [&](Operation *x) {
+            auto s = dyn_cast<dl::SliceOp>(x);
+            return s && s.getStart() == ArrayRef<int64_t>(start) &&
+                   s.getLimit() == ArrayRef<int64_t>(limit);
+          },
+          [&]() -> Value {
+            return dl::SliceOp::create(b, u->getLoc(), mine.getResult(),
+                                       b.getDenseI64ArrayAttr(start),
+                                       b.getDenseI64ArrayAttr(limit),
+                                       b.getDenseI64ArrayAttr({1, 1}));
+          });
+    }
+    Type want = u->getResult(0).getType();
+    if (v.getType() != want)
+      v = derived(
+          v, want, [](Operation *x) { return isa<dl::ReshapeOp>(x); },
+          [&]() -> Value { return dl::ReshapeOp::create(b, u->getLoc(), want, v); });
+    u->getResult(0).replaceAllUsesWith(v);
+    if (u != g.getOperation())
+      u->erase();
+  }
+  Value in = g.getInput();
+  g->erase();
+  // A bucket's concatenation of the shards is dead now.
+  if (auto c = in.getDefiningOp<dl::ConcatOp>(); c && c->use_empty()) {
+    SmallVector<Operation *> parts;
+    for (Value v : c.getOperands())
+      if (Operation *d = v.getDefiningOp())
+        parts.push_back(d);
+    c->erase();
+    for (Operation *d : parts)
+      if (d->use_empty())
+        d->erase();
+  }
+  return true;
+}
+
 struct RecomputePass : dlopt::impl::RecomputePassBase<RecomputePass> {
   using RecomputePassBase::RecomputePassBase;
 
@@ -119,22 +262,29 @@ struct RecomputePass : dlopt::impl::RecomputePassBase<RecomputePass> {
         if (!phase || !phase.getValue().starts_with("fwd"))
           continue;
         std::string bwd = ("bwd" + phase.getValue().drop_front(3)).str();
-        for (Operation *user : llvm::make_early_inc_range(op->getOperand(0).getUsers())) {
-          auto other = user->getAttrOfType<StringAttr>(DLOptDialect::kZeroGatherAttr);
-          auto theirs = dyn_cast<shard::AllGatherOp>(user);
-          if (!other || other.getValue() != bwd || !theirs ||
-              theirs.getType() != mine.getType() ||
-              theirs.getGatherAxis() != mine.getGatherAxis() ||
-              theirs.getGridAxes() != mine.getGridAxes())
-            continue;
-          bool dominated = llvm::all_of(user->getUsers(), [&](Operation *u) {
-            return mine->isBeforeInBlock(u);
-          });
-          if (!dominated)
-            continue;
-          user->getResult(0).replaceAllUsesWith(mine.getResult());
-          user->erase();
+        // The backward gathers of the same parameters: of the same shard,
+        // or, in a bucket, of a concatenation of such shards.
+        SmallVector<shard::AllGatherOp> theirs;
+        for (const GatheredPiece &p : gatheredPieces(mine)) {
+          SmallVector<Value> work{p.shard};
+          for (int depth = 0; depth < 3 && !work.empty(); ++depth) {
+            SmallVector<Value> next;
+            for (Value v : work)
+              for (Operation *user : v.getUsers()) {
+                if (auto g = dyn_cast<shard::AllGatherOp>(user)) {
+                  auto other = g->getAttrOfType<StringAttr>(DLOptDialect::kZeroGatherAttr);
+                  if (other && other.getValue() == bwd && g != mine &&
+                      !llvm::is_contained(theirs, g))
+                    theirs.push_back(g);
+                } else if (isa<dl::ReshapeOp, dl::ConcatOp>(user)) {
+                  next.push_back(user->getResult(0));
+                }
+              }
+            work = std::move(next);
+          }
         }
+        for (shard::AllGatherOp g : theirs)
+          reuseGather(mine, g);
       }
       // Backward ops from the insertion point on read the clones.
       for (Operation *op : clone)

@@ -1,4 +1,7 @@
-// RUN: dlopt-opt %s --dlopt-autodiff --dlopt-partition="axes=dp,tp sizes=2,2" --dlopt-optimizer="optimizer=sgd zero=2" | FileCheck %s
+// RUN: dlopt-opt %s --dlopt-autodiff --dlopt-partition="axes=dp,tp sizes=2,2" --dlopt-optimizer="optimizer=sgd zero=2 bucket-mb=0" | FileCheck %s
+
+// (bucket-mb=0: one reduce-scatter per gradient; dlopt-optimizer-zero-buckets.mlir
+// covers buckets.)
 
 // ZeRO-2 on a dp x tp mesh. v is replicated over tp: its gradient is a sum
 // over dp and tp, which becomes a reduce-scatter over dp and an all-reduce
