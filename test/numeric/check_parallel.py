@@ -271,17 +271,24 @@ def generate(gen, genargs, d):
 
 
 def pipeline_grid():
-    """The pipeline grid (--grid): gpt and llama at pp 2 and 4, every
-    schedule, ZeRO 0-3, alone and with dp and tp, up to 8 ranks; AdamW with
-    clipping over 4 micro-batches. About 150 cases: minutes, not for CI."""
+    """The pipeline grid (--grid): gpt, llama and mlp at pp 2 and 4, every
+    schedule (GPipe and 1F1B for the mlp's op-level plans), ZeRO 0-3, alone
+    and with dp and tp, up to 8 ranks; AdamW with clipping over 4
+    micro-batches, one step (every output) and GRID_STEPS steps (params,
+    losses, gradient norms). The single-device reference runs once per
+    model."""
     cases = []
     models = [("gpt", ["gpt", "--preset", "gpt-tiny", "--layers", "8", "--batch", "4"]),
-              ("llama", ["llama", "--preset", "llama-tiny", "--layers", "8", "--batch", "4"])]
+              ("llama", ["llama", "--preset", "llama-tiny", "--layers", "8", "--batch", "4"]),
+              ("mlp", ["mlp", "--preset", "mlp-tiny", "--layers", "8", "--batch", "4"])]
     flags = ["--optimizer", "adamw", "--lr", "0.01", "--clip-norm", "0.5", "--adam-eps", "1e-3",
              "--accumulate", "4"]
     for mname, gen in models:
         for pp in (2, 4):
-            for sched in ("gpipe", "1f1b", "interleaved", "zero-bubble"):
+            # Op-level plans (the mlp) are priced for GPipe and 1F1B only.
+            scheds = ("gpipe", "1f1b") if mname == "mlp" else \
+                ("gpipe", "1f1b", "interleaved", "zero-bubble")
+            for sched in scheds:
                 for dp, tp in ((1, 1), (2, 1), (1, 2), (2, 2)):
                     if pp * dp * tp > 8:
                         continue
@@ -294,6 +301,82 @@ def pipeline_grid():
                         name = "%s.adamw.clip.pp%d.dp%d.tp%d.zero%d.%s" % (mname, pp, dp, tp, zero, sched)
                         cases.append((name, gen, flags, fix, cluster))
     return cases
+
+
+GRID_STEPS = 3
+
+
+def reference(gen, comp, runp, genargs, flags, mode, name, d, rng, seed, grid):
+    """The single-device reference in d: the model, its plan, the params'
+    names, fresh random global inputs (as --input flags) and the outputs of
+    one step in d/o1; for the grid also GRID_STEPS steps (d/p1, d/m1.jsonl)."""
+    model = generate(gen, genargs, d)
+    one = os.path.join(d, "one.plan")
+    r = run([comp, model, "--quiet", "-o", one] + mode + flags)
+    if r.returncode:
+        raise RuntimeError("compile (1 device): " + r.stderr)
+    # Global inputs: read their types from the single-device plan.
+    dump = run([runp, one, "--dump"]).stdout
+    params = set(f[2] for f in (l.split() for l in dump.splitlines())
+                 if len(f) >= 3 and f[1] == "param")
+    binds = []
+    for line in dump.splitlines():
+        f = line.split()
+        if len(f) >= 4 and f[1] == "input":
+            name_, typ = f[2], f[3]
+            dims, dt = typ.split("x")[:-1], typ.split("x")[-1]
+            shape = tuple(int(x) for x in dims)
+            if dt == "f32":
+                a = rng.standard_normal(shape).astype(np.float32)
+            else:
+                a = rng.integers(0, 4 if name.startswith("mlp") else 10 if name.startswith("cnn") else 64, shape).astype(np.int32)
+            p = os.path.join(d, name_ + ".npy")
+            np.save(p, a)
+            binds += ["--input", "%s=%s" % (name_, p)]
+    s = str(seed % 1000)
+    r = run([runp, one, "--quiet", "--seed", s, "--output-dir", os.path.join(d, "o1")] + binds)
+    if r.returncode:
+        raise RuntimeError("dlopt-run %s: %s" % (os.path.basename(one), r.stderr))
+    if grid:
+        r = run([runp, one, "--quiet", "--seed", s, "--steps", str(GRID_STEPS),
+                 "--save-params", os.path.join(d, "p1"), "--metrics", os.path.join(d, "m1.jsonl")] + binds)
+        if r.returncode:
+            raise RuntimeError("dlopt-run %s --steps: %s" % (os.path.basename(one), r.stderr))
+    return model, one, params, binds, d
+
+
+def several_steps(runp, par, binds, s, d, refDir, flags):
+    """Runs GRID_STEPS steps of par and compares its params with the
+    reference's (relative to the largest |param| of the tensor plus the
+    distance AdamW can move it, lr per step) and each step's loss and
+    gradient norm. Returns the worst relative difference and what it was."""
+    r = run([runp, par, "--quiet", "--seed", s, "--steps", str(GRID_STEPS),
+             "--save-params", os.path.join(d, "p"), "--metrics", os.path.join(d, "m.jsonl")] + binds)
+    if r.returncode:
+        raise RuntimeError("dlopt-run %s --steps %d: %s" % (os.path.basename(par), GRID_STEPS, r.stderr))
+    lr = float(flags[flags.index("--lr") + 1])
+    worst = (0.0, "")
+    names = sorted(os.listdir(os.path.join(refDir, "p1")))
+    if sorted(os.listdir(os.path.join(d, "p"))) != names:
+        raise RuntimeError("the saved params differ in name from the single-device run's")
+    for f in names:
+        a = np.load(os.path.join(refDir, "p1", f)).astype(np.float64)
+        b = np.load(os.path.join(d, "p", f)).astype(np.float64)
+        if a.shape != b.shape:
+            raise RuntimeError("param %s: shape %s on one device, %s" % (f, a.shape, b.shape))
+        if not np.all(np.isfinite(b)):
+            return float("inf"), "param " + f[:-4]
+        e = float(np.max(np.abs(a - b))) / (float(np.max(np.abs(a))) + lr * GRID_STEPS) if a.size else 0.0
+        worst = max(worst, (e, "param " + f[:-4]))
+    ma = [json.loads(l) for l in open(os.path.join(refDir, "m1.jsonl"))]
+    mb = [json.loads(l) for l in open(os.path.join(d, "m.jsonl"))]
+    if len(ma) != GRID_STEPS or len(mb) != GRID_STEPS:
+        raise RuntimeError("expected %d steps of metrics, got %d and %d" % (GRID_STEPS, len(ma), len(mb)))
+    for x, y in zip(ma, mb):
+        for k in ("loss", "grad_norm"):
+            e = abs(x[k] - y[k]) / (abs(x[k]) + 1e-6)
+            worst = max(worst, (e, "%s of step %d" % (k, x["step"])))
+    return worst
 
 
 def main():
@@ -310,17 +393,25 @@ def main():
     os.makedirs(work, exist_ok=True)
     gen, comp, runp = tool("dlopt-gen"), tool("dlopt-compile"), tool("dlopt-run")
     passed = failed = 0
+    refs = {}
     for name, genargs, flags, fix, cluster in (pipeline_grid() if args.grid else CASES):
         if args.only and args.only not in name:
             continue
         d, rng = case_dir(work, name, seed)
         try:
-            model = generate(gen, genargs, d)
-            one, par = os.path.join(d, "one.plan"), os.path.join(d, "dp.exe")
             mode = [] if "--autodiff" in flags else ["--train"]
-            r = run([comp, model, "--quiet", "-o", one] + mode + flags)
-            if r.returncode:
-                raise RuntimeError("compile (1 device): " + r.stderr)
+            par = os.path.join(d, "dp.exe")
+            # The single-device reference: per case, or in the grid once per
+            # model (its cases share the model, flags and global batch).
+            key = (tuple(genargs), tuple(flags))
+            if key not in refs:
+                rd, rrng = (case_dir(work, "reference%d" % len(refs), seed) if args.grid
+                            else (d, rng))
+                refs[key] = reference(gen, comp, runp, genargs, flags, mode, name, rd, rrng,
+                                      seed, args.grid)
+            model, one, params, binds, refDir = refs[key]
+            if not args.grid:
+                del refs[key]
             if name.endswith(".plan"):
                 pj = os.path.join(d, "plan.json")
                 r = run([comp, model, "--dry-run", "--format", "json",
@@ -361,30 +452,12 @@ def main():
             if not expectWarning and warned:
                 raise RuntimeError("inserted collectives differ from the priced "
                                    "ones: " + r.stderr)
-            # Global inputs: read their types from the single-device plan.
-            dump = run([runp, one, "--dump"]).stdout
-            params = set(f[2] for f in (l.split() for l in dump.splitlines())
-                         if len(f) >= 3 and f[1] == "param")
-            binds = []
-            for line in dump.splitlines():
-                f = line.split()
-                if len(f) >= 4 and f[1] == "input":
-                    name_, typ = f[2], f[3]
-                    dims, dt = typ.split("x")[:-1], typ.split("x")[-1]
-                    shape = tuple(int(x) for x in dims)
-                    if dt == "f32":
-                        a = rng.standard_normal(shape).astype(np.float32)
-                    else:
-                        a = rng.integers(0, 4 if name.startswith("mlp") else 10 if name.startswith("cnn") else 64, shape).astype(np.int32)
-                    p = os.path.join(d, name_ + ".npy")
-                    np.save(p, a)
-                    binds += ["--input", "%s=%s" % (name_, p)]
             s = str(seed % 1000)
-            for plan, out in ((one, "o1"), (par, "odp")):
-                r = run([runp, plan, "--quiet", "--seed", s, "--output-dir", os.path.join(d, out)] + binds)
-                if r.returncode:
-                    raise RuntimeError("dlopt-run %s: %s" % (os.path.basename(plan), r.stderr))
-            worst, worstName, outs = 0.0, "", sorted(os.listdir(os.path.join(d, "o1")))
+            r = run([runp, par, "--quiet", "--seed", s, "--output-dir", os.path.join(d, "odp")] + binds)
+            if r.returncode:
+                raise RuntimeError("dlopt-run %s: %s" % (os.path.basename(par), r.stderr))
+            o1 = os.path.join(refDir, "o1")
+            worst, worstName, outs = 0.0, "", sorted(os.listdir(o1))
             # Gradients and optimizer states (per-parameter gradient
             # statistics): relative to the largest of their kind in the
             # model, since some gradients are 0 up to rounding (a key bias
@@ -395,9 +468,9 @@ def main():
             for f in outs:
                 k = kindOf(f)
                 if k:
-                    kscale[k] = max(kscale.get(k, 0.0), float(np.max(np.abs(np.load(os.path.join(d, "o1", f))))))
+                    kscale[k] = max(kscale.get(k, 0.0), float(np.max(np.abs(np.load(os.path.join(o1, f))))))
             for f in outs:
-                a = np.load(os.path.join(d, "o1", f)).astype(np.float64)
+                a = np.load(os.path.join(o1, f)).astype(np.float64)
                 b = np.load(os.path.join(d, "odp", f)).astype(np.float64)
                 if a.shape != b.shape:
                     raise RuntimeError("%s: shape %s on one device, %s with %s" % (f, a.shape, b.shape, fix))
@@ -407,7 +480,7 @@ def main():
                 # change softmax) is measured against the model's largest
                 # step, not its own noise-sized values.
                 if f[:-4] in params and "lr.npy" in outs:
-                    lr = float(np.load(os.path.join(d, "o1", "lr.npy")))
+                    lr = float(np.load(os.path.join(o1, "lr.npy")))
                     step = kscale.get("sgd.momentum.", 1.0 if any(k.startswith("adam") for k in kscale) else 0.0)
                     scale += lr * step
                 err = float(np.max(np.abs(a - b))) / (scale + 1e-6) if a.size else 0.0
@@ -421,29 +494,39 @@ def main():
                     raise RuntimeError("%s differs: relative %.3g > %.1g" % (f, err, tol))
                 if err >= worst:
                     worst, worstName = err, f[:-4]
+            if args.grid:
+                # Several steps: the params after GRID_STEPS AdamW steps on
+                # the same batch, and every step's loss and gradient norm.
+                err, what = several_steps(runp, par, binds, s, d, refDir, flags)
+                if err > TOL_GRID:
+                    raise RuntimeError("after %d steps, %s differs: relative %.3g > %.1g"
+                                       % (GRID_STEPS, what, err, TOL_GRID))
+                worst, worstName = max((worst, worstName), (err, what + " (step %d)" % GRID_STEPS))
             print("PASS %s: %d outputs, largest relative difference %.2g (%s)" % (name, len(outs), worst, worstName))
             passed += 1
         except RuntimeError as e:
             print("FAIL %s: %s" % (name, str(e).strip()[:600]))
             failed += 1
-    # A batch that does not divide is refused with the input named.
-    d = os.path.join(work, "refused")
-    os.makedirs(d, exist_ok=True)
-    model = os.path.join(d, "m.mlir")
-    run([gen, "mlp", "--preset", "mlp-tiny", "--batch", "3", "-q", "-o", model])
-    r = run([comp, model, "--train", "-o", os.path.join(d, "x.exe"), "--cluster", "cpu:1", "--fix", "dp=2"])
-    if r.returncode != 0 and "dp does not divide the global batch" in r.stderr:
-        print("PASS refused.batch_not_divisible: %s" % r.stderr.strip().splitlines()[0][:200])
-        passed += 1
-    else:
-        print("FAIL refused.batch_not_divisible: rc %d, %s" % (r.returncode, r.stderr[:300]))
-        failed += 1
+    if not args.grid:
+        # A batch that does not divide is refused with the input named.
+        d = os.path.join(work, "refused")
+        os.makedirs(d, exist_ok=True)
+        model = os.path.join(d, "m.mlir")
+        run([gen, "mlp", "--preset", "mlp-tiny", "--batch", "3", "-q", "-o", model])
+        r = run([comp, model, "--train", "-o", os.path.join(d, "x.exe"), "--cluster", "cpu:1", "--fix", "dp=2"])
+        if r.returncode != 0 and "dp does not divide the global batch" in r.stderr:
+            print("PASS refused.batch_not_divisible: %s" % r.stderr.strip().splitlines()[0][:200])
+            passed += 1
+        else:
+            print("FAIL refused.batch_not_divisible: rc %d, %s" % (r.returncode, r.stderr[:300]))
+            failed += 1
     # Plans that must compute bit for bit what another plan computes: the
     # same sums in the same rank order, only distributed differently (ZeRO
     # stages against ZeRO 0, bucketed against per-gradient all-reduces),
     # including bf16 mixed precision, where the single-device comparison
-    # above would need a loose tolerance.
-    for name, genargs, flags, fix, refFlags, refFix, cluster in EQUAL_CASES:
+    # above would need a loose tolerance. Not in the grid (the default
+    # suite's).
+    for name, genargs, flags, fix, refFlags, refFix, cluster in ([] if args.grid else EQUAL_CASES):
         if args.only and args.only not in name:
             continue
         d, rng = case_dir(work, name, seed)
