@@ -252,6 +252,13 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
     OpBuilder b(last);
     Location loc = last.getLoc();
     Type elem = rt(last).getElementType();
+    // Every op of the bucket carries the last reduction's marks (layer,
+    // pass, micro-batch): the pipeline schedules micro-batch work by them.
+    DictionaryAttr marks = last->getDiscardableAttrDictionary();
+    auto mark = [&](Value v) {
+      v.getDefiningOp()->setDiscardableAttrs(marks);
+      return v;
+    };
     SmallVector<Value> flat;
     int64_t total = 0;
     for (const GradSum &g : bucket) {
@@ -259,28 +266,27 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       int64_t n = rt(ar).getNumElements();
       flat.push_back(rt(ar).getRank() == 1
                          ? ar.getInput()
-                         : dl::ReshapeOp::create(
+                         : mark(dl::ReshapeOp::create(
                                b, loc, RankedTensorType::get({n}, elem),
-                               ar.getInput())
-                               .getResult());
+                               ar.getInput())));
       total += n;
     }
     auto flatType = RankedTensorType::get({total}, elem);
-    Value all = dl::ConcatOp::create(b, loc, flat, int64_t(0));
+    Value all = mark(dl::ConcatOp::create(b, loc, flat, int64_t(0)));
     auto sum = shard::AllReduceOp::create(b, loc, flatType, last.getGridAttr(),
                                           last.getGridAxesAttr(), all,
                                           last.getReductionAttr());
-    sum->setDiscardableAttrs(last->getDiscardableAttrDictionary());
+    sum->setDiscardableAttrs(marks);
     int64_t offset = 0;
     for (const GradSum &g : bucket) {
       shard::AllReduceOp ar = g.ar;
       int64_t n = rt(ar).getNumElements();
-      Value piece = dl::SliceOp::create(
+      Value piece = mark(dl::SliceOp::create(
           b, loc, sum.getResult(), b.getDenseI64ArrayAttr({offset}),
-          b.getDenseI64ArrayAttr({offset + n}), b.getDenseI64ArrayAttr({1}));
+          b.getDenseI64ArrayAttr({offset + n}), b.getDenseI64ArrayAttr({1})));
       Value back = rt(ar).getRank() == 1
                        ? piece
-                       : dl::ReshapeOp::create(b, loc, rt(ar), piece).getResult();
+                       : mark(dl::ReshapeOp::create(b, loc, rt(ar), piece));
       ar.getResult().replaceAllUsesWith(back);
       // What followed the gradient's own all-reduce (a cast to the master
       // weights' type, 1/k) now follows its slice.
@@ -949,7 +955,13 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
         // not dlopt.mb: it is not that micro-batch's replay), so fusion keeps
         // the sums apart: one group for the chain would run at the last
         // micro-batch and keep every micro-batch's gradient until then.
+        // The sum is formed right where the micro-batch's gradient is
+        // complete, so that gradient dies there (at the end of the replay,
+        // every gradient of the micro-batch would be live at once).
         if (averaged[r] && sums[r]) {
+          OpBuilder::InsertionGuard guard(b);
+          if (Operation *def = v.getDefiningOp())
+            b.setInsertionPointAfter(def);
           Value sum = e.add(sums[r], v);
           if (Operation *add = sum.getDefiningOp())
             add->setAttr(DLOptDialect::kAccumulateAttr, b.getI64IntegerAttr(i));

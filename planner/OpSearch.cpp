@@ -1446,8 +1446,11 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
         e = c.cost.exposedGradSync(
             c.pricer.time(Collective::AllReduce, grads, dp, t), backward);
       } else {
-        e = c.cost.exposedGradSync(
-            c.pricer.time(Collective::ReduceScatter, grads, dp, t), backward);
+        // ZeRO >= 2 keeps no whole gradient: each micro-batch's is
+        // reduce-scattered as its backward pass makes it.
+        e = (cfg.zeroStage >= 2 ? m : 1.0) *
+            c.cost.exposedGradSync(
+                c.pricer.time(Collective::ReduceScatter, grads, dp, t), backward);
         double ag = c.pricer.time(Collective::AllGather, params, dp, t);
         double agBwd = c.pricer.time(Collective::AllGather,
                                      params * c.bwdReadFraction, dp, t);
@@ -1943,7 +1946,7 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
              res.best.time.dpComm);
     } else {
       record("dp gradient reduce-scatter", Collective::ReduceScatter, dp, t,
-             grads, 1, res.best.time.dpComm);
+             grads, cfg.zeroStage >= 2 ? m : 1, res.best.time.dpComm);
       if (cfg.zeroStage < 3)
         record("dp parameter all-gather (after update)", Collective::AllGather,
                dp, t, params, 1, 0);

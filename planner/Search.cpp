@@ -1242,11 +1242,15 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       record(std::string(grp) + " gradient all-reduce", Collective::AllReduce,
              dp, stride, gradBytes, 1, e);
     } else {
+      // ZeRO >= 2 keeps no whole gradient: each micro-batch's is
+      // reduce-scattered as its backward pass makes it (as DeepSpeed's
+      // stage 2 does under gradient accumulation, and dlopt applies it).
+      double rsCalls = cfg.zeroStage >= 2 ? m : 1;
       double rs = c.comm(Collective::ReduceScatter, gradBytes, dp, stride);
-      double e = c.cost.exposedGradSync(rs, backward);
+      double e = rsCalls * c.cost.exposedGradSync(rs, backward);
       T.dpComm += e;
       record(std::string(grp) + " gradient reduce-scatter",
-             Collective::ReduceScatter, dp, stride, gradBytes, 1, e);
+             Collective::ReduceScatter, dp, stride, gradBytes, rsCalls, e);
       double ag = c.comm(Collective::AllGather, paramBytes, dp, stride);
       if (cfg.zeroStage < 3) {
         // Updated parameters, gathered before the next forward.

@@ -340,7 +340,8 @@ Status validateProgram(const Executable &exe, size_t r,
                              ")");
       if (exe.values[id].kind == ValueKind::Temp && defAt[id] < 0)
         return Status::error(iw + "operand " + valueRef(exe, id) +
-                             " is used before it is defined");
+                             " is used before it is defined" +
+                             definedElsewhere(exe, prog, id));
       if (mem.offsets[id] < 0)
         return Status::error(iw + "operand " + valueRef(exe, id) +
                              " has no offset in this rank's memory plan");
@@ -714,6 +715,23 @@ Status Executable::validate() const {
   return checkCommunicationOrder(*this);
 }
 
+
+std::string definedElsewhere(const Executable &exe, const Program &self,
+                             int32_t id) {
+  for (size_t p = 0; p < exe.programs.size(); ++p) {
+    const Program &other = exe.programs[p];
+    if (&other == &self)
+      continue;
+    for (const Instr &in : other.instrs)
+      for (int32_t res : in.results)
+        if (res == id)
+          return " (defined by program " + std::to_string(p) + " on ranks " +
+                 ranksText(other.ranks) +
+                 "; a value another pipeline stage computes must arrive by "
+                 "send/recv)";
+  }
+  return "";
+}
 
 std::vector<int64_t> Mesh::coords(int64_t rank) const {
   std::vector<int64_t> c(shape.size());

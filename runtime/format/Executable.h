@@ -255,6 +255,13 @@ struct Executable {
   Status validate() const;
 };
 
+/// For a temporary `id` that `self` reads without defining it: where another
+/// program defines it, as " (defined by program K on ranks ...; a value
+/// another pipeline stage computes must arrive by send/recv)"; empty when no
+/// program does.
+std::string definedElsewhere(const Executable &exe, const Program &self,
+                             int32_t id);
+
 /// Serializes to / parses from the on-disk encoding (docs/executable-format.md).
 Expected<std::vector<uint8_t>> serializeExecutable(const Executable &exe);
 Expected<Executable> deserializeExecutable(const std::vector<uint8_t> &bytes);

@@ -4,16 +4,18 @@
 
 // The gradients' all-reduces over dp are fused into one bucket, in
 // backward order (b's gradient is complete first, then w's): flattened,
-// concatenated, all-reduced where the last is complete, and sliced back.
+// concatenated, all-reduced where the last is complete, and sliced back;
+// every op of the bucket carries the reduction's marks (backward here; the
+// micro-batch too, which a pipeline schedules by).
 // CHECK-LABEL: func.func @main
 // CHECK: %[[GB:.+]] = dlopt.sum %{{.+}} dims = [0] {dlopt.backward} : tensor<4x3xf32> -> tensor<3xf32>
 // CHECK: %[[GW:.+]] = dlopt.matmul %{{.+}} {dlopt.backward, transpose_a} : tensor<4x4xf32>, tensor<4x3xf32> -> tensor<4x3xf32>
-// CHECK: %[[FW:.+]] = dlopt.reshape %[[GW]] : tensor<4x3xf32> -> tensor<12xf32>
-// CHECK: %[[CAT:.+]] = dlopt.concat %[[GB]], %[[FW]] dim = 0 : tensor<3xf32>, tensor<12xf32> -> tensor<15xf32>
+// CHECK: %[[FW:.+]] = dlopt.reshape %[[GW]] {dlopt.backward} : tensor<4x3xf32> -> tensor<12xf32>
+// CHECK: %[[CAT:.+]] = dlopt.concat %[[GB]], %[[FW]] dim = 0 {dlopt.backward} : tensor<3xf32>, tensor<12xf32> -> tensor<15xf32>
 // CHECK: %[[SUM:.+]] = shard.all_reduce %[[CAT]] on @dlopt_mesh grid_axes = [0] {dlopt.backward} : tensor<15xf32> -> tensor<15xf32>
-// CHECK: dlopt.slice %[[SUM]] start = [0] limit = [3] stride = [1] : tensor<15xf32> -> tensor<3xf32>
-// CHECK: %[[SW:.+]] = dlopt.slice %[[SUM]] start = [3] limit = [15] stride = [1] : tensor<15xf32> -> tensor<12xf32>
-// CHECK: dlopt.reshape %[[SW]] : tensor<12xf32> -> tensor<4x3xf32>
+// CHECK: dlopt.slice %[[SUM]] start = [0] limit = [3] stride = [1] {dlopt.backward} : tensor<15xf32> -> tensor<3xf32>
+// CHECK: %[[SW:.+]] = dlopt.slice %[[SUM]] start = [3] limit = [15] stride = [1] {dlopt.backward} : tensor<15xf32> -> tensor<12xf32>
+// CHECK: dlopt.reshape %[[SW]] {dlopt.backward} : tensor<12xf32> -> tensor<4x3xf32>
 // CHECK-NOT: shard.all_reduce {{.+}} tensor<4x3xf32>
 
 // bucket-mb=0: one all-reduce per gradient.

@@ -217,6 +217,16 @@ CASES = [
     ("mlp.sgd.pp4.1f1b", ["mlp", "--preset", "mlp-tiny", "--layers", "4", "--batch", "4"],
      ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--accumulate", "4"],
      "pp=4,dp=1,tp=1,schedule=1f1b", "cpu:2"),
+    # One micro-batch through a pipeline, with bucketed dp all-reduces per
+    # stage (the buckets' ops carry the micro-batch mark).
+    ("gpt.sgd.pp2.dp2.one_micro_batch", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9"],
+     "pp=2,dp=2,tp=1,schedule=zero-bubble", "cpu:2"),
+    # The free search (no --fix) chooses the plan, pipeline stages included,
+    # for 4 devices and 4 accumulated micro-batches.
+    ("gpt.sgd.clip.free.accumulate4", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--clip-norm", "0.5", "--accumulate", "4"],
+     "", "cpu:2"),
 ]
 
 EQUAL_CASES = [
@@ -437,8 +447,8 @@ def main():
                     json.dump(plan, fh)
                 r = run([comp, model, "--quiet", "-o", par, "--plan", pj] + mode + flags)
             else:
-                r = run([comp, model, "--quiet", "-o", par, "--cluster", cluster,
-                         "--fix", fix] + mode + flags)
+                r = run([comp, model, "--quiet", "-o", par, "--cluster", cluster]
+                        + (["--fix", fix] if fix else []) + mode + flags)
             if r.returncode:
                 raise RuntimeError("compile (%s): %s" % (fix, r.stderr))
             # The collectives inserted are the ones the planner priced

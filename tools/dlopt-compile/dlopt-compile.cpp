@@ -296,19 +296,28 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
   if (!fix)
     return fail(fix.status().message(), 2);
   if (apply && !loaded) {
-    // The planner chooses among what can be applied today: data, tensor,
-    // sequence and context parallelism, one micro-batch, any recomputation.
-    // ZeRO is applied when pinned (--fix zero=N); the free search keeps it
-    // off, since its ZeRO pricing still favours stage 3 too often.
-    // Pipeline stages are applied when pinned (--fix pp=N); the free
-    // search keeps them off for now. The micro-batches are --accumulate's
-    // (or --fix mb=M, which sets --accumulate): the model's batch is one
-    // micro-batch, so the plan's global batch is M times it.
-    if (!fix->pp) fix->pp = 1;
+    // The planner chooses among what can be applied: data, tensor,
+    // sequence and context parallelism, pipeline stages with any schedule,
+    // any recomputation. ZeRO is applied when pinned (--fix zero=N); the
+    // free search keeps it off, since its ZeRO pricing still favours stage
+    // 3 too often. A pipeline needs the optimizer that closes it: with
+    // --autodiff the search keeps pp=1. The micro-batches are --accumulate's
+    // (or --fix mb=M): the model's batch is one micro-batch, so the plan's
+    // global batch is M times it, and every candidate is priced with M
+    // micro-batches, pipelined or accumulated.
+    if (!fix->pp && !train)
+      fix->pp = 1;
     if (!fix->zero) fix->zero = 0;
-    bool pipelined = fix->pp && *fix->pp > 1;
+    if (fix->numMicroBatches && accumulateOpt.getNumOccurrences() &&
+        *fix->numMicroBatches != accumulateOpt)
+      return fail("--fix mb=" + std::to_string(*fix->numMicroBatches) +
+                      " contradicts --accumulate " +
+                      std::to_string(accumulateOpt) +
+                      ": the plan's micro-batches are the accumulated "
+                      "ones (give one of the two)",
+                  2);
     if (!fix->numMicroBatches)
-      fix->numMicroBatches = pipelined ? int64_t(accumulateOpt) : 1;
+      fix->numMicroBatches = int64_t(accumulateOpt);
     // --recompute on the command line pins the plan's recomputation.
     if (!fix->recompute && recomputeOpt.getNumOccurrences())
       fix->recompute = parseRecompute(recomputeOpt.getValue());
@@ -329,8 +338,7 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
   so.training = train || autodiff;
   so.globalBatch = globalBatchOpt;
   if (apply && !loaded && !globalBatchOpt.getNumOccurrences() &&
-      fix->pp && *fix->pp > 1 && fix->numMicroBatches &&
-      *fix->numMicroBatches > 1)
+      fix->numMicroBatches && *fix->numMicroBatches > 1)
     so.globalBatch = graph->batch * *fix->numMicroBatches;
   so.fix = *fix;
   if (loaded) {
@@ -342,6 +350,27 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
                       std::to_string(loaded->globalBatch) + ", not " +
                       std::to_string(globalBatchOpt),
                   2);
+    // Applied, the model's batch is one micro-batch over the data-parallel
+    // replicas: the plan's global batch must be that many micro-batches.
+    if (apply && graph->batch > 0 && loaded->numMicroBatches > 0 &&
+        graph->batch * loaded->numMicroBatches != loaded->globalBatch) {
+      int64_t m = loaded->numMicroBatches;
+      bool divides = loaded->globalBatch % m == 0;
+      return fail(planFileOpt + ": the plan splits a global batch of " +
+                      std::to_string(loaded->globalBatch) + " into " +
+                      std::to_string(m) + " micro-batch" +
+                      (m == 1 ? "" : "es") +
+                      (divides ? " of " + std::to_string(loaded->globalBatch / m)
+                               : std::string(", which does not divide it")) +
+                      ", but the model's batch (one micro-batch) is " +
+                      std::to_string(graph->batch) +
+                      (divides ? ": generate the model with --batch " +
+                                     std::to_string(loaded->globalBatch / m) +
+                                     ", or plan a global batch of " +
+                                     std::to_string(graph->batch * m)
+                               : std::string()),
+                  2);
+    }
     so.globalBatch = loaded->globalBatch;
     so.fix = fixSpecOf(*loaded);
   }
@@ -460,8 +489,7 @@ static int applyPlanToModule(ModuleOp module, const dlopt::planner::Plan &plan,
                 std::to_string(plan.pp()) +
                 "), which need a training step: use --train (--autodiff "
                 "builds no optimizer to close the pipeline)");
-  if (plan.numMicroBatches > 1 && planFileOpt.size() &&
-      accumulateOpt.getNumOccurrences() &&
+  if (planFileOpt.size() && accumulateOpt.getNumOccurrences() &&
       accumulateOpt != plan.numMicroBatches)
     return fail(what + " " + plan.mesh.str() + " has " +
                 std::to_string(plan.numMicroBatches) +
@@ -659,15 +687,12 @@ static int checkPricedCollectives(ModuleOp module,
                                                          : op->getName().stripDialect().str();
     double b = isa<shard::ReduceScatterOp>(op) ? bytesOf(op->getOperand(0).getType())
                                                : bytesOf(op->getResult(0).getType());
-    // The plan prices one micro-batch's step: a collective that
-    // --accumulate k replays per micro-batch (dlopt.mb) counts 1/k.
-    double w = op->hasAttr(dlopt::dl::DLOptDialect::kMicroBatchAttr) && accumulateOpt > 1
-                   ? 1.0 / double(accumulateOpt)
-                   : 1.0;
+    // The plan prices the step's micro-batches (--accumulate's): a
+    // collective replayed per micro-batch counts once per copy, as there.
     for (llvm::StringRef a : llvm::split(group, '+')) {
       Row &r = inserted[{kind, a.str()}];
-      r.calls += w;
-      r.bytes += b * w;
+      r.calls += 1;
+      r.bytes += b;
     }
   });
   // A collective over several axes (the planner's dp*cp gradient sum, or
@@ -1000,9 +1025,8 @@ int main(int argc, char **argv) {
     pipelineStages = plan.pp();
     virtualStages = plan.virtualStages;
     pipelineSchedule = dlopt::planner::scheduleName(plan.schedule);
-    // A pipelined plan's micro-batches are the step's (other plans price
-    // one micro-batch: --accumulate replays it).
-    planMicroBatches = plan.pp() > 1 ? plan.numMicroBatches : 0;
+    // The plan's micro-batches are the step's: pipelined, or accumulated.
+    planMicroBatches = plan.numMicroBatches;
     // The plan's recomputation is applied (dlopt-recompute, per layer).
     std::string planned = dlopt::planner::recomputeName(plan.recompute);
     if (recomputeOpt.getNumOccurrences() && recomputeOpt != planned) {

@@ -509,6 +509,29 @@ TEST(World, BrokenPairingsAndDeadlocksAreRefusedAtLoad) {
     EXPECT_TRUE(ok) << ok.message();
   }
   {
+    // A stage boundary that cuts a value without a send: stage 1 reads
+    // stage 0's y directly. The plan of every rank's memory refuses it, and
+    // so does the reader, naming the program that defines it.
+    Pipeline p;
+    Executable e = p.build();
+    p.stage1 = {Pipeline::instr("add", {p.y, p.y}, {p.w})};
+    e.programs[1].instrs = p.stage1;
+    Expected<MemoryPlan> plan = planProgramMemory(e, e.programs[1], 64);
+    ASSERT_FALSE(plan);
+    EXPECT_TRUE(contains(plan.status().message(),
+                         "reads %1 before it is defined (defined by program 0 "
+                         "on ranks 0; a value another pipeline stage computes "
+                         "must arrive by send/recv)"))
+        << plan.status().message();
+    Status st = e.validate();
+    ASSERT_FALSE(st);
+    EXPECT_TRUE(contains(st.message(), "is used before it is defined (defined "
+                                       "by program 0 on ranks 0; a value "
+                                       "another pipeline stage computes must "
+                                       "arrive by send/recv)"))
+        << st.message();
+  }
+  {
     // A rank cannot be its own peer; a peer must be in the group.
     Pipeline p;
     p.stage0[1].attrs["peer"] = int64_t(0);
