@@ -1427,6 +1427,16 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
   T.tpComm = m * ss[w].comm + step;
   if (pp > 1) {
     T.bubble = (pp - 1) * perMb;
+    if (train && cfg.schedule == PipelineSchedule::ZeroBubble) {
+      // ZB-H1, as the transformer search prices it (docs/cost-model.md):
+      // the deferred weight-gradient passes (half the backward) fill the
+      // cooldown, down to (pp-1) max(t_F, t_B).
+      double fwd = ss[w].compute / (1 + c.ratio);
+      double weightGrad = fwd * c.ratio / 2;
+      double inputGrad = std::max(0.0, perMb - fwd - weightGrad);
+      T.bubble = (pp - 1) * std::max(perMb - 2 * weightGrad,
+                                     std::max(fwd, inputGrad));
+    }
     double worst = 0;
     for (double b : boundary) {
       double one = c.pricer.time(Collective::SendRecv, b, 2, t * dp);
@@ -1521,10 +1531,10 @@ bool better(const OpCandidate &a, const OpCandidate &b) {
 
 std::string fixedIssues(const FixSpec &f) {
   std::vector<std::string> why;
-  if (f.schedule && *f.schedule != PipelineSchedule::OneFOneB &&
-      *f.schedule != PipelineSchedule::GPipe)
+  if (f.schedule && *f.schedule == PipelineSchedule::Interleaved1F1B)
     why.push_back(std::string("schedule=") + scheduleKey(*f.schedule) +
-                  " is not available to op-level plans (gpipe or 1f1b)");
+                  " is not available to op-level plans (gpipe, 1f1b or "
+                  "zero-bubble)");
   if (f.v)
     why.push_back("v= needs the interleaved schedule, which op-level plans "
                   "do not use");

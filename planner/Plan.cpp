@@ -572,11 +572,10 @@ Status parseConfig(const Reader &rd, const rjson &j, Plan &p) {
                     "zero " + std::to_string(p.zeroStage) +
                         " needs a training plan");
   if (p.kind == PlanKind::OpLevel) {
-    if (p.schedule != PipelineSchedule::GPipe &&
-        p.schedule != PipelineSchedule::OneFOneB)
+    if (p.schedule == PipelineSchedule::Interleaved1F1B)
       return rd.error("config.schedule",
-                      std::string("op-level plans use \"gpipe\" or \"1f1b\", "
-                                  "got \"") +
+                      std::string("op-level plans use \"gpipe\", \"1f1b\" or "
+                                  "\"zero-bubble\", got \"") +
                           scheduleKey(p.schedule) + "\"");
     if (p.recompute != RecomputePolicy::None)
       return rd.error("config.recompute",

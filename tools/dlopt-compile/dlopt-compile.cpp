@@ -295,6 +295,19 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
   auto fix = parseFix(fixOpt.getValue());
   if (!fix)
     return fail(fix.status().message(), 2);
+  // --dry-run --accumulate M plans the same step as applying would: M
+  // micro-batches of the model's batch.
+  const bool accumulating = accumulateOpt.getNumOccurrences() > 0;
+  if (!loaded && !apply && accumulating) {
+    if (fix->numMicroBatches && *fix->numMicroBatches != accumulateOpt)
+      return fail("--fix mb=" + std::to_string(*fix->numMicroBatches) +
+                      " contradicts --accumulate " +
+                      std::to_string(accumulateOpt) +
+                      ": the plan's micro-batches are the accumulated "
+                      "ones (give one of the two)",
+                  2);
+    fix->numMicroBatches = int64_t(accumulateOpt);
+  }
   if (apply && !loaded) {
     // The planner chooses among what can be applied: data, tensor,
     // sequence and context parallelism, pipeline stages with any schedule,
@@ -337,7 +350,7 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
   SearchOptions so;
   so.training = train || autodiff;
   so.globalBatch = globalBatchOpt;
-  if (apply && !loaded && !globalBatchOpt.getNumOccurrences() &&
+  if ((apply || accumulating) && !loaded && !globalBatchOpt.getNumOccurrences() &&
       fix->numMicroBatches && *fix->numMicroBatches > 1)
     so.globalBatch = graph->batch * *fix->numMicroBatches;
   so.fix = *fix;

@@ -1001,7 +1001,8 @@ TEST(OpPlanFile, RejectsBadFiles) {
   expectError(j, "config: dp*micro_batch_size*num_micro_batches = ");
   j = good;
   j["config"]["schedule"] = "interleaved";
-  expectError(j, "config.schedule: op-level plans use \"gpipe\" or \"1f1b\"");
+  expectError(j, "config.schedule: op-level plans use \"gpipe\", \"1f1b\" or "
+                 "\"zero-bubble\", got \"interleaved\"");
   j = good;
   j["config"]["recompute"] = "full";
   expectError(j, "config.recompute: op-level plans use \"none\"");
