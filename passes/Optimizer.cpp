@@ -124,8 +124,8 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
             !op.hasAttr(DLOptDialect::kMicroBatchAttr))
           op.setAttr(DLOptDialect::kMicroBatchAttr,
                      IntegerAttr::get(IntegerType::get(op.getContext(), 64), 0));
+    computeParamStages(*fn);
     if (bucketMb > 0) {
-      computeParamStages(*fn);
       bucketGradients(*fn);
       if (zero > 0)
         bucketScatters(*fn);
@@ -1112,8 +1112,12 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
     // step a gradient split over mesh axes holds only its block: the sums
     // of its squares are summed over those axes (one all_reduce per set of
     // axes), so every rank clips by the same, global norm.
+    // With pipeline stages the squares are summed per stage first, so one
+    // partial sum per stage (and set of axes) crosses the pipeline instead
+    // of one scalar per parameter (as Megatron-LM does); without stages the
+    // order is the parameters'.
     Value total;
-    std::map<std::vector<int16_t>, Value> splitTotals;
+    std::map<std::pair<int64_t, std::vector<int16_t>>, Value> partials;
     auto mesh = fn->getParentOfType<ModuleOp>()->getAttrOfType<DictionaryAttr>(
         "dlopt.mesh");
     for (auto &[arg, name] : params) {
@@ -1137,20 +1141,20 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
               if (m == a)
                 axes.push_back(int16_t(k));
       llvm::sort(axes);
-      if (axes.empty()) {
-        total = total ? e.add(total, s) : s;
-        continue;
-      }
-      Value &t = splitTotals[axes];
+      int64_t stage = std::max<int64_t>(stageOfParam(name.getValue()), -1);
+      Value &t = partials[{stage, axes}];
       t = t ? e.add(t, s) : s;
     }
-    for (auto &[axes, partial] : splitTotals) {
-      Value sum = shard::AllReduceOp::create(
-                      b, loc, partial.getType(),
-                      FlatSymbolRefAttr::get(ctx, "dlopt_mesh"),
-                      b.getDenseI16ArrayAttr(axes), partial,
-                      shard::ReductionKindAttr::get(ctx, shard::ReductionKind::Sum))
-                      .getResult();
+    for (auto &[key, partial] : partials) {
+      const std::vector<int16_t> &axes = key.second;
+      Value sum = axes.empty()
+                      ? partial
+                      : shard::AllReduceOp::create(
+                            b, loc, partial.getType(),
+                            FlatSymbolRefAttr::get(ctx, "dlopt_mesh"),
+                            b.getDenseI16ArrayAttr(axes), partial,
+                            shard::ReductionKindAttr::get(ctx, shard::ReductionKind::Sum))
+                            .getResult();
       total = total ? e.add(total, sum) : sum;
     }
     Value gradNorm = e.sqrt(total);
