@@ -1326,6 +1326,13 @@ std::vector<int> makeUnits(const Ctx &c, int pp, bool *byLayer) {
   return starts;
 }
 
+/// Model chunks per stage: v for the interleaved schedule, else 1.
+int chunksPerStage(const TrainingConfig &cfg, bool train) {
+  return train && cfg.schedule == PipelineSchedule::Interleaved1F1B
+             ? std::max(1, cfg.virtualStages)
+             : 1;
+}
+
 /// Prices one candidate from a solved strategy problem. `stageOps` gets each
 /// stage's range of positions in fwdOps when given.
 Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
@@ -1339,7 +1346,11 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
   const int pp = cfg.pp, t = cfg.tp, dp = cfg.dp;
   const double m = double(cfg.numMicroBatches);
 
-  out.unitStart = makeUnits(c, pp, &out.byLayer);
+  // Interleaved, the ops are cut into pp * v model chunks, chunk k on
+  // stage k % pp.
+  const int V = chunksPerStage(cfg, train);
+  const int chunks = pp * V;
+  out.unitStart = makeUnits(c, chunks, &out.byLayer);
   const int nUnits = int(out.unitStart.size()) - 1;
   std::vector<double> unitTime(nUnits, 0);
   for (int u = 0; u < nUnits; ++u)
@@ -1347,20 +1358,21 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
       int id = c.fwdOps[i];
       unitTime[u] += s.compute[id] + s.mbComm[id];
     }
-  out.starts = partitionStages(unitTime, pp);
+  out.starts = partitionStages(unitTime, chunks);
   if (out.starts.empty()) {
     cand.memory.workspace = kInf;
     cand.time.compute = kInf;
     return out;
   }
-  // Stage of each forward op position.
+  // Stage (and chunk) of each forward op position.
   std::vector<int> stageOfPos(c.fwdOps.size(), 0);
-  std::vector<int> stageOfOp(c.g.ops.size(), -1);
-  for (int st = 0; st < pp; ++st)
-    for (int u = out.starts[st]; u < out.starts[st + 1]; ++u)
+  std::vector<int> stageOfOp(c.g.ops.size(), -1), chunkOfOp(c.g.ops.size(), -1);
+  for (int ch = 0; ch < chunks; ++ch)
+    for (int u = out.starts[ch]; u < out.starts[ch + 1]; ++u)
       for (int i = out.unitStart[u]; i < out.unitStart[u + 1]; ++i) {
-        stageOfPos[i] = st;
-        stageOfOp[c.fwdOps[i]] = st;
+        stageOfPos[i] = ch % pp;
+        stageOfOp[c.fwdOps[i]] = ch % pp;
+        chunkOfOp[c.fwdOps[i]] = ch;
       }
 
   struct StageSum {
@@ -1390,21 +1402,22 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
       x.largestParam = std::max(x.largestParam, e);
     }
 
-  // Bytes crossing each stage boundary per micro-batch (per rank).
-  std::vector<double> boundary(std::max(0, pp - 1), 0);
+  // Bytes crossing each chunk boundary per micro-batch (per rank): chunk
+  // k sends to chunk k + 1, from stage k % pp to (k + 1) % pp.
+  std::vector<double> boundary(std::max(0, chunks - 1), 0);
   if (pp > 1) {
     std::vector<int> lastUse(c.g.ops.size(), -1);
     for (int id : c.fwdOps)
       for (const ValueRef &r : c.g.ops[id].operands)
-        if (!r.isArg() && r.producer >= 0 && stageOfOp[r.producer] >= 0)
-          lastUse[r.producer] = std::max(lastUse[r.producer], stageOfOp[id]);
+        if (!r.isArg() && r.producer >= 0 && chunkOfOp[r.producer] >= 0)
+          lastUse[r.producer] = std::max(lastUse[r.producer], chunkOfOp[id]);
     for (int id : c.fwdOps) {
-      if (lastUse[id] <= stageOfOp[id] || c.g.ops[id].kind == OpClass::Constant)
+      if (lastUse[id] <= chunkOfOp[id] || c.g.ops[id].kind == OpClass::Constant)
         continue;
       double b = s.geo.result(id).bytes /
                  (s.resultLayout[id].kind == Layout::S ? double(t) : 1.0);
-      for (int st = stageOfOp[id]; st < lastUse[id]; ++st)
-        boundary[st] += b;
+      for (int ch = chunkOfOp[id]; ch < lastUse[id]; ++ch)
+        boundary[ch] += b;
     }
   }
 
@@ -1426,7 +1439,7 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
     step = std::max(step, x.step);
   T.tpComm = m * ss[w].comm + step;
   if (pp > 1) {
-    T.bubble = (pp - 1) * perMb;
+    T.bubble = (pp - 1) * perMb / V;
     if (train && cfg.schedule == PipelineSchedule::ZeroBubble) {
       // ZB-H1, as the transformer search prices it (docs/cost-model.md):
       // the deferred weight-gradient passes (half the backward) fill the
@@ -1437,10 +1450,14 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
       T.bubble = (pp - 1) * std::max(perMb - 2 * weightGrad,
                                      std::max(fwd, inputGrad));
     }
+    // Each stage sends over the boundaries of its chunks (and, backward,
+    // their gradients back), overlapped with its micro-batch's compute.
     double worst = 0;
-    for (double b : boundary) {
-      double one = c.pricer.time(Collective::SendRecv, b, 2, t * dp);
-      worst = std::max(worst, m * c.cost.exposedP2P((train ? 2 : 1) * one,
+    for (int st = 0; st < pp; ++st) {
+      double sends = 0;
+      for (int ch = st; ch < chunks - 1; ch += pp)
+        sends += c.pricer.time(Collective::SendRecv, boundary[ch], 2, t * dp);
+      worst = std::max(worst, m * c.cost.exposedP2P((train ? 2 : 1) * sends,
                                                     perMb));
     }
     T.ppComm = worst;
@@ -1498,10 +1515,14 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
     mb.transient = x.work * (train ? 1.0 : 2.0);
     int comms = (t > 1) + (dp > 1 && train) + (pp > 1);
     mb.commBuffers = comms * cal.ncclBufferBytes;
-    if (pp > 1)
-      mb.commBuffers +=
-          2 * std::max(st > 0 ? boundary[st - 1] : 0.0,
-                       st + 1 < pp ? boundary[st] : 0.0);
+    if (pp > 1) {
+      // The largest activation this stage sends or receives.
+      double largest = 0;
+      for (int ch = 0; ch + 1 < chunks; ++ch)
+        if (ch % pp == st || (ch + 1) % pp == st)
+          largest = std::max(largest, boundary[ch]);
+      mb.commBuffers += 2 * largest;
+    }
     if (train && dp > 1 && cfg.zeroStage < 3)
       mb.commBuffers += 2 * cal.gradBucketBytes;
     if (train && dp > 1 && cfg.zeroStage == 3)
@@ -1531,13 +1552,8 @@ bool better(const OpCandidate &a, const OpCandidate &b) {
 
 std::string fixedIssues(const FixSpec &f) {
   std::vector<std::string> why;
-  if (f.schedule && *f.schedule == PipelineSchedule::Interleaved1F1B)
-    why.push_back(std::string("schedule=") + scheduleKey(*f.schedule) +
-                  " is not available to op-level plans (gpipe, 1f1b or "
-                  "zero-bubble)");
-  if (f.v)
-    why.push_back("v= needs the interleaved schedule, which op-level plans "
-                  "do not use");
+  if (f.v && (!f.schedule || *f.schedule != PipelineSchedule::Interleaved1F1B))
+    why.push_back("v= needs schedule=interleaved");
   if (f.recompute && *f.recompute != RecomputePolicy::None)
     why.push_back(std::string("recompute=") + recomputeName(*f.recompute) +
                   " is not available to op-level plans yet (none)");
@@ -1665,8 +1681,19 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
       int pp = int(pp64);
       if (fix.pp && *fix.pp != pp)
         continue;
-      if (pp > int(c.fwdOps.size())) {
-        prune("pp exceeds the ops");
+      const int v = sched == PipelineSchedule::Interleaved1F1B
+                        ? int(fix.v.value_or(2))
+                        : 1;
+      if (pp * v > int(c.fwdOps.size())) {
+        prune("pp (times v) exceeds the ops");
+        continue;
+      }
+      if (v > 1 && pp == 1) {
+        prune("schedule=interleaved needs pp > 1");
+        continue;
+      }
+      if (v > 1 && !c.train) {
+        prune("schedule=interleaved needs a training step");
         continue;
       }
       int dp = devices / t / pp;
@@ -1691,6 +1718,7 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
           cfg.microBatchSize = mbs;
           cfg.numMicroBatches = m;
           cfg.schedule = sched;
+          cfg.virtualStages = v;
           cfg.optimizer = opt.optimizer;
           cfg.precision = opt.bytes;
           Priced pr = price(c, s, cfg);
@@ -1893,11 +1921,14 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
     op.exposed = res.best.time.tpComm;
     res.comms.push_back(op);
   }
-  // Stage ranges and boundaries.
-  for (int sg = 0; sg < pp; ++sg) {
+  // Chunk ranges (one per stage, or v per stage interleaved) and their
+  // boundaries.
+  const int chunks = int(pr.starts.size()) - 1;
+  for (int ch = 0; ch < chunks; ++ch) {
     OpStage os;
-    int fromPos = pr.unitStart[pr.starts[sg]];
-    int toPos = pr.unitStart[pr.starts[sg + 1]] - 1;
+    os.stage = ch % pp;
+    int fromPos = pr.unitStart[pr.starts[ch]];
+    int toPos = pr.unitStart[pr.starts[ch + 1]] - 1;
     os.firstOp = c.fwdOps[fromPos];
     os.lastOp = c.fwdOps[toPos];
     os.numOps = toPos - fromPos + 1;
@@ -1914,11 +1945,11 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
     res.stages.push_back(os);
   }
   if (pp > 1) {
-    std::vector<int> stageOf(g.ops.size(), -1);
-    for (int sg = 0; sg < pp; ++sg)
-      for (int i = pr.unitStart[pr.starts[sg]];
-           i < pr.unitStart[pr.starts[sg + 1]]; ++i)
-        stageOf[c.fwdOps[i]] = sg;
+    std::vector<int> stageOf(g.ops.size(), -1); // the chunk, here
+    for (int ch = 0; ch < chunks; ++ch)
+      for (int i = pr.unitStart[pr.starts[ch]];
+           i < pr.unitStart[pr.starts[ch + 1]]; ++i)
+        stageOf[c.fwdOps[i]] = ch;
     std::vector<int> lastUse(g.ops.size(), -1);
     for (int id : c.fwdOps)
       for (const ValueRef &r : g.ops[id].operands)
@@ -1933,10 +1964,11 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
         res.stages[sg].boundaryBytes += b;
     }
     double worst = 0;
-    for (int sg = 0; sg + 1 < pp; ++sg)
-      worst = std::max(worst, res.stages[sg].boundaryBytes);
+    for (int ch = 0; ch + 1 < chunks; ++ch)
+      worst = std::max(worst, res.stages[ch].boundaryBytes);
     record("pp send/recv (stage boundary)", Collective::SendRecv, 2, t * dp,
-           worst, (c.train ? 2 : 1) * m, res.best.time.ppComm);
+           worst, (c.train ? 2 : 1) * m * (chunks / pp),
+           res.best.time.ppComm);
   }
   if (c.train && dp > 1) {
     double elems = 0;
@@ -1986,10 +2018,10 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
       return sh;
     };
     std::vector<int> stageOfOp(g.ops.size(), 0);
-    for (int sg = 0; sg < pp; ++sg)
-      for (int i = pr.unitStart[pr.starts[sg]];
-           i < pr.unitStart[pr.starts[sg + 1]]; ++i)
-        stageOfOp[c.fwdOps[i]] = sg;
+    for (int ch = 0; ch + 1 < int(pr.starts.size()); ++ch)
+      for (int i = pr.unitStart[pr.starts[ch]];
+           i < pr.unitStart[pr.starts[ch + 1]]; ++i)
+        stageOfOp[c.fwdOps[i]] = ch % pp;
     for (const OpChoice &ch : res.choices) {
       const OpNode &n = g.ops[ch.op];
       PlannedOp po;
@@ -2249,7 +2281,10 @@ std::string formatOpTextReport(const OpPlanResult &p, const Cluster &cluster,
                    ? strf(", layer %lld", (long long)x.firstLayer)
                    : strf(", layers %lld-%lld", (long long)x.firstLayer,
                           (long long)x.lastLayer);
-    r += strf("  stage %zu: ops %d-%d (%d ops%s), %s per micro-batch", s,
+    std::string name = p.stages.size() > size_t(cfg.pp)
+                           ? strf("chunk %zu (stage %d)", s, x.stage)
+                           : strf("stage %zu", s);
+    r += strf("  %s: ops %d-%d (%d ops%s), %s per micro-batch", name.c_str(),
               x.firstOp, x.lastOp, x.numOps, layers.c_str(),
               seconds(x.timePerMicroBatch).c_str());
     if (s + 1 < p.stages.size())
@@ -2372,7 +2407,8 @@ std::string formatOpJsonReport(const OpPlanResult &p, const Cluster &cluster,
   json stages = json::array();
   for (size_t s = 0; s < p.stages.size(); ++s) {
     const OpStage &x = p.stages[s];
-    stages.push_back({{"stage", s},
+    stages.push_back({{"stage", x.stage},
+                      {"chunk", s},
                       {"first_op", g.ops[x.firstOp].key()},
                       {"last_op", g.ops[x.lastOp].key()},
                       {"num_ops", x.numOps},

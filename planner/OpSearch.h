@@ -125,12 +125,15 @@ struct ReshardOp {
   double time = 0; ///< per call
 };
 
+/// A model chunk of a pipeline: one per stage, or, interleaved, v per
+/// stage (chunk k runs on stage k % pp).
 struct OpStage {
+  int stage = 0;               ///< the pipeline stage that runs it
   int firstOp = 0, lastOp = 0; ///< inclusive op ids
   int numOps = 0;
   int64_t firstLayer = -1, lastLayer = -1; ///< marks inside, -1 if none
   double timePerMicroBatch = 0;
-  double boundaryBytes = 0; ///< sent to the next stage per micro-batch
+  double boundaryBytes = 0; ///< sent to the next chunk per micro-batch
 };
 
 struct OpCandidate {

@@ -558,6 +558,10 @@ Status parseConfig(const Reader &rd, const rjson &j, Plan &p) {
                     std::to_string(p.virtualStages) +
                         " virtual stages need the interleaved schedule, got \"" +
                         scheduleKey(p.schedule) + "\"");
+  if (p.schedule == PipelineSchedule::Interleaved1F1B && p.virtualStages < 2)
+    return rd.error("config.schedule",
+                    "\"interleaved\" needs virtual_stages >= 2, got " +
+                        std::to_string(p.virtualStages));
   if (p.sequenceParallel && p.tp() == 1)
     return rd.error("config.sequence_parallel",
                     "sequence parallelism needs tp > 1");
@@ -572,11 +576,6 @@ Status parseConfig(const Reader &rd, const rjson &j, Plan &p) {
                     "zero " + std::to_string(p.zeroStage) +
                         " needs a training plan");
   if (p.kind == PlanKind::OpLevel) {
-    if (p.schedule == PipelineSchedule::Interleaved1F1B)
-      return rd.error("config.schedule",
-                      std::string("op-level plans use \"gpipe\", \"1f1b\" or "
-                                  "\"zero-bubble\", got \"") +
-                          scheduleKey(p.schedule) + "\"");
     if (p.recompute != RecomputePolicy::None)
       return rd.error("config.recompute",
                       std::string("op-level plans use \"none\", got \"") +

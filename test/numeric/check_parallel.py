@@ -282,7 +282,7 @@ def generate(gen, genargs, d):
 
 def pipeline_grid():
     """The pipeline grid (--grid): gpt, llama and mlp at pp 2 and 4, every
-    schedule (all but interleaved for the mlp's op-level plans), ZeRO 0-3, alone
+    schedule, ZeRO 0-3, alone
     and with dp and tp, up to 8 ranks; AdamW with clipping over 4
     micro-batches, one step (every output) and GRID_STEPS steps (params,
     losses, gradient norms). The single-device reference runs once per
@@ -295,10 +295,7 @@ def pipeline_grid():
              "--accumulate", "4"]
     for mname, gen in models:
         for pp in (2, 4):
-            # Op-level plans (the mlp) have no interleaved schedule.
-            scheds = ("gpipe", "1f1b", "zero-bubble") if mname == "mlp" else \
-                ("gpipe", "1f1b", "interleaved", "zero-bubble")
-            for sched in scheds:
+            for sched in ("gpipe", "1f1b", "interleaved", "zero-bubble"):
                 for dp, tp in ((1, 1), (2, 1), (1, 2), (2, 2)):
                     if pp * dp * tp > 8:
                         continue

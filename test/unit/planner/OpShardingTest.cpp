@@ -737,6 +737,49 @@ TEST(OpSearch, PipelineStagesCoverTheGraph) {
     EXPECT_EQ(s.firstOp % 2, 0);
 }
 
+TEST(OpSearch, InterleavedStagesRunChunksInTurn) {
+  // 12 marked layers, pp=4 with v=2: 8 chunks, chunk k on stage k % 4, and
+  // the bubble is the 1F1B bubble over v.
+  Builder b(16);
+  ValueRef h = b.input("x", {16, 1024});
+  for (int l = 0; l < 12; ++l)
+    h = b.unary("dlopt.relu",
+                b.matmul(h, b.param("w" + std::to_string(l), {1024, 1024})));
+  b.op("dlopt.mse", OpClass::Loss, {}, {h, b.input("y", {16, 1024})});
+  for (OpNode &op : b.g.ops)
+    op.layer = op.id / 2;
+  SearchOptions o = bf16Training(64);
+  o.fix.pp = 4;
+  o.fix.tp = 1;
+  o.fix.numMicroBatches = 8;
+  o.fix.schedule = PipelineSchedule::Interleaved1F1B;
+  o.fix.v = 2;
+  auto p = searchOpPlan(b.g, preset("dgx-a100"), CostModel(), o);
+  ASSERT_TRUE(p) << p.status().message();
+  ASSERT_EQ(p->stages.size(), 8u);
+  int next = 0;
+  for (size_t k = 0; k < p->stages.size(); ++k) {
+    EXPECT_EQ(p->stages[k].stage, int(k % 4));
+    EXPECT_EQ(p->stages[k].firstOp, next);
+    next = p->stages[k].lastOp + 1;
+  }
+  EXPECT_EQ(next, int(b.g.ops.size()));
+  EXPECT_EQ(p->best.cfg.virtualStages, 2);
+  // Each op's planned stage is its chunk's.
+  for (const PlannedOp &po : p->plan.ops)
+    for (size_t k = 0; k < p->stages.size(); ++k)
+      if (po.id >= b.g.ops[p->stages[k].firstOp].key() &&
+          po.id <= b.g.ops[p->stages[k].lastOp].key())
+        EXPECT_EQ(po.stage, p->stages[k].stage) << "op " << po.id;
+  SearchOptions flat = o;
+  flat.fix.schedule = PipelineSchedule::OneFOneB;
+  flat.fix.v.reset();
+  auto q = searchOpPlan(b.g, preset("dgx-a100"), CostModel(), flat);
+  ASSERT_TRUE(q) << q.status().message();
+  ASSERT_EQ(q->stages.size(), 4u);
+  EXPECT_LT(p->best.time.bubble, 0.75 * q->best.time.bubble);
+}
+
 TEST(OpSearch, OneDeviceAndForwardOnly) {
   auto one = parseCluster("nodes: 1\ngpus_per_node: 1\ngpu: a100-sxm-80gb\n",
                           ClusterFormat::Yaml, "one.yaml");
@@ -774,10 +817,20 @@ TEST(OpSearch, ErrorsSayWhy) {
   EXPECT_NE(e.status().message().find("has no ops"), std::string::npos);
   SearchOptions bad = bf16Training();
   bad.fix.schedule = PipelineSchedule::Interleaved1F1B;
+  bad.fix.pp = 1;
   auto s = searchOpPlan(mlp2(8, 64, 64), cl, CostModel(), bad);
   ASSERT_FALSE(s);
-  EXPECT_NE(s.status().message().find("not available to op-level plans"),
-            std::string::npos);
+  EXPECT_NE(s.status().message().find("schedule=interleaved needs pp > 1"),
+            std::string::npos)
+      << s.status().message();
+  // v= without the interleaved schedule.
+  SearchOptions v = bf16Training();
+  v.fix.v = 2;
+  auto sv = searchOpPlan(mlp2(8, 64, 64), cl, CostModel(), v);
+  ASSERT_FALSE(sv);
+  EXPECT_NE(sv.status().message().find("v= needs schedule=interleaved"),
+            std::string::npos)
+      << sv.status().message();
   SearchOptions dp3 = bf16Training();
   dp3.fix.tp = 3;
   auto d = searchOpPlan(mlp2(8, 64, 64), cl, CostModel(), dp3);
@@ -1001,8 +1054,8 @@ TEST(OpPlanFile, RejectsBadFiles) {
   expectError(j, "config: dp*micro_batch_size*num_micro_batches = ");
   j = good;
   j["config"]["schedule"] = "interleaved";
-  expectError(j, "config.schedule: op-level plans use \"gpipe\", \"1f1b\" or "
-                 "\"zero-bubble\", got \"interleaved\"");
+  expectError(j, "config.schedule: \"interleaved\" needs virtual_stages >= 2, "
+                 "got 1");
   j = good;
   j["config"]["recompute"] = "full";
   expectError(j, "config.recompute: op-level plans use \"none\"");
