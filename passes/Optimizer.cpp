@@ -196,6 +196,36 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
     return it == paramStage.end() ? -1 : it->second;
   }
 
+  static double tensorBytes(Type type) {
+    auto t = cast<RankedTensorType>(type);
+    return double(t.getNumElements()) *
+           std::max<unsigned>(1, t.getElementTypeBitWidth() / 8);
+  }
+
+  /// Splits `items` (in program order) into runs that `same` keeps
+  /// together, each of at most bucket-mb MiB of `bytes`, and calls `fuse`
+  /// on every run of two or more.
+  template <typename T, typename Same, typename Bytes, typename Fuse>
+  void inBuckets(MutableArrayRef<T> items, Same same, Bytes bytes, Fuse fuse) {
+    const double limit = double(bucketMb) * 1024 * 1024;
+    SmallVector<T> bucket;
+    double size = 0;
+    auto flush = [&]() {
+      if (bucket.size() >= 2)
+        fuse(ArrayRef<T>(bucket));
+      bucket.clear();
+      size = 0;
+    };
+    for (T &item : items) {
+      if (bucket.empty() || !same(bucket.front(), item) ||
+          size + bytes(item) > limit)
+        flush();
+      size += bytes(item);
+      bucket.push_back(std::move(item));
+    }
+    flush();
+  }
+
   /// Fuses the gradients' all-reduces into buckets: runs of consecutive
   /// (backward-order) all-reduces of returned gradients over the same axes
   /// and element type, up to bucket-mb MiB, become one all-reduce of their
@@ -215,36 +245,18 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       if (g.ar && rt(g.ar).getRank() > 0 && g.stage != kManyStages)
         grads.push_back(std::move(g));
     }
-    llvm::sort(grads, [](const GradSum &a, const GradSum &b) {
+    llvm::sort(grads, [](GradSum &a, GradSum &b) {
       return a.ar->isBeforeInBlock(b.ar);
     });
-    const double limit = double(bucketMb) * 1024 * 1024;
-    auto bytes = [](shard::AllReduceOp ar) {
-      RankedTensorType t = rt(ar);
-      return double(t.getNumElements()) *
-             std::max<unsigned>(1, t.getElementTypeBitWidth() / 8);
-    };
-    SmallVector<GradSum> bucket;
-    double size = 0;
-    auto flush = [&]() {
-      if (bucket.size() >= 2)
-        fuse(bucket);
-      bucket.clear();
-      size = 0;
-    };
-    for (GradSum &g : grads) {
-      shard::AllReduceOp ar = g.ar;
-      bool fits = !bucket.empty() && bucket.front().stage == g.stage &&
-                  bucket.front().ar.getGridAxes() == ar.getGridAxes() &&
-                  rt(bucket.front().ar).getElementType() ==
-                      rt(ar).getElementType() &&
-                  size + bytes(ar) <= limit;
-      if (!fits)
-        flush();
-      size += bytes(ar);
-      bucket.push_back(std::move(g));
-    }
-    flush();
+    inBuckets(
+        MutableArrayRef<GradSum>(grads),
+        [](GradSum &a, GradSum &b) {
+          return a.stage == b.stage &&
+                 a.ar.getGridAxes() == b.ar.getGridAxes() &&
+                 rt(a.ar).getElementType() == rt(b.ar).getElementType();
+        },
+        [](GradSum &g) { return tensorBytes(g.ar.getType()); },
+        [&](ArrayRef<GradSum> bucket) { fuse(bucket); });
   }
 
   void fuse(ArrayRef<GradSum> bucket) {
@@ -347,89 +359,92 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
             rs.getGridAxes() == ArrayRef<int16_t>(zeroAxes) &&
             rs.getReduction() == shard::ReductionKind::Sum)
           scatters.push_back(rs);
-    const double limit = double(bucketMb) * 1024 * 1024;
-    auto bytes = [](shard::ReduceScatterOp rs) {
-      auto t = cast<RankedTensorType>(rs.getInput().getType());
-      return double(t.getNumElements()) *
-             std::max<unsigned>(1, t.getElementTypeBitWidth() / 8);
-    };
     auto mb = [](Operation *op) {
       auto a = op->getAttrOfType<IntegerAttr>(DLOptDialect::kMicroBatchAttr);
       return a ? a.getInt() : int64_t(-1);
     };
-    SmallVector<shard::ReduceScatterOp> bucket;
-    double size = 0;
-    auto flush = [&]() {
-      if (bucket.size() >= 2)
-        fuseScatters(bucket);
-      bucket.clear();
-      size = 0;
-    };
-    for (shard::ReduceScatterOp rs : scatters) {
-      auto elem = [](shard::ReduceScatterOp r) {
-        return cast<RankedTensorType>(r.getType()).getElementType();
-      };
-      bool fits = !bucket.empty() && stageOf[bucket.front()] == stageOf[rs] &&
-                  mb(bucket.front()) == mb(rs) &&
-                  elem(bucket.front()) == elem(rs) &&
-                  size + bytes(rs) <= limit;
-      if (!fits)
-        flush();
-      size += bytes(rs);
-      bucket.push_back(rs);
-    }
-    flush();
+    inBuckets(
+        MutableArrayRef<shard::ReduceScatterOp>(scatters),
+        [&](shard::ReduceScatterOp a, shard::ReduceScatterOp b) {
+          return stageOf[a] == stageOf[b] && mb(a) == mb(b) &&
+                 getElementTypeOrSelf(a.getType()) ==
+                     getElementTypeOrSelf(b.getType());
+        },
+        [](shard::ReduceScatterOp rs) {
+          return tensorBytes(rs.getInput().getType());
+        },
+        [&](ArrayRef<shard::ReduceScatterOp> bucket) {
+          SmallVector<Operation *> ops(bucket.begin(), bucket.end());
+          fuseZeroBucket(ops, bucket.back());
+        });
   }
 
-  void fuseScatters(ArrayRef<shard::ReduceScatterOp> bucket) {
-    shard::ReduceScatterOp last = bucket.back();
-    OpBuilder b(last);
-    Location loc = last.getLoc();
-    DictionaryAttr marks = last->getDiscardableAttrDictionary();
+  /// One collective for a bucket of ZeRO's reduce-scatters or all-gathers
+  /// over the replica axes on dim 0 (R ranks), placed at `at`: each
+  /// member's input is viewed as rows (R rows of n / R for a
+  /// reduce-scatter, one row of its shard for a gather), the rows are
+  /// concatenated along dim 1, and each member's result is its columns of
+  /// the collective's rows (one row, or R), reshaped back. Uses of an
+  /// earlier member's result that come before `at` move after it, in order.
+  void fuseZeroBucket(ArrayRef<Operation *> bucket, Operation *at) {
+    const bool scatter = isa<shard::ReduceScatterOp>(at);
+    OpBuilder b(at);
+    Location loc = at->getLoc();
+    DictionaryAttr marks = at->getDiscardableAttrDictionary();
     auto mark = [&](Value v) {
       v.getDefiningOp()->setDiscardableAttrs(marks);
       return v;
     };
-    Type elem = cast<RankedTensorType>(last.getType()).getElementType();
-    const int64_t n = zeroRanks;
+    Type elem = getElementTypeOrSelf(at->getResult(0).getType());
+    const int64_t n = zeroRanks, inRows = scatter ? n : 1,
+                  outRows = scatter ? 1 : n;
+    // Elements per row: the shard's.
+    auto perRow = [&](Operation *op) {
+      Value shard = scatter ? op->getResult(0) : op->getOperand(0);
+      return cast<RankedTensorType>(shard.getType()).getNumElements();
+    };
     SmallVector<Value> rows;
     int64_t total = 0;
-    for (shard::ReduceScatterOp rs : bucket) {
-      int64_t per = cast<RankedTensorType>(rs.getType()).getNumElements();
+    for (Operation *op : bucket) {
       rows.push_back(mark(dl::ReshapeOp::create(
-          b, loc, RankedTensorType::get({n, per}, elem), rs.getInput())));
-      total += per;
+          b, loc, RankedTensorType::get({inRows, perRow(op)}, elem),
+          op->getOperand(0))));
+      total += perRow(op);
     }
     Value all = mark(dl::ConcatOp::create(b, loc, rows, int64_t(1)));
-    auto sum = shard::ReduceScatterOp::create(
-        b, loc, RankedTensorType::get({1, total}, elem), last.getGridAttr(),
-        last.getGridAxesAttr(), all, last.getReductionAttr(),
-        b.getIndexAttr(0));
-    sum->setDiscardableAttrs(marks);
-    // Uses of an earlier gradient's shard that come before the bucket's
-    // reduce-scatter move after it, in order, with what depends on them.
+    auto outType = RankedTensorType::get({outRows, total}, elem);
+    Value sum;
+    if (auto rs = dyn_cast<shard::ReduceScatterOp>(at))
+      sum = shard::ReduceScatterOp::create(b, loc, outType, rs.getGridAttr(),
+                                           rs.getGridAxesAttr(), all,
+                                           rs.getReductionAttr(),
+                                           b.getIndexAttr(0));
+    else
+      sum = shard::AllGatherOp::create(
+          b, loc, outType, cast<shard::AllGatherOp>(at).getGridAttr(),
+          cast<shard::AllGatherOp>(at).getGridAxesAttr(), all,
+          b.getIndexAttr(0));
+    mark(sum);
     llvm::SetVector<Operation *> moved;
     int64_t offset = 0;
-    for (shard::ReduceScatterOp rs : bucket) {
-      auto type = cast<RankedTensorType>(rs.getType());
-      int64_t per = type.getNumElements();
+    for (Operation *op : bucket) {
+      int64_t per = perRow(op);
       Value piece = mark(dl::SliceOp::create(
-          b, loc, sum.getResult(), b.getDenseI64ArrayAttr({0, offset}),
-          b.getDenseI64ArrayAttr({1, offset + per}),
+          b, loc, sum, b.getDenseI64ArrayAttr({0, offset}),
+          b.getDenseI64ArrayAttr({outRows, offset + per}),
           b.getDenseI64ArrayAttr({1, 1})));
-      Value shard = mark(dl::ReshapeOp::create(b, loc, type, piece));
-      SmallVector<Operation *> work;
-      for (Operation *u : rs->getUsers())
-        work.push_back(u);
+      Value value =
+          mark(dl::ReshapeOp::create(b, loc, op->getResult(0).getType(), piece));
+      SmallVector<Operation *> work(op->getUsers().begin(), op->getUsers().end());
       while (!work.empty()) {
         Operation *u = work.pop_back_val();
-        if (u->hasTrait<OpTrait::IsTerminator>() || !u->isBeforeInBlock(last) ||
+        if (u->hasTrait<OpTrait::IsTerminator>() || !u->isBeforeInBlock(at) ||
             !moved.insert(u))
           continue;
         for (Operation *uu : u->getUsers())
           work.push_back(uu);
       }
-      rs.getResult().replaceAllUsesWith(shard);
+      op->getResult(0).replaceAllUsesWith(value);
       offset += per;
     }
     SmallVector<Operation *> order(moved.begin(), moved.end());
@@ -439,8 +454,10 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       op->moveAfter(after);
       after = op;
     }
-    for (shard::ReduceScatterOp rs : bucket)
-      rs->erase();
+    for (Operation *op : bucket) {
+      updateGathers.erase(op);
+      op->erase();
+    }
   }
 
   /// The updated parameters' all-gathers (ZeRO 1 and 2), by parameter.
@@ -485,99 +502,24 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       if (stage != kManyStages)
         gathers.push_back({ag, stage, zero3});
     }
-    const double limit = double(bucketMb) * 1024 * 1024;
-    auto bytes = [](shard::AllGatherOp ag) {
-      auto t = cast<RankedTensorType>(ag.getType());
-      return double(t.getNumElements()) *
-             std::max<unsigned>(1, t.getElementTypeBitWidth() / 8);
-    };
-    auto elem = [](shard::AllGatherOp ag) {
-      return cast<RankedTensorType>(ag.getType()).getElementType();
-    };
-    SmallVector<Gather> bucket;
-    double size = 0;
-    auto flush = [&]() {
-      if (bucket.size() >= 2) {
-        SmallVector<shard::AllGatherOp> ops;
-        for (const Gather &g : bucket)
-          ops.push_back(g.ag);
-        fuseGathers(ops, /*atFirst=*/bucket.front().zero3);
-      }
-      bucket.clear();
-      size = 0;
-    };
-    for (const Gather &g : gathers) {
-      const Gather *f = bucket.empty() ? nullptr : &bucket.front();
-      bool fits = f && f->zero3 == g.zero3 && f->stage == g.stage &&
-                  elem(f->ag) == elem(g.ag) &&
-                  f->ag->getDiscardableAttrDictionary() ==
-                      g.ag->getDiscardableAttrDictionary() &&
-                  size + bytes(g.ag) <= limit;
-      if (!fits)
-        flush();
-      size += bytes(g.ag);
-      bucket.push_back(g);
-    }
-    flush();
-  }
-
-  void fuseGathers(ArrayRef<shard::AllGatherOp> bucket, bool atFirst) {
-    shard::AllGatherOp at = atFirst ? bucket.front() : bucket.back();
-    OpBuilder b(at);
-    Location loc = at.getLoc();
-    DictionaryAttr marks = at->getDiscardableAttrDictionary();
-    auto mark = [&](Value v) {
-      v.getDefiningOp()->setDiscardableAttrs(marks);
-      return v;
-    };
-    Type elem = cast<RankedTensorType>(at.getType()).getElementType();
-    const int64_t n = zeroRanks;
-    SmallVector<Value> cols;
-    int64_t total = 0;
-    for (shard::AllGatherOp ag : bucket) {
-      int64_t per = cast<RankedTensorType>(ag.getInput().getType()).getNumElements();
-      cols.push_back(mark(dl::ReshapeOp::create(
-          b, loc, RankedTensorType::get({1, per}, elem), ag.getInput())));
-      total += per;
-    }
-    Value all = mark(dl::ConcatOp::create(b, loc, cols, int64_t(1)));
-    auto gathered = shard::AllGatherOp::create(
-        b, loc, RankedTensorType::get({n, total}, elem), at.getGridAttr(),
-        at.getGridAxesAttr(), all, b.getIndexAttr(0));
-    gathered->setDiscardableAttrs(marks);
-    llvm::SetVector<Operation *> moved;
-    int64_t offset = 0;
-    for (shard::AllGatherOp ag : bucket) {
-      auto type = cast<RankedTensorType>(ag.getType());
-      int64_t per = cast<RankedTensorType>(ag.getInput().getType()).getNumElements();
-      Value piece = mark(dl::SliceOp::create(
-          b, loc, gathered.getResult(), b.getDenseI64ArrayAttr({0, offset}),
-          b.getDenseI64ArrayAttr({n, offset + per}),
-          b.getDenseI64ArrayAttr({1, 1})));
-      Value full = mark(dl::ReshapeOp::create(b, loc, type, piece));
-      SmallVector<Operation *> work(ag->getUsers().begin(), ag->getUsers().end());
-      while (!work.empty()) {
-        Operation *u = work.pop_back_val();
-        if (u->hasTrait<OpTrait::IsTerminator>() || !u->isBeforeInBlock(at) ||
-            !moved.insert(u))
-          continue;
-        for (Operation *uu : u->getUsers())
-          work.push_back(uu);
-      }
-      ag.getResult().replaceAllUsesWith(full);
-      offset += per;
-    }
-    SmallVector<Operation *> order(moved.begin(), moved.end());
-    llvm::sort(order, [](Operation *x, Operation *y) { return x->isBeforeInBlock(y); });
-    Operation *after = &*std::prev(b.getInsertionPoint());
-    for (Operation *op : order) {
-      op->moveAfter(after);
-      after = op;
-    }
-    for (shard::AllGatherOp ag : bucket) {
-      updateGathers.erase(ag);
-      ag->erase();
-    }
+    inBuckets(
+        MutableArrayRef<Gather>(gathers),
+        [](Gather &a, Gather &b) {
+          return a.zero3 == b.zero3 && a.stage == b.stage &&
+                 getElementTypeOrSelf(a.ag.getType()) ==
+                     getElementTypeOrSelf(b.ag.getType()) &&
+                 a.ag->getDiscardableAttrDictionary() ==
+                     b.ag->getDiscardableAttrDictionary();
+        },
+        [](Gather &g) { return tensorBytes(g.ag.getType()); },
+        [&](ArrayRef<Gather> bucket) {
+          SmallVector<Operation *> ops;
+          for (const Gather &g : bucket)
+            ops.push_back(g.ag);
+          // ZeRO-3's gathers read only arguments: at the first, before
+          // every use; an update's gather where the last update is done.
+          fuseZeroBucket(ops, bucket.front().zero3 ? ops.front() : ops.back());
+        });
   }
 
   //===--------------------------------------------------------------------===//

@@ -295,33 +295,13 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
   auto fix = parseFix(fixOpt.getValue());
   if (!fix)
     return fail(fix.status().message(), 2);
-  // --dry-run --accumulate M plans the same step as applying would: M
-  // micro-batches of the model's batch.
+  // The plan's micro-batches are --accumulate's (or --fix mb=M): the
+  // model's batch is one micro-batch, so the plan's global batch is M times
+  // it, and every candidate is priced with M micro-batches, pipelined or
+  // accumulated. --dry-run --accumulate M plans the step applying builds.
   const bool accumulating = accumulateOpt.getNumOccurrences() > 0;
-  if (!loaded && !apply && accumulating) {
-    if (fix->numMicroBatches && *fix->numMicroBatches != accumulateOpt)
-      return fail("--fix mb=" + std::to_string(*fix->numMicroBatches) +
-                      " contradicts --accumulate " +
-                      std::to_string(accumulateOpt) +
-                      ": the plan's micro-batches are the accumulated "
-                      "ones (give one of the two)",
-                  2);
-    fix->numMicroBatches = int64_t(accumulateOpt);
-  }
-  if (apply && !loaded) {
-    // The planner chooses among what can be applied: data, tensor,
-    // sequence and context parallelism, pipeline stages with any schedule,
-    // any recomputation. ZeRO is applied when pinned (--fix zero=N); the
-    // free search keeps it off, since its ZeRO pricing still favours stage
-    // 3 too often. A pipeline needs the optimizer that closes it: with
-    // --autodiff the search keeps pp=1. The micro-batches are --accumulate's
-    // (or --fix mb=M): the model's batch is one micro-batch, so the plan's
-    // global batch is M times it, and every candidate is priced with M
-    // micro-batches, pipelined or accumulated.
-    if (!fix->pp && !train)
-      fix->pp = 1;
-    if (!fix->zero) fix->zero = 0;
-    if (fix->numMicroBatches && accumulateOpt.getNumOccurrences() &&
+  if (!loaded && (apply || accumulating)) {
+    if (accumulating && fix->numMicroBatches &&
         *fix->numMicroBatches != accumulateOpt)
       return fail("--fix mb=" + std::to_string(*fix->numMicroBatches) +
                       " contradicts --accumulate " +
@@ -331,6 +311,17 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
                   2);
     if (!fix->numMicroBatches)
       fix->numMicroBatches = int64_t(accumulateOpt);
+  }
+  if (apply && !loaded) {
+    // The planner chooses among what can be applied: data, tensor,
+    // sequence and context parallelism, pipeline stages with any schedule,
+    // any recomputation. ZeRO is applied when pinned (--fix zero=N); the
+    // free search keeps it off, since its ZeRO pricing still favours stage
+    // 3 too often. A pipeline needs the optimizer that closes it: with
+    // --autodiff the search keeps pp=1.
+    if (!fix->pp && !train)
+      fix->pp = 1;
+    if (!fix->zero) fix->zero = 0;
     // --recompute on the command line pins the plan's recomputation.
     if (!fix->recompute && recomputeOpt.getNumOccurrences())
       fix->recompute = parseRecompute(recomputeOpt.getValue());

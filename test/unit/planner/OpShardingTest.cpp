@@ -124,6 +124,18 @@ GraphSummary mlp2(int64_t batch, int64_t in, int64_t hidden) {
   return b.g;
 }
 
+/// `layers` relu(x W) layers of 1024 at batch 16 and an mse loss, without
+/// layer marks.
+Builder reluChain(int layers) {
+  Builder b(16);
+  ValueRef h = b.input("x", {16, 1024});
+  for (int l = 0; l < layers; ++l)
+    h = b.unary("dlopt.relu",
+                b.matmul(h, b.param("w" + std::to_string(l), {1024, 1024})));
+  b.op("dlopt.mse", OpClass::Loss, {}, {h, b.input("y", {16, 1024})});
+  return b;
+}
+
 std::set<std::string> names(const std::vector<Strategy> &ss) {
   std::set<std::string> out;
   for (const Strategy &s : ss)
@@ -701,12 +713,7 @@ TEST(OpSearch, DataParallelWinsForSmallModels) {
 
 TEST(OpSearch, PipelineStagesCoverTheGraph) {
   // 12 layers without marks: stages by op.
-  Builder b(16);
-  ValueRef h = b.input("x", {16, 1024});
-  for (int l = 0; l < 12; ++l)
-    h = b.unary("dlopt.relu",
-                b.matmul(h, b.param("w" + std::to_string(l), {1024, 1024})));
-  b.op("dlopt.mse", OpClass::Loss, {}, {h, b.input("y", {16, 1024})});
+  Builder b = reluChain(12);
   SearchOptions o = bf16Training();
   o.fix.pp = 4;
   o.fix.tp = 2;
@@ -740,12 +747,7 @@ TEST(OpSearch, PipelineStagesCoverTheGraph) {
 TEST(OpSearch, InterleavedStagesRunChunksInTurn) {
   // 12 marked layers, pp=4 with v=2: 8 chunks, chunk k on stage k % 4, and
   // the bubble is the 1F1B bubble over v.
-  Builder b(16);
-  ValueRef h = b.input("x", {16, 1024});
-  for (int l = 0; l < 12; ++l)
-    h = b.unary("dlopt.relu",
-                b.matmul(h, b.param("w" + std::to_string(l), {1024, 1024})));
-  b.op("dlopt.mse", OpClass::Loss, {}, {h, b.input("y", {16, 1024})});
+  Builder b = reluChain(12);
   for (OpNode &op : b.g.ops)
     op.layer = op.id / 2;
   SearchOptions o = bf16Training(64);
