@@ -22,6 +22,27 @@ std::mutex gInitMu;
 bool gInitialized = false, gWeInitialized = false;
 MpiInfo gInfo;
 
+// Job abort notices travel on their own duplicate of MPI_COMM_WORLD.
+MPI_Comm gAbortComm = MPI_COMM_NULL;
+constexpr int kAbortTag = 1, kAckTag = 2;
+std::mutex gAbortMu;
+std::atomic<bool> gAbortSeen{false}, gAbortSent{false};
+std::string gAbortReason;
+int gAbortFrom = -1;
+
+// The wait note: two buffers, the live one named by gNoteIndex (-1: none).
+char gNotes[2][256];
+std::atomic<int> gNoteIndex{-1};
+
+void setWaitNote(const std::string &text) {
+  int next = gNoteIndex.load() == 0 ? 1 : 0;
+  size_t n = std::min(text.size(), sizeof(gNotes[0]) - 1);
+  std::memcpy(gNotes[next], text.data(), n);
+  gNotes[next][n] = '\0';
+  gNoteIndex.store(next);
+}
+void clearWaitNote() { gNoteIndex.store(-1); }
+
 std::string mpiError(int code) {
   char buf[MPI_MAX_ERROR_STRING];
   int len = 0;
@@ -73,8 +94,11 @@ public:
   ~MpiCommunicator() override {
     // A communicator with requests still pending (after a timeout) cannot
     // be freed safely; leave it to MPI_Finalize / process exit.
-    if (!broken_ && comm_ != MPI_COMM_NULL)
+    if (!broken_ && comm_ != MPI_COMM_NULL) {
+      if (!flushSends("send"))
+        return; // peers gone: leave the requests to process exit
       MPI_Comm_free(&comm_);
+    }
   }
 
   int rank() const override { return rank_; }
@@ -255,28 +279,52 @@ public:
   Status barrier() override {
     const char *what = "barrier";
     DLOPT_RETURN_IF_ERROR(live(what));
+    DLOPT_RETURN_IF_ERROR(flushSends(what));
     MPI_Request req;
     DLOPT_RETURN_IF_ERROR(call(what, MPI_Ibarrier(comm_, &req)));
     return wait(what, req);
   }
 
+  /// Buffered, like the in-process communicator's: the data is copied and
+  /// the call returns once MPI has it in flight, so two ranks sending to
+  /// each other at once (a pipeline's activations one way, gradients the
+  /// other) cannot deadlock on MPI's rendezvous protocol. The copies are
+  /// released as the sends complete (reaped on every later call).
   Status send(CommInput in, int peer) override {
     const char *what = "send";
     DLOPT_RETURN_IF_ERROR(checkPeer(what, peer));
     DLOPT_RETURN_IF_ERROR(live(what));
-    // The header (count, dtype) lets the receiver check what it gets.
-    int64_t head[2] = {in.count, int64_t(in.dtype)};
     const int64_t bytes = in.count * dtypeSize(in.dtype);
     if (bytes > kMaxMpiCount)
       return fail(what, Status::error("buffer too large for one MPI call"));
-    MPI_Request reqs[2];
-    DLOPT_RETURN_IF_ERROR(call(what, MPI_Isend(head, 2, MPI_INT64_T, peer,
-                                               kHeadTag, comm_, &reqs[0])));
-    DLOPT_RETURN_IF_ERROR(call(what, MPI_Isend(in.data, int(bytes), MPI_BYTE,
-                                               peer, kDataTag, comm_,
-                                               &reqs[1])));
-    DLOPT_RETURN_IF_ERROR(wait(what, reqs[0]));
-    return wait(what, reqs[1]);
+    reapSends();
+    auto pending = std::make_unique<PendingSend>();
+    // The header (count, dtype) lets the receiver check what it gets.
+    pending->head[0] = in.count;
+    pending->head[1] = int64_t(in.dtype);
+    pending->data.assign(static_cast<const uint8_t *>(in.data),
+                         static_cast<const uint8_t *>(in.data) + bytes);
+    DLOPT_RETURN_IF_ERROR(call(what, MPI_Isend(pending->head, 2, MPI_INT64_T,
+                                               peer, kHeadTag, comm_,
+                                               &pending->reqs[0])));
+    DLOPT_RETURN_IF_ERROR(call(what, MPI_Isend(pending->data.data(),
+                                               int(bytes), MPI_BYTE, peer,
+                                               kDataTag, comm_,
+                                               &pending->reqs[1])));
+    pending->peer = peer;
+    sends_.push_back(std::move(pending));
+    return Status::ok();
+  }
+
+  /// Waits for every buffered send (a barrier's and the destructor's
+  /// business: nothing may be left in flight when the group goes away).
+  Status flushSends(const char *what) {
+    for (auto &p : sends_)
+      for (MPI_Request &r : p->reqs)
+        if (r != MPI_REQUEST_NULL)
+          DLOPT_RETURN_IF_ERROR(wait(what, r));
+    sends_.clear();
+    return Status::ok();
   }
 
   Status recv(CommOutput out, int peer) override {
@@ -325,6 +373,26 @@ public:
 private:
   static constexpr int kHeadTag = 17, kDataTag = 18;
 
+  struct PendingSend {
+    int64_t head[2] = {0, 0};
+    std::vector<uint8_t> data;
+    MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    int peer = -1;
+  };
+  std::vector<std::unique_ptr<PendingSend>> sends_;
+
+  /// Frees the buffers of the sends that completed.
+  void reapSends() {
+    size_t keep = 0;
+    for (size_t i = 0; i < sends_.size(); ++i) {
+      int done = 0;
+      MPI_Testall(2, sends_[i]->reqs, &done, MPI_STATUSES_IGNORE);
+      if (!done)
+        sends_[keep++] = std::move(sends_[i]);
+    }
+    sends_.resize(keep);
+  }
+
   std::string where(const char *what) const {
     return std::string(what) + " (rank " + std::to_string(rank_) +
            " of a group of " + std::to_string(size_) + ", MPI)";
@@ -335,6 +403,9 @@ private:
   }
 
   Status live(const char *what) {
+    std::string jobReason;
+    if (jobAborted(&jobReason))
+      return Status::error(where(what) + ": aborted: " + jobReason);
     std::lock_guard<std::mutex> lock(abortMu_);
     if (aborted_)
       return Status::error(where(what) + ": aborted: " + abortReason_);
@@ -356,6 +427,10 @@ private:
   Status wait(const char *what, MPI_Request &req) {
     auto deadline = std::chrono::steady_clock::now() + timeout_;
     int spins = 0;
+    setWaitNote(where(what));
+    struct Clear {
+      ~Clear() { clearWaitNote(); }
+    } clear;
     for (;;) {
       int done = 0;
       MPI_Status st;
@@ -370,6 +445,11 @@ private:
         broken_ = true;
         std::lock_guard<std::mutex> lock(abortMu_);
         return Status::error(where(what) + ": aborted: " + abortReason_);
+      }
+      std::string jobReason;
+      if ((spins % 64 == 0 || spins > 1000) && jobAborted(&jobReason)) {
+        broken_ = true;
+        return Status::error(where(what) + ": aborted: " + jobReason);
       }
       if (std::chrono::steady_clock::now() > deadline) {
         broken_ = true;
@@ -489,6 +569,10 @@ Expected<MpiInfo> initMpi(int *argc, char ***argv) {
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &gInfo.worldRank);
   MPI_Comm_size(MPI_COMM_WORLD, &gInfo.worldSize);
+  if (MPI_Comm_dup(MPI_COMM_WORLD, &gAbortComm) != MPI_SUCCESS)
+    gAbortComm = MPI_COMM_NULL;
+  else
+    MPI_Comm_set_errhandler(gAbortComm, MPI_ERRORS_RETURN);
   gInfo.threadMultiple = provided >= MPI_THREAD_MULTIPLE;
   gInitialized = true;
   return gInfo;
@@ -503,6 +587,113 @@ void finalizeMpi() {
   if (!finalized)
     MPI_Finalize();
   gWeInitialized = false;
+}
+
+void notifyJobAbort(const std::string &reason) {
+  if (gAbortComm == MPI_COMM_NULL || gAbortSent.exchange(true))
+    return;
+  int me = 0, n = 1;
+  MPI_Comm_rank(gAbortComm, &me);
+  MPI_Comm_size(gAbortComm, &n);
+  // Static: the sends may still be in flight when this returns.
+  static std::string text;
+  text = reason.substr(0, 4000);
+  static std::vector<MPI_Request> reqs;
+  reqs.clear();
+  std::lock_guard<std::mutex> lock(gAbortMu);
+  for (int q = 0; q < n; ++q) {
+    if (q == me)
+      continue;
+    MPI_Request r;
+    if (MPI_Isend(text.data(), int(text.size()), MPI_CHAR, q, kAbortTag,
+                  gAbortComm, &r) == MPI_SUCCESS)
+      reqs.push_back(r);
+  }
+  // Small messages go eagerly; give them a moment, never block on a peer.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (!reqs.empty() && std::chrono::steady_clock::now() < deadline) {
+    int done = 0;
+    MPI_Testall(int(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
+    if (done)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+bool jobAborted(std::string *reason) {
+  if (!gAbortSeen.load()) {
+    if (gAbortComm == MPI_COMM_NULL)
+      return false;
+    std::lock_guard<std::mutex> lock(gAbortMu);
+    if (!gAbortSeen.load()) {
+      int flag = 0;
+      MPI_Status st;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, kAbortTag, gAbortComm, &flag, &st) !=
+              MPI_SUCCESS ||
+          !flag)
+        return false;
+      int len = 0;
+      MPI_Get_count(&st, MPI_CHAR, &len);
+      std::string text(size_t(std::max(len, 0)), '\0');
+      MPI_Recv(text.data(), len, MPI_CHAR, st.MPI_SOURCE, kAbortTag,
+               gAbortComm, MPI_STATUS_IGNORE);
+      gAbortReason = text;
+      gAbortFrom = st.MPI_SOURCE;
+      gAbortSeen.store(true);
+    }
+  }
+  if (reason) {
+    std::lock_guard<std::mutex> lock(gAbortMu);
+    *reason = gAbortReason;
+  }
+  return true;
+}
+
+void acknowledgeJobAbort() {
+  if (!gAbortSeen.load() || gAbortFrom < 0)
+    return;
+  static int one = 1;
+  MPI_Request r;
+  if (MPI_Isend(&one, 1, MPI_INT, gAbortFrom, kAckTag, gAbortComm, &r) !=
+      MPI_SUCCESS)
+    return;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  int done = 0;
+  while (!done && std::chrono::steady_clock::now() < deadline) {
+    MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    if (!done)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+int awaitJobAbortAcks(std::chrono::milliseconds timeout) {
+  if (gAbortComm == MPI_COMM_NULL)
+    return 0;
+  int n = 1;
+  MPI_Comm_size(gAbortComm, &n);
+  int got = 0;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (got < n - 1 && std::chrono::steady_clock::now() < deadline) {
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, kAckTag, gAbortComm, &flag, &st) !=
+        MPI_SUCCESS)
+      break;
+    if (flag) {
+      int v = 0;
+      MPI_Recv(&v, 1, MPI_INT, st.MPI_SOURCE, kAckTag, gAbortComm,
+               MPI_STATUS_IGNORE);
+      ++got;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  return got;
+}
+
+const char *mpiWaitNote() {
+  int i = gNoteIndex.load();
+  return i < 0 ? nullptr : gNotes[i];
 }
 
 Expected<std::unique_ptr<Communicator>> createMpiWorld(MpiOptions opts) {

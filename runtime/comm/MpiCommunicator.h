@@ -53,4 +53,29 @@ struct MpiOptions {
 /// (MPI_COMM_WORLD, duplicated). initMpi() must have succeeded.
 Expected<std::unique_ptr<Communicator>> createMpiWorld(MpiOptions opts = {});
 
+// Ending the job when a process fails (docs/launch.md). The failing process
+// calls notifyJobAbort(reason): every other process's pending and later MPI
+// communicator calls then fail with "aborted: REASON" (each names the call
+// it was waiting in), and those processes acknowledge with
+// acknowledgeJobAbort() once they have reported, which the failing process
+// awaits (bounded) before it exits, so every message reaches the log before
+// the launcher tears the job down.
+
+/// Sends `reason` to every other process (once per process; later calls do
+/// nothing). Safe to call from any thread.
+void notifyJobAbort(const std::string &reason);
+/// Whether another process's notice arrived (polling MPI for it); its
+/// reason in *reason.
+bool jobAborted(std::string *reason = nullptr);
+/// After a notice: tells the process that sent it that this one reported.
+void acknowledgeJobAbort();
+/// After notifyJobAbort: waits until every other process acknowledged or
+/// `timeout` passed; returns how many did.
+int awaitJobAbortAcks(std::chrono::milliseconds timeout);
+
+/// What a thread of this process is waiting for in MPI right now
+/// ("all_reduce (rank 1 of a group of 4, MPI)"), or null; async-signal-safe
+/// to read (for a SIGTERM handler that says what the process was doing).
+const char *mpiWaitNote();
+
 } // namespace dlopt::rt

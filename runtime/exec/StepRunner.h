@@ -44,6 +44,9 @@ public:
   virtual std::vector<int32_t> checkpointedValues() const = 0;
   /// Which rank's checkpoint this is (0 for every rank of a World).
   virtual int checkpointRank() const = 0;
+  /// Whether checkpoints are directories of per-rank shards and an index
+  /// (a World) rather than one file of global tensors (Checkpoint.h).
+  virtual bool shardedCheckpoints() const { return false; }
 };
 
 /// The type of `id` a runner binds and reads: its global type in a

@@ -6,6 +6,7 @@
 #include "runtime/exec/GlobalTensor.h"
 
 #include <algorithm>
+#include <map>
 #include <cstring>
 #include <optional>
 #include <mutex>
@@ -20,7 +21,20 @@ Expected<std::unique_ptr<World>> World::create(const Executable &exe,
   DLOPT_RETURN_IF_ERROR(exe.validate().withContext("invalid executable: "));
   std::unique_ptr<World> w(new World(exe));
   const int n = exe.worldSize;
-  for (int r = 0; r < n; ++r) {
+  const int first = opts.firstRank, local = opts.numRanks ? opts.numRanks : n;
+  if (first < 0 || local < 1 || first + local > n)
+    return Status::error("ranks " + std::to_string(first) + " to " +
+                         std::to_string(first + local - 1) +
+                         " of this process are outside the executable's " +
+                         std::to_string(n) + " ranks");
+  if (local < n && !opts.processGroup)
+    return Status::error("a process running " + std::to_string(local) +
+                         " of the " + std::to_string(n) +
+                         " ranks needs a communicator to the other processes");
+  w->first_ = first;
+  w->process_ = opts.processGroup;
+  w->onFailure_ = opts.onFailure;
+  for (int r = first; r < first + local; ++r) {
     Expected<std::unique_ptr<Backend>> backend =
         opts.backend ? opts.backend(r)
                      : Expected<std::unique_ptr<Backend>>(
@@ -43,26 +57,40 @@ Expected<std::unique_ptr<World>> World::create(const Executable &exe,
         opts.worldGroup(n);
     if (!made)
       return made.status().withContext("creating the world communicators: ");
-    if (int(made->size()) != n)
+    if (int(made->size()) != local)
       return Status::error("creating the world communicators: made " +
                            std::to_string(made->size()) + " for " +
-                           std::to_string(n) + " ranks");
+                           std::to_string(local) + " ranks");
     w->world_ = made.take();
-    for (auto &c : w->world_) {
+    for (size_t i = 0; i < w->world_.size(); ++i) {
+      auto &c = w->world_[i];
       if (!c)
         return Status::error("creating the world communicators: a rank got "
                              "none");
+      if (c->size() != n || c->rank() != first + int(i))
+        return Status::error(
+            "creating the world communicators: rank " +
+            std::to_string(first + int(i)) + " got rank " +
+            std::to_string(c->rank()) + " of a group of " +
+            std::to_string(c->size()) + ", expected a group of " +
+            std::to_string(n));
       c->setTimeout(opts.commTimeout);
     }
   } else {
+    if (local != n)
+      return Status::error("in-process world communicators need every rank "
+                           "in this process");
     InProcessOptions io;
     io.timeout = opts.commTimeout;
     w->world_ = createInProcessGroup(n, io);
   }
-  w->groups_.resize(size_t(n));
+  if (w->process_)
+    w->process_->setTimeout(opts.commTimeout);
+  w->groups_.resize(size_t(local));
   for (auto &g : w->groups_)
     g.resize(exe.groups.size());
   DLOPT_RETURN_IF_ERROR(w->onEveryRank([&](int r) -> Status {
+    const size_t i = size_t(r - first);
     std::vector<int64_t> c = exe.mesh.coords(r);
     for (size_t g = 0; g < exe.groups.size(); ++g) {
       const std::vector<int32_t> &axes = exe.groups[g].axes;
@@ -72,23 +100,23 @@ Expected<std::unique_ptr<World>> World::create(const Executable &exe,
         (in ? key : color) = (in ? key : color) * exe.mesh.shape[a] + c[a];
       }
       Expected<std::unique_ptr<Communicator>> comm =
-          w->world_[size_t(r)]->split(int(color), int(key));
+          w->world_[i]->split(int(color), int(key));
       if (!comm)
         return comm.status().withContext("creating group '" +
                                          exe.groups[g].name + "': ");
-      w->groups_[size_t(r)][g] = comm.take();
+      w->groups_[i][g] = comm.take();
     }
     std::vector<Communicator *> mine;
-    for (auto &c2 : w->groups_[size_t(r)])
+    for (auto &c2 : w->groups_[i])
       mine.push_back(c2.get());
-    w->sessions_[size_t(r)]->setCommunicators(std::move(mine));
+    w->sessions_[i]->setCommunicators(std::move(mine));
     return Status::ok();
   }));
   return w;
 }
 
 Status World::onEveryRank(const std::function<Status(int)> &fn) {
-  const int n = size();
+  const int n = numLocal();
   std::vector<Status> results(static_cast<size_t>(n));
   std::mutex mu;
   int root = -1;
@@ -107,28 +135,76 @@ Status World::onEveryRank(const std::function<Status(int)> &fn) {
       for (auto &c : rankGroups)
         if (c)
           c->abort(reason);
+    if (process_)
+      process_->abort(reason);
+    if (onFailure_)
+      onFailure_(first_ + r, st);
   };
   if (n == 1) {
-    results[0] = fn(0);
+    results[0] = fn(first_);
+    if (!results[0])
+      failed(0, results[0]);
   } else {
     std::vector<std::thread> threads;
     threads.reserve(size_t(n));
-    for (int r = 0; r < n; ++r)
-      threads.emplace_back([&, r] {
-        Status st = fn(r);
+    for (int i = 0; i < n; ++i)
+      threads.emplace_back([&, i] {
+        Status st = fn(first_ + i);
         if (!st)
-          failed(r, st);
-        results[size_t(r)] = std::move(st);
+          failed(i, st);
+        results[size_t(i)] = std::move(st);
       });
     for (std::thread &t : threads)
       t.join();
   }
-  if (n == 1 && !results[0])
-    root = 0;
   if (root < 0)
     return Status::ok();
-  return results[size_t(root)].withContext("rank " + std::to_string(root) +
-                                           ": ");
+  return results[size_t(root)].withContext(
+      "rank " + std::to_string(first_ + root) + ": ");
+}
+
+Expected<std::vector<std::vector<uint8_t>>>
+World::allGatherBytes(const std::vector<uint8_t> &mine) {
+  if (!process_)
+    return std::vector<std::vector<uint8_t>>{mine};
+  const int p = process_->size();
+  int64_t size = int64_t(mine.size());
+  std::vector<int64_t> sizes(size_t(p), 0);
+  DLOPT_RETURN_IF_ERROR(process_->allGather(hostIn(&size, 1, DType::I64),
+                                            hostOut(sizes.data(), p,
+                                                    DType::I64)));
+  int64_t most = *std::max_element(sizes.begin(), sizes.end());
+  std::vector<uint8_t> padded(mine);
+  padded.resize(size_t(most), 0);
+  std::vector<uint8_t> all(size_t(most * p) + 1);
+  DLOPT_RETURN_IF_ERROR(process_->allGather(
+      hostIn(padded.data(), most, DType::I1), hostOut(all.data(), most * p,
+                                                      DType::I1)));
+  std::vector<std::vector<uint8_t>> out(static_cast<size_t>(p));
+  for (int q = 0; q < p; ++q)
+    out[size_t(q)].assign(all.begin() + q * most,
+                          all.begin() + q * most + sizes[size_t(q)]);
+  return out;
+}
+
+Status World::agreeAcrossProcesses(const Status &local) {
+  if (!process_)
+    return local;
+  std::string text = local ? std::string() : local.message();
+  std::vector<uint8_t> mine(text.begin(), text.end());
+  mine.insert(mine.begin(), uint8_t(local ? 1 : 0));
+  Expected<std::vector<std::vector<uint8_t>>> all = allGatherBytes(mine);
+  if (!all)
+    return all.status();
+  for (size_t q = 0; q < all->size(); ++q) {
+    const std::vector<uint8_t> &b = (*all)[q];
+    if (!b.empty() && b[0] == 0)
+      return Status::error(int(q) == processIndex()
+                               ? std::string(b.begin() + 1, b.end())
+                               : "process " + std::to_string(q) + ": " +
+                                     std::string(b.begin() + 1, b.end()));
+  }
+  return Status::ok();
 }
 
 namespace {
@@ -188,23 +264,56 @@ Status World::bind(const std::string &name, const HostTensor &global,
   localOfData.dtype = g.type.dtype;
   GlobalLayout layout = *v->global;
   layout.type.dtype = g.type.dtype;
-  for (int r = 0; r < size(); ++r) {
+  for (int r = first_; r < first_ + numLocal(); ++r) {
     Expected<HostTensor> part = localPart(exe_.mesh, layout, localOfData, r, g);
     if (!part)
       return part.status();
-    DLOPT_RETURN_IF_ERROR(sessions_[size_t(r)]->bind(name, *part, origin));
+    DLOPT_RETURN_IF_ERROR(session(r).bind(name, *part, origin));
   }
   return Status::ok();
 }
 
+std::vector<std::string> World::missingInputs() const {
+  std::vector<std::string> names;
+  auto add = [&](const std::string &n) {
+    if (std::find(names.begin(), names.end(), n) == names.end())
+      names.push_back(n);
+  };
+  for (const auto &s : sessions_)
+    for (const std::string &n : s->missingInputs())
+      add(n);
+  if (process_) {
+    std::string text;
+    for (const std::string &n : names)
+      text += n + '\n';
+    Expected<std::vector<std::vector<uint8_t>>> all =
+        const_cast<World *>(this)->allGatherBytes(
+            std::vector<uint8_t>(text.begin(), text.end()));
+    if (all)
+      for (const std::vector<uint8_t> &b : *all) {
+        std::string t(b.begin(), b.end());
+        size_t at = 0;
+        for (size_t nl; (nl = t.find('\n', at)) != std::string::npos;
+             at = nl + 1)
+          add(t.substr(at, nl - at));
+      }
+  }
+  // In the executable's order, as one Session lists them.
+  std::vector<std::string> ordered;
+  for (int32_t id : exe_.inputs)
+    if (std::find(names.begin(), names.end(), exe_.values[size_t(id)].name) !=
+        names.end())
+      ordered.push_back(exe_.values[size_t(id)].name);
+  return ordered;
+}
+
 Status World::initializeParams() {
-  return onEveryRank(
-      [&](int r) { return sessions_[size_t(r)]->initializeParams(); });
+  return onEveryRank([&](int r) { return session(r).initializeParams(); });
 }
 
 Status World::execute(bool keepArguments) {
   return onEveryRank(
-      [&](int r) { return sessions_[size_t(r)]->execute(keepArguments); });
+      [&](int r) { return session(r).execute(keepArguments); });
 }
 
 Status World::applyUpdates() {
@@ -213,10 +322,126 @@ Status World::applyUpdates() {
   return Status::ok();
 }
 
+namespace {
+
+/// A rank's read of a value, as it crosses between processes:
+/// i32 rank, u8 ok, then the type (u8 dtype, i32 rank, i64 dims) and the
+/// bytes, or the error text; lengths as i64.
+void appendRead(std::vector<uint8_t> &out, int32_t rank,
+                const Expected<HostTensor> &t) {
+  auto put = [&](const void *p, size_t n) {
+    const uint8_t *b = static_cast<const uint8_t *>(p);
+    out.insert(out.end(), b, b + n);
+  };
+  put(&rank, 4);
+  uint8_t ok = t ? 1 : 0;
+  put(&ok, 1);
+  if (!t) {
+    std::string m = t.status().message();
+    int64_t len = int64_t(m.size());
+    put(&len, 8);
+    put(m.data(), m.size());
+    return;
+  }
+  uint8_t dt = uint8_t(t->type.dtype);
+  put(&dt, 1);
+  int32_t nd = int32_t(t->type.shape.size());
+  put(&nd, 4);
+  for (int64_t d : t->type.shape)
+    put(&d, 8);
+  int64_t len = int64_t(t->bytes.size());
+  put(&len, 8);
+  put(t->bytes.data(), t->bytes.size());
+}
+
+/// Parses what appendRead wrote (from another process of this job).
+Status parseReads(const std::vector<uint8_t> &in,
+                  std::map<int, Expected<HostTensor>> &reads) {
+  size_t at = 0;
+  auto get = [&](void *p, size_t n) {
+    if (at + n > in.size())
+      return false;
+    std::memcpy(p, in.data() + at, n);
+    at += n;
+    return true;
+  };
+  const Status bad = Status::error("malformed block exchange between processes");
+  while (at < in.size()) {
+    int32_t rank = 0;
+    uint8_t ok = 0;
+    if (!get(&rank, 4) || !get(&ok, 1))
+      return bad;
+    if (!ok) {
+      int64_t len = 0;
+      if (!get(&len, 8) || len < 0 || at + size_t(len) > in.size())
+        return bad;
+      std::string m(in.begin() + at, in.begin() + at + len);
+      at += size_t(len);
+      reads.emplace(rank, Status::error(m));
+      continue;
+    }
+    uint8_t dt = 0;
+    int32_t nd = 0;
+    if (!get(&dt, 1) || !get(&nd, 4) || nd < 0 || nd > 64 || dt > 5)
+      return bad;
+    TensorType type;
+    type.dtype = DType(dt);
+    type.shape.resize(size_t(nd));
+    for (int64_t &d : type.shape)
+      if (!get(&d, 8))
+        return bad;
+    int64_t len = 0;
+    if (!get(&len, 8) || len < 0 || at + size_t(len) > in.size())
+      return bad;
+    HostTensor t;
+    t.type = type;
+    t.bytes.assign(in.begin() + at, in.begin() + at + len);
+    at += size_t(len);
+    reads.emplace(rank, std::move(t));
+  }
+  return Status::ok();
+}
+
+} // namespace
+
 Expected<HostTensor>
 World::gather(int32_t id,
-              const std::function<Expected<HostTensor>(int)> &read) const {
+              const std::function<Expected<HostTensor>(int)> &localRead) const {
   const Value &v = exe_.values[size_t(id)];
+  // Pipeline stages: only the ranks of the stages holding it have a block.
+  auto holds = [&](int r) {
+    int32_t p = exe_.programOf(r);
+    return p >= 0 && exe_.programs[size_t(p)].memory.offsets[size_t(id)] >= 0;
+  };
+  // Every rank's read: this process's directly, the others' exchanged
+  // (every process calls gather for the same value in the same order).
+  std::map<int, Expected<HostTensor>> reads;
+  std::vector<uint8_t> mine;
+  for (int r = first_; r < first_ + numLocal(); ++r) {
+    // An unsplit value is compared across ranks; a split one needs the
+    // ranks holding a block (the first of each, checked below).
+    if (v.global && !holds(r))
+      continue;
+    Expected<HostTensor> t = localRead(r);
+    if (process_)
+      appendRead(mine, r, t);
+    reads.emplace(r, std::move(t));
+  }
+  if (process_) {
+    Expected<std::vector<std::vector<uint8_t>>> all =
+        const_cast<World *>(this)->allGatherBytes(mine);
+    if (!all)
+      return all.status();
+    for (size_t q = 0; q < all->size(); ++q)
+      if (int(q) != processIndex())
+        DLOPT_RETURN_IF_ERROR(parseReads((*all)[q], reads));
+  }
+  auto read = [&](int r) -> Expected<HostTensor> {
+    auto it = reads.find(r);
+    if (it == reads.end())
+      return Status::error("rank " + std::to_string(r) + " holds no copy");
+    return it->second;
+  };
   if (!v.global) {
     // Replicated: every rank holding it must agree bit for bit, which is
     // what catches a missing or doubled reduction.
@@ -236,17 +461,12 @@ World::gather(int32_t id,
       }
     }
     if (!first)
-      return read(0).status();
+      return read(first_).status();
     return *first;
   }
   HostTensor global(v.global->type);
   std::vector<std::vector<int64_t>> starts;
   std::vector<std::vector<uint8_t>> blocks;
-  // Pipeline stages: only the ranks of the stages holding it have a block.
-  auto holds = [&](int r) {
-    int32_t p = exe_.programOf(r);
-    return p >= 0 && exe_.programs[size_t(p)].memory.offsets[size_t(id)] >= 0;
-  };
   int64_t wantBlocks = 1;
   for (const std::vector<int32_t> &axes : v.global->split)
     for (int32_t a : axes)
@@ -284,7 +504,7 @@ Expected<HostTensor> World::readOutput(const std::string &name) const {
   for (size_t i = 0; i < exe_.outputs.size(); ++i)
     if (exe_.outputNames[i] == name) {
       Expected<HostTensor> t = gather(exe_.outputs[i], [&](int r) {
-        return sessions_[size_t(r)]->readOutput(name);
+        return sessions_[size_t(r - first_)]->readOutput(name);
       });
       if (!t)
         return t.status().withContext("output '" + name + "': ");
@@ -298,7 +518,7 @@ Expected<HostTensor> World::readArgument(const std::string &name) const {
   if (id < 0)
     return sessions_[0]->readArgument(name);
   Expected<HostTensor> t = gather(id, [&](int r) {
-    return sessions_[size_t(r)]->readArgument(name);
+    return sessions_[size_t(r - first_)]->readArgument(name);
   });
   if (!t)
     return t.status().withContext("'" + name + "': ");

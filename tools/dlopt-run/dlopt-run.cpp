@@ -20,7 +20,11 @@
 #include "runtime/exec/Trainer.h"
 #include "runtime/exec/World.h"
 #include "runtime/format/Executable.h"
+#if DLOPT_HAVE_MPI
+#include "runtime/comm/MpiCommunicator.h"
+#endif
 
+#include <csignal>
 #include <unistd.h>
 
 #include <cctype>
@@ -29,6 +33,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -56,6 +61,13 @@ options:
   --profile               time every instruction (synchronizing after each)
                           and print the time per op kind at the end
   --help                  print this help and exit
+
+multi-rank executables (docs/launch.md):
+  --devices-per-process G under mpirun/srun: G ranks per process, as
+                          threads (default 1: one rank per process)
+  --comm-timeout SECONDS  how long a rank waits for its peers in any
+                          communication call before the job fails
+                          (default 60)
 
 training (plans from dlopt-compile --train; docs/training-runtime.md):
   --steps N               run N training steps (continuing the step count
@@ -91,6 +103,8 @@ struct Options {
   uint64_t seed = 0;
   std::string outputDir, saveParamsDir, backend = "cpu";
   int threads = 0;
+  int devicesPerProcess = 0; ///< 0: not given
+  double commTimeout = 60;
   bool dump = false, quiet = false, help = false, profile = false;
   // Training.
   int64_t steps = 0;
@@ -145,32 +159,59 @@ void printMemory(Session &s) {
 
 /// The memory of every rank of a multi-rank run: planned (persistent +
 /// scratch) and the most the backend held at once; ranks with the same
-/// figures share a line. Then each rank's device memory (cuda).
-void printWorldMemory(World &w) {
-  std::map<std::string, std::vector<int>> lines;
-  for (int r = 0; r < w.size(); ++r) {
+/// figures share a line. Collective over the processes (each reports its
+/// ranks); the lines, for the first process to print.
+std::vector<std::string> worldMemoryLines(World &w) {
+  std::vector<int64_t> mine;
+  for (int r = w.firstRank(); r < w.firstRank() + w.numLocal(); ++r) {
     MemoryReport m = w.session(r).memory();
-    lines[formatBytes(m.plannedBytes) + " (persistent " +
-          formatBytes(m.persistentBytes) + " + scratch " +
-          formatBytes(m.scratchBytes) + "), allocated " +
-          formatBytes(m.peakAllocatedBytes)]
-        .push_back(r);
+    mine.insert(mine.end(), {int64_t(r), m.plannedBytes, m.persistentBytes,
+                             m.scratchBytes, m.peakAllocatedBytes});
   }
-  for (const auto &[text, ranks] : lines) {
+  std::vector<uint8_t> bytes(mine.size() * 8);
+  std::memcpy(bytes.data(), mine.data(), bytes.size());
+  Expected<std::vector<std::vector<uint8_t>>> all = w.allGatherBytes(bytes);
+  if (!all)
+    return {"memory per rank: unavailable (" + all.status().message() + ")"};
+  std::map<std::string, std::vector<int>> lines;
+  for (const std::vector<uint8_t> &b : *all)
+    for (size_t at = 0; at + 40 <= b.size(); at += 40) {
+      int64_t f[5];
+      std::memcpy(f, b.data() + at, 40);
+      lines[formatBytes(f[1]) + " (persistent " + formatBytes(f[2]) +
+            " + scratch " + formatBytes(f[3]) + "), allocated " +
+            formatBytes(f[4])]
+          .push_back(int(f[0]));
+    }
+  std::vector<std::string> out;
+  for (auto &[text, ranks] : lines) {
+    std::sort(ranks.begin(), ranks.end());
     std::string list;
     for (size_t i = 0; i < ranks.size(); ++i) {
       // Runs of consecutive ranks as a-b.
       size_t j = i;
       while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1)
         ++j;
-      list += (list.empty() ? "" : ",") + std::to_string(ranks[i]) +
-              (j > i ? "-" + std::to_string(ranks[j]) : "");
+      if (!list.empty())
+        list += ",";
+      list += std::to_string(ranks[i]);
+      if (j > i) {
+        list += "-";
+        list += std::to_string(ranks[j]);
+      }
       i = j;
     }
-    std::printf("memory per rank: rank%s %s: planned %s\n",
-                ranks.size() > 1 ? "s" : "", list.c_str(), text.c_str());
+    out.push_back("memory per rank: rank" +
+                  std::string(ranks.size() > 1 ? "s " : " ") + list +
+                  ": planned " + text);
   }
-  for (int r = 0; r < w.size(); ++r)
+  return out;
+}
+
+void printWorldMemory(World &w, const std::vector<std::string> &lines) {
+  for (const std::string &l : lines)
+    std::printf("%s\n", l.c_str());
+  for (int r = w.firstRank(); r < w.firstRank() + w.numLocal(); ++r)
     printDeviceMemory(w.session(r));
 }
 
@@ -185,9 +226,67 @@ struct Exit {
   throw Exit{2};
 }
 
+/// How this process was launched (docs/launch.md).
+struct Launch {
+  bool mpi = false;       ///< started by mpirun/srun, MPI initialized
+  int process = 0, processes = 1;
+  std::string host;
+  std::string where() const {
+    return processes > 1 ? "process " + std::to_string(process) + " of " +
+                               std::to_string(processes) + " on " + host
+                         : std::string();
+  }
+};
+Launch gLaunch;
+
+/// Under MPI, a failure ends the job: the other processes are told (their
+/// waits fail naming this one) and this one waits, bounded, until they
+/// have reported.
+void failJob(const std::string &msg) {
+#if DLOPT_HAVE_MPI
+  if (!gLaunch.mpi || gLaunch.processes < 2)
+    return;
+  if (jobAborted())
+    acknowledgeJobAbort();
+  notifyJobAbort(gLaunch.where() + " failed: " + msg);
+  awaitJobAbortAcks(std::chrono::milliseconds(5000));
+#else
+  (void)msg;
+#endif
+}
+
 [[noreturn]] void error(const std::string &msg) {
-  std::fprintf(stderr, "dlopt-run: error: %s\n", msg.c_str());
+  std::string line = "dlopt-run: error: ";
+  if (gLaunch.processes > 1)
+    line += "(" + gLaunch.where() + ") ";
+  line += msg;
+  std::fprintf(stderr, "%s\n", line.c_str());
+  std::fflush(stderr);
+  failJob(msg);
   throw Exit{1};
+}
+
+/// SIGTERM under a launcher: the launcher is ending the job, normally
+/// because another process died. Say what this one was waiting for.
+char gTermPrefix[256];
+extern "C" void onTerminate(int) {
+  auto put = [](const char *p) {
+    size_t n = 0;
+    while (p[n])
+      ++n;
+    ssize_t w = ::write(2, p, n);
+    (void)w;
+  };
+  put(gTermPrefix);
+#if DLOPT_HAVE_MPI
+  const char *note = mpiWaitNote();
+  put(note ? "while waiting in " : "while computing (in no communication "
+                                   "call)");
+  if (note)
+    put(note);
+#endif
+  put("\n");
+  ::_exit(143);
 }
 
 std::optional<uint64_t> parseUnsigned(const std::string &s) {
@@ -208,7 +307,8 @@ Options parseArgs(int argc, char **argv) {
       "--threads", "--steps", "--data", "--data-dtype", "--data-input",
       "--vocab", "--log-every", "--metrics", "--eval-data",
       "--eval-data-input", "--eval-every", "--eval-batches",
-      "--checkpoint-dir", "--checkpoint-every", "--resume"};
+      "--checkpoint-dir", "--checkpoint-every", "--resume",
+      "--devices-per-process", "--comm-timeout"};
   auto positive = [](const std::string &name, const std::string &value) {
     std::optional<uint64_t> v = parseUnsigned(value);
     if (!v || *v < 1 || *v > uint64_t(INT64_MAX))
@@ -269,7 +369,8 @@ Options parseArgs(int argc, char **argv) {
       }
       if (name != "--steps" && name != "--input" && name != "--seed" &&
           name != "--output-dir" && name != "--save-params" &&
-          name != "--backend" && name != "--threads")
+          name != "--backend" && name != "--threads" &&
+          name != "--devices-per-process" && name != "--comm-timeout")
         opts.trainingFlags.push_back(name);
       if (name == "--input") {
         nameFile(name, value, opts.inputs);
@@ -301,6 +402,21 @@ Options parseArgs(int argc, char **argv) {
         opts.checkpointDir = nonEmpty(name, value);
       } else if (name == "--checkpoint-every") {
         opts.checkpointEvery = positive(name, value);
+      } else if (name == "--devices-per-process") {
+        std::optional<uint64_t> v = parseUnsigned(value);
+        if (!v || *v < 1 || *v > 65536)
+          usageError("--devices-per-process expects an integer in [1, "
+                     "65536], got '" + value + "'");
+        opts.devicesPerProcess = int(*v);
+      } else if (name == "--comm-timeout") {
+        char *end = nullptr;
+        errno = 0;
+        double t = std::strtod(value.c_str(), &end);
+        if (value.empty() || *end != '\0' || errno == ERANGE ||
+            !(t > 0) || t > 86400 * 7)
+          usageError("--comm-timeout expects seconds in (0, 604800], got '" +
+                     value + "'");
+        opts.commTimeout = t;
       } else if (name == "--resume") {
         opts.resume = nonEmpty(name, value);
       } else if (name == "--seed") {
@@ -481,7 +597,7 @@ Executable globalView(const Executable &exe) {
 /// (`session`, a Session) or every rank of a multi-rank executable in this
 /// process (`world`, a World).
 int runTraining(const Options &opts, StepRunner &s, Session *session,
-                const std::string &header) {
+                const std::string &header, const std::string &layout = "") {
   const Executable view = globalView(s.executable());
   const Executable &e = view;
   if (!s.hasUpdates())
@@ -566,10 +682,13 @@ int runTraining(const Options &opts, StepRunner &s, Session *session,
   if (!opts.saveParamsDir.empty())
     saveParams(s, opts.saveParamsDir);
 
+  World *world = session ? nullptr : dynamic_cast<World *>(&s);
+  std::vector<std::string> memLines;
+  if (world)
+    memLines = worldMemoryLines(*world);
   if (!opts.quiet) {
     if (!session)
-      std::printf("ran %d ranks as threads of this process (in-graph)\n",
-                  s.executable().worldSize);
+      std::printf("%s\n", layout.c_str());
     const std::vector<StepResult> &h = t.history();
     double seconds = 0;
     for (const StepResult &r : h)
@@ -595,8 +714,8 @@ int runTraining(const Options &opts, StepRunner &s, Session *session,
                   opts.saveParamsDir.c_str());
     if (session)
       printMemory(*session);
-    else if (auto *w = dynamic_cast<World *>(&s))
-      printWorldMemory(*w);
+    else if (world)
+      printWorldMemory(*world, memLines);
   }
   if (opts.profile && session)
     printProfile(*session);
@@ -615,6 +734,66 @@ int runWorld(const Options &opts, const Executable &exe,
           "executables yet");
   WorldOptions wo;
   wo.seed = opts.seed;
+  wo.commTimeout = std::chrono::milliseconds(int64_t(opts.commTimeout * 1e3));
+  const int n = exe.worldSize;
+  std::string layout = "ran " + std::to_string(n) +
+                       " ranks as threads of this process (in-graph)";
+  if (opts.devicesPerProcess && n % opts.devicesPerProcess)
+    usageError("--devices-per-process " +
+               std::to_string(opts.devicesPerProcess) + " does not divide " +
+               "the executable's " + std::to_string(n) + " ranks");
+  if (gLaunch.processes > 1) {
+#if DLOPT_HAVE_MPI
+    const int g = opts.devicesPerProcess ? opts.devicesPerProcess : 1;
+    const int p = gLaunch.processes;
+    if (int64_t(p) * g != n)
+      error(opts.planPath + ": the launcher started " + std::to_string(p) +
+            " processes x " + std::to_string(g) + " rank(s) per process = " +
+            std::to_string(int64_t(p) * g) + " ranks, but the executable has " +
+            std::to_string(n) + "; start " +
+            (n % g ? std::to_string(n) + " processes"
+                   : std::to_string(n / g) + " processes (mpirun -n " +
+                         std::to_string(n / g) + ")") +
+            (g == 1 && p > 0 && n % p == 0
+                 ? " or pass --devices-per-process " + std::to_string(n / p)
+                 : ""));
+    if (g > 1)
+      error(opts.planPath + ": hybrid layouts (--devices-per-process " +
+            std::to_string(g) + " with " + std::to_string(p) +
+            " processes) are not supported yet; run one rank per process "
+            "(mpirun -n " + std::to_string(n) + ") or every rank in one "
+            "process (no launcher)");
+    if (opts.backend != "cpu")
+      error(opts.planPath + ": between-graph runs use the cpu backend for "
+            "now (NCCL across processes is not wired yet; docs/launch.md)");
+    wo.firstRank = gLaunch.process * g;
+    wo.numRanks = g;
+    MpiOptions mo;
+    mo.timeout = wo.commTimeout;
+    Expected<std::unique_ptr<Communicator>> pg = createMpiWorld(mo);
+    if (!pg)
+      error(pg.status().message());
+    wo.processGroup = std::shared_ptr<Communicator>(pg.take());
+    wo.worldGroup = [mo](int) -> Expected<
+                                  std::vector<std::unique_ptr<Communicator>>> {
+      Expected<std::unique_ptr<Communicator>> c = createMpiWorld(mo);
+      if (!c)
+        return c.status();
+      std::vector<std::unique_ptr<Communicator>> v;
+      v.push_back(c.take());
+      return v;
+    };
+    wo.onFailure = [](int rank, const Status &st) {
+      notifyJobAbort("rank " + std::to_string(rank) + " (" +
+                     gLaunch.where() + ") failed: " + st.message());
+    };
+    layout = "ran " + std::to_string(n) + " ranks as " + std::to_string(p) +
+             " processes (between-graph, MPI)";
+#endif
+  } else if (opts.devicesPerProcess && opts.devicesPerProcess < n) {
+    layout += "; no launcher found (mpirun, srun), so --devices-per-process " +
+              std::to_string(opts.devicesPerProcess) + " did not split it";
+  }
   if (opts.backend == "cuda") {
     // Ranks on devices r mod (visible devices); host-staged communicators
     // unless DLOPT_CUDA_NCCL=1 (one distinct device per rank) (docs/gpu.md).
@@ -630,6 +809,15 @@ int runWorld(const Options &opts, const Executable &exe,
   if (!world)
     error(opts.planPath + ": " + world.status().message());
   World &w = **world;
+  // Reports, files and metrics come from the first process only.
+  const bool first = w.processIndex() == 0;
+  Options local = opts;
+  if (!first) {
+    local.quiet = true;
+    local.metrics.clear();
+    local.outputDir.clear();
+    local.saveParamsDir.clear();
+  }
   for (const auto &[name, file] : opts.inputs) {
     Expected<HostTensor> t = readNpy(file);
     if (!t)
@@ -639,8 +827,8 @@ int runWorld(const Options &opts, const Executable &exe,
       error("--input " + name + "=" + file + ": " + st.message());
   }
   if (opts.steps > 0)
-    return runTraining(opts, w, nullptr, header);
-  std::vector<std::string> missing = w.session(0).missingInputs();
+    return runTraining(local, w, nullptr, header, layout);
+  std::vector<std::string> missing = w.missingInputs();
   if (!missing.empty())
     error("input '" + missing[0] + "' is not bound; bind with --input " +
           missing[0] + "=FILE.npy (the global tensor)");
@@ -654,8 +842,8 @@ int runWorld(const Options &opts, const Executable &exe,
   double secs = std::chrono::duration<double>(
                     std::chrono::steady_clock::now() - t0)
                     .count();
-  if (!opts.saveParamsDir.empty())
-    saveParams(w, opts.saveParamsDir);
+  if (!local.saveParamsDir.empty())
+    saveParams(w, local.saveParamsDir);
   std::vector<NamedTensor> outputs;
   for (const std::string &name : exe.outputNames) {
     Expected<HostTensor> t = w.readOutput(name);
@@ -663,30 +851,30 @@ int runWorld(const Options &opts, const Executable &exe,
       error(t.status().message());
     outputs.push_back({name, t.take()});
   }
-  if (!opts.outputDir.empty()) {
-    makeDir(opts.outputDir);
+  if (!local.outputDir.empty()) {
+    makeDir(local.outputDir);
     for (const NamedTensor &out : outputs) {
       Status ws = writeNpy(
-          (std::filesystem::path(opts.outputDir) / fileNameFor(out.name))
+          (std::filesystem::path(local.outputDir) / fileNameFor(out.name))
               .string(),
           out.tensor);
       if (!ws)
         error(ws.message());
     }
   }
-  if (!opts.quiet) {
+  std::vector<std::string> memLines = worldMemoryLines(w);
+  if (!local.quiet) {
     std::printf("%s\n", header.c_str());
-    std::printf("ran %d ranks as threads of this process (in-graph)\n",
-                exe.worldSize);
+    std::printf("%s\n", layout.c_str());
     std::printf("outputs (global):\n");
     for (const NamedTensor &out : outputs)
       std::printf("  %s\n", describe(out).c_str());
-    printWorldMemory(w);
+    printWorldMemory(w, memLines);
     std::printf("time: %.3f ms (%s backend, all ranks)\n", secs * 1e3,
                 opts.backend.c_str());
-    if (!opts.outputDir.empty())
+    if (!local.outputDir.empty())
       std::printf("wrote %zu output(s) to %s\n", outputs.size(),
-                  opts.outputDir.c_str());
+                  local.outputDir.c_str());
   }
   return 0;
 }
@@ -698,6 +886,25 @@ int runMain(int argc, char **argv) {
     return 0;
   }
 
+#if DLOPT_HAVE_MPI
+  if (!opts.dump && launchedByMpi()) {
+    Expected<MpiInfo> mpi = initMpi(&argc, &argv);
+    if (!mpi)
+      error(mpi.status().message());
+    gLaunch.mpi = true;
+    gLaunch.process = mpi->worldRank;
+    gLaunch.processes = mpi->worldSize;
+    char host[256] = {0};
+    ::gethostname(host, sizeof(host) - 1);
+    gLaunch.host = host;
+    std::snprintf(gTermPrefix, sizeof(gTermPrefix),
+                  "dlopt-run: (%s) terminated by the launcher (another "
+                  "process failed or the job was cancelled) ",
+                  gLaunch.where().c_str());
+    if (gLaunch.processes > 1)
+      std::signal(SIGTERM, onTerminate);
+  }
+#endif
   Expected<Executable> exe = readExecutable(opts.planPath);
   if (!exe)
     error(exe.status().message());
@@ -719,6 +926,11 @@ int runMain(int argc, char **argv) {
                                   " states");
   if (exe->worldSize > 1)
     return runWorld(opts, *exe, header);
+  if (gLaunch.processes > 1)
+    error(opts.planPath + ": the launcher started " +
+          std::to_string(gLaunch.processes) + " processes, but the "
+          "executable has 1 rank; run it without mpirun/srun, or compile it "
+          "for " + std::to_string(gLaunch.processes) + " devices");
 
   BackendOptions bopts;
   bopts.threads = opts.threads;
@@ -801,12 +1013,21 @@ int runMain(int argc, char **argv) {
 } // namespace
 
 int main(int argc, char **argv) {
+  int rc = 1;
   try {
-    return runMain(argc, argv);
+    rc = runMain(argc, argv);
   } catch (const Exit &e) {
-    return e.code;
+    rc = e.code;
   } catch (const std::exception &e) {
     std::fprintf(stderr, "dlopt-run: error: %s\n", e.what());
-    return 1;
+    failJob(e.what());
+    rc = 1;
   }
+#if DLOPT_HAVE_MPI
+  // A failed process leaves without MPI_Finalize (which would wait for
+  // peers that may be gone); the launcher then ends the job.
+  if (rc == 0)
+    finalizeMpi();
+#endif
+  return rc;
 }
