@@ -12,6 +12,18 @@
 // Loading checks everything against the model before anything is bound, so
 // a checkpoint of another model, or a corrupt one, changes nothing.
 //
+// Sharded checkpoints (a multi-rank World, in one process or many): a
+// directory step-NNNNNN/ with one rank-RRRRR.safetensors per rank that
+// writes blocks (each distinct block of every param and state once, by the
+// lowest rank holding it) and index.json, which records the loop position,
+// the model's fingerprint, every file's size and, per tensor, its role,
+// global dtype and shape and where each block lies. The files are written
+// into step-NNNNNN.tmp/ and the directory is renamed into place by the
+// first process once every process has written its shards, so a checkpoint
+// directory is complete or absent. Either kind loads into any plan and any
+// process layout of the same model: blocks are put together into global
+// tensors, which the runner splits its own way (resharding).
+//
 //===----------------------------------------------------------------------===//
 #pragma once
 
@@ -45,9 +57,13 @@ inline constexpr int64_t kMaxTrainingStep = int64_t(1) << 53;
 
 /// "step-000123.safetensors".
 std::string checkpointFileName(int64_t step);
+/// checkpointFileName, or "step-000123" (a directory) for a runner that
+/// writes sharded checkpoints.
+std::string checkpointName(int64_t step, bool sharded);
 
-/// Writes every param and state the runner holds (a World's as global
-/// tensors), atomically.
+/// Writes every param and state the runner holds, atomically: one file of
+/// global tensors, or a sharded directory when runner.shardedCheckpoints()
+/// (then every process of a World calls it; `path` names the directory).
 Status saveCheckpoint(StepRunner &session, const std::string &path,
                       const CheckpointState &state);
 
@@ -59,10 +75,11 @@ Expected<CheckpointState>
 parseCheckpointMetadata(const std::map<std::string, std::string> &meta,
                         const std::string &where = "");
 
-/// Reads `path`, checks that it is a dlopt checkpoint of this model (every
-/// param and state present with the same dtype and shape, nothing else),
-/// then binds the tensors and returns the saved position. On error nothing
-/// in the session has changed.
+/// Reads `path` (a file, or a sharded checkpoint's directory), checks that
+/// it is a dlopt checkpoint of this model (every param and state present
+/// with the same dtype and shape, nothing else; for a directory every shard
+/// present, complete and covering its tensors), then binds the tensors and
+/// returns the saved position. On error nothing in the session has changed.
 Expected<CheckpointState> loadCheckpoint(StepRunner &session,
                                          const std::string &path);
 

@@ -297,7 +297,7 @@ Expected<std::string> Trainer::checkpoint() {
     return Status::error("cannot create checkpoint directory '" +
                          opts_.checkpointDir + "': " + ec.message());
   std::string path =
-      (std::filesystem::path(opts_.checkpointDir) / checkpointFileName(step_))
+      (std::filesystem::path(opts_.checkpointDir) / checkpointName(step_, session_.shardedCheckpoints()))
           .string();
   DLOPT_RETURN_IF_ERROR(checkpointTo(path));
   return path;
@@ -503,7 +503,7 @@ Status Trainer::runLoop() {
   // At exit, unless the last step was just saved.
   if (!opts_.checkpointDir.empty() &&
       lastCheckpoint_ !=
-          (std::filesystem::path(opts_.checkpointDir) / checkpointFileName(step_))
+          (std::filesystem::path(opts_.checkpointDir) / checkpointName(step_, session_.shardedCheckpoints()))
               .string()) {
     Expected<std::string> path = checkpoint();
     if (!path)
