@@ -1,6 +1,7 @@
 //===- MpiCommunicator.cpp - Ranks as processes, over MPI ----------------===//
 
 #include "runtime/comm/MpiCommunicator.h"
+#include "runtime/comm/InProcessCommunicator.h"
 #include "runtime/comm/RankOrderReduce.h"
 
 #include <mpi.h>
@@ -9,8 +10,10 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <tuple>
 #include <string>
 #include <thread>
 #include <vector>
@@ -83,10 +86,11 @@ const char *kindName(int64_t k) {
 /// Largest byte count one MPI call takes (its counts are ints).
 constexpr int64_t kMaxMpiCount = INT32_MAX;
 
-class MpiCommunicator final : public Communicator {
+class MpiCommunicator : public Communicator {
 public:
-  MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeout)
-      : comm_(comm), timeout_(timeout) {
+  MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeout,
+                  bool ownsComm = true)
+      : comm_(comm), timeout_(timeout), ownsComm_(ownsComm) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
@@ -95,6 +99,10 @@ public:
     // A communicator with requests still pending (after a timeout) cannot
     // be freed safely; leave it to MPI_Finalize / process exit.
     if (!broken_ && comm_ != MPI_COMM_NULL) {
+      if (!ownsComm_) {
+        (void)flushSends("send");
+        return;
+      }
       if (!flushSends("send"))
         return; // peers gone: leave the requests to process exit
       MPI_Comm_free(&comm_);
@@ -370,7 +378,7 @@ public:
     return std::unique_ptr<Communicator>(new MpiCommunicator(sub, timeout_));
   }
 
-private:
+protected:
   static constexpr int kHeadTag = 17, kDataTag = 18;
 
   struct PendingSend {
@@ -395,7 +403,8 @@ private:
 
   std::string where(const char *what) const {
     return std::string(what) + " (rank " + std::to_string(rank_) +
-           " of a group of " + std::to_string(size_) + ", MPI)";
+           " of a group of " + std::to_string(size_) + ", " + transport_ +
+           ")";
   }
 
   Status fail(const char *what, const Status &st) {
@@ -476,6 +485,11 @@ private:
                                                     all.data(), 5, MPI_INT64_T,
                                                     comm_, &req)));
     DLOPT_RETURN_IF_ERROR(wait(what, req));
+    return compareDescs(what, all, mine);
+  }
+
+  Status compareDescs(const char *what, const std::vector<Desc> &all,
+                      const Desc &mine) {
     for (int q = 0; q < size_; ++q) {
       const Desc &d = all[size_t(q)];
       if (d == mine)
@@ -536,10 +550,424 @@ private:
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   std::chrono::milliseconds timeout_;
+  bool ownsComm_ = true;
+  const char *transport_ = "MPI";
   std::mutex abortMu_;
   std::atomic<bool> aborted_{false};
   std::string abortReason_;
   bool broken_ = false;
+};
+
+
+/// What the communicators of one hybrid world share within a process: the
+/// transport (a duplicate of MPI_COMM_WORLD), the layout, and the groups
+/// made for ranks that all live in this process.
+struct HybridShared {
+  ~HybridShared() {
+    if (transport != MPI_COMM_NULL)
+      MPI_Comm_free(&transport);
+  }
+  MPI_Comm transport = MPI_COMM_NULL;
+  int perProcess = 1, worldSize = 1;
+  int64_t tagLimit = 32767;
+  std::mutex mu;
+  /// In-process groups being handed out: (parent id, split number, color)
+  /// -> the group's communicators, taken one by one by its members.
+  std::map<std::tuple<int64_t, int64_t, int>,
+           std::vector<std::unique_ptr<Communicator>>>
+      local;
+};
+
+/// A rank of a hybrid layout (docs/launch.md): G ranks per process as
+/// threads, processes under mpirun. Ranks are "virtual": rank r lives in
+/// process r / G. Every collective is built from point-to-point messages
+/// on the shared transport, tagged by (communicator, class, sender,
+/// receiver), so threads of one process never see each other's messages;
+/// reductions run in rank order through reduceInto like every host
+/// communicator's, so the bits match in-graph and between-graph runs.
+/// Groups whose ranks all live in one process are in-process groups.
+class HybridCommunicator final : public MpiCommunicator {
+public:
+  HybridCommunicator(std::shared_ptr<HybridShared> shared, int64_t id,
+                     std::vector<int> members, int me,
+                     std::chrono::milliseconds timeout)
+      : MpiCommunicator(shared->transport, timeout, /*ownsComm=*/false),
+        shared_(std::move(shared)), id_(id), members_(std::move(members)) {
+    rank_ = me;
+    size_ = int(members_.size());
+    transport_ = "MPI, hybrid";
+  }
+
+  Status allReduce(CommInput in, CommOutput out, ReduceOp op) override {
+    const char *what = "all_reduce";
+    DLOPT_RETURN_IF_ERROR(checkBuffers(what, in, out, in.count));
+    DLOPT_RETURN_IF_ERROR(checkReducible(what, in.dtype));
+    DLOPT_RETURN_IF_ERROR(agree(what, {kAllReduce, in.count, out.count,
+                                       int64_t(in.dtype), int64_t(op)}));
+    const int n = size_;
+    const int64_t es = dtypeSize(in.dtype), count = in.count;
+    const int64_t chunk = (count + n - 1) / n;
+    auto span = [&](int q, int64_t &off, int64_t &cnt) {
+      off = std::min(count, int64_t(q) * chunk);
+      cnt = std::min(count, off + chunk) - off;
+    };
+    int64_t myOff, myCnt;
+    span(rank_, myOff, myCnt);
+    // Phase 1: chunk q of every rank to rank q, reduced there in rank order.
+    std::vector<std::vector<uint8_t>> got(static_cast<size_t>(n));
+    std::vector<MPI_Request> reqs;
+    const auto *src = static_cast<const uint8_t *>(in.data);
+    for (int q = 0; q < n; ++q) {
+      if (q == rank_) {
+        got[size_t(q)].assign(src + myOff * es, src + (myOff + myCnt) * es);
+        continue;
+      }
+      int64_t off, cnt;
+      span(q, off, cnt);
+      got[size_t(q)].resize(size_t(myCnt * es));
+      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, src + off * es,
+                                 cnt * es, /*send=*/true));
+      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, got[size_t(q)].data(),
+                                 myCnt * es, /*send=*/false));
+    }
+    DLOPT_RETURN_IF_ERROR(waitAll(what, reqs));
+    std::vector<uint8_t> mine(size_t(std::max<int64_t>(myCnt, 1) * es));
+    if (myCnt > 0) {
+      std::vector<const void *> ins;
+      for (auto &g : got)
+        ins.push_back(g.data());
+      reduceInto(ins, 0, myCnt, in.dtype, op, mine.data());
+    }
+    // Phase 2: every reduced chunk to every rank.
+    auto *dst = static_cast<uint8_t *>(out.data);
+    for (int q = 0; q < n; ++q) {
+      if (q == rank_)
+        continue;
+      int64_t off, cnt;
+      span(q, off, cnt);
+      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, mine.data(),
+                                 myCnt * es, true));
+      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, dst + off * es,
+                                 cnt * es, false));
+    }
+    DLOPT_RETURN_IF_ERROR(waitAll(what, reqs));
+    if (myCnt > 0)
+      std::memcpy(dst + myOff * es, mine.data(), size_t(myCnt * es));
+    return Status::ok();
+  }
+
+  Status allGather(CommInput in, CommOutput out) override {
+    const char *what = "all_gather";
+    DLOPT_RETURN_IF_ERROR(checkBuffers(what, in, out, in.count * size_));
+    DLOPT_RETURN_IF_ERROR(agree(what, {kAllGather, in.count, out.count,
+                                       int64_t(in.dtype), 0}));
+    const int64_t bytes = in.count * dtypeSize(in.dtype);
+    std::vector<uint8_t> copy(static_cast<const uint8_t *>(in.data),
+                              static_cast<const uint8_t *>(in.data) + bytes);
+    auto *dst = static_cast<uint8_t *>(out.data);
+    std::vector<MPI_Request> reqs;
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_)
+        continue;
+      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, copy.data(), bytes,
+                                 true));
+      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, dst + q * bytes, bytes,
+                                 false));
+    }
+    DLOPT_RETURN_IF_ERROR(waitAll(what, reqs));
+    if (bytes)
+      std::memcpy(dst + rank_ * bytes, copy.data(), size_t(bytes));
+    return Status::ok();
+  }
+
+  Status reduceScatter(CommInput in, CommOutput out, ReduceOp op) override {
+    const char *what = "reduce_scatter";
+    DLOPT_RETURN_IF_ERROR(checkBuffers(what, in, out, in.count / size_));
+    if (in.count != out.count * size_)
+      return fail(what, Status::error(
+                            "input has " + std::to_string(in.count) +
+                            " elements, expected " +
+                            std::to_string(out.count * size_) +
+                            " (the output's count times the group's size)"));
+    DLOPT_RETURN_IF_ERROR(checkReducible(what, in.dtype));
+    DLOPT_RETURN_IF_ERROR(agree(what, {kReduceScatter, in.count, out.count,
+                                       int64_t(in.dtype), int64_t(op)}));
+    const int64_t bytes = out.count * dtypeSize(in.dtype);
+    const auto *src = static_cast<const uint8_t *>(in.data);
+    std::vector<std::vector<uint8_t>> got(static_cast<size_t>(size_));
+    std::vector<MPI_Request> reqs;
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) {
+        got[size_t(q)].assign(src + q * bytes, src + (q + 1) * bytes);
+        continue;
+      }
+      got[size_t(q)].resize(size_t(bytes));
+      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, src + q * bytes, bytes,
+                                 true));
+      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, got[size_t(q)].data(),
+                                 bytes, false));
+    }
+    DLOPT_RETURN_IF_ERROR(waitAll(what, reqs));
+    std::vector<const void *> ins;
+    for (auto &g : got)
+      ins.push_back(g.data());
+    if (out.count > 0)
+      reduceInto(ins, 0, out.count, in.dtype, op, out.data);
+    return Status::ok();
+  }
+
+  Status allToAll(CommInput in, CommOutput out) override {
+    const char *what = "all_to_all";
+    DLOPT_RETURN_IF_ERROR(checkBuffers(what, in, out, in.count));
+    if (in.count % size_)
+      return fail(what, Status::error(std::to_string(in.count) +
+                                      " elements do not divide into " +
+                                      std::to_string(size_) + " blocks"));
+    DLOPT_RETURN_IF_ERROR(agree(what, {kAllToAll, in.count, out.count,
+                                       int64_t(in.dtype), 0}));
+    const int64_t bytes = in.count / size_ * dtypeSize(in.dtype);
+    std::vector<uint8_t> copy(static_cast<const uint8_t *>(in.data),
+                              static_cast<const uint8_t *>(in.data) +
+                                  bytes * size_);
+    auto *dst = static_cast<uint8_t *>(out.data);
+    std::vector<MPI_Request> reqs;
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_)
+        continue;
+      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, copy.data() + q * bytes,
+                                 bytes, true));
+      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, dst + q * bytes, bytes,
+                                 false));
+    }
+    DLOPT_RETURN_IF_ERROR(waitAll(what, reqs));
+    if (bytes)
+      std::memcpy(dst + rank_ * bytes, copy.data() + rank_ * bytes,
+                  size_t(bytes));
+    return Status::ok();
+  }
+
+  Status broadcast(CommOutput buf, int root) override {
+    const char *what = "broadcast";
+    if (root < 0 || root >= size_)
+      return fail(what, Status::error("root " + std::to_string(root) +
+                                      " is outside the group of " +
+                                      std::to_string(size_)));
+    DLOPT_RETURN_IF_ERROR(checkBuffers(what, buf, buf, buf.count));
+    DLOPT_RETURN_IF_ERROR(agree(what, {kBroadcast, buf.count, buf.count,
+                                       int64_t(buf.dtype), root}));
+    const int64_t bytes = buf.count * dtypeSize(buf.dtype);
+    std::vector<MPI_Request> reqs;
+    if (rank_ == root) {
+      for (int q = 0; q < size_; ++q)
+        if (q != rank_)
+          DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, buf.data, bytes,
+                                     true));
+    } else {
+      DLOPT_RETURN_IF_ERROR(post(what, reqs, root, kColl, buf.data, bytes,
+                                 false));
+    }
+    return waitAll(what, reqs);
+  }
+
+  Status barrier() override {
+    const char *what = "barrier";
+    DLOPT_RETURN_IF_ERROR(live(what));
+    DLOPT_RETURN_IF_ERROR(flushSends(what));
+    return agree(what, {kBarrier, 0, 0, 0, 0});
+  }
+
+  Status send(CommInput in, int peer) override {
+    const char *what = "send";
+    DLOPT_RETURN_IF_ERROR(checkPeer(what, peer));
+    DLOPT_RETURN_IF_ERROR(live(what));
+    const int64_t bytes = in.count * dtypeSize(in.dtype);
+    if (bytes > kMaxMpiCount)
+      return fail(what, Status::error("buffer too large for one MPI call"));
+    reapSends();
+    auto pending = std::make_unique<PendingSend>();
+    pending->head[0] = in.count;
+    pending->head[1] = int64_t(in.dtype);
+    pending->data.assign(static_cast<const uint8_t *>(in.data),
+                         static_cast<const uint8_t *>(in.data) + bytes);
+    int tag = 0, dst = 0;
+    DLOPT_RETURN_IF_ERROR(route(what, peer, kP2p, true, &tag, &dst));
+    DLOPT_RETURN_IF_ERROR(call(what, MPI_Isend(pending->head, 2, MPI_INT64_T,
+                                               dst, tag, comm_,
+                                               &pending->reqs[0])));
+    DLOPT_RETURN_IF_ERROR(call(what, MPI_Isend(pending->data.data(),
+                                               int(bytes), MPI_BYTE, dst, tag,
+                                               comm_, &pending->reqs[1])));
+    sends_.push_back(std::move(pending));
+    return Status::ok();
+  }
+
+  Status recv(CommOutput out, int peer) override {
+    const char *what = "recv";
+    DLOPT_RETURN_IF_ERROR(checkPeer(what, peer));
+    DLOPT_RETURN_IF_ERROR(live(what));
+    int tag = 0, src = 0;
+    DLOPT_RETURN_IF_ERROR(route(what, peer, kP2p, false, &tag, &src));
+    int64_t head[2] = {0, 0};
+    MPI_Request req;
+    DLOPT_RETURN_IF_ERROR(call(what, MPI_Irecv(head, 2, MPI_INT64_T, src, tag,
+                                               comm_, &req)));
+    DLOPT_RETURN_IF_ERROR(wait(what, req));
+    const int64_t bytes = head[0] * dtypeSize(DType(head[1]));
+    bool match = head[0] == out.count && head[1] == int64_t(out.dtype);
+    std::vector<uint8_t> sink;
+    void *into = out.data;
+    if (!match) {
+      if (bytes < 0 || bytes > kMaxMpiCount)
+        return fail(what, Status::error("malformed message header"));
+      sink.resize(size_t(bytes));
+      into = sink.data();
+    }
+    DLOPT_RETURN_IF_ERROR(call(what, MPI_Irecv(into, int(bytes), MPI_BYTE,
+                                               src, tag, comm_, &req)));
+    DLOPT_RETURN_IF_ERROR(wait(what, req));
+    if (!match)
+      return fail(what, Status::error(
+                            "rank " + std::to_string(peer) + " sent " +
+                            std::to_string(head[0]) + " elements of " +
+                            dtypeName(DType(head[1])) + ", this rank expects " +
+                            std::to_string(out.count) + " of " +
+                            dtypeName(out.dtype)));
+    return Status::ok();
+  }
+
+  Expected<std::unique_ptr<Communicator>> split(int color, int key) override {
+    const char *what = "split";
+    DLOPT_RETURN_IF_ERROR(live(what));
+    const int64_t seq = ++splits_;
+    // Everyone's (color, key), exchanged point to point.
+    std::vector<int64_t> all(size_t(size_) * 2);
+    int64_t mine[2] = {color, key};
+    std::vector<MPI_Request> reqs;
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_)
+        continue;
+      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, mine, 16, true));
+      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, &all[size_t(q) * 2], 16,
+                                 false));
+    }
+    DLOPT_RETURN_IF_ERROR(waitAll(what, reqs));
+    all[size_t(rank_) * 2] = color;
+    all[size_t(rank_) * 2 + 1] = key;
+    if (color < 0)
+      return std::unique_ptr<Communicator>();
+    std::vector<std::pair<int64_t, int>> order; // (key, index here)
+    for (int q = 0; q < size_; ++q)
+      if (all[size_t(q) * 2] == color)
+        order.push_back({all[size_t(q) * 2 + 1], q});
+    std::sort(order.begin(), order.end());
+    std::vector<int> members;
+    int me = -1;
+    bool oneProcess = true;
+    const int myProcess = members_[size_t(rank_)] / shared_->perProcess;
+    for (size_t i = 0; i < order.size(); ++i) {
+      int r = members_[size_t(order[i].second)];
+      members.push_back(r);
+      if (order[i].second == rank_)
+        me = int(i);
+      oneProcess &= r / shared_->perProcess == myProcess;
+    }
+    if (oneProcess) {
+      // Every member is a thread of this process: an in-process group,
+      // made by the first member to get here and taken by each.
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      auto k = std::make_tuple(id_, seq, color);
+      auto it = shared_->local.find(k);
+      if (it == shared_->local.end()) {
+        InProcessOptions io;
+        io.timeout = timeout_;
+        it = shared_->local
+                 .emplace(k, createInProcessGroup(int(members.size()), io))
+                 .first;
+      }
+      std::unique_ptr<Communicator> c = std::move(it->second[size_t(me)]);
+      bool allTaken = true;
+      for (auto &x : it->second)
+        allTaken &= !x;
+      if (allTaken)
+        shared_->local.erase(it);
+      return c;
+    }
+    const int64_t childId = id_ * 64 + seq;
+    if (seq >= 64 || childId * 2 + 2 > shared_->tagLimit / (int64_t(shared_->worldSize) * shared_->worldSize))
+      return fail(what, Status::error("too many communicators for MPI's tag "
+                                      "space (" +
+                                      std::to_string(shared_->tagLimit) + ")"));
+    return std::unique_ptr<Communicator>(new HybridCommunicator(
+        shared_, childId, std::move(members), me, timeout_));
+  }
+
+private:
+  static constexpr int kColl = 0, kP2p = 1;
+
+  /// The MPI tag and process of a message between this rank and `peer`.
+  Status route(const char *what, int peer, int cls, bool sending, int *tag,
+               int *process) {
+    const int64_t w = shared_->worldSize;
+    const int64_t a = members_[size_t(rank_)], b = members_[size_t(peer)];
+    const int64_t from = sending ? a : b, to = sending ? b : a;
+    const int64_t t = ((id_ * 2 + cls) * w + from) * w + to;
+    if (t > shared_->tagLimit)
+      return fail(what, Status::error("tag " + std::to_string(t) +
+                                      " beyond MPI's limit " +
+                                      std::to_string(shared_->tagLimit)));
+    *tag = int(t);
+    *process = int(b / shared_->perProcess);
+    return Status::ok();
+  }
+
+  Status post(const char *what, std::vector<MPI_Request> &reqs, int peer,
+              int cls, const void *data, int64_t bytes, bool sending) {
+    if (bytes > kMaxMpiCount)
+      return fail(what, Status::error("buffer too large for one MPI call"));
+    int tag = 0, proc = 0;
+    DLOPT_RETURN_IF_ERROR(route(what, peer, cls, sending, &tag, &proc));
+    MPI_Request r;
+    if (sending)
+      DLOPT_RETURN_IF_ERROR(call(what, MPI_Isend(data, int(bytes), MPI_BYTE,
+                                                 proc, tag, comm_, &r)));
+    else
+      DLOPT_RETURN_IF_ERROR(call(what, MPI_Irecv(const_cast<void *>(data),
+                                                 int(bytes), MPI_BYTE, proc,
+                                                 tag, comm_, &r)));
+    reqs.push_back(r);
+    return Status::ok();
+  }
+
+  Status waitAll(const char *what, std::vector<MPI_Request> &reqs) {
+    for (MPI_Request &r : reqs)
+      DLOPT_RETURN_IF_ERROR(wait(what, r));
+    reqs.clear();
+    return Status::ok();
+  }
+
+  /// Exchanges `mine` with every rank point to point; any difference is an
+  /// error on all.
+  Status agree(const char *what, Desc mine) {
+    DLOPT_RETURN_IF_ERROR(live(what));
+    std::vector<Desc> all(static_cast<size_t>(size_));
+    std::vector<MPI_Request> reqs;
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_)
+        continue;
+      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, &mine, sizeof(Desc),
+                                 true));
+      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, &all[size_t(q)],
+                                 sizeof(Desc), false));
+    }
+    DLOPT_RETURN_IF_ERROR(waitAll(what, reqs));
+    all[size_t(rank_)] = mine;
+    return compareDescs(what, all, mine);
+  }
+
+  std::shared_ptr<HybridShared> shared_;
+  int64_t id_;
+  std::vector<int> members_; ///< global ranks, in group order
+  int64_t splits_ = 0;
 };
 
 } // namespace
@@ -706,6 +1134,49 @@ Expected<std::unique_ptr<Communicator>> createMpiWorld(MpiOptions opts) {
   if (rc != MPI_SUCCESS)
     return Status::error("MPI_Comm_dup failed: " + mpiError(rc));
   return std::unique_ptr<Communicator>(new MpiCommunicator(dup, opts.timeout));
+}
+
+Expected<std::vector<std::unique_ptr<Communicator>>>
+createHybridWorld(int ranksPerProcess, MpiOptions opts) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized)
+    return Status::error("createHybridWorld: MPI is not initialized (initMpi)");
+  if (ranksPerProcess < 1)
+    return Status::error("createHybridWorld: ranks per process must be >= 1");
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  if (ranksPerProcess > 1 && provided < MPI_THREAD_MULTIPLE)
+    return Status::error("hybrid layouts need an MPI library with "
+                         "MPI_THREAD_MULTIPLE; this one granted less");
+  int p = 0, np = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &p);
+  MPI_Comm_size(MPI_COMM_WORLD, &np);
+  auto shared = std::make_shared<HybridShared>();
+  int rc = MPI_Comm_dup(MPI_COMM_WORLD, &shared->transport);
+  if (rc != MPI_SUCCESS)
+    return Status::error("MPI_Comm_dup failed: " + mpiError(rc));
+  MPI_Comm_set_errhandler(shared->transport, MPI_ERRORS_RETURN);
+  void *ub = nullptr;
+  int flag = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+  if (flag && ub)
+    shared->tagLimit = *static_cast<int *>(ub);
+  shared->perProcess = ranksPerProcess;
+  shared->worldSize = np * ranksPerProcess;
+  const int64_t w = shared->worldSize;
+  if ((1 * 2 + 2) * w * w > shared->tagLimit)
+    return Status::error("a hybrid world of " + std::to_string(w) +
+                         " ranks needs more message tags than this MPI "
+                         "offers (" + std::to_string(shared->tagLimit) + ")");
+  std::vector<int> members(static_cast<size_t>(w));
+  for (int r = 0; r < int(w); ++r)
+    members[size_t(r)] = r;
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (int i = 0; i < ranksPerProcess; ++i)
+    out.push_back(std::unique_ptr<Communicator>(new HybridCommunicator(
+        shared, 1, members, p * ranksPerProcess + i, opts.timeout)));
+  return out;
 }
 
 } // namespace dlopt::rt

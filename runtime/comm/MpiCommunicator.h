@@ -27,6 +27,7 @@
 #include "runtime/comm/Communicator.h"
 
 #include <memory>
+#include <vector>
 
 namespace dlopt::rt {
 
@@ -52,6 +53,15 @@ struct MpiOptions {
 /// This process's communicator over every process of the job
 /// (MPI_COMM_WORLD, duplicated). initMpi() must have succeeded.
 Expected<std::unique_ptr<Communicator>> createMpiWorld(MpiOptions opts = {});
+
+/// Hybrid layouts: this process's communicators (element i is rank
+/// P * ranksPerProcess + i, P this process's index) over a world of
+/// (processes x ranksPerProcess) ranks, each process running its ranks as
+/// threads. Groups split from them whose ranks all live in one process are
+/// in-process groups; the others exchange point-to-point MPI messages.
+/// Reductions are in rank order, as everywhere. Needs MPI_THREAD_MULTIPLE.
+Expected<std::vector<std::unique_ptr<Communicator>>>
+createHybridWorld(int ranksPerProcess, MpiOptions opts = {});
 
 // Ending the job when a process fails (docs/launch.md). The failing process
 // calls notifyJobAbort(reason): every other process's pending and later MPI

@@ -757,12 +757,6 @@ int runWorld(const Options &opts, const Executable &exe,
             (g == 1 && p > 0 && n % p == 0
                  ? " or pass --devices-per-process " + std::to_string(n / p)
                  : ""));
-    if (g > 1)
-      error(opts.planPath + ": hybrid layouts (--devices-per-process " +
-            std::to_string(g) + " with " + std::to_string(p) +
-            " processes) are not supported yet; run one rank per process "
-            "(mpirun -n " + std::to_string(n) + ") or every rank in one "
-            "process (no launcher)");
     if (opts.backend != "cpu")
       error(opts.planPath + ": between-graph runs use the cpu backend for "
             "now (NCCL across processes is not wired yet; docs/launch.md)");
@@ -774,8 +768,10 @@ int runWorld(const Options &opts, const Executable &exe,
     if (!pg)
       error(pg.status().message());
     wo.processGroup = std::shared_ptr<Communicator>(pg.take());
-    wo.worldGroup = [mo](int) -> Expected<
+    wo.worldGroup = [mo, g](int) -> Expected<
                                   std::vector<std::unique_ptr<Communicator>>> {
+      if (g > 1)
+        return createHybridWorld(g, mo);
       Expected<std::unique_ptr<Communicator>> c = createMpiWorld(mo);
       if (!c)
         return c.status();
@@ -787,8 +783,13 @@ int runWorld(const Options &opts, const Executable &exe,
       notifyJobAbort("rank " + std::to_string(rank) + " (" +
                      gLaunch.where() + ") failed: " + st.message());
     };
-    layout = "ran " + std::to_string(n) + " ranks as " + std::to_string(p) +
-             " processes (between-graph, MPI)";
+    layout = g > 1 ? "ran " + std::to_string(n) + " ranks as " +
+                         std::to_string(p) + " processes x " +
+                         std::to_string(g) +
+                         " threads (hybrid: in-graph within a process, MPI "
+                         "between processes)"
+                   : "ran " + std::to_string(n) + " ranks as " +
+                         std::to_string(p) + " processes (between-graph, MPI)";
 #endif
   } else if (opts.devicesPerProcess && opts.devicesPerProcess < n) {
     layout += "; no launcher found (mpirun, srun), so --devices-per-process " +
