@@ -360,7 +360,7 @@ Status saveSharded(World &w, const std::string &dir,
   }
   DLOPT_RETURN_IF_ERROR(w.agreeAcrossProcesses(wrote));
   Expected<std::vector<std::vector<uint8_t>>> all = w.allGatherBytes(
-      std::vector<uint8_t>(sizes.begin(), sizes.end()));
+      std::vector<uint8_t>(sizes.begin(), sizes.end()), "shard sizes");
   if (!all)
     return all.status().withContext(where);
 

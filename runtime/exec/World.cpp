@@ -164,15 +164,29 @@ Status World::onEveryRank(const std::function<Status(int)> &fn) {
 }
 
 Expected<std::vector<std::vector<uint8_t>>>
-World::allGatherBytes(const std::vector<uint8_t> &mine) {
+World::allGatherBytes(const std::vector<uint8_t> &mine,
+                      const std::string &what) {
   if (!process_)
     return std::vector<std::vector<uint8_t>>{mine};
   const int p = process_->size();
-  int64_t size = int64_t(mine.size());
-  std::vector<int64_t> sizes(size_t(p), 0);
-  DLOPT_RETURN_IF_ERROR(process_->allGather(hostIn(&size, 1, DType::I64),
-                                            hostOut(sizes.data(), p,
-                                                    DType::I64)));
+  // Each process's size and the hash of what it exchanges.
+  int64_t head[2] = {int64_t(mine.size()),
+                     int64_t(fnv1a64(reinterpret_cast<const uint8_t *>(
+                                         what.data()),
+                                     what.size()) >>
+                             1)};
+  std::vector<int64_t> heads(size_t(p) * 2, 0);
+  DLOPT_RETURN_IF_ERROR(process_->allGather(
+      hostIn(head, 2, DType::I64), hostOut(heads.data(), 2 * p, DType::I64)));
+  std::vector<int64_t> sizes(static_cast<size_t>(p));
+  for (int q = 0; q < p; ++q) {
+    sizes[size_t(q)] = heads[size_t(q) * 2];
+    if (heads[size_t(q) * 2 + 1] != head[1])
+      return Status::error("processes out of step: process " +
+                           std::to_string(processIndex()) + " exchanges " +
+                           what + ", process " + std::to_string(q) +
+                           " something else");
+  }
   int64_t most = *std::max_element(sizes.begin(), sizes.end());
   std::vector<uint8_t> padded(mine);
   padded.resize(size_t(most), 0);
@@ -193,7 +207,8 @@ Status World::agreeAcrossProcesses(const Status &local) {
   std::string text = local ? std::string() : local.message();
   std::vector<uint8_t> mine(text.begin(), text.end());
   mine.insert(mine.begin(), uint8_t(local ? 1 : 0));
-  Expected<std::vector<std::vector<uint8_t>>> all = allGatherBytes(mine);
+  Expected<std::vector<std::vector<uint8_t>>> all =
+      allGatherBytes(mine, "a status");
   if (!all)
     return all.status();
   for (size_t q = 0; q < all->size(); ++q) {
@@ -288,7 +303,7 @@ std::vector<std::string> World::missingInputs() const {
       text += n + '\n';
     Expected<std::vector<std::vector<uint8_t>>> all =
         const_cast<World *>(this)->allGatherBytes(
-            std::vector<uint8_t>(text.begin(), text.end()));
+            std::vector<uint8_t>(text.begin(), text.end()), "missing inputs");
     if (all)
       for (const std::vector<uint8_t> &b : *all) {
         std::string t(b.begin(), b.end());
@@ -429,7 +444,8 @@ World::gather(int32_t id,
   }
   if (process_) {
     Expected<std::vector<std::vector<uint8_t>>> all =
-        const_cast<World *>(this)->allGatherBytes(mine);
+        const_cast<World *>(this)->allGatherBytes(
+            mine, "the blocks of '" + v.name + "'");
     if (!all)
       return all.status();
     for (size_t q = 0; q < all->size(); ++q)

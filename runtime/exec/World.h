@@ -85,8 +85,11 @@ public:
   /// `local` (by process index), or ok. In one process, `local` itself.
   Status agreeAcrossProcesses(const Status &local);
   /// Collective over the processes: every process's bytes, by index.
+  /// `what` names the exchange: processes that reach different exchanges
+  /// (a bug: they must make the same calls in the same order) get an error
+  /// naming both instead of each other's bytes.
   Expected<std::vector<std::vector<uint8_t>>>
-  allGatherBytes(const std::vector<uint8_t> &mine);
+  allGatherBytes(const std::vector<uint8_t> &mine, const std::string &what);
   const Executable &executable() const override { return exe_; }
 
   /// Binds a param, state or input by name to its global value.

@@ -105,6 +105,9 @@ struct Options {
   int threads = 0;
   int devicesPerProcess = 0; ///< 0: not given
   double commTimeout = 60;
+  /// Whether this process writes files (--save-params, --output-dir): the
+  /// first process of a job does; every process reads collectively.
+  bool writeFiles = true;
   bool dump = false, quiet = false, help = false, profile = false;
   // Training.
   int64_t steps = 0;
@@ -170,7 +173,7 @@ std::vector<std::string> worldMemoryLines(World &w) {
   }
   std::vector<uint8_t> bytes(mine.size() * 8);
   std::memcpy(bytes.data(), mine.data(), bytes.size());
-  Expected<std::vector<std::vector<uint8_t>>> all = w.allGatherBytes(bytes);
+  Expected<std::vector<std::vector<uint8_t>>> all = w.allGatherBytes(bytes, "memory reports");
   if (!all)
     return {"memory per rank: unavailable (" + all.status().message() + ")"};
   std::map<std::string, std::vector<int>> lines;
@@ -557,9 +560,12 @@ void printProfile(Session &s) {
                 (long long)p.calls);
 }
 
-void saveParams(StepRunner &s, const std::string &dir) {
+/// Reads every param (collective in a multi-process World) and writes it,
+/// unless `write` is false (the processes other than the first).
+void saveParams(StepRunner &s, const std::string &dir, bool write = true) {
   const Executable &e = s.executable();
-  makeDir(dir);
+  if (write)
+    makeDir(dir);
   std::vector<int32_t> held = s.checkpointedValues();
   for (int32_t id : e.params) {
     if (std::find(held.begin(), held.end(), id) == held.end())
@@ -568,6 +574,8 @@ void saveParams(StepRunner &s, const std::string &dir) {
     Expected<HostTensor> t = s.readArgument(name);
     if (!t)
       error("param '" + name + "': " + t.status().message());
+    if (!write)
+      continue;
     std::string path =
         (std::filesystem::path(dir) / fileNameFor(name)).string();
     Status st = writeNpy(path, *t);
@@ -680,7 +688,7 @@ int runTraining(const Options &opts, StepRunner &s, Session *session,
   if (!ran)
     error(ran.message());
   if (!opts.saveParamsDir.empty())
-    saveParams(s, opts.saveParamsDir);
+    saveParams(s, opts.saveParamsDir, opts.writeFiles);
 
   World *world = session ? nullptr : dynamic_cast<World *>(&s);
   std::vector<std::string> memLines;
@@ -817,7 +825,7 @@ int runWorld(const Options &opts, const Executable &exe,
     local.quiet = true;
     local.metrics.clear();
     local.outputDir.clear();
-    local.saveParamsDir.clear();
+    local.writeFiles = false;
   }
   for (const auto &[name, file] : opts.inputs) {
     Expected<HostTensor> t = readNpy(file);
@@ -844,7 +852,7 @@ int runWorld(const Options &opts, const Executable &exe,
                     std::chrono::steady_clock::now() - t0)
                     .count();
   if (!local.saveParamsDir.empty())
-    saveParams(w, local.saveParamsDir);
+    saveParams(w, local.saveParamsDir, local.writeFiles);
   std::vector<NamedTensor> outputs;
   for (const std::string &name : exe.outputNames) {
     Expected<HostTensor> t = w.readOutput(name);
@@ -973,7 +981,7 @@ int runMain(int argc, char **argv) {
 
   const Executable &e = s.executable();
   if (!opts.saveParamsDir.empty())
-    saveParams(s, opts.saveParamsDir);
+    saveParams(s, opts.saveParamsDir, opts.writeFiles);
 
   Expected<std::vector<NamedTensor>> outputs = s.run();
   if (!outputs)

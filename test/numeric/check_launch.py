@@ -1,0 +1,496 @@
+#!/usr/bin/env python3
+"""Process layouts, sharded checkpoints and failures of multi-rank jobs
+(docs/launch.md), under `mpirun --oversubscribe` on this machine.
+
+1. layouts: each plan runs in-graph (threads of one process), between-graph
+   (`mpirun -n N dlopt-run`, one rank per process) and hybrid (`mpirun -n
+   N/2 dlopt-run --devices-per-process 2`). Every output of one step and the
+   params, losses and gradient norms of 3 training steps must be equal bit
+   for bit across the layouts: the collectives reduce in rank order
+   whatever carries them.
+2. resharding: train 4 steps under one plan and layout, checkpoint, resume
+   under another plan and layout for 4 more; the losses of steps 5-8 match
+   an uninterrupted single-device run (relative 1e-5: only the reduction
+   order of the plans differs), across several pairs of plans, both ways
+   between sharded directories and single files.
+3. bad checkpoints are refused before anything runs: a missing or truncated
+   shard, a missing index (a write that never finished), a corrupt shard,
+   another model's checkpoint.
+4. failures end the job with a message naming the failed rank: kill -9 of
+   one process mid-training, a process that fails (the others report what
+   they were waiting for), a stopped process (the others time out).
+5. bad launches: a world size that differs from the executable's,
+   --devices-per-process that does not divide the ranks.
+
+  check_launch.py [--work-dir DIR] [--only SUBSTRING]
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from check_parallel import tool, run  # noqa: E402
+
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1")
+MPIRUN = shutil.which("mpirun")
+
+GPT = ["gpt", "--preset", "gpt-tiny", "--layers", "4", "--batch", "4"]
+LLAMA = ["llama", "--preset", "llama-tiny", "--layers", "4", "--batch", "4"]
+MLP = ["mlp", "--preset", "mlp-tiny", "--layers", "8", "--batch", "4"]
+FLAGS = ["--optimizer", "adamw", "--lr", "0.01", "--clip-norm", "0.5", "--adam-eps", "1e-3",
+         "--accumulate", "4"]
+
+# name, model, --fix
+LAYOUT_CASES = [
+    ("gpt.dp2.tp2", GPT, "dp=2,tp=2"),
+    ("gpt.pp2.dp2.zero1.1f1b", GPT, "pp=2,dp=2,zero=1,schedule=1f1b"),
+    ("gpt.dp2.zero3", GPT, "dp=2,zero=3"),
+    ("gpt.dp2.cp2", GPT, "dp=2,cp=2"),
+    ("llama.pp2.tp2.interleaved", LLAMA, "pp=2,tp=2,schedule=interleaved,v=2"),
+    ("mlp.pp4.zero-bubble", MLP, "pp=4,schedule=zero-bubble"),
+    ("mlp.pp2.dp2.zero2.gpipe", MLP, "pp=2,dp=2,zero=2,schedule=gpipe"),
+]
+
+
+def mpirun(n, args, timeout=300):
+    return subprocess.run([MPIRUN, "-n", str(n), "--oversubscribe"] + args, env=ENV,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          timeout=timeout)
+
+
+class Tools:
+    def __init__(self):
+        self.gen, self.comp, self.runp = tool("dlopt-gen"), tool("dlopt-compile"), tool("dlopt-run")
+
+    def model(self, genargs, d, name="m.mlir"):
+        path = os.path.join(d, name)
+        r = run([self.gen] + genargs + ["-q", "-o", path])
+        if r.returncode:
+            raise RuntimeError("dlopt-gen: " + r.stderr)
+        return path
+
+    def compile(self, model, fix, out, cluster="cpu:2"):
+        cmd = [self.comp, model, "--train", "--quiet", "-o", out, "--cluster", cluster] + FLAGS
+        if fix:
+            cmd += ["--fix", fix]
+        r = run(cmd)
+        if r.returncode:
+            raise RuntimeError("compile (%s): %s" % (fix, r.stderr))
+        return out
+
+    def ranks(self, exe):
+        head = run([self.runp, exe, "--dump"]).stdout
+        m = re.search(r"world size: (\d+)", head)
+        if not m:
+            raise RuntimeError("no world size in: " + head[:300])
+        return int(m.group(1))
+
+    def launch(self, exe, layout, args, timeout=300):
+        """Runs dlopt-run on exe in a layout: 'in-graph', 'between' or 'hybrid'."""
+        n = self.ranks(exe)
+        cmd = [self.runp, exe] + args
+        if layout == "in-graph":
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               timeout=timeout)
+        elif layout == "between":
+            r = mpirun(n, cmd, timeout)
+        else:
+            r = mpirun(n // 2, cmd + ["--devices-per-process", "2"], timeout)
+        if r.returncode:
+            raise RuntimeError("dlopt-run %s (%s): rc %d: %s" % (os.path.basename(exe), layout,
+                                                                 r.returncode, r.stderr[-1500:]))
+        return r
+
+
+def tokens(d, rng):
+    p = os.path.join(d, "tokens.npy")
+    np.save(p, rng.integers(0, 64, 20000).astype(np.int32))
+    return p
+
+
+def same_files(a, b):
+    fa, fb = sorted(os.listdir(a)), sorted(os.listdir(b))
+    if fa != fb:
+        raise RuntimeError("different files: %s vs %s" % (fa, fb))
+    for f in fa:
+        x, y = np.load(os.path.join(a, f)), np.load(os.path.join(b, f))
+        if x.shape != y.shape or x.dtype != y.dtype or x.tobytes() != y.tobytes():
+            raise RuntimeError("%s differs" % f)
+    return len(fa)
+
+
+def metrics(path, keys=("step", "loss", "grad_norm")):
+    return [tuple(json.loads(l)[k] for k in keys) for l in open(path)]
+
+
+def layouts(t, work, rng, only):
+    passed = failed = 0
+    for name, genargs, fix in LAYOUT_CASES:
+        if only and only not in name:
+            continue
+        d = os.path.join(work, "layout." + name)
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        try:
+            model = t.model(genargs, d)
+            exe = t.compile(model, fix, os.path.join(d, "p.exe"))
+            # Token data for transformers; the mlp's synthetic inputs.
+            data = ["--data", tokens(d, rng)] if genargs[0] != "mlp" else []
+            outs, ran = {}, []
+            for lay in ("in-graph", "between", "hybrid"):
+                if lay == "hybrid" and t.ranks(exe) % 2:
+                    continue
+                o = os.path.join(d, lay)
+                # One step's outputs on fresh inputs (the data's first batch).
+                t.launch(exe, lay, ["--quiet", "--seed", "7", "--steps", "3", "--save-params",
+                                    o + ".params", "--metrics", o + ".jsonl"] + data)
+                outs[lay] = o
+                ran.append(lay)
+            ref = outs["in-graph"]
+            n = 0
+            for lay in ran[1:]:
+                n = same_files(ref + ".params", outs[lay] + ".params")
+                if metrics(ref + ".jsonl") != metrics(outs[lay] + ".jsonl"):
+                    raise RuntimeError("%s: losses or gradient norms differ: %s vs %s" % (
+                        lay, metrics(ref + ".jsonl"), metrics(outs[lay] + ".jsonl")))
+            # One step with every output (no updates applied).
+            for lay in ran:
+                t.launch(exe, lay, ["--quiet", "--seed", "7", "--output-dir",
+                                    outs[lay] + ".outputs"] + one_step_inputs(t, exe, d, rng))
+            for lay in ran[1:]:
+                same_files(ref + ".outputs", outs[lay] + ".outputs")
+            print("PASS layout.%s: %s bit for bit (%d params after 3 steps, losses, grad norms, "
+                  "every output of one step)" % (name, " = ".join(ran), n))
+            passed += 1
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            print("FAIL layout.%s: %s" % (name, str(e)[:1500]))
+            failed += 1
+    return passed, failed
+
+
+_inputs = {}
+
+
+def one_step_inputs(t, exe, d, rng):
+    """--input flags binding fresh random global inputs of exe."""
+    if exe in _inputs:
+        return _inputs[exe]
+    binds = []
+    for line in run([t.runp, exe, "--dump"]).stdout.splitlines():
+        f = line.split()
+        if len(f) >= 4 and f[1] == "input":
+            typ = f[f.index("global") + 1] if "global" in f else f[3]
+            dims, dt = typ.split("x")[:-1], typ.split("x")[-1]
+            shape = tuple(int(x) for x in dims)
+            a = (rng.standard_normal(shape).astype(np.float32) if dt == "f32"
+                 else rng.integers(0, 4, shape).astype(np.int32))
+            p = os.path.join(d, f[2] + ".npy")
+            np.save(p, a)
+            binds += ["--input", "%s=%s" % (f[2], p)]
+    _inputs[exe] = binds
+    return binds
+
+
+# (name, first plan, first layout, second plan, second layout); plans are
+# --fix strings ("" = one device).
+RESHARD_CASES = [
+    ("dp2.tp2.in-graph->pp2.dp2.between", "dp=2,tp=2", "in-graph", "pp=2,dp=2,zero=1,schedule=1f1b", "between"),
+    ("pp2.dp2.between->one-device", "pp=2,dp=2,zero=1,schedule=1f1b", "between", "", "single"),
+    ("one-device->dp2.zero3.hybrid", "", "single", "dp=2,zero=3", "hybrid"),
+    ("dp2.zero3.between->tp2.cp2.in-graph", "dp=2,zero=3", "between", "tp=2,cp=2", "in-graph"),
+    ("pp2.tp2.hybrid->dp4.zero2.between", "pp=2,tp=2,schedule=interleaved,v=2", "hybrid", "dp=4,zero=2", "between"),
+]
+
+
+def reshard(t, work, rng, only):
+    passed = failed = 0
+    d0 = os.path.join(work, "reshard")
+    shutil.rmtree(d0, ignore_errors=True)
+    os.makedirs(d0)
+    model = t.model(GPT, d0)
+    data = tokens(d0, rng)
+    exes = {}
+
+    def exe_for(fix):
+        if fix not in exes:
+            exes[fix] = t.compile(model, fix or "dp=1", os.path.join(d0, "p%d.exe" % len(exes)))
+        return exes[fix]
+
+    if only and not any(only in c[0] for c in RESHARD_CASES):
+        return 0, 0, exe_for, model, data
+    common = ["--quiet", "--data", data]
+    full = os.path.join(d0, "full.jsonl")
+    r = run([t.runp, exe_for(""), "--steps", "8", "--metrics", full] + common)
+    if r.returncode:
+        raise RuntimeError(r.stderr)
+    want = metrics(full)[4:]
+    for name, fa, la, fb, lb in RESHARD_CASES:
+        if only and only not in name:
+            continue
+        d = os.path.join(d0, name)
+        os.makedirs(d)
+        try:
+            ck = os.path.join(d, "ck")
+            la_ = "in-graph" if la == "single" else la
+            lb_ = "in-graph" if lb == "single" else lb
+            t.launch(exe_for(fa), la_, common + ["--steps", "4", "--checkpoint-dir", ck])
+            saved = os.listdir(ck)
+            point = os.path.join(ck, saved[0])
+            kind = "file" if point.endswith(".safetensors") else "sharded"
+            m = os.path.join(d, "resumed.jsonl")
+            t.launch(exe_for(fb), lb_, common + ["--steps", "4", "--resume", point, "--metrics", m])
+            got = metrics(m)
+            worst = 0.0
+            for (s1, l1, g1), (s2, l2, g2) in zip(want, got):
+                if s1 != s2:
+                    raise RuntimeError("step %d vs %d" % (s1, s2))
+                worst = max(worst, abs(l1 - l2) / abs(l1), abs(g1 - g2) / abs(g1))
+            if len(got) != 4 or worst > 1e-5:
+                raise RuntimeError("steps 5-8 differ from an uninterrupted run: %s vs %s" % (got, want))
+            print("PASS reshard.%s: %s checkpoint, steps 5-8 within %.2g of one device's "
+                  "uninterrupted run" % (name, kind, worst))
+            passed += 1
+        except (RuntimeError, subprocess.TimeoutExpired, IndexError) as e:
+            print("FAIL reshard.%s: %s" % (name, str(e)[:1500]))
+            failed += 1
+    return passed, failed, exe_for, model, data
+
+
+def bad_checkpoints(t, work, exes, model, data):
+    """A broken sharded checkpoint is refused before training starts."""
+    passed = failed = 0
+    d = os.path.join(work, "badck")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    exe = exes("dp=2,tp=2")
+    ck = os.path.join(d, "ck")
+    t.launch(exe, "in-graph", ["--quiet", "--data", data, "--steps", "2", "--checkpoint-dir", ck])
+    good = os.path.join(ck, "step-000002")
+    other = os.path.join(d, "other")
+    os.makedirs(other)
+    omodel = t.model(MLP, other)
+    oexe = t.compile(omodel, "dp=2", os.path.join(other, "o.exe"))
+    t.launch(oexe, "in-graph", ["--quiet", "--steps", "1", "--checkpoint-dir", os.path.join(other, "ck")])
+
+    def broken(name, edit, expect):
+        nonlocal passed, failed
+        b = os.path.join(d, name)
+        shutil.copytree(good, b)
+        edit(b)
+        m = os.path.join(d, name + ".jsonl")
+        r = run([t.runp, exe, "--quiet", "--data", data, "--steps", "1", "--resume", b, "--metrics", m])
+        if r.returncode == 1 and re.search(expect, r.stderr) and not os.path.exists(m):
+            print("PASS bad_checkpoint.%s: %s" % (name, r.stderr.strip().splitlines()[-1][:220]))
+            passed += 1
+        else:
+            print("FAIL bad_checkpoint.%s: rc %d, expected /%s/, got: %s" % (name, r.returncode, expect,
+                                                                            r.stderr[-600:]))
+            failed += 1
+
+    def truncate(b):
+        p = os.path.join(b, "rank-00001.safetensors")
+        data_ = open(p, "rb").read()
+        open(p, "wb").write(data_[: len(data_) // 2])
+
+    def corrupt(b):
+        p = os.path.join(b, "rank-00000.safetensors")
+        data_ = bytearray(open(p, "rb").read())
+        data_[8:16] = b"\x00" * 8  # the JSON header's first bytes
+        open(p, "wb").write(bytes(data_))
+
+    def other_model(b):
+        shutil.rmtree(b)
+        shutil.copytree(os.path.join(other, "ck", "step-000001"), b)
+
+    broken("missing_shard", lambda b: os.remove(os.path.join(b, "rank-00001.safetensors")),
+           r"shard rank-00001.safetensors is missing")
+    broken("truncated_shard", truncate, r"rank-00001.safetensors has \d+ bytes, the index says \d+")
+    broken("unfinished_write", lambda b: os.remove(os.path.join(b, "index.json")),
+           r"no index.json .*never finished")
+    broken("corrupt_shard", corrupt, r"rank-00000.safetensors")
+    broken("other_model", other_model, r"does not match this model")
+    broken("bad_index", lambda b: open(os.path.join(b, "index.json"), "w").write("{\"format\": 3"),
+           r"index.json is not valid JSON")
+    return passed, failed
+
+
+def pid_of_rank(pattern, rank):
+    for p in subprocess.run(["pgrep", "-f", pattern], stdout=subprocess.PIPE, text=True).stdout.split():
+        try:
+            env = open("/proc/%s/environ" % p, "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if ("OMPI_COMM_WORLD_RANK=%d" % rank).encode() in env:
+            return int(p)
+    return None
+
+
+def failures(t, work, exes, data):
+    passed = failed = 0
+    exe = exes("dp=2,tp=2")
+    # A copy with its own name, so pgrep finds only this job's processes.
+    d = os.path.join(work, "failures")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    job = os.path.join(d, "victim-job.exe")
+    shutil.copy(exe, job)
+    base = [t.runp, job, "--quiet", "--data", data, "--comm-timeout", "20"]
+
+    # kill -9 of rank 1 mid-training: the launcher ends the job; every other
+    # process says what it was waiting for.
+    p = subprocess.Popen([MPIRUN, "-n", "4", "--oversubscribe"] + base + ["--steps", "1000000"],
+                         env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid = None
+    for _ in range(300):
+        time.sleep(0.1)
+        pid = pid_of_rank("victim-job.exe", 1)
+        if pid:
+            break
+    time.sleep(1.5)
+    t0 = time.time()
+    try:
+        if pid is None:
+            raise RuntimeError("rank 1's process never appeared")
+        os.kill(pid, signal.SIGKILL)
+        out, err = p.communicate(timeout=60)
+        secs = time.time() - t0
+        waits = re.findall(r"\(process (\d) of 4 on [^)]*\) terminated by the launcher .* while "
+                           r"(waiting in \S+|computing)", err)
+        named = re.search(r"process rank 1 .*(signal 9|Killed)", err)
+        if p.returncode == 0 or not named or len(waits) < 1:
+            raise RuntimeError("rc %d, %.1f s: %s" % (p.returncode, secs, err[-1500:]))
+        print("PASS failure.kill9: the job ended %.1f s after kill -9 of rank 1 (rc %d); the "
+              "launcher named rank 1; %d other process(es) said what they were doing: %s"
+              % (secs, p.returncode, len(waits), sorted(set(w[1] for w in waits))))
+        passed += 1
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        p.kill()
+        print("FAIL failure.kill9: %s" % str(e)[:1500])
+        failed += 1
+
+    # A process that fails (process 1 cannot read its checkpoint) while the
+    # others train: they stop waiting, name it and say where they waited.
+    t0 = time.time()
+    r = subprocess.run([MPIRUN, "--oversubscribe", "-n", "1"] + base + ["--steps", "50", ":", "-n", "1"]
+                       + base + ["--steps", "50", "--resume", os.path.join(d, "nowhere"), ":",
+                                 "-n", "2"] + base + ["--steps", "50"],
+                       env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    secs = time.time() - t0
+    others = re.findall(r"\(process (\d) of 4 on [^)]*\) .*?(\w+ \(rank \d of a group of \d, MPI\)): "
+                        r"aborted: process 1 of 4 on \S+ failed", r.stderr)
+    if r.returncode != 0 and "(process 1 of 4" in r.stderr and "nowhere" in r.stderr and \
+            sorted(set(o[0] for o in others)) == ["0", "2", "3"]:
+        print("PASS failure.rank_error: process 1 failed; processes 0, 2, 3 ended in %.1f s naming it "
+              "and what they waited in: %s" % (secs, sorted(set(o[1].split(" ")[0] for o in others))))
+        passed += 1
+    else:
+        print("FAIL failure.rank_error: rc %d, %.1f s: %s" % (r.returncode, secs, r.stderr[-2000:]))
+        failed += 1
+
+    # A stopped process: nobody kills it, the others time out.
+    stopped = os.path.join(d, "stopped-job.exe")
+    shutil.copy(exes("dp=2,zero=3"), stopped)
+    p = subprocess.Popen([MPIRUN, "-n", "2", "--oversubscribe", t.runp,
+                          stopped, "--quiet", "--data", data,
+                          "--devices-per-process", str(t.ranks(stopped) // 2),
+                          "--comm-timeout", "3", "--steps", "1000000"],
+                         env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pid = None
+        for _ in range(300):
+            time.sleep(0.1)
+            pid = pid_of_rank("stopped-job.exe", 1)
+            if pid:
+                break
+        time.sleep(1.0)
+        if pid is None:
+            raise RuntimeError("rank 1's process never appeared")
+        t0 = time.time()
+        os.kill(pid, signal.SIGSTOP)
+        out, err = p.communicate(timeout=60)
+        secs = time.time() - t0
+        if p.returncode == 0 or "timed out after 3" not in err or "(process 0 of 2" not in err:
+            raise RuntimeError("rc %d, %.1f s: %s" % (p.returncode, secs, err[-1500:]))
+        print("PASS failure.stopped_rank: process 0 timed out %.1f s after rank 1 stopped: %s"
+              % (secs, [l for l in err.splitlines() if "timed out" in l][0][:200]))
+        passed += 1
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        p.kill()
+        print("FAIL failure.stopped_rank: %s" % str(e)[:1500])
+        failed += 1
+    finally:
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    return passed, failed
+
+
+def bad_launches(t, exes, data):
+    passed = failed = 0
+    exe = exes("dp=2,tp=2")
+    cases = [
+        ("world_size", mpirun(3, [t.runp, exe, "--quiet"]),
+         r"the launcher started 3 processes x 1 rank\(s\) per process = 3 ranks, but the executable has 4"),
+        ("devices_per_process", mpirun(2, [t.runp, exe, "--quiet", "--devices-per-process", "3"]),
+         r"--devices-per-process 3 does not divide the executable's 4 ranks"),
+        ("hybrid_world_size", mpirun(3, [t.runp, exe, "--quiet", "--devices-per-process", "2"]),
+         r"3 processes x 2 rank\(s\) per process = 6 ranks, but the executable has 4; start 2 processes"),
+    ]
+    for name, r, expect in cases:
+        if r.returncode != 0 and re.search(expect, r.stderr):
+            print("PASS bad_launch.%s: %s" % (name, re.search(expect, r.stderr).group(0)))
+            passed += 1
+        else:
+            print("FAIL bad_launch.%s: rc %d: %s" % (name, r.returncode, r.stderr[-800:]))
+            failed += 1
+    return passed, failed
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work-dir")
+    ap.add_argument("--only")
+    args = ap.parse_args()
+    if not MPIRUN:
+        print("SKIP: no mpirun (install openmpi-bin)")
+        return 0
+    seed = int.from_bytes(os.urandom(4), "little")
+    print("seed %d" % seed)
+    rng = np.random.default_rng(seed)
+    work = args.work_dir or tempfile.mkdtemp(prefix="dlopt_launch_")
+    os.makedirs(work, exist_ok=True)
+    t = Tools()
+    total = [0, 0]
+
+    def add(pf):
+        total[0] += pf[0]
+        total[1] += pf[1]
+
+    add(layouts(t, work, rng, args.only))
+    p, f, exes, model, data = reshard(t, work, rng, args.only)
+    add((p, f))
+    if not args.only or "bad_checkpoint" in args.only:
+        add(bad_checkpoints(t, work, exes, model, data))
+    if not args.only or "failure" in args.only:
+        add(failures(t, work, exes, data))
+    if not args.only or "bad_launch" in args.only:
+        add(bad_launches(t, exes, data))
+    print("%d passed, %d failed" % tuple(total))
+    return 1 if total[1] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
