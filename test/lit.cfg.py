@@ -21,3 +21,8 @@ config.substitutions.append(("%numeric", os.path.join(config.dlopt_src_root, "te
 # device probe succeeds, so they skip (with the reason) elsewhere.
 if os.environ.get("DLOPT_CUDA_GPU") == "1":
     config.available_features.add("cuda-gpu")
+
+# Multi-process tests (mpirun) declare `REQUIRES: mpi`.
+import shutil
+if shutil.which("mpirun"):
+    config.available_features.add("mpi")

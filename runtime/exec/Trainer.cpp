@@ -149,10 +149,29 @@ Trainer::create(StepRunner &session, const DataLoader &train,
   return t;
 }
 
+namespace {
+/// Bytes of a file, or of the files directly in a directory.
+int64_t pathBytes(const std::string &path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec))
+    return int64_t(std::filesystem::file_size(path, ec));
+  int64_t total = 0;
+  for (const auto &e : std::filesystem::directory_iterator(path, ec))
+    if (e.is_regular_file(ec))
+      total += int64_t(e.file_size(ec));
+  return total;
+}
+} // namespace
+
 Status Trainer::resume(const std::string &path) {
+  auto t0 = std::chrono::steady_clock::now();
   Expected<CheckpointState> st = loadCheckpoint(session_, path);
   if (!st)
     return st.status();
+  resumeSeconds_ = std::chrono::duration<double>(
+                       std::chrono::steady_clock::now() - t0)
+                       .count();
+  resumeBytes_ = pathBytes(path);
   step_ = st->step;
   position_ = st->dataPosition;
   seed_ = st->rngSeed;
@@ -283,7 +302,12 @@ Status Trainer::checkpointTo(const std::string &path) {
   st.dataEpoch = train_.epochOf(position_);
   st.rngSeed = seed_;
   st.dataSource = train_.describe();
+  auto t0 = std::chrono::steady_clock::now();
   DLOPT_RETURN_IF_ERROR(saveCheckpoint(session_, path, st));
+  checkpointSeconds_ = std::chrono::duration<double>(
+                           std::chrono::steady_clock::now() - t0)
+                           .count();
+  checkpointBytes_ = pathBytes(path);
   lastCheckpoint_ = path;
   return Status::ok();
 }

@@ -97,6 +97,12 @@ public:
   const std::vector<StepResult> &history() const { return history_; }
   /// The last checkpoint written, or "".
   const std::string &lastCheckpoint() const { return lastCheckpoint_; }
+  /// Wall time and bytes of the last checkpoint written and of resume()
+  /// (bytes: the files' sizes).
+  double checkpointSeconds() const { return checkpointSeconds_; }
+  int64_t checkpointBytes() const { return checkpointBytes_; }
+  double resumeSeconds() const { return resumeSeconds_; }
+  int64_t resumeBytes() const { return resumeBytes_; }
 
 private:
   Trainer(StepRunner &session, const DataLoader &train, const DataLoader *eval,
@@ -125,6 +131,8 @@ private:
   double lastBarTime_ = -1;
   std::vector<StepResult> history_;
   std::string lastCheckpoint_;
+  double checkpointSeconds_ = 0, resumeSeconds_ = 0;
+  int64_t checkpointBytes_ = 0, resumeBytes_ = 0;
 };
 
 } // namespace dlopt::rt

@@ -320,6 +320,14 @@ def bad_checkpoints(t, work, exes, model, data):
            r"no index.json .*never finished")
     broken("corrupt_shard", corrupt, r"rank-00000.safetensors")
     broken("other_model", other_model, r"does not match this model")
+    def drop_block(b):
+        p = os.path.join(b, "index.json")
+        ix = json.load(open(p))
+        name = next(n for n, t in ix["tensors"].items() if len(t["blocks"]) > 1)
+        ix["tensors"][name]["blocks"].pop()
+        json.dump(ix, open(p, "w"))
+
+    broken("dropped_block", drop_block, r"its blocks cover \d+ of its \d+ elements")
     broken("bad_index", lambda b: open(os.path.join(b, "index.json"), "w").write("{\"format\": 3"),
            r"index.json is not valid JSON")
     return passed, failed

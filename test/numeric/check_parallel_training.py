@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The training loop over multi-rank executables (ranks as threads): losses
 of `dlopt-run --steps` on a parallel executable equal the single-device
-run's on the same data and seed, and checkpoints hold global tensors that
-resume in any layout (parallel -> one device, one device -> parallel,
-parallel -> parallel) exactly where an uninterrupted run would be.
+run's on the same data and seed, and checkpoints (one file of global
+tensors from one device, a sharded directory from a parallel run) resume
+in any layout (parallel -> one device, one device -> parallel, parallel ->
+parallel) exactly where an uninterrupted run would be.
 
 Losses must agree to 1e-5 relative (float32, sums in another order, a few
 SGD steps). Prints PASS/FAIL lines and "N passed, M failed".
@@ -117,7 +118,7 @@ def main():
             train(one, "one3", 3)
             train(par, "par3", 3)
             ck_one = os.path.join(d, "one3", "step-000003.safetensors")
-            ck_par = os.path.join(d, "par3", "step-000003.safetensors")
+            ck_par = os.path.join(d, "par3", "step-000003")  # sharded
             resumes = [("par_to_one", one, ck_par), ("one_to_par", par, ck_one),
                        ("par_to_par", par, ck_par)]
             if other:

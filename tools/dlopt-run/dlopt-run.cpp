@@ -715,8 +715,22 @@ int runTraining(const Options &opts, StepRunner &s, Session *session,
         std::printf("  accuracy %.4f", *ev.accuracy);
       std::printf("  (%lld batches)\n", (long long)ev.batches);
     }
+    if (!opts.resume.empty())
+      std::printf("resumed from %s: %s read in %.3f s (%.2f GB/s)\n",
+                  opts.resume.c_str(), formatBytes(t.resumeBytes()).c_str(),
+                  t.resumeSeconds(),
+                  t.resumeSeconds() > 0
+                      ? double(t.resumeBytes()) / t.resumeSeconds() / 1e9
+                      : 0.0);
     if (!t.lastCheckpoint().empty())
-      std::printf("checkpoint: %s\n", t.lastCheckpoint().c_str());
+      std::printf("checkpoint: %s (%s written in %.3f s, %.2f GB/s)\n",
+                  t.lastCheckpoint().c_str(),
+                  formatBytes(t.checkpointBytes()).c_str(),
+                  t.checkpointSeconds(),
+                  t.checkpointSeconds() > 0
+                      ? double(t.checkpointBytes()) / t.checkpointSeconds() /
+                            1e9
+                      : 0.0);
     if (!opts.saveParamsDir.empty())
       std::printf("wrote %zu param(s) to %s\n", e.params.size(),
                   opts.saveParamsDir.c_str());
