@@ -13,7 +13,7 @@ summation order of the reductions over split dims differs; 1e-5 for the
 cnn, whose synchronized batch norm sums its statistics in float32). Also
 runs a plan whose batch does not divide by dp, which must be refused.
 
-  check_parallel.py [--work-dir DIR] [--seed N] [--only SUBSTRING] [--grid]
+  check_parallel.py [--work-dir DIR] [--seed N] [--only SUBSTRING] [--grid [--grid-models M,...]]
 
 --grid runs the pipeline grid instead (pp 2 and 4 x every schedule x ZeRO
 0-3 x dp and tp, gpt and llama, up to 8 ranks; several minutes).
@@ -280,7 +280,7 @@ def generate(gen, genargs, d):
     return model
 
 
-def pipeline_grid():
+def pipeline_grid(only_models=None):
     """The pipeline grid (--grid): gpt, llama and mlp at pp 2 and 4, every
     schedule, ZeRO 0-3, alone
     and with dp and tp, up to 8 ranks; AdamW with clipping over 4
@@ -294,6 +294,8 @@ def pipeline_grid():
     flags = ["--optimizer", "adamw", "--lr", "0.01", "--clip-norm", "0.5", "--adam-eps", "1e-3",
              "--accumulate", "4"]
     for mname, gen in models:
+        if only_models and mname not in only_models:
+            continue
         for pp in (2, 4):
             for sched in ("gpipe", "1f1b", "interleaved", "zero-bubble"):
                 for dp, tp in ((1, 1), (2, 1), (1, 2), (2, 2)):
@@ -393,6 +395,8 @@ def main():
     ap.add_argument("--only", help="run the cases whose name contains this")
     ap.add_argument("--grid", action="store_true",
                     help="run the pipeline grid (pipeline_grid) instead of the cases")
+    ap.add_argument("--grid-models", help="comma-separated models of the grid to run "
+                    "(gpt, llama, mlp; default all)")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     print("seed %d" % seed)
@@ -401,7 +405,8 @@ def main():
     gen, comp, runp = tool("dlopt-gen"), tool("dlopt-compile"), tool("dlopt-run")
     passed = failed = 0
     refs = {}
-    for name, genargs, flags, fix, cluster in (pipeline_grid() if args.grid else CASES):
+    for name, genargs, flags, fix, cluster in (pipeline_grid(args.grid_models.split(",") if args.grid_models else None)
+                                                  if args.grid else CASES):
         if args.only and args.only not in name:
             continue
         d, rng = case_dir(work, name, seed)
