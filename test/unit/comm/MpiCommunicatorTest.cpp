@@ -17,8 +17,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace dlopt::rt;
@@ -284,6 +286,121 @@ TEST(Mpi, AbortFailsLaterCallsWithTheReason) {
   ASSERT_FALSE(st.isOk());
   EXPECT_TRUE(contains(st.message(), "aborted: rank 9 failed: test"))
       << st.message();
+}
+
+/// Runs fn(communicator) on one thread per rank of this process's part of a
+/// hybrid world of 2 ranks per process (8 ranks over the 4 processes).
+void onHybridRanks(const std::function<void(Communicator &)> &fn) {
+  auto made = createHybridWorld(2);
+  ASSERT_TRUE(made.isOk()) << made.status().message();
+  std::vector<std::unique_ptr<Communicator>> comms = made.take();
+  ASSERT_EQ(comms.size(), 2u);
+  std::vector<std::thread> threads;
+  for (auto &c : comms)
+    threads.emplace_back([&fn, &c] { fn(*c); });
+  for (auto &t : threads)
+    t.join();
+}
+
+TEST(Hybrid, CollectivesEqualTheRankOrderReduction) {
+  onHybridRanks([](Communicator &c) {
+    const int n = c.size(), me = c.rank();
+    EXPECT_EQ(n, 2 * world().size());
+    EXPECT_EQ(me / 2, world().rank()); // ranks 2p and 2p+1 live in process p
+    for (DType t : {DType::F32, DType::BF16, DType::I64})
+      for (int64_t count : {int64_t(1), int64_t(7), int64_t(1000)}) {
+        std::vector<std::vector<uint8_t>> all;
+        std::vector<const void *> ptrs;
+        for (int r = 0; r < n; ++r)
+          all.push_back(inputOf(r, count * n, t, uint32_t(count) + 5));
+        for (auto &a : all)
+          ptrs.push_back(a.data());
+        const int64_t es = dtypeSize(t);
+        std::vector<uint8_t> want(size_t(count * n * es));
+        reduceInto(ptrs, 0, count * n, t, ReduceOp::Sum, want.data());
+        std::vector<uint8_t> out(want.size());
+        Status st = c.allReduce(hostIn(all[size_t(me)].data(), count * n, t),
+                                hostOut(out.data(), count * n, t),
+                                ReduceOp::Sum);
+        ASSERT_TRUE(st.isOk()) << st.message();
+        EXPECT_EQ(out, want) << "all_reduce " << dtypeName(t) << " " << count;
+        std::vector<uint8_t> block(size_t(count * es));
+        st = c.reduceScatter(hostIn(all[size_t(me)].data(), count * n, t),
+                             hostOut(block.data(), count, t), ReduceOp::Sum);
+        ASSERT_TRUE(st.isOk()) << st.message();
+        EXPECT_EQ(0, std::memcmp(block.data(), want.data() + me * count * es,
+                                 block.size()));
+        std::vector<uint8_t> gathered(size_t(count * n * es));
+        st = c.allGather(hostIn(all[size_t(me)].data(), count, t),
+                         hostOut(gathered.data(), count * n, t));
+        ASSERT_TRUE(st.isOk()) << st.message();
+        for (int r = 0; r < n; ++r)
+          EXPECT_EQ(0, std::memcmp(gathered.data() + r * count * es,
+                                   all[size_t(r)].data(), size_t(count * es)));
+        std::vector<uint8_t> swapped(size_t(count * n * es));
+        st = c.allToAll(hostIn(all[size_t(me)].data(), count * n, t),
+                        hostOut(swapped.data(), count * n, t));
+        ASSERT_TRUE(st.isOk()) << st.message();
+        for (int r = 0; r < n; ++r) // block me of rank r's input
+          EXPECT_EQ(0, std::memcmp(swapped.data() + r * count * es,
+                                   all[size_t(r)].data() + me * count * es,
+                                   size_t(count * es)));
+        std::vector<uint8_t> b = all[size_t(me)];
+        st = c.broadcast(hostOut(b.data(), count, t), 3);
+        ASSERT_TRUE(st.isOk()) << st.message();
+        EXPECT_EQ(0, std::memcmp(b.data(), all[3].data(), size_t(count * es)));
+      }
+  });
+  ASSERT_TRUE(world().barrier().isOk());
+}
+
+TEST(Hybrid, SendsAroundARingAllAtOnce) {
+  onHybridRanks([](Communicator &c) {
+    const int n = c.size(), me = c.rank();
+    // Every rank sends first: buffered sends cannot deadlock.
+    std::vector<float> v(5000, float(me)), got(5000, -1);
+    ASSERT_TRUE(c.send(hostIn(v.data(), 5000, DType::F32), (me + 1) % n).isOk());
+    ASSERT_TRUE(c.send(hostIn(v.data(), 7, DType::F32), (me + 1) % n).isOk());
+    ASSERT_TRUE(
+        c.recv(hostOut(got.data(), 5000, DType::F32), (me + n - 1) % n).isOk());
+    EXPECT_EQ(got[4999], float((me + n - 1) % n));
+    Status st = c.recv(hostOut(got.data(), 8, DType::F32), (me + n - 1) % n);
+    ASSERT_FALSE(st.isOk());
+    EXPECT_TRUE(contains(st.message(), "sent 7 elements of f32, this rank "
+                                       "expects 8 of f32"))
+        << st.message();
+    ASSERT_TRUE(c.barrier().isOk());
+  });
+  ASSERT_TRUE(world().barrier().isOk());
+}
+
+TEST(Hybrid, GroupsInsideAProcessAreInProcess) {
+  onHybridRanks([](Communicator &c) {
+    const int me = c.rank();
+    // Pairs (2p, 2p+1) live in one process; (r, r + 2, ...) span processes.
+    auto inside = c.split(me / 2, me);
+    auto across = c.split(me % 2, me);
+    ASSERT_TRUE(inside.isOk() && *inside) << inside.status().message();
+    ASSERT_TRUE(across.isOk() && *across) << across.status().message();
+    EXPECT_EQ((*inside)->size(), 2);
+    EXPECT_EQ((*across)->size(), c.size() / 2);
+    float x = float(me), y = 0;
+    ASSERT_TRUE((*inside)->allReduce(hostIn(&x, 1, DType::F32),
+                                     hostOut(&y, 1, DType::F32), ReduceOp::Sum)
+                    .isOk());
+    EXPECT_EQ(y, float(me / 2 * 4 + 1));
+    ASSERT_TRUE((*across)->allReduce(hostIn(&x, 1, DType::F32),
+                                     hostOut(&y, 1, DType::F32), ReduceOp::Max)
+                    .isOk());
+    EXPECT_EQ(y, float(c.size() - 2 + me % 2));
+    // A send to oneself names the communicator: the in-process one for the
+    // pair, the hybrid one for the spanning group.
+    Status a = (*inside)->send(hostIn(&x, 1, DType::F32), (*inside)->rank());
+    Status b = (*across)->send(hostIn(&x, 1, DType::F32), (*across)->rank());
+    EXPECT_FALSE(contains(a.message(), "MPI")) << a.message();
+    EXPECT_TRUE(contains(b.message(), "MPI, hybrid")) << b.message();
+  });
+  ASSERT_TRUE(world().barrier().isOk());
 }
 
 } // namespace
