@@ -4,6 +4,7 @@
 #include "runtime/exec/GlobalTensor.h"
 #include "runtime/exec/SafeTensors.h"
 #include "runtime/exec/World.h"
+#include "runtime/support/JsonLimits.h"
 
 #include <nlohmann/json.hpp>
 
@@ -11,12 +12,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
+#include <thread>
 
 namespace dlopt::rt {
 
@@ -326,10 +330,13 @@ Status saveSharded(World &w, const std::string &dir,
   const std::vector<BlockRef> blocks =
       checkpointBlocks(exe, w.checkpointedValues());
   const std::string fingerprint = modelFingerprint(exe);
-  // This process's ranks write their blocks, one file per rank.
-  std::string sizes; // "FILE BYTES\n" per file written here
-  Status wrote = Status::ok();
-  for (int r = w.firstRank(); wrote && r < w.firstRank() + w.numLocal(); ++r) {
+  // This process's ranks write their blocks, one file per rank, each rank
+  // on its own thread (the writes and their fsyncs overlap).
+  const int local = w.numLocal();
+  std::vector<Status> results(size_t(local), Status::ok());
+  std::vector<uint64_t> fileBytes(size_t(local), 0);
+  auto writeRank = [&](int i) {
+    const int r = w.firstRank() + i;
     std::vector<NamedTensor> tensors;
     for (const BlockRef &b : blocks) {
       if (b.writer != r)
@@ -337,26 +344,36 @@ Status saveSharded(World &w, const std::string &dir,
       const std::string &name = exe.values[size_t(b.id)].name;
       Expected<HostTensor> t = w.session(r).readArgument(name);
       if (!t) {
-        wrote = t.status().withContext(where + "'" + name + "': ");
-        break;
+        results[size_t(i)] = t.status().withContext(where + "'" + name + "': ");
+        return;
       }
       tensors.push_back({name, t.take()});
     }
-    if (!wrote || tensors.empty())
-      continue;
+    if (tensors.empty())
+      return;
     std::map<std::string, std::string> meta = {
         {"format", "dlopt-checkpoint-shard"},
         {"rank", std::to_string(r)},
         {"fingerprint", fingerprint}};
-    Expected<std::vector<uint8_t>> bytes = encodeSafeTensors(tensors, meta);
-    if (!bytes) {
-      wrote = bytes.status().withContext(where);
-      break;
-    }
-    const std::string file = shardFileName(r);
-    wrote = writeFileAtomic((fs::path(tmp) / file).string(), *bytes)
-                .withContext(where);
-    sizes += file + " " + std::to_string(bytes->size()) + "\n";
+    results[size_t(i)] =
+        writeSafeTensorsAtomic((fs::path(tmp) / shardFileName(r)).string(),
+                               tensors, meta, &fileBytes[size_t(i)])
+            .withContext(where);
+  };
+  std::vector<std::thread> threads;
+  for (int i = 1; i < local; ++i)
+    threads.emplace_back(writeRank, i);
+  writeRank(0);
+  for (std::thread &t : threads)
+    t.join();
+  Status wrote = Status::ok();
+  std::string sizes; // "FILE BYTES\n" per file written here
+  for (int i = 0; i < local; ++i) {
+    if (!results[size_t(i)] && wrote)
+      wrote = results[size_t(i)];
+    if (fileBytes[size_t(i)])
+      sizes += shardFileName(w.firstRank() + i) + " " +
+               std::to_string(fileBytes[size_t(i)]) + "\n";
   }
   DLOPT_RETURN_IF_ERROR(w.agreeAcrossProcesses(wrote));
   Expected<std::vector<std::vector<uint8_t>>> all = w.allGatherBytes(
@@ -472,12 +489,25 @@ Expected<CheckpointState> loadSharded(StepRunner &session,
   }
   Json index;
   try {
-    index = Json::parse(text);
+    Expected<Json> parsed =
+        parseJsonBounded<Json>(text.data(), text.data() + text.size());
+    if (!parsed)
+      return Status::error(where + kIndexName + " is not valid JSON: " +
+                           parsed.status().message());
+    index = parsed.take();
   } catch (const std::exception &e) {
     return Status::error(where + kIndexName + " is not valid JSON: " +
                          e.what());
   }
-  std::map<std::string, NamedTensor> assembled;
+  // What this process binds: per (rank here, value) its block, filled from
+  // the saved blocks it overlaps (a Session's "block" is the whole tensor).
+  struct Target {
+    int rank = -1; ///< of a World; -1: the Session itself
+    int32_t id = -1;
+    std::vector<int64_t> start;
+    HostTensor data;
+  };
+  std::vector<Target> targets;
   CheckpointState state;
   try {
     auto str = [&](const char *key) -> std::string {
@@ -543,9 +573,10 @@ Expected<CheckpointState> loadSharded(StepRunner &session,
                       ", expected " + fp + " (the same tensors, but params "
                       "and states differ in role or order)"};
 
-    // Every shard present and complete before any is read.
+    // Every shard present and complete, and its table readable, before
+    // any data is read.
     const Json &files = index.at("files");
-    std::map<std::string, SafeTensorsFile> shards;
+    std::map<std::string, SafeTensorsTable> tables;
     for (auto it = files.begin(); it != files.end(); ++it) {
       const std::string &name = it.key();
       if (name.find('/') != std::string::npos || name == ".." || name == ".")
@@ -561,83 +592,220 @@ Expected<CheckpointState> loadSharded(StepRunner &session,
         throw LoadError{"shard " + name + " has " + std::to_string(bytes) +
                         " bytes, the index says " + std::to_string(want) +
                         " (partial or corrupt)"};
-    }
-    for (auto it = files.begin(); it != files.end(); ++it) {
-      Expected<SafeTensorsFile> f =
-          readSafeTensors((fs::path(dir) / it.key()).string());
-      if (!f)
-        throw LoadError{f.status().message()};
-      if (f->metadata["fingerprint"] != fp)
-        throw LoadError{"shard " + it.key() + " belongs to another model "
-                        "(fingerprint " + f->metadata["fingerprint"] + ")"};
-      shards.emplace(it.key(), f.take());
+      Expected<SafeTensorsTable> table = readSafeTensorsTable(path);
+      if (!table)
+        throw LoadError{table.status().message()};
+      if (table->metadata["fingerprint"] != fp)
+        throw LoadError{"shard " + name + " belongs to another model "
+                        "(fingerprint " + table->metadata["fingerprint"] + ")"};
+      tables.emplace(name, table.take());
     }
 
-    // Put each tensor together from its blocks, which must tile it.
+    // The blocks of each tensor must tile it: each in its file with the
+    // right type, within the tensor, on the grid of its shape, distinct,
+    // covering every element.
+    struct Saved {
+      std::string file;
+      const SafeTensorsTable::Entry *entry = nullptr;
+      std::vector<int64_t> start, shape;
+    };
+    std::map<int32_t, std::vector<Saved>> saved;
     for (int32_t id : ids) {
       const Value &v = exe.values[size_t(id)];
       const TensorType &type = argumentType(exe, id);
-      HostTensor global(type);
       const size_t rank = type.shape.size();
-      const int64_t es = dtypeSize(type.dtype);
       std::set<std::vector<int64_t>> starts;
       std::vector<int64_t> blockShape;
       int64_t covered = 0;
       for (const Json &b : tensors[v.name].at("blocks")) {
-        std::string file = b.at("file").get<std::string>();
-        auto sh = shards.find(file);
-        if (sh == shards.end())
-          throw LoadError{"'" + v.name + "': block in " + file +
+        Saved sv;
+        sv.file = b.at("file").get<std::string>();
+        sv.start = b.at("start").get<std::vector<int64_t>>();
+        sv.shape = b.at("shape").get<std::vector<int64_t>>();
+        auto tb = tables.find(sv.file);
+        if (tb == tables.end())
+          throw LoadError{"'" + v.name + "': block in " + sv.file +
                           ", which the index does not list"};
-        std::vector<int64_t> start = b.at("start").get<std::vector<int64_t>>();
-        std::vector<int64_t> shape = b.at("shape").get<std::vector<int64_t>>();
-        const HostTensor *part = sh->second.find(v.name);
-        if (!part)
-          throw LoadError{"shard " + file + " lacks its block of '" + v.name +
-                          "'"};
-        bool ok = start.size() == rank && shape.size() == rank &&
-                  part->type.shape == shape && part->type.dtype == type.dtype &&
-                  (blockShape.empty() || blockShape == shape);
+        sv.entry = tb->second.find(v.name);
+        if (!sv.entry)
+          throw LoadError{"shard " + sv.file + " lacks its block of '" +
+                          v.name + "'"};
+        bool ok = sv.start.size() == rank && sv.shape.size() == rank &&
+                  sv.entry->type.shape == sv.shape &&
+                  sv.entry->type.dtype == type.dtype &&
+                  (blockShape.empty() || blockShape == sv.shape);
         for (size_t d = 0; ok && d < rank; ++d)
-          ok = shape[d] > 0 && start[d] >= 0 && start[d] % shape[d] == 0 &&
-               start[d] + shape[d] <= type.shape[d];
-        if (!ok || !starts.insert(start).second)
-          throw LoadError{"'" + v.name + "': the block at [" +
-                          Json(start).dump() + "] in " + file +
+          ok = sv.shape[d] > 0 && sv.start[d] >= 0 &&
+               sv.start[d] % sv.shape[d] == 0 &&
+               sv.start[d] + sv.shape[d] <= type.shape[d];
+        if (!ok || !starts.insert(sv.start).second)
+          throw LoadError{"'" + v.name + "': the block at " +
+                          Json(sv.start).dump() + " in " + sv.file +
                           " does not fit the " + type.str() + " tensor"};
-        blockShape = shape;
-        covered += part->numElements();
-        // Rows along the last dim are contiguous in both.
-        const int64_t row = rank ? shape[rank - 1] : 1;
-        const int64_t rows = rank ? part->numElements() / std::max<int64_t>(row, 1) : 1;
-        std::vector<int64_t> idx(rank, 0);
-        for (int64_t k = 0; k < rows; ++k) {
-          int64_t off = 0;
-          for (size_t d = 0; d < rank; ++d)
-            off = off * type.shape[d] + start[d] + idx[d];
-          std::memcpy(global.bytes.data() + off * es,
-                      part->bytes.data() + k * row * es, size_t(row * es));
-          for (int d = int(rank) - 2; d >= 0; --d) {
-            if (++idx[size_t(d)] < shape[size_t(d)])
-              break;
-            idx[size_t(d)] = 0;
-          }
-        }
+        blockShape = sv.shape;
+        covered += sv.entry->type.numElements();
+        saved[id].push_back(std::move(sv));
       }
       if (covered != type.numElements())
         throw LoadError{"'" + v.name + "': its blocks cover " +
                         std::to_string(covered) + " of its " +
                         std::to_string(type.numElements()) + " elements"};
-      assembled[v.name] = {v.name, std::move(global)};
     }
+
+    // This process's blocks, filled from the saved blocks they overlap; a
+    // saved block is read only if some block here needs it.
+    World *world = session.shardedCheckpoints()
+                       ? static_cast<World *>(&session)
+                       : nullptr;
+    // The targets of each value, [first, end) in `targets`.
+    std::vector<std::pair<size_t, size_t>> spans;
+    for (int32_t id : ids) {
+      const Value &v = exe.values[size_t(id)];
+      const TensorType &type = argumentType(exe, id);
+      const size_t nd = type.shape.size();
+      size_t first = targets.size();
+      if (world) {
+        for (int r = world->firstRank();
+             r < world->firstRank() + world->numLocal(); ++r) {
+          int32_t p = exe.programOf(r);
+          if (p < 0 || exe.programs[size_t(p)].memory.offsets[size_t(id)] < 0)
+            continue;
+          Target tg;
+          tg.rank = r;
+          tg.id = id;
+          tg.start = v.global ? blockStart(exe.mesh, *v.global, v.type, r)
+                              : std::vector<int64_t>(nd, 0);
+          tg.data.type = v.type;
+          tg.data.type.dtype = type.dtype;
+          targets.push_back(std::move(tg));
+        }
+      } else {
+        Target tg;
+        tg.id = id;
+        tg.start.assign(nd, 0);
+        tg.data.type = type;
+        targets.push_back(std::move(tg));
+      }
+      spans.push_back({first, targets.size()});
+    }
+    // Fill them, values spread over threads. A target that is exactly a
+    // saved block (resuming under the same plan) is read straight into
+    // place; otherwise each saved block it overlaps is read once and the
+    // overlap copied.
+    auto fill = [&](size_t k) -> Status {
+      const int32_t id = ids[k];
+      const TensorType &type = argumentType(exe, id);
+      const size_t nd = type.shape.size();
+      const int64_t es = dtypeSize(type.dtype);
+      for (size_t t = spans[k].first; t < spans[k].second; ++t)
+        targets[t].data.bytes.resize(size_t(targets[t].data.type.byteSize()));
+      for (const Saved &sv : saved[id]) {
+        std::vector<uint8_t> data; // read on first use
+        const std::string path = (fs::path(dir) / sv.file).string();
+        for (size_t t = spans[k].first; t < spans[k].second; ++t) {
+          Target &tg = targets[t];
+          const std::vector<int64_t> &ts = tg.data.type.shape;
+          if (tg.start == sv.start && ts == sv.shape) {
+            DLOPT_RETURN_IF_ERROR(
+                readSafeTensorsEntry(path, *sv.entry, tg.data.bytes.data()));
+            continue;
+          }
+          // The overlap [lo, hi) of the saved block and the target.
+          std::vector<int64_t> lo(nd), hi(nd);
+          bool empty = false;
+          for (size_t d = 0; d < nd; ++d) {
+            lo[d] = std::max(sv.start[d], tg.start[d]);
+            hi[d] = std::min(sv.start[d] + sv.shape[d], tg.start[d] + ts[d]);
+            empty |= lo[d] >= hi[d];
+          }
+          if (empty)
+            continue;
+          if (data.empty() && sv.entry->bytes) {
+            data.resize(size_t(sv.entry->bytes));
+            DLOPT_RETURN_IF_ERROR(
+                readSafeTensorsEntry(path, *sv.entry, data.data()));
+          }
+          // Copy row by row along the last dim.
+          const int64_t row = nd ? hi[nd - 1] - lo[nd - 1] : 1;
+          std::vector<int64_t> idx(lo);
+          for (;;) {
+            int64_t from = 0, to = 0;
+            for (size_t d = 0; d < nd; ++d) {
+              from = from * sv.shape[d] + (idx[d] - sv.start[d]);
+              to = to * ts[d] + (idx[d] - tg.start[d]);
+            }
+            std::memcpy(tg.data.bytes.data() + to * es,
+                        data.data() + from * es, size_t(row * es));
+            int d = int(nd) - 2;
+            for (; d >= 0; --d) {
+              if (++idx[size_t(d)] < hi[size_t(d)])
+                break;
+              idx[size_t(d)] = lo[size_t(d)];
+            }
+            if (d < 0)
+              break;
+          }
+        }
+      }
+      return Status::ok();
+    };
+    std::atomic<size_t> next{0};
+    std::vector<Status> filled(
+        size_t(std::max(1u, std::min(8u, std::thread::hardware_concurrency()))),
+        Status::ok());
+    auto worker = [&](size_t w) {
+      for (size_t k; (k = next.fetch_add(1)) < ids.size();) {
+        Status st = fill(k);
+        if (!st) {
+          filled[w] = st;
+          next = ids.size();
+        }
+      }
+    };
+    std::vector<std::thread> fillers;
+    for (size_t w = 1; w < filled.size(); ++w)
+      fillers.emplace_back(worker, w);
+    worker(0);
+    for (std::thread &t : fillers)
+      t.join();
+    for (const Status &st : filled)
+      if (!st)
+        throw LoadError{st.message()};
   } catch (const LoadError &e) {
     return Status::error(where + e.message);
   } catch (const std::exception &e) {
     return Status::error(where + kIndexName + " is malformed: " + e.what());
   }
-  // Everything checked: now bind.
-  for (auto &[name, t] : assembled)
-    DLOPT_RETURN_IF_ERROR(session.bind(name, t.tensor, dir));
+  // Everything checked and read: now bind, each rank of a World on its own
+  // thread (binding first touches the ranks' memory).
+  if (!session.shardedCheckpoints()) {
+    for (Target &t : targets)
+      DLOPT_RETURN_IF_ERROR(
+          session.bind(exe.values[size_t(t.id)].name, t.data, dir));
+    return state;
+  }
+  World &w = static_cast<World &>(session);
+  std::vector<Status> bound(size_t(w.numLocal()), Status::ok());
+  auto bindRank = [&](int i) {
+    const int r = w.firstRank() + i;
+    for (Target &t : targets)
+      if (t.rank == r) {
+        Status st = w.session(r).bind(exe.values[size_t(t.id)].name, t.data, dir);
+        if (!st) {
+          bound[size_t(i)] = st;
+          return;
+        }
+        t.data = HostTensor(); // free as we go
+      }
+  };
+  std::vector<std::thread> threads;
+  for (int i = 1; i < w.numLocal(); ++i)
+    threads.emplace_back(bindRank, i);
+  bindRank(0);
+  for (std::thread &t : threads)
+    t.join();
+  for (const Status &st : bound)
+    DLOPT_RETURN_IF_ERROR(st);
   return state;
 }
 

@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <optional>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace dlopt::rt {
@@ -200,9 +201,14 @@ const HostTensor *SafeTensorsFile::find(const std::string &name) const {
   return nullptr;
 }
 
-Expected<std::vector<uint8_t>>
-encodeSafeTensors(const std::vector<NamedTensor> &tensors,
-                  const std::map<std::string, std::string> &metadata) {
+namespace {
+
+/// The 8-byte length and the padded JSON header of a file of `tensors`;
+/// *dataBytes gets the data's size.
+Expected<std::string>
+encodeHeader(const std::vector<NamedTensor> &tensors,
+             const std::map<std::string, std::string> &metadata,
+             uint64_t *dataBytes) {
   try {
     Json header = Json::object();
     if (!metadata.empty()) {
@@ -233,17 +239,149 @@ encodeSafeTensors(const std::vector<NamedTensor> &tensors,
     // Pad with spaces so the data starts 8-byte aligned, as the reference
     // writer does.
     text.append((8 - text.size() % 8) % 8, ' ');
-    std::vector<uint8_t> out;
-    out.reserve(8 + text.size() + offset);
+    std::string out(8, '\0');
     for (int i = 0; i < 8; ++i)
-      out.push_back(uint8_t(uint64_t(text.size()) >> (8 * i)));
-    out.insert(out.end(), text.begin(), text.end());
-    for (const NamedTensor &t : tensors)
-      out.insert(out.end(), t.tensor.bytes.begin(), t.tensor.bytes.end());
-    return out;
+      out[size_t(i)] = char(uint8_t(uint64_t(text.size()) >> (8 * i)));
+    *dataBytes = offset;
+    return out + text;
   } catch (const std::exception &e) {
     return Status::error(std::string("encoding safetensors: ") + e.what());
   }
+}
+
+/// Writes the chunks, in order, to `path` atomically (see writeFileAtomic).
+Status writeChunksAtomic(const std::string &path,
+                         const std::vector<std::pair<const void *, size_t>> &chunks);
+
+} // namespace
+
+Expected<std::vector<uint8_t>>
+encodeSafeTensors(const std::vector<NamedTensor> &tensors,
+                  const std::map<std::string, std::string> &metadata) {
+  uint64_t data = 0;
+  Expected<std::string> head = encodeHeader(tensors, metadata, &data);
+  if (!head)
+    return head.status();
+  std::vector<uint8_t> out;
+  out.reserve(head->size() + data);
+  out.insert(out.end(), head->begin(), head->end());
+  for (const NamedTensor &t : tensors)
+    out.insert(out.end(), t.tensor.bytes.begin(), t.tensor.bytes.end());
+  return out;
+}
+
+Status writeSafeTensorsAtomic(const std::string &path,
+                              const std::vector<NamedTensor> &tensors,
+                              const std::map<std::string, std::string> &metadata,
+                              uint64_t *fileBytes) {
+  uint64_t data = 0;
+  Expected<std::string> head = encodeHeader(tensors, metadata, &data);
+  if (!head)
+    return head.status().withContext(path + ": ");
+  std::vector<std::pair<const void *, size_t>> chunks;
+  chunks.push_back({head->data(), head->size()});
+  for (const NamedTensor &t : tensors)
+    chunks.push_back({t.tensor.bytes.data(), t.tensor.bytes.size()});
+  if (fileBytes)
+    *fileBytes = head->size() + data;
+  return writeChunksAtomic(path, chunks);
+}
+
+const SafeTensorsTable::Entry *
+SafeTensorsTable::find(const std::string &name) const {
+  for (const Entry &e : entries)
+    if (e.name == name)
+      return &e;
+  return nullptr;
+}
+
+Expected<SafeTensorsTable> readSafeTensorsTable(const std::string &path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return Status::error(path + ": " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0)
+    return Status::error(path + ": " + std::strerror(errno));
+  const uint64_t size = uint64_t(st.st_size);
+  auto readAt = [&](void *dst, size_t n, uint64_t at) {
+    size_t done = 0;
+    while (done < n) {
+      ssize_t r = ::pread(fd, static_cast<char *>(dst) + done, n - done,
+                          off_t(at + done));
+      if (r < 0 && errno == EINTR)
+        continue;
+      if (r <= 0)
+        return false;
+      done += size_t(r);
+    }
+    return true;
+  };
+  if (size < 8)
+    return Status::error(path + ": truncated: " + std::to_string(size) +
+                         " bytes, a safetensors file starts with an 8-byte "
+                         "header length");
+  uint8_t lenBytes[8];
+  if (!readAt(lenBytes, 8, 0))
+    return Status::error(path + ": cannot read the header length");
+  uint64_t headerLen = 0;
+  for (int i = 0; i < 8; ++i)
+    headerLen |= uint64_t(lenBytes[i]) << (8 * i);
+  if (headerLen > size - 8 || headerLen > (uint64_t(1) << 30))
+    return Status::error(path + ": truncated or corrupt: header length " +
+                         std::to_string(headerLen) + " exceeds the " +
+                         std::to_string(size - 8) + " bytes after it");
+  std::string text(size_t(headerLen), '\0');
+  if (!readAt(text.data(), text.size(), 8))
+    return Status::error(path + ": cannot read the header");
+  try {
+    Expected<Json> parsed =
+        parseJsonBounded<Json>(text.data(), text.data() + text.size());
+    if (!parsed)
+      return Status::error(path + ": malformed header JSON: " +
+                           parsed.status().message());
+    std::vector<Entry> entries;
+    SafeTensorsTable table;
+    DLOPT_RETURN_IF_ERROR(
+        parseHeader(*parsed, size - 8 - headerLen, entries, table.metadata)
+            .withContext(path + ": "));
+    for (const Entry &e : entries)
+      table.entries.push_back(
+          {e.name, e.type, 8 + headerLen + e.begin, e.end - e.begin});
+    return table;
+  } catch (const std::exception &e) {
+    return Status::error(path + ": reading safetensors: " + e.what());
+  }
+}
+
+Status readSafeTensorsEntry(const std::string &path,
+                            const SafeTensorsTable::Entry &e, void *out) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return Status::error(path + ": " + std::strerror(errno));
+  size_t done = 0;
+  while (done < e.bytes) {
+    ssize_t r = ::pread(fd, static_cast<char *>(out) + done, e.bytes - done,
+                        off_t(e.offset + done));
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0) {
+      ::close(fd);
+      return Status::error(path + ": tensor '" + e.name +
+                           "': cannot read its bytes (truncated?)");
+    }
+    done += size_t(r);
+  }
+  ::close(fd);
+  if (e.type.dtype == DType::I1)
+    for (size_t i = 0; i < e.bytes; ++i)
+      if (static_cast<const uint8_t *>(out)[i] > 1)
+        return Status::error(path + ": tensor '" + e.name +
+                             "': BOOL data holds a byte other than 0 or 1");
+  return Status::ok();
 }
 
 Expected<SafeTensorsFile> parseSafeTensors(const std::vector<uint8_t> &bytes) {
@@ -313,6 +451,13 @@ std::vector<std::string> removeStaleTempFiles(const std::string &dir) {
 
 Status writeFileAtomic(const std::string &path,
                        const std::vector<uint8_t> &bytes) {
+  return writeChunksAtomic(path, {{bytes.data(), bytes.size()}});
+}
+
+namespace {
+Status writeChunksAtomic(
+    const std::string &path,
+    const std::vector<std::pair<const void *, size_t>> &chunks) {
   namespace fs = std::filesystem;
   fs::path target(path);
   fs::path dir = target.parent_path();
@@ -331,15 +476,18 @@ Status writeFileAtomic(const std::string &path,
     ::unlink(tmp.c_str());
     return Status::error(path + ": " + what + ": " + std::strerror(err));
   };
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      return failWith("write failed");
+  for (const auto &[data, size] : chunks) {
+    size_t done = 0;
+    while (done < size) {
+      ssize_t n = ::write(fd, static_cast<const char *>(data) + done,
+                          size - done);
+      if (n < 0) {
+        if (errno == EINTR)
+          continue;
+        return failWith("write failed");
+      }
+      done += size_t(n);
     }
-    done += size_t(n);
   }
   if (::fsync(fd) != 0)
     return failWith("fsync failed");
@@ -362,5 +510,7 @@ Status writeFileAtomic(const std::string &path,
   }
   return Status::ok();
 }
+
+} // namespace
 
 } // namespace dlopt::rt

@@ -43,6 +43,31 @@ Expected<std::vector<uint8_t>>
 encodeSafeTensors(const std::vector<NamedTensor> &tensors,
                   const std::map<std::string, std::string> &metadata);
 
+/// Writes tensors and metadata to `path` atomically (as writeFileAtomic)
+/// without assembling the file in memory; *fileBytes gets its size.
+Status writeSafeTensorsAtomic(const std::string &path,
+                              const std::vector<NamedTensor> &tensors,
+                              const std::map<std::string, std::string> &metadata,
+                              uint64_t *fileBytes = nullptr);
+
+/// A file's tensor table, read and checked without reading the data: the
+/// header is checked as parseSafeTensors checks it, against the file's size.
+struct SafeTensorsTable {
+  struct Entry {
+    std::string name;
+    TensorType type;
+    uint64_t offset = 0; ///< of the tensor's bytes from the file's start
+    uint64_t bytes = 0;
+  };
+  std::vector<Entry> entries; ///< in order of their data offsets
+  std::map<std::string, std::string> metadata;
+  const Entry *find(const std::string &name) const;
+};
+Expected<SafeTensorsTable> readSafeTensorsTable(const std::string &path);
+/// Reads one entry's bytes (e.bytes of them) into `out` (BOOL data checked).
+Status readSafeTensorsEntry(const std::string &path,
+                            const SafeTensorsTable::Entry &e, void *out);
+
 /// Parses and checks a whole file's bytes.
 Expected<SafeTensorsFile> parseSafeTensors(const std::vector<uint8_t> &bytes);
 
