@@ -41,8 +41,8 @@ t0=$(now); cp -r "$work/ck/step-000001" "$work/copy"; sync; t1=$(now)
 sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
 t2=$(now); cat "$work/copy"/* > /dev/null; t3=$(now)
 printf '  cp -r + sync of the same %s bytes: %.3f s (%.2f GB/s); cat: %.3f s (%.2f GB/s)\n' \
-  "$bytes" "$(secs "$t0" "$t1")" "$(echo "$bytes / $(secs "$t0" "$t1") / 1e9" | bc -l)" \
-  "$(secs "$t2" "$t3")" "$(echo "$bytes / $(secs "$t2" "$t3") / 1e9" | bc -l)"
+  "$bytes" "$(secs "$t0" "$t1")" "$(echo "$bytes / $(secs "$t0" "$t1") / 1000000000" | bc -l)" \
+  "$(secs "$t2" "$t3")" "$(echo "$bytes / $(secs "$t2" "$t3") / 1000000000" | bc -l)"
 
 echo "== one training step of the tiny gpt, dp=2 x tp=2, three layouts =="
 "$BIN/dlopt-gen" gpt --preset gpt-tiny --batch 8 -q -o "$work/t.mlir"
@@ -54,7 +54,7 @@ for layout in in-graph between-graph hybrid; do
     between-graph) run=(mpirun -n 4 --oversubscribe "$BIN/dlopt-run") ;;
     hybrid) run=(mpirun -n 2 --oversubscribe "$BIN/dlopt-run" --devices-per-process 2) ;;
   esac
-  "${run[@]}" "$work/t.exe" --steps 20 --quiet --metrics "$work/$layout.jsonl"
+  "${run[@]}" "$work/t.exe" --steps 20 --vocab 64 --quiet --metrics "$work/$layout.jsonl"
   # The median step time of steps 2-20 (step 1 warms up).
   med=$(tail -n +2 "$work/$layout.jsonl" | sed 's/.*"step_time_s": \([0-9.e-]*\).*/\1/' | sort -g |
         awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
