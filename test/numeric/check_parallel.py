@@ -51,6 +51,28 @@ def run(cmd):
     return r
 
 
+# --launch: how the parallel executables run (docs/launch.md).
+LAUNCH = "in-graph"
+MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+
+
+def run_par(runp, exe, args):
+    """dlopt-run on a parallel executable in the --launch layout: in-graph,
+    between (mpirun -n N) or hybrid (mpirun -n N/2 --devices-per-process 2,
+    or between-graph for an odd N)."""
+    if LAUNCH == "in-graph":
+        return run([runp, exe] + args)
+    dump = run([runp, exe, "--dump"]).stdout
+    n = int(dump.split("world size:")[1].split()[0])
+    cmd = [runp, exe] + args
+    if LAUNCH == "hybrid" and n % 2 == 0:
+        cmd = ["mpirun", "-n", str(n // 2), "--oversubscribe"] + cmd + ["--devices-per-process", "2"]
+    else:
+        cmd = ["mpirun", "-n", str(n), "--oversubscribe"] + cmd
+    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=MPI_ENV)
+
+
 CASES = [
     # name, dlopt-gen args, compile flags, --fix, cluster
     ("mlp.adamw.clip.dp2", ["mlp", "--preset", "mlp-tiny", "--batch", "8"],
@@ -359,7 +381,7 @@ def several_steps(runp, par, binds, s, d, refDir, flags):
     reference's (relative to the largest |param| of the tensor plus the
     distance AdamW can move it, lr per step) and each step's loss and
     gradient norm. Returns the worst relative difference and what it was."""
-    r = run([runp, par, "--quiet", "--seed", s, "--steps", str(GRID_STEPS),
+    r = run_par(runp, par, ["--quiet", "--seed", s, "--steps", str(GRID_STEPS),
              "--save-params", os.path.join(d, "p"), "--metrics", os.path.join(d, "m.jsonl")] + binds)
     if r.returncode:
         raise RuntimeError("dlopt-run %s --steps %d: %s" % (os.path.basename(par), GRID_STEPS, r.stderr))
@@ -395,9 +417,13 @@ def main():
     ap.add_argument("--only", help="run the cases whose name contains this")
     ap.add_argument("--grid", action="store_true",
                     help="run the pipeline grid (pipeline_grid) instead of the cases")
+    ap.add_argument("--launch", choices=("in-graph", "between", "hybrid"), default="in-graph",
+                    help="run the parallel executables in this process layout (docs/launch.md)")
     ap.add_argument("--grid-models", help="comma-separated models of the grid to run "
                     "(gpt, llama, mlp; default all)")
     args = ap.parse_args()
+    global LAUNCH
+    LAUNCH = args.launch
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     print("seed %d" % seed)
     work = args.work_dir or tempfile.mkdtemp(prefix="dlopt_parallel_")
@@ -465,7 +491,7 @@ def main():
                 raise RuntimeError("inserted collectives differ from the priced "
                                    "ones: " + r.stderr)
             s = str(seed % 1000)
-            r = run([runp, par, "--quiet", "--seed", s, "--output-dir", os.path.join(d, "odp")] + binds)
+            r = run_par(runp, par, ["--quiet", "--seed", s, "--output-dir", os.path.join(d, "odp")] + binds)
             if r.returncode:
                 raise RuntimeError("dlopt-run %s: %s" % (os.path.basename(par), r.stderr))
             o1 = os.path.join(refDir, "o1")
