@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <thread>
 #include <type_traits>
 #include <unordered_map>
 
@@ -1950,6 +1951,85 @@ Status configureCudaWorld(WorldOptions &o, int worldSize,
     };
   else
     o.worldGroup = nullptr;
+  return Status::ok();
+}
+
+Status configureCudaProcessWorld(WorldOptions &o, int worldSize,
+                                 int nodeLocalIndex,
+                                 const CudaWorldOptions &co) {
+  if (!o.processGroup)
+    return Status::error("cuda process world: no communicator between the "
+                         "processes");
+  const int first = o.firstRank, local = o.numRanks ? o.numRanks : worldSize;
+  std::string why;
+  int visible = deviceCount(&why);
+  if (visible <= 0)
+    return Status::error("cuda backend: no CUDA device (" + why + ")");
+  std::vector<int> devices; // of this process's ranks
+  for (int i = 0; i < local; ++i)
+    devices.push_back((nodeLocalIndex * local + i) % visible);
+  if (std::set<int>(devices.begin(), devices.end()).size() != devices.size())
+    return Status::error("cuda process world: " + std::to_string(local) +
+                         " ranks in this process but " +
+                         std::to_string(visible) +
+                         " devices visible; NCCL needs a device per rank");
+  auto lib = ncclLibrary();
+  if (!lib)
+    return lib.status();
+  const CudaLibrary *nccl = *lib;
+  // The first process's unique id, to every process.
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  Status made = Status::ok();
+  if (o.processGroup->rank() == 0) {
+    ncclResult_t rc = nccl->ncclGetUniqueId(&id);
+    if (rc != 0)
+      made = Status::error("ncclGetUniqueId failed (" + std::to_string(int(rc)) +
+                           ")");
+  }
+  int32_t ok = made ? 1 : 0;
+  DLOPT_RETURN_IF_ERROR(
+      o.processGroup->broadcast(hostOut(&ok, 1, DType::I32), 0));
+  if (!ok)
+    return made ? Status::error("process 0 could not create the NCCL unique "
+                                "id")
+                : made;
+  DLOPT_RETURN_IF_ERROR(o.processGroup->broadcast(
+      hostOut(&id, int64_t(sizeof(id)), DType::I1), 0));
+  CudaBackendOptions base = co.backend;
+  o.backend = [devices, base, first](int r) -> Expected<std::unique_ptr<Backend>> {
+    CudaBackendOptions b = base;
+    b.device = devices[size_t(r - first)];
+    auto created = CudaBackend::create(b);
+    if (!created)
+      return created.status();
+    return std::unique_ptr<Backend>(created.take());
+  };
+  o.worldGroup = [nccl, devices, first, id](int n)
+      -> Expected<std::vector<std::unique_ptr<Communicator>>> {
+    // ncclCommInitRank blocks until every rank joined: this process's
+    // ranks join from threads of their own.
+    std::vector<Expected<std::unique_ptr<Communicator>>> got;
+    for (size_t i = 0; i < devices.size(); ++i)
+      got.emplace_back(Status::error("not created"));
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < devices.size(); ++i)
+      threads.emplace_back([&, i] {
+        got[i] = createNcclCommunicator(*nccl, first + int(i), n, id,
+                                        devices[i]);
+      });
+    for (std::thread &t : threads)
+      t.join();
+    std::vector<std::unique_ptr<Communicator>> out;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (!got[i])
+        return got[i].status().withContext("rank " +
+                                           std::to_string(first + int(i)) +
+                                           ": ");
+      out.push_back(got[i].take());
+    }
+    return out;
+  };
   return Status::ok();
 }
 

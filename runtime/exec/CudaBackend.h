@@ -133,4 +133,16 @@ struct CudaWorldOptions {
 Status configureCudaWorld(WorldOptions &o, int worldSize,
                           const CudaWorldOptions &co = {});
 
+/// Between-graph and hybrid GPU runs (docs/launch.md): this process runs
+/// ranks [o.firstRank, o.firstRank + o.numRanks) of `worldSize`, on devices
+/// nodeLocalIndex * numRanks + i of this node (modulo the visible devices),
+/// with NCCL between every rank: the first process creates the NCCL unique
+/// id and broadcasts it over o.processGroup (MPI), every rank joins with
+/// ncclCommInitRank (this process's ranks on threads of their own), and
+/// groups are split with ncclCommSplit. o.processGroup must be set.
+/// Written against the NCCL API; not yet run on GPUs (docs/gpu.md).
+Status configureCudaProcessWorld(WorldOptions &o, int worldSize,
+                                 int nodeLocalIndex,
+                                 const CudaWorldOptions &co = {});
+
 } // namespace dlopt::rt

@@ -779,9 +779,6 @@ int runWorld(const Options &opts, const Executable &exe,
             (g == 1 && p > 0 && n % p == 0
                  ? " or pass --devices-per-process " + std::to_string(n / p)
                  : ""));
-    if (opts.backend != "cpu")
-      error(opts.planPath + ": between-graph runs use the cpu backend for "
-            "now (NCCL across processes is not wired yet; docs/launch.md)");
     wo.firstRank = gLaunch.process * g;
     wo.numRanks = g;
     MpiOptions mo;
@@ -801,6 +798,22 @@ int runWorld(const Options &opts, const Executable &exe,
       v.push_back(c.take());
       return v;
     };
+    if (opts.backend == "cuda") {
+      // NCCL between every rank, bootstrapped over MPI; ranks on this
+      // node's devices by their node-local process index.
+      int nodeLocal = gLaunch.process;
+      for (const char *v : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID",
+                            "MPI_LOCALRANKID"})
+        if (const char *e = std::getenv(v); e && *e) {
+          nodeLocal = std::atoi(e);
+          break;
+        }
+      CudaWorldOptions co;
+      co.backend = CudaBackend::optionsFromEnv();
+      Status st = configureCudaProcessWorld(wo, n, nodeLocal, co);
+      if (!st)
+        error(opts.planPath + ": " + st.message());
+    }
     wo.onFailure = [](int rank, const Status &st) {
       notifyJobAbort("rank " + std::to_string(rank) + " (" +
                      gLaunch.where() + ") failed: " + st.message());
@@ -817,7 +830,7 @@ int runWorld(const Options &opts, const Executable &exe,
     layout += "; no launcher found (mpirun, srun), so --devices-per-process " +
               std::to_string(opts.devicesPerProcess) + " did not split it";
   }
-  if (opts.backend == "cuda") {
+  if (opts.backend == "cuda" && gLaunch.processes == 1) {
     // Ranks on devices r mod (visible devices); host-staged communicators
     // unless DLOPT_CUDA_NCCL=1 (one distinct device per rank) (docs/gpu.md).
     CudaWorldOptions co;
