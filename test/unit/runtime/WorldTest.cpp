@@ -4,6 +4,7 @@
 // that end the run naming the rank instead of hanging.
 #include "TestUtil.h"
 
+#include "runtime/comm/InProcessCommunicator.h"
 #include "runtime/exec/GlobalTensor.h"
 #include "runtime/exec/Session.h"
 #include "runtime/exec/CpuBackend.h"
@@ -14,6 +15,7 @@
 #include <chrono>
 #include <numeric>
 #include <random>
+#include <thread>
 
 using namespace dlopt::rt;
 using namespace dlopt::rt::test;
@@ -265,6 +267,107 @@ TEST(World, DataParallelStepEqualsOneDevice) {
   auto wOne = (*one)->readArgument("w"), wDp = (*w)->readArgument("w");
   ASSERT_TRUE(wOne && wDp);
   EXPECT_EQ(wOne->bytes, wDp->bytes);
+}
+
+// Ranks spread over "processes": two Worlds of two ranks each, connected by
+// an in-process group standing in for MPI (one communicator per process),
+// run on two threads, give the bits of one World running all four ranks,
+// and every read is collective (the other process's blocks are gathered).
+TEST(World, RanksSpreadOverProcessesGiveTheBitsOfOneProcess) {
+  auto build = [](int dp) {
+    ExeBuilder b;
+    int64_t B = 8 / dp;
+    int32_t x = b.input("x", tt({B, 3}));
+    int32_t w = b.param("w", tt({3, 2}), Init{"normal", 0.0, 0.5});
+    int32_t y = b.op("matmul", {x, w}, tt({B, 2}));
+    int32_t sq = b.op("mul", {y, y}, tt({B, 2}));
+    int32_t s = b.op("sum", {sq}, tt({}), {{"dims", std::vector<int64_t>{0, 1}}, {"keepdims", int64_t(0)}});
+    int32_t inv = b.constant(tt({}), {1.0f / 16.0f});
+    int32_t loss = b.op("mul", {s, inv}, tt({}));
+    int32_t two = b.constant(tt({}), {2.0f / 16.0f});
+    int32_t dy = b.op("mul", {y, two}, tt({B, 2}));
+    int32_t g = b.op("matmul", {x, dy}, tt({3, 2}), {{"transpose_a", int64_t(1)}});
+    if (dp > 1) {
+      b.global(x, tt({8, 3}), {{0}, {}});
+      loss = b.op("all_reduce", {loss}, tt({}), {{"group", int64_t(0)}, {"reduce", std::string("sum")}});
+      g = b.op("all_reduce", {g}, tt({3, 2}), {{"group", int64_t(0)}, {"reduce", std::string("sum")}});
+    }
+    b.output("loss", loss);
+    b.output("grad", g);
+    return dp > 1 ? b.buildSpmd(Mesh{{"dp"}, {dp}}, {{"dp", {0}}}) : b.build();
+  };
+  HostTensor x = randomTensor(tt({8, 3}), 8);
+  WorldOptions o;
+  o.seed = 42;
+  auto all = World::create(build(4), o);
+  ASSERT_TRUE(all) << all.status().message();
+  ASSERT_TRUE((*all)->bind("x", x));
+  ASSERT_TRUE((*all)->execute());
+  auto wantLoss = (*all)->readOutput("loss");
+  auto wantGrad = (*all)->readOutput("grad");
+  ASSERT_TRUE(wantLoss && wantGrad);
+
+  // The four ranks' world communicators and the two processes' group.
+  auto worldComms = std::make_shared<std::vector<std::unique_ptr<Communicator>>>(
+      createInProcessGroup(4));
+  std::vector<std::unique_ptr<Communicator>> procs = createInProcessGroup(2);
+  std::vector<std::unique_ptr<World>> parts(2);
+  std::vector<Status> made(2, Status::ok());
+  auto createPart = [&](int p) {
+    WorldOptions po;
+    po.seed = 42;
+    po.firstRank = 2 * p;
+    po.numRanks = 2;
+    po.processGroup = std::shared_ptr<Communicator>(std::move(procs[size_t(p)]));
+    po.worldGroup = [worldComms, p](int)
+        -> Expected<std::vector<std::unique_ptr<Communicator>>> {
+      std::vector<std::unique_ptr<Communicator>> mine;
+      mine.push_back(std::move((*worldComms)[size_t(2 * p)]));
+      mine.push_back(std::move((*worldComms)[size_t(2 * p + 1)]));
+      return mine;
+    };
+    auto w = World::create(build(4), po);
+    if (!w) {
+      made[size_t(p)] = w.status();
+      return;
+    }
+    parts[size_t(p)] = w.take();
+  };
+  // Creating splits the groups: collective, so both at once.
+  std::thread t0(createPart, 0), t1(createPart, 1);
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(made[0] && made[1]) << made[0].message() << made[1].message();
+  EXPECT_EQ(parts[1]->firstRank(), 2);
+  EXPECT_EQ(parts[1]->numLocal(), 2);
+  EXPECT_EQ(parts[1]->processIndex(), 1);
+  std::vector<Expected<HostTensor>> loss(2, Status::error("")),
+      grad(2, Status::error(""));
+  auto runPart = [&](int p) {
+    World &w = *parts[size_t(p)];
+    ASSERT_TRUE(w.bind("x", x));
+    ASSERT_TRUE(w.execute());
+    loss[size_t(p)] = w.readOutput("loss");
+    grad[size_t(p)] = w.readOutput("grad");
+  };
+  std::thread r0(runPart, 0), r1(runPart, 1);
+  r0.join();
+  r1.join();
+  for (int p = 0; p < 2; ++p) {
+    ASSERT_TRUE(loss[size_t(p)] && grad[size_t(p)])
+        << loss[size_t(p)].status().message();
+    EXPECT_EQ(loss[size_t(p)]->bytes, wantLoss->bytes);
+    EXPECT_EQ(grad[size_t(p)]->bytes, wantGrad->bytes);
+  }
+  // A World of some of the ranks needs the processes' communicator.
+  WorldOptions bad;
+  bad.numRanks = 2;
+  auto refused = World::create(build(4), bad);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.status().message().find("needs a communicator to the "
+                                            "other processes"),
+            std::string::npos)
+      << refused.status().message();
 }
 
 TEST(World, SplitParamsStartFromTheGlobalInitialization) {
