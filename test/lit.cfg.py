@@ -26,3 +26,8 @@ if os.environ.get("DLOPT_CUDA_GPU") == "1":
 import shutil
 if shutil.which("mpirun"):
     config.available_features.add("mpi")
+
+# srun tests start a one-node Slurm cluster (scripts/local-slurm.sh), which
+# needs root and Debian's slurm-wlm and munge; they declare `REQUIRES: slurm`.
+if (os.geteuid() == 0 and all(shutil.which(t) for t in ("srun", "slurmctld", "slurmd", "munged"))):
+    config.available_features.add("slurm")

@@ -22,7 +22,10 @@
 5. bad launches: a world size that differs from the executable's,
    --devices-per-process that does not divide the ranks.
 
-  check_launch.py [--work-dir DIR] [--only SUBSTRING]
+  check_launch.py [--work-dir DIR] [--only SUBSTRING] [--launcher mpirun|srun]
+
+--launcher srun runs the same tests under Slurm's srun (a running cluster,
+e.g. scripts/local-slurm.sh, with SLURM_CONF set).
 """
 import argparse
 import json
@@ -63,8 +66,19 @@ LAYOUT_CASES = [
 ]
 
 
+# --launcher srun: the same tests under Slurm's srun (a running cluster,
+# e.g. scripts/local-slurm.sh; SLURM_CONF in the environment).
+LAUNCHER = "mpirun"
+
+
+def launch_cmd(n):
+    if LAUNCHER == "srun":
+        return ["srun", "-n", str(n), "--overcommit", "--kill-on-bad-exit=1"]
+    return [MPIRUN, "-n", str(n), "--oversubscribe"]
+
+
 def mpirun(n, args, timeout=300):
-    return subprocess.run([MPIRUN, "-n", str(n), "--oversubscribe"] + args, env=ENV,
+    return subprocess.run(launch_cmd(n) + args, env=ENV,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           timeout=timeout)
 
@@ -136,7 +150,8 @@ def metrics(path, keys=("step", "loss", "grad_norm")):
 
 def layouts(t, work, rng, only):
     passed = failed = 0
-    for name, genargs, fix in LAYOUT_CASES:
+    # Under srun, a subset: the launcher-independent checks ran under mpirun.
+    for name, genargs, fix in (LAYOUT_CASES[:3] if LAUNCHER == "srun" else LAYOUT_CASES):
         if only and only not in name:
             continue
         d = os.path.join(work, "layout." + name)
@@ -235,7 +250,7 @@ def reshard(t, work, rng, only):
     if r.returncode:
         raise RuntimeError(r.stderr)
     want = metrics(full)[4:]
-    for name, fa, la, fb, lb in RESHARD_CASES:
+    for name, fa, la, fb, lb in (RESHARD_CASES[:2] if LAUNCHER == "srun" else RESHARD_CASES):
         if only and only not in name:
             continue
         d = os.path.join(d0, name)
@@ -339,8 +354,9 @@ def pid_of_rank(pattern, rank):
             env = open("/proc/%s/environ" % p, "rb").read().split(b"\0")
         except OSError:
             continue
-        if ("OMPI_COMM_WORLD_RANK=%d" % rank).encode() in env:
-            return int(p)
+        for var in ("OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
+            if ("%s=%d" % (var, rank)).encode() in env:
+                return int(p)
     return None
 
 
@@ -357,7 +373,7 @@ def failures(t, work, exes, data):
 
     # kill -9 of rank 1 mid-training: the launcher ends the job; every other
     # process says what it was waiting for.
-    p = subprocess.Popen([MPIRUN, "-n", "4", "--oversubscribe"] + base + ["--steps", "1000000"],
+    p = subprocess.Popen(launch_cmd(4) + base + ["--steps", "1000000"],
                          env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pid = None
     for _ in range(300):
@@ -375,7 +391,7 @@ def failures(t, work, exes, data):
         secs = time.time() - t0
         waits = re.findall(r"\(process (\d) of 4 on [^)]*\) terminated by the launcher .* while "
                            r"(waiting in \S+|computing)", err)
-        named = re.search(r"process rank 1 .*(signal 9|Killed)", err)
+        named = re.search(r"process rank 1 .*(signal 9|Killed)|task 1: Killed", err)
         if p.returncode == 0 or not named or len(waits) < 1:
             raise RuntimeError("rc %d, %.1f s: %s" % (p.returncode, secs, err[-1500:]))
         print("PASS failure.kill9: the job ended %.1f s after kill -9 of rank 1 (rc %d); the "
@@ -390,10 +406,17 @@ def failures(t, work, exes, data):
     # A process that fails (process 1 cannot read its checkpoint) while the
     # others train: they stop waiting, name it and say where they waited.
     t0 = time.time()
-    r = subprocess.run([MPIRUN, "--oversubscribe", "-n", "1"] + base + ["--steps", "50", ":", "-n", "1"]
-                       + base + ["--steps", "50", "--resume", os.path.join(d, "nowhere"), ":",
-                                 "-n", "2"] + base + ["--steps", "50"],
-                       env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    bad = base + ["--steps", "50", "--resume", os.path.join(d, "nowhere")]
+    if LAUNCHER == "srun":
+        conf = os.path.join(d, "multi.conf")
+        with open(conf, "w") as f:
+            f.write("0,2,3 %s\n1 %s\n" % (" ".join(base + ["--steps", "50"]), " ".join(bad)))
+        cmd = launch_cmd(4) + ["--multi-prog", conf]
+    else:
+        cmd = [MPIRUN, "--oversubscribe", "-n", "1"] + base + ["--steps", "50", ":", "-n", "1"] + \
+            bad + [":", "-n", "2"] + base + ["--steps", "50"]
+    r = subprocess.run(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=120)
     secs = time.time() - t0
     others = re.findall(r"\(process (\d) of 4 on [^)]*\) .*?(\w+ \(rank \d of a group of \d, MPI\)): "
                         r"aborted: process 1 of 4 on \S+ failed", r.stderr)
@@ -409,7 +432,7 @@ def failures(t, work, exes, data):
     # A stopped process: nobody kills it, the others time out.
     stopped = os.path.join(d, "stopped-job.exe")
     shutil.copy(exes("dp=2,zero=3"), stopped)
-    p = subprocess.Popen([MPIRUN, "-n", "2", "--oversubscribe", t.runp,
+    p = subprocess.Popen(launch_cmd(2) + [t.runp,
                           stopped, "--quiet", "--data", data,
                           "--devices-per-process", str(t.ranks(stopped) // 2),
                           "--comm-timeout", "3", "--steps", "1000000"],
@@ -471,7 +494,32 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--work-dir")
     ap.add_argument("--only")
+    ap.add_argument("--launcher", choices=("mpirun", "srun"), default="mpirun")
+    ap.add_argument("--start-slurm", metavar="DIR",
+                    help="start a one-node Slurm cluster in DIR for the run "
+                    "(scripts/local-slurm.sh; root) and stop it afterwards")
     args = ap.parse_args()
+    global LAUNCHER
+    LAUNCHER = args.launcher
+    if LAUNCHER == "srun" and not shutil.which("srun"):
+        print("SKIP: no srun")
+        return 0
+    if args.start_slurm:
+        script = os.path.join(HERE, "..", "..", "scripts", "local-slurm.sh")
+        r = subprocess.run([script, "start", args.start_slurm], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+        if r.returncode:
+            print("FAIL slurm: could not start a local cluster: " + r.stderr[-1500:])
+            return 1
+        ENV["SLURM_CONF"] = r.stdout.strip().split("=", 1)[1]
+        try:
+            return run_all(args)
+        finally:
+            subprocess.run([script, "stop", args.start_slurm])
+    return run_all(args)
+
+
+def run_all(args):
     if not MPIRUN:
         print("SKIP: no mpirun (install openmpi-bin)")
         return 0
@@ -490,7 +538,7 @@ def main():
     add(layouts(t, work, rng, args.only))
     p, f, exes, model, data = reshard(t, work, rng, args.only)
     add((p, f))
-    if not args.only or "bad_checkpoint" in args.only:
+    if (not args.only or "bad_checkpoint" in args.only) and LAUNCHER != "srun":
         add(bad_checkpoints(t, work, exes, model, data))
     if not args.only or "failure" in args.only:
         add(failures(t, work, exes, data))
