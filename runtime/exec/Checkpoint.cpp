@@ -319,6 +319,24 @@ Status saveSharded(World &w, const std::string &dir,
   Status made = Status::ok();
   if (w.processIndex() == 0) {
     std::error_code ec;
+    // Staging directories of killed writers (step-N.tmp, step-N.old) are as
+    // large as a checkpoint and nothing else would remove them.
+    fs::path parent = fs::path(dir).parent_path();
+    if (parent.empty())
+      parent = ".";
+    for (const auto &e : fs::directory_iterator(parent, ec)) {
+      const std::string name = e.path().filename().string();
+      auto ends = [&](const std::string &suffix) {
+        return name.size() > suffix.size() &&
+               name.compare(name.size() - suffix.size(), suffix.size(),
+                            suffix) == 0;
+      };
+      std::error_code ec2;
+      if (name.rfind("step-", 0) == 0 && (ends(".tmp") || ends(".old")) &&
+          e.is_directory(ec2))
+        fs::remove_all(e.path(), ec2);
+    }
+    ec.clear();
     fs::remove_all(tmp, ec);
     fs::create_directories(tmp, ec);
     if (ec)

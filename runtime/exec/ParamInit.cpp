@@ -50,8 +50,14 @@ template <typename Fn> static void forEachElement(int64_t n, Fn fn) {
   });
 }
 
-Expected<HostTensor> initParam(const TensorType &type, const Init &init,
-                               uint64_t seed, uint64_t paramIndex) {
+namespace {
+
+/// Fills a tensor of `type` whose element i is element indexOf(i) of the
+/// parameter's stream.
+template <typename IndexOf>
+Expected<HostTensor> generate(const TensorType &type, const Init &init,
+                              uint64_t seed, uint64_t paramIndex,
+                              IndexOf indexOf) {
   HostTensor t;
   try {
     t = HostTensor(type);
@@ -70,23 +76,25 @@ Expected<HostTensor> initParam(const TensorType &type, const Init &init,
   }
   if (d == "uniform") {
     forEachElement(n, [&](int64_t i) {
-      t.setElementFromDouble(
-          i, init.low + (init.high - init.low) * initUniform(key, i));
+      t.setElementFromDouble(i, init.low + (init.high - init.low) *
+                                               initUniform(key, indexOf(i)));
     });
     return t;
   }
   if (d == "normal") {
     forEachElement(n, [&](int64_t i) {
-      t.setElementFromDouble(i, init.mean + init.std * normalAt(key, i));
+      t.setElementFromDouble(i,
+                             init.mean + init.std * normalAt(key, indexOf(i)));
     });
     return t;
   }
   if (d == "truncated_normal") {
     forEachElement(n, [&](int64_t i) {
+      const uint64_t g = indexOf(i);
       double z = 0;
       for (int a = 0; a < kMaxTruncatedAttempts; ++a) {
         uint64_t k = a == 0 ? key : initWord(key, (uint64_t(1) << 32) + a);
-        double c = normalAt(k, i);
+        double c = normalAt(k, g);
         if (std::fabs(c) <= 2.0) {
           z = c;
           break;
@@ -97,6 +105,45 @@ Expected<HostTensor> initParam(const TensorType &type, const Init &init,
     return t;
   }
   return Status::error("unknown init distribution '" + d + "'");
+}
+
+} // namespace
+
+Expected<HostTensor> initParam(const TensorType &type, const Init &init,
+                               uint64_t seed, uint64_t paramIndex) {
+  return generate(type, init, seed, paramIndex,
+                  [](int64_t i) { return uint64_t(i); });
+}
+
+Expected<HostTensor> initParamBlock(const TensorType &global,
+                                    const TensorType &local,
+                                    const std::vector<int64_t> &start,
+                                    const Init &init, uint64_t seed,
+                                    uint64_t paramIndex) {
+  const size_t nd = global.shape.size();
+  if (local.shape.size() != nd || start.size() != nd)
+    return Status::error("initParamBlock: a block of rank " +
+                         std::to_string(local.shape.size()) + " of a " +
+                         global.str() + " tensor");
+  for (size_t d = 0; d < nd; ++d)
+    if (start[d] < 0 || start[d] + local.shape[d] > global.shape[d])
+      return Status::error("initParamBlock: the " + local.str() +
+                           " block does not fit the " + global.str() +
+                           " tensor");
+  // Element i of the block is element sum_d (idx_d + start_d) * gstride_d
+  // of the global tensor, idx the block index of i.
+  std::vector<int64_t> gstride(nd, 1);
+  for (size_t d = nd; d-- > 1;)
+    gstride[d - 1] = gstride[d] * global.shape[d];
+  return generate(local, init, seed, paramIndex, [&](int64_t i) {
+    uint64_t g = 0;
+    for (size_t d = nd; d-- > 0;) {
+      const int64_t ext = local.shape[d];
+      g += uint64_t((i % ext + start[d]) * gstride[d]);
+      i /= ext;
+    }
+    return g;
+  });
 }
 
 } // namespace dlopt::rt

@@ -26,6 +26,7 @@
 #include "runtime/exec/HostTensor.h"
 
 #include <cstdint>
+#include <vector>
 
 namespace dlopt::rt {
 
@@ -41,5 +42,15 @@ uint64_t initKey(uint64_t seed, uint64_t paramIndex);
 /// distribution.
 Expected<HostTensor> initParam(const TensorType &type, const Init &init,
                                uint64_t seed, uint64_t paramIndex);
+
+/// The block of `local` type at `start` of the parameter of `global` type,
+/// generating only its elements (by global index): equal to cutting the
+/// block out of initParam(global, ...), at the block's cost. A rank of a
+/// tp=8 plan of a large model initializes its eighth, not the whole.
+Expected<HostTensor> initParamBlock(const TensorType &global,
+                                    const TensorType &local,
+                                    const std::vector<int64_t> &start,
+                                    const Init &init, uint64_t seed,
+                                    uint64_t paramIndex);
 
 } // namespace dlopt::rt

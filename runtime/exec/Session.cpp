@@ -206,10 +206,12 @@ Status Session::initializeParams() {
     // A split param is the rank's block of the global one: element values
     // depend on global indices only, whatever the plan.
     Expected<HostTensor> t =
-        initParam(val.global ? val.global->type : val.type, val.init,
-                  opts_.seed, p);
-    if (t && val.global)
-      t = localPart(exe_.mesh, *val.global, val.type, opts_.rank, *t);
+        val.global
+            ? initParamBlock(val.global->type, val.type,
+                             blockStart(exe_.mesh, *val.global, val.type,
+                                        opts_.rank),
+                             val.init, opts_.seed, p)
+            : initParam(val.type, val.init, opts_.seed, p);
     if (!t)
       return t.status().withContext(argKind(val.kind) + " '" + val.name +
                                     "': ");

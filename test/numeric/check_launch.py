@@ -290,8 +290,18 @@ def bad_checkpoints(t, work, exes, model, data):
     os.makedirs(d)
     exe = exes("dp=2,tp=2")
     ck = os.path.join(d, "ck")
+    # A killed writer's staging directory is removed by the next writer.
+    stale = os.path.join(ck, "step-000001.tmp")
+    os.makedirs(stale)
+    open(os.path.join(stale, "rank-00000.safetensors"), "wb").write(b"x" * 1000)
     t.launch(exe, "in-graph", ["--quiet", "--data", data, "--steps", "2", "--checkpoint-dir", ck])
     good = os.path.join(ck, "step-000002")
+    if os.path.exists(stale) or sorted(os.listdir(ck)) != ["step-000002"]:
+        print("FAIL bad_checkpoint.stale_staging: %s" % sorted(os.listdir(ck)))
+        failed += 1
+    else:
+        print("PASS bad_checkpoint.stale_staging: a killed writer's step-000001.tmp was removed")
+        passed += 1
     other = os.path.join(d, "other")
     os.makedirs(other)
     omodel = t.model(MLP, other)

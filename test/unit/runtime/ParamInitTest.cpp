@@ -116,3 +116,46 @@ TEST(ParamInit, ConstantsAndDTypes) {
                 std::fabs(f32.elementAsDouble(i)) / 128.0);
   EXPECT_FALSE(initParam(tt({2}), Init{"gaussian"}, 0, 0).isOk());
 }
+
+// A block generated alone equals the same block cut out of the whole
+// parameter, for every distribution, block shape and position.
+TEST(ParamInit, BlocksEqualTheirPartOfTheWhole) {
+  TensorType global = tt({6, 4, 10});
+  const std::vector<Init> inits = {
+      Init{"normal", 0.5, 2.0}, Init{"uniform"}, Init{"truncated_normal", 0.0, 1.0},
+      Init{"ones"}};
+  for (size_t k = 0; k < inits.size(); ++k) {
+    Init init = inits[k];
+    if (init.dist == "uniform") {
+      init.low = -3;
+      init.high = 5;
+    }
+    auto whole = initParam(global, init, 11, k);
+    ASSERT_TRUE(whole) << whole.status().message();
+    for (std::vector<int64_t> shape : {std::vector<int64_t>{3, 4, 10},
+                                       std::vector<int64_t>{6, 2, 5},
+                                       std::vector<int64_t>{2, 1, 2}})
+      for (int64_t a = 0; a + shape[0] <= 6; a += shape[0])
+        for (int64_t b = 0; b + shape[1] <= 4; b += shape[1])
+          for (int64_t c = 0; c + shape[2] <= 10; c += shape[2]) {
+            TensorType local = tt(shape);
+            auto block = initParamBlock(global, local, {a, b, c}, init, 11, k);
+            ASSERT_TRUE(block) << block.status().message();
+            for (int64_t i = 0; i < shape[0]; ++i)
+              for (int64_t j = 0; j < shape[1]; ++j)
+                for (int64_t l = 0; l < shape[2]; ++l) {
+                  float want = whole->data<float>()[((a + i) * 4 + b + j) * 10 +
+                                                    c + l];
+                  float got =
+                      block->data<float>()[(i * shape[1] + j) * shape[2] + l];
+                  ASSERT_EQ(want, got) << init.dist << " at " << a + i << ","
+                                       << b + j << "," << c + l;
+                }
+          }
+  }
+  // A block that does not fit is refused.
+  auto bad = initParamBlock(global, tt({4, 4, 10}),
+                            {4, 0, 0}, inits[0], 1, 0);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.status().message().find("does not fit"), std::string::npos);
+}
