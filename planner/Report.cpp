@@ -66,6 +66,20 @@ std::string launchCommand(const Cluster &cluster, const ProcessPlan &p,
          std::to_string(perNode) + ":node --hostfile HOSTS " + run;
 }
 
+std::string srunCommand(const Cluster &cluster, const ProcessPlan &p,
+                        const std::string &planFile) {
+  const int nodes = std::max(1, cluster.numNodes());
+  const int devices = cluster.numDevices();
+  std::string run = "dlopt-run --backend cuda";
+  int perNode = devices / nodes;
+  if (p.layout == ProcessLayout::InGraph) {
+    run += " --devices-per-process " + std::to_string(perNode);
+    perNode = 1;
+  }
+  return "srun -N " + std::to_string(nodes) + " --ntasks-per-node " +
+         std::to_string(perNode) + " " + run + " " + planFile;
+}
+
 std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
                              const GraphSummary &g, const ReportOptions &o) {
   const TrainingConfig &cfg = p.best.cfg;
@@ -107,10 +121,18 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
     bool cpu = !cluster.groups.empty() &&
                cluster.groups.front().gpu.name.rfind("CPU", 0) == 0;
     r += "  launch: " + launchCommand(cluster, proc, o.executable);
-    if (devices > 1)
-      r += cpu ? "  (every rank a thread of this process)"
-               : "  (multi-rank CUDA and MPI execution are not there yet: "
-                 "the CPU backend runs the executable's ranks as threads)";
+    if (devices > 1 && cpu) {
+      r += "  (every rank a thread of this process; one process per rank: "
+           "mpirun -n ";
+      r += std::to_string(devices);
+      r += " dlopt-run --backend cpu ";
+      r += o.executable;
+      r += "; docs/launch.md)";
+    } else if (devices > 1) {
+      r += "  (with Slurm: ";
+      r += srunCommand(cluster, proc, o.executable);
+      r += "; NCCL across processes has not run on a GPU yet)";
+    }
     r += "\n";
   }
   {

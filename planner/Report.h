@@ -33,6 +33,10 @@ RankCoords rankCoords(const TrainingConfig &cfg, int rank);
 /// process).
 std::string launchCommand(const Cluster &cluster, const ProcessPlan &p,
                           const std::string &planFile);
+/// The same launch under Slurm: srun -N NODES --ntasks-per-node K dlopt-run
+/// ... (docs/launch.md).
+std::string srunCommand(const Cluster &cluster, const ProcessPlan &p,
+                        const std::string &planFile);
 
 std::string formatTextReport(const PlanResult &plan, const Cluster &cluster,
                              const GraphSummary &graph,
