@@ -96,17 +96,23 @@ public:
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   }
   ~MpiCommunicator() override {
+    // Buffered sends still in flight are waited for, unless the job is
+    // failing (a peer may be gone or stopped: this process must exit, not
+    // wait out a timeout per request).
+    reapSends();
+    const bool failing = gAbortSent.load() || gAbortSeen.load();
+    if (!sends_.empty() && !broken_ && !failing)
+      (void)flushSends("send");
+    if (!sends_.empty()) {
+      // MPI may still read these buffers: they stay allocated until exit.
+      for (auto &p : sends_)
+        (void)p.release();
+      return;
+    }
     // A communicator with requests still pending (after a timeout) cannot
     // be freed safely; leave it to MPI_Finalize / process exit.
-    if (!broken_ && comm_ != MPI_COMM_NULL) {
-      if (!ownsComm_) {
-        (void)flushSends("send");
-        return;
-      }
-      if (!flushSends("send"))
-        return; // peers gone: leave the requests to process exit
+    if (!broken_ && ownsComm_ && comm_ != MPI_COMM_NULL)
       MPI_Comm_free(&comm_);
-    }
   }
 
   int rank() const override { return rank_; }
@@ -305,6 +311,9 @@ public:
     const int64_t bytes = in.count * dtypeSize(in.dtype);
     if (bytes > kMaxMpiCount)
       return fail(what, Status::error("buffer too large for one MPI call"));
+    int process = 0, headTag = 0, dataTag = 0;
+    DLOPT_RETURN_IF_ERROR(
+        p2pRoute(what, peer, /*sending=*/true, &process, &headTag, &dataTag));
     reapSends();
     auto pending = std::make_unique<PendingSend>();
     // The header (count, dtype) lets the receiver check what it gets.
@@ -313,13 +322,12 @@ public:
     pending->data.assign(static_cast<const uint8_t *>(in.data),
                          static_cast<const uint8_t *>(in.data) + bytes);
     DLOPT_RETURN_IF_ERROR(call(what, MPI_Isend(pending->head, 2, MPI_INT64_T,
-                                               peer, kHeadTag, comm_,
+                                               process, headTag, comm_,
                                                &pending->reqs[0])));
     DLOPT_RETURN_IF_ERROR(call(what, MPI_Isend(pending->data.data(),
-                                               int(bytes), MPI_BYTE, peer,
-                                               kDataTag, comm_,
+                                               int(bytes), MPI_BYTE, process,
+                                               dataTag, comm_,
                                                &pending->reqs[1])));
-    pending->peer = peer;
     sends_.push_back(std::move(pending));
     return Status::ok();
   }
@@ -339,18 +347,21 @@ public:
     const char *what = "recv";
     DLOPT_RETURN_IF_ERROR(checkPeer(what, peer));
     DLOPT_RETURN_IF_ERROR(live(what));
+    int process = 0, headTag = 0, dataTag = 0;
+    DLOPT_RETURN_IF_ERROR(
+        p2pRoute(what, peer, /*sending=*/false, &process, &headTag, &dataTag));
     int64_t head[2] = {0, 0};
     MPI_Request req;
-    DLOPT_RETURN_IF_ERROR(call(what, MPI_Irecv(head, 2, MPI_INT64_T, peer,
-                                               kHeadTag, comm_, &req)));
+    DLOPT_RETURN_IF_ERROR(call(what, MPI_Irecv(head, 2, MPI_INT64_T, process,
+                                               headTag, comm_, &req)));
     DLOPT_RETURN_IF_ERROR(wait(what, req));
     const int64_t bytes = head[0] * dtypeSize(DType(head[1]));
     if (head[0] != out.count || head[1] != int64_t(out.dtype)) {
       // Drain the data so the pair stays in step, then fail.
       std::vector<uint8_t> sink(size_t(std::max<int64_t>(bytes, 0)));
       if (bytes >= 0 && bytes <= kMaxMpiCount &&
-          call(what, MPI_Irecv(sink.data(), int(bytes), MPI_BYTE, peer,
-                               kDataTag, comm_, &req)))
+          call(what, MPI_Irecv(sink.data(), int(bytes), MPI_BYTE, process,
+                               dataTag, comm_, &req)))
         (void)wait(what, req);
       return fail(what, Status::error(
                             "rank " + std::to_string(peer) + " sent " +
@@ -360,7 +371,7 @@ public:
                             dtypeName(out.dtype)));
     }
     DLOPT_RETURN_IF_ERROR(call(what, MPI_Irecv(out.data, int(bytes), MPI_BYTE,
-                                               peer, kDataTag, comm_, &req)));
+                                               process, dataTag, comm_, &req)));
     return wait(what, req);
   }
 
@@ -381,11 +392,22 @@ public:
 protected:
   static constexpr int kHeadTag = 17, kDataTag = 18;
 
+  /// Where point-to-point messages between this rank and `peer` travel:
+  /// the MPI process and the tags of the header and the data.
+  virtual Status p2pRoute(const char *what, int peer, bool sending,
+                          int *process, int *headTag, int *dataTag) {
+    (void)what;
+    (void)sending;
+    *process = peer;
+    *headTag = kHeadTag;
+    *dataTag = kDataTag;
+    return Status::ok();
+  }
+
   struct PendingSend {
     int64_t head[2] = {0, 0};
     std::vector<uint8_t> data;
     MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    int peer = -1;
   };
   std::vector<std::unique_ptr<PendingSend>> sends_;
 
@@ -776,65 +798,6 @@ public:
     return agree(what, {kBarrier, 0, 0, 0, 0});
   }
 
-  Status send(CommInput in, int peer) override {
-    const char *what = "send";
-    DLOPT_RETURN_IF_ERROR(checkPeer(what, peer));
-    DLOPT_RETURN_IF_ERROR(live(what));
-    const int64_t bytes = in.count * dtypeSize(in.dtype);
-    if (bytes > kMaxMpiCount)
-      return fail(what, Status::error("buffer too large for one MPI call"));
-    reapSends();
-    auto pending = std::make_unique<PendingSend>();
-    pending->head[0] = in.count;
-    pending->head[1] = int64_t(in.dtype);
-    pending->data.assign(static_cast<const uint8_t *>(in.data),
-                         static_cast<const uint8_t *>(in.data) + bytes);
-    int tag = 0, dst = 0;
-    DLOPT_RETURN_IF_ERROR(route(what, peer, kP2p, true, &tag, &dst));
-    DLOPT_RETURN_IF_ERROR(call(what, MPI_Isend(pending->head, 2, MPI_INT64_T,
-                                               dst, tag, comm_,
-                                               &pending->reqs[0])));
-    DLOPT_RETURN_IF_ERROR(call(what, MPI_Isend(pending->data.data(),
-                                               int(bytes), MPI_BYTE, dst, tag,
-                                               comm_, &pending->reqs[1])));
-    sends_.push_back(std::move(pending));
-    return Status::ok();
-  }
-
-  Status recv(CommOutput out, int peer) override {
-    const char *what = "recv";
-    DLOPT_RETURN_IF_ERROR(checkPeer(what, peer));
-    DLOPT_RETURN_IF_ERROR(live(what));
-    int tag = 0, src = 0;
-    DLOPT_RETURN_IF_ERROR(route(what, peer, kP2p, false, &tag, &src));
-    int64_t head[2] = {0, 0};
-    MPI_Request req;
-    DLOPT_RETURN_IF_ERROR(call(what, MPI_Irecv(head, 2, MPI_INT64_T, src, tag,
-                                               comm_, &req)));
-    DLOPT_RETURN_IF_ERROR(wait(what, req));
-    const int64_t bytes = head[0] * dtypeSize(DType(head[1]));
-    bool match = head[0] == out.count && head[1] == int64_t(out.dtype);
-    std::vector<uint8_t> sink;
-    void *into = out.data;
-    if (!match) {
-      if (bytes < 0 || bytes > kMaxMpiCount)
-        return fail(what, Status::error("malformed message header"));
-      sink.resize(size_t(bytes));
-      into = sink.data();
-    }
-    DLOPT_RETURN_IF_ERROR(call(what, MPI_Irecv(into, int(bytes), MPI_BYTE,
-                                               src, tag, comm_, &req)));
-    DLOPT_RETURN_IF_ERROR(wait(what, req));
-    if (!match)
-      return fail(what, Status::error(
-                            "rank " + std::to_string(peer) + " sent " +
-                            std::to_string(head[0]) + " elements of " +
-                            dtypeName(DType(head[1])) + ", this rank expects " +
-                            std::to_string(out.count) + " of " +
-                            dtypeName(out.dtype)));
-    return Status::ok();
-  }
-
   Expected<std::unique_ptr<Communicator>> split(int color, int key) override {
     const char *what = "split";
     DLOPT_RETURN_IF_ERROR(live(what));
@@ -903,6 +866,15 @@ public:
 
 private:
   static constexpr int kColl = 0, kP2p = 1;
+
+  /// Sends and receives of the base class, between virtual ranks: one tag
+  /// for the header and the data (MPI keeps their order).
+  Status p2pRoute(const char *what, int peer, bool sending, int *process,
+                  int *headTag, int *dataTag) override {
+    DLOPT_RETURN_IF_ERROR(route(what, peer, kP2p, sending, headTag, process));
+    *dataTag = *headTag;
+    return Status::ok();
+  }
 
   /// The MPI tag and process of a message between this rank and `peer`.
   Status route(const char *what, int peer, int cls, bool sending, int *tag,

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -298,6 +299,18 @@ std::vector<BlockRef> checkpointBlocks(const Executable &exe,
   return out;
 }
 
+/// Runs fn(0), ..., fn(n - 1) at once: fn(0) on this thread, the others on
+/// threads of their own.
+void onThreads(int n, const std::function<void(int)> &fn) {
+  std::vector<std::thread> threads;
+  for (int i = 1; i < n; ++i)
+    threads.emplace_back(fn, i);
+  if (n > 0)
+    fn(0);
+  for (std::thread &t : threads)
+    t.join();
+}
+
 /// Makes a rename in `dir` durable.
 void syncDir(const std::string &dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -378,12 +391,7 @@ Status saveSharded(World &w, const std::string &dir,
                                tensors, meta, &fileBytes[size_t(i)])
             .withContext(where);
   };
-  std::vector<std::thread> threads;
-  for (int i = 1; i < local; ++i)
-    threads.emplace_back(writeRank, i);
-  writeRank(0);
-  for (std::thread &t : threads)
-    t.join();
+  onThreads(local, writeRank);
   Status wrote = Status::ok();
   std::string sizes; // "FILE BYTES\n" per file written here
   for (int i = 0; i < local; ++i) {
@@ -780,12 +788,7 @@ Expected<CheckpointState> loadSharded(StepRunner &session,
         }
       }
     };
-    std::vector<std::thread> fillers;
-    for (size_t w = 1; w < filled.size(); ++w)
-      fillers.emplace_back(worker, w);
-    worker(0);
-    for (std::thread &t : fillers)
-      t.join();
+    onThreads(int(filled.size()), [&](int w) { worker(size_t(w)); });
     for (const Status &st : filled)
       if (!st)
         throw LoadError{st.message()};
@@ -816,12 +819,7 @@ Expected<CheckpointState> loadSharded(StepRunner &session,
         t.data = HostTensor(); // free as we go
       }
   };
-  std::vector<std::thread> threads;
-  for (int i = 1; i < w.numLocal(); ++i)
-    threads.emplace_back(bindRank, i);
-  bindRank(0);
-  for (std::thread &t : threads)
-    t.join();
+  onThreads(w.numLocal(), bindRank);
   for (const Status &st : bound)
     DLOPT_RETURN_IF_ERROR(st);
   return state;

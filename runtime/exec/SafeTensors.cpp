@@ -295,6 +295,23 @@ SafeTensorsTable::find(const std::string &name) const {
   return nullptr;
 }
 
+namespace {
+/// Reads exactly n bytes at offset `at`; false on an error or end of file.
+bool preadAll(int fd, void *dst, size_t n, uint64_t at) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = ::pread(fd, static_cast<char *>(dst) + done, n - done,
+                        off_t(at + done));
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return false;
+    done += size_t(r);
+  }
+  return true;
+}
+} // namespace
+
 Expected<SafeTensorsTable> readSafeTensorsTable(const std::string &path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
@@ -307,25 +324,12 @@ Expected<SafeTensorsTable> readSafeTensorsTable(const std::string &path) {
   if (::fstat(fd, &st) != 0)
     return Status::error(path + ": " + std::strerror(errno));
   const uint64_t size = uint64_t(st.st_size);
-  auto readAt = [&](void *dst, size_t n, uint64_t at) {
-    size_t done = 0;
-    while (done < n) {
-      ssize_t r = ::pread(fd, static_cast<char *>(dst) + done, n - done,
-                          off_t(at + done));
-      if (r < 0 && errno == EINTR)
-        continue;
-      if (r <= 0)
-        return false;
-      done += size_t(r);
-    }
-    return true;
-  };
   if (size < 8)
     return Status::error(path + ": truncated: " + std::to_string(size) +
                          " bytes, a safetensors file starts with an 8-byte "
                          "header length");
   uint8_t lenBytes[8];
-  if (!readAt(lenBytes, 8, 0))
+  if (!preadAll(fd, lenBytes, 8, 0))
     return Status::error(path + ": cannot read the header length");
   uint64_t headerLen = 0;
   for (int i = 0; i < 8; ++i)
@@ -335,7 +339,7 @@ Expected<SafeTensorsTable> readSafeTensorsTable(const std::string &path) {
                          std::to_string(headerLen) + " exceeds the " +
                          std::to_string(size - 8) + " bytes after it");
   std::string text(size_t(headerLen), '\0');
-  if (!readAt(text.data(), text.size(), 8))
+  if (!preadAll(fd, text.data(), text.size(), 8))
     return Status::error(path + ": cannot read the header");
   try {
     Expected<Json> parsed =
@@ -362,20 +366,11 @@ Status readSafeTensorsEntry(const std::string &path,
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     return Status::error(path + ": " + std::strerror(errno));
-  size_t done = 0;
-  while (done < e.bytes) {
-    ssize_t r = ::pread(fd, static_cast<char *>(out) + done, e.bytes - done,
-                        off_t(e.offset + done));
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0) {
-      ::close(fd);
-      return Status::error(path + ": tensor '" + e.name +
-                           "': cannot read its bytes (truncated?)");
-    }
-    done += size_t(r);
-  }
+  bool read = preadAll(fd, out, size_t(e.bytes), e.offset);
   ::close(fd);
+  if (!read)
+    return Status::error(path + ": tensor '" + e.name +
+                         "': cannot read its bytes (truncated?)");
   if (e.type.dtype == DType::I1)
     for (size_t i = 0; i < e.bytes; ++i)
       if (static_cast<const uint8_t *>(out)[i] > 1)

@@ -214,33 +214,38 @@ TEST(World, AllToAllAndBroadcast) {
       EXPECT_EQ(at(*y, i, j), at(x2, 3 * 2 + i, j));
 }
 
+namespace {
+// loss = mean((x w)^2) over a global batch of 8, and dloss/dw, on one
+// device (dp = 1) or with the batch split over dp ranks. Each rank computes
+// sum((x_r w)^2) / 8 and x_r^T (2 x_r w) / 8 (its share of the global
+// mean), then sums them over dp.
+Executable dataParallelLoss(int dp) {
+  ExeBuilder b;
+  int64_t B = 8 / dp;
+  int32_t x = b.input("x", tt({B, 3}));
+  int32_t w = b.param("w", tt({3, 2}), Init{"normal", 0.0, 0.5});
+  int32_t y = b.op("matmul", {x, w}, tt({B, 2}));
+  int32_t sq = b.op("mul", {y, y}, tt({B, 2}));
+  int32_t s = b.op("sum", {sq}, tt({}), {{"dims", std::vector<int64_t>{0, 1}}, {"keepdims", int64_t(0)}});
+  int32_t inv = b.constant(tt({}), {1.0f / 16.0f});
+  int32_t loss = b.op("mul", {s, inv}, tt({}));
+  int32_t two = b.constant(tt({}), {2.0f / 16.0f});
+  int32_t dy = b.op("mul", {y, two}, tt({B, 2}));
+  int32_t g = b.op("matmul", {x, dy}, tt({3, 2}), {{"transpose_a", int64_t(1)}});
+  if (dp > 1) {
+    b.global(x, tt({8, 3}), {{0}, {}});
+    loss = b.op("all_reduce", {loss}, tt({}), {{"group", int64_t(0)}, {"reduce", std::string("sum")}});
+    g = b.op("all_reduce", {g}, tt({3, 2}), {{"group", int64_t(0)}, {"reduce", std::string("sum")}});
+  }
+  b.output("loss", loss);
+  b.output("grad", g);
+  return dp > 1 ? b.buildSpmd(Mesh{{"dp"}, {dp}}, {{"dp", {0}}}) : b.build();
+}
+} // namespace
+
 TEST(World, DataParallelStepEqualsOneDevice) {
-  // loss = mean((x w)^2) over a global batch of 8, and dloss/dw, on one
-  // device and with the batch split over dp = 4. Each rank computes
-  // sum((x_r w)^2) / 8 and x_r^T (2 x_r w) / 8 (its share of the global
-  // mean), then sums them over dp.
-  auto build = [](int dp) {
-    ExeBuilder b;
-    int64_t B = 8 / dp;
-    int32_t x = b.input("x", tt({B, 3}));
-    int32_t w = b.param("w", tt({3, 2}), Init{"normal", 0.0, 0.5});
-    int32_t y = b.op("matmul", {x, w}, tt({B, 2}));
-    int32_t sq = b.op("mul", {y, y}, tt({B, 2}));
-    int32_t s = b.op("sum", {sq}, tt({}), {{"dims", std::vector<int64_t>{0, 1}}, {"keepdims", int64_t(0)}});
-    int32_t inv = b.constant(tt({}), {1.0f / 16.0f});
-    int32_t loss = b.op("mul", {s, inv}, tt({}));
-    int32_t two = b.constant(tt({}), {2.0f / 16.0f});
-    int32_t dy = b.op("mul", {y, two}, tt({B, 2}));
-    int32_t g = b.op("matmul", {x, dy}, tt({3, 2}), {{"transpose_a", int64_t(1)}});
-    if (dp > 1) {
-      b.global(x, tt({8, 3}), {{0}, {}});
-      loss = b.op("all_reduce", {loss}, tt({}), {{"group", int64_t(0)}, {"reduce", std::string("sum")}});
-      g = b.op("all_reduce", {g}, tt({3, 2}), {{"group", int64_t(0)}, {"reduce", std::string("sum")}});
-    }
-    b.output("loss", loss);
-    b.output("grad", g);
-    return dp > 1 ? b.buildSpmd(Mesh{{"dp"}, {dp}}, {{"dp", {0}}}) : b.build();
-  };
+  // dataParallelLoss on one device and with the batch split over dp = 4.
+  auto build = dataParallelLoss;
   HostTensor x = randomTensor(tt({8, 3}), 8);
   auto one = Session::create(build(1), std::make_unique<CpuBackend>(),
                              SessionOptions{0, 42});
@@ -274,28 +279,7 @@ TEST(World, DataParallelStepEqualsOneDevice) {
 // run on two threads, give the bits of one World running all four ranks,
 // and every read is collective (the other process's blocks are gathered).
 TEST(World, RanksSpreadOverProcessesGiveTheBitsOfOneProcess) {
-  auto build = [](int dp) {
-    ExeBuilder b;
-    int64_t B = 8 / dp;
-    int32_t x = b.input("x", tt({B, 3}));
-    int32_t w = b.param("w", tt({3, 2}), Init{"normal", 0.0, 0.5});
-    int32_t y = b.op("matmul", {x, w}, tt({B, 2}));
-    int32_t sq = b.op("mul", {y, y}, tt({B, 2}));
-    int32_t s = b.op("sum", {sq}, tt({}), {{"dims", std::vector<int64_t>{0, 1}}, {"keepdims", int64_t(0)}});
-    int32_t inv = b.constant(tt({}), {1.0f / 16.0f});
-    int32_t loss = b.op("mul", {s, inv}, tt({}));
-    int32_t two = b.constant(tt({}), {2.0f / 16.0f});
-    int32_t dy = b.op("mul", {y, two}, tt({B, 2}));
-    int32_t g = b.op("matmul", {x, dy}, tt({3, 2}), {{"transpose_a", int64_t(1)}});
-    if (dp > 1) {
-      b.global(x, tt({8, 3}), {{0}, {}});
-      loss = b.op("all_reduce", {loss}, tt({}), {{"group", int64_t(0)}, {"reduce", std::string("sum")}});
-      g = b.op("all_reduce", {g}, tt({3, 2}), {{"group", int64_t(0)}, {"reduce", std::string("sum")}});
-    }
-    b.output("loss", loss);
-    b.output("grad", g);
-    return dp > 1 ? b.buildSpmd(Mesh{{"dp"}, {dp}}, {{"dp", {0}}}) : b.build();
-  };
+  auto build = dataParallelLoss;
   HostTensor x = randomTensor(tt({8, 3}), 8);
   WorldOptions o;
   o.seed = 42;
