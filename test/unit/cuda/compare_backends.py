@@ -18,6 +18,7 @@ op without a CUDA kernel is reported as unsupported, not failed. Exits 1 on
 any failure.
 """
 import argparse
+import concurrent.futures
 import glob
 import os
 import re
@@ -34,8 +35,12 @@ DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16",
           np.dtype(np.int32): "i32", np.dtype(np.int64): "i64", np.dtype(np.bool_): "i1"}
 
 
+RUN_TIMEOUT = 600
+
+
 def run(cmd):
-    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
+    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          timeout=RUN_TIMEOUT)
 
 
 def output_types(tool, plan):
@@ -59,7 +64,7 @@ def dtype_of(arr, name, types):
     return types.get(os.path.splitext(name)[0], DTYPES.get(arr.dtype, "f32"))
 
 
-def run_case(d, tool, scale):
+def run_case(d, tool, scale, cpu_threads=None):
     plan = os.path.join(d, "case.plan")
     inputs = []
     for p in sorted(glob.glob(os.path.join(d, "*.npy"))):
@@ -67,7 +72,8 @@ def run_case(d, tool, scale):
     outs = {}
     for backend in ("cpu", "cuda"):
         od = os.path.join(d, "out-" + backend)
-        r = run([tool, plan, "--backend", backend, "--quiet", "--output-dir", od] + inputs)
+        threads = ["--threads", str(cpu_threads)] if backend == "cpu" and cpu_threads else []
+        r = run([tool, plan, "--backend", backend, "--quiet", "--output-dir", od] + threads + inputs)
         outs[backend] = (r, od)
     (rc, oc), (rg, og) = outs["cpu"], outs["cuda"]
     if "not supported by the cuda backend" in rg.stderr:
@@ -103,7 +109,12 @@ def main():
     ap.add_argument("--bin-dir", help="directory of dlopt-run (default: PATH)")
     ap.add_argument("--filter", help="only cases whose name matches this regex")
     ap.add_argument("--scale", type=float, default=4.0, help="tolerance scale (default 4)")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per dlopt-run (default 600)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="cases run at once (default 1; each cpu run then gets cores/jobs threads)")
     args = ap.parse_args()
+    global RUN_TIMEOUT
+    RUN_TIMEOUT = args.timeout
     tool = find_tool("dlopt-run", args.bin_dir)
     pat = re.compile(args.filter) if args.filter else None
     dirs = sorted(d for d in glob.glob(os.path.join(args.cases, "*"))
@@ -113,16 +124,24 @@ def main():
         return 1
     counts = {"pass": 0, "fail": 0, "unsupported": 0}
     failed = []
-    for d in dirs:
-        name = os.path.basename(d)
-        if pat and not pat.search(name):
-            continue
-        verdict, det = run_case(d, tool, args.scale)
-        counts[verdict] += 1
-        if verdict == "fail":
-            failed.append(name)
-        print("%s %s: %s" % (verdict.upper(), name, det))
-        sys.stdout.flush()
+    dirs = [d for d in dirs if not pat or pat.search(os.path.basename(d))]
+    jobs = max(1, args.jobs)
+    cpu_threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
+
+    def one(d):
+        try:
+            return run_case(d, tool, args.scale, cpu_threads)
+        except subprocess.TimeoutExpired as e:
+            return "fail", "timed out after %s s: %s" % (e.timeout, " ".join(e.cmd[:4]))
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        for d, (verdict, det) in zip(dirs, pool.map(one, dirs)):
+            name = os.path.basename(d)
+            counts[verdict] += 1
+            if verdict == "fail":
+                failed.append(name)
+            print("%s %s: %s" % (verdict.upper(), name, det))
+            sys.stdout.flush()
     print("%d passed, %d failed, %d unsupported on cuda" % (counts["pass"], counts["fail"], counts["unsupported"]))
     if failed:
         print("failed cases: " + " ".join(failed))

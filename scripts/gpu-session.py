@@ -1,0 +1,386 @@
+#!/usr/bin/env python3
+"""One GPU session in one command: the GPU tests, the op conformance suite,
+training against the cpu backend, checkpoint resume and the benchmark.
+
+GPU machines are lent briefly and have no MLIR (docs/gpu.md). So the work is
+split in two:
+
+  scripts/gpu-session.py prepare [--bundle .gpu]        # here: a compiler build
+      copies dlopt-run, dlopt-cuda-probe and the GPU test binaries with the
+      shared libraries they need (not glibc's or the compiler's), compiles
+      the training plans and the op conformance cases, and writes
+      BUNDLE/bundle.tar.xz (BUNDLE is git-ignored; carry it to the GPU).
+
+  scripts/gpu-session.py run [--bundle .gpu] [--out DIR] [--budget S]
+                             [--only PHASES] [--skip PHASES]
+      on the GPU machine: unpacks the bundle and runs the phases in order,
+      each with its own time limit, stopping before one that would overrun
+      the budget. Logs and metrics go to DIR (default $OUT) as
+      summary.txt, console.log and logs.tar.gz; the summary is printed last.
+
+Phases: env probe gtest ops train resume parallel bench profile sanitize.
+Environment for `run`: BENCH_MODELS (default gpt2-small), TORCH_MODES
+(default eager), TRAIN_STEPS (default 200).
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PHASES = ["env", "probe", "gtest", "ops", "train", "resume", "parallel", "bench", "profile", "sanitize"]
+SYSTEM_LIBS = ("linux-vdso", "libc.so", "libm.so", "ld-linux", "libgcc_s", "libstdc++",
+               "libpthread", "libdl.so", "librt.so")
+
+# Training plans: name -> dlopt-gen args, dlopt-compile args.
+TRAIN_PLANS = {
+    "gpt-tiny.f32": (["gpt", "--preset", "gpt-tiny"], ["--precision", "f32"]),
+    "gpt-tiny.bf16": (["gpt", "--preset", "gpt-tiny"], ["--precision", "bf16"]),
+    "gpt-tiny.fp16": (["gpt", "--preset", "gpt-tiny"], ["--precision", "fp16"]),
+    "llama-tiny.bf16": (["llama", "--preset", "llama-tiny"], ["--precision", "bf16"]),
+    "mlp-tiny.f32": (["mlp", "--preset", "mlp-tiny"], ["--precision", "f32"]),
+    "resnet-tiny.f32": (["resnet", "--preset", "resnet-tiny"], ["--precision", "f32"]),
+}
+# In-graph multi-rank plans (ranks as threads on the one GPU, host-staged
+# communication): name -> base plan, --fix, cluster.
+PARALLEL_PLANS = {
+    "gpt-tiny.f32.dp2tp2": ("gpt-tiny.f32", "dp=2,tp=2", "cpu:2"),
+    "gpt-tiny.f32.pp2dp2": ("gpt-tiny.f32", "pp=2,dp=2,zero=1,schedule=1f1b", "cpu:2"),
+}
+BINARIES = {"bin/dlopt-run": "dlopt-run", "bin/dlopt-cuda-probe": "dlopt-cuda-probe",
+            "test/unit/cuda/dlopt-cuda-backend-tests": "dlopt-cuda-backend-tests",
+            "test/unit/comm/dlopt-cuda-tests": "dlopt-cuda-tests"}
+
+
+def sh(cmd, **kw):
+    print("+ " + " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, **kw)
+
+
+def prepare(args):
+    build = os.path.join(ROOT, args.build)
+    bundle = os.path.join(ROOT, args.bundle)
+    stage = os.path.join(bundle, "stage")
+    shutil.rmtree(stage, ignore_errors=True)
+    for d in ("libexec", "lib", "plans", "cases"):
+        os.makedirs(os.path.join(stage, d))
+    libs = set()
+    for src, name in BINARIES.items():
+        dst = os.path.join(stage, "libexec", name)
+        shutil.copy2(os.path.join(build, src), dst)
+        sh(["strip", "--strip-unneeded", dst])
+        out = subprocess.run(["ldd", dst], stdout=subprocess.PIPE, text=True, check=True).stdout
+        for line in out.splitlines():
+            parts = line.split()
+            if "=>" in parts and len(parts) >= 3 and parts[2].startswith("/"):
+                if not any(parts[0].startswith(s) for s in SYSTEM_LIBS):
+                    libs.add(parts[2])
+    for lib in sorted(libs):
+        shutil.copy2(os.path.realpath(lib), os.path.join(stage, "lib", os.path.basename(lib)))
+    bin_dir = os.path.join(build, "bin")
+    gen, comp = os.path.join(bin_dir, "dlopt-gen"), os.path.join(bin_dir, "dlopt-compile")
+    plans = os.path.join(stage, "plans")
+    for name, (gargs, cargs) in TRAIN_PLANS.items():
+        m = os.path.join(plans, name + ".mlir")
+        sh([gen] + gargs + ["-q", "-o", m])
+        sh([comp, m, "--train", "--quiet", "-o", os.path.join(plans, name + ".plan")] + cargs)
+    for name, (base, fix, cluster) in PARALLEL_PLANS.items():
+        m = os.path.join(plans, base + ".mlir")
+        cargs = TRAIN_PLANS[base][1]
+        sh([comp, m, "--train", "--quiet", "-o", os.path.join(plans, name + ".plan"),
+            "--cluster", cluster, "--fix", fix] + cargs)
+    for m in glob.glob(os.path.join(plans, "*.mlir")):
+        os.remove(m)
+    # The benchmark's plans and planner estimates (scripts/bench-gpu.sh).
+    env = dict(os.environ, BUILD=args.build, MODELS=args.bench_models)
+    sh([os.path.join(ROOT, "scripts", "bench-gpu.sh"), "prepare", os.path.join(stage, "bench")], env=env)
+    for m in glob.glob(os.path.join(stage, "bench", "*.mlir")):
+        os.remove(m)
+    # The op conformance cases, compiled and run on the cpu backend here.
+    sh([sys.executable, os.path.join(ROOT, "test", "numeric", "check_ops.py"), "--backend", "cpu",
+        "--work-dir", os.path.join(stage, "cases")], stdout=subprocess.DEVNULL)
+    for d in glob.glob(os.path.join(stage, "cases", "*", "out")):
+        shutil.rmtree(d)
+    out = os.path.join(bundle, "bundle.tar.xz")
+    with tarfile.open(out, "w:xz") as t:
+        t.add(stage, arcname="bundle")
+    shutil.rmtree(stage)
+    print("gpu-session: wrote %s (%.1f MiB)" % (out, os.path.getsize(out) / 2**20))
+
+
+class Session:
+    def __init__(self, args):
+        self.args = args
+        self.t0 = time.time()
+        self.deadline = self.t0 + args.budget
+        self.out = args.out or os.environ.get("OUT") or os.path.join(ROOT, "out", "gpu-session")
+        os.makedirs(self.out, exist_ok=True)
+        self.logs = os.path.join("/tmp", "dlopt-gpu-logs")
+        shutil.rmtree(self.logs, ignore_errors=True)
+        os.makedirs(self.logs)
+        self.summary = []
+        self.console = open(os.path.join(self.out, "console.log"), "w")
+
+    def say(self, line):
+        print(line, flush=True)
+        self.console.write(line + "\n")
+        self.console.flush()
+
+    def note(self, line):
+        self.summary.append(line)
+        self.say("== " + line)
+
+    def left(self):
+        return self.deadline - time.time()
+
+    def run(self, cmd, log, timeout, env=None, cwd=None):
+        """Runs cmd with its output appended to logs/LOG; returns (rc, text)."""
+        timeout = max(1, min(timeout, self.left() - 5))
+        path = os.path.join(self.logs, log)
+        t = time.time()
+        try:
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               timeout=timeout, env=env, cwd=cwd, errors="replace")
+            rc, text = p.returncode, p.stdout
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout or ""
+            rc, text = 124, (out.decode(errors="replace") if isinstance(out, bytes) else out)
+            text += "\n[timed out after %d s]\n" % timeout
+        except OSError as e:
+            rc, text = 127, "cannot run %s: %s" % (cmd[0], e)
+        with open(path, "a") as f:
+            f.write("$ %s\n[rc %d, %.1f s]\n%s\n" % (" ".join(cmd), rc, time.time() - t, text))
+        return rc, text
+
+
+def find_cuda_libs(sess):
+    """Symlinks the CUDA libraries the backend dlopen()s into one folder."""
+    d = "/tmp/dlopt-cudalib"
+    os.makedirs(d, exist_ok=True)
+    roots = ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib",
+             "/usr/lib/x86_64-linux-gnu", "/usr/local/nvidia/lib64", "/usr/local/lib"]
+    try:
+        import site
+        for sp in site.getsitepackages():
+            roots += glob.glob(os.path.join(sp, "nvidia", "*", "lib"))
+    except Exception:
+        pass
+    for name in ("libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13", "libnccl.so.2"):
+        for r in roots:
+            p = os.path.join(r, name)
+            if os.path.exists(p):
+                dst = os.path.join(d, name)
+                if not os.path.exists(dst):
+                    os.symlink(p, dst)
+                sess.say("  %s -> %s" % (name, p))
+                break
+        else:
+            sess.say("  %s: not found" % name)
+    return d
+
+
+def losses(path):
+    if not os.path.exists(path):
+        return []
+    return [json.loads(l)["loss"] for l in open(path) if l.strip()]
+
+
+def rel_diffs(a, b):
+    return [abs(x - y) / max(abs(y), 1e-6) for x, y in zip(a, b)]
+
+
+def run_session(args):
+    sess = Session(args)
+    bundle = os.path.join(ROOT, args.bundle)
+    base = os.path.join("/tmp", "dlopt-bundle")
+    if not os.path.exists(os.path.join(base, "bundle")):
+        os.makedirs(base, exist_ok=True)
+        with tarfile.open(os.path.join(bundle, "bundle.tar.xz")) as t:
+            t.extractall(base)
+    b = os.path.join(base, "bundle")
+    libexec, bindir = os.path.join(b, "libexec"), os.path.join(b, "bin")
+    os.makedirs(bindir, exist_ok=True)
+    for name in os.listdir(libexec):
+        w = os.path.join(bindir, name)
+        with open(w, "w") as f:
+            f.write('#!/bin/sh\nLD_LIBRARY_PATH="%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "%s" "$@"\n'
+                    % (os.path.join(b, "lib"), os.path.join(libexec, name)))
+        os.chmod(w, 0o755)
+    tool = lambda n: os.path.join(bindir, n)  # noqa: E731
+    sess.say("gpu-session: bundle unpacked in %.1f s" % (time.time() - sess.t0))
+    env = dict(os.environ, DLOPT_CUDA_LIB_DIR=find_cuda_libs(sess), PYTHONUNBUFFERED="1")
+    only = set(args.only.split(",")) if args.only else set(PHASES)
+    skip = set(args.skip.split(",")) if args.skip else set()
+    phases = [p for p in PHASES if p in only and p not in skip]
+    steps = int(os.environ.get("TRAIN_STEPS", "200"))
+    plans = os.path.join(b, "plans")
+
+    for phase in phases:
+        if sess.left() < 20:
+            sess.note("%s: skipped, budget spent" % phase)
+            continue
+        t = time.time()
+        sess.say("--- phase %s (%.0f s left)" % (phase, sess.left()))
+        if phase == "env":
+            for cmd in (["nvidia-smi"], ["nvidia-smi", "--query-gpu=name,memory.total,clocks.sm,clocks.max.sm,driver_version",
+                                         "--format=csv"],
+                        [sys.executable, "-c", "import torch, numpy; print('torch', torch.__version__, torch.cuda.get_device_name(0), 'numpy', numpy.__version__)"],
+                        ["ldd", os.path.join(libexec, "dlopt-run")], ["nproc"], ["uname", "-a"]):
+                rc, text = sess.run(cmd, "env.log", 60, env=env)
+            rc, text = sess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                                "env.log", 30, env=env)
+            sess.note("device: " + text.strip())
+        elif phase == "probe":
+            rc, text = sess.run([tool("dlopt-cuda-probe")], "probe.log", 60, env=env)
+            sess.note("probe rc %d: %s" % (rc, text.strip().splitlines()[-1] if text.strip() else ""))
+            if rc != 0:
+                sess.say(text)
+        elif phase == "gtest":
+            for name, filt in (("dlopt-cuda-tests", "CudaGpu.*"), ("dlopt-cuda-backend-tests", "*CudaGpu*")):
+                rc, text = sess.run([tool(name), "--gtest_filter=" + filt], "gtest.log", 150, env=env)
+                fails = [l for l in text.splitlines() if l.startswith("[  FAILED  ]")]
+                tail = [l for l in text.splitlines() if l.startswith("[  PASSED  ]") or "tests ran" in l]
+                sess.note("gtest %s rc %d: %s; %d failed lines" % (name, rc, "; ".join(tail), len(fails)))
+                for l in fails[:40]:
+                    sess.note("  " + l)
+        elif phase == "ops":
+            rc, text = sess.run([sys.executable, os.path.join(ROOT, "test", "unit", "cuda", "compare_backends.py"),
+                                 "--cases", os.path.join(b, "cases"), "--bin-dir", bindir, "--jobs", "8",
+                                 "--timeout", "60"], "ops.log", 240, env=env)
+            lines = text.strip().splitlines()
+            sess.note("ops rc %d: %s" % (rc, lines[-1] if lines else ""))
+            for l in [l for l in lines if l.startswith("FAIL")][:40]:
+                sess.note("  " + l[:240])
+            uns = [l.split(":")[0] for l in lines if l.startswith("UNSUPPORTED")]
+            if uns:
+                sess.note("  unsupported: " + " ".join(u.split()[1] for u in uns))
+        elif phase == "train":
+            results = {}
+            for name in ("gpt-tiny.f32", "gpt-tiny.bf16", "gpt-tiny.fp16", "llama-tiny.bf16",
+                         "mlp-tiny.f32", "resnet-tiny.f32"):
+                n = steps if name.startswith("gpt-tiny") else max(20, steps // 4)
+                curves = {}
+                for backend in ("cpu", "cuda"):
+                    m = os.path.join(sess.logs, "%s.%s.jsonl" % (name, backend))
+                    if os.path.exists(m):
+                        os.remove(m)
+                    t1 = time.time()
+                    rc, text = sess.run([tool("dlopt-run"), os.path.join(plans, name + ".plan"), "--backend", backend,
+                                         "--steps", str(n), "--seed", "3", "--metrics", m, "--log-every", "50"],
+                                        "train.log", 120, env=env)
+                    curves[backend] = (rc, losses(m), time.time() - t1, text)
+                (rc_c, lc, tc, _), (rc_g, lg, tg, text_g) = curves["cpu"], curves["cuda"]
+                d = rel_diffs(lg, lc)
+                bitwise = len(lg) == len(lc) and lg == lc
+                line = ("train %s: %d steps, cpu rc %d %.1f s, cuda rc %d %.1f s; loss cpu %s -> %s, cuda %s -> %s; "
+                        "max rel diff %s%s" % (name, n, rc_c, tc, rc_g, tg,
+                                              lc[0] if lc else "-", lc[-1] if lc else "-",
+                                              lg[0] if lg else "-", lg[-1] if lg else "-",
+                                              "%.2e (step %d)" % (max(d), d.index(max(d)) + 1) if d else "-",
+                                              ", bitwise" if bitwise else ""))
+                sess.note(line)
+                if rc_g != 0:
+                    sess.note("  cuda: " + " | ".join(text_g.strip().splitlines()[-4:])[:600])
+                mem = [l for l in text_g.splitlines() if "device memory" in l]
+                if mem:
+                    sess.note("  " + mem[-1].strip())
+                results[name] = {"cpu": lc, "cuda": lg}
+            with open(os.path.join(sess.logs, "train-curves.json"), "w") as f:
+                json.dump(results, f)
+        elif phase == "resume":
+            for name in ("gpt-tiny.f32", "gpt-tiny.bf16"):
+                d = os.path.join(sess.logs, "resume-" + name)
+                shutil.rmtree(d, ignore_errors=True)
+                os.makedirs(d)
+                common = [tool("dlopt-run"), os.path.join(plans, name + ".plan"), "--backend", "cuda", "--seed", "3",
+                          "--quiet"]
+                sess.run(common + ["--steps", "20", "--metrics", os.path.join(d, "full.jsonl")], "resume.log", 60, env=env)
+                sess.run(common + ["--steps", "10", "--checkpoint-dir", os.path.join(d, "ck")], "resume.log", 60, env=env)
+                cks = sorted(glob.glob(os.path.join(d, "ck", "step-*")))
+                rc, _ = sess.run(common + ["--steps", "10", "--resume", cks[-1] if cks else "missing",
+                                           "--metrics", os.path.join(d, "rest.jsonl")], "resume.log", 60, env=env)
+                full, rest = losses(os.path.join(d, "full.jsonl")), losses(os.path.join(d, "rest.jsonl"))
+                same = len(full) == 20 and rest == full[10:]
+                sess.note("resume %s on cuda: %s (uninterrupted steps 11-20 %s, resumed %s)" % (
+                    name, "bitwise" if same else "DIFFERENT", full[10:13], rest[:3]))
+        elif phase == "parallel":
+            for name, (base_name, fix, _) in PARALLEL_PLANS.items():
+                curves = {}
+                for tag, plan in (("one", base_name), ("par", name)):
+                    m = os.path.join(sess.logs, "%s.%s.cuda.jsonl" % (name, tag))
+                    if os.path.exists(m):
+                        os.remove(m)
+                    rc, text = sess.run([tool("dlopt-run"), os.path.join(plans, plan + ".plan"), "--backend", "cuda",
+                                         "--steps", "6", "--seed", "3", "--metrics", m], "parallel.log", 90, env=env)
+                    curves[tag] = (rc, losses(m), text)
+                d = rel_diffs(curves["par"][1], curves["one"][1])
+                sess.note("parallel %s (%s) on cuda, ranks as threads: rc %d/%d, losses %s vs one device %s, max rel diff %s" % (
+                    name, fix, curves["one"][0], curves["par"][0], curves["par"][1][:3], curves["one"][1][:3],
+                    "%.2e" % max(d) if d else "-"))
+                if curves["par"][0] != 0:
+                    sess.note("  " + " | ".join(curves["par"][2].strip().splitlines()[-4:])[:600])
+        elif phase == "bench":
+            benv = dict(env, BUILD=os.path.relpath(b, ROOT), MODELS=os.environ.get("BENCH_MODELS", "gpt2-small"),
+                        TORCH_MODES=os.environ.get("TORCH_MODES", "eager"), PYTHON=sys.executable)
+            bout = os.path.join(sess.logs, "bench")
+            rc, text = sess.run([os.path.join(ROOT, "scripts", "bench-gpu.sh"), "run", os.path.join(b, "bench"), bout],
+                                "bench.log", 400, env=benv)
+            summ = os.path.join(bout, "summary.txt")
+            if os.path.exists(summ):
+                for l in open(summ):
+                    sess.note("bench " + l.rstrip())
+            else:
+                sess.note("bench rc %d: %s" % (rc, " | ".join(text.strip().splitlines()[-5:])[:600]))
+        elif phase == "profile":
+            # Time per op kind (dlopt-run --profile synchronizes after each
+            # instruction) for the first benchmark model.
+            m = os.environ.get("BENCH_MODELS", "gpt2-small").split()[0]
+            rc, text = sess.run([tool("dlopt-run"), os.path.join(b, "bench", m + ".plan"), "--backend", "cuda",
+                                 "--steps", "3", "--vocab", "50257", "--profile"], "profile.log", 120, env=env)
+            lines = text.strip().splitlines()
+            start = next((i for i, l in enumerate(lines) if "profile" in l.lower()), max(0, len(lines) - 25))
+            sess.note("profile %s rc %d:" % (m, rc))
+            for l in lines[start:start + 30]:
+                sess.note("  " + l[:200])
+        elif phase == "sanitize":
+            cs = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+            rc, text = sess.run([cs, "--tool", "memcheck", "--error-exitcode", "9", os.path.join(libexec, "dlopt-run"),
+                                 os.path.join(plans, "gpt-tiny.bf16.plan"), "--backend", "cuda", "--steps", "2", "--quiet"],
+                                "sanitize.log", 120, env=dict(env, LD_LIBRARY_PATH=os.path.join(b, "lib")))
+            sess.note("sanitize (memcheck, gpt-tiny bf16, 2 steps) rc %d: %s" % (
+                rc, " | ".join(text.strip().splitlines()[-3:])[:400]))
+        sess.say("--- phase %s took %.1f s" % (phase, time.time() - t))
+
+    with open(os.path.join(sess.out, "summary.txt"), "w") as f:
+        f.write("\n".join(sess.summary) + "\n")
+    with tarfile.open(os.path.join(sess.out, "logs.tar.gz"), "w:gz") as t:
+        t.add(sess.logs, arcname="logs")
+    sess.say("gpu-session: %.0f s; summary:" % (time.time() - sess.t0))
+    print("\n".join(sess.summary))
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("--bundle", default=".gpu")
+    p.add_argument("--build", default="build")
+    p.add_argument("--bench-models", default="gpt2-small gpt2-medium gpt2-large gpt3-1.3b")
+    r = sub.add_parser("run")
+    r.add_argument("--bundle", default=".gpu")
+    r.add_argument("--out")
+    r.add_argument("--budget", type=float, default=300)
+    r.add_argument("--only")
+    r.add_argument("--skip")
+    args = ap.parse_args()
+    return prepare(args) if args.cmd == "prepare" else run_session(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
