@@ -215,8 +215,16 @@ struct ReducePlan {
   int64_t redSize[kMaxDims] = {}, redStride[kMaxDims] = {};
   int64_t numOut = 1, numRed = 1;
 };
+/// How a reduction is cut: `chunks` blocks per output (or per 32 outputs)
+/// over runs of `chunk` reduced elements, combined in chunk order.
+struct ReduceSplit {
+  int64_t chunks = 1, chunk = 1;
+};
+ReduceSplit reduceSplit(const ReducePlan &p);
+/// Workspace reduce() needs for `p` (0 when it runs in one pass).
+int64_t reduceWorkspaceBytes(const ReducePlan &p);
 int reduce(Stream s, ReduceKind k, DType t, const ReducePlan &p,
-           const void *x, void *y);
+           const void *x, void *y, void *ws);
 
 /// softmax / log_softmax of x viewed as [outer, n, inner] along n.
 int softmax(Stream s, bool log, DType t, const void *x, void *y,

@@ -749,6 +749,94 @@ Status communicationHandler(Launch &L, Ins ins, Outs outs) {
   return copyBlocksOnDevice(L, p.after, ptr).withContext(where);
 }
 
+/// send_recv, send and recv (pipeline stages): staged through pinned host
+/// memory over a host communicator. The inputs are copied out and the
+/// stream drained first; the sends are posted before the receives (the
+/// host communicators buffer sends, so a batch never waits on itself), then
+/// the received blocks are copied in on the stream.
+Status pointToPointHandler(Launch &L, Ins ins, Outs outs) {
+  const Instr &instr = L.instr;
+  const RunContext *ctx = L.ctx;
+  std::string where = "'" + instr.op + "'" +
+                      (instr.loc.empty() ? "" : " at " + instr.loc) + ": ";
+  int64_t group = instr.getInt("group", -1);
+  int rank = ctx ? ctx->rank : 0;
+  if (!ctx || group < 0 || size_t(group) >= ctx->groups.size() ||
+      !ctx->groups[size_t(group)])
+    return Status::error(where + "no communicator for group " +
+                         std::to_string(group) + " on rank " +
+                         std::to_string(rank));
+  Communicator &comm = *ctx->groups[size_t(group)];
+  if (comm.acceptsDeviceMemory())
+    return Status::error(
+        where + "point-to-point transfers over NCCL are not implemented yet; "
+                "pipeline stages on the cuda backend run over the "
+                "host-staged communicators (unset DLOPT_CUDA_NCCL)");
+  std::vector<int64_t> sendPeers, recvPeers;
+  if (instr.op == "send_recv") {
+    Expected<std::vector<int64_t>> sp = instr.getInts("send_peers");
+    Expected<std::vector<int64_t>> rp = instr.getInts("recv_peers");
+    if (!sp)
+      return sp.status().withContext(where);
+    if (!rp)
+      return rp.status().withContext(where);
+    sendPeers = *sp;
+    recvPeers = *rp;
+  } else {
+    (instr.op == "send" ? sendPeers : recvPeers)
+        .push_back(instr.getInt("peer", -1));
+  }
+  if (sendPeers.size() != ins.size() || recvPeers.size() != outs.size())
+    return Status::error(where + "expects one peer per operand and result, got " +
+                         std::to_string(sendPeers.size()) + " send and " +
+                         std::to_string(recvPeers.size()) + " receive peers for " +
+                         std::to_string(ins.size()) + " operands and " +
+                         std::to_string(outs.size()) + " results");
+  auto bytesOf = [](const TensorRef &t) {
+    return t.numElements() * dtypeSize(t.type.dtype);
+  };
+  std::vector<int64_t> offset;
+  int64_t total = 0;
+  for (const TensorRef &t : ins) {
+    offset.push_back(total);
+    total += alignUp(bytesOf(t), kStagingAlign);
+  }
+  for (const TensorRef &t : outs) {
+    offset.push_back(total);
+    total += alignUp(bytesOf(t), kStagingAlign);
+  }
+  if (total == 0)
+    return Status::ok();
+  Expected<char *> h = hostStaging(L, total);
+  if (!h)
+    return h.status().withContext(where);
+  for (size_t i = 0; i < ins.size(); ++i)
+    if (bytesOf(ins[i]) > 0)
+      DLOPT_CUDA_CHECK(L.lib().cudaMemcpyAsync(*h + offset[i], ins[i].data,
+                                               size_t(bytesOf(ins[i])),
+                                               cudaMemcpyDeviceToHost, L.stream));
+  DLOPT_CUDA_CHECK(L.lib().cudaStreamSynchronize(L.stream));
+  for (size_t i = 0; i < ins.size(); ++i)
+    DLOPT_RETURN_IF_ERROR(
+        comm.send(CommInput{*h + offset[i], ins[i].numElements(),
+                            ins[i].type.dtype, MemorySpace::Host},
+                  int(sendPeers[i]))
+            .withContext(where));
+  for (size_t i = 0; i < outs.size(); ++i) {
+    char *buf = *h + offset[ins.size() + i];
+    DLOPT_RETURN_IF_ERROR(
+        comm.recv(CommOutput{buf, outs[i].numElements(), outs[i].type.dtype,
+                             MemorySpace::Host},
+                  int(recvPeers[i]))
+            .withContext(where));
+    if (bytesOf(outs[i]) > 0)
+      DLOPT_CUDA_CHECK(L.lib().cudaMemcpyAsync(outs[i].data, buf,
+                                               size_t(bytesOf(outs[i])),
+                                               cudaMemcpyHostToDevice, L.stream));
+  }
+  return Status::ok();
+}
+
 #ifdef DLOPT_CUDA_KERNELS
 using kernels::StridedIndex;
 
@@ -1140,8 +1228,15 @@ Status reduceHandler(Launch &L, Ins ins, Outs outs) {
     p.numOut *= p.keptSize[i];
   for (int i = 0; i < p.redRank; ++i)
     p.numRed *= p.redSize[i];
+  void *ws = nullptr;
+  if (int64_t bytes = kernels::reduceWorkspaceBytes(p)) {
+    auto scratch = L.r.scratch(bytes);
+    if (!scratch)
+      return scratch.status();
+    ws = *scratch;
+  }
   DLOPT_LAUNCH(L, kernels::reduce(L.stream, K, in.dtype, p, ins[0].data,
-                                  outs[0].data));
+                                  outs[0].data, ws));
   return Status::ok();
 }
 
@@ -1693,6 +1788,8 @@ const std::unordered_map<std::string, Handler> &handlers() {
     for (const char *op : {"all_reduce", "all_gather", "reduce_scatter",
                            "all_slice", "all_to_all", "broadcast"})
       h[op] = communicationHandler;
+    for (const char *op : {"send_recv", "send", "recv"})
+      h[op] = pointToPointHandler;
 #ifdef DLOPT_CUDA_KERNELS
     using U = kernels::UnaryOp;
     using B = kernels::BinaryOp;

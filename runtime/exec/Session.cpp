@@ -336,11 +336,15 @@ Status Session::execute(bool keepArguments) {
     Status st = backend_->run(in, ins_[i], outs_[i], ctx);
     if (st && profiling_) {
       st = backend_->synchronize(opts_.rank);
+      double dt = std::chrono::duration<double>(
+                      std::chrono::steady_clock::now() - t0)
+                      .count();
       OpProfile &p = profile_[in.op];
-      p.seconds += std::chrono::duration<double>(
-                       std::chrono::steady_clock::now() - t0)
-                       .count();
+      p.seconds += dt;
       ++p.calls;
+      instrProfile_.resize(program_->instrs.size());
+      instrProfile_[i].seconds += dt;
+      ++instrProfile_[i].calls;
     }
     if (!st)
       // Kernel errors already name the op and its location.

@@ -126,6 +126,10 @@ public:
     int64_t calls = 0;
   };
   const std::map<std::string, OpProfile> &profile() const { return profile_; }
+  /// The same, per instruction of the program (indexed as program().instrs;
+  /// empty until a profiled run).
+  const std::vector<OpProfile> &instrProfile() const { return instrProfile_; }
+  const Program &program() const { return *program_; }
 
 private:
   Session(Executable exe, std::unique_ptr<Backend> backend,
@@ -147,6 +151,7 @@ private:
   std::vector<Communicator *> groups_;
   bool profiling_ = false;
   std::map<std::string, OpProfile> profile_;
+  std::vector<OpProfile> instrProfile_;
   /// A run's update outputs are waiting to be applied.
   bool updatesPending_ = false;
   /// New values of in-place updated arguments held back by

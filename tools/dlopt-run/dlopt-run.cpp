@@ -558,6 +558,37 @@ void printProfile(Session &s) {
     std::printf("  %-22s %10.4f %6.1f%% %10lld\n", op.c_str(), p.seconds,
                 total > 0 ? 100.0 * p.seconds / total : 0.0,
                 (long long)p.calls);
+  // The slowest instructions, with their result types and sources: where a
+  // gap against the hardware's rates shows (a matmul's TFLOP/s, a
+  // reduction's GB/s).
+  const std::vector<Session::OpProfile> &ip = s.instrProfile();
+  std::vector<size_t> order(ip.size());
+  for (size_t i = 0; i < order.size(); ++i)
+    order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return ip[a].seconds > ip[b].seconds;
+  });
+  const Executable &e = s.executable();
+  const Program &prog = s.program();
+  size_t shown = std::min<size_t>(order.size(), 15);
+  if (shown)
+    std::printf("  slowest instructions (ms per call):\n");
+  for (size_t k = 0; k < shown; ++k) {
+    size_t i = order[k];
+    const Instr &in = prog.instrs[i];
+    auto list = [&](const std::vector<int32_t> &ids) {
+      std::string t;
+      for (size_t j = 0; j < ids.size() && j < 3; ++j)
+        t += (j ? ", " : "") + e.values[size_t(ids[j])].type.str();
+      if (ids.size() > 3)
+        t += ", ... (" + std::to_string(ids.size()) + ")";
+      return t;
+    };
+    std::string types = list(in.results), from = list(in.operands);
+    std::printf("  %6zu %-18s %8.3f  %s <- %s  %s\n", i, in.op.c_str(),
+                1e3 * ip[i].seconds / double(std::max<int64_t>(ip[i].calls, 1)),
+                types.c_str(), from.c_str(), in.loc.c_str());
+  }
 }
 
 /// Reads every param (collective in a multi-process World) and writes it,

@@ -13,8 +13,10 @@
 // that kv head. Each output element is summed by one thread in a fixed
 // order: no atomics, deterministic.
 //
-// The math runs in f32 on CUDA cores (no tensor cores yet): correct and
-// memory-frugal, not yet fast. Head dims up to kMaxHeadDim (256).
+// These kernels run the math in f32 on CUDA cores, for every dtype and head
+// dim up to kMaxHeadDim (256). bf16 and f16 with head dims 64 and 128 take
+// the tensor-core kernels below instead (WMMA, sm_80 and newer; the
+// environment variable DLOPT_CUDA_ATTENTION=simt forces the CUDA-core ones).
 //
 // Context parallelism: the causal shift (query i sees keys j <= i + shift)
 // is T - S or the offset operand, and rope's positions start at its offset
@@ -25,9 +27,15 @@
 
 #include "runtime/cuda/kernels/Common.cuh"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
+#include <mma.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <initializer_list>
+#include <string>
 #include <type_traits>
 
 namespace dlopt::rt::cuda::kernels {
@@ -354,6 +362,432 @@ __global__ void ropeKernel(const T *x, T *y, int64_t rows, int64_t seq,
   }
 }
 
+//===--- Tensor-core attention (bf16 / f16, head dims 64 and 128) -----------===//
+//
+// The same algorithm as the kernels above, with the four products (q k^T,
+// p v, and in the backward pass do v^T, ds k, p^T do, ds^T q) on the tensor
+// cores through WMMA 16x16x16 tiles with f32 accumulation. A block has 4
+// warps; in the forward and dq kernels each warp owns 16 of the block's 64
+// query rows and walks the keys in tiles of 64; in the dk/dv kernel each
+// warp owns 16 of the block's 64 keys and walks the queries of every head
+// sharing the kv head in tiles of 64. Scores and probabilities are f32 in
+// shared memory (WMMA's accumulator layout is opaque, so the online softmax
+// works on a stored tile, two lanes per row); P and dS are rounded to the
+// input type before their products, as FlashAttention does. Every output
+// element is accumulated by one warp in a fixed order: deterministic.
+
+constexpr int MT = 64; ///< query rows / keys per block, and per tile
+
+template <typename T> struct MmaType;
+template <> struct MmaType<BF16> { using type = __nv_bfloat16; };
+template <> struct MmaType<F16> { using type = __half; };
+template <> struct MmaType<float> { using type = __half; }; // never launched
+
+__device__ __forceinline__ __nv_bfloat16 toMma(float x, const __nv_bfloat16 *) {
+  return __float2bfloat16_rn(x);
+}
+__device__ __forceinline__ __half toMma(float x, const __half *) {
+  return __float2half_rn(x);
+}
+
+/// rows x HD 16-bit elements from rows row0.. of src (row stride HD) into
+/// dst (row stride ld), 16 bytes per access; rows at or past `limit` are
+/// zeros.
+template <int HD>
+__device__ __forceinline__ void loadRows16(void *dst, int ld, const void *src,
+                                           int64_t row0, int rows,
+                                           int64_t limit) {
+  constexpr int CH = HD / 8;
+  auto *d = static_cast<uint16_t *>(dst);
+  auto *s = static_cast<const uint16_t *>(src);
+  for (int idx = threadIdx.x; idx < rows * CH; idx += blockDim.x) {
+    int r = idx / CH, c = idx % CH;
+    int64_t row = row0 + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row < limit)
+      v = *reinterpret_cast<const uint4 *>(s + row * HD + c * 8);
+    *reinterpret_cast<uint4 *>(d + r * ld + c * 8) = v;
+  }
+}
+
+namespace wm = nvcuda::wmma;
+template <typename M>
+using FragA = wm::fragment<wm::matrix_a, 16, 16, 16, M, wm::row_major>;
+template <typename M>
+using FragBRow = wm::fragment<wm::matrix_b, 16, 16, 16, M, wm::row_major>;
+template <typename M>
+using FragBCol = wm::fragment<wm::matrix_b, 16, 16, 16, M, wm::col_major>;
+using FragC = wm::fragment<wm::accumulator, 16, 16, 16, float>;
+
+/// out[16 x 64] (f32, row stride lo) = a[16 x K] . b^T where b is [64 x K]
+/// (both 16-bit, row strides la and lb): scores from rows of q and k.
+template <typename M, int K>
+__device__ __forceinline__ void mmaABt(float *out, int lo, const M *a, int la,
+                                       const M *b, int lb) {
+#pragma unroll
+  for (int n = 0; n < MT / 16; ++n) {
+    FragC acc;
+    wm::fill_fragment(acc, 0.0f);
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk) {
+      FragA<M> fa;
+      FragBCol<M> fb;
+      wm::load_matrix_sync(fa, a + kk * 16, la);
+      wm::load_matrix_sync(fb, b + n * 16 * lb + kk * 16, lb);
+      wm::mma_sync(acc, fa, fb, acc);
+    }
+    wm::store_matrix_sync(out + n * 16, acc, lo, wm::mem_row_major);
+  }
+}
+
+/// acc[c] += a[16 x 64] . b[64 x HD] for the HD / 16 column tiles c.
+template <typename M, int HD>
+__device__ __forceinline__ void mmaAccumulate(FragC (&acc)[HD / 16], const M *a,
+                                              int la, const M *b, int lb) {
+#pragma unroll
+  for (int kk = 0; kk < MT / 16; ++kk) {
+    FragA<M> fa;
+    wm::load_matrix_sync(fa, a + kk * 16, la);
+#pragma unroll
+    for (int c = 0; c < HD / 16; ++c) {
+      FragBRow<M> fb;
+      wm::load_matrix_sync(fb, b + kk * 16 * lb + c * 16, lb);
+      wm::mma_sync(acc[c], fa, fb, acc[c]);
+    }
+  }
+}
+
+template <int HD> struct MmaLayout {
+  static constexpr int LD = HD + 8;  ///< 16-bit tiles' row stride
+  static constexpr int LS = MT + 4;  ///< f32 score tiles' row stride
+  static constexpr int LO = HD + 4;  ///< f32 output tiles' row stride
+  static constexpr int LP = MT + 8;  ///< 16-bit probability tiles' row stride
+  static constexpr size_t tile16 = size_t(MT) * LD * 2;
+  static constexpr size_t score = size_t(16) * LS * 4;
+  static constexpr size_t outTile = size_t(16) * LO * 4;
+  static constexpr size_t prob = size_t(16) * LP * 2;
+  /// Forward: q, k, v tiles; per warp a score tile, an output tile and a
+  /// probability tile.
+  static constexpr size_t fwd = 3 * tile16 + 4 * (score + outTile + prob);
+  /// dq: q, do, k, v tiles; per warp s, dp (the output tile reuses them)
+  /// and ds.
+  static constexpr size_t dq = 4 * tile16 + 4 * (2 * score + prob);
+  /// dk/dv: k, v, q, do tiles, the lse and D rows; per warp s^T, dp^T (the
+  /// output tile reuses them), p^T and ds^T.
+  static constexpr size_t dkdv =
+      4 * tile16 + 2 * MT * 4 + 4 * (2 * score + 2 * prob);
+  static_assert(2 * score >= outTile, "the output tile reuses s and dp");
+  static_assert(tile16 % 32 == 0 && score % 32 == 0 && outTile % 32 == 0 &&
+                    prob % 32 == 0,
+                "WMMA pointers must stay 32-byte aligned");
+};
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(kAttnThreads)
+    attnFwdMmaKernel(AttentionDims a, const T *q, const T *k, const T *v,
+                     T *out, float *lse, const T *dout, float *dvec) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using M = typename MmaType<T>::type;
+  using L = MmaLayout<HD>;
+  extern __shared__ __align__(128) unsigned char smraw[];
+  M *qs = reinterpret_cast<M *>(smraw);
+  M *ks = qs + MT * L::LD;
+  M *vs = ks + MT * L::LD;
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  unsigned char *wbase = smraw + 3 * L::tile16 +
+                         size_t(warp) * (L::score + L::outTile + L::prob);
+  float *sw = reinterpret_cast<float *>(wbase);
+  float *ow = reinterpret_cast<float *>(wbase + L::score);
+  M *pw = reinterpret_cast<M *>(wbase + L::score + L::outTile);
+  int64_t bh = blockIdx.x, b = bh / a.h, h = bh % a.h;
+  int64_t kvh = b * a.g + h / (a.h / a.g);
+  int64_t q0 = int64_t(blockIdx.y) * MT;
+  const T *kb = k + kvh * a.t * HD, *vb = v + kvh * a.t * HD;
+  loadRows16<HD>(qs, L::LD, q + bh * a.s * HD, q0, MT, a.s);
+  for (int i = lane; i < 16 * L::LO; i += 32)
+    ow[i] = 0.0f;
+  int r = lane / 2, half = lane % 2;
+  int64_t qi = q0 + warp * 16 + r;
+  bool valid = qi < a.s;
+  const int64_t shift = causalShift(a);
+  int64_t myLimit = valid ? keyLimit(a, shift, qi) : 0;
+  int64_t last = (q0 + MT < a.s ? q0 + MT : a.s) - 1;
+  int64_t blockLimit = keyLimit(a, shift, last);
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t k0 = 0; k0 < blockLimit; k0 += MT) {
+    __syncthreads();
+    loadRows16<HD>(ks, L::LD, kb, k0, MT, a.t);
+    loadRows16<HD>(vs, L::LD, vb, k0, MT, a.t);
+    __syncthreads();
+    mmaABt<M, HD>(sw, L::LS, qs + warp * 16 * L::LD, L::LD, ks, L::LD);
+    __syncwarp();
+    float sc[MT / 2], tmax = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < MT / 2; ++j) {
+      int col = half * (MT / 2) + j;
+      float s = -INFINITY;
+      if (valid && k0 + col < myLimit)
+        s = sw[r * L::LS + col] * a.scale;
+      sc[j] = s;
+      tmax = fmaxf(tmax, s);
+    }
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+    float mNew = fmaxf(m, tmax), corr = 1.0f, psum = 0.0f;
+    if (mNew != -INFINITY) {
+      corr = expf(m - mNew);
+#pragma unroll
+      for (int j = 0; j < MT / 2; ++j) {
+        sc[j] = expf(sc[j] - mNew);
+        psum += sc[j];
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < MT / 2; ++j)
+        sc[j] = 0.0f;
+    }
+    psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+    l = l * corr + psum;
+    m = mNew;
+#pragma unroll
+    for (int j = 0; j < MT / 2; ++j)
+      pw[r * L::LP + half * (MT / 2) + j] = toMma(sc[j], pw);
+    for (int c = half * (HD / 2); c < (half + 1) * (HD / 2); ++c)
+      ow[r * L::LO + c] *= corr;
+    __syncwarp();
+    FragC acc[HD / 16];
+#pragma unroll
+    for (int c = 0; c < HD / 16; ++c)
+      wm::load_matrix_sync(acc[c], ow + c * 16, L::LO, wm::mem_row_major);
+    mmaAccumulate<M, HD>(acc, pw, L::LP, vs, L::LD);
+#pragma unroll
+    for (int c = 0; c < HD / 16; ++c)
+      wm::store_matrix_sync(ow + c * 16, acc[c], L::LO, wm::mem_row_major);
+    __syncwarp();
+  }
+  float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  int64_t row = bh * a.s + qi;
+  if (!lse) {
+    if (valid)
+      for (int c = half * (HD / 2); c < (half + 1) * (HD / 2); ++c)
+        out[row * HD + c] = fromF<T>(ow[r * L::LO + c] * inv);
+    return;
+  }
+  float dsum = 0.0f;
+  if (valid)
+    for (int c = half * (HD / 2); c < (half + 1) * (HD / 2); ++c)
+      dsum += toF(dout[row * HD + c]) * (ow[r * L::LO + c] * inv);
+  dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
+  if (valid && half == 0) {
+    lse[row] = l > 0.0f ? m + logf(l) : 0.0f;
+    dvec[row] = dsum;
+  }
+#else
+  __trap(); // the host launches these only on sm_80 and newer
+#endif
+}
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(kAttnThreads)
+    attnDqMmaKernel(AttentionDims a, const T *q, const T *k, const T *v,
+                    const T *dout, const float *lse, const float *dvec, T *dq) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using M = typename MmaType<T>::type;
+  using L = MmaLayout<HD>;
+  extern __shared__ __align__(128) unsigned char smraw[];
+  M *qs = reinterpret_cast<M *>(smraw);
+  M *dos = qs + MT * L::LD;
+  M *ks = dos + MT * L::LD;
+  M *vs = ks + MT * L::LD;
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  unsigned char *wbase =
+      smraw + 4 * L::tile16 + size_t(warp) * (2 * L::score + L::prob);
+  float *sw = reinterpret_cast<float *>(wbase);
+  float *dpw = reinterpret_cast<float *>(wbase + L::score);
+  M *dsw = reinterpret_cast<M *>(wbase + 2 * L::score);
+  int64_t bh = blockIdx.x, b = bh / a.h, h = bh % a.h;
+  int64_t kvh = b * a.g + h / (a.h / a.g);
+  int64_t q0 = int64_t(blockIdx.y) * MT;
+  const T *kb = k + kvh * a.t * HD, *vb = v + kvh * a.t * HD;
+  loadRows16<HD>(qs, L::LD, q + bh * a.s * HD, q0, MT, a.s);
+  loadRows16<HD>(dos, L::LD, dout + bh * a.s * HD, q0, MT, a.s);
+  int r = lane / 2, half = lane % 2;
+  int64_t qi = q0 + warp * 16 + r;
+  bool valid = qi < a.s;
+  int64_t row = bh * a.s + qi;
+  float rowLse = valid ? lse[row] : 0.0f, rowD = valid ? dvec[row] : 0.0f;
+  const int64_t shift = causalShift(a);
+  int64_t myLimit = valid ? keyLimit(a, shift, qi) : 0;
+  int64_t last = (q0 + MT < a.s ? q0 + MT : a.s) - 1;
+  int64_t blockLimit = keyLimit(a, shift, last);
+  FragC acc[HD / 16];
+#pragma unroll
+  for (int c = 0; c < HD / 16; ++c)
+    wm::fill_fragment(acc[c], 0.0f);
+  for (int64_t k0 = 0; k0 < blockLimit; k0 += MT) {
+    __syncthreads();
+    loadRows16<HD>(ks, L::LD, kb, k0, MT, a.t);
+    loadRows16<HD>(vs, L::LD, vb, k0, MT, a.t);
+    __syncthreads();
+    mmaABt<M, HD>(sw, L::LS, qs + warp * 16 * L::LD, L::LD, ks, L::LD);
+    mmaABt<M, HD>(dpw, L::LS, dos + warp * 16 * L::LD, L::LD, vs, L::LD);
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < MT / 2; ++j) {
+      int col = half * (MT / 2) + j;
+      float ds = 0.0f;
+      if (valid && k0 + col < myLimit) {
+        float p = expf(sw[r * L::LS + col] * a.scale - rowLse);
+        ds = p * (dpw[r * L::LS + col] - rowD);
+      }
+      dsw[r * L::LP + col] = toMma(ds, dsw);
+    }
+    __syncwarp();
+    mmaAccumulate<M, HD>(acc, dsw, L::LP, ks, L::LD);
+  }
+  float *ow = sw; // s and dp are done with
+  __syncwarp();
+#pragma unroll
+  for (int c = 0; c < HD / 16; ++c)
+    wm::store_matrix_sync(ow + c * 16, acc[c], L::LO, wm::mem_row_major);
+  __syncwarp();
+  if (valid)
+    for (int c = half * (HD / 2); c < (half + 1) * (HD / 2); ++c)
+      dq[row * HD + c] = fromF<T>(ow[r * L::LO + c] * a.scale);
+#else
+  __trap();
+#endif
+}
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(kAttnThreads)
+    attnDkDvMmaKernel(AttentionDims a, const T *q, const T *k, const T *v,
+                      const T *dout, const float *lse, const float *dvec,
+                      T *dk, T *dv) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using M = typename MmaType<T>::type;
+  using L = MmaLayout<HD>;
+  extern __shared__ __align__(128) unsigned char smraw[];
+  M *ks = reinterpret_cast<M *>(smraw);
+  M *vs = ks + MT * L::LD;
+  M *qs = vs + MT * L::LD;
+  M *dos = qs + MT * L::LD;
+  float *ls = reinterpret_cast<float *>(smraw + 4 * L::tile16);
+  float *dsv = ls + MT;
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  unsigned char *wbase = smraw + 4 * L::tile16 + 2 * MT * 4 +
+                         size_t(warp) * (2 * L::score + 2 * L::prob);
+  float *st = reinterpret_cast<float *>(wbase);
+  float *dpt = reinterpret_cast<float *>(wbase + L::score);
+  M *pt = reinterpret_cast<M *>(wbase + 2 * L::score);
+  M *dst = reinterpret_cast<M *>(wbase + 2 * L::score + L::prob);
+  int64_t kvh = blockIdx.x, b = kvh / a.g, gi = kvh % a.g;
+  int64_t k0 = int64_t(blockIdx.y) * MT;
+  int r = lane / 2, half = lane % 2;
+  int64_t j = k0 + warp * 16 + r;
+  bool validK = j < a.t;
+  const int64_t shift = causalShift(a);
+  loadRows16<HD>(ks, L::LD, k + kvh * a.t * HD, k0, MT, a.t);
+  loadRows16<HD>(vs, L::LD, v + kvh * a.t * HD, k0, MT, a.t);
+  FragC accK[HD / 16], accV[HD / 16];
+#pragma unroll
+  for (int c = 0; c < HD / 16; ++c) {
+    wm::fill_fragment(accK[c], 0.0f);
+    wm::fill_fragment(accV[c], 0.0f);
+  }
+  int64_t hpg = a.h / a.g;
+  // The first query that may see key k0 (causal: i + shift >= k0).
+  int64_t iStart = a.causal ? (k0 - shift > 0 ? k0 - shift : 0) : 0;
+  for (int64_t hh = 0; hh < hpg; ++hh) {
+    int64_t bh = b * a.h + gi * hpg + hh;
+    for (int64_t i0 = iStart; i0 < a.s; i0 += MT) {
+      __syncthreads();
+      loadRows16<HD>(qs, L::LD, q + bh * a.s * HD, i0, MT, a.s);
+      loadRows16<HD>(dos, L::LD, dout + bh * a.s * HD, i0, MT, a.s);
+      for (int t = threadIdx.x; t < MT; t += blockDim.x) {
+        int64_t i = i0 + t;
+        ls[t] = i < a.s ? lse[bh * a.s + i] : 0.0f;
+        dsv[t] = i < a.s ? dvec[bh * a.s + i] : 0.0f;
+      }
+      __syncthreads();
+      mmaABt<M, HD>(st, L::LS, ks + warp * 16 * L::LD, L::LD, qs, L::LD);
+      mmaABt<M, HD>(dpt, L::LS, vs + warp * 16 * L::LD, L::LD, dos, L::LD);
+      __syncwarp();
+#pragma unroll
+      for (int jj = 0; jj < MT / 2; ++jj) {
+        int col = half * (MT / 2) + jj;
+        int64_t i = i0 + col;
+        float p = 0.0f, ds = 0.0f;
+        if (validK && i < a.s && (!a.causal || j <= i + shift)) {
+          p = expf(st[r * L::LS + col] * a.scale - ls[col]);
+          ds = p * (dpt[r * L::LS + col] - dsv[col]);
+        }
+        pt[r * L::LP + col] = toMma(p, pt);
+        dst[r * L::LP + col] = toMma(ds, dst);
+      }
+      __syncwarp();
+      mmaAccumulate<M, HD>(accV, pt, L::LP, dos, L::LD);
+      mmaAccumulate<M, HD>(accK, dst, L::LP, qs, L::LD);
+    }
+  }
+  float *ow = st; // s^T and dp^T are done with
+  __syncwarp();
+#pragma unroll
+  for (int c = 0; c < HD / 16; ++c)
+    wm::store_matrix_sync(ow + c * 16, accK[c], L::LO, wm::mem_row_major);
+  __syncwarp();
+  if (validK)
+    for (int c = half * (HD / 2); c < (half + 1) * (HD / 2); ++c)
+      dk[(kvh * a.t + j) * HD + c] = fromF<T>(ow[r * L::LO + c] * a.scale);
+  __syncwarp();
+#pragma unroll
+  for (int c = 0; c < HD / 16; ++c)
+    wm::store_matrix_sync(ow + c * 16, accV[c], L::LO, wm::mem_row_major);
+  __syncwarp();
+  if (validK)
+    for (int c = half * (HD / 2); c < (half + 1) * (HD / 2); ++c)
+      dv[(kvh * a.t + j) * HD + c] = fromF<T>(ow[r * L::LO + c]);
+#else
+  __trap();
+#endif
+}
+
+/// Whether the tensor-core kernels take `a` on this device: bf16 or f16,
+/// head dims d == e of 64 or 128, 16-byte aligned tensors, sm_80 or newer,
+/// and DLOPT_CUDA_ATTENTION not set to "simt".
+bool useMma(DType t, const AttentionDims &a,
+            std::initializer_list<const void *> ptrs) {
+  if (t != DType::BF16 && t != DType::F16)
+    return false;
+  if (a.d != a.e || (a.d != 64 && a.d != 128))
+    return false;
+  for (const void *p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+      return false;
+  static const bool simt = [] {
+    const char *e = std::getenv("DLOPT_CUDA_ATTENTION");
+    return e && std::string(e) == "simt";
+  }();
+  if (simt)
+    return false;
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) !=
+          cudaSuccess)
+    return false;
+  return major >= 8;
+}
+
+template <typename Fn> int dispatchMma(DType t, int64_t d, Fn &&fn) {
+  auto withDim = [&](auto tt) {
+    if (d == 64)
+      return fn(tt, std::integral_constant<int, 64>{});
+    return fn(tt, std::integral_constant<int, 128>{});
+  };
+  if (t == DType::BF16)
+    return withDim(BF16{});
+  return withDim(F16{});
+}
+
 /// Columns per thread for head dims up to `dim`.
 template <typename Fn> int dispatchCpt(int64_t dim, Fn &&fn) {
   if (dim <= 64)
@@ -399,6 +833,19 @@ int attention(Stream s, DType t, const AttentionDims &a, const void *q,
   if (a.b * a.h * a.s * a.e == 0)
     return 0;
   auto st = static_cast<cudaStream_t>(s);
+  if (useMma(t, a, {q, k, v, out})) {
+    dim3 grid{unsigned(a.b * a.h), unsigned((a.s + MT - 1) / MT)};
+    return dispatchMma(t, a.d, [&](auto tt, auto hd) {
+      using T = decltype(tt);
+      constexpr int HD = decltype(hd)::value;
+      return launch(attnFwdMmaKernel<T, HD>, grid, MmaLayout<HD>::fwd, st, a,
+                    static_cast<const T *>(q), static_cast<const T *>(k),
+                    static_cast<const T *>(v), static_cast<T *>(out),
+                    static_cast<float *>(nullptr),
+                    static_cast<const T *>(nullptr),
+                    static_cast<float *>(nullptr));
+    });
+  }
   dim3 grid{unsigned(a.b * a.h), unsigned((a.s + BQ - 1) / BQ)};
   return dispatchFloat(t, [&](auto tt) {
     using T = decltype(tt);
@@ -423,6 +870,31 @@ int attentionGrad(Stream s, DType t, const AttentionDims &a, const void *q,
                   void *dk, void *dv, float *ws) {
   auto st = static_cast<cudaStream_t>(s);
   float *lse = ws, *dvec = ws + a.b * a.h * a.s;
+  if (a.b * a.h * a.s > 0 && useMma(t, a, {q, k, v, dout, dq, dk, dv})) {
+    return dispatchMma(t, a.d, [&](auto tt, auto hd) {
+      using T = decltype(tt);
+      constexpr int HD = decltype(hd)::value;
+      using L = MmaLayout<HD>;
+      const T *tq = static_cast<const T *>(q), *tk = static_cast<const T *>(k),
+              *tv = static_cast<const T *>(v),
+              *tdo = static_cast<const T *>(dout);
+      dim3 qgrid{unsigned(a.b * a.h), unsigned((a.s + MT - 1) / MT)};
+      int rc = launch(attnFwdMmaKernel<T, HD>, qgrid, L::fwd, st, a, tq, tk, tv,
+                      static_cast<T *>(nullptr), lse, tdo, dvec);
+      if (rc)
+        return rc;
+      rc = launch(attnDqMmaKernel<T, HD>, qgrid, L::dq, st, a, tq, tk, tv, tdo,
+                  static_cast<const float *>(lse),
+                  static_cast<const float *>(dvec), static_cast<T *>(dq));
+      if (rc || a.t == 0)
+        return rc;
+      dim3 kgrid{unsigned(a.b * a.g), unsigned((a.t + MT - 1) / MT)};
+      return launch(attnDkDvMmaKernel<T, HD>, kgrid, L::dkdv, st, a, tq, tk,
+                    tv, tdo, static_cast<const float *>(lse),
+                    static_cast<const float *>(dvec), static_cast<T *>(dk),
+                    static_cast<T *>(dv));
+    });
+  }
   return dispatchFloat(t, [&](auto tt) {
     using T = decltype(tt);
     // Without queries every key gets a zero gradient (and dq is empty).

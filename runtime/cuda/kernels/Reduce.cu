@@ -162,49 +162,87 @@ __device__ __forceinline__ int64_t dimsOffset(int rank, const int64_t *size,
   return off;
 }
 
-/// The reduced dims are innermost (stride 1): one block per output walks
-/// its inputs with consecutive threads on consecutive elements.
+__device__ __forceinline__ int64_t keptOffset(const ReducePlan &p, int64_t o) {
+  return p.keptRank == 1 ? o * p.keptStride[0]
+                         : dimsOffset(p.keptRank, p.keptSize, p.keptStride, o);
+}
+__device__ __forceinline__ int64_t redOffset(const ReducePlan &p, int64_t r) {
+  return p.redRank == 1 ? r * p.redStride[0]
+                        : dimsOffset(p.redRank, p.redSize, p.redStride, r);
+}
+
+/// The reduced dims are innermost (stride 1): one block per output (and per
+/// chunk of `chunk` reduced elements, blockIdx.y) walks its inputs with
+/// consecutive threads on consecutive elements. With one chunk the block
+/// writes y; with several it writes its partial to part[o * chunks + c] and
+/// reduceFinishKernel combines them in chunk order.
 template <typename T, ReduceKind K>
-__global__ void reduceRowsKernel(ReducePlan p, const T *x, T *y) {
+__global__ void reduceRowsKernel(ReducePlan p, int64_t chunk, const T *x, T *y,
+                                 typename Red<T, K>::A *part) {
   using R = Red<T, K>;
+  int64_t c = blockIdx.y, chunks = gridDim.y;
+  int64_t r0 = c * chunk, r1 = r0 + chunk < p.numRed ? r0 + chunk : p.numRed;
   for (int64_t o = blockIdx.x; o < p.numOut; o += gridDim.x) {
-    int64_t base = dimsOffset(p.keptRank, p.keptSize, p.keptStride, o);
+    int64_t base = keptOffset(p, o);
     typename R::A acc = R::init();
-    for (int64_t r = threadIdx.x; r < p.numRed; r += blockDim.x)
-      R::add(acc, x[base + dimsOffset(p.redRank, p.redSize, p.redStride, r)]);
+    for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x)
+      R::add(acc, x[base + redOffset(p, r)]);
     acc = blockReduce(acc, typename R::Combine{});
-    if (threadIdx.x == 0)
-      y[o] = R::finish(acc, p.numRed);
+    if (threadIdx.x == 0) {
+      if (part)
+        part[o * chunks + c] = acc;
+      else
+        y[o] = R::finish(acc, p.numRed);
+    }
   }
 }
 
 /// The innermost dim is kept: a 32 x 8 block covers 32 adjacent outputs
-/// (coalesced) with 8 lanes over the reduced elements, combined in lane
-/// order.
+/// (coalesced) with 8 lanes over the reduced elements of its chunk
+/// (blockIdx.y), combined in lane order; partials as in reduceRowsKernel.
 template <typename T, ReduceKind K>
-__global__ void reduceColsKernel(ReducePlan p, const T *x, T *y) {
+__global__ void reduceColsKernel(ReducePlan p, int64_t chunk, const T *x, T *y,
+                                 typename Red<T, K>::A *part) {
   using R = Red<T, K>;
-  __shared__ typename R::A part[8][32];
+  __shared__ typename R::A lanes[8][32];
   int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  int64_t c = blockIdx.y, chunks = gridDim.y;
+  int64_t r0 = c * chunk, r1 = r0 + chunk < p.numRed ? r0 + chunk : p.numRed;
   for (int64_t o0 = int64_t(blockIdx.x) * 32; o0 < p.numOut;
        o0 += int64_t(gridDim.x) * 32) {
     int64_t o = o0 + tx;
     typename R::A acc = R::init();
     if (o < p.numOut) {
-      int64_t base = dimsOffset(p.keptRank, p.keptSize, p.keptStride, o);
-      for (int64_t r = ty; r < p.numRed; r += 8)
-        R::add(acc,
-               x[base + dimsOffset(p.redRank, p.redSize, p.redStride, r)]);
+      int64_t base = keptOffset(p, o);
+      for (int64_t r = r0 + ty; r < r1; r += 8)
+        R::add(acc, x[base + redOffset(p, r)]);
     }
-    part[ty][tx] = acc;
+    lanes[ty][tx] = acc;
     __syncthreads();
     if (ty == 0 && o < p.numOut) {
-      typename R::A a = part[0][tx];
+      typename R::A a = lanes[0][tx];
       for (int l = 1; l < 8; ++l)
-        a = typename R::Combine{}(a, part[l][tx]);
-      y[o] = R::finish(a, p.numRed);
+        a = typename R::Combine{}(a, lanes[l][tx]);
+      if (part)
+        part[o * chunks + c] = a;
+      else
+        y[o] = R::finish(a, p.numRed);
     }
     __syncthreads();
+  }
+}
+
+/// Combines each output's chunk partials in chunk order.
+template <typename T, ReduceKind K>
+__global__ void reduceFinishKernel(int64_t numOut, int64_t chunks,
+                                   int64_t numRed,
+                                   const typename Red<T, K>::A *part, T *y) {
+  using R = Red<T, K>;
+  DLOPT_GRID_STRIDE(o, numOut) {
+    typename R::A a = part[o * chunks];
+    for (int64_t c = 1; c < chunks; ++c)
+      a = typename R::Combine{}(a, part[o * chunks + c]);
+    y[o] = R::finish(a, numRed);
   }
 }
 
@@ -642,24 +680,64 @@ int scatterAdd(Stream s, DType t, const void *ids, DType idType,
   });
 }
 
+namespace {
+bool innerKept(const ReducePlan &p) {
+  return p.keptRank > 0 && p.keptStride[p.keptRank - 1] == 1;
+}
+} // namespace
+
+ReduceSplit reduceSplit(const ReducePlan &p) {
+  // Blocks without splitting: one per output (reduced dims innermost) or
+  // per 32 outputs. Fewer than ~8 per multiprocessor leaves the GPU idle
+  // (a gradient norm's sum of a whole weight ran on one block), so the
+  // reduced range is cut into chunks of at least `minChunk` elements, each
+  // its own block; the chunk partials are combined in order by a second
+  // kernel. The cut depends on the shapes only: results repeat run to run.
+  constexpr int64_t kTargetBlocks = 1024;
+  int64_t blocks = innerKept(p) ? (p.numOut + 31) / 32 : p.numOut;
+  int64_t minChunk = innerKept(p) ? 256 : 4096;
+  ReduceSplit r{1, std::max<int64_t>(p.numRed, 1)};
+  if (blocks >= kTargetBlocks || p.numRed < 2 * minChunk)
+    return r;
+  int64_t chunks = std::min<int64_t>(
+      {(kTargetBlocks + blocks - 1) / blocks, p.numRed / minChunk, 65535});
+  r.chunk = (p.numRed + chunks - 1) / chunks;
+  r.chunks = (p.numRed + r.chunk - 1) / r.chunk;
+  return r;
+}
+
+int64_t reduceWorkspaceBytes(const ReducePlan &p) {
+  ReduceSplit r = reduceSplit(p);
+  return r.chunks > 1 ? r.chunks * p.numOut * 8 : 0;
+}
+
 int reduce(Stream s, ReduceKind k, DType t, const ReducePlan &p,
-           const void *x, void *y) {
+           const void *x, void *y, void *ws) {
   if (p.numOut == 0)
     return 0;
   auto st = static_cast<cudaStream_t>(s);
-  bool innerKept = p.keptRank > 0 && p.keptStride[p.keptRank - 1] == 1;
+  ReduceSplit split = reduceSplit(p);
+  if (split.chunks > 1 && !ws)
+    return int(cudaErrorInvalidValue);
   auto launch = [&](auto ttag, auto kind) {
     using T = decltype(ttag);
     constexpr ReduceKind K = decltype(kind)::value;
-    if (innerKept) {
-      unsigned blocks = unsigned(
-          std::min<int64_t>((p.numOut + 31) / 32, int64_t(65535) * 8));
-      reduceColsKernel<T, K><<<blocks, kThreads, 0, st>>>(
-          p, static_cast<const T *>(x), static_cast<T *>(y));
+    using A = typename Red<T, K>::A;
+    static_assert(sizeof(A) <= 8, "reduceWorkspaceBytes assumes 8-byte partials");
+    A *part = split.chunks > 1 ? static_cast<A *>(ws) : nullptr;
+    if (innerKept(p)) {
+      dim3 grid{unsigned(std::min<int64_t>((p.numOut + 31) / 32, int64_t(65535) * 8)),
+                unsigned(split.chunks)};
+      reduceColsKernel<T, K><<<grid, kThreads, 0, st>>>(
+          p, split.chunk, static_cast<const T *>(x), static_cast<T *>(y), part);
     } else {
-      reduceRowsKernel<T, K><<<rowGrid(p.numOut), kThreads, 0, st>>>(
-          p, static_cast<const T *>(x), static_cast<T *>(y));
+      dim3 grid{rowGrid(p.numOut), unsigned(split.chunks)};
+      reduceRowsKernel<T, K><<<grid, kThreads, 0, st>>>(
+          p, split.chunk, static_cast<const T *>(x), static_cast<T *>(y), part);
     }
+    if (part)
+      reduceFinishKernel<T, K><<<gridFor(p.numOut), kThreads, 0, st>>>(
+          p.numOut, split.chunks, p.numRed, part, static_cast<T *>(y));
     return lastError();
   };
   using SumK = std::integral_constant<ReduceKind, ReduceKind::Sum>;

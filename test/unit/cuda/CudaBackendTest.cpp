@@ -417,6 +417,26 @@ std::vector<ConformanceCase> conformanceCases() {
                  {{"dims", std::vector<int64_t>{0, 2}}, {"keepdims", int64_t(1)}}));
       c.out(c.op(op, {x}, T({}, d), {{"dims", std::vector<int64_t>{0, 1, 2}}}));
     });
+  // Shapes that cut the reduced range into chunks (few outputs, many
+  // reduced elements: reduceSplit), each combined in chunk order.
+  for (const char *op : {"sum", "mean", "max"})
+    add(std::string("reduce_chunked_") + op, [op](Case &c, DType d) {
+      int32_t rows = c.in(T({3, 20000}, d));
+      c.out(c.op(op, {rows}, T({3}, d), {{"dims", std::vector<int64_t>{1}}}));
+      int32_t cols = c.in(T({9000, 33}, d));
+      c.out(c.op(op, {cols}, T({33}, d), {{"dims", std::vector<int64_t>{0}}}));
+      int32_t all = c.in(T({50000}, d));
+      c.out(c.op(op, {all}, T({}, d), {{"dims", std::vector<int64_t>{0}}}));
+      int32_t mid = c.in(T({40, 6, 300}, d));
+      c.out(c.op(op, {mid}, T({6}, d), {{"dims", std::vector<int64_t>{0, 2}}}));
+    });
+  add("reduce_chunked_int", [](Case &c, DType) {
+    int32_t x = c.in(T({3, 20000}, DType::I64), Dist::Ints, -1000, 1000);
+    c.out(c.op("sum", {x}, T({3}, DType::I64), {{"dims", std::vector<int64_t>{1}}}));
+    int32_t y = c.in(T({9000, 5}, DType::I32), Dist::Ints, -1000, 1000);
+    c.out(c.op("sum", {y}, T({5}, DType::I32), {{"dims", std::vector<int64_t>{0}}}));
+    c.out(c.op("max", {y}, T({5}, DType::I32), {{"dims", std::vector<int64_t>{0}}}));
+  }, false, true);
   add("reduce_int", [](Case &c, DType) {
     int32_t x = c.in(T({6, 50}, DType::I64), Dist::Ints, -1000, 1000);
     c.out(c.op("sum", {x}, T({6}, DType::I64), {{"dims", std::vector<int64_t>{1}}}));
@@ -595,6 +615,41 @@ std::vector<ConformanceCase> conformanceCases() {
                {{"theta", 500000.0}, {"inverse", int64_t(1)}}));
   });
   // Context-parallel position offsets (docs/parallel.md): the causal mask
+  // Head dim 64: bf16 and f16 take the tensor-core kernels (f32 the CUDA
+  // cores): GQA, S != T, tail tiles of the 64-row blocks, with and without
+  // the causal mask, and the offset operand (hiding every key from the
+  // first queries, and showing every key).
+  for (bool causal : {false, true})
+    add(causal ? "attention_tc_causal" : "attention_tc", [causal](Case &c, DType d) {
+      int64_t B = 2, H = 4, G = 2, S = 100, Tk = 130, D = 64;
+      int32_t q = c.in(T({B, H, S, D}, d)), k = c.in(T({B, G, Tk, D}, d)),
+              v = c.in(T({B, G, Tk, D}, d));
+      std::map<std::string, AttrValue> at = {{"causal", int64_t(causal)},
+                                             {"scale", 0.125}};
+      c.out(c.op("attention", {q, k, v}, T({B, H, S, D}, d), at));
+      int32_t dout = c.in(T({B, H, S, D}, d));
+      for (int32_t r : c.ops("attention_grad", {q, k, v, dout},
+                             {T({B, H, S, D}, d), T({B, G, Tk, D}, d),
+                              T({B, G, Tk, D}, d)},
+                             at))
+        c.out(r);
+    });
+  add("attention_tc_offset", [](Case &c, DType d) {
+    int64_t B = 1, H = 2, G = 1, S = 70, Tk = 150, D = 64;
+    int32_t q = c.in(T({B, H, S, D}, d)), k = c.in(T({B, G, Tk, D}, d)),
+            v = c.in(T({B, G, Tk, D}, d)), dout = c.in(T({B, H, S, D}, d));
+    std::map<std::string, AttrValue> at = {{"causal", int64_t(1)},
+                                           {"scale", 0.125}};
+    for (int64_t lo : {int64_t(-20), int64_t(40), int64_t(200)}) {
+      int32_t off = c.in(T({}, DType::I32), Dist::Ints, lo, lo + 5);
+      c.out(c.op("attention", {q, k, v, off}, T({B, H, S, D}, d), at));
+      for (int32_t r : c.ops("attention_grad", {q, k, v, dout, off},
+                             {T({B, H, S, D}, d), T({B, G, Tk, D}, d),
+                              T({B, G, Tk, D}, d)},
+                             at))
+        c.out(r);
+    }
+  });
   // "key j <= query i + offset" and rope positions starting at the offset,
   // from i32 and i64 operands; offsets that hide every key from the first
   // queries (< 0) and that show every key (> T) included.
