@@ -18,7 +18,7 @@ split in two:
       the budget. Logs and metrics go to DIR (default $OUT) as
       summary.txt, console.log and logs.tar.gz; the summary is printed last.
 
-Phases: env probe gtest ops train resume parallel profile bench sanitize.
+Phases: env probe gtest ops train resume parallel sanitize profile bench.
 Environment for `run`: BENCH_MODELS (default gpt2-small), TORCH_MODES
 (default eager), TRAIN_STEPS (default 200).
 """
@@ -33,7 +33,7 @@ import tarfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PHASES = ["env", "probe", "gtest", "ops", "train", "resume", "parallel", "profile", "bench", "sanitize"]
+PHASES = ["env", "probe", "gtest", "ops", "train", "resume", "parallel", "sanitize", "profile", "bench"]
 SYSTEM_LIBS = ("linux-vdso", "libc.so", "libm.so", "ld-linux", "libgcc_s", "libstdc++",
                "libpthread", "libdl.so", "librt.so")
 
@@ -412,11 +412,14 @@ print('torch sdpa causal 8x12x1024x64 fwd+bwd: %.3f ms' % ms)
                 sess.note("  " + l[:200])
         elif phase == "sanitize":
             cs = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
-            rc, text = sess.run([cs, "--tool", "memcheck", "--error-exitcode", "9", os.path.join(libexec, "dlopt-run"),
-                                 os.path.join(plans, "gpt-tiny.bf16.plan"), "--backend", "cuda", "--steps", "2", "--quiet"],
-                                "sanitize.log", 120, env=dict(env, LD_LIBRARY_PATH=os.path.join(b, "lib")))
-            sess.note("sanitize (memcheck, gpt-tiny bf16, 2 steps) rc %d: %s" % (
-                rc, " | ".join(text.strip().splitlines()[-3:])[:400]))
+            # gpt-hd64 bf16 runs the tensor-core attention kernels.
+            for toolname in ("memcheck", "racecheck"):
+                rc, text = sess.run([cs, "--tool", toolname, "--error-exitcode", "9", os.path.join(libexec, "dlopt-run"),
+                                     os.path.join(plans, "gpt-hd64.bf16.plan"), "--backend", "cuda", "--steps", "1",
+                                     "--quiet"], "sanitize.log", 120,
+                                    env=dict(env, LD_LIBRARY_PATH=os.path.join(b, "lib")))
+                sess.note("sanitize (%s, gpt-hd64 bf16, 1 step) rc %d: %s" % (
+                    toolname, rc, " | ".join(text.strip().splitlines()[-3:])[:400]))
         sess.say("--- phase %s took %.1f s" % (phase, time.time() - t))
 
     with open(os.path.join(sess.out, "summary.txt"), "w") as f:
