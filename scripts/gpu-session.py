@@ -371,6 +371,9 @@ def run_session(args):
                     sess.note("bench " + l.rstrip())
             else:
                 sess.note("bench rc %d: %s" % (rc, " | ".join(text.strip().splitlines()[-5:])[:600]))
+                res = os.path.join(bout, "results.jsonl")
+                for l in (open(res) if os.path.exists(res) else []):
+                    sess.note("bench row " + l.strip()[:400])
         elif phase == "profile":
             # Time per op kind (dlopt-run --profile synchronizes after each
             # instruction) for the first benchmark model.
