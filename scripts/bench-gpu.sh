@@ -92,19 +92,21 @@ if mem:
                memgetinfo_peak=mem.group(3), device=mem.group(4))
 try:
     est = json.load(open(estimate))
-    row["planner_estimate_bytes"] = est["memory"]["total"]
+    row["planner_estimate_bytes"] = est["report"]["memory"]["total"]
+    row["planner_step_time_s"] = est["report"]["step_time"]["total"]
     md = est["model"]
     tokens = int(batch) * md["seq"]
     # Same model-FLOPs count as bench/gpu/torch_gpt.py step_flops().
     flops = 6.0 * md["params"] * tokens + 6.0 * md["layers"] * md["seq"] * md["hidden"] * tokens
+    row["model_tflops_per_step"] = flops / 1e12
     row["model_tflops"] = flops / t / 1e12
     gemm = [json.loads(l) for l in open(results) if '"gemm"' in l]
     if gemm and gemm[0].get("bf16_gemm_tflops"):
         row["mfu_vs_gemm"] = row["model_tflops"] / gemm[0]["bf16_gemm_tflops"]
     if gemm and gemm[0].get("datasheet_bf16_tflops"):
         row["mfu_vs_peak"] = row["model_tflops"] / gemm[0]["datasheet_bf16_tflops"]
-except Exception:
-    pass
+except Exception as e:
+    row["estimate_error"] = "%s: %s" % (type(e).__name__, e)
 print(json.dumps(row))
 open(results, "a").write(json.dumps(row) + "\n")
 PY
