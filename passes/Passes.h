@@ -36,6 +36,11 @@ struct CompilePipelineOptions {
   /// instruction for all optimizer updates. `--merge-fused-elementwise=false`
   /// turns it off too.
   bool mergeFusedElementwise = true;
+  /// After the optimizer, compute batch-summed weight gradients as one GEMM
+  /// and reductions over size-1 dims as reshapes
+  /// (dlopt-fold-batch-reductions). `--fold-batch-reductions=false` turns
+  /// it off too.
+  bool foldBatchReductions = true;
   /// The device mesh a plan is applied to (dlopt-partition, after autodiff
   /// and before the optimizer): axis names and sizes, major first. Empty (or
   /// all sizes 1) compiles the single-device step. Argument shardings come

@@ -340,6 +340,39 @@ def IdentityCSEPass : InterfacePass<"dlopt-cse", "mlir::FunctionOpInterface"> {
   ];
 }
 
+def FoldBatchReductionsPass : InterfacePass<"dlopt-fold-batch-reductions",
+                                            "mlir::FunctionOpInterface"> {
+  let summary = "Weight gradients as one GEMM over the flattened batch; unit reductions as reshapes";
+  let description = [{
+    Autodiff writes the gradient of a weight that a matmul broadcasts over
+    batch dims as a batched product summed over the batch. This pass
+    rewrites `sum(matmul(a, b {transpose_a}), dims = every batch dim)`, when
+    both operands carry the batch dims and the product has no other use, as
+    one matmul of the operands flattened to `[batch * rows, cols]`: no
+    `[batch, K, N]` temporary, one GEMM instead of `batch`, and f32
+    accumulation over all rows before the one rounding. A `sum`, `mean` or
+    `max` whose reduced dims all have size 1 becomes a `reshape`. New ops
+    keep the marks of the op they replace. The compile pipeline runs it
+    after autodiff, partitioning and the optimizer, on per-device shapes.
+
+    Before:
+    ```mlir
+    %g = dlopt.matmul %x, %dy {transpose_a} : tensor<4x16x64xf32>, tensor<4x16x256xf32> -> tensor<4x64x256xf32>
+    %w = dlopt.sum %g dims = [0] : tensor<4x64x256xf32> -> tensor<64x256xf32>
+    ```
+    After:
+    ```mlir
+    %0 = dlopt.reshape %x : tensor<4x16x64xf32> -> tensor<64x64xf32>
+    %1 = dlopt.reshape %dy : tensor<4x16x256xf32> -> tensor<64x256xf32>
+    %w = dlopt.matmul %0, %1 {transpose_a} : tensor<64x64xf32>, tensor<64x256xf32> -> tensor<64x256xf32>
+    ```
+  }];
+  let statistics = [
+    Statistic<"numGemms", "gemms", "Batch-summed matmuls made one GEMM">,
+    Statistic<"numUnitReductions", "unit-reductions", "Reductions over size-1 dims made reshapes">
+  ];
+}
+
 def FuseElementwisePass : InterfacePass<"dlopt-fuse-elementwise",
                                         "mlir::FunctionOpInterface"> {
   let summary = "Outlines chains of elementwise ops into dlopt.fused_elementwise";

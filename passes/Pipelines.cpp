@@ -27,6 +27,15 @@ static llvm::cl::opt<bool> clMergeFusedElementwise(
                    "update) into one multi-tensor instruction (default true)"),
     llvm::cl::init(true));
 
+/// `--fold-batch-reductions=false` keeps weight gradients as batched
+/// products summed over the batch (dlopt-fold-batch-reductions off); the
+/// same mechanism as `--fuse-elementwise`.
+static llvm::cl::opt<bool> clFoldBatchReductions(
+    "fold-batch-reductions",
+    llvm::cl::desc("Compute batch-summed weight gradients as one GEMM and "
+                   "reductions over size-1 dims as reshapes (default true)"),
+    llvm::cl::init(true));
+
 void dlopt::buildCompilePipeline(OpPassManager &pm,
                                  const CompilePipelineOptions &options) {
   CheckModelPassOptions check;
@@ -59,6 +68,11 @@ void dlopt::buildCompilePipeline(OpPassManager &pm,
     pm.addPass(createOptimizerPass(opt));
   }
   pm.addPass(createCanonicalizerPass());
+  // Weight gradients as one GEMM over the flattened batch (after
+  // partitioning: the rows it merges are this rank's).
+  if ((options.autodiff || options.train) && options.foldBatchReductions &&
+      clFoldBatchReductions)
+    pm.addNestedPass<func::FuncOp>(createFoldBatchReductionsPass());
   // Stable ids make every op's attributes unique: merge equal ops first.
   pm.addNestedPass<func::FuncOp>(createIdentityCSEPass());
   pm.addPass(createCSEPass());
@@ -113,6 +127,10 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
       *this, "fuse-elementwise",
       llvm::cl::desc("Fuse elementwise chains of training steps"),
       llvm::cl::init(true)};
+  Option<bool> foldBatchReductions{
+      *this, "fold-batch-reductions",
+      llvm::cl::desc("Weight gradients as one GEMM over the flattened batch"),
+      llvm::cl::init(true)};
   Option<bool> mergeFusedElementwise{
       *this, "merge-fused-elementwise",
       llvm::cl::desc("Merge fused groups with one program into multi-tensor "
@@ -137,6 +155,7 @@ void dlopt::registerAllPasses() {
         o.precision = opts.precision;
         o.fuseElementwise = opts.fuseElementwise;
         o.mergeFusedElementwise = opts.mergeFusedElementwise;
+        o.foldBatchReductions = opts.foldBatchReductions;
         buildCompilePipeline(pm, o);
       });
 }

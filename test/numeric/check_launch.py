@@ -468,7 +468,11 @@ def failures(t, work, exes, data):
         passed += 1
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         p.kill()
-        print("FAIL failure.stopped_rank: %s" % str(e)[:1500])
+        try:
+            _, err = p.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            err = "(the launcher did not end after kill)"
+        print("FAIL failure.stopped_rank: %s; stderr: %s" % (str(e)[:1500], (err or "")[-1500:]))
         failed += 1
     finally:
         if pid:

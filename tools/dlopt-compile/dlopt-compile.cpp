@@ -927,7 +927,8 @@ int main(int argc, char **argv) {
   // so every tool has it; list it with the training options here.
   {
     auto &registered = cl::getRegisteredOptions();
-    for (const char *name : {"fuse-elementwise", "merge-fused-elementwise"}) {
+    for (const char *name : {"fuse-elementwise", "merge-fused-elementwise",
+                             "fold-batch-reductions"}) {
       auto it = registered.find(name);
       if (it != registered.end())
         it->second->addCategory(trainCategory);

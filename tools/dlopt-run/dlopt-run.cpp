@@ -38,6 +38,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace dlopt::rt;
@@ -253,6 +254,21 @@ void failJob(const std::string &msg) {
     acknowledgeJobAbort();
   notifyJobAbort(gLaunch.where() + " failed: " + msg);
   awaitJobAbortAcks(std::chrono::milliseconds(5000));
+  // What follows (unwinding the World and its communicators, the MPI and
+  // PMIx libraries' exit handlers) must not keep a failed process alive
+  // while a peer is stopped or gone: past this bound it leaves anyway.
+  static bool armed = false;
+  if (!armed) {
+    armed = true;
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::seconds(15));
+      const char note[] = "dlopt-run: leaving after 15 s of shutdown after a "
+                          "failure (a peer process may be stopped)\n";
+      ssize_t w = ::write(2, note, sizeof(note) - 1);
+      (void)w;
+      ::_exit(1);
+    }).detach();
+  }
 #else
   (void)msg;
 #endif
@@ -1092,9 +1108,15 @@ int main(int argc, char **argv) {
   }
 #if DLOPT_HAVE_MPI
   // A failed process leaves without MPI_Finalize (which would wait for
-  // peers that may be gone); the launcher then ends the job.
-  if (rc == 0)
+  // peers that may be gone), and without the libraries' exit handlers
+  // (PMIx's may wait on a launcher busy with a stopped peer); the launcher
+  // then ends the job.
+  if (rc == 0) {
     finalizeMpi();
+  } else if (gLaunch.mpi && gLaunch.processes > 1) {
+    std::fflush(nullptr);
+    ::_exit(rc);
+  }
 #endif
   return rc;
 }

@@ -69,16 +69,16 @@ TEST(CudaBackend, SupportedOpsAreExact) {
   EXPECT_TRUE(has("reshape"));
   // Every communication instruction runs, kernels or not (copies and
   // communicator calls only).
-  const std::vector<std::string> comm = {"all_gather", "all_reduce",
-                                         "all_slice",  "all_to_all",
-                                         "broadcast",  "reduce_scatter"};
+  const std::vector<std::string> comm = {
+      "all_gather", "all_reduce",     "all_slice", "all_to_all", "broadcast",
+      "recv",       "reduce_scatter", "send",      "send_recv"};
   for (const std::string &op : comm) {
     EXPECT_TRUE(isCommunicationOp(op)) << op;
     EXPECT_TRUE(has(op)) << op;
   }
   // supportsOp must say no to what it cannot run, so plans using it fail
   // at load naming the op.
-  for (const char *op : {"send", "barrier", "no_such_op"})
+  for (const char *op : {"barrier", "no_such_op"})
     EXPECT_FALSE(has(op)) << op;
   if (CudaBackend::kernelsBuilt()) {
     for (const char *op :
