@@ -4,6 +4,11 @@
 #include "runtime/exec/Npy.h"
 #include "runtime/exec/ParamInit.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -59,9 +64,73 @@ uint64_t scaled(uint64_t v, uint64_t n) {
 // Token streams
 //===----------------------------------------------------------------------===//
 
+/// The token ids of a token file. A regular file is mapped read-only and
+/// decoded a window at a time, so a process keeps no copy of the file and,
+/// past the load-time check, touches only the pages of the windows it
+/// binds (in a multi-process run, its ranks' share of each batch). Pipes
+/// and Fortran-order arrays are decoded whole into memory.
+class TokenStore {
+public:
+  TokenStore() = default;
+  TokenStore(const TokenStore &) = delete;
+  TokenStore &operator=(const TokenStore &) = delete;
+  ~TokenStore() {
+    if (map_)
+      ::munmap(map_, mapBytes_);
+  }
+
+  /// Decoded tokens.
+  explicit TokenStore(std::vector<int32_t> tokens)
+      : owned_(std::move(tokens)), size_(owned_.size()) {}
+
+  /// Maps `bytes` bytes of `fd`; the tokens are `count` little-endian
+  /// integers of `width` bytes from `offset`. Null when mmap fails.
+  static std::unique_ptr<TokenStore> map(int fd, size_t bytes, size_t offset,
+                                         size_t width, bool isSigned,
+                                         uint64_t count) {
+    void *m = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED)
+      return nullptr;
+    auto s = std::make_unique<TokenStore>();
+    s->map_ = m;
+    s->mapBytes_ = bytes;
+    s->data_ = static_cast<const uint8_t *>(m) + offset;
+    s->width_ = width;
+    s->signed_ = isSigned;
+    s->size_ = count;
+    return s;
+  }
+
+  uint64_t size() const { return size_; }
+
+  /// Token i as stored (checked to be a valid id when the file was loaded).
+  int64_t raw(uint64_t i) const {
+    if (!map_)
+      return owned_[i];
+    const uint8_t *p = data_ + i * width_;
+    uint64_t u = 0;
+    for (size_t b = 0; b < width_; ++b)
+      u |= uint64_t(p[b]) << (8 * b);
+    int64_t v = int64_t(u);
+    if (signed_ && width_ < 8 && (u >> (8 * width_ - 1)) & 1)
+      v = int64_t(u | (~uint64_t(0) << (8 * width_)));
+    return v;
+  }
+  int32_t at(uint64_t i) const { return int32_t(raw(i)); }
+
+private:
+  std::vector<int32_t> owned_;
+  void *map_ = nullptr;
+  size_t mapBytes_ = 0;
+  const uint8_t *data_ = nullptr;
+  size_t width_ = 4;
+  bool signed_ = true;
+  uint64_t size_ = 0;
+};
+
 class TokenLoader final : public DataLoader {
 public:
-  TokenLoader(std::string path, std::vector<int32_t> tokens,
+  TokenLoader(std::string path, std::unique_ptr<TokenStore> tokens,
               TensorType tokensType, std::optional<TensorType> labelsType)
       : path_(std::move(path)), tokens_(std::move(tokens)),
         tokensType_(std::move(tokensType)), labelsType_(std::move(labelsType)) {
@@ -72,7 +141,7 @@ public:
     for (size_t d = 0; d + 1 < tokensType_.shape.size(); ++d)
       batch_ *= tokensType_.shape[d];
     seq_ = tokensType_.shape.back();
-    numWindows_ = (uint64_t(tokens_.size()) - 1) / uint64_t(seq_);
+    numWindows_ = (tokens_->size() - 1) / uint64_t(seq_);
   }
 
   Expected<std::vector<NamedTensor>> batch(uint64_t index,
@@ -85,11 +154,12 @@ public:
       uint64_t w = uint64_t(((unsigned __int128)index * uint64_t(batch_) +
                              uint64_t(r)) %
                             numWindows_);
-      const int32_t *src = tokens_.data() + w * uint64_t(seq_);
+      uint64_t src = w * uint64_t(seq_);
       for (int64_t s = 0; s < seq_; ++s) {
-        setInt(out[0].tensor, r * seq_ + s, src[s]);
+        setInt(out[0].tensor, r * seq_ + s, tokens_->at(src + uint64_t(s)));
         if (labelsType_)
-          setInt(out[1].tensor, r * seq_ + s, src[s + 1]);
+          setInt(out[1].tensor, r * seq_ + s,
+                 tokens_->at(src + uint64_t(s) + 1));
       }
     }
     return out;
@@ -110,18 +180,15 @@ public:
 
 private:
   std::string path_;
-  std::vector<int32_t> tokens_;
+  std::unique_ptr<TokenStore> tokens_;
   TensorType tokensType_;
   std::optional<TensorType> labelsType_;
   int64_t batch_ = 1, seq_ = 1;
   uint64_t numWindows_ = 1;
 };
 
-/// Decodes little-endian integers of NumPy dtype `descr` into token ids.
-Status decodeTokens(const uint8_t *p, size_t bytes, const std::string &descr,
-                    std::vector<int32_t> &out) {
-  size_t width;
-  bool isSigned;
+/// Width and signedness of token dtype `descr`.
+Status tokenWidth(const std::string &descr, size_t &width, bool &isSigned) {
   if (descr == "<u2" || descr == "=u2") {
     width = 2, isSigned = false;
   } else if (descr == "<i4" || descr == "=i4") {
@@ -137,6 +204,15 @@ Status decodeTokens(const uint8_t *p, size_t bytes, const std::string &descr,
                          "' is not supported (use uint8, uint16, int32, "
                          "uint32 or int64)");
   }
+  return Status::ok();
+}
+
+/// Decodes little-endian integers of NumPy dtype `descr` into token ids.
+Status decodeTokens(const uint8_t *p, size_t bytes, const std::string &descr,
+                    std::vector<int32_t> &out) {
+  size_t width;
+  bool isSigned;
+  DLOPT_RETURN_IF_ERROR(tokenWidth(descr, width, isSigned));
   if (bytes % width)
     return Status::error("size " + std::to_string(bytes) +
                          " bytes is not a multiple of the token size " +
@@ -405,6 +481,75 @@ decodeTokenFile(const std::vector<uint8_t> &bytes, TokenDType rawDType) {
   return tokens;
 }
 
+/// The tokens of `path`, mapped (regular files) or decoded whole (pipes,
+/// Fortran-order arrays). Any file the mapped path does not accept goes
+/// the whole-file way, which also gives every error its usual message.
+static Expected<std::unique_ptr<TokenStore>>
+openTokenFile(const std::string &path, TokenDType rawDType) {
+  auto readWhole = [&]() -> Expected<std::unique_ptr<TokenStore>> {
+    Expected<std::vector<uint8_t>> bytes = readFileBytes(path, "token file");
+    if (!bytes)
+      return bytes.status();
+    Expected<std::vector<int32_t>> decoded = decodeTokenFile(*bytes, rawDType);
+    if (!decoded)
+      return decoded.status().withContext(path + ": ");
+    return std::make_unique<TokenStore>(decoded.take());
+  };
+  // Only regular files are opened here: a pipe must be opened once, by
+  // the whole-file read.
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+    return readWhole();
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return readWhole();
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
+      uint64_t(st.st_size) > kMaxDataFileBytes)
+    return readWhole();
+  size_t size = size_t(st.st_size);
+  // A .npy header is far under 1 MiB; a longer one goes the whole way.
+  std::vector<uint8_t> head(std::min<size_t>(size, size_t(1) << 20));
+  for (size_t got = 0; got < head.size();) {
+    ssize_t n = ::pread(fd, head.data() + got, head.size() - got, off_t(got));
+    if (n <= 0)
+      return readWhole();
+    got += size_t(n);
+  }
+  size_t offset = 0, width = 4;
+  bool isSigned = true;
+  uint64_t count = 0;
+  if (size >= 6 && std::memcmp(head.data(), "\x93NUMPY", 6) == 0) {
+    Expected<NpyHeader> h = parseNpyHeader(head);
+    if (!h || (h->fortranOrder && h->shape.size() > 1) ||
+        !tokenWidth(h->descr, width, isSigned).isOk() ||
+        h->dataOffset > size || (size - h->dataOffset) % width != 0 ||
+        uint64_t((size - h->dataOffset) / width) != uint64_t(h->numElements))
+      return readWhole();
+    offset = h->dataOffset;
+    count = (size - offset) / width;
+  } else {
+    width = rawDType == TokenDType::U16 ? 2 : 4;
+    isSigned = rawDType != TokenDType::U16;
+    if (size % width != 0)
+      return readWhole();
+    count = size / width;
+  }
+  std::unique_ptr<TokenStore> store =
+      TokenStore::map(fd, size, offset, width, isSigned, count);
+  if (!store)
+    return readWhole();
+  for (uint64_t i = 0; i < count; ++i) {
+    int64_t v = store->raw(i);
+    if (v < 0 || v > std::numeric_limits<int32_t>::max())
+      return readWhole(); // names the token and its position
+  }
+  return store;
+}
+
 static Expected<std::unique_ptr<DataLoader>>
 createTokenLoaderImpl(const Executable &exe, const std::string &path,
                   TokenDType rawDType) {
@@ -434,16 +579,13 @@ createTokenLoaderImpl(const Executable &exe, const std::string &path,
     labelsType = lt;
   }
 
-  Expected<std::vector<uint8_t>> bytes = readFileBytes(path, "token file");
-  if (!bytes)
-    return bytes.status();
-  Expected<std::vector<int32_t>> decoded = decodeTokenFile(*bytes, rawDType);
-  if (!decoded)
-    return decoded.status().withContext(path + ": ");
-  std::vector<int32_t> tokens = decoded.take();
-  int64_t seq = tt.shape[1];
-  if (int64_t(tokens.size()) < seq + 1)
-    return Status::error(path + ": " + std::to_string(tokens.size()) +
+  Expected<std::unique_ptr<TokenStore>> opened = openTokenFile(path, rawDType);
+  if (!opened)
+    return opened.status();
+  std::unique_ptr<TokenStore> tokens = opened.take();
+  int64_t seq = tt.shape.back();
+  if (tokens->size() < uint64_t(seq) + 1)
+    return Status::error(path + ": " + std::to_string(tokens->size()) +
                          " tokens, but one window of the input 'tokens' (" +
                          tt.str() + ") needs seq + 1 = " +
                          std::to_string(seq + 1));
@@ -454,9 +596,9 @@ createTokenLoaderImpl(const Executable &exe, const std::string &path,
       vocab = c;
   }
   if (vocab)
-    for (size_t i = 0; i < tokens.size(); ++i)
-      if (tokens[i] >= *vocab)
-        return Status::error(path + ": token " + std::to_string(tokens[i]) +
+    for (uint64_t i = 0; i < tokens->size(); ++i)
+      if (tokens->at(i) >= *vocab)
+        return Status::error(path + ": token " + std::to_string(tokens->at(i)) +
                              " at position " + std::to_string(i) +
                              " is outside the model's vocabulary [0, " +
                              std::to_string(*vocab) + ")");

@@ -20,6 +20,8 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sys/stat.h>
+#include <thread>
 
 using namespace dlopt::rt;
 using namespace dlopt::rt::test;
@@ -402,6 +404,54 @@ TEST(DataLoader, TokenFileFormatsAndErrors) {
           .status()
           .message(),
       "--data feeds the input 'tokens', which the model does not have"));
+}
+
+// Regular token files are mapped and decoded a window at a time; a pipe
+// is read whole. Both give the same batches, and a bad id in a mapped file
+// is reported as the whole-file path reports it.
+TEST(DataLoader, MappedAndStreamedTokenFilesAgree) {
+  TempDir dir;
+  Executable exe = bigramModel(16, 2, 5);
+  std::string u16 = writeTokens(dir, 97, 16);
+  std::vector<uint8_t> bytes;
+  {
+    std::ifstream in(u16, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  std::string fifo = dir.file("tokens.fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::thread writer([&] {
+    std::ofstream out(fifo, std::ios::binary);
+    out.write(reinterpret_cast<const char *>(bytes.data()),
+              std::streamsize(bytes.size()));
+  });
+  Expected<std::unique_ptr<DataLoader>> streamed =
+      createTokenLoader(exe, fifo, TokenDType::U16);
+  writer.join();
+  ASSERT_TRUE(streamed.isOk()) << streamed.status().message();
+  Expected<std::unique_ptr<DataLoader>> mapped =
+      createTokenLoader(exe, u16, TokenDType::U16);
+  ASSERT_TRUE(mapped.isOk()) << mapped.status().message();
+  EXPECT_EQ((*mapped)->batchesPerEpoch(), (*streamed)->batchesPerEpoch());
+  for (uint64_t i : {0u, 1u, 7u, 9u, 31u})
+    for (size_t k : {0u, 1u})
+      EXPECT_EQ((*mapped)->batch(i, 0)->at(k).tensor.bytes,
+                (*streamed)->batch(i, 0)->at(k).tensor.bytes)
+          << "batch " << i << ", input " << k;
+  // A negative id in a raw int32 file.
+  std::vector<uint8_t> i32;
+  for (int32_t v : {1, 2, -5, 3, 4, 5, 6, 7}) {
+    i32.insert(i32.end(), reinterpret_cast<uint8_t *>(&v),
+               reinterpret_cast<uint8_t *>(&v) + 4);
+  }
+  writeBytes(dir.file("neg.bin"), i32);
+  EXPECT_EQ(createTokenLoader(bigramModel(16, 1, 3), dir.file("neg.bin"),
+                              TokenDType::I32)
+                .status()
+                .message(),
+            dir.file("neg.bin") +
+                ": (raw int32 tokens): token -5 at position 2 is not a valid "
+                "id");
 }
 
 TEST(DataLoader, ArraysShuffleDeterministicallyPerEpoch) {
