@@ -18,7 +18,8 @@ split in two:
       the budget. Logs and metrics go to DIR (default $OUT) as
       summary.txt, console.log and logs.tar.gz; the summary is printed last.
 
-Phases: env probe gtest ops train resume parallel sanitize profile bench.
+Phases: env probe gtest ops train grads resume parallel sanitize profile
+bench.
 Environment for `run`: BENCH_MODELS (default gpt2-small), TORCH_MODES
 (default eager), TRAIN_STEPS (default 200).
 """
@@ -33,7 +34,7 @@ import tarfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PHASES = ["env", "probe", "gtest", "ops", "train", "resume", "parallel", "sanitize", "profile", "bench"]
+PHASES = ["env", "probe", "gtest", "ops", "train", "grads", "resume", "parallel", "sanitize", "profile", "bench"]
 SYSTEM_LIBS = ("linux-vdso", "libc.so", "libm.so", "ld-linux", "libgcc_s", "libstdc++",
                "libpthread", "libdl.so", "librt.so")
 
@@ -50,6 +51,12 @@ TRAIN_PLANS = {
                        "--vocab", "256"], ["--precision", "bf16"]),
     "gpt-hd64.fp16": (["gpt", "--preset", "gpt-tiny", "--hidden", "128", "--heads", "2", "--seq", "96",
                        "--vocab", "256"], ["--precision", "fp16"]),
+    # One SGD step at two learning rates: p(lr=1) - p(lr=2) is the gradient,
+    # so the backends' raw gradients can be compared (phase grads).
+    "resnet-tiny.sgd1": (["resnet", "--preset", "resnet-tiny"], ["--optimizer", "sgd", "--lr", "1"]),
+    "resnet-tiny.sgd2": (["resnet", "--preset", "resnet-tiny"], ["--optimizer", "sgd", "--lr", "2"]),
+    "gpt-tiny.sgd1": (["gpt", "--preset", "gpt-tiny"], ["--optimizer", "sgd", "--lr", "1"]),
+    "gpt-tiny.sgd2": (["gpt", "--preset", "gpt-tiny"], ["--optimizer", "sgd", "--lr", "2"]),
 }
 # In-graph multi-rank plans (ranks as threads on the one GPU, host-staged
 # communication): name -> base plan, --fix, cluster.
@@ -326,6 +333,33 @@ def run_session(args):
                 errs.sort(reverse=True)
                 sess.note("params after 1 step %s, cuda vs cpu, worst |d|/|p|: %s" % (
                     name, ", ".join("%s %.2e" % (n, e) for e, n in errs[:4])))
+        elif phase == "grads":
+            # Raw gradients after one step, cuda against cpu, per param:
+            # |g_cuda - g_cpu| / |g_cpu| with g = p(lr=1) - p(lr=2).
+            import numpy as np
+            for model in ("gpt-tiny", "resnet-tiny"):
+                saved = {}
+                for tag, backend in (("sgd1", "cpu"), ("sgd2", "cpu"), ("sgd1", "cuda")):
+                    d = os.path.join(sess.logs, "grads-%s-%s-%s" % (model, tag, backend))
+                    shutil.rmtree(d, ignore_errors=True)
+                    sess.run([tool("dlopt-run"), os.path.join(plans, "%s.%s.plan" % (model, tag)), "--backend",
+                              backend, "--steps", "1", "--seed", "3", "--quiet", "--save-params", d],
+                             "grads.log", 60, env=env)
+                    saved[(tag, backend)] = d
+                errs = []
+                for f in sorted(glob.glob(os.path.join(saved[("sgd1", "cpu")], "*.npy"))):
+                    n = os.path.basename(f)
+                    other = [os.path.join(saved[k], n) for k in (("sgd2", "cpu"), ("sgd1", "cuda"))]
+                    if not all(os.path.exists(o) for o in other):
+                        errs.append((float("inf"), n))
+                        continue
+                    p1 = np.load(f).astype(np.float64)
+                    g = p1 - np.load(other[0]).astype(np.float64)
+                    dg = np.load(other[1]).astype(np.float64) - p1
+                    errs.append((float(np.linalg.norm(dg) / max(np.linalg.norm(g), 1e-30)), n))
+                errs.sort(reverse=True)
+                sess.note("grads after 1 step %s, cuda vs cpu, worst |dg|/|g|: %s" % (
+                    model, ", ".join("%s %.2e" % (n, e) for e, n in errs[:4])))
         elif phase == "resume":
             for name in ("gpt-tiny.f32", "gpt-tiny.bf16"):
                 d = os.path.join(sess.logs, "resume-" + name)
