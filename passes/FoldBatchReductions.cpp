@@ -60,7 +60,7 @@ void copyMarks(Operation *from, Operation *to, bool keepId) {
 SmallVector<int64_t> sortedDims(ArrayRef<int64_t> dims, int64_t rank) {
   SmallVector<int64_t> out;
   for (int64_t d : dims)
-    out.push_back(d < 0 ? d + rank : d);
+    out.push_back(dl::normalizeDim(d, rank));
   llvm::sort(out);
   return out;
 }

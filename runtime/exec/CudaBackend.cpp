@@ -650,24 +650,37 @@ Status callCollective(Communicator &comm, const CommPlan &p, const void *in,
   return Status::ok();
 }
 
-/// all_reduce, all_gather, reduce_scatter, all_slice, all_to_all, broadcast.
-Status communicationHandler(Launch &L, Ins ins, Outs outs) {
-  const Instr &instr = L.instr;
+/// "'op' at LOC: ", the prefix of a communication instruction's errors.
+std::string commWhere(const Instr &instr) {
+  return "'" + instr.op + "'" + (instr.loc.empty() ? "" : " at " + instr.loc) +
+         ": ";
+}
+
+/// The communicator of the instruction's `group` on this rank.
+Expected<Communicator *> groupCommunicator(const Launch &L,
+                                           const std::string &where) {
+  int64_t group = L.instr.getInt("group", -1);
   const RunContext *ctx = L.ctx;
-  std::string where = "'" + instr.op + "'" +
-                      (instr.loc.empty() ? "" : " at " + instr.loc) + ": ";
-  if (ins.size() != 1 || outs.size() != 1)
-    return Status::error(where + "expects 1 operand and 1 result, got " +
-                         std::to_string(ins.size()) + " and " +
-                         std::to_string(outs.size()));
-  int64_t group = instr.getInt("group", -1);
-  int rank = ctx ? ctx->rank : 0;
   if (!ctx || group < 0 || size_t(group) >= ctx->groups.size() ||
       !ctx->groups[size_t(group)])
     return Status::error(where + "no communicator for group " +
                          std::to_string(group) + " on rank " +
-                         std::to_string(rank));
-  Communicator &comm = *ctx->groups[size_t(group)];
+                         std::to_string(ctx ? ctx->rank : 0));
+  return ctx->groups[size_t(group)];
+}
+
+/// all_reduce, all_gather, reduce_scatter, all_slice, all_to_all, broadcast.
+Status communicationHandler(Launch &L, Ins ins, Outs outs) {
+  const Instr &instr = L.instr;
+  std::string where = commWhere(instr);
+  if (ins.size() != 1 || outs.size() != 1)
+    return Status::error(where + "expects 1 operand and 1 result, got " +
+                         std::to_string(ins.size()) + " and " +
+                         std::to_string(outs.size()));
+  Expected<Communicator *> found = groupCommunicator(L, where);
+  if (!found)
+    return found.status();
+  Communicator &comm = **found;
   const TensorRef &x = ins[0], &y = outs[0];
   Expected<CommPlan> planned =
       planCommunication(instr, x.type, y.type, comm.size(), comm.rank());
@@ -756,17 +769,11 @@ Status communicationHandler(Launch &L, Ins ins, Outs outs) {
 /// the received blocks are copied in on the stream.
 Status pointToPointHandler(Launch &L, Ins ins, Outs outs) {
   const Instr &instr = L.instr;
-  const RunContext *ctx = L.ctx;
-  std::string where = "'" + instr.op + "'" +
-                      (instr.loc.empty() ? "" : " at " + instr.loc) + ": ";
-  int64_t group = instr.getInt("group", -1);
-  int rank = ctx ? ctx->rank : 0;
-  if (!ctx || group < 0 || size_t(group) >= ctx->groups.size() ||
-      !ctx->groups[size_t(group)])
-    return Status::error(where + "no communicator for group " +
-                         std::to_string(group) + " on rank " +
-                         std::to_string(rank));
-  Communicator &comm = *ctx->groups[size_t(group)];
+  std::string where = commWhere(instr);
+  Expected<Communicator *> found = groupCommunicator(L, where);
+  if (!found)
+    return found.status();
+  Communicator &comm = **found;
   if (comm.acceptsDeviceMemory())
     return Status::error(
         where + "point-to-point transfers over NCCL are not implemented yet; "

@@ -64,11 +64,22 @@ uint64_t scaled(uint64_t v, uint64_t n) {
 // Token streams
 //===----------------------------------------------------------------------===//
 
+/// The little-endian integer of `width` bytes at `p`, sign-extended when
+/// `isSigned`.
+int64_t decodeInt(const uint8_t *p, size_t width, bool isSigned) {
+  uint64_t u = 0;
+  for (size_t b = 0; b < width; ++b)
+    u |= uint64_t(p[b]) << (8 * b);
+  int64_t v = int64_t(u);
+  if (isSigned && width < 8 && (u >> (8 * width - 1)) & 1)
+    v = int64_t(u | (~uint64_t(0) << (8 * width)));
+  return v;
+}
+
 /// The token ids of a token file. A regular file is mapped read-only and
 /// decoded a window at a time, so a process keeps no copy of the file and,
-/// past the load-time check, touches only the pages of the windows it
-/// binds (in a multi-process run, its ranks' share of each batch). Pipes
-/// and Fortran-order arrays are decoded whole into memory.
+/// past the load-time check, reads only each batch's windows. Pipes and
+/// Fortran-order arrays are decoded whole into memory.
 class TokenStore {
 public:
   TokenStore() = default;
@@ -105,16 +116,7 @@ public:
 
   /// Token i as stored (checked to be a valid id when the file was loaded).
   int64_t raw(uint64_t i) const {
-    if (!map_)
-      return owned_[i];
-    const uint8_t *p = data_ + i * width_;
-    uint64_t u = 0;
-    for (size_t b = 0; b < width_; ++b)
-      u |= uint64_t(p[b]) << (8 * b);
-    int64_t v = int64_t(u);
-    if (signed_ && width_ < 8 && (u >> (8 * width_ - 1)) & 1)
-      v = int64_t(u | (~uint64_t(0) << (8 * width_)));
-    return v;
+    return map_ ? decodeInt(data_ + i * width_, width_, signed_) : owned_[i];
   }
   int32_t at(uint64_t i) const { return int32_t(raw(i)); }
 
@@ -220,12 +222,7 @@ Status decodeTokens(const uint8_t *p, size_t bytes, const std::string &descr,
   size_t n = bytes / width;
   out.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    uint64_t u = 0;
-    for (size_t b = 0; b < width; ++b)
-      u |= uint64_t(p[i * width + b]) << (8 * b);
-    int64_t v = int64_t(u);
-    if (isSigned && width < 8 && (u >> (8 * width - 1)) & 1)
-      v = int64_t(u | (~uint64_t(0) << (8 * width)));
+    int64_t v = decodeInt(p + i * width, width, isSigned);
     if (v < 0 || v > std::numeric_limits<int32_t>::max())
       return Status::error("token " + std::to_string(v) + " at position " +
                            std::to_string(i) + " is not a valid id");

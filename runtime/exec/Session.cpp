@@ -330,6 +330,8 @@ Status Session::execute(bool keepArguments) {
   ctx.worldSize = exe_.worldSize;
   ctx.groups = groups_;
   auto start = std::chrono::steady_clock::now();
+  if (profiling_)
+    instrProfile_.resize(program_->instrs.size());
   for (size_t i = 0; i < program_->instrs.size(); ++i) {
     const Instr &in = program_->instrs[i];
     auto t0 = std::chrono::steady_clock::now();
@@ -342,7 +344,6 @@ Status Session::execute(bool keepArguments) {
       OpProfile &p = profile_[in.op];
       p.seconds += dt;
       ++p.calls;
-      instrProfile_.resize(program_->instrs.size());
       instrProfile_[i].seconds += dt;
       ++instrProfile_[i].calls;
     }

@@ -93,6 +93,38 @@ __device__ __forceinline__ float dot(const float *a, const float *b, int n) {
   return s;
 }
 
+/// One key tile of the online softmax for a row spread over a group of
+/// lanes: `sc` holds this lane's scaled scores (-inf where masked);
+/// `rowMax` and `rowSum` combine a value over the row's lanes. Turns `sc`
+/// into exp(s - m_new), updates the row's running max `m` and sum `l`, and
+/// returns the factor the row's accumulated output is scaled by.
+template <int N, typename MaxF, typename SumF>
+__device__ __forceinline__ float onlineSoftmaxTile(float (&sc)[N], float &m,
+                                                   float &l, MaxF rowMax,
+                                                   SumF rowSum) {
+  float tmax = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+    tmax = fmaxf(tmax, sc[j]);
+  tmax = rowMax(tmax);
+  float mNew = fmaxf(m, tmax), psum = 0.0f, corr = 1.0f;
+  if (mNew != -INFINITY) {
+    corr = expf(m - mNew);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      sc[j] = expf(sc[j] - mNew);
+      psum += sc[j];
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+      sc[j] = 0.0f;
+  }
+  l = l * corr + rowSum(psum);
+  m = mNew;
+  return corr;
+}
+
 /// Forward; with `lse` set ("stats" mode) it writes, instead of the output,
 /// each row's log-sum-exp and D_i = dout_i . out_i for the backward pass.
 template <typename T, int CPT>
@@ -126,36 +158,20 @@ __global__ void __launch_bounds__(kAttnThreads)
     loadTile(ks, DP, kb, k0, BK, a.t, D);
     loadTile(vs, E, vb, k0, BK, a.t, E);
     __syncthreads();
-    float sc[BK / 8], tmax = -INFINITY;
+    float sc[BK / 8];
 #pragma unroll
     for (int t = 0; t < BK / 8; ++t) {
       int jj = lane + 8 * t;
-      float s = -INFINITY;
-      if (valid && k0 + jj < myLimit)
-        s = dot(qs + r * DP, ks + jj * DP, D) * a.scale;
-      sc[t] = s;
-      tmax = fmaxf(tmax, s);
+      sc[t] = valid && k0 + jj < myLimit
+                  ? dot(qs + r * DP, ks + jj * DP, D) * a.scale
+                  : -INFINITY;
     }
-    tmax = groupMax8(tmax);
-    float mNew = fmaxf(m, tmax), psum = 0.0f, corr = 1.0f;
-    if (mNew != -INFINITY) {
-      corr = expf(m - mNew);
-#pragma unroll
-      for (int t = 0; t < BK / 8; ++t) {
-        sc[t] = expf(sc[t] - mNew);
-        psum += sc[t];
-      }
-    } else {
-#pragma unroll
-      for (int t = 0; t < BK / 8; ++t)
-        sc[t] = 0.0f;
-    }
+    float corr = onlineSoftmaxTile(
+        sc, m, l, [](float v) { return groupMax8(v); },
+        [](float v) { return groupSum8(v); });
 #pragma unroll
     for (int t = 0; t < BK / 8; ++t)
       ps[r * BK + lane + 8 * t] = sc[t];
-    psum = groupSum8(psum);
-    l = l * corr + psum;
-    m = mNew;
 #pragma unroll
     for (int i = 0; i < CPT; ++i)
       acc[i] *= corr;
@@ -521,33 +537,18 @@ __global__ void __launch_bounds__(kAttnThreads)
     __syncthreads();
     mmaABt<M, HD>(sw, L::LS, qs + warp * 16 * L::LD, L::LD, ks, L::LD);
     __syncwarp();
-    float sc[MT / 2], tmax = -INFINITY;
+    float sc[MT / 2];
 #pragma unroll
     for (int j = 0; j < MT / 2; ++j) {
       int col = half * (MT / 2) + j;
-      float s = -INFINITY;
-      if (valid && k0 + col < myLimit)
-        s = sw[r * L::LS + col] * a.scale;
-      sc[j] = s;
-      tmax = fmaxf(tmax, s);
+      sc[j] = valid && k0 + col < myLimit ? sw[r * L::LS + col] * a.scale
+                                          : -INFINITY;
     }
-    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-    float mNew = fmaxf(m, tmax), corr = 1.0f, psum = 0.0f;
-    if (mNew != -INFINITY) {
-      corr = expf(m - mNew);
-#pragma unroll
-      for (int j = 0; j < MT / 2; ++j) {
-        sc[j] = expf(sc[j] - mNew);
-        psum += sc[j];
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < MT / 2; ++j)
-        sc[j] = 0.0f;
-    }
-    psum += __shfl_xor_sync(0xffffffffu, psum, 1);
-    l = l * corr + psum;
-    m = mNew;
+    // Two lanes per row.
+    float corr = onlineSoftmaxTile(
+        sc, m, l,
+        [](float v) { return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1)); },
+        [](float v) { return v + __shfl_xor_sync(0xffffffffu, v, 1); });
 #pragma unroll
     for (int j = 0; j < MT / 2; ++j)
       pw[r * L::LP + half * (MT / 2) + j] = toMma(sc[j], pw);

@@ -232,6 +232,42 @@ struct ConformanceCase {
   bool exact = false;
 };
 
+/// attention and attention_grad on fresh q [b, h, s, d], k [b, g, t, d],
+/// v [b, g, t, e] and dout: once without the offset operand when `offsets`
+/// is empty, else once per offset (a rank-0 input of that type and range).
+struct AttentionShape {
+  int64_t b, h, g, s, t, d, e;
+};
+struct OffsetInput {
+  DType type;
+  int64_t lo, hi;
+};
+void attentionOps(Case &c, DType dt, AttentionShape a, bool causal,
+                  double scale, std::vector<OffsetInput> offsets = {}) {
+  int32_t q = c.in(T({a.b, a.h, a.s, a.d}, dt)),
+          k = c.in(T({a.b, a.g, a.t, a.d}, dt)),
+          v = c.in(T({a.b, a.g, a.t, a.e}, dt)),
+          dout = c.in(T({a.b, a.h, a.s, a.e}, dt));
+  std::map<std::string, AttrValue> at = {{"causal", int64_t(causal)},
+                                         {"scale", scale}};
+  auto emit = [&](std::vector<int32_t> extra) {
+    std::vector<int32_t> fwd = {q, k, v}, bwd = {q, k, v, dout};
+    fwd.insert(fwd.end(), extra.begin(), extra.end());
+    bwd.insert(bwd.end(), extra.begin(), extra.end());
+    c.out(c.op("attention", fwd, T({a.b, a.h, a.s, a.e}, dt), at));
+    for (int32_t r : c.ops("attention_grad", bwd,
+                           {T({a.b, a.h, a.s, a.d}, dt),
+                            T({a.b, a.g, a.t, a.d}, dt),
+                            T({a.b, a.g, a.t, a.e}, dt)},
+                           at))
+      c.out(r);
+  };
+  if (offsets.empty())
+    emit({});
+  for (const OffsetInput &o : offsets)
+    emit({c.in(T({}, o.type), Dist::Ints, o.lo, o.hi)});
+}
+
 std::vector<ConformanceCase> conformanceCases() {
   std::vector<ConformanceCase> cs;
   auto add = [&](std::string name, std::function<void(Case &, DType)> f,
@@ -505,32 +541,10 @@ std::vector<ConformanceCase> conformanceCases() {
   for (bool causal : {false, true})
     add(causal ? "attention_causal" : "attention", [causal](Case &c, DType d) {
       // GQA (4 query heads on 2 kv heads), S != T, a tail tile.
-      int64_t B = 2, H = 4, G = 2, S = 37, Tk = 45, D = 32, E = 24;
-      int32_t q = c.in(T({B, H, S, D}, d)), k = c.in(T({B, G, Tk, D}, d)),
-              v = c.in(T({B, G, Tk, E}, d));
-      std::map<std::string, AttrValue> at = {{"causal", int64_t(causal)},
-                                             {"scale", 0.2}};
-      c.out(c.op("attention", {q, k, v}, T({B, H, S, E}, d), at));
-      int32_t dout = c.in(T({B, H, S, E}, d));
-      for (int32_t r : c.ops("attention_grad", {q, k, v, dout},
-                             {T({B, H, S, D}, d), T({B, G, Tk, D}, d),
-                              T({B, G, Tk, E}, d)},
-                             at))
-        c.out(r);
+      attentionOps(c, d, {2, 4, 2, 37, 45, 32, 24}, causal, 0.2);
     });
   add("attention_head128", [](Case &c, DType d) {
-    int64_t B = 1, H = 2, S = 70, D = 128;
-    int32_t q = c.in(T({B, H, S, D}, d)), k = c.in(T({B, H, S, D}, d)),
-            v = c.in(T({B, H, S, D}, d));
-    std::map<std::string, AttrValue> at = {{"causal", int64_t(1)},
-                                           {"scale", 1.0 / std::sqrt(128.0)}};
-    c.out(c.op("attention", {q, k, v}, T({B, H, S, D}, d), at));
-    int32_t dout = c.in(T({B, H, S, D}, d));
-    for (int32_t r : c.ops("attention_grad", {q, k, v, dout},
-                           {T({B, H, S, D}, d), T({B, H, S, D}, d),
-                            T({B, H, S, D}, d)},
-                           at))
-      c.out(r);
+    attentionOps(c, d, {1, 2, 2, 70, 70, 128, 128}, true, 1.0 / std::sqrt(128.0));
   });
   // conv2d and its gradients: groups, stride, padding and dilation that
   // differ per axis, odd sizes, a bias; and a 1x1 convolution.
@@ -621,58 +635,20 @@ std::vector<ConformanceCase> conformanceCases() {
   // first queries, and showing every key).
   for (bool causal : {false, true})
     add(causal ? "attention_tc_causal" : "attention_tc", [causal](Case &c, DType d) {
-      int64_t B = 2, H = 4, G = 2, S = 100, Tk = 130, D = 64;
-      int32_t q = c.in(T({B, H, S, D}, d)), k = c.in(T({B, G, Tk, D}, d)),
-              v = c.in(T({B, G, Tk, D}, d));
-      std::map<std::string, AttrValue> at = {{"causal", int64_t(causal)},
-                                             {"scale", 0.125}};
-      c.out(c.op("attention", {q, k, v}, T({B, H, S, D}, d), at));
-      int32_t dout = c.in(T({B, H, S, D}, d));
-      for (int32_t r : c.ops("attention_grad", {q, k, v, dout},
-                             {T({B, H, S, D}, d), T({B, G, Tk, D}, d),
-                              T({B, G, Tk, D}, d)},
-                             at))
-        c.out(r);
+      attentionOps(c, d, {2, 4, 2, 100, 130, 64, 64}, causal, 0.125);
     });
   add("attention_tc_offset", [](Case &c, DType d) {
-    int64_t B = 1, H = 2, G = 1, S = 70, Tk = 150, D = 64;
-    int32_t q = c.in(T({B, H, S, D}, d)), k = c.in(T({B, G, Tk, D}, d)),
-            v = c.in(T({B, G, Tk, D}, d)), dout = c.in(T({B, H, S, D}, d));
-    std::map<std::string, AttrValue> at = {{"causal", int64_t(1)},
-                                           {"scale", 0.125}};
-    for (int64_t lo : {int64_t(-20), int64_t(40), int64_t(200)}) {
-      int32_t off = c.in(T({}, DType::I32), Dist::Ints, lo, lo + 5);
-      c.out(c.op("attention", {q, k, v, off}, T({B, H, S, D}, d), at));
-      for (int32_t r : c.ops("attention_grad", {q, k, v, dout, off},
-                             {T({B, H, S, D}, d), T({B, G, Tk, D}, d),
-                              T({B, G, Tk, D}, d)},
-                             at))
-        c.out(r);
-    }
+    attentionOps(c, d, {1, 2, 1, 70, 150, 64, 64}, true, 0.125,
+                 {{DType::I32, -20, -15}, {DType::I32, 40, 45},
+                  {DType::I32, 200, 205}});
   });
   // "key j <= query i + offset" and rope positions starting at the offset,
   // from i32 and i64 operands; offsets that hide every key from the first
   // queries (< 0) and that show every key (> T) included.
   add("attention_offset", [](Case &c, DType d) {
-    int64_t B = 1, H = 4, G = 2, S = 19, Tk = 45, D = 16, E = 24;
-    int32_t q = c.in(T({B, H, S, D}, d)), k = c.in(T({B, G, Tk, D}, d)),
-            v = c.in(T({B, G, Tk, E}, d)), dout = c.in(T({B, H, S, E}, d));
-    std::map<std::string, AttrValue> at = {{"causal", int64_t(1)},
-                                           {"scale", 0.25}};
-    struct Off {
-      DType t;
-      int64_t lo, hi;
-    };
-    for (Off o : {Off{DType::I32, 10, 27}, Off{DType::I64, -8, -3},
-                  Off{DType::I32, 50, 60}}) {
-      int32_t off = c.in(T({}, o.t), Dist::Ints, o.lo, o.hi);
-      c.out(c.op("attention", {q, k, v, off}, T({B, H, S, E}, d), at));
-      for (int32_t r : c.ops("attention_grad", {q, k, v, dout, off},
-                             {T({B, H, S, D}, d), T({B, G, Tk, D}, d),
-                              T({B, G, Tk, E}, d)},
-                             at))
-        c.out(r);
-    }
+    attentionOps(c, d, {1, 4, 2, 19, 45, 16, 24}, true, 0.25,
+                 {{DType::I32, 10, 27}, {DType::I64, -8, -3},
+                  {DType::I32, 50, 60}});
   });
   add("rope_offset", [](Case &c, DType d) {
     int32_t x = c.in(T({2, 3, 10, 16}, d));
