@@ -439,24 +439,30 @@ def failures(t, work, exes, data):
         print("FAIL failure.rank_error: rc %d, %.1f s: %s" % (r.returncode, secs, r.stderr[-2000:]))
         failed += 1
 
-    # A stopped process: nobody kills it, the others time out.
+    # A stopped process: nobody kills it, the others time out. It is
+    # stopped once training runs (the first step's metrics line is
+    # written), not during start-up.
     stopped = os.path.join(d, "stopped-job.exe")
     shutil.copy(exes("dp=2,zero=3"), stopped)
+    metrics = os.path.join(d, "stopped-job.jsonl")
+    if os.path.exists(metrics):
+        os.remove(metrics)
     p = subprocess.Popen(launch_cmd(2) + [t.runp,
                           stopped, "--quiet", "--data", data,
                           "--devices-per-process", str(t.ranks(stopped) // 2),
-                          "--comm-timeout", "3", "--steps", "1000000"],
+                          "--comm-timeout", "3", "--steps", "1000000", "--metrics", metrics],
                          env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         pid = None
-        for _ in range(300):
+        for _ in range(600):
             time.sleep(0.1)
-            pid = pid_of_rank("stopped-job.exe", 1)
-            if pid:
+            pid = pid or pid_of_rank("stopped-job.exe", 1)
+            if pid and os.path.exists(metrics) and os.path.getsize(metrics) > 0:
                 break
-        time.sleep(1.0)
         if pid is None:
             raise RuntimeError("rank 1's process never appeared")
+        if not (os.path.exists(metrics) and os.path.getsize(metrics) > 0):
+            raise RuntimeError("the job wrote no step within 60 s")
         t0 = time.time()
         os.kill(pid, signal.SIGSTOP)
         out, err = p.communicate(timeout=60)
