@@ -93,6 +93,17 @@ public:
   /// Waits for all work queued for `rank`.
   virtual Status synchronize(int rank) = 0;
 
+  /// Device-side timing of instructions, for profiles that must not add a
+  /// synchronize per instruction: while on, the backend brackets each run()
+  /// of `rank` with device events, and takeDeviceTimes() returns the device
+  /// seconds of every run() since the last take, in call order (call it
+  /// after synchronize()). Backends that execute synchronously return false
+  /// and the caller times run() on the host.
+  virtual bool setDeviceTiming(int /*rank*/, bool /*on*/) { return false; }
+  virtual Expected<std::vector<double>> takeDeviceTimes(int /*rank*/) {
+    return std::vector<double>{};
+  }
+
   /// Device bytes held in arenas now, and the most ever held at once.
   int64_t bytesAllocated() const { return allocated_.load(); }
   int64_t peakBytesAllocated() const { return peak_.load(); }

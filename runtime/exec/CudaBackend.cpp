@@ -97,6 +97,11 @@ struct CudaBackend::Rank {
   size_t eventsUsed = 0;
   // Instruction descriptions for device errors (index = tag).
   std::vector<std::string> tags;
+  // Device timing (setDeviceTiming): a start and an end event per run(),
+  // `timed` pairs used since the last takeDeviceTimes().
+  bool timing = false;
+  std::vector<std::pair<Event, Event>> timingEvents;
+  size_t timed = 0;
   // Memory.
   int64_t trackedNow = 0, trackedPeak = 0;
   int64_t baselineFree = 0, memGetInfoPeak = 0;
@@ -1909,7 +1914,49 @@ Status CudaBackend::run(const Instr &instr, std::span<const TensorRef> ins,
   if (!stream)
     return stream.status();
   Launch L{r, *stream, instr, &ctx};
-  return it->second(L, ins, outs);
+  if (!r.timing)
+    return it->second(L, ins, outs);
+  if (r.timed == r.timingEvents.size()) {
+    auto a = createEvent(*lib_, /*timing=*/true);
+    if (!a)
+      return a.status();
+    auto b = createEvent(*lib_, /*timing=*/true);
+    if (!b)
+      return b.status();
+    r.timingEvents.emplace_back(a.take(), b.take());
+  }
+  auto &[begin, end] = r.timingEvents[r.timed++];
+  DLOPT_CUDA_CHECK(lib_->cudaEventRecord(begin.get(), *stream));
+  DLOPT_RETURN_IF_ERROR(it->second(L, ins, outs));
+  DLOPT_CUDA_CHECK(lib_->cudaEventRecord(end.get(), *stream));
+  return Status::ok();
+}
+
+bool CudaBackend::setDeviceTiming(int rank, bool on) {
+  auto st = rankState(rank);
+  if (!st)
+    return false;
+  (*st)->timing = on;
+  (*st)->timed = 0;
+  return true;
+}
+
+Expected<std::vector<double>> CudaBackend::takeDeviceTimes(int rank) {
+  std::vector<double> out;
+  Rank *r = findRank(rank);
+  if (!r)
+    return out;
+  DLOPT_RETURN_IF_ERROR(r->setDevice());
+  out.reserve(r->timed);
+  for (size_t i = 0; i < r->timed; ++i) {
+    auto &[begin, end] = r->timingEvents[i];
+    DLOPT_CUDA_CHECK(lib_->cudaEventSynchronize(end.get()));
+    float ms = 0;
+    DLOPT_CUDA_CHECK(lib_->cudaEventElapsedTime(&ms, begin.get(), end.get()));
+    out.push_back(double(ms) * 1e-3);
+  }
+  r->timed = 0;
+  return out;
 }
 
 Status CudaBackend::synchronize(int rank) {

@@ -81,6 +81,8 @@ public:
   Status run(const Instr &instr, std::span<const TensorRef> ins,
              std::span<const TensorRef> outs, const RunContext &ctx) override;
   Status synchronize(int rank) override;
+  bool setDeviceTiming(int rank, bool on) override;
+  Expected<std::vector<double>> takeDeviceTimes(int rank) override;
 
   /// Memory of `rank` (zeros before its arena exists).
   CudaMemoryStats memoryStats(int rank) const;

@@ -330,13 +330,18 @@ Status Session::execute(bool keepArguments) {
   ctx.worldSize = exe_.worldSize;
   ctx.groups = groups_;
   auto start = std::chrono::steady_clock::now();
+  // Profiles take device times where the backend has them (no synchronize
+  // per instruction, so the timings keep the overlap and the launch
+  // pipelining of a real step); otherwise host times after a synchronize.
+  const bool deviceTimed =
+      profiling_ && backend_->setDeviceTiming(opts_.rank, true);
   if (profiling_)
     instrProfile_.resize(program_->instrs.size());
   for (size_t i = 0; i < program_->instrs.size(); ++i) {
     const Instr &in = program_->instrs[i];
     auto t0 = std::chrono::steady_clock::now();
     Status st = backend_->run(in, ins_[i], outs_[i], ctx);
-    if (st && profiling_) {
+    if (st && profiling_ && !deviceTimed) {
       st = backend_->synchronize(opts_.rank);
       double dt = std::chrono::duration<double>(
                       std::chrono::steady_clock::now() - t0)
@@ -352,10 +357,38 @@ Status Session::execute(bool keepArguments) {
       return st.withContext("rank " + std::to_string(opts_.rank) +
                             ", instruction " + std::to_string(i) + ": ");
   }
+  lastIssueSeconds_ = std::chrono::duration<double>(
+                          std::chrono::steady_clock::now() - start)
+                          .count();
   DLOPT_RETURN_IF_ERROR(backend_->synchronize(opts_.rank));
   lastRunSeconds_ = std::chrono::duration<double>(
                         std::chrono::steady_clock::now() - start)
                         .count();
+  if (profiling_) {
+    profileTotals_.runs += 1;
+    profileTotals_.wallSeconds += lastRunSeconds_;
+    profileTotals_.issueSeconds += lastIssueSeconds_;
+    profileTotals_.deviceTimed = deviceTimed;
+  }
+  if (deviceTimed) {
+    Expected<std::vector<double>> times = backend_->takeDeviceTimes(opts_.rank);
+    (void)backend_->setDeviceTiming(opts_.rank, false);
+    if (!times)
+      return times.status();
+    if (times->size() != program_->instrs.size())
+      return Status::error("device timing: " + std::to_string(times->size()) +
+                           " times for " +
+                           std::to_string(program_->instrs.size()) +
+                           " instructions");
+    for (size_t i = 0; i < times->size(); ++i) {
+      double dt = (*times)[i];
+      OpProfile &p = profile_[program_->instrs[i].op];
+      p.seconds += dt;
+      ++p.calls;
+      instrProfile_[i].seconds += dt;
+      ++instrProfile_[i].calls;
+    }
+  }
   // Put the saved arguments back, keeping their new values for
   // applyUpdates().
   for (Saved &sv : saved) {

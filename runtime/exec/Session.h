@@ -118,13 +118,27 @@ public:
   }
   /// Wall time of the last run(), in seconds (instructions only).
   double lastRunSeconds() const { return lastRunSeconds_; }
-  /// With profiling on, every run adds each instruction's wall time (after
-  /// a backend synchronize) to profile(): seconds and calls per op name.
+  /// Host time of the last run() until its last instruction was issued
+  /// (before the final synchronize): near lastRunSeconds() when the host,
+  /// not the device, sets the pace.
+  double lastIssueSeconds() const { return lastIssueSeconds_; }
+  /// With profiling on, every run adds each instruction's time to
+  /// profile(): seconds and calls per op name. The time is the device's
+  /// (between events around the instruction, with no added synchronize)
+  /// where the backend supports Backend::setDeviceTiming, else the host's
+  /// wall time after a backend synchronize.
   void setProfiling(bool on) { profiling_ = on; }
   struct OpProfile {
     double seconds = 0;
     int64_t calls = 0;
   };
+  /// Sums over the profiled runs.
+  struct ProfileTotals {
+    int64_t runs = 0;
+    double wallSeconds = 0, issueSeconds = 0;
+    bool deviceTimed = false; ///< profile() holds device times
+  };
+  const ProfileTotals &profileTotals() const { return profileTotals_; }
   const std::map<std::string, OpProfile> &profile() const { return profile_; }
   /// The same, per instruction of the program (indexed as program().instrs;
   /// empty until a profiled run).
@@ -147,7 +161,8 @@ private:
   std::vector<bool> ready_;
   /// Operand and result refs of each instruction, resolved once.
   std::vector<std::vector<TensorRef>> ins_, outs_;
-  double lastRunSeconds_ = 0;
+  double lastRunSeconds_ = 0, lastIssueSeconds_ = 0;
+  ProfileTotals profileTotals_;
   std::vector<Communicator *> groups_;
   bool profiling_ = false;
   std::map<std::string, OpProfile> profile_;

@@ -59,8 +59,10 @@ options:
   --threads N             kernel worker threads (default: all cores)
   --dump                  print the plan file readably and exit
   --quiet                 print nothing but errors
-  --profile               time every instruction (synchronizing after each)
-                          and print the time per op kind at the end
+  --profile               time every instruction and print the time per op
+                          kind and the slowest instructions at the end (cuda:
+                          device time between events, no added synchronize;
+                          cpu: wall time of each instruction)
   --help                  print this help and exit
 
 multi-rank executables (docs/launch.md):
@@ -567,8 +569,18 @@ void printProfile(Session &s) {
   std::sort(rows.begin(), rows.end(), [](const auto &a, const auto &b) {
     return a.second.seconds > b.second.seconds;
   });
-  std::printf("profile (%s backend, %.3f s in instructions):\n",
-              s.backend().name().c_str(), total);
+  const Session::ProfileTotals &pt = s.profileTotals();
+  std::printf("profile (%s backend, %.3f s in instructions, %s):\n",
+              s.backend().name().c_str(), total,
+              pt.deviceTimed ? "device time between events, no added "
+                               "synchronize"
+                             : "host time with a synchronize after each");
+  if (pt.runs > 0)
+    std::printf("  per run: %.3f ms wall, %.3f ms until the last instruction "
+                "was issued (host), %.3f ms in instructions\n",
+                1e3 * pt.wallSeconds / double(pt.runs),
+                1e3 * pt.issueSeconds / double(pt.runs),
+                1e3 * total / double(pt.runs));
   std::printf("  %-22s %10s %7s %10s\n", "op", "seconds", "%", "calls");
   for (const auto &[op, p] : rows)
     std::printf("  %-22s %10.4f %6.1f%% %10lld\n", op.c_str(), p.seconds,
