@@ -21,9 +21,11 @@
 //===----------------------------------------------------------------------===//
 #pragma once
 
+#include "runtime/cuda/kernels/ElementOps.h"
 #include "runtime/support/DType.h"
 
 #include <cstdint>
+#include <string>
 
 namespace dlopt::rt::cuda {
 struct CudaLibrary;
@@ -80,15 +82,6 @@ const CudaLibrary *runtimeTable(const char **error);
 
 //===--- Elementwise ----------------------------------------------------===//
 
-enum class UnaryOp : int {
-  Neg, Abs, Relu, Exp, Log, Sqrt, Rsqrt, Tanh, Sin, Cos, Sigmoid, Silu,
-  GeluErf, GeluTanh
-};
-enum class BinaryOp : int {
-  Add, Sub, Mul, Div, Max, Min, Pow,
-  /// gelu_grad(x = a, dy = b) for the erf and the tanh form (same shapes).
-  GeluErfGrad, GeluTanhGrad
-};
 enum class ComparePred : int { Eq, Ne, Lt, Le, Gt, Ge };
 
 /// y = op(x) over n contiguous elements (float types; Neg/Abs/Relu also int).
@@ -122,76 +115,49 @@ int dropout(Stream s, DType t, const void *x, void *y, int64_t n,
 
 //===--- Fused elementwise groups -----------------------------------------===//
 
-/// Limits of a fused_elementwise program (equal to runtime/format/
-/// FusedProgram.h's; CudaBackend.cpp static_asserts that).
-inline constexpr int kFusedMaxInputs = 16;
-inline constexpr int kFusedMaxOutputs = 8;
-inline constexpr int kFusedMaxConsts = 32;
-inline constexpr int kFusedMaxSteps = 64;
-inline constexpr int kFusedMaxRegisters =
-    kFusedMaxInputs + kFusedMaxConsts + kFusedMaxSteps;
-
-/// One step: kind 0 = unaryF(UnaryOp(op), r[a]), 1 = binaryF(BinaryOp(op),
-/// r[a], r[b]), 2 = round r[a] to DType(op) (a cast step).
-struct FusedStep {
-  uint8_t kind = 0, op = 0, a = 0, b = 0;
-};
-/// The whole program travels in the kernel's parameters (under 1 KiB).
-/// Registers: inputs, then constants, then one per step, as in the format.
-struct FusedArgs {
-  const void *in[kFusedMaxInputs] = {};
-  void *out[kFusedMaxOutputs] = {};
-  float consts[kFusedMaxConsts] = {};
-  FusedStep steps[kFusedMaxSteps] = {};
-  uint8_t inType[kFusedMaxInputs] = {};   ///< DType of each input
-  uint8_t inScalar[kFusedMaxInputs] = {}; ///< 1 = rank 0, broadcast
-  uint8_t outType[kFusedMaxOutputs] = {}; ///< DType of each result
-  uint8_t outReg[kFusedMaxOutputs] = {};  ///< register of each result
-  int32_t numInputs = 0, numConsts = 0, numSteps = 0, numOutputs = 0;
-};
 /// Evaluates the program for each of the n elements (f32 registers, results
 /// rounded on store) in one launch: a grid-stride loop in which each thread
 /// takes 4 consecutive elements, with 16-byte (f32) / 8-byte (f16, bf16)
 /// vector loads and stores where every non-scalar buffer is aligned for
 /// them. Each thread loads its elements' inputs before storing any result,
 /// so results may alias same-typed inputs.
-int fusedElementwise(Stream s, const FusedArgs &args, int64_t n);
+///
+/// The kernel is the program's own, compiled at run time by NVRTC
+/// (runtime/cuda/FusedJit.h), or the nvcc-built interpreter; fusedMode()
+/// says which. Returns kFusedJitFailed, with the reason in *error, when the
+/// mode is Jit and the kernel cannot be made.
+int fusedElementwise(Stream s, const FusedArgs &args, int64_t n,
+                     std::string *error = nullptr);
 
-/// Multi-tensor form (a fused_elementwise with `segments` > 1): one launch
-/// runs the program over up to kFusedMaxLaunchSegments segments. Block b
-/// maps to (segment, chunk): segment s owns blocks [blockStart[s],
-/// blockStart[s+1]) and each block covers kFusedChunk consecutive elements
-/// of it (kFusedVec per thread). The segment table travels in the kernel
-/// parameters (static_assert'ed under the 4 KiB limit): one row of
-/// `rowWidth` pointers per segment, the per-segment inputs first (input k at
-/// column inSlot[k]) then the outputs; an input that is the same buffer in
-/// every segment (a shared scalar such as the learning rate) has
-/// inSlot[k] = -1 and sits once in shared[k]. The backend splits an
-/// instruction with more segments or pointers than fit into several
-/// launches.
-inline constexpr int kFusedMaxLaunchSegments = 64;
-inline constexpr int kFusedMaxLaunchPointers = 304;
-inline constexpr int64_t kFusedChunk = 256 * 4; ///< kThreads * kFusedVec
-struct FusedMultiArgs {
-  float consts[kFusedMaxConsts] = {};
-  FusedStep steps[kFusedMaxSteps] = {};
-  uint8_t inType[kFusedMaxInputs] = {};
-  uint8_t inScalar[kFusedMaxInputs] = {};
-  int8_t inSlot[kFusedMaxInputs] = {};
-  uint8_t outType[kFusedMaxOutputs] = {};
-  uint8_t outReg[kFusedMaxOutputs] = {};
-  int32_t numInputs = 0, numConsts = 0, numSteps = 0, numOutputs = 0;
-  int32_t rowWidth = 0, numSegments = 0;
-  const void *shared[kFusedMaxInputs] = {};
-  int64_t n[kFusedMaxLaunchSegments] = {};
-  int32_t blockStart[kFusedMaxLaunchSegments + 1] = {};
-  uint8_t vec[kFusedMaxLaunchSegments] = {}; ///< 1 = vector loads/stores
-  void *ptr[kFusedMaxLaunchPointers] = {};
+/// One launch of blockStart[numSegments] blocks (nothing when zero); the
+/// kernel as for fusedElementwise.
+int fusedElementwiseMulti(Stream s, const FusedMultiArgs &args,
+                          std::string *error = nullptr);
+
+/// Whether every non-scalar operand and result of `args` is aligned for
+/// vector loads and stores.
+bool fusedVectorizable(const FusedArgs &args);
+/// The interpreter kernels themselves (program in the launch parameters,
+/// its registers in local memory).
+int fusedElementwiseInterpreted(Stream s, const FusedArgs &args, int64_t n);
+int fusedElementwiseMultiInterpreted(Stream s, const FusedMultiArgs &args);
+
+/// How fused_elementwise runs. Auto: the program's own kernel when NVRTC is
+/// found (once per program and device; compile failures are reported once
+/// on stderr), else the interpreter. Jit: the program's own kernel or an
+/// error. Interpreter: always the interpreter. The default comes from
+/// $DLOPT_CUDA_FUSED ("auto", "jit", "interp"; unset = auto).
+enum class FusedMode { Auto, Jit, Interpreter };
+void setFusedMode(FusedMode m);
+FusedMode fusedMode();
+/// Returned by the fused launchers when the mode is Jit and NVRTC failed.
+inline constexpr int kFusedJitFailed = -1000;
+/// Kernels compiled so far and the seconds NVRTC and loading took.
+struct FusedJitStats {
+  int compiled = 0, failed = 0;
+  double seconds = 0;
 };
-static_assert(sizeof(FusedMultiArgs) <= 4096,
-              "FusedMultiArgs must fit in the 4 KiB of kernel parameters");
-/// One launch of blockStart[numSegments] blocks (nothing when zero).
-int fusedElementwiseMulti(Stream s, const FusedMultiArgs &args);
+FusedJitStats fusedJitStats();
 
 //===--- Gather, scatter, reductions, normalization, losses ----------------===//
 

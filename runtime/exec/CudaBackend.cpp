@@ -1730,7 +1730,11 @@ Status fusedMultiHandler(Launch &L, const fused::Program &p, Ins ins,
   };
   constexpr int64_t kMaxBlocks = 0x7FFFFFFF;
   auto flush = [&]() -> Status {
-    DLOPT_LAUNCH(L, kernels::fusedElementwiseMulti(L.stream, m));
+    std::string why;
+    int rc = kernels::fusedElementwiseMulti(L.stream, m, &why);
+    if (rc == kernels::kFusedJitFailed)
+      return opError(L.instr, "DLOPT_CUDA_FUSED=jit: " + why);
+    DLOPT_LAUNCH(L, rc);
     m.numSegments = 0;
     m.blockStart[0] = 0;
     return Status::ok();
@@ -1786,7 +1790,11 @@ Status fusedHandler(Launch &L, Ins ins, Outs outs) {
     return fusedMultiHandler(L, *program, ins, outs);
   kernels::FusedArgs a;
   DLOPT_RETURN_IF_ERROR(fusedArgs(L.instr, *program, ins, outs, a));
-  DLOPT_LAUNCH(L, kernels::fusedElementwise(L.stream, a, outs[0].numElements()));
+  std::string why;
+  int rc = kernels::fusedElementwise(L.stream, a, outs[0].numElements(), &why);
+  if (rc == kernels::kFusedJitFailed)
+    return opError(L.instr, "DLOPT_CUDA_FUSED=jit: " + why);
+  DLOPT_LAUNCH(L, rc);
   return Status::ok();
 }
 

@@ -1,8 +1,7 @@
 //===- Common.cuh - Shared device helpers of the dlopt CUDA kernels -------===//
 //
-// Storage types for 16-bit floats (kept as raw bits so templates can tell
-// f16 from bf16), f32 conversion with the CPU backend's rounding
-// (runtime/cpu/Half.h: round to nearest even), dtype dispatch on the host,
+// The per-element math of ElementMath.cuh (16-bit float storage types and
+// their conversions, unary and binary functions), dtype dispatch on the host,
 // strided index arithmetic, block reductions, and the error-word helper.
 // Math is f32 (statistics in f64, as the CPU kernels do), never fast-math.
 //
@@ -10,6 +9,7 @@
 #pragma once
 
 #include "runtime/cuda/CudaKernels.h"
+#include "runtime/cuda/kernels/ElementMath.cuh"
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -17,35 +17,6 @@
 #include <cstdint>
 
 namespace dlopt::rt::cuda::kernels {
-
-struct F16 {
-  uint16_t bits;
-};
-struct BF16 {
-  uint16_t bits;
-};
-
-__device__ __forceinline__ float toF(float x) { return x; }
-__device__ __forceinline__ float toF(F16 x) {
-  return __half2float(__ushort_as_half(x.bits));
-}
-__device__ __forceinline__ float toF(BF16 x) {
-  return __uint_as_float(uint32_t(x.bits) << 16);
-}
-
-template <typename T> __device__ __forceinline__ T fromF(float x);
-template <> __device__ __forceinline__ float fromF<float>(float x) { return x; }
-template <> __device__ __forceinline__ F16 fromF<F16>(float x) {
-  return F16{__half_as_ushort(__float2half_rn(x))};
-}
-template <> __device__ __forceinline__ BF16 fromF<BF16>(float x) {
-  // Bit-identical to runtime/cpu/Half.h floatToBf16.
-  uint32_t u = __float_as_uint(x);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u)
-    return BF16{uint16_t((u >> 16) | 0x0040u)};
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return BF16{uint16_t(u >> 16)};
-}
 
 template <typename T> struct IsFloatStorage {
   static constexpr bool value = false;

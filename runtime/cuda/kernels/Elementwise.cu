@@ -20,29 +20,6 @@ namespace {
 
 //===--- Unary ----------------------------------------------------------===//
 
-__device__ __forceinline__ float unaryF(UnaryOp op, float x) {
-  switch (op) {
-  case UnaryOp::Neg: return -x;
-  case UnaryOp::Abs: return fabsf(x);
-  case UnaryOp::Relu: return x < 0.0f ? 0.0f : x; // NaN stays NaN
-  case UnaryOp::Exp: return expf(x);
-  case UnaryOp::Log: return logf(x);
-  case UnaryOp::Sqrt: return sqrtf(x);
-  case UnaryOp::Rsqrt: return 1.0f / sqrtf(x);
-  case UnaryOp::Tanh: return tanhf(x);
-  case UnaryOp::Sin: return sinf(x);
-  case UnaryOp::Cos: return cosf(x);
-  case UnaryOp::Sigmoid: return 1.0f / (1.0f + expf(-x));
-  case UnaryOp::Silu: return x / (1.0f + expf(-x));
-  case UnaryOp::GeluErf:
-    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-  case UnaryOp::GeluTanh:
-    return 0.5f * x *
-           (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
-  }
-  return x;
-}
-
 template <typename I> __device__ __forceinline__ I unaryI(UnaryOp op, I x) {
   using U = typename std::make_unsigned<I>::type;
   switch (op) {
@@ -108,32 +85,6 @@ __global__ void castKernel(const S *x, D *y, int64_t n) {
 }
 
 //===--- Binary -----------------------------------------------------------===//
-
-__device__ __forceinline__ float geluDeriv(float x, bool tanhForm) {
-  if (tanhForm) {
-    const float c = 0.79788456080286536f, k = 0.044715f;
-    float t = tanhf(c * (x + k * x * x * x));
-    return 0.5f * (1.0f + t) +
-           0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * k * x * x);
-  }
-  return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) +
-         x * 0.39894228040143268f * expf(-0.5f * x * x);
-}
-
-__device__ __forceinline__ float binaryF(BinaryOp op, float a, float b) {
-  switch (op) {
-  case BinaryOp::Add: return a + b;
-  case BinaryOp::Sub: return a - b;
-  case BinaryOp::Mul: return a * b;
-  case BinaryOp::Div: return a / b;
-  case BinaryOp::Max: return a != a ? a : (b != b ? b : (a > b ? a : b));
-  case BinaryOp::Min: return a != a ? a : (b != b ? b : (a < b ? a : b));
-  case BinaryOp::Pow: return powf(a, b);
-  case BinaryOp::GeluErfGrad: return b * geluDeriv(a, false);
-  case BinaryOp::GeluTanhGrad: return b * geluDeriv(a, true);
-  }
-  return a;
-}
 
 template <typename T>
 __global__ void binaryKernel(BinaryOp op, StridedIndex ix, const T *a,
@@ -267,50 +218,9 @@ __global__ void dropoutKernel(const T *x, T *y, int64_t n, uint64_t seed,
 // branch on each step is uniform across the launch). Each thread evaluates
 // kFusedVec consecutive elements together, so each step is decoded once per
 // kFusedVec elements and the loads/stores can be vectors. The register file
-// lives in local memory (L1-resident); a code-generating backend would keep
-// it in hardware registers.
-
-constexpr int kFusedVec = 4;
-
-template <typename T>
-__device__ __forceinline__ void loadVec(const void *p, int64_t i0, int cnt,
-                                        bool vec, float (&dst)[kFusedVec]) {
-  const T *x = static_cast<const T *>(p) + i0;
-  if (vec && cnt == kFusedVec) {
-    if constexpr (sizeof(T) == 4) {
-      float4 v = *reinterpret_cast<const float4 *>(x);
-      dst[0] = v.x; dst[1] = v.y; dst[2] = v.z; dst[3] = v.w;
-    } else {
-      uint2 v = *reinterpret_cast<const uint2 *>(x);
-      T e[4] = {T{uint16_t(v.x & 0xFFFFu)}, T{uint16_t(v.x >> 16)},
-                T{uint16_t(v.y & 0xFFFFu)}, T{uint16_t(v.y >> 16)}};
-      for (int u = 0; u < kFusedVec; ++u)
-        dst[u] = toF(e[u]);
-    }
-    return;
-  }
-  for (int u = 0; u < cnt; ++u)
-    dst[u] = toF(x[u]);
-}
-
-template <typename T>
-__device__ __forceinline__ void storeVec(void *p, int64_t i0, int cnt,
-                                         bool vec, const float (&src)[kFusedVec]) {
-  T *y = static_cast<T *>(p) + i0;
-  if (vec && cnt == kFusedVec) {
-    if constexpr (sizeof(T) == 4) {
-      *reinterpret_cast<float4 *>(y) = make_float4(src[0], src[1], src[2], src[3]);
-    } else {
-      uint32_t h[4];
-      for (int u = 0; u < kFusedVec; ++u)
-        h[u] = fromF<T>(src[u]).bits;
-      *reinterpret_cast<uint2 *>(y) = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
-    }
-    return;
-  }
-  for (int u = 0; u < cnt; ++u)
-    y[u] = fromF<T>(src[u]);
-}
+// is indexed at run time, so it lives in local memory (1.8 KiB per thread):
+// the fallback when NVRTC is missing. The default is a kernel generated for
+// each program (runtime/cuda/FusedJit.h, kernels/FusedJitLaunch.cpp).
 
 __device__ __forceinline__ void loadAny(uint8_t t, const void *p, int64_t i0,
                                         int cnt, bool vec,
@@ -558,27 +468,31 @@ int dropout(Stream s, DType t, const void *x, void *y, int64_t n,
 }
 
 
-int fusedElementwise(Stream s, const FusedArgs &args, int64_t n) {
-  if (n == 0)
-    return 0;
-  bool vec = true;
+bool fusedVectorizable(const FusedArgs &args) {
   auto aligned = [](const void *p, uint8_t t) {
     uintptr_t need = t == uint8_t(DType::F32) ? 16 : 8;
     return reinterpret_cast<uintptr_t>(p) % need == 0;
   };
   for (int k = 0; k < args.numInputs; ++k)
     if (!args.inScalar[k] && !aligned(args.in[k], args.inType[k]))
-      vec = false;
+      return false;
   for (int o = 0; o < args.numOutputs; ++o)
     if (!aligned(args.out[o], args.outType[o]))
-      vec = false;
+      return false;
+  return true;
+}
+
+int fusedElementwiseInterpreted(Stream s, const FusedArgs &args, int64_t n) {
+  if (n == 0)
+    return 0;
+  const bool vec = fusedVectorizable(args);
   int64_t chunks = (n + kFusedVec - 1) / kFusedVec;
   fusedKernel<<<gridFor(chunks), kThreads, 0, static_cast<cudaStream_t>(s)>>>(
       args, n, vec);
   return lastError();
 }
 
-int fusedElementwiseMulti(Stream s, const FusedMultiArgs &args) {
+int fusedElementwiseMultiInterpreted(Stream s, const FusedMultiArgs &args) {
   if (args.numSegments <= 0 || args.blockStart[args.numSegments] == 0)
     return 0;
   fusedMultiKernel<<<unsigned(args.blockStart[args.numSegments]), kThreads, 0,
