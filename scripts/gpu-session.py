@@ -182,14 +182,18 @@ def find_cuda_libs(sess):
             roots += glob.glob(os.path.join(sp, "nvidia", "*", "lib"))
     except Exception:
         pass
-    for name in ("libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13", "libnccl.so.2"):
+    # NVRTC (fused kernels compiled at run time) loads its builtins library
+    # from the search path too.
+    for name in ("libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13", "libnccl.so.2", "libnvrtc.so.13",
+                 "libnvrtc-builtins.so.13*"):
         for r in roots:
-            p = os.path.join(r, name)
-            if os.path.exists(p):
-                dst = os.path.join(d, name)
-                if not os.path.exists(dst):
-                    os.symlink(p, dst)
-                sess.say("  %s -> %s" % (name, p))
+            found = sorted(glob.glob(os.path.join(r, name)))
+            if found:
+                for p in found:
+                    dst = os.path.join(d, os.path.basename(p))
+                    if not os.path.exists(dst):
+                        os.symlink(p, dst)
+                sess.say("  %s -> %s" % (name, found[0]))
                 break
         else:
             sess.say("  %s: not found" % name)
@@ -225,7 +229,10 @@ def run_session(args):
         os.chmod(w, 0o755)
     tool = lambda n: os.path.join(bindir, n)  # noqa: E731
     sess.say("gpu-session: bundle unpacked in %.1f s" % (time.time() - sess.t0))
-    env = dict(os.environ, DLOPT_CUDA_LIB_DIR=find_cuda_libs(sess), PYTHONUNBUFFERED="1")
+    libdir = find_cuda_libs(sess)
+    env = dict(os.environ, DLOPT_CUDA_LIB_DIR=libdir, PYTHONUNBUFFERED="1",
+               LD_LIBRARY_PATH=libdir + (":" + os.environ["LD_LIBRARY_PATH"]
+                                         if os.environ.get("LD_LIBRARY_PATH") else ""))
     only = set(args.only.split(",")) if args.only else set(PHASES)
     skip = set(args.skip.split(",")) if args.skip else set()
     phases = [p for p in PHASES if p in only and p not in skip]
@@ -253,7 +260,7 @@ def run_session(args):
             if rc != 0:
                 sess.say(text)
         elif phase == "gtest":
-            for name, filt in (("dlopt-cuda-tests", "CudaGpu.*"), ("dlopt-cuda-backend-tests", "*CudaGpu*")):
+            for name, filt in (("dlopt-cuda-tests", "CudaGpu.*"), ("dlopt-cuda-backend-tests", "*CudaGpu*:FusedJit*")):
                 rc, text = sess.run([tool(name), "--gtest_filter=" + filt], "gtest.log", 150, env=env)
                 fails = [l for l in text.splitlines() if l.startswith("[  FAILED  ]")]
                 tail = [l for l in text.splitlines() if l.startswith("[  PASSED  ]") or "tests ran" in l]
@@ -409,16 +416,24 @@ def run_session(args):
                 for l in (open(res) if os.path.exists(res) else []):
                     sess.note("bench row " + l.strip()[:400])
         elif phase == "profile":
-            # Time per op kind (dlopt-run --profile synchronizes after each
-            # instruction) for the first benchmark model.
+            # Device time per op kind and the slowest instructions (dlopt-run
+            # --profile: events around each instruction) for the first
+            # benchmark model; then the fused ops on the interpreter kernel.
             m = os.environ.get("BENCH_MODELS", "gpt2-small").split()[0]
-            rc, text = sess.run([tool("dlopt-run"), os.path.join(b, "bench", m + ".plan"), "--backend", "cuda",
-                                 "--steps", "3", "--vocab", "50257", "--profile"], "profile.log", 120, env=env)
-            lines = text.strip().splitlines()
-            start = next((i for i, l in enumerate(lines) if "profile" in l.lower()), max(0, len(lines) - 25))
-            sess.note("profile %s rc %d:" % (m, rc))
-            for l in lines[start:start + 40]:
-                sess.note("  " + l[:200])
+            for variant, venv in (("", {}), (" DLOPT_CUDA_FUSED=interp", {"DLOPT_CUDA_FUSED": "interp"})):
+                rc, text = sess.run([tool("dlopt-run"), os.path.join(b, "bench", m + ".plan"), "--backend", "cuda",
+                                     "--steps", "4", "--vocab", "50257", "--profile"], "profile.log", 120,
+                                    env=dict(env, **venv))
+                lines = text.strip().splitlines()
+                start = next((i for i, l in enumerate(lines) if l.startswith("profile")), max(0, len(lines) - 25))
+                sess.note("profile %s%s rc %d:" % (m, variant, rc))
+                shown = lines[start:start + 45] if not variant else \
+                    [l for l in lines[start:] if l.startswith("profile") or "per run" in l or "fused_elementwise" in l][:6]
+                for l in shown:
+                    sess.note("  " + l[:200])
+                steps = [l for l in lines if l.startswith("step ") or "tokens/s" in l]
+                for l in steps[-2:]:
+                    sess.note("  " + l[:200])
             # The same GEMM shapes through PyTorch (cuBLAS), for comparison.
             code = r"""
 import torch

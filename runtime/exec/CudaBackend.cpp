@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -1881,6 +1882,26 @@ const std::unordered_map<std::string, Handler> &handlers() {
 }
 
 } // namespace
+
+std::string CudaBackend::fusedKernelReport() {
+#ifdef DLOPT_CUDA_KERNELS
+  kernels::FusedJitStats st = kernels::fusedJitStats();
+  const kernels::FusedMode mode = kernels::fusedMode();
+  if (mode == kernels::FusedMode::Interpreter)
+    return "fused kernels: interpreter (DLOPT_CUDA_FUSED=interp)";
+  char buf[160];
+  std::snprintf(buf, sizeof buf,
+                "fused kernels: %d compiled by NVRTC in %.2f s%s", st.compiled,
+                st.seconds,
+                st.failed ? (", " + std::to_string(st.failed) +
+                             " failed (interpreter used for those)")
+                                .c_str()
+                          : "");
+  return buf;
+#else
+  return "fused kernels: none (" + buildDescription() + ")";
+#endif
+}
 
 bool CudaBackend::supportsOp(const std::string &op) const {
   return handlers().count(op) != 0;

@@ -149,6 +149,7 @@ void printDeviceMemory(Session &s) {
               formatBytes(m.gemmWorkspaceBytes).c_str(),
               formatBytes(m.memGetInfoPeakBytes).c_str(),
               cuda->deviceDescription(s.rank()).c_str());
+  std::printf("%s\n", CudaBackend::fusedKernelReport().c_str());
 }
 
 /// The planned and allocated memory of one rank, then the device's.

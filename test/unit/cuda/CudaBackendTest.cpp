@@ -18,6 +18,7 @@
 #include "runtime/exec/CpuBackend.h"
 #include "runtime/exec/CudaBackend.h"
 #include "runtime/format/FusedProgram.h"
+#include "runtime/cuda/CudaKernels.h"
 #include "runtime/exec/Session.h"
 #include "runtime/exec/World.h"
 #include "test/unit/runtime/TestUtil.h"
@@ -30,6 +31,7 @@
 #include <random>
 
 using namespace dlopt::rt;
+namespace kernels = dlopt::rt::cuda::kernels;
 using dlopt::rt::test::contains;
 using dlopt::rt::test::ExeBuilder;
 
@@ -715,6 +717,42 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Param> &info) {
       return info.param.c.name + "_" + dtypeName(info.param.dtype);
     });
+
+// The fused cases once more on each kernel path: the program's own kernel
+// compiled by NVRTC (required here: a missing NVRTC fails rather than falls
+// back) and the interpreter, both against the CPU backend.
+TEST(CudaGpu, FusedKernelsOnBothPathsMatchTheCpu) {
+#ifdef DLOPT_CUDA_KERNELS
+  std::string why;
+  if (!cudaOrSkip(why))
+    GTEST_SKIP() << "no GPU: " << why;
+  const kernels::FusedMode before = kernels::fusedMode();
+  for (kernels::FusedMode m :
+       {kernels::FusedMode::Jit, kernels::FusedMode::Interpreter}) {
+    kernels::setFusedMode(m);
+    for (const ConformanceCase &cc : conformanceCases()) {
+      if (cc.name.rfind("fused_elementwise", 0) != 0)
+        continue;
+      for (DType d : {DType::F32, DType::BF16, DType::F16}) {
+        SCOPED_TRACE(cc.name + " (" + dtypeName(d) + ") on the " +
+                     (m == kernels::FusedMode::Jit ? "NVRTC kernel"
+                                                   : "interpreter"));
+        Case c;
+        cc.build(c, d);
+        runCase(c);
+      }
+    }
+  }
+  kernels::setFusedMode(before);
+  kernels::FusedJitStats st = kernels::fusedJitStats();
+  EXPECT_GT(st.compiled, 0);
+  EXPECT_EQ(st.failed, 0);
+  std::printf("fused JIT: %d kernels compiled in %.3f s\n", st.compiled,
+              st.seconds);
+#else
+  GTEST_SKIP() << CudaBackend::buildDescription();
+#endif
+}
 
 //===--- Multi-rank executables on the cuda backend ------------------------===//
 
