@@ -410,6 +410,16 @@ def run_session(args):
             if os.path.exists(summ):
                 for l in open(summ):
                     sess.note("bench " + l.rstrip())
+            # Host issue time against run time per dlopt step (median of
+            # the timed steps): issue close to run means host-bound.
+            for mf in sorted(glob.glob(os.path.join(bout, "*.dlopt-metrics.jsonl"))):
+                rows = [json.loads(l) for l in open(mf) if l.strip()]
+                rows = [r for r in rows if "issue_time_s" in r][2:]
+                if rows:
+                    med = lambda k: sorted(r[k] for r in rows)[len(rows) // 2]  # noqa: E731
+                    sess.note("bench %s dlopt: step %.1f ms, run %.1f ms, host issue %.1f ms (median of %d steps)" % (
+                        os.path.basename(mf).split(".dlopt")[0], 1e3 * med("step_time_s"), 1e3 * med("run_time_s"),
+                        1e3 * med("issue_time_s"), len(rows)))
             else:
                 sess.note("bench rc %d: %s" % (rc, " | ".join(text.strip().splitlines()[-5:])[:600]))
                 res = os.path.join(bout, "results.jsonl")

@@ -16,6 +16,8 @@ namespace {
 
 Status reshapeKernel(const Instr &, Ins ins, Outs outs) {
   int64_t bytes = ins[0].type.byteSize();
+  if (outs[0].data == ins[0].data)
+    return Status::ok(); // the memory plan made the result a view
   parallelFor(bytes, 1 << 20, [&](int64_t b, int64_t e) {
     std::memcpy(static_cast<char *>(outs[0].data) + b,
                 static_cast<const char *>(ins[0].data) + b, size_t(e - b));

@@ -329,19 +329,25 @@ Status Session::execute(bool keepArguments) {
   ctx.rank = opts_.rank;
   ctx.worldSize = exe_.worldSize;
   ctx.groups = groups_;
+  // A warm-up run the profile leaves out runs as if profiling were off.
+  const bool profiling = profiling_ && profileSkip_ == 0;
+  if (profiling_ && profileSkip_ > 0) {
+    --profileSkip_;
+    ++profileTotals_.skipped;
+  }
   auto start = std::chrono::steady_clock::now();
   // Profiles take device times where the backend has them (no synchronize
   // per instruction, so the timings keep the overlap and the launch
   // pipelining of a real step); otherwise host times after a synchronize.
   const bool deviceTimed =
-      profiling_ && backend_->setDeviceTiming(opts_.rank, true);
-  if (profiling_)
+      profiling && backend_->setDeviceTiming(opts_.rank, true);
+  if (profiling)
     instrProfile_.resize(program_->instrs.size());
   for (size_t i = 0; i < program_->instrs.size(); ++i) {
     const Instr &in = program_->instrs[i];
     auto t0 = std::chrono::steady_clock::now();
     Status st = backend_->run(in, ins_[i], outs_[i], ctx);
-    if (st && profiling_ && !deviceTimed) {
+    if (st && profiling && !deviceTimed) {
       st = backend_->synchronize(opts_.rank);
       double dt = std::chrono::duration<double>(
                       std::chrono::steady_clock::now() - t0)
@@ -364,7 +370,7 @@ Status Session::execute(bool keepArguments) {
   lastRunSeconds_ = std::chrono::duration<double>(
                         std::chrono::steady_clock::now() - start)
                         .count();
-  if (profiling_) {
+  if (profiling) {
     profileTotals_.runs += 1;
     profileTotals_.wallSeconds += lastRunSeconds_;
     profileTotals_.issueSeconds += lastIssueSeconds_;

@@ -117,24 +117,28 @@ public:
     groups_ = std::move(groups);
   }
   /// Wall time of the last run(), in seconds (instructions only).
-  double lastRunSeconds() const { return lastRunSeconds_; }
+  double lastRunSeconds() const override { return lastRunSeconds_; }
   /// Host time of the last run() until its last instruction was issued
   /// (before the final synchronize): near lastRunSeconds() when the host,
   /// not the device, sets the pace.
-  double lastIssueSeconds() const { return lastIssueSeconds_; }
+  double lastIssueSeconds() const override { return lastIssueSeconds_; }
   /// With profiling on, every run adds each instruction's time to
   /// profile(): seconds and calls per op name. The time is the device's
   /// (between events around the instruction, with no added synchronize)
   /// where the backend supports Backend::setDeviceTiming, else the host's
   /// wall time after a backend synchronize.
-  void setProfiling(bool on) { profiling_ = on; }
+  /// The first `skipRuns` runs after this call are not profiled (warm-up).
+  void setProfiling(bool on, int64_t skipRuns = 0) {
+    profiling_ = on;
+    profileSkip_ = skipRuns;
+  }
   struct OpProfile {
     double seconds = 0;
     int64_t calls = 0;
   };
   /// Sums over the profiled runs.
   struct ProfileTotals {
-    int64_t runs = 0;
+    int64_t runs = 0, skipped = 0;
     double wallSeconds = 0, issueSeconds = 0;
     bool deviceTimed = false; ///< profile() holds device times
   };
@@ -165,6 +169,7 @@ private:
   ProfileTotals profileTotals_;
   std::vector<Communicator *> groups_;
   bool profiling_ = false;
+  int64_t profileSkip_ = 0;
   std::map<std::string, OpProfile> profile_;
   std::vector<OpProfile> instrProfile_;
   /// A run's update outputs are waiting to be applied.

@@ -47,6 +47,11 @@ public:
   /// Whether checkpoints are directories of per-rank shards and an index
   /// (a World) rather than one file of global tensors (Checkpoint.h).
   virtual bool shardedCheckpoints() const { return false; }
+  /// Seconds of the last execute() until its last instruction was issued
+  /// and until it finished (an asynchronous backend's host issue time
+  /// against its run time), or -1 where not measured.
+  virtual double lastIssueSeconds() const { return -1; }
+  virtual double lastRunSeconds() const { return -1; }
 };
 
 /// The type of `id` a runner binds and reads: its global type in a

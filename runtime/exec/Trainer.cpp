@@ -215,6 +215,8 @@ Expected<StepResult> Trainer::step() {
   // (Read before running: the update may happen in place.)
   std::optional<double> scaleBefore = lossScale();
   DLOPT_RETURN_IF_ERROR(session_.execute());
+  r.runSeconds = session_.lastRunSeconds();
+  r.issueSeconds = session_.lastIssueSeconds();
   Expected<HostTensor> loss = session_.readOutput("loss");
   if (!loss)
     return loss.status();
@@ -338,6 +340,10 @@ std::string Trainer::metricsLine(const StepResult &r) const {
        (tokenThroughput() ? "tokens_per_s" : "samples_per_s") +
        "\": " + jsonNumber(r.throughput, "%.6g");
   s += ", \"step_time_s\": " + jsonNumber(r.seconds, "%.6g");
+  if (r.runSeconds >= 0 && r.issueSeconds >= 0) {
+    s += ", \"run_time_s\": " + jsonNumber(r.runSeconds, "%.6g");
+    s += ", \"issue_time_s\": " + jsonNumber(r.issueSeconds, "%.6g");
+  }
   s += ", \"epoch\": " + std::to_string(train_.epochOf(position_ - (r.diverged ? 0 : 1)));
   if (r.skipped)
     s += ", \"skipped\": true";

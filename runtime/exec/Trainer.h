@@ -50,6 +50,10 @@ struct StepResult {
   double loss = 0;
   std::optional<double> lr, gradNorm;
   double seconds = 0;     ///< wall time: data, binding, run, updates
+  /// The run alone, and its host time until the last instruction was
+  /// issued (StepRunner::lastRunSeconds/lastIssueSeconds; -1: unknown).
+  /// Issue time close to run time: the host, not the device, sets the pace.
+  double runSeconds = -1, issueSeconds = -1;
   double throughput = 0;  ///< tokens/s or samples/s (see tokenThroughput)
   /// Non-finite loss under loss scaling: the plan skipped the update itself.
   bool skipped = false;

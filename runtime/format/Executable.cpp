@@ -400,14 +400,44 @@ Status validateProgram(const Executable &exe, size_t r,
   // An in-place update (findInPlaceUpdates) may take its argument's bytes
   // from its defining instruction on; the argument is dead from there.
   std::vector<int64_t> persistentEnd(numValues, n);
-  for (auto [t, a] : findInPlaceUpdates(exe, prog))
+  std::vector<bool> inPlaceValue(numValues, false);
+  for (auto [t, a] : findInPlaceUpdates(exe, prog)) {
+    inPlaceValue[size_t(t)] = inPlaceValue[size_t(a)] = true;
     if (mem.offsets[t] == mem.offsets[a] && defAt[t] >= 0)
       persistentEnd[a] = defAt[t] - 1;
+  }
+  // A reshape result at its operand's offset is a view of it (the memory
+  // planner's viewReshapes): both temporaries, neither an in-place update
+  // nor an output, the same size. The two are one buffer, live from the
+  // operand's definition to the last use of either.
+  std::vector<int32_t> viewOf(numValues, -1);
+  {
+    std::vector<bool> isOutput(numValues, false);
+    for (int32_t id : exe.outputs)
+      isOutput[size_t(id)] = true;
+    auto viewable = [&](int32_t id) {
+      return exe.values[size_t(id)].kind == ValueKind::Temp &&
+             !inPlaceValue[size_t(id)] && !isOutput[size_t(id)] &&
+             defAt[size_t(id)] >= 0;
+    };
+    for (const Instr &in : prog.instrs) {
+      if (in.op != "reshape" || in.operands.size() != 1 ||
+          in.results.size() != 1)
+        continue;
+      int32_t x = in.operands[0], y = in.results[0];
+      if (mem.offsets[x] < 0 || mem.offsets[y] != mem.offsets[x] ||
+          sizes[x] != sizes[y] || !viewable(x) || !viewable(y))
+        continue;
+      int32_t root = viewOf[size_t(x)] >= 0 ? viewOf[size_t(x)] : x;
+      viewOf[size_t(y)] = root;
+      lastUse[size_t(root)] = std::max(lastUse[size_t(root)], lastUse[size_t(y)]);
+    }
+  }
   std::vector<BufferLifetime> lifetimes;
   std::vector<int64_t> offsets;
   std::vector<size_t> ids;
   for (size_t v = 0; v < numValues; ++v) {
-    if (mem.offsets[v] < 0 || sizes[v] == 0)
+    if (mem.offsets[v] < 0 || sizes[v] == 0 || viewOf[v] >= 0)
       continue;
     BufferLifetime b;
     b.size = sizes[v];

@@ -245,7 +245,7 @@ findInPlaceUpdates(const Executable &exe, const Program &program) {
 
 Expected<MemoryPlan> planProgramMemory(const Executable &exe,
                                        const Program &program,
-                                       int64_t alignment) {
+                                       int64_t alignment, bool viewReshapes) {
   if (alignment < 1 || (alignment & (alignment - 1)) != 0)
     return Status::error("memory alignment must be a power of two, got " +
                          std::to_string(alignment));
@@ -327,10 +327,65 @@ Expected<MemoryPlan> planProgramMemory(const Executable &exe,
     }
   }
   plan.persistentBytes = alignUp(cursor, alignment);
+  // A reshape's result shares its operand's bytes (a view, no copy) when
+  // both are temporaries of this program that nothing else aliases: the
+  // operand is never written after its definition, so the two names read
+  // the same bytes, and the shared buffer lives from the operand's
+  // definition to the last use of either. Chains of reshapes share one
+  // buffer. Outputs keep their own bytes.
+  std::vector<int32_t> viewOf(numValues, -1); // result -> root operand
+  if (viewReshapes) {
+    std::vector<bool> isOutput(numValues, false), inPlaceValue(numValues, false);
+    for (int32_t id : exe.outputs)
+      isOutput[size_t(id)] = true;
+    for (auto [t, a] : inPlace)
+      inPlaceValue[size_t(t)] = inPlaceValue[size_t(a)] = true;
+    auto viewable = [&](int32_t id) {
+      return exe.values[size_t(id)].kind == ValueKind::Temp &&
+             held[size_t(id)] && !aliased[size_t(id)] &&
+             !inPlaceValue[size_t(id)] && !isOutput[size_t(id)] &&
+             defAt[size_t(id)] >= 0;
+    };
+    for (const Instr &in : program.instrs) {
+      if (in.op != "reshape" || in.operands.size() != 1 ||
+          in.results.size() != 1)
+        continue;
+      int32_t x = in.operands[0], y = in.results[0];
+      if (!viewable(x) || !viewable(y) ||
+          exe.values[size_t(x)].type.byteSize() !=
+              exe.values[size_t(y)].type.byteSize())
+        continue;
+      int32_t root = viewOf[size_t(x)] >= 0 ? viewOf[size_t(x)] : x;
+      viewOf[size_t(y)] = root;
+    }
+  }
+  {
+    std::vector<int64_t> until(numValues, -1);
+    for (size_t v = 0; v < numValues; ++v)
+      if (viewOf[v] >= 0)
+        until[size_t(viewOf[v])] =
+            std::max(until[size_t(viewOf[v])], lastUse[v]);
+    std::vector<BufferLifetime> kept;
+    std::vector<size_t> keptIds;
+    for (size_t t = 0; t < temps.size(); ++t) {
+      size_t id = tempIds[t];
+      if (viewOf[id] >= 0)
+        continue;
+      BufferLifetime b = temps[t];
+      b.lastUse = std::max(b.lastUse, until[id]);
+      kept.push_back(b);
+      keptIds.push_back(id);
+    }
+    temps = std::move(kept);
+    tempIds = std::move(keptIds);
+  }
   MemoryAssignment scratch = planMemory(temps, alignment);
   for (size_t t = 0; t < temps.size(); ++t)
     plan.offsets[tempIds[t]] = plan.persistentBytes + scratch.offsets[t];
   plan.scratchBytes = scratch.peakBytes;
+  for (size_t v = 0; v < numValues; ++v)
+    if (viewOf[v] >= 0)
+      plan.offsets[v] = plan.offsets[size_t(viewOf[v])];
   for (auto [t, a] : inPlace)
     if (aliased[t])
       plan.offsets[t] = plan.offsets[a];

@@ -62,8 +62,12 @@ findInPlaceUpdates(const Executable &exe, const Program &program);
 /// of the result depends only on element i of each same-typed operand.
 bool isElementwiseOp(const std::string &op);
 
+/// With `viewReshapes`, a reshape whose operand and result are temporaries
+/// nothing else aliases (no in-place update, no output) gets its operand's
+/// offset: the result is a view and backends skip the copy.
 Expected<MemoryPlan> planProgramMemory(const Executable &exe,
                                        const Program &program,
-                                       int64_t alignment = 64);
+                                       int64_t alignment = 64,
+                                       bool viewReshapes = true);
 
 } // namespace dlopt::rt

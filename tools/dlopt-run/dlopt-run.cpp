@@ -576,6 +576,9 @@ void printProfile(Session &s) {
               pt.deviceTimed ? "device time between events, no added "
                                "synchronize"
                              : "host time with a synchronize after each");
+  if (pt.skipped > 0)
+    std::printf("  (the first %lld run(s) not counted: warm-up)\n",
+                (long long)pt.skipped);
   if (pt.runs > 0)
     std::printf("  per run: %.3f ms wall, %.3f ms until the last instruction "
                 "was issued (host), %.3f ms in instructions\n",
@@ -1041,7 +1044,9 @@ int runMain(int argc, char **argv) {
   if (!session)
     error(opts.planPath + ": " + session.status().message());
   Session &s = **session;
-  s.setProfiling(opts.profile);
+  // Training profiles leave out the first step (lazy loading, kernel
+  // compilation, cuBLASLt heuristics): they describe the steady state.
+  s.setProfiling(opts.profile, opts.steps > 1 ? 1 : 0);
 
   for (const auto &[name, file] : opts.inputs) {
     if (!s.hasArgument(name)) {
