@@ -677,6 +677,64 @@ TEST(ExecutableValidate, ScratchReuseIsAllowedWhenLifetimesDisjoint) {
   EXPECT_EQ(exe.programs[0].memory.scratchBytes, 128);
 }
 
+// A reshape of a temporary is a view: the planner gives the result its
+// operand's offset (chains too), keeps the shared bytes live until the last
+// use of any name, and the validator accepts exactly that.
+TEST(ExecutableValidate, ReshapeResultsAreViews) {
+  ExeBuilder b;
+  int32_t x = b.input("x", tt({4, 8}));
+  int32_t t1 = b.op("neg", {x}, tt({4, 8}));
+  int32_t t2 = b.op("reshape", {t1}, tt({32}));
+  int32_t t3 = b.op("reshape", {t2}, tt({8, 4}));
+  int32_t t4 = b.op("neg", {t3}, tt({8, 4}));
+  int32_t t5 = b.op("neg", {t4}, tt({8, 4}));
+  int32_t t6 = b.op("add", {t5, t3}, tt({8, 4})); // t3 read late
+  int32_t t7 = b.op("reshape", {t6}, tt({32}));   // an output: own bytes
+  int32_t t8 = b.op("reshape", {x}, tt({32}));    // of an input: a copy
+  b.output("y", t7);
+  b.output("z", t8);
+  Executable exe = b.build();
+  ASSERT_TRUE(exe.validate().isOk()) << exe.validate().message();
+  const auto &off = exe.programs[0].memory.offsets;
+  EXPECT_EQ(off[t2], off[t1]);
+  EXPECT_EQ(off[t3], off[t1]);
+  EXPECT_NE(off[t7], off[t6]);
+  EXPECT_NE(off[t8], off[x]);
+  // The shared buffer lives until t6 reads t3, so t4 and t5 (defined
+  // while it is live) never take its bytes.
+  EXPECT_NE(off[t4], off[t1]);
+  EXPECT_NE(off[t5], off[t1]);
+  // Without views every reshape has bytes of its own.
+  Expected<MemoryPlan> copies =
+      planProgramMemory(exe, exe.programs[0], 64, /*viewReshapes=*/false);
+  ASSERT_TRUE(copies);
+  EXPECT_NE(copies->offsets[t2], copies->offsets[t1]);
+  EXPECT_NE(copies->offsets[t3], copies->offsets[t2]);
+  // A value live beside the view may not share its bytes.
+  Executable bad = exe;
+  bad.programs[0].memory.offsets[t5] = off[t1];
+  Status st = bad.validate();
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("memory plan overlaps live values"),
+            std::string::npos)
+      << st.message();
+  // A reshape at its operand's offset with a different byte size is no
+  // view: the validator sees two overlapping values.
+  ExeBuilder c;
+  int32_t u = c.input("u", tt({4, 8}));
+  int32_t v1 = c.op("neg", {u}, tt({4, 8}));
+  int32_t v2 = c.op("reshape", {v1}, tt({32}));
+  int32_t v3 = c.op("neg", {v2}, tt({32}));
+  int32_t v4 = c.op("add", {v3, v2}, tt({32}));
+  c.output("w", v4);
+  Executable ok = c.build();
+  ASSERT_TRUE(ok.validate().isOk()) << ok.validate().message();
+  Executable clash = ok;
+  clash.programs[0].memory.offsets[v3] =
+      clash.programs[0].memory.offsets[v1];
+  EXPECT_FALSE(clash.validate().isOk());
+}
+
 TEST(ExecutableDump, ReadableListing) {
   Executable exe = smallExecutable();
   exe.programs[0].instrs[0].layer = 0;

@@ -53,6 +53,33 @@ HostTensor randomTensor(const TensorType &t, uint64_t seed) {
 
 } // namespace
 
+// Reshape views (the memory plan gives a reshape of a temporary its
+// operand's bytes) compute what copies do: y = reshape(-x + ...) read late.
+TEST(Session, ReshapeViewsComputeWhatCopiesDo) {
+  ExeBuilder b;
+  int32_t x = b.input("x", tt({4, 8}));
+  int32_t t1 = b.op("neg", {x}, tt({4, 8}));
+  int32_t t2 = b.op("reshape", {t1}, tt({32}));
+  int32_t t3 = b.op("reshape", {t2}, tt({8, 4}));
+  int32_t t4 = b.op("neg", {t3}, tt({8, 4}));
+  int32_t t5 = b.op("neg", {t4}, tt({8, 4}));
+  int32_t t6 = b.op("add", {t5, t3}, tt({8, 4}));
+  int32_t t7 = b.op("reshape", {t6}, tt({32}));
+  b.output("y", t7);
+  Executable exe = b.build();
+  ASSERT_EQ(exe.programs[0].memory.offsets[t3],
+            exe.programs[0].memory.offsets[t1]);
+  auto s = makeSession(exe, 1);
+  ASSERT_TRUE(s);
+  HostTensor xv = randomTensor(tt({4, 8}), 5);
+  ASSERT_TRUE(s->bind("x", xv).isOk());
+  Expected<std::vector<NamedTensor>> out = s->run();
+  ASSERT_TRUE(out.isOk()) << out.status().message();
+  for (int64_t i = 0; i < 32; ++i)
+    EXPECT_EQ((*out)[0].tensor.elementAsDouble(i), -2.0 * xv.elementAsDouble(i))
+        << i;
+}
+
 TEST(Session, LinearModelMatchesReference) {
   auto s = makeSession(linearModel(), 17);
   ASSERT_TRUE(s);
