@@ -359,15 +359,39 @@ def bad_checkpoints(t, work, exes, model, data):
 
 
 def pid_of_rank(pattern, rank):
+    """The dlopt-run process of `rank` among those whose command line has
+    `pattern`. Only a process whose executable is dlopt-run counts: the
+    launcher's own processes (srun, mpirun, orted, slurmstepd) may carry the
+    pattern and a rank variable too, and stopping one of them instead of the
+    rank leaves the job training."""
     for p in subprocess.run(["pgrep", "-f", pattern], stdout=subprocess.PIPE, text=True).stdout.split():
         try:
+            exe = os.readlink("/proc/%s/exe" % p)
             env = open("/proc/%s/environ" % p, "rb").read().split(b"\0")
         except OSError:
+            continue
+        if os.path.basename(exe).split(" ")[0] != "dlopt-run":
             continue
         for var in ("OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
             if ("%s=%d" % (var, rank)).encode() in env:
                 return int(p)
     return None
+
+
+def describe_processes(pattern):
+    """pid, state and executable of every process matching `pattern`, for
+    failure messages."""
+    rows = []
+    for p in subprocess.run(["pgrep", "-f", pattern], stdout=subprocess.PIPE, text=True).stdout.split():
+        try:
+            exe = os.readlink("/proc/%s/exe" % p)
+            state = [l for l in open("/proc/%s/status" % p) if l.startswith("State:")][0].split(None, 1)[1].strip()
+            env = open("/proc/%s/environ" % p, "rb").read().split(b"\0")
+            rank = [e.decode() for e in env if e.startswith(b"SLURM_PROCID=") or e.startswith(b"OMPI_COMM_WORLD_RANK=")]
+        except (OSError, IndexError):
+            continue
+        rows.append("%s %s %s %s" % (p, state, os.path.basename(exe), ",".join(rank)))
+    return "; ".join(rows)
 
 
 def failures(t, work, exes, data):
@@ -447,6 +471,7 @@ def failures(t, work, exes, data):
     metrics = os.path.join(d, "stopped-job.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
+    seen = ""
     p = subprocess.Popen(launch_cmd(2) + [t.runp,
                           stopped, "--quiet", "--data", data,
                           "--devices-per-process", str(t.ranks(stopped) // 2),
@@ -465,12 +490,15 @@ def failures(t, work, exes, data):
             raise RuntimeError("the job wrote no step within 60 s")
         t0 = time.time()
         os.kill(pid, signal.SIGSTOP)
+        seen = describe_processes("stopped-job.exe")
         out, err = p.communicate(timeout=60)
         secs = time.time() - t0
         if p.returncode == 0 or "timed out after 3" not in err or "(process 0 of 2" not in err:
             raise RuntimeError("rc %d, %.1f s: %s" % (p.returncode, secs, err[-1500:]))
         print("PASS failure.stopped_rank: process 0 timed out %.1f s after rank 1 stopped: %s"
               % (secs, [l for l in err.splitlines() if "timed out" in l][0][:200]))
+        if os.environ.get("CHECK_LAUNCH_VERBOSE"):
+            print("  processes when rank 1 (pid %s) was stopped: %s" % (pid, seen))
         passed += 1
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         p.kill()
@@ -478,7 +506,8 @@ def failures(t, work, exes, data):
             _, err = p.communicate(timeout=10)
         except subprocess.TimeoutExpired:
             err = "(the launcher did not end after kill)"
-        print("FAIL failure.stopped_rank: %s; stderr: %s" % (str(e)[:1500], (err or "")[-1500:]))
+        print("FAIL failure.stopped_rank: %s; stderr: %s; processes when stopped (pid %s): %s; now: %s" % (
+            str(e)[:1500], (err or "")[-1500:], pid, seen, describe_processes("stopped-job.exe")))
         failed += 1
     finally:
         if pid:
