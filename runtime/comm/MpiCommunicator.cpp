@@ -944,6 +944,41 @@ private:
 
 } // namespace
 
+/// MPI_Comm_dup that cannot hang: MPI_Comm_idup polled until it completes,
+/// `timeout` passes, or another process reported a failure. A process that
+/// is stopped or gone before it joins would otherwise block every other
+/// one here with no message. On a timeout the request is left pending (the
+/// process is about to fail anyway).
+Status dupBounded(MPI_Comm from, MPI_Comm *out, std::chrono::milliseconds timeout,
+                  const std::string &what, bool watchAborts = true) {
+  MPI_Request req = MPI_REQUEST_NULL;
+  int rc = MPI_Comm_idup(from, out, &req);
+  if (rc != MPI_SUCCESS)
+    return Status::error(what + ": MPI_Comm_idup failed: " + mpiError(rc));
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int spins = 0;; ++spins) {
+    int done = 0;
+    rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS)
+      return Status::error(what + ": MPI_Comm_idup failed: " + mpiError(rc));
+    if (done)
+      return Status::ok();
+    std::string reason;
+    if (watchAborts && spins % 64 == 0 && jobAborted(&reason))
+      return Status::error(what + ": aborted: " + reason);
+    if (std::chrono::steady_clock::now() > deadline)
+      return Status::error(
+          what + ": timed out after " +
+          std::to_string(timeout.count() / 1000.0).substr(0, 6) +
+          " s waiting for the other processes to join (one of them failed, "
+          "was stopped, or has not started)");
+    if (spins > 1000)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    else
+      std::this_thread::yield();
+  }
+}
+
 bool launchedByMpi() {
   for (const char *v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
                         "SLURM_PROCID", "MPI_LOCALNRANKS"})
@@ -952,7 +987,8 @@ bool launchedByMpi() {
   return false;
 }
 
-Expected<MpiInfo> initMpi(int *argc, char ***argv) {
+Expected<MpiInfo> initMpi(int *argc, char ***argv,
+                          std::chrono::milliseconds startupTimeout) {
   std::lock_guard<std::mutex> lock(gInitMu);
   if (gInitialized)
     return gInfo;
@@ -969,10 +1005,13 @@ Expected<MpiInfo> initMpi(int *argc, char ***argv) {
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &gInfo.worldRank);
   MPI_Comm_size(MPI_COMM_WORLD, &gInfo.worldSize);
-  if (MPI_Comm_dup(MPI_COMM_WORLD, &gAbortComm) != MPI_SUCCESS)
+  if (Status st = dupBounded(MPI_COMM_WORLD, &gAbortComm, startupTimeout,
+                             "MPI start-up", /*watchAborts=*/false);
+      !st) {
     gAbortComm = MPI_COMM_NULL;
-  else
-    MPI_Comm_set_errhandler(gAbortComm, MPI_ERRORS_RETURN);
+    return st;
+  }
+  MPI_Comm_set_errhandler(gAbortComm, MPI_ERRORS_RETURN);
   gInfo.threadMultiple = provided >= MPI_THREAD_MULTIPLE;
   gInitialized = true;
   return gInfo;
@@ -1102,9 +1141,8 @@ Expected<std::unique_ptr<Communicator>> createMpiWorld(MpiOptions opts) {
   if (!initialized)
     return Status::error("createMpiWorld: MPI is not initialized (initMpi)");
   MPI_Comm dup = MPI_COMM_NULL;
-  int rc = MPI_Comm_dup(MPI_COMM_WORLD, &dup);
-  if (rc != MPI_SUCCESS)
-    return Status::error("MPI_Comm_dup failed: " + mpiError(rc));
+  DLOPT_RETURN_IF_ERROR(
+      dupBounded(MPI_COMM_WORLD, &dup, opts.timeout, "creating the MPI world"));
   return std::unique_ptr<Communicator>(new MpiCommunicator(dup, opts.timeout));
 }
 
@@ -1125,9 +1163,8 @@ createHybridWorld(int ranksPerProcess, MpiOptions opts) {
   MPI_Comm_rank(MPI_COMM_WORLD, &p);
   MPI_Comm_size(MPI_COMM_WORLD, &np);
   auto shared = std::make_shared<HybridShared>();
-  int rc = MPI_Comm_dup(MPI_COMM_WORLD, &shared->transport);
-  if (rc != MPI_SUCCESS)
-    return Status::error("MPI_Comm_dup failed: " + mpiError(rc));
+  DLOPT_RETURN_IF_ERROR(dupBounded(MPI_COMM_WORLD, &shared->transport,
+                                   opts.timeout, "creating the hybrid world"));
   MPI_Comm_set_errhandler(shared->transport, MPI_ERRORS_RETURN);
   void *ub = nullptr;
   int flag = 0;

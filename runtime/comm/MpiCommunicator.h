@@ -39,7 +39,13 @@ struct MpiInfo {
 };
 
 /// Initializes MPI once per process (later calls return the same info).
-Expected<MpiInfo> initMpi(int *argc, char ***argv);
+/// The communicator it duplicates for job-abort notices is created with a
+/// bounded wait (`startupTimeout`): a process stopped or gone after
+/// MPI_Init makes the others fail with a message instead of hanging. (A
+/// process that never reaches MPI_Init is the launcher's to time out.)
+Expected<MpiInfo> initMpi(int *argc, char ***argv,
+                          std::chrono::milliseconds startupTimeout =
+                              kDefaultCommTimeout);
 /// Whether this process was started by an MPI launcher (mpirun, srun):
 /// checks the launchers' environment variables, without initializing MPI.
 bool launchedByMpi();
@@ -51,7 +57,8 @@ struct MpiOptions {
 };
 
 /// This process's communicator over every process of the job
-/// (MPI_COMM_WORLD, duplicated). initMpi() must have succeeded.
+/// (MPI_COMM_WORLD, duplicated; the duplication waits at most
+/// opts.timeout for the other processes). initMpi() must have succeeded.
 Expected<std::unique_ptr<Communicator>> createMpiWorld(MpiOptions opts = {});
 
 /// Hybrid layouts: this process's communicators (element i is rank

@@ -987,7 +987,9 @@ int runMain(int argc, char **argv) {
 
 #if DLOPT_HAVE_MPI
   if (!opts.dump && launchedByMpi()) {
-    Expected<MpiInfo> mpi = initMpi(&argc, &argv);
+    Expected<MpiInfo> mpi = initMpi(
+        &argc, &argv,
+        std::chrono::milliseconds(int64_t(opts.commTimeout * 1e3)));
     if (!mpi)
       error(mpi.status().message());
     gLaunch.mpi = true;

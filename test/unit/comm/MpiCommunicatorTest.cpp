@@ -276,6 +276,37 @@ TEST(Mpi, AMissingRankTimesOutWithAMessage) {
   ASSERT_TRUE(world().barrier().isOk());
 }
 
+// Creating a world waits a bounded time for the other processes: here rank
+// 3 comes 1.5 s late and the others, with a 0.3 s timeout, fail with a
+// message instead of waiting (they would hang forever on a stopped peer).
+// Rank 3 then completes the duplication the others abandoned.
+TEST(Mpi, CreatingAWorldWaitsBoundedForALateProcess) {
+  const int me = world().rank();
+  ASSERT_TRUE(world().barrier().isOk());
+  MpiOptions o;
+  if (me == 3) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    o.timeout = std::chrono::milliseconds(20000);
+    auto late = createMpiWorld(o);
+    EXPECT_TRUE(late.isOk()) << late.status().message();
+  } else {
+    o.timeout = std::chrono::milliseconds(300);
+    auto t0 = std::chrono::steady_clock::now();
+    auto early = createMpiWorld(o);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                             t0)
+                   .count();
+    ASSERT_FALSE(early.isOk());
+    EXPECT_TRUE(contains(early.status().message(),
+                         "creating the MPI world: timed out after 0.3"))
+        << early.status().message();
+    EXPECT_TRUE(contains(early.status().message(), "was stopped"))
+        << early.status().message();
+    EXPECT_LT(s, 1.4);
+  }
+  ASSERT_TRUE(world().barrier().isOk());
+}
+
 TEST(Mpi, AbortFailsLaterCallsWithTheReason) {
   auto sub = world().split(world().rank(), 0); // a group of one per rank
   ASSERT_TRUE(sub.isOk() && *sub);
