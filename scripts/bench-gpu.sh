@@ -30,6 +30,8 @@ BATCH_1P3B="${BATCH_1P3B:-4}"
 STEPS="${STEPS:-10}"
 WARMUP="${WARMUP:-3}"
 TORCH_MODES="${TORCH_MODES-eager,compile}"
+# "eager compile" means the same as "eager,compile".
+TORCH_MODES="$(echo "$TORCH_MODES" | tr -s ' ' ',' | sed 's/^,//; s/,$//')"
 PYTHON="${PYTHON:-python3}"
 if [[ -z "${BUILD:-}" ]]; then
   BUILD=build-cuda

@@ -358,13 +358,16 @@ def bad_checkpoints(t, work, exes, model, data):
     return passed, failed
 
 
-def pid_of_rank(pattern, rank):
+def pid_of_rank(path, rank):
     """The dlopt-run process of `rank` among those whose command line has
-    `pattern`. Only a process whose executable is dlopt-run counts: the
-    launcher's own processes (srun, mpirun, orted, slurmstepd) may carry the
-    pattern and a rank variable too, and stopping one of them instead of the
-    rank leaves the job training."""
-    for p in subprocess.run(["pgrep", "-f", pattern], stdout=subprocess.PIPE, text=True).stdout.split():
+    `path`, this test's own copy of the executable (its full path: the
+    mpirun and srun variants of this test may run at once, with copies of
+    the same name in other work directories, and stopping the other job's
+    rank left this job training until the test timed out). Only a process
+    whose executable is dlopt-run and that carries this launcher's rank
+    variable counts: the launcher's own processes carry the path too."""
+    var = "SLURM_PROCID" if LAUNCHER == "srun" else "OMPI_COMM_WORLD_RANK"
+    for p in subprocess.run(["pgrep", "-f", re.escape(path)], stdout=subprocess.PIPE, text=True).stdout.split():
         try:
             exe = os.readlink("/proc/%s/exe" % p)
             env = open("/proc/%s/environ" % p, "rb").read().split(b"\0")
@@ -372,9 +375,8 @@ def pid_of_rank(pattern, rank):
             continue
         if os.path.basename(exe).split(" ")[0] != "dlopt-run":
             continue
-        for var in ("OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
-            if ("%s=%d" % (var, rank)).encode() in env:
-                return int(p)
+        if ("%s=%d" % (var, rank)).encode() in env:
+            return int(p)
     return None
 
 
@@ -382,7 +384,8 @@ def describe_processes(pattern):
     """pid, state and executable of every process matching `pattern`, for
     failure messages."""
     rows = []
-    for p in subprocess.run(["pgrep", "-f", pattern], stdout=subprocess.PIPE, text=True).stdout.split():
+    for p in subprocess.run(["pgrep", "-f", re.escape(pattern)], stdout=subprocess.PIPE,
+                            text=True).stdout.split():
         try:
             exe = os.readlink("/proc/%s/exe" % p)
             state = [l for l in open("/proc/%s/status" % p) if l.startswith("State:")][0].split(None, 1)[1].strip()
@@ -397,7 +400,8 @@ def describe_processes(pattern):
 def failures(t, work, exes, data):
     passed = failed = 0
     exe = exes("dp=2,tp=2")
-    # A copy with its own name, so pgrep finds only this job's processes.
+    # A copy with its own name in this run's work directory, so pgrep finds
+    # only this job's processes (by the full path: see pid_of_rank).
     d = os.path.join(work, "failures")
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
@@ -412,7 +416,7 @@ def failures(t, work, exes, data):
     pid = None
     for _ in range(300):
         time.sleep(0.1)
-        pid = pid_of_rank("victim-job.exe", 1)
+        pid = pid_of_rank(job, 1)
         if pid:
             break
     time.sleep(1.5)
@@ -481,7 +485,7 @@ def failures(t, work, exes, data):
         pid = None
         for _ in range(600):
             time.sleep(0.1)
-            pid = pid or pid_of_rank("stopped-job.exe", 1)
+            pid = pid or pid_of_rank(stopped, 1)
             if pid and os.path.exists(metrics) and os.path.getsize(metrics) > 0:
                 break
         if pid is None:
