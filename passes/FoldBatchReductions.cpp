@@ -34,6 +34,7 @@
 
 namespace dlopt {
 #define GEN_PASS_DEF_FOLDBATCHREDUCTIONSPASS
+#define GEN_PASS_DEF_FOLDLOSSCASTSPASS
 #include "passes/Passes.h.inc"
 } // namespace dlopt
 
@@ -142,6 +143,90 @@ template <typename Op> struct UnitReduction : OpRewritePattern<Op> {
     rewriter.replaceOp(op, r.getResult());
     ++count;
     return success();
+  }
+};
+
+/// The f32 widening of a bf16/f16 value: its source, else null.
+Value widenedFrom(Value v) {
+  auto c = v.getDefiningOp<dl::CastOp>();
+  if (!c)
+    return Value();
+  auto from = cast<RankedTensorType>(c.getInput().getType());
+  auto to = cast<RankedTensorType>(c.getType());
+  if (!to.getElementType().isF32() ||
+      !(from.getElementType().isBF16() || from.getElementType().isF16()))
+    return Value();
+  return c.getInput();
+}
+
+/// cross_entropy(cast(x to f32)) -> f32  ==>  cross_entropy(x) -> f32.
+struct LossOfWidenedLogits : OpRewritePattern<dl::CrossEntropyOp> {
+  LossOfWidenedLogits(MLIRContext *ctx, int64_t &count)
+      : OpRewritePattern(ctx), count(count) {}
+  int64_t &count;
+
+  LogicalResult matchAndRewrite(dl::CrossEntropyOp op,
+                                PatternRewriter &rewriter) const override {
+    Value x = widenedFrom(op.getLogits());
+    if (!x)
+      return rewriter.notifyMatchFailure(op, "logits are not a widening cast");
+    if (!cast<RankedTensorType>(op.getType()).getElementType().isF32())
+      return rewriter.notifyMatchFailure(op, "the loss is not f32");
+    auto ce = dl::CrossEntropyOp::create(rewriter, op.getLoc(), op.getType(),
+                                         x, op.getLabels(),
+                                         op.getIgnoreIndexAttr());
+    copyMarks(op, ce, /*keepId=*/true);
+    rewriter.replaceOp(op, ce.getResult());
+    ++count;
+    return success();
+  }
+};
+
+/// cast(cross_entropy_grad(cast(x to f32), y, d) to type(x))
+///   ==>  cross_entropy_grad(x, y, d) -> type(x).
+struct GradOfWidenedLogits : OpRewritePattern<dl::CastOp> {
+  GradOfWidenedLogits(MLIRContext *ctx, int64_t &count)
+      : OpRewritePattern(ctx), count(count) {}
+  int64_t &count;
+
+  LogicalResult matchAndRewrite(dl::CastOp narrow,
+                                PatternRewriter &rewriter) const override {
+    auto g = narrow.getInput().getDefiningOp<dl::CrossEntropyGradOp>();
+    if (!g || !g->hasOneUse())
+      return rewriter.notifyMatchFailure(narrow, "not the one use of a "
+                                                 "cross_entropy_grad");
+    Value x = widenedFrom(g.getLogits());
+    if (!x || x.getType() != narrow.getType())
+      return rewriter.notifyMatchFailure(
+          narrow, "the logits are not widened from the cast's type");
+    auto ng = dl::CrossEntropyGradOp::create(
+        rewriter, g.getLoc(), x.getType(), x, g.getLabels(), g.getGrad(),
+        g.getIgnoreIndexAttr());
+    copyMarks(g, ng, /*keepId=*/true);
+    rewriter.replaceOp(narrow, ng.getResult());
+    rewriter.eraseOp(g);
+    ++count;
+    return success();
+  }
+};
+
+struct FoldLossCastsPass
+    : dlopt::impl::FoldLossCastsPassBase<FoldLossCastsPass> {
+  using FoldLossCastsPassBase::FoldLossCastsPassBase;
+
+  void runOnOperation() override {
+    int64_t losses = 0, grads = 0;
+    RewritePatternSet patterns(&getContext());
+    patterns.add<LossOfWidenedLogits>(&getContext(), losses);
+    patterns.add<GradOfWidenedLogits>(&getContext(), grads);
+    GreedyRewriteConfig config;
+    config.enableFolding(false);
+    config.setRegionSimplificationLevel(GreedySimplifyRegionLevel::Disabled);
+    if (failed(applyPatternsGreedily(getOperation(), std::move(patterns),
+                                     config)))
+      return signalPassFailure();
+    numLosses += losses;
+    numGrads += grads;
   }
 };
 

@@ -41,6 +41,9 @@ struct CompilePipelineOptions {
   /// (dlopt-fold-batch-reductions). `--fold-batch-reductions=false` turns
   /// it off too.
   bool foldBatchReductions = true;
+  /// dlopt-fold-loss-casts: cross-entropy on the narrow logits (no f32
+  /// copies) in mixed-precision training.
+  bool foldLossCasts = true;
   /// The device mesh a plan is applied to (dlopt-partition, after autodiff
   /// and before the optimizer): axis names and sizes, major first. Empty (or
   /// all sizes 1) compiles the single-device step. Argument shardings come

@@ -373,6 +373,46 @@ def FoldBatchReductionsPass : InterfacePass<"dlopt-fold-batch-reductions",
   ];
 }
 
+def FoldLossCastsPass : InterfacePass<"dlopt-fold-loss-casts",
+                                      "mlir::FunctionOpInterface"> {
+  let summary = "Cross-entropy reads bf16/f16 logits itself: no f32 copies of the logits and their gradient";
+  let description = [{
+    Mixed precision computes the loss in f32, so a bf16 model's logits are
+    cast to f32 before `cross_entropy` and `cross_entropy_grad`, and the
+    f32 gradient is cast back: for a 50257-word vocabulary two f32 copies
+    of [tokens, 50257] that the loss kernels then read. Both ops read
+    bf16/f16 logits as f32 themselves, give an f32 loss and take an f32
+    `dloss`, so this pass rewrites
+
+    - `cross_entropy(cast(x to f32))` with an f32 result as
+      `cross_entropy(x) -> f32`, and
+    - `cast(cross_entropy_grad(cast(x to f32), labels, dloss) to type(x))`,
+      when the gradient has no other use, as
+      `cross_entropy_grad(x, labels, dloss) -> type(x)`.
+
+    The results are bit for bit the same (the widening cast is exact; the
+    kernels compute in f32/f64 and round once, as the cast did). The
+    compile pipeline runs it after `dlopt-fold-batch-reductions`.
+
+    Before:
+    ```mlir
+    %f = dlopt.cast %x : tensor<8x10xbf16> -> tensor<8x10xf32>
+    %l = dlopt.cross_entropy %f, %y : tensor<8x10xf32>, tensor<8xi32> -> tensor<f32>
+    %g = dlopt.cross_entropy_grad %f, %y, %d : (tensor<8x10xf32>, tensor<8xi32>, tensor<f32>) -> tensor<8x10xf32>
+    %h = dlopt.cast %g : tensor<8x10xf32> -> tensor<8x10xbf16>
+    ```
+    After:
+    ```mlir
+    %l = dlopt.cross_entropy %x, %y : tensor<8x10xbf16>, tensor<8xi32> -> tensor<f32>
+    %h = dlopt.cross_entropy_grad %x, %y, %d : (tensor<8x10xbf16>, tensor<8xi32>, tensor<f32>) -> tensor<8x10xbf16>
+    ```
+  }];
+  let statistics = [
+    Statistic<"numLosses", "losses", "cross_entropy ops that read the narrow logits">,
+    Statistic<"numGrads", "grads", "cross_entropy_grad ops that read and write the narrow type">
+  ];
+}
+
 def FuseElementwisePass : InterfacePass<"dlopt-fuse-elementwise",
                                         "mlir::FunctionOpInterface"> {
   let summary = "Outlines chains of elementwise ops into dlopt.fused_elementwise";

@@ -36,6 +36,14 @@ static llvm::cl::opt<bool> clFoldBatchReductions(
                    "reductions over size-1 dims as reshapes (default true)"),
     llvm::cl::init(true));
 
+/// `--fold-loss-casts=false` keeps the f32 copies of the logits and of
+/// their gradient around cross-entropy (dlopt-fold-loss-casts off).
+static llvm::cl::opt<bool> clFoldLossCasts(
+    "fold-loss-casts",
+    llvm::cl::desc("Cross-entropy reads bf16/f16 logits itself, without f32 "
+                   "copies of the logits and their gradient (default true)"),
+    llvm::cl::init(true));
+
 void dlopt::buildCompilePipeline(OpPassManager &pm,
                                  const CompilePipelineOptions &options) {
   CheckModelPassOptions check;
@@ -73,6 +81,9 @@ void dlopt::buildCompilePipeline(OpPassManager &pm,
   if ((options.autodiff || options.train) && options.foldBatchReductions &&
       clFoldBatchReductions)
     pm.addNestedPass<func::FuncOp>(createFoldBatchReductionsPass());
+  if ((options.autodiff || options.train) && options.precision != "f32" &&
+      options.foldLossCasts && clFoldLossCasts)
+    pm.addNestedPass<func::FuncOp>(createFoldLossCastsPass());
   // Stable ids make every op's attributes unique: merge equal ops first.
   pm.addNestedPass<func::FuncOp>(createIdentityCSEPass());
   pm.addPass(createCSEPass());
@@ -131,6 +142,10 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
       *this, "fold-batch-reductions",
       llvm::cl::desc("Weight gradients as one GEMM over the flattened batch"),
       llvm::cl::init(true)};
+  Option<bool> foldLossCasts{
+      *this, "fold-loss-casts",
+      llvm::cl::desc("Cross-entropy on the narrow logits, without f32 copies"),
+      llvm::cl::init(true)};
   Option<bool> mergeFusedElementwise{
       *this, "merge-fused-elementwise",
       llvm::cl::desc("Merge fused groups with one program into multi-tensor "
@@ -156,6 +171,7 @@ void dlopt::registerAllPasses() {
         o.fuseElementwise = opts.fuseElementwise;
         o.mergeFusedElementwise = opts.mergeFusedElementwise;
         o.foldBatchReductions = opts.foldBatchReductions;
+        o.foldLossCasts = opts.foldLossCasts;
         buildCompilePipeline(pm, o);
       });
 }

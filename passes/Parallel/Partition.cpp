@@ -651,6 +651,9 @@ LogicalResult AxisPartitioner::vocabCrossEntropy(Operation *op) {
     Value total =
         dl::SumOp::create(b, loc, rowLoss, b.getDenseI64ArrayAttr({0}), false);
     result = dl::DivOp::create(b, loc, total, count);
+    // An f32 loss of bf16/f16 logits (cross_entropy allows it).
+    if (result.getType() != op->getResult(0).getType())
+      result = dl::CastOp::create(b, loc, op->getResult(0).getType(), result);
     sh[result] = Sh::rep();
   } else {
     Value dy = op->getOperand(2);

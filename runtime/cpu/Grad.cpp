@@ -430,8 +430,11 @@ Status crossEntropyGradKernel(const Instr &instr, Ins ins, Outs outs) {
     using T = decltype(tag);
     const T *x = ins[0].as<T>();
     T *dx = outs[0].as<T>();
-    float scale =
-        count ? float(double(toF32(ins[2].as<T>()[0])) / double(count)) : 0.0f;
+    // dloss has the logits' type or f32.
+    const float dloss = ins[2].type.dtype == DType::F32
+                            ? ins[2].as<float>()[0]
+                            : toF32(ins[2].as<T>()[0]);
+    float scale = count ? float(double(dloss) / double(count)) : 0.0f;
     parallelFor(n, grainFor(c * 20), [&](int64_t b, int64_t e) {
       std::vector<float> p(static_cast<size_t>(c));
       for (int64_t i = b; i < e; ++i) {

@@ -56,8 +56,12 @@ Status crossEntropyKernel(const Instr &instr, Ins ins, Outs outs) {
         total += rowLoss[i];
         ++count;
       }
-    outs[0].as<T>()[0] =
-        fromF32<T>(count ? float(total / double(count)) : 0.0f);
+    // The loss in the result's type: the logits' or f32.
+    float loss = count ? float(total / double(count)) : 0.0f;
+    if (outs[0].type.dtype == DType::F32)
+      outs[0].as<float>()[0] = loss;
+    else
+      outs[0].as<T>()[0] = fromF32<T>(loss);
     return Status::ok();
   });
 }

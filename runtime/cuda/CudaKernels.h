@@ -211,13 +211,14 @@ int64_t normGradWorkspaceBytes(int64_t rows, int64_t n);
 /// Scalar mean cross entropy of logits [n, c] and int labels [n].
 /// `ws`: lossWorkspaceBytes(n).
 int crossEntropy(Stream s, DType t, const void *logits, const void *labels,
-                 DType labelType, void *loss, int64_t n, int64_t c,
-                 int64_t ignoreIndex, float *ws, DeviceError *err, int tag);
+                 DType labelType, void *loss, DType lossType, int64_t n,
+                 int64_t c, int64_t ignoreIndex, float *ws, DeviceError *err,
+                 int tag);
 /// dlogits = (softmax - onehot) * dloss / count. `ws`: lossWorkspaceBytes(n).
 int crossEntropyGrad(Stream s, DType t, const void *logits,
                      const void *labels, DType labelType, const void *dloss,
-                     void *dlogits, int64_t n, int64_t c, int64_t ignoreIndex,
-                     float *ws, DeviceError *err, int tag);
+                     DType dlossType, void *dlogits, int64_t n, int64_t c,
+                     int64_t ignoreIndex, float *ws, DeviceError *err, int tag);
 /// Scalar mean((a-b)^2) over n elements. `ws`: lossWorkspaceBytes(...).
 int mse(Stream s, DType t, const void *a, const void *b, void *out,
         int64_t n, float *ws);

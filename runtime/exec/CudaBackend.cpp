@@ -1329,8 +1329,9 @@ Status crossEntropyHandler(Launch &L, Ins ins, Outs outs) {
     return ws.status();
   DLOPT_LAUNCH(L, kernels::crossEntropy(L.stream, tl.dtype, ins[0].data,
                                         ins[1].data, ins[1].type.dtype,
-                                        outs[0].data, n, c, ignore, *ws,
-                                        errorWord(L), tagOf(L)));
+                                        outs[0].data, outs[0].type.dtype, n,
+                                        c, ignore, *ws, errorWord(L),
+                                        tagOf(L)));
   return Status::ok();
 }
 
@@ -1344,8 +1345,9 @@ Status crossEntropyGradHandler(Launch &L, Ins ins, Outs outs) {
     return ws.status();
   DLOPT_LAUNCH(L, kernels::crossEntropyGrad(
                       L.stream, tl.dtype, ins[0].data, ins[1].data,
-                      ins[1].type.dtype, ins[2].data, outs[0].data, n, c,
-                      ignore, *ws, errorWord(L), tagOf(L)));
+                      ins[1].type.dtype, ins[2].data, ins[2].type.dtype,
+                      outs[0].data, n, c, ignore, *ws, errorWord(L),
+                      tagOf(L)));
   return Status::ok();
 }
 

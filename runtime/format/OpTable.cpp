@@ -478,17 +478,25 @@ Status verifyLogitsLabels(const Instr &instr, const TensorType &tl,
   return getOptIntAttr(instr, "ignore_index", ignore);
 }
 
+/// The loss of cross_entropy (result) and the dloss of cross_entropy_grad:
+/// a scalar of the logits' element type or f32.
+Status checkLossScalar(const Instr &instr, const char *what,
+                       const TensorType &t, DType logits) {
+  if (t == TensorType{DType::F32, {}})
+    return Status::ok();
+  return checkType(instr, what, t, TensorType{logits, {}});
+}
+
 Status verifyCrossEntropy(const Instr &instr, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(arity(instr, ins, outs, 2, 1));
   DLOPT_RETURN_IF_ERROR(verifyLogitsLabels(instr, ins[0], ins[1]));
-  return checkType(instr, "result", outs[0], TensorType{ins[0].dtype, {}});
+  return checkLossScalar(instr, "result", outs[0], ins[0].dtype);
 }
 
 Status verifyCrossEntropyGrad(const Instr &instr, Ins ins, Outs outs) {
   DLOPT_RETURN_IF_ERROR(arity(instr, ins, outs, 3, 1));
   DLOPT_RETURN_IF_ERROR(verifyLogitsLabels(instr, ins[0], ins[1]));
-  DLOPT_RETURN_IF_ERROR(
-      checkType(instr, "dloss", ins[2], TensorType{ins[0].dtype, {}}));
+  DLOPT_RETURN_IF_ERROR(checkLossScalar(instr, "dloss", ins[2], ins[0].dtype));
   return checkType(instr, "result", outs[0], ins[0]);
 }
 

@@ -825,6 +825,16 @@ LogicalResult CrossEntropyOp::inferReturnTypes(MLIRContext *,
   return success();
 }
 
+bool CrossEntropyOp::isCompatibleReturnTypes(TypeRange inferred,
+                                             TypeRange actual) {
+  if (inferred.size() != 1 || actual.size() != 1)
+    return false;
+  if (inferred[0] == actual[0])
+    return true;
+  auto t = dyn_cast<RankedTensorType>(actual[0]);
+  return t && t.getRank() == 0 && t.getElementType().isF32();
+}
+
 LogicalResult MSEOp::inferReturnTypes(MLIRContext *,
                                       std::optional<Location> loc,
                                       Adaptor adaptor,
@@ -1029,8 +1039,11 @@ LogicalResult CrossEntropyGradOp::verify() {
   if (labels.getRank() != 1 || labels.getDimSize(0) != logits.getDimSize(0))
     return emitOpError("expects labels of shape [")
            << logits.getDimSize(0) << "], got " << labels;
-  if (failed(expectType(*this, "grad", RankedTensorType::get({}, logits.getElementType()),
-                        getGrad().getType())))
+  auto grad = cast<RankedTensorType>(getGrad().getType());
+  if (!(grad.getRank() == 0 && grad.getElementType().isF32()) &&
+      failed(expectType(*this, "grad",
+                        RankedTensorType::get({}, logits.getElementType()),
+                        grad)))
     return failure();
   return expectType(*this, "result", logits, getType());
 }

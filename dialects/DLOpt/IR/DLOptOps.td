@@ -533,15 +533,24 @@ def DLOpt_CrossEntropyOp : DLOpt_Op<"cross_entropy", [Pure, InferTypeOpAdaptor, 
   let description = [{
     Mean over rows whose label is not `ignore_index` (default -100) of
     `logsumexp(logits[i]) - logits[i, label[i]]`; 0 when every row is ignored.
+    The result has the logits' element type, or f32 (bf16/f16 logits are
+    read as f32 and the loss is computed in f32/f64 either way, so an f32
+    loss from bf16 logits equals the loss of the logits cast to f32).
 
     ```mlir
     %l = dlopt.cross_entropy %logits, %labels : tensor<8x10xf32>, tensor<8xi32> -> tensor<f32>
+    %m = dlopt.cross_entropy %h, %labels : tensor<8x10xbf16>, tensor<8xi32> -> tensor<f32>
     ```
   }];
   let arguments = (ins DLOpt_FloatTensor:$logits, DLOpt_IntTensor:$labels,
                        DefaultValuedAttr<DLOpt_I64Attr, "-100">:$ignore_index);
   let results = (outs DLOpt_FloatScalar:$result);
   let assemblyFormat = "$logits `,` $labels attr-dict `:` type($logits) `,` type($labels) `->` type($result)";
+  let extraClassDeclaration = [{
+    /// The inferred result (the logits' element type) or an f32 scalar.
+    static bool isCompatibleReturnTypes(::mlir::TypeRange inferred,
+                                        ::mlir::TypeRange actual);
+  }];
 }
 
 def DLOpt_MSEOp : DLOpt_Op<"mse", [Pure, InferTypeOpAdaptor, Differentiable]> {
@@ -738,7 +747,8 @@ def DLOpt_CrossEntropyGradOp : DLOpt_Op<"cross_entropy_grad", [Pure]> {
   let description = [{
     `(softmax(logits[i]) - onehot(label[i])) * dloss / count` for rows whose
     label is not `ignore_index`, 0 for ignored rows; `count` is the number of
-    rows not ignored.
+    rows not ignored. `dloss` has the logits' element type or f32; the
+    result has the logits' type (computed in f32, rounded once).
 
     ```mlir
     %dl = dlopt.cross_entropy_grad %logits, %labels, %dloss

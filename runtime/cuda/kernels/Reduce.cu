@@ -521,15 +521,17 @@ __global__ void sumPairsKernel(const double *ws, int64_t rows, double *out) {
   }
 }
 
-template <typename T>
-__global__ void crossEntropyFinishKernel(const double *sums, T *loss) {
+/// The loss in the result's type L (the logits' or f32).
+template <typename L>
+__global__ void crossEntropyFinishKernel(const double *sums, L *loss) {
   double count = sums[1];
-  loss[0] = fromF<T>(count > 0 ? float(sums[0] / count) : 0.0f);
+  loss[0] = fromF<L>(count > 0 ? float(sums[0] / count) : 0.0f);
 }
 
-template <typename T>
+/// dloss has type D (the logits' or f32).
+template <typename T, typename D>
 __global__ void crossEntropyGradRowsKernel(const T *logits, const void *labels,
-                                           bool labels64, const T *dloss,
+                                           bool labels64, const D *dloss,
                                            const double *sums, T *dlogits,
                                            int64_t rows, int64_t c,
                                            int64_t ignore, DeviceError *err,
@@ -839,8 +841,9 @@ int64_t lossWorkspaceBytes(int64_t rows) {
 }
 
 int crossEntropy(Stream s, DType t, const void *logits, const void *labels,
-                 DType labelType, void *loss, int64_t n, int64_t c,
-                 int64_t ignoreIndex, float *ws, DeviceError *err, int tag) {
+                 DType labelType, void *loss, DType lossType, int64_t n,
+                 int64_t c, int64_t ignoreIndex, float *ws, DeviceError *err,
+                 int tag) {
   auto st = static_cast<cudaStream_t>(s);
   auto *rowsWs = reinterpret_cast<double *>(ws);
   double *sums = rowsWs + 2 * std::max<int64_t>(n, kMseBlocks);
@@ -852,15 +855,19 @@ int crossEntropy(Stream s, DType t, const void *logits, const void *labels,
           static_cast<const T *>(logits), labels, l64, n, c, ignoreIndex,
           rowsWs, err, tag);
     sumPairsKernel<<<1, kThreads, 0, st>>>(rowsWs, n, sums);
-    crossEntropyFinishKernel<T><<<1, 1, 0, st>>>(sums, static_cast<T *>(loss));
+    if (lossType == DType::F32)
+      crossEntropyFinishKernel<float>
+          <<<1, 1, 0, st>>>(sums, static_cast<float *>(loss));
+    else
+      crossEntropyFinishKernel<T><<<1, 1, 0, st>>>(sums, static_cast<T *>(loss));
     return lastError();
   });
 }
 
 int crossEntropyGrad(Stream s, DType t, const void *logits,
                      const void *labels, DType labelType, const void *dloss,
-                     void *dlogits, int64_t n, int64_t c, int64_t ignoreIndex,
-                     float *ws, DeviceError *err, int tag) {
+                     DType dlossType, void *dlogits, int64_t n, int64_t c,
+                     int64_t ignoreIndex, float *ws, DeviceError *err, int tag) {
   auto st = static_cast<cudaStream_t>(s);
   auto *rowsWs = reinterpret_cast<double *>(ws);
   double *sums = rowsWs + 2 * std::max<int64_t>(n, kMseBlocks);
@@ -871,8 +878,13 @@ int crossEntropyGrad(Stream s, DType t, const void *logits,
       countRowsKernel<<<gridFor(n), kThreads, 0, st>>>(labels, l64, n, c,
                                                        ignoreIndex, rowsWs);
     sumPairsKernel<<<1, kThreads, 0, st>>>(rowsWs, n, sums);
-    if (n > 0)
-      crossEntropyGradRowsKernel<T><<<rowGrid(n), kThreads, 0, st>>>(
+    if (n > 0 && dlossType == DType::F32)
+      crossEntropyGradRowsKernel<T, float><<<rowGrid(n), kThreads, 0, st>>>(
+          static_cast<const T *>(logits), labels, l64,
+          static_cast<const float *>(dloss), sums, static_cast<T *>(dlogits),
+          n, c, ignoreIndex, err, tag);
+    else if (n > 0)
+      crossEntropyGradRowsKernel<T, T><<<rowGrid(n), kThreads, 0, st>>>(
           static_cast<const T *>(logits), labels, l64,
           static_cast<const T *>(dloss), sums, static_cast<T *>(dlogits), n, c,
           ignoreIndex, err, tag);

@@ -374,6 +374,24 @@ func.func @ce_labels(%l: tensor<8x10xf32>, %y: tensor<4xi32>) -> tensor<f32> {
 
 // -----
 
+func.func @ce_result_type(%l: tensor<8x10xbf16>, %y: tensor<8xi32>) -> tensor<f16> {
+  // The loss has the logits' element type or f32, nothing else.
+  // expected-error @+2 {{'dlopt.cross_entropy' op inferred type(s) 'tensor<bf16>' are incompatible with return type(s) of operation 'tensor<f16>'}}
+  // expected-error @+1 {{'dlopt.cross_entropy' op failed to infer returned types}}
+  %0 = dlopt.cross_entropy %l, %y : tensor<8x10xbf16>, tensor<8xi32> -> tensor<f16>
+  return %0 : tensor<f16>
+}
+
+// -----
+
+func.func @ce_grad_dloss_type(%l: tensor<8x10xbf16>, %y: tensor<8xi32>, %d: tensor<f16>) -> tensor<8x10xbf16> {
+  // expected-error @+1 {{'dlopt.cross_entropy_grad' op}}
+  %0 = dlopt.cross_entropy_grad %l, %y, %d : (tensor<8x10xbf16>, tensor<8xi32>, tensor<f16>) -> tensor<8x10xbf16>
+  return %0 : tensor<8x10xbf16>
+}
+
+// -----
+
 func.func @mse_shape(%a: tensor<4xf32>, %b: tensor<5xf32>) -> tensor<f32> {
   // expected-error @+2 {{'dlopt.mse' op expects operands of the same type, got 'tensor<4xf32>' and 'tensor<5xf32>'}}
   // expected-error @+1 {{'dlopt.mse' op failed to infer returned types}}

@@ -165,6 +165,21 @@ func.func @losses(%l: tensor<8x10xf32>, %y: tensor<8xi32>, %a: tensor<3x4xbf16>)
   return %0, %1 : tensor<f32>, tensor<bf16>
 }
 
+// bf16 logits: the loss in their type or in f32; the gradient's dloss in
+// either, its result in the logits' type.
+// CHECK-LABEL: func @mixed_losses
+func.func @mixed_losses(%l: tensor<8x10xbf16>, %y: tensor<8xi32>, %d: tensor<f32>, %e: tensor<bf16>) -> (tensor<f32>, tensor<bf16>, tensor<8x10xbf16>, tensor<8x10xbf16>) {
+  // CHECK: dlopt.cross_entropy %{{.*}}, %{{.*}} : tensor<8x10xbf16>, tensor<8xi32> -> tensor<f32>
+  %0 = dlopt.cross_entropy %l, %y : tensor<8x10xbf16>, tensor<8xi32> -> tensor<f32>
+  // CHECK: dlopt.cross_entropy %{{.*}}, %{{.*}} : tensor<8x10xbf16>, tensor<8xi32> -> tensor<bf16>
+  %1 = dlopt.cross_entropy %l, %y : tensor<8x10xbf16>, tensor<8xi32> -> tensor<bf16>
+  // CHECK: dlopt.cross_entropy_grad {{.*}} : (tensor<8x10xbf16>, tensor<8xi32>, tensor<f32>) -> tensor<8x10xbf16>
+  %2 = dlopt.cross_entropy_grad %l, %y, %d : (tensor<8x10xbf16>, tensor<8xi32>, tensor<f32>) -> tensor<8x10xbf16>
+  // CHECK: dlopt.cross_entropy_grad {{.*}} : (tensor<8x10xbf16>, tensor<8xi32>, tensor<bf16>) -> tensor<8x10xbf16>
+  %3 = dlopt.cross_entropy_grad %l, %y, %e : (tensor<8x10xbf16>, tensor<8xi32>, tensor<bf16>) -> tensor<8x10xbf16>
+  return %0, %1, %2, %3 : tensor<f32>, tensor<bf16>, tensor<8x10xbf16>, tensor<8x10xbf16>
+}
+
 // CHECK-LABEL: func @model
 // CHECK-SAME: {dlopt.input = "x"}
 // CHECK-SAME: dlopt.init = {dist = "uniform", high = 1.000000e-01 : f64, low = -1.000000e-01 : f64}, dlopt.param = "w"

@@ -540,6 +540,16 @@ std::vector<ConformanceCase> conformanceCases() {
     int32_t a = c.in(T({9, 11}, d)), b = c.in(T({9, 11}, d));
     c.out(c.op("mse", {a, b}, T({}, d)));
   });
+  // What dlopt-fold-loss-casts emits: the logits in their type, an f32 loss
+  // and an f32 dloss, the gradient in the logits' type.
+  add("cross_entropy_f32_loss", [](Case &c, DType d) {
+    int32_t logits = c.in(T({12, 50}, d));
+    int32_t labels = c.in(T({12}, DType::I64), Dist::Ints, -1, 50);
+    std::map<std::string, AttrValue> ig = {{"ignore_index", int64_t(-1)}};
+    c.out(c.op("cross_entropy", {logits, labels}, T({}, DType::F32), ig));
+    int32_t dl = c.in(T({}, DType::F32), Dist::Positive);
+    c.out(c.op("cross_entropy_grad", {logits, labels, dl}, T({12, 50}, d), ig));
+  });
   for (bool causal : {false, true})
     add(causal ? "attention_causal" : "attention", [causal](Case &c, DType d) {
       // GQA (4 query heads on 2 kv heads), S != T, a tail tile.

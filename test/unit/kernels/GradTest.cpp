@@ -13,6 +13,7 @@
 
 #include "KernelTestUtil.h"
 
+#include <cmath>
 #include <functional>
 
 using namespace kt;
@@ -734,6 +735,51 @@ TEST(CrossEntropyGrad, IgnoreIndexAndBadLabels) {
       dloss1(DType::F32, {1}), dx(DType::F32, {3, 4});
   expectError(makeInstr("cross_entropy_grad"), {&logits, &labels, &dloss1},
               {&dx}, "dloss");
+}
+
+// bf16/f16 logits with an f32 loss and an f32 dloss (what
+// dlopt-fold-loss-casts emits) give bit for bit what the f32-widened ops
+// give, the gradient rounded once to the logits' type as the cast did.
+TEST(CrossEntropy, NarrowLogitsEqualTheWidenedOpsBitForBit) {
+  KT_SEEDED_RNG(rng);
+  for (DType dt : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtypeName(dt));
+    int64_t N = 11, C = 37;
+    Tensor logits = randomTensor(rng, dt, {N, C}, -6, 6);
+    Tensor wide(DType::F32, {N, C});
+    for (int64_t i = 0; i < logits.size(); ++i)
+      wide.set(i, logits.get(i)); // exact
+    Tensor labels = randomTensor(rng, DType::I32, {N}, 0, C - 1);
+    labels.setInt(3, -100);
+    Tensor lossN(DType::F32, {}), lossW(DType::F32, {});
+    ASSERT_EQ(errOf(makeInstr("cross_entropy"), {&logits, &labels}, {&lossN}),
+              "");
+    ASSERT_EQ(errOf(makeInstr("cross_entropy"), {&wide, &labels}, {&lossW}),
+              "");
+    EXPECT_EQ(lossN.storage, lossW.storage)
+        << lossN.get(0) << " vs " << lossW.get(0);
+    Tensor dloss = randomTensor(rng, DType::F32, {}, 0.5, 2);
+    Tensor gN(dt, {N, C}), gW(DType::F32, {N, C}), gWc(dt, {N, C});
+    ASSERT_EQ(errOf(makeInstr("cross_entropy_grad"), {&logits, &labels, &dloss},
+                    {&gN}),
+              "");
+    ASSERT_EQ(errOf(makeInstr("cross_entropy_grad"), {&wide, &labels, &dloss},
+                    {&gW}),
+              "");
+    ASSERT_EQ(errOf(makeInstr("cast"), {&gW}, {&gWc}), "");
+    EXPECT_EQ(gN.storage, gWc.storage);
+    // The loss in the logits' own type still works; other types do not.
+    Tensor lossT(dt, {});
+    EXPECT_EQ(errOf(makeInstr("cross_entropy"), {&logits, &labels}, {&lossT}),
+              "");
+    EXPECT_NEAR(lossT.get(0), lossW.get(0), 0.02 * std::fabs(lossW.get(0)));
+    DType other = dt == DType::BF16 ? DType::F16 : DType::BF16;
+    Tensor lossO(other, {}), dlossO = randomTensor(rng, other, {}, 0.5, 2);
+    expectError(makeInstr("cross_entropy"), {&logits, &labels}, {&lossO},
+                "result");
+    expectError(makeInstr("cross_entropy_grad"), {&logits, &labels, &dlossO},
+                {&gN}, "dloss");
+  }
 }
 
 TEST(GeluGrad, ExactAndTanhByFiniteDifferences) {
