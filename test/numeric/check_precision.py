@@ -185,7 +185,14 @@ def check_mixed_ir(text, low, need_ops, loss_must_be_f32=True):
         raise Failure("%d of %d matmuls not in %s, e.g. %s" % (len(bad), len(mm), low, bad[0][:200]))
     keep = ("softmax", "log_softmax", "sum", "mean", "cross_entropy", "mse")
     fwd_keep = [o for o in ops if o[1] in keep and o[4]]
-    bad = [o[5] for o in fwd_keep if any(is_float(elem(t)) and elem(t) != "f32" for t in o[2] + o[3])]
+
+    def on_f32(o):
+        # cross_entropy reads narrow logits as f32 and computes in f32
+        # (dlopt-fold-loss-casts): only its loss must be f32.
+        if o[1] == "cross_entropy":
+            return [elem(t) for t in o[3]] == ["f32"]
+        return not any(is_float(elem(t)) and elem(t) != "f32" for t in o[2] + o[3])
+    bad = [o[5] for o in fwd_keep if not on_f32(o)]
     if bad:
         raise Failure("forward op not on f32: %s" % bad[0][:200])
     seen = sorted(set(o[1] for o in fwd_keep))
