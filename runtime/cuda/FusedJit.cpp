@@ -162,7 +162,10 @@ Status emitSteps(const FusedJitProgram &p, std::string &out) {
 
 } // namespace
 
-FusedJitProgram FusedJitProgram::of(const kernels::FusedArgs &a) {
+namespace {
+/// The program part of either launch-parameter form (the fields are named
+/// alike in FusedArgs and FusedMultiArgs).
+template <class Args> FusedJitProgram programOf(const Args &a, bool multi) {
   FusedJitProgram p;
   std::memcpy(p.steps, a.steps, sizeof p.steps);
   std::memcpy(p.consts, a.consts, sizeof p.consts);
@@ -174,24 +177,17 @@ FusedJitProgram FusedJitProgram::of(const kernels::FusedArgs &a) {
   p.numConsts = a.numConsts;
   p.numSteps = a.numSteps;
   p.numOutputs = a.numOutputs;
-  p.multi = false;
+  p.multi = multi;
   return p;
+}
+} // namespace
+
+FusedJitProgram FusedJitProgram::of(const kernels::FusedArgs &a) {
+  return programOf(a, /*multi=*/false);
 }
 
 FusedJitProgram FusedJitProgram::of(const kernels::FusedMultiArgs &a) {
-  FusedJitProgram p;
-  std::memcpy(p.steps, a.steps, sizeof p.steps);
-  std::memcpy(p.consts, a.consts, sizeof p.consts);
-  std::memcpy(p.inType, a.inType, sizeof p.inType);
-  std::memcpy(p.inScalar, a.inScalar, sizeof p.inScalar);
-  std::memcpy(p.outType, a.outType, sizeof p.outType);
-  std::memcpy(p.outReg, a.outReg, sizeof p.outReg);
-  p.numInputs = a.numInputs;
-  p.numConsts = a.numConsts;
-  p.numSteps = a.numSteps;
-  p.numOutputs = a.numOutputs;
-  p.multi = true;
-  return p;
+  return programOf(a, /*multi=*/true);
 }
 
 std::string FusedJitProgram::key() const {
