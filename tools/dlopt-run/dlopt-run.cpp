@@ -57,6 +57,8 @@ options:
   --backend NAME          backend to run on (default cpu; available: cpu,
                           cuda; docs/gpu.md)
   --threads N             kernel worker threads (default: all cores)
+  --repeat N              run a forward plan N times (same inputs) and
+                          print the median and fastest run time
   --dump                  print the plan file readably and exit
   --quiet                 print nothing but errors
   --profile               time every instruction and print the time per op
@@ -106,6 +108,7 @@ struct Options {
   uint64_t seed = 0;
   std::string outputDir, saveParamsDir, backend = "cpu";
   int threads = 0;
+  int64_t repeat = 1; ///< forward runs; the time printed is their median
   int devicesPerProcess = 0; ///< 0: not given
   double commTimeout = 60;
   /// Whether this process writes files (--save-params, --output-dir): the
@@ -330,7 +333,7 @@ Options parseArgs(int argc, char **argv) {
       "--vocab", "--log-every", "--metrics", "--eval-data",
       "--eval-data-input", "--eval-every", "--eval-batches",
       "--checkpoint-dir", "--checkpoint-every", "--resume",
-      "--devices-per-process", "--comm-timeout"};
+      "--devices-per-process", "--comm-timeout", "--repeat"};
   auto positive = [](const std::string &name, const std::string &value) {
     std::optional<uint64_t> v = parseUnsigned(value);
     if (!v || *v < 1 || *v > uint64_t(INT64_MAX))
@@ -392,12 +395,18 @@ Options parseArgs(int argc, char **argv) {
       if (name != "--steps" && name != "--input" && name != "--seed" &&
           name != "--output-dir" && name != "--save-params" &&
           name != "--backend" && name != "--threads" &&
-          name != "--devices-per-process" && name != "--comm-timeout")
+          name != "--devices-per-process" && name != "--comm-timeout" &&
+          name != "--repeat")
         opts.trainingFlags.push_back(name);
       if (name == "--input") {
         nameFile(name, value, opts.inputs);
       } else if (name == "--steps") {
         opts.steps = positive(name, value);
+      } else if (name == "--repeat") {
+        opts.repeat = positive(name, value);
+        if (opts.repeat > 1000000)
+          usageError("--repeat expects an integer in [1, 1000000], got '" +
+                     value + "'");
       } else if (name == "--data") {
         opts.data = nonEmpty(name, value);
       } else if (name == "--data-dtype") {
@@ -487,6 +496,9 @@ Options parseArgs(int argc, char **argv) {
   // Training options need --steps and fit together.
   if (opts.steps == 0 && !opts.trainingFlags.empty())
     usageError(opts.trainingFlags[0] + " needs --steps (training)");
+  if (opts.steps > 0 && opts.repeat > 1)
+    usageError("--repeat times forward runs; training plans time their "
+               "steps (--steps, --metrics)");
   if (!opts.data.empty() && !opts.dataInputs.empty())
     usageError("--data and --data-input cannot be combined");
   if (!opts.dataDType.empty() && opts.data.empty() && opts.evalData.empty())
@@ -817,6 +829,9 @@ int runWorld(const Options &opts, const Executable &exe,
   if (opts.profile)
     error(opts.planPath + ": --profile is not supported for multi-rank "
           "executables yet");
+  if (opts.repeat > 1)
+    error(opts.planPath + ": --repeat is not supported for multi-rank "
+          "executables yet");
   WorldOptions wo;
   wo.seed = opts.seed;
   wo.commTimeout = std::chrono::milliseconds(int64_t(opts.commTimeout * 1e3));
@@ -1046,9 +1061,9 @@ int runMain(int argc, char **argv) {
   if (!session)
     error(opts.planPath + ": " + session.status().message());
   Session &s = **session;
-  // Training profiles leave out the first step (lazy loading, kernel
-  // compilation, cuBLASLt heuristics): they describe the steady state.
-  s.setProfiling(opts.profile, opts.steps > 1 ? 1 : 0);
+  // Training and repeated profiles leave out the first run (lazy loading,
+  // kernel compilation, cuBLASLt heuristics): they describe the steady state.
+  s.setProfiling(opts.profile, opts.steps > 1 || opts.repeat > 1 ? 1 : 0);
 
   for (const auto &[name, file] : opts.inputs) {
     if (!s.hasArgument(name)) {
@@ -1080,6 +1095,13 @@ int runMain(int argc, char **argv) {
   Expected<std::vector<NamedTensor>> outputs = s.run();
   if (!outputs)
     error(outputs.status().message());
+  std::vector<double> runTimes{s.lastRunSeconds()};
+  for (int64_t r = 1; r < opts.repeat; ++r) {
+    outputs = s.run();
+    if (!outputs)
+      error(outputs.status().message());
+    runTimes.push_back(s.lastRunSeconds());
+  }
 
   if (!opts.outputDir.empty()) {
     makeDir(opts.outputDir);
@@ -1099,8 +1121,17 @@ int runMain(int argc, char **argv) {
     for (const NamedTensor &out : *outputs)
       std::printf("  %s\n", describe(out).c_str());
     printMemory(s);
-    std::printf("time: %.3f ms (%s backend)\n", s.lastRunSeconds() * 1e3,
-                s.backend().name().c_str());
+    if (runTimes.size() == 1) {
+      std::printf("time: %.3f ms (%s backend)\n", runTimes[0] * 1e3,
+                  s.backend().name().c_str());
+    } else {
+      std::vector<double> sorted = runTimes;
+      std::sort(sorted.begin(), sorted.end());
+      std::printf("time: median %.3f ms, fastest %.3f ms over %zu runs (%s "
+                  "backend)\n",
+                  sorted[sorted.size() / 2] * 1e3, sorted[0] * 1e3,
+                  sorted.size(), s.backend().name().c_str());
+    }
     if (!opts.outputDir.empty())
       std::printf("wrote %zu output(s) to %s\n", outputs->size(),
                   opts.outputDir.c_str());
