@@ -10,6 +10,7 @@
 #include "runtime/cpu/KernelUtil.h"
 #include "runtime/format/FusedProgram.h"
 #include "runtime/cpu/ThreadPool.h"
+#include "runtime/cpu/VecMath.h"
 
 #include <algorithm>
 #include <cmath>
@@ -77,7 +78,7 @@ template <Unary K> inline float unaryF(float x) {
   else if constexpr (K == Unary::Relu)
     return x < 0.0f ? 0.0f : x; // NaN stays NaN
   else if constexpr (K == Unary::Exp)
-    return std::exp(x);
+    return vm::expF(x);
   else if constexpr (K == Unary::Log)
     return std::log(x);
   else if constexpr (K == Unary::Sqrt)
@@ -85,21 +86,19 @@ template <Unary K> inline float unaryF(float x) {
   else if constexpr (K == Unary::Rsqrt)
     return 1.0f / std::sqrt(x);
   else if constexpr (K == Unary::Tanh)
-    return std::tanh(x);
+    return vm::tanhF(x);
   else if constexpr (K == Unary::Sin)
     return std::sin(x);
   else if constexpr (K == Unary::Cos)
     return std::cos(x);
   else if constexpr (K == Unary::Sigmoid)
-    return 1.0f / (1.0f + std::exp(-x));
+    return vm::sigmoidF(x);
   else if constexpr (K == Unary::Silu)
-    return x / (1.0f + std::exp(-x));
+    return vm::siluF(x);
   else if constexpr (K == Unary::GeluErf)
     return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
   else
-    return 0.5f * x *
-           (1.0f +
-            std::tanh(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    return vm::geluTanhF(x);
 }
 
 template <Unary K, typename I> inline I unaryI(I x) {

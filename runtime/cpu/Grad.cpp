@@ -14,6 +14,7 @@
 
 #include "runtime/cpu/KernelUtil.h"
 #include "runtime/cpu/ThreadPool.h"
+#include "runtime/cpu/VecMath.h"
 
 #include <algorithm>
 #include <cmath>
@@ -125,7 +126,7 @@ Status softmaxGradKernel(const Instr &instr, Ins ins, Outs outs) {
               T *xr = dx + base + j * inner;
               for (int64_t c = 0; c < nc; ++c) {
                 float yv = toF32(yr[c]), g = toF32(gr[c]);
-                xr[c] = fromF32<T>(Log ? g - std::exp(yv) * sf[c]
+                xr[c] = fromF32<T>(Log ? g - vm::expF(yv) * sf[c]
                                        : yv * (g - sf[c]));
               }
             }
@@ -461,14 +462,11 @@ Status crossEntropyGradKernel(const Instr &instr, Ins ins, Outs outs) {
 
 template <bool Tanh> inline float geluDeriv(float x) {
   if constexpr (Tanh) {
-    constexpr float c = 0.79788456080286536f, k = 0.044715f;
-    float t = std::tanh(c * (x + k * x * x * x));
-    return 0.5f * (1.0f + t) +
-           0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * k * x * x);
+    return vm::geluTanhDerivF(x);
   } else {
     // Phi(x) + x * phi(x).
     return 0.5f * (1.0f + std::erf(x * 0.70710678118654752f)) +
-           x * 0.39894228040143268f * std::exp(-0.5f * x * x);
+           x * 0.39894228040143268f * vm::expF(-0.5f * x * x);
   }
 }
 

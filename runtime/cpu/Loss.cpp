@@ -8,6 +8,7 @@
 
 #include "runtime/cpu/KernelUtil.h"
 #include "runtime/cpu/ThreadPool.h"
+#include "runtime/cpu/VecMath.h"
 
 #include <algorithm>
 #include <cmath>
@@ -36,17 +37,16 @@ Status crossEntropyKernel(const Instr &instr, Ins ins, Outs outs) {
     const T *x = ins[0].as<T>();
     std::vector<double> rowLoss(size_t(n), 0.0);
     parallelFor(n, grainFor(c * 20), [&](int64_t b, int64_t e) {
+      std::vector<float> buf(size_t(2 * c));
+      float *row = buf.data(), *ex = buf.data() + c;
       for (int64_t i = b; i < e; ++i) {
         if (labels[i] == ignore)
           continue;
-        const T *row = x + i * c;
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < c; ++j)
-          m = std::max(m, toF32(row[j]));
-        double s = 0;
-        for (int64_t j = 0; j < c; ++j)
-          s += double(std::exp(toF32(row[j]) - m));
-        rowLoss[i] = double(m) + std::log(s) - double(toF32(row[labels[i]]));
+        loadF32(x + i * c, row, c);
+        float m = vm::rowMax(row, c);
+        vm::expShifted(row, c, m, ex);
+        double s = vm::rowSumF64(ex, c);
+        rowLoss[i] = double(m) + std::log(s) - double(row[labels[i]]);
       }
     });
     double total = 0;

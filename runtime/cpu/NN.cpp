@@ -9,6 +9,7 @@
 
 #include "runtime/cpu/KernelUtil.h"
 #include "runtime/cpu/ThreadPool.h"
+#include "runtime/cpu/VecMath.h"
 
 #include <algorithm>
 #include <cmath>
@@ -19,22 +20,19 @@ namespace dlopt::rt::cpu {
 /// Softmax (or log-softmax) of `v[0..n)` in place (also used by
 /// attention_grad to recompute the probabilities exactly as attention does).
 void softmaxInPlace(float *v, int64_t n, bool log) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < n; ++j)
-    m = std::max(m, v[j]);
-  double sum = 0;
+  float m = vm::rowMax(v, n);
   if (log) {
-    for (int64_t j = 0; j < n; ++j)
-      sum += double(std::exp(v[j] - m));
-    float lse = float(std::log(sum));
+    // The exponentials go to a scratch row; v keeps the inputs.
+    thread_local std::vector<float> scratch;
+    if (scratch.size() < size_t(n))
+      scratch.resize(size_t(n));
+    vm::expShifted(v, n, m, scratch.data());
+    float lse = float(std::log(vm::rowSumF64(scratch.data(), n)));
     for (int64_t j = 0; j < n; ++j)
       v[j] = (v[j] - m) - lse;
   } else {
-    for (int64_t j = 0; j < n; ++j) {
-      v[j] = std::exp(v[j] - m);
-      sum += double(v[j]);
-    }
-    float inv = float(1.0 / sum);
+    vm::expShifted(v, n, m, v);
+    float inv = float(1.0 / vm::rowSumF64(v, n));
     for (int64_t j = 0; j < n; ++j)
       v[j] *= inv;
   }
@@ -93,7 +91,7 @@ Status softmaxKernel(const Instr &instr, Ins ins, Outs outs) {
             for (int64_t j = 0; j < n; ++j) {
               float *br = buf.data() + j * nc;
               for (int64_t c = 0; c < nc; ++c) {
-                float ev = std::exp(br[c] - m[c]);
+                float ev = vm::expF(br[c] - m[c]);
                 sum[c] += double(ev);
                 if (!Log)
                   br[c] = ev;
