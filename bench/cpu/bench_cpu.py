@@ -16,7 +16,9 @@ mask, nn.Conv2d/BatchNorm2d). Each measurement is its own process; the two
 frameworks alternate (dlopt, torch, dlopt, torch, ...) so that a noisy
 neighbour hits both. Start-up, parameter initialization and the first
 (warm-up) step are excluded. PyTorch runs with OMP_WAIT_POLICY=PASSIVE (its
-fastest setting here) and torch.set_num_threads(T); dlopt with --threads T.
+fastest setting here), torch.set_num_threads(T) and OPENBLAS_NUM_THREADS=T
+(Debian's torch calls OpenBLAS, which torch.set_num_threads does not limit:
+without it "one thread" ran every GEMM on two); dlopt with --threads T.
 
 Prints one row per case, mode and thread count: the median time per step
 or forward of each framework, their ratio (dlopt / torch: below 1 means
@@ -314,7 +316,11 @@ def time_dlopt(bin_dir, work, case, mode, threads, plans, feeds):
 
 
 def time_torch(work, case, mode, threads):
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS=str(threads))
+    # OPENBLAS_NUM_THREADS: torch.set_num_threads does not reach the BLAS
+    # behind Debian's torch (OpenBLAS through libblas), which would otherwise
+    # run every GEMM on all cores.
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS=str(threads),
+               OPENBLAS_NUM_THREADS=str(threads))
     text, rss = run_measured([sys.executable, os.path.abspath(__file__), "--torch-worker", case, "--mode", mode,
                               "--threads", str(threads)], env, os.path.join(work, "torch.out"))
     return json.loads(text.strip().splitlines()[-1])["times"], rss
