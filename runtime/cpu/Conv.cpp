@@ -3,7 +3,11 @@
 // conv2d lowers each (image, group) to one GEMM per chunk of output rows:
 // W_g [O/groups, Cg*KH*KW] x col [Cg*KH*KW, rows*OW], written straight into
 // the NCHW output through ldc. 1x1 convolutions with unit stride and no
-// padding skip im2col since the input already is the column matrix.
+// padding skip im2col since the input already is the column matrix. When
+// several images' column matrices fit in ~32 MB (imagesPerChunkOf), their
+// planes sit side by side in one column matrix and one GEMM covers them all
+// (results copied between [O, images*plane] and NCHW): small planes would
+// otherwise give GEMMs a few pixels wide.
 // The gradients reuse that geometry: conv2d_grad_input is col = W_g^T dy_g
 // then col2im (scatter-add, split by input channel); conv2d_grad_filter is
 // dW_g += dy_g col^T over images and row chunks in a fixed order; the pool
@@ -28,14 +32,61 @@ int64_t rowsPerChunkOf(const ConvGeom &g) {
       std::max<int64_t>(g.oh, 1));
 }
 
+/// The output columns xx in [xa, xb) whose input column off + xx * stride
+/// lies inside [0, W); the others read padding.
+void validColumns(const ConvGeom &g, int64_t off, int64_t &xa, int64_t &xb) {
+  const int64_t st = g.stride[1];
+  xa = off >= 0 ? 0 : (-off + st - 1) / st;
+  xb = g.w - off <= 0 ? 0 : (g.w - off + st - 1) / st;
+  xb = std::min(xb, g.ow);
+  xa = std::min(xa, xb);
+}
+
+/// Output rows [r0, r0 + rows) of one image's columns: row r of the column
+/// matrix (one (channel, ky, kx) tap) at col + r * ld.
+/// Images per GEMM when whole planes are batched: the column matrix of nb
+/// images is [C/groups*KH*KW, nb*OH*OW], kept around 32 MB. 1 means one
+/// image at a time (row chunks of rowsPerChunkOf). Small planes (the deep
+/// layers of a ResNet: 2x2 to 8x8 pixels at 64 px) then make GEMMs wide
+/// enough to run at the BLAS's speed, and the filter gradient sums over
+/// images inside one GEMM. A function of the shape only.
+int64_t imagesPerChunkOf(const ConvGeom &g, int64_t n) {
+  int64_t perImage = std::max<int64_t>(g.ckk() * g.oh * g.ow, 1);
+  return std::clamp<int64_t>((int64_t(1) << 23) / perImage, 1,
+                             std::max<int64_t>(n, 1));
+}
+
+/// dst[oc, i*plane + p] = src[(n0 + i, g0 + oc), p] for i < nb, oc < og:
+/// one group's planes of nb images, side by side (the GEMM layout).
+void gatherPlanes(const float *src, int64_t n0, int64_t nb, int64_t channels,
+                  int64_t g0, int64_t og, int64_t plane, float *dst) {
+  parallelFor(og, grainFor(nb * plane), [&](int64_t b, int64_t e) {
+    for (int64_t oc = b; oc < e; ++oc)
+      for (int64_t i = 0; i < nb; ++i)
+        std::copy_n(src + ((n0 + i) * channels + g0 + oc) * plane, plane,
+                    dst + (oc * nb + i) * plane);
+  });
+}
+
+/// The inverse of gatherPlanes.
+void scatterPlanes(const float *src, int64_t n0, int64_t nb, int64_t channels,
+                   int64_t g0, int64_t og, int64_t plane, float *dst) {
+  parallelFor(og, grainFor(nb * plane), [&](int64_t b, int64_t e) {
+    for (int64_t oc = b; oc < e; ++oc)
+      for (int64_t i = 0; i < nb; ++i)
+        std::copy_n(src + (oc * nb + i) * plane, plane,
+                    dst + ((n0 + i) * channels + g0 + oc) * plane);
+  });
+}
+
 void im2col(const ConvGeom &g, const float *xg, int64_t r0, int64_t rows,
-            float *col) {
+            float *col, int64_t ld) {
   int64_t cols = rows * g.ow;
   parallelFor(g.ckk(), grainFor(cols), [&](int64_t rb, int64_t re) {
     for (int64_t r = rb; r < re; ++r) {
       int64_t ci = r / (g.kh * g.kw), ky = (r / g.kw) % g.kh, kx = r % g.kw;
       const float *xc = xg + ci * g.h * g.w;
-      float *dst = col + r * cols;
+      float *dst = col + r * ld;
       for (int64_t yy = 0; yy < rows; ++yy) {
         int64_t iy = (r0 + yy) * g.stride[0] - g.padding[0] + ky * g.dilation[0];
         float *d = dst + yy * g.ow;
@@ -43,11 +94,19 @@ void im2col(const ConvGeom &g, const float *xg, int64_t r0, int64_t rows,
           std::fill(d, d + g.ow, 0.0f);
           continue;
         }
-        const float *xrow = xc + iy * g.w;
-        for (int64_t xx = 0; xx < g.ow; ++xx) {
-          int64_t ix = xx * g.stride[1] - g.padding[1] + kx * g.dilation[1];
-          d[xx] = ix >= 0 && ix < g.w ? xrow[ix] : 0.0f;
-        }
+        // Output columns [xa, xb) read pixels off + xx * stride, the others
+        // fall in the padding.
+        const int64_t off = kx * g.dilation[1] - g.padding[1];
+        int64_t xa, xb;
+        validColumns(g, off, xa, xb);
+        std::fill(d, d + xa, 0.0f);
+        const float *src = xc + iy * g.w + off;
+        if (g.stride[1] == 1)
+          std::copy(src + xa, src + xb, d + xa);
+        else
+          for (int64_t xx = xa; xx < xb; ++xx)
+            d[xx] = src[xx * g.stride[1]];
+        std::fill(d + xb, d + g.ow, 0.0f);
       }
     }
   });
@@ -57,26 +116,30 @@ void im2col(const ConvGeom &g, const float *xg, int64_t r0, int64_t rows,
 /// it was read from. Parallel over input channels (each channel's taps only
 /// touch that channel), each summed in one fixed order.
 void col2imAdd(const ConvGeom &g, const float *col, int64_t r0, int64_t rows,
-               float *dxg) {
+               float *dxg, int64_t ld) {
   int64_t cols = rows * g.ow;
   parallelFor(g.cg, grainFor(g.kh * g.kw * cols), [&](int64_t cb, int64_t ce) {
     for (int64_t ci = cb; ci < ce; ++ci) {
       float *dxc = dxg + ci * g.h * g.w;
       for (int64_t ky = 0; ky < g.kh; ++ky)
         for (int64_t kx = 0; kx < g.kw; ++kx) {
-          const float *src = col + ((ci * g.kh + ky) * g.kw + kx) * cols;
+          const float *src = col + ((ci * g.kh + ky) * g.kw + kx) * ld;
           for (int64_t yy = 0; yy < rows; ++yy) {
             int64_t iy =
                 (r0 + yy) * g.stride[0] - g.padding[0] + ky * g.dilation[0];
             if (iy < 0 || iy >= g.h)
               continue;
-            float *drow = dxc + iy * g.w;
+            const int64_t off = kx * g.dilation[1] - g.padding[1];
+            int64_t xa, xb;
+            validColumns(g, off, xa, xb);
+            float *drow = dxc + iy * g.w + off;
             const float *s = src + yy * g.ow;
-            for (int64_t xx = 0; xx < g.ow; ++xx) {
-              int64_t ix = xx * g.stride[1] - g.padding[1] + kx * g.dilation[1];
-              if (ix >= 0 && ix < g.w)
-                drow[ix] += s[xx];
-            }
+            if (g.stride[1] == 1)
+              for (int64_t xx = xa; xx < xb; ++xx)
+                drow[xx] += s[xx];
+            else
+              for (int64_t xx = xa; xx < xb; ++xx)
+                drow[xx * g.stride[1]] += s[xx];
           }
         }
     }
@@ -106,9 +169,29 @@ Status conv2dKernel(const Instr &instr, Ins ins, Outs outs) {
     x = asF32<T>(ins[0], xb);
     wt = asF32<T>(ins[1], wb);
     y = outF32<T>(outs[0], ob);
-    if (!direct)
+    const int64_t nb = imagesPerChunkOf(geom, n);
+    if (nb > 1) {
+      // Whole planes of nb images per GEMM: [og, ckk] x [ckk, nb*plane].
+      std::vector<float> tmp(size_t(og * nb * plane));
+      col.resize(size_t(ckk * nb * plane));
+      for (int64_t n0 = 0; n0 < n; n0 += nb) {
+        int64_t cnt = std::min(nb, n - n0), cols = cnt * plane;
+        for (int64_t gi = 0; gi < groups; ++gi) {
+          if (direct)
+            gatherPlanes(x, n0, cnt, c, gi * cg, cg, h * w, col.data());
+          else
+            for (int64_t i = 0; i < cnt; ++i)
+              im2col(geom, x + ((n0 + i) * c + gi * cg) * h * w, 0, oh,
+                     col.data() + i * plane, cols);
+          gemmF32(false, false, og, cols, ckk, 1.0f, wt + gi * og * ckk, ckk,
+                  col.data(), cols, 0.0f, tmp.data(), cols);
+          scatterPlanes(tmp.data(), n0, cnt, o, gi * og, og, plane, y);
+        }
+      }
+    }
+    if (!direct && nb == 1)
       col.resize(size_t(ckk * rowsPerChunk * ow));
-    for (int64_t ni = 0; ni < n; ++ni) {
+    for (int64_t ni = 0; ni < n && nb == 1; ++ni) {
       for (int64_t gi = 0; gi < groups; ++gi) {
         const float *xg = x + (ni * c + gi * cg) * h * w;
         const float *wg = wt + gi * og * ckk;
@@ -121,7 +204,7 @@ Status conv2dKernel(const Instr &instr, Ins ins, Outs outs) {
         for (int64_t r0 = 0; r0 < oh; r0 += rowsPerChunk) {
           int64_t rows = std::min(rowsPerChunk, oh - r0);
           int64_t cols = rows * ow;
-          im2col(geom, xg, r0, rows, col.data());
+          im2col(geom, xg, r0, rows, col.data(), cols);
           gemmF32(false, false, og, cols, ckk, 1.0f, wg, ckk, col.data(), cols,
                   0.0f, yg + r0 * ow, plane);
         }
@@ -161,6 +244,7 @@ template <bool Max> Status poolKernel(const Instr &instr, Ins ins, Outs outs) {
     T *y = outs[0].as<T>();
     parallelFor(planes * oh, grainFor(ow * kernel[0] * kernel[1]),
                 [&](int64_t b, int64_t e) {
+                  std::vector<float> rowMax(size_t(Max ? ow : 0));
                   for (int64_t item = b; item < e; ++item) {
                     int64_t pl = item / oh, oy = item % oh;
                     const T *xp = x + pl * h * w;
@@ -168,7 +252,40 @@ template <bool Max> Status poolKernel(const Instr &instr, Ins ins, Outs outs) {
                     int64_t y0 = oy * stride[0] - padding[0];
                     int64_t ya = std::max<int64_t>(y0, 0),
                             yb = std::min(y0 + kernel[0], h);
+                    // Max pooling, interior columns (whole window inside
+                    // the row): window row by window row, each a loop over
+                    // the output columns. Every output still visits its
+                    // window in row-major order, so the NaN and signed-zero
+                    // outcomes are those of the per-output loop below.
+                    int64_t oxa = ow, oxb = ow;
+                    if constexpr (Max) {
+                      oxa = std::min<int64_t>(
+                          (padding[1] + stride[1] - 1) / stride[1], ow);
+                      oxb = w - kernel[1] + padding[1] < 0
+                                ? 0
+                                : (w - kernel[1] + padding[1]) / stride[1] + 1;
+                      oxb = std::clamp<int64_t>(oxb, oxa, ow);
+                      float *r = rowMax.data();
+                      std::fill(r + oxa, r + oxb,
+                                -std::numeric_limits<float>::infinity());
+                      for (int64_t iy = ya; iy < yb; ++iy)
+                        for (int64_t kx = 0; kx < kernel[1]; ++kx) {
+                          const T *src = xp + iy * w + kx - padding[1];
+                          for (int64_t ox = oxa; ox < oxb; ++ox) {
+                            float v = toF32(src[ox * stride[1]]);
+                            r[ox] = r[ox] == r[ox] && (v != v || v > r[ox])
+                                        ? v
+                                        : r[ox];
+                          }
+                        }
+                      for (int64_t ox = oxa; ox < oxb; ++ox)
+                        yr[ox] = fromF32<T>(r[ox]);
+                    }
                     for (int64_t ox = 0; ox < ow; ++ox) {
+                      if (ox == oxa)
+                        ox = oxb;
+                      if (ox >= ow)
+                        break;
                       int64_t x0 = ox * stride[1] - padding[1];
                       int64_t xa = std::max<int64_t>(x0, 0),
                               xb = std::min(x0 + kernel[1], w);
@@ -228,9 +345,29 @@ Status conv2dGradInputKernel(const Instr &instr, Ins ins, Outs outs) {
     wt = asF32<T>(ins[1], wb);
     dx = outF32<T>(outs[0], dxb);
     std::fill(dx, dx + outs[0].numElements(), 0.0f);
-    if (!direct && plane > 0)
+    const int64_t nb = plane > 0 ? imagesPerChunkOf(geom, n) : 1;
+    if (nb > 1) {
+      // Whole planes of nb images: col = w_g^T [ckk, og] x dy [og, nb*plane].
+      std::vector<float> dyT(size_t(og * nb * plane));
+      col.resize(size_t(ckk * nb * plane));
+      for (int64_t n0 = 0; n0 < n; n0 += nb) {
+        int64_t cnt = std::min(nb, n - n0), cols = cnt * plane;
+        for (int64_t gi = 0; gi < groups; ++gi) {
+          gatherPlanes(dy, n0, cnt, o, gi * og, og, plane, dyT.data());
+          gemmF32(true, false, ckk, cols, og, 1.0f, wt + gi * og * ckk, ckk,
+                  dyT.data(), cols, 0.0f, col.data(), cols);
+          if (direct)
+            scatterPlanes(col.data(), n0, cnt, c, gi * cg, cg, plane, dx);
+          else
+            for (int64_t i = 0; i < cnt; ++i)
+              col2imAdd(geom, col.data() + i * plane, 0, oh,
+                        dx + ((n0 + i) * c + gi * cg) * h * w, cols);
+        }
+      }
+    }
+    if (!direct && plane > 0 && nb == 1)
       col.resize(size_t(ckk * rowsPerChunk * ow));
-    for (int64_t ni = 0; ni < n && plane > 0; ++ni) {
+    for (int64_t ni = 0; ni < n && plane > 0 && nb == 1; ++ni) {
       for (int64_t gi = 0; gi < groups; ++gi) {
         float *dxg = dx + (ni * c + gi * cg) * h * w;
         const float *wg = wt + gi * og * ckk;
@@ -245,7 +382,7 @@ Status conv2dGradInputKernel(const Instr &instr, Ins ins, Outs outs) {
           int64_t cols = rows * ow;
           gemmF32(true, false, ckk, cols, og, 1.0f, wg, ckk, dyg + r0 * ow,
                   plane, 0.0f, col.data(), cols);
-          col2imAdd(geom, col.data(), r0, rows, dxg);
+          col2imAdd(geom, col.data(), r0, rows, dxg, cols);
         }
       }
     }
@@ -277,9 +414,30 @@ Status conv2dGradFilterKernel(const Instr &instr, Ins ins, Outs outs) {
     dy = asF32<T>(ins[1], dyb);
     dw = outF32<T>(outs[0], dwb);
     std::fill(dw, dw + outs[0].numElements(), 0.0f);
-    if (!direct && plane > 0)
+    const int64_t nb = plane > 0 ? imagesPerChunkOf(geom, n) : 1;
+    if (nb > 1) {
+      // Whole planes of nb images: dw_g += dy [og, nb*plane] x col^T, the
+      // sum over images inside the GEMM; chunks in order.
+      std::vector<float> dyT(size_t(og * nb * plane));
+      col.resize(size_t(ckk * nb * plane));
+      for (int64_t n0 = 0; n0 < n; n0 += nb) {
+        int64_t cnt = std::min(nb, n - n0), cols = cnt * plane;
+        for (int64_t gi = 0; gi < groups; ++gi) {
+          gatherPlanes(dy, n0, cnt, o, gi * og, og, plane, dyT.data());
+          if (direct)
+            gatherPlanes(x, n0, cnt, c, gi * cg, cg, h * w, col.data());
+          else
+            for (int64_t i = 0; i < cnt; ++i)
+              im2col(geom, x + ((n0 + i) * c + gi * cg) * h * w, 0, oh,
+                     col.data() + i * plane, cols);
+          gemmF32(false, true, og, ckk, cols, 1.0f, dyT.data(), cols,
+                  col.data(), cols, 1.0f, dw + gi * og * ckk, ckk);
+        }
+      }
+    }
+    if (!direct && plane > 0 && nb == 1)
       col.resize(size_t(ckk * rowsPerChunk * ow));
-    for (int64_t ni = 0; ni < n && plane > 0; ++ni) {
+    for (int64_t ni = 0; ni < n && plane > 0 && nb == 1; ++ni) {
       for (int64_t gi = 0; gi < groups; ++gi) {
         const float *xg = x + (ni * c + gi * cg) * h * w;
         const float *dyg = dy + (ni * o + gi * og) * plane;
@@ -292,7 +450,7 @@ Status conv2dGradFilterKernel(const Instr &instr, Ins ins, Outs outs) {
         for (int64_t r0 = 0; r0 < oh; r0 += rowsPerChunk) {
           int64_t rows = std::min(rowsPerChunk, oh - r0);
           int64_t cols = rows * ow;
-          im2col(geom, xg, r0, rows, col.data());
+          im2col(geom, xg, r0, rows, col.data(), cols);
           gemmF32(false, true, og, ckk, cols, 1.0f, dyg + r0 * ow, plane,
                   col.data(), cols, 1.0f, dwg, ckk);
         }
@@ -349,11 +507,13 @@ Status poolGradKernel(const Instr &instr, Ins ins, Outs outs) {
                           float r = 0;
                           for (int64_t iy = ya; iy < yb; ++iy)
                             for (int64_t ix = xa; ix < xb; ++ix) {
+                              // Selects, not branches: on real data the
+                              // winner is unpredictable.
                               float v = toF32(xp[iy * w + ix]);
-                              if (best < 0 || (r == r && (v != v || v > r))) {
-                                r = v;
-                                best = iy * w + ix;
-                              }
+                              bool take =
+                                  best < 0 || (r == r && (v != v || v > r));
+                              r = take ? v : r;
+                              best = take ? iy * w + ix : best;
                             }
                           if (best >= 0)
                             acc[best] += g;

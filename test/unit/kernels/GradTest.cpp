@@ -1041,3 +1041,72 @@ TEST(GradThreads, ResultsIndependentOfThreadCount) {
 }
 
 } // namespace
+
+namespace {
+
+/// Image i of an [N, ...] tensor as a [1, ...] tensor (f32).
+Tensor imageOf(const Tensor &t, int64_t i) {
+  Shape s = t.type.shape;
+  int64_t per = t.size() / s[0];
+  s[0] = 1;
+  Tensor r(DType::F32, s);
+  std::copy_n(static_cast<const float *>(t.data()) + i * per, per,
+              static_cast<float *>(r.data()));
+  return r;
+}
+
+} // namespace
+
+// conv2d and its gradients put several images' planes side by side in one
+// GEMM when their column matrices fit in ~32 MB (Conv.cpp,
+// imagesPerChunkOf), in chunks of images. These shapes make several chunks,
+// the last one partial; the results must equal the one-image-at-a-time path
+// (a batch of 1) image by image, and the filter gradient their sum.
+TEST(ConvGrad, ImageChunksAgreeWithOneImageAtATime) {
+  KT_SEEDED_RNG(rng);
+  const ConvCase cases[] = {
+      {16, 64, 32, 32, 8, 3, 3, 1, {1, 1}, {1, 1}, {1, 1}},  // 14 + 2 images
+      {30, 64, 32, 32, 8, 3, 3, 2, {1, 1}, {1, 1}, {1, 1}},  // grouped: 28 + 2
+      {10, 256, 64, 64, 4, 1, 1, 1, {1, 1}, {0, 0}, {1, 1}}, // 1x1: 8 + 2
+      {12, 96, 24, 24, 8, 3, 3, 1, {2, 2}, {1, 1}, {1, 1}},  // strided
+  };
+  for (const ConvCase &c : cases) {
+    Tensor x = randomTensor(rng, DType::F32, c.xShape());
+    Tensor w = randomTensor(rng, DType::F32, c.wShape());
+    Tensor dy = randomTensor(rng, DType::F32, c.yShape());
+    Tensor y(DType::F32, c.yShape()), dx(DType::F32, c.xShape()),
+        dw(DType::F32, c.wShape());
+    auto attrs = convAttrs(c);
+    ASSERT_EQ(errOf(makeInstr("conv2d", attrs), {&x, &w}, {&y}), "");
+    ASSERT_EQ(errOf(makeInstr("conv2d_grad_input", attrs), {&dy, &w}, {&dx}),
+              "");
+    ASSERT_EQ(errOf(makeInstr("conv2d_grad_filter", attrs), {&x, &dy}, {&dw}),
+              "");
+    ConvCase one = c;
+    one.n = 1;
+    std::vector<double> yRef, dxRef, dwRef(size_t(dw.size()), 0.0);
+    for (int64_t i = 0; i < c.n; ++i) {
+      Tensor xi = imageOf(x, i), dyi = imageOf(dy, i);
+      Tensor yi(DType::F32, one.yShape()), dxi(DType::F32, one.xShape()),
+          dwi(DType::F32, one.wShape());
+      ASSERT_EQ(errOf(makeInstr("conv2d", attrs), {&xi, &w}, {&yi}), "");
+      ASSERT_EQ(
+          errOf(makeInstr("conv2d_grad_input", attrs), {&dyi, &w}, {&dxi}), "");
+      ASSERT_EQ(
+          errOf(makeInstr("conv2d_grad_filter", attrs), {&xi, &dyi}, {&dwi}),
+          "");
+      for (int64_t j = 0; j < yi.size(); ++j)
+        yRef.push_back(yi.get(j));
+      for (int64_t j = 0; j < dxi.size(); ++j)
+        dxRef.push_back(dxi.get(j));
+      for (int64_t j = 0; j < dwi.size(); ++j)
+        dwRef[size_t(j)] += dwi.get(j);
+    }
+    std::string what = "n=" + std::to_string(c.n) + " c=" +
+                       std::to_string(c.c) + " groups=" +
+                       std::to_string(c.groups);
+    EXPECT_TRUE(allClose(y, yRef, 1e-5, 1e-4)) << "y " << what;
+    EXPECT_TRUE(allClose(dx, dxRef, 1e-5, 1e-4)) << "dx " << what;
+    EXPECT_TRUE(gradClose(dw, dwRef, 1e-5)) << "dw " << what;
+  }
+}
