@@ -795,6 +795,9 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       return bad() << "expects 0 <= min-lr <= lr, got " << double(minLr);
     if (!(clipNorm >= 0))
       return bad() << "expects clip-norm >= 0, got " << double(clipNorm);
+    if (!gradNorm && clipNorm > 0)
+      return bad() << "clip-norm " << double(clipNorm)
+                   << " needs the gradient norm (grad-norm=false)";
     if (zero < 0 || zero > 3)
       return bad() << "zero=" << int64_t(zero) << ": expects a ZeRO stage from 0 to 3";
     if (!(bucketMb >= 0) || !std::isfinite(double(bucketMb)))
@@ -1058,11 +1061,16 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
     // partial sum per stage (and set of axes) crosses the pipeline instead
     // of one scalar per parameter (as Megatron-LM does); without stages the
     // order is the parameters'.
+    // The global norm, unless nothing asks for it (grad-norm=false: no
+    // clipping, and the runtime reports no grad_norm): then no pass over
+    // the gradients.
     Value total;
     std::map<std::pair<int64_t, std::vector<int16_t>>, Value> partials;
     auto mesh = fn->getParentOfType<ModuleOp>()->getAttrOfType<DictionaryAttr>(
         "dlopt.mesh");
     for (auto &[arg, name] : params) {
+      if (!gradNorm)
+        break;
       Value g = gradOf[name.getValue()];
       // |g| * |g| = g * g exactly, but not the same op as Adam's g * g:
       // CSE would otherwise keep every gradient's square alive from here to
@@ -1099,11 +1107,11 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
                             .getResult();
       total = total ? e.add(total, sum) : sum;
     }
-    Value gradNorm = e.sqrt(total);
+    Value norm = total ? e.sqrt(total) : Value();
     Value clipScale;
     if (clipNorm > 0)
       clipScale = e.min(e.f32(1.0),
-                        e.div(e.f32(clipNorm), e.add(gradNorm, e.f32(1e-6))));
+                        e.div(e.f32(clipNorm), e.add(norm, e.f32(1e-6))));
 
     double wd = weightDecay >= 0 ? double(weightDecay)
                                  : (optimizer == "adamw" ? 0.01 : 0.0);
@@ -1205,7 +1213,8 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
                          "loss_scale.good_steps"});
     }
 
-    // Results: loss, lr, grad_norm, other outputs, updates.
+    // Results: loss, lr, grad_norm (unless grad-norm=false), other outputs,
+    // updates.
     SmallVector<Value> results;
     SmallVector<DictionaryAttr> attrs;
     auto named = [&](StringRef output, StringRef update = {}) {
@@ -1219,8 +1228,10 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
     attrs.push_back(fn.getResultAttrDict(0) ? fn.getResultAttrDict(0) : named("loss"));
     results.push_back(lrNow);
     attrs.push_back(named("lr"));
-    results.push_back(gradNorm);
-    attrs.push_back(named("grad_norm"));
+    if (norm) {
+      results.push_back(norm);
+      attrs.push_back(named("grad_norm"));
+    }
     for (unsigned r : otherResults) {
       if (r == 0)
         continue;

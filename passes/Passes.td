@@ -228,6 +228,9 @@ def OptimizerPass : Pass<"dlopt-optimizer", "mlir::ModuleOp"> {
     Option<"minLr", "min-lr", "double", /*default=*/"0.0", "Final learning rate of the decay">,
     Option<"clipNorm", "clip-norm", "double", /*default=*/"0.0",
            "Clip gradients to this global L2 norm (0: off)">,
+    Option<"gradNorm", "grad-norm", "bool", /*default=*/"true",
+           "Compute the global gradient norm (result grad_norm); false "
+           "skips its pass over every gradient (refused with clip-norm)">,
     Option<"accumulate", "accumulate", "int64_t", /*default=*/"1",
            "Micro-batches per step (gradient accumulation)">,
     Option<"growthInterval", "loss-scale-growth-interval", "int64_t", /*default=*/"2000",

@@ -110,6 +110,12 @@ template <Unary K, typename I> inline I unaryI(I x) {
     return x < 0 ? I(0) : x;
 }
 
+template <Unary K, typename T>
+DLOPT_SIMD_CLONES void unaryLoop(const T *x, T *y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = fromF32<T>(unaryF<K>(toF32(x[i])));
+}
+
 template <Unary K>
 Status runUnaryTyped(const TensorRef &in,
                      const TensorRef &out) {
@@ -122,8 +128,7 @@ Status runUnaryTyped(const TensorRef &in,
     T *y = out.as<T>();
     if constexpr (isFloatStorage<T>) {
       parallelFor(n, grainFor(cost), [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i)
-          y[i] = fromF32<T>(unaryF<K>(toF32(x[i])));
+        unaryLoop<K, T>(x + b, y + b, e - b);
       });
     } else {
       parallelFor(n, grainFor(cost), [&](int64_t b, int64_t e) {
@@ -252,6 +257,25 @@ template <Pred P, typename C> inline uint8_t comparePred(C a, C b) {
     return a >= b;
 }
 
+/// po[j] = f(pa[j * sa], pb[j * sb]) for strides 0 or 1, specialized so
+/// that each case vectorizes.
+template <typename TA, typename TO, typename F>
+DLOPT_SIMD_CLONES void binaryLoop(const TA *pa, const TA *pb, TO *po,
+                                  int64_t len, int64_t sa, int64_t sb, F f) {
+  if (sa == 1 && sb == 1)
+    for (int64_t j = 0; j < len; ++j)
+      po[j] = f(pa[j], pb[j]);
+  else if (sa == 1)
+    for (int64_t j = 0; j < len; ++j)
+      po[j] = f(pa[j], pb[0]);
+  else if (sb == 1)
+    for (int64_t j = 0; j < len; ++j)
+      po[j] = f(pa[0], pb[j]);
+  else
+    for (int64_t j = 0; j < len; ++j)
+      po[j] = f(pa[0], pb[0]);
+}
+
 /// out[i] = f(a[...], b[...]) over a broadcast plan; the innermost loop is
 /// specialized on the operand strides so the common cases vectorize.
 template <typename TA, typename TO, typename F>
@@ -265,18 +289,7 @@ void broadcast2(const BroadcastPlan &p, const TA *a, const TA *b, TO *out,
                       const TA *pb = b + p.rowOffset(1, row) + j0 * sb;
                       TO *po = out + row * inner + j0;
                       int64_t len = j1 - j0;
-                      if (sa == 1 && sb == 1)
-                        for (int64_t j = 0; j < len; ++j)
-                          po[j] = f(pa[j], pb[j]);
-                      else if (sa == 1)
-                        for (int64_t j = 0; j < len; ++j)
-                          po[j] = f(pa[j], pb[0]);
-                      else if (sb == 1)
-                        for (int64_t j = 0; j < len; ++j)
-                          po[j] = f(pa[0], pb[j]);
-                      else
-                        for (int64_t j = 0; j < len; ++j)
-                          po[j] = f(pa[0], pb[0]);
+                      binaryLoop(pa, pb, po, len, sa, sb, f);
                     });
 }
 
@@ -431,8 +444,8 @@ template <typename T> void roundRow(float *d, const float *a, int64_t n) {
     d[j] = toF32(fromF32<T>(a[j]));
 }
 
-void runStep(const fused::Step &st, float *d, const float *a, const float *b,
-             int64_t n) {
+DLOPT_SIMD_CLONES void runStep(const fused::Step &st, float *d,
+                               const float *a, const float *b, int64_t n) {
   using O = fused::OpCode;
   switch (st.op) {
   case O::Neg: return unaryRow<Unary::Neg>(d, a, n);
@@ -489,23 +502,42 @@ void fusedSegment(const fused::Program &p, Ins ins, Outs outs) {
       }
     for (int64_t c = 0; c < numConst; ++c)
       std::fill_n(row(numIn + c), kFusedBlock, float(p.consts[size_t(c)]));
+    // Where each register's block lives: its row, or for an f32 input the
+    // tensor itself (read in place: no copy; results are stored only after
+    // every step, so an output sharing an input's bytes is still safe).
+    // An input that is also an output is copied as before: another
+    // output's store could overwrite its bytes before it is stored.
+    std::vector<const float *> src(static_cast<size_t>(numRegs));
+    for (int64_t r = 0; r < numRegs; ++r)
+      src[size_t(r)] = row(r);
+    std::vector<char> inPlace(static_cast<size_t>(numIn), 1);
+    for (int64_t o : p.outputs)
+      if (o < numIn)
+        inPlace[size_t(o)] = 0;
     for (int64_t blk = b; blk < e; ++blk) {
       int64_t i0 = blk * kFusedBlock;
       int64_t len = std::min(kFusedBlock, n - i0);
-      for (int64_t k = 0; k < numIn; ++k)
-        if (!ins[k].type.shape.empty())
-          (void)dispatchFloat(ins[k].type.dtype, [&](auto tag) -> Status {
-            loadF32(ins[k].as<decltype(tag)>() + i0, row(k), len);
-            return Status::ok();
-          });
+      for (int64_t k = 0; k < numIn; ++k) {
+        if (ins[k].type.shape.empty())
+          continue;
+        if (ins[k].type.dtype == DType::F32 && inPlace[size_t(k)]) {
+          src[size_t(k)] = ins[k].as<float>() + i0;
+          continue;
+        }
+        (void)dispatchFloat(ins[k].type.dtype, [&](auto tag) -> Status {
+          loadF32(ins[k].as<decltype(tag)>() + i0, row(k), len);
+          return Status::ok();
+        });
+      }
       for (size_t s = 0; s < p.steps.size(); ++s) {
         const fused::Step &st = p.steps[s];
-        runStep(st, row(numIn + numConst + int64_t(s)), row(st.a),
-                fused::isBinary(st.op) ? row(st.b) : nullptr, len);
+        runStep(st, row(numIn + numConst + int64_t(s)), src[size_t(st.a)],
+                fused::isBinary(st.op) ? src[size_t(st.b)] : nullptr, len);
       }
       for (size_t o = 0; o < outs.size(); ++o)
         (void)dispatchFloat(outs[o].type.dtype, [&](auto tag) -> Status {
-          storeF32(row(p.outputs[o]), outs[o].as<decltype(tag)>() + i0, len);
+          storeF32(src[size_t(p.outputs[o])], outs[o].as<decltype(tag)>() + i0,
+                   len);
           return Status::ok();
         });
     }

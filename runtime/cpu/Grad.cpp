@@ -470,6 +470,13 @@ template <bool Tanh> inline float geluDeriv(float x) {
   }
 }
 
+template <bool Tanh, typename T>
+DLOPT_SIMD_CLONES void geluGradLoop(const T *x, const T *dy, T *dx,
+                                    int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    dx[i] = fromF32<T>(toF32(dy[i]) * geluDeriv<Tanh>(toF32(x[i])));
+}
+
 Status geluGradKernel(const Instr &instr, Ins ins, Outs outs) {
   const TensorType &t = ins[0].type;
   std::string approx = "none";
@@ -482,11 +489,9 @@ Status geluGradKernel(const Instr &instr, Ins ins, Outs outs) {
     T *dx = outs[0].as<T>();
     parallelFor(n, grainFor(24), [&](int64_t b, int64_t e) {
       if (useTanh)
-        for (int64_t i = b; i < e; ++i)
-          dx[i] = fromF32<T>(toF32(dy[i]) * geluDeriv<true>(toF32(x[i])));
+        geluGradLoop<true>(x + b, dy + b, dx + b, e - b);
       else
-        for (int64_t i = b; i < e; ++i)
-          dx[i] = fromF32<T>(toF32(dy[i]) * geluDeriv<false>(toF32(x[i])));
+        geluGradLoop<false>(x + b, dy + b, dx + b, e - b);
     });
     return Status::ok();
   });

@@ -17,6 +17,13 @@
 namespace dlopt::rt::cpu {
 namespace {
 
+/// log(sum_j e^row[j]) in double, max-shifted; ex is scratch.
+DLOPT_SIMD_CLONES double logSumExp(const float *row, float *ex, int64_t c) {
+  float m = vm::rowMax(row, c);
+  vm::expShifted(row, c, m, ex);
+  return double(m) + std::log(vm::rowSumF64(ex, c));
+}
+
 Status crossEntropyKernel(const Instr &instr, Ins ins, Outs outs) {
   const TensorType &tl = ins[0].type, &ty = ins[1].type;
   int64_t ignore = -100;
@@ -43,10 +50,7 @@ Status crossEntropyKernel(const Instr &instr, Ins ins, Outs outs) {
         if (labels[i] == ignore)
           continue;
         loadF32(x + i * c, row, c);
-        float m = vm::rowMax(row, c);
-        vm::expShifted(row, c, m, ex);
-        double s = vm::rowSumF64(ex, c);
-        rowLoss[i] = double(m) + std::log(s) - double(row[labels[i]]);
+        rowLoss[i] = logSumExp(row, ex, c) - double(row[labels[i]]);
       }
     });
     double total = 0;

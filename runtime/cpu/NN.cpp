@@ -19,7 +19,7 @@ namespace dlopt::rt::cpu {
 
 /// Softmax (or log-softmax) of `v[0..n)` in place (also used by
 /// attention_grad to recompute the probabilities exactly as attention does).
-void softmaxInPlace(float *v, int64_t n, bool log) {
+DLOPT_SIMD_CLONES void softmaxInPlace(float *v, int64_t n, bool log) {
   float m = vm::rowMax(v, n);
   if (log) {
     // The exponentials go to a scratch row; v keeps the inputs.

@@ -30,6 +30,21 @@
 #include <cstdint>
 #include <cstring>
 
+/// Runtime ISA dispatch for the hot kernel loops: GCC compiles a function
+/// marked DLOPT_SIMD_CLONES twice, for AVX2 and for the x86-64 baseline
+/// (SSE2), and picks one when the program loads (an ifunc, by the CPU's
+/// features). Both clones give the same bits: no FMA is involved (AVX2 does
+/// not imply it, and the kernels build with -ffp-contract=off) and no
+/// reduction is reordered. Elsewhere (clang: the sanitizer and fuzz builds,
+/// or other architectures) the functions are compiled once, for the
+/// baseline.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) &&     \
+    !defined(DLOPT_NO_SIMD_CLONES)
+#define DLOPT_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DLOPT_SIMD_CLONES
+#endif
+
 namespace dlopt::rt::cpu::vm {
 
 inline float bitsToFloat(uint32_t u) {

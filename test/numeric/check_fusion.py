@@ -23,6 +23,10 @@ count and prints the counts and the wall time of the N steps.
                       difference < 2e-2 per step, and every param within
                       2e-3 + 1e-2 |p| of the unfused run (Adam steps are
                       ~lr = 1e-3 each).
+  gpt_tiny.no_grad_norm  gpt-tiny with AdamW compiled with and without
+                      --grad-norm=false (no global norm, no grad_norm
+                      result): bitwise identical losses, lr and checkpoints,
+                      fewer instructions, no grad_norm in the metrics.
 
   check_fusion.py [--work-dir DIR] [--seed N] [--filter REGEX] [--list]
 
@@ -176,7 +180,51 @@ def mlp_adamw_bf16(ctx):
     return mlp_case(ctx, ["--optimizer", "adamw", "--lr", "1e-3", "--precision", "bf16"], exact=False)
 
 
-CASES = [("gpt_tiny.adamw.f32", gpt_tiny_adamw), ("mlp.adam.f32", mlp_adam), ("mlp.adamw.bf16", mlp_adamw_bf16)]
+def gpt_tiny_no_grad_norm(ctx):
+    """--grad-norm=false drops the global norm's pass over the gradients
+    and the grad_norm result: the training is bitwise the same, the plan
+    shorter, and the metrics have no grad_norm."""
+    steps = 3
+    toks = ctx.rng.integers(0, 128, size=4000).astype(np.int32)
+    np.save(ctx.path("train.npy"), toks)
+    ctx.tool("gen", ["gpt", "--preset", "gpt-tiny", "-q", "-o", ctx.path("gpt.mlir")])
+    counts, out = {}, {}
+    for tag, extra in (("norm", []), ("nonorm", ["--grad-norm=false"])):
+        r = ctx.tool("compile", ["--train", "--optimizer", "adamw", ctx.path("gpt.mlir"),
+                                 "-o", ctx.path(tag + ".plan")] + extra)
+        counts[tag] = int(re.search(r"(\d+) instructions", r.stdout + r.stderr).group(1))
+        ctx.tool("run", [ctx.path(tag + ".plan"), "--steps", str(steps), "--checkpoint-dir", ctx.path(tag),
+                         "--metrics", ctx.path(tag + ".jsonl"), "--seed", str(ctx.seed % 100000),
+                         "--threads", "1", "--quiet", "--data", ctx.path("train.npy")])
+        tensors, _ = read_safetensors(ctx.path(tag, "step-%06d.safetensors" % steps))
+        out[tag] = (read_jsonl(ctx.path(tag + ".jsonl")), tensors)
+    def has_norm_output(tag):  # the dump's output lines: "  grad_norm = %N : f32"
+        dump = ctx.tool("run", [ctx.path(tag + ".plan"), "--dump"]).stdout
+        return re.search(r"^\s+grad_norm = %", dump, re.M) is not None
+    if not has_norm_output("norm") or has_norm_output("nonorm"):
+        raise Failure("grad_norm outputs: %s with the norm, %s without" % (
+            has_norm_output("norm"), has_norm_output("nonorm")))
+    if counts["nonorm"] >= counts["norm"]:
+        raise Failure("--grad-norm=false did not shorten the plan: %d vs %d instructions" % (
+            counts["nonorm"], counts["norm"]))
+    (mn, tn), (mo, to) = out["norm"], out["nonorm"]
+    for a, b in zip(mn, mo):
+        if "grad_norm" not in a or "grad_norm" in b:
+            raise Failure("step %d: grad_norm in the metrics %s / %s" % (a["step"], a.keys(), b.keys()))
+        if a["loss"] != b["loss"] or a["lr"] != b["lr"]:
+            raise Failure("step %d: loss/lr %r/%r with the norm, %r/%r without" % (
+                a["step"], a["loss"], a["lr"], b["loss"], b["lr"]))
+    if sorted(tn) != sorted(to):
+        raise Failure("checkpoint tensors differ: %s vs %s" % (sorted(tn), sorted(to)))
+    for k in tn:
+        if tn[k].tobytes() != to[k].tobytes():
+            raise Failure("%s differs after %d steps" % (k, steps))
+    return "bitwise identical losses and %d checkpoint tensors; %d -> %d instructions" % (
+        len(tn), counts["norm"], counts["nonorm"])
+
+
+CASES = [("gpt_tiny.adamw.f32", gpt_tiny_adamw), ("mlp.adam.f32", mlp_adam), ("mlp.adamw.bf16", mlp_adamw_bf16),
+         ("gpt_tiny.no_grad_norm", gpt_tiny_no_grad_norm)]
 
 
 def run_case(name, fn, args, tools, work):

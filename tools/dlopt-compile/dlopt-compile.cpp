@@ -103,6 +103,12 @@ static cl::opt<double> minLrOpt("min-lr", cl::desc("Final LR of the decay (defau
 static cl::opt<double> clipOpt("clip-norm",
                                cl::desc("Clip gradients to this global L2 norm (0: off)"),
                                cl::init(0.0), cl::cat(trainCategory));
+static cl::opt<bool> gradNormOpt(
+    "grad-norm",
+    cl::desc("Compute the global gradient norm each step and report it "
+             "(default true); =false skips its pass over every gradient "
+             "when no --clip-norm needs it"),
+    cl::init(true), cl::cat(trainCategory));
 static cl::opt<int64_t> accumulateOpt(
     "accumulate", cl::desc("Micro-batches per step (gradient accumulation); each "
                            "input gains a leading dim of this size"),
@@ -1069,6 +1075,7 @@ int main(int argc, char **argv) {
   options.optimizer.totalSteps = totalStepsOpt;
   options.optimizer.minLr = minLrOpt;
   options.optimizer.clipNorm = clipOpt;
+  options.optimizer.gradNorm = gradNormOpt;
   options.optimizer.accumulate =
       planMicroBatches > 0 ? planMicroBatches : int64_t(accumulateOpt);
   options.pipelineStages = pipelineStages;

@@ -194,4 +194,53 @@ TEST(VecMath, VectorLoopsGiveTheBitsOfScalarCalls) {
     ASSERT_EQ(bitsOf(y[i]), bitsOf(scalarGeluDeriv(x[i]))) << "gelu' " << x[i];
 }
 
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+// The kernels' AVX2 clones (DLOPT_SIMD_CLONES) must give the bits of the
+// baseline ones: the same loops compiled for AVX2 here.
+[[gnu::noinline, gnu::target("avx2")]] void avx2Exp(const float *x, float *y,
+                                                     int n) {
+  for (int i = 0; i < n; ++i)
+    y[i] = vm::expF(x[i]);
+}
+[[gnu::noinline, gnu::target("avx2")]] void avx2GeluDeriv(const float *x,
+                                                          float *y, int n) {
+  for (int i = 0; i < n; ++i)
+    y[i] = vm::geluTanhDerivF(x[i]) + vm::tanhF(x[i]) + vm::siluF(x[i]);
+}
+[[gnu::noinline]] void baseGeluDeriv(const float *x, float *y, int n) {
+  for (int i = 0; i < n; ++i)
+    y[i] = vm::geluTanhDerivF(x[i]) + vm::tanhF(x[i]) + vm::siluF(x[i]);
+}
+[[gnu::noinline, gnu::target("avx2")]] double avx2RowSum(const float *x,
+                                                         int n) {
+  return vm::rowSumF64(x, n) + vm::rowMax(x, n);
+}
+[[gnu::noinline]] double baseRowSum(const float *x, int n) {
+  return vm::rowSumF64(x, n) + vm::rowMax(x, n);
+}
+
+TEST(VecMath, Avx2CodeGivesTheBitsOfTheBaseline) {
+  if (!__builtin_cpu_supports("avx2"))
+    GTEST_SKIP() << "this CPU has no AVX2";
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<float> dist(-110.0f, 95.0f);
+  const int n = 8195;
+  std::vector<float> x(n), a(n), b(n);
+  for (float &v : x)
+    v = dist(rng) / (rng() % 2 ? 1.0f : 16.0f);
+  avx2Exp(x.data(), a.data(), n);
+  vectorExp(x.data(), b.data(), n);
+  for (int i = 0; i < n; ++i)
+    ASSERT_EQ(bitsOf(a[i]), bitsOf(b[i])) << "exp " << x[i];
+  avx2GeluDeriv(x.data(), a.data(), n);
+  baseGeluDeriv(x.data(), b.data(), n);
+  for (int i = 0; i < n; ++i)
+    ASSERT_EQ(bitsOf(a[i]), bitsOf(b[i])) << x[i];
+  for (int len : {1, 7, 8, 9, 100, 8195}) {
+    double p = avx2RowSum(x.data(), len), q = baseRowSum(x.data(), len);
+    ASSERT_EQ(std::memcmp(&p, &q, sizeof p), 0) << len;
+  }
+}
+#endif
+
 } // namespace
