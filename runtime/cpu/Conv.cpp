@@ -4,7 +4,7 @@
 // W_g [O/groups, Cg*KH*KW] x col [Cg*KH*KW, rows*OW], written straight into
 // the NCHW output through ldc. 1x1 convolutions with unit stride and no
 // padding skip im2col since the input already is the column matrix. When
-// several images' column matrices fit in ~32 MB (imagesPerChunkOf), their
+// several images' column matrices fit in 4 MiB (imagesPerChunkOf), their
 // planes sit side by side in one column matrix and one GEMM covers them all
 // (results copied between [O, images*plane] and NCHW): small planes would
 // otherwise give GEMMs a few pixels wide.
@@ -45,14 +45,16 @@ void validColumns(const ConvGeom &g, int64_t off, int64_t &xa, int64_t &xb) {
 /// Output rows [r0, r0 + rows) of one image's columns: row r of the column
 /// matrix (one (channel, ky, kx) tap) at col + r * ld.
 /// Images per GEMM when whole planes are batched: the column matrix of nb
-/// images is [C/groups*KH*KW, nb*OH*OW], kept around 32 MB. 1 means one
+/// images is [C/groups*KH*KW, nb*OH*OW], kept within 4 MiB (2^20 floats:
+/// GEMMs thousands of columns wide, and the kernels' scratch, this plus the
+/// GEMM's [O/groups, nb*OH*OW] result, stays small). 1 means one
 /// image at a time (row chunks of rowsPerChunkOf). Small planes (the deep
 /// layers of a ResNet: 2x2 to 8x8 pixels at 64 px) then make GEMMs wide
 /// enough to run at the BLAS's speed, and the filter gradient sums over
 /// images inside one GEMM. A function of the shape only.
 int64_t imagesPerChunkOf(const ConvGeom &g, int64_t n) {
   int64_t perImage = std::max<int64_t>(g.ckk() * g.oh * g.ow, 1);
-  return std::clamp<int64_t>((int64_t(1) << 23) / perImage, 1,
+  return std::clamp<int64_t>((int64_t(1) << 20) / perImage, 1,
                              std::max<int64_t>(n, 1));
 }
 
@@ -109,6 +111,19 @@ void im2col(const ConvGeom &g, const float *xg, int64_t r0, int64_t rows,
         std::fill(d + xb, d + g.ow, 0.0f);
       }
     }
+  });
+}
+
+/// im2col of `count` whole images (image i at xg + i * imageStride) side by
+/// side: image i's columns start at col + i * OH*OW, rows ld apart. The
+/// images run in parallel (small planes would leave im2col's own split over
+/// taps serial).
+void im2colImages(const ConvGeom &g, const float *xg, int64_t imageStride,
+                  int64_t count, float *col, int64_t ld) {
+  const int64_t plane = g.oh * g.ow;
+  parallelFor(count, grainFor(g.ckk() * plane), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      im2col(g, xg + i * imageStride, 0, g.oh, col + i * plane, ld);
   });
 }
 
@@ -180,9 +195,8 @@ Status conv2dKernel(const Instr &instr, Ins ins, Outs outs) {
           if (direct)
             gatherPlanes(x, n0, cnt, c, gi * cg, cg, h * w, col.data());
           else
-            for (int64_t i = 0; i < cnt; ++i)
-              im2col(geom, x + ((n0 + i) * c + gi * cg) * h * w, 0, oh,
-                     col.data() + i * plane, cols);
+            im2colImages(geom, x + (n0 * c + gi * cg) * h * w, c * h * w, cnt,
+                         col.data(), cols);
           gemmF32(false, false, og, cols, ckk, 1.0f, wt + gi * og * ckk, ckk,
                   col.data(), cols, 0.0f, tmp.data(), cols);
           scatterPlanes(tmp.data(), n0, cnt, o, gi * og, og, plane, y);
@@ -359,9 +373,12 @@ Status conv2dGradInputKernel(const Instr &instr, Ins ins, Outs outs) {
           if (direct)
             scatterPlanes(col.data(), n0, cnt, c, gi * cg, cg, plane, dx);
           else
-            for (int64_t i = 0; i < cnt; ++i)
-              col2imAdd(geom, col.data() + i * plane, 0, oh,
-                        dx + ((n0 + i) * c + gi * cg) * h * w, cols);
+            // Images in parallel (each adds into its own planes only).
+            parallelFor(cnt, grainFor(ckk * plane), [&](int64_t b, int64_t e) {
+              for (int64_t i = b; i < e; ++i)
+                col2imAdd(geom, col.data() + i * plane, 0, oh,
+                          dx + ((n0 + i) * c + gi * cg) * h * w, cols);
+            });
         }
       }
     }
@@ -427,9 +444,8 @@ Status conv2dGradFilterKernel(const Instr &instr, Ins ins, Outs outs) {
           if (direct)
             gatherPlanes(x, n0, cnt, c, gi * cg, cg, h * w, col.data());
           else
-            for (int64_t i = 0; i < cnt; ++i)
-              im2col(geom, x + ((n0 + i) * c + gi * cg) * h * w, 0, oh,
-                     col.data() + i * plane, cols);
+            im2colImages(geom, x + (n0 * c + gi * cg) * h * w, c * h * w, cnt,
+                         col.data(), cols);
           gemmF32(false, true, og, ckk, cols, 1.0f, dyT.data(), cols,
                   col.data(), cols, 1.0f, dw + gi * og * ckk, ckk);
         }

@@ -44,10 +44,12 @@ void sgemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
               int(std::max<int64_t>(ldc, 1)));
 }
 
-/// Rows or columns of C per block of a split GEMM, and the work below
-/// which a GEMM stays one call.
+/// Rows or columns of C per block of a split GEMM, and the work (M*N*K
+/// multiply-adds, ~0.15 ms on one core) below which a GEMM stays one call:
+/// waking the pool for less cost more than it saved (an MLP's 32x784x256
+/// forward ran slower on two threads than on one).
 constexpr int64_t kGemmBlock = 128;
-constexpr int64_t kGemmSplitFlops = int64_t(1) << 21;
+constexpr int64_t kGemmSplitFlops = int64_t(1) << 23;
 
 /// The block of a split along `extent`: an eighth of it in multiples of
 /// kGemmBlock, between kGemmBlock and 4 kGemmBlock. Every sgemm call packs
