@@ -4,7 +4,7 @@
 // W_g [O/groups, Cg*KH*KW] x col [Cg*KH*KW, rows*OW], written straight into
 // the NCHW output through ldc. 1x1 convolutions with unit stride and no
 // padding skip im2col since the input already is the column matrix. When
-// several images' column matrices fit in 4 MiB (imagesPerChunkOf), their
+// several images' column matrices fit in 1 MiB (imagesPerChunkOf), their
 // planes sit side by side in one column matrix and one GEMM covers them all
 // (results copied between [O, images*plane] and NCHW): small planes would
 // otherwise give GEMMs a few pixels wide.
@@ -45,16 +45,17 @@ void validColumns(const ConvGeom &g, int64_t off, int64_t &xa, int64_t &xb) {
 /// Output rows [r0, r0 + rows) of one image's columns: row r of the column
 /// matrix (one (channel, ky, kx) tap) at col + r * ld.
 /// Images per GEMM when whole planes are batched: the column matrix of nb
-/// images is [C/groups*KH*KW, nb*OH*OW], kept within 4 MiB (2^20 floats:
-/// GEMMs thousands of columns wide, and the kernels' scratch, this plus the
-/// GEMM's [O/groups, nb*OH*OW] result, stays small). 1 means one
+/// images is [C/groups*KH*KW, nb*OH*OW], kept within 1 MiB (2^18 floats:
+/// GEMMs still a thousand or more columns wide, and the kernels' scratch,
+/// this plus the GEMM's [O/groups, nb*OH*OW] result, stays small; 4 MiB
+/// measured no faster and raised a batch-64 CNN's peak by 5 MiB). 1 means one
 /// image at a time (row chunks of rowsPerChunkOf). Small planes (the deep
 /// layers of a ResNet: 2x2 to 8x8 pixels at 64 px) then make GEMMs wide
 /// enough to run at the BLAS's speed, and the filter gradient sums over
 /// images inside one GEMM. A function of the shape only.
 int64_t imagesPerChunkOf(const ConvGeom &g, int64_t n) {
   int64_t perImage = std::max<int64_t>(g.ckk() * g.oh * g.ow, 1);
-  return std::clamp<int64_t>((int64_t(1) << 20) / perImage, 1,
+  return std::clamp<int64_t>((int64_t(1) << 18) / perImage, 1,
                              std::max<int64_t>(n, 1));
 }
 

@@ -1058,17 +1058,17 @@ Tensor imageOf(const Tensor &t, int64_t i) {
 } // namespace
 
 // conv2d and its gradients put several images' planes side by side in one
-// GEMM when their column matrices fit in 4 MiB (2^20 floats: Conv.cpp,
+// GEMM when their column matrices fit in 1 MiB (2^18 floats: Conv.cpp,
 // imagesPerChunkOf), in chunks of images. These shapes make several chunks,
 // the last one partial; the results must equal the one-image-at-a-time path
 // (a batch of 1) image by image, and the filter gradient their sum.
 TEST(ConvGrad, ImageChunksAgreeWithOneImageAtATime) {
   KT_SEEDED_RNG(rng);
   const ConvCase cases[] = {
-      {9, 16, 32, 32, 8, 3, 3, 1, {1, 1}, {1, 1}, {1, 1}},  // 7 + 2 images
-      {10, 32, 32, 32, 8, 3, 3, 2, {1, 1}, {1, 1}, {1, 1}}, // grouped: 7 + 3
-      {6, 64, 64, 64, 4, 1, 1, 1, {1, 1}, {0, 0}, {1, 1}},  // 1x1: 4 + 2
-      {12, 96, 24, 24, 8, 3, 3, 1, {2, 2}, {1, 1}, {1, 1}}, // strided: 8 + 4
+      {9, 16, 16, 16, 8, 3, 3, 1, {1, 1}, {1, 1}, {1, 1}},  // 7 + 2 images
+      {10, 32, 16, 16, 8, 3, 3, 2, {1, 1}, {1, 1}, {1, 1}}, // grouped: 7 + 3
+      {6, 64, 32, 32, 4, 1, 1, 1, {1, 1}, {0, 0}, {1, 1}},  // 1x1: 4 + 2
+      {5, 96, 24, 24, 8, 3, 3, 1, {2, 2}, {1, 1}, {1, 1}},  // strided: 2+2+1
   };
   for (const ConvCase &c : cases) {
     Tensor x = randomTensor(rng, DType::F32, c.xShape());
