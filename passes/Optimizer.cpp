@@ -1053,7 +1053,7 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
       }
     }
 
-    // Global gradient norm (always reported) and clipping. In a partitioned
+    // Global gradient norm (reported as grad_norm) and clipping. In a partitioned
     // step a gradient split over mesh axes holds only its block: the sums
     // of its squares are summed over those axes (one all_reduce per set of
     // axes), so every rank clips by the same, global norm.
@@ -1061,39 +1061,38 @@ struct OptimizerPass : dlopt::impl::OptimizerPassBase<OptimizerPass> {
     // partial sum per stage (and set of axes) crosses the pipeline instead
     // of one scalar per parameter (as Megatron-LM does); without stages the
     // order is the parameters'.
-    // The global norm, unless nothing asks for it (grad-norm=false: no
-    // clipping, and the runtime reports no grad_norm): then no pass over
-    // the gradients.
+    // grad-norm=false (no clipping, no grad_norm result): no pass over the
+    // gradients, and no norm.
     Value total;
     std::map<std::pair<int64_t, std::vector<int16_t>>, Value> partials;
     auto mesh = fn->getParentOfType<ModuleOp>()->getAttrOfType<DictionaryAttr>(
         "dlopt.mesh");
-    for (auto &[arg, name] : params) {
-      if (!gradNorm)
-        break;
-      Value g = gradOf[name.getValue()];
-      // |g| * |g| = g * g exactly, but not the same op as Adam's g * g:
-      // CSE would otherwise keep every gradient's square alive from here to
-      // the update (a second copy of all gradients at the step's peak).
-      Value mag = dl::AbsOp::create(b, loc, g);
-      Value s = e.sumAll(e.mul(mag, mag));
-      std::vector<int16_t> axes;
-      ArrayAttr split = fn.getArgAttrOfType<ArrayAttr>(arg.getArgNumber(), kSplit);
-      // A ZeRO-sharded gradient is the shard: its state's layout.
-      if (auto it = stateLayouts.find(name.getValue()); it != stateLayouts.end())
-        for (NamedAttribute a : it->second)
-          if (a.getName() == kSplit)
-            split = cast<ArrayAttr>(a.getValue());
-      if (split && mesh)
-        for (Attribute d : split)
-          for (Attribute a : cast<ArrayAttr>(d))
-            for (auto [k, m] : llvm::enumerate(cast<ArrayAttr>(mesh.get("axes"))))
-              if (m == a)
-                axes.push_back(int16_t(k));
-      llvm::sort(axes);
-      int64_t stage = std::max<int64_t>(stageOfParam(name.getValue()), -1);
-      Value &t = partials[{stage, axes}];
-      t = t ? e.add(t, s) : s;
+    if (gradNorm) {
+      for (auto &[arg, name] : params) {
+        Value g = gradOf[name.getValue()];
+        // |g| * |g| = g * g exactly, but not the same op as Adam's g * g:
+        // CSE would otherwise keep every gradient's square alive from here to
+        // the update (a second copy of all gradients at the step's peak).
+        Value mag = dl::AbsOp::create(b, loc, g);
+        Value s = e.sumAll(e.mul(mag, mag));
+        std::vector<int16_t> axes;
+        ArrayAttr split = fn.getArgAttrOfType<ArrayAttr>(arg.getArgNumber(), kSplit);
+        // A ZeRO-sharded gradient is the shard: its state's layout.
+        if (auto it = stateLayouts.find(name.getValue()); it != stateLayouts.end())
+          for (NamedAttribute a : it->second)
+            if (a.getName() == kSplit)
+              split = cast<ArrayAttr>(a.getValue());
+        if (split && mesh)
+          for (Attribute d : split)
+            for (Attribute a : cast<ArrayAttr>(d))
+              for (auto [k, m] : llvm::enumerate(cast<ArrayAttr>(mesh.get("axes"))))
+                if (m == a)
+                  axes.push_back(int16_t(k));
+        llvm::sort(axes);
+        int64_t stage = std::max<int64_t>(stageOfParam(name.getValue()), -1);
+        Value &t = partials[{stage, axes}];
+        t = t ? e.add(t, s) : s;
+      }
     }
     for (auto &[key, partial] : partials) {
       const std::vector<int16_t> &axes = key.second;

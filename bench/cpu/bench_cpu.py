@@ -14,8 +14,9 @@ dlopt runs as `dlopt-run` on plans from `dlopt-gen` + `dlopt-compile`
 torch.nn (the idiomatic eager model a user would write: fused qkv, a causal
 mask, nn.Conv2d/BatchNorm2d). Each measurement is its own process; the two
 frameworks alternate (dlopt, torch, dlopt, torch, ...) so that a noisy
-neighbour hits both. Start-up, parameter initialization and the first
-(warm-up) step are excluded. PyTorch runs with OMP_WAIT_POLICY=PASSIVE (its
+neighbour hits both. Start-up and parameter initialization are excluded,
+and so is the first (warm-up) training step or PyTorch forward; dlopt's
+forward figure is the median of its `--repeat` runs, warm-up included. PyTorch runs with OMP_WAIT_POLICY=PASSIVE (its
 fastest setting here), torch.set_num_threads(T) and OPENBLAS_NUM_THREADS=T
 (Debian's torch calls OpenBLAS, which torch.set_num_threads does not limit:
 without it "one thread" ran every GEMM on two); dlopt with --threads T.
@@ -296,7 +297,7 @@ def run_measured(cmd, env, out_path):
 
 
 def time_dlopt(bin_dir, work, case, mode, threads, plans, feeds):
-    family, d, steps, repeats = CASES[case]
+    _, _, steps, repeats = CASES[case]
     run = os.path.join(bin_dir, "dlopt-run")
     out = os.path.join(work, "dlopt.out")
     if mode == "train":

@@ -42,8 +42,6 @@ void validColumns(const ConvGeom &g, int64_t off, int64_t &xa, int64_t &xb) {
   xa = std::min(xa, xb);
 }
 
-/// Output rows [r0, r0 + rows) of one image's columns: row r of the column
-/// matrix (one (channel, ky, kx) tap) at col + r * ld.
 /// Images per GEMM when whole planes are batched: the column matrix of nb
 /// images is [C/groups*KH*KW, nb*OH*OW], kept within 1 MiB (2^18 floats:
 /// GEMMs still a thousand or more columns wide, and the kernels' scratch,
@@ -82,6 +80,8 @@ void scatterPlanes(const float *src, int64_t n0, int64_t nb, int64_t channels,
   });
 }
 
+/// Output rows [r0, r0 + rows) of one image's columns: row r of the column
+/// matrix (one (channel, ky, kx) tap) at col + r * ld.
 void im2col(const ConvGeom &g, const float *xg, int64_t r0, int64_t rows,
             float *col, int64_t ld) {
   int64_t cols = rows * g.ow;
@@ -126,6 +126,19 @@ void im2colImages(const ConvGeom &g, const float *xg, int64_t imageStride,
     for (int64_t i = b; i < e; ++i)
       im2col(g, xg + i * imageStride, 0, g.oh, col + i * plane, ld);
   });
+}
+
+/// The column matrix [C/groups*KH*KW, count*OH*OW] of images [n0, n0 +
+/// count) of NCHW x (C channels), group gi: im2col, or for a direct (1x1)
+/// convolution the group's planes themselves.
+void imageColumns(const ConvGeom &g, const float *x, int64_t c, int64_t n0,
+                  int64_t count, int64_t gi, float *col) {
+  const int64_t hw = g.h * g.w;
+  if (g.direct())
+    gatherPlanes(x, n0, count, c, gi * g.cg, g.cg, hw, col);
+  else
+    im2colImages(g, x + (n0 * c + gi * g.cg) * hw, c * hw, count, col,
+                 count * g.oh * g.ow);
 }
 
 /// The adjoint of im2col: adds each column entry back onto the input pixel
@@ -193,35 +206,32 @@ Status conv2dKernel(const Instr &instr, Ins ins, Outs outs) {
       for (int64_t n0 = 0; n0 < n; n0 += nb) {
         int64_t cnt = std::min(nb, n - n0), cols = cnt * plane;
         for (int64_t gi = 0; gi < groups; ++gi) {
-          if (direct)
-            gatherPlanes(x, n0, cnt, c, gi * cg, cg, h * w, col.data());
-          else
-            im2colImages(geom, x + (n0 * c + gi * cg) * h * w, c * h * w, cnt,
-                         col.data(), cols);
+          imageColumns(geom, x, c, n0, cnt, gi, col.data());
           gemmF32(false, false, og, cols, ckk, 1.0f, wt + gi * og * ckk, ckk,
                   col.data(), cols, 0.0f, tmp.data(), cols);
           scatterPlanes(tmp.data(), n0, cnt, o, gi * og, og, plane, y);
         }
       }
-    }
-    if (!direct && nb == 1)
-      col.resize(size_t(ckk * rowsPerChunk * ow));
-    for (int64_t ni = 0; ni < n && nb == 1; ++ni) {
-      for (int64_t gi = 0; gi < groups; ++gi) {
-        const float *xg = x + (ni * c + gi * cg) * h * w;
-        const float *wg = wt + gi * og * ckk;
-        float *yg = y + (ni * o + gi * og) * plane;
-        if (direct) {
-          gemmF32(false, false, og, plane, ckk, 1.0f, wg, ckk, xg, h * w, 0.0f,
-                  yg, plane);
-          continue;
-        }
-        for (int64_t r0 = 0; r0 < oh; r0 += rowsPerChunk) {
-          int64_t rows = std::min(rowsPerChunk, oh - r0);
-          int64_t cols = rows * ow;
-          im2col(geom, xg, r0, rows, col.data(), cols);
-          gemmF32(false, false, og, cols, ckk, 1.0f, wg, ckk, col.data(), cols,
-                  0.0f, yg + r0 * ow, plane);
+    } else {
+      if (!direct)
+        col.resize(size_t(ckk * rowsPerChunk * ow));
+      for (int64_t ni = 0; ni < n; ++ni) {
+        for (int64_t gi = 0; gi < groups; ++gi) {
+          const float *xg = x + (ni * c + gi * cg) * h * w;
+          const float *wg = wt + gi * og * ckk;
+          float *yg = y + (ni * o + gi * og) * plane;
+          if (direct) {
+            gemmF32(false, false, og, plane, ckk, 1.0f, wg, ckk, xg, h * w,
+                    0.0f, yg, plane);
+            continue;
+          }
+          for (int64_t r0 = 0; r0 < oh; r0 += rowsPerChunk) {
+            int64_t rows = std::min(rowsPerChunk, oh - r0);
+            int64_t cols = rows * ow;
+            im2col(geom, xg, r0, rows, col.data(), cols);
+            gemmF32(false, false, og, cols, ckk, 1.0f, wg, ckk, col.data(),
+                    cols, 0.0f, yg + r0 * ow, plane);
+          }
         }
       }
     }
@@ -382,25 +392,26 @@ Status conv2dGradInputKernel(const Instr &instr, Ins ins, Outs outs) {
             });
         }
       }
-    }
-    if (!direct && plane > 0 && nb == 1)
-      col.resize(size_t(ckk * rowsPerChunk * ow));
-    for (int64_t ni = 0; ni < n && plane > 0 && nb == 1; ++ni) {
-      for (int64_t gi = 0; gi < groups; ++gi) {
-        float *dxg = dx + (ni * c + gi * cg) * h * w;
-        const float *wg = wt + gi * og * ckk;
-        const float *dyg = dy + (ni * o + gi * og) * plane;
-        if (direct) {
-          gemmF32(true, false, cg, plane, og, 1.0f, wg, ckk, dyg, plane, 0.0f,
-                  dxg, h * w);
-          continue;
-        }
-        for (int64_t r0 = 0; r0 < oh; r0 += rowsPerChunk) {
-          int64_t rows = std::min(rowsPerChunk, oh - r0);
-          int64_t cols = rows * ow;
-          gemmF32(true, false, ckk, cols, og, 1.0f, wg, ckk, dyg + r0 * ow,
-                  plane, 0.0f, col.data(), cols);
-          col2imAdd(geom, col.data(), r0, rows, dxg, cols);
+    } else {
+      if (!direct && plane > 0)
+        col.resize(size_t(ckk * rowsPerChunk * ow));
+      for (int64_t ni = 0; ni < n && plane > 0; ++ni) {
+        for (int64_t gi = 0; gi < groups; ++gi) {
+          float *dxg = dx + (ni * c + gi * cg) * h * w;
+          const float *wg = wt + gi * og * ckk;
+          const float *dyg = dy + (ni * o + gi * og) * plane;
+          if (direct) {
+            gemmF32(true, false, cg, plane, og, 1.0f, wg, ckk, dyg, plane, 0.0f,
+                    dxg, h * w);
+            continue;
+          }
+          for (int64_t r0 = 0; r0 < oh; r0 += rowsPerChunk) {
+            int64_t rows = std::min(rowsPerChunk, oh - r0);
+            int64_t cols = rows * ow;
+            gemmF32(true, false, ckk, cols, og, 1.0f, wg, ckk, dyg + r0 * ow,
+                    plane, 0.0f, col.data(), cols);
+            col2imAdd(geom, col.data(), r0, rows, dxg, cols);
+          }
         }
       }
     }
@@ -442,34 +453,31 @@ Status conv2dGradFilterKernel(const Instr &instr, Ins ins, Outs outs) {
         int64_t cnt = std::min(nb, n - n0), cols = cnt * plane;
         for (int64_t gi = 0; gi < groups; ++gi) {
           gatherPlanes(dy, n0, cnt, o, gi * og, og, plane, dyT.data());
-          if (direct)
-            gatherPlanes(x, n0, cnt, c, gi * cg, cg, h * w, col.data());
-          else
-            im2colImages(geom, x + (n0 * c + gi * cg) * h * w, c * h * w, cnt,
-                         col.data(), cols);
+          imageColumns(geom, x, c, n0, cnt, gi, col.data());
           gemmF32(false, true, og, ckk, cols, 1.0f, dyT.data(), cols,
                   col.data(), cols, 1.0f, dw + gi * og * ckk, ckk);
         }
       }
-    }
-    if (!direct && plane > 0 && nb == 1)
-      col.resize(size_t(ckk * rowsPerChunk * ow));
-    for (int64_t ni = 0; ni < n && plane > 0 && nb == 1; ++ni) {
-      for (int64_t gi = 0; gi < groups; ++gi) {
-        const float *xg = x + (ni * c + gi * cg) * h * w;
-        const float *dyg = dy + (ni * o + gi * og) * plane;
-        float *dwg = dw + gi * og * ckk;
-        if (direct) {
-          gemmF32(false, true, og, cg, plane, 1.0f, dyg, plane, xg, h * w, 1.0f,
-                  dwg, ckk);
-          continue;
-        }
-        for (int64_t r0 = 0; r0 < oh; r0 += rowsPerChunk) {
-          int64_t rows = std::min(rowsPerChunk, oh - r0);
-          int64_t cols = rows * ow;
-          im2col(geom, xg, r0, rows, col.data(), cols);
-          gemmF32(false, true, og, ckk, cols, 1.0f, dyg + r0 * ow, plane,
-                  col.data(), cols, 1.0f, dwg, ckk);
+    } else {
+      if (!direct && plane > 0)
+        col.resize(size_t(ckk * rowsPerChunk * ow));
+      for (int64_t ni = 0; ni < n && plane > 0; ++ni) {
+        for (int64_t gi = 0; gi < groups; ++gi) {
+          const float *xg = x + (ni * c + gi * cg) * h * w;
+          const float *dyg = dy + (ni * o + gi * og) * plane;
+          float *dwg = dw + gi * og * ckk;
+          if (direct) {
+            gemmF32(false, true, og, cg, plane, 1.0f, dyg, plane, xg, h * w,
+                    1.0f, dwg, ckk);
+            continue;
+          }
+          for (int64_t r0 = 0; r0 < oh; r0 += rowsPerChunk) {
+            int64_t rows = std::min(rowsPerChunk, oh - r0);
+            int64_t cols = rows * ow;
+            im2col(geom, xg, r0, rows, col.data(), cols);
+            gemmF32(false, true, og, ckk, cols, 1.0f, dyg + r0 * ow, plane,
+                    col.data(), cols, 1.0f, dwg, ckk);
+          }
         }
       }
     }
@@ -524,13 +532,11 @@ Status poolGradKernel(const Instr &instr, Ins ins, Outs outs) {
                           float r = 0;
                           for (int64_t iy = ya; iy < yb; ++iy)
                             for (int64_t ix = xa; ix < xb; ++ix) {
-                              // Selects, not branches: on real data the
-                              // winner is unpredictable.
                               float v = toF32(xp[iy * w + ix]);
-                              bool take =
-                                  best < 0 || (r == r && (v != v || v > r));
-                              r = take ? v : r;
-                              best = take ? iy * w + ix : best;
+                              if (best < 0 || (r == r && (v != v || v > r))) {
+                                r = v;
+                                best = iy * w + ix;
+                              }
                             }
                           if (best >= 0)
                             acc[best] += g;

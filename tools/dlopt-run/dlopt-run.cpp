@@ -1092,20 +1092,19 @@ int runMain(int argc, char **argv) {
   if (!opts.saveParamsDir.empty())
     saveParams(s, opts.saveParamsDir, opts.writeFiles);
 
-  Expected<std::vector<NamedTensor>> outputs = s.run();
-  if (!outputs)
-    error(outputs.status().message());
-  std::vector<double> runTimes{s.lastRunSeconds()};
-  for (int64_t r = 1; r < opts.repeat; ++r) {
-    outputs = s.run();
-    if (!outputs)
-      error(outputs.status().message());
+  std::vector<NamedTensor> outputs; // the last run's
+  std::vector<double> runTimes;
+  for (int64_t r = 0; r < opts.repeat; ++r) {
+    Expected<std::vector<NamedTensor>> ran = s.run();
+    if (!ran)
+      error(ran.status().message());
+    outputs = ran.take();
     runTimes.push_back(s.lastRunSeconds());
   }
 
   if (!opts.outputDir.empty()) {
     makeDir(opts.outputDir);
-    for (const NamedTensor &out : *outputs) {
+    for (const NamedTensor &out : outputs) {
       std::string path =
           (std::filesystem::path(opts.outputDir) / fileNameFor(out.name))
               .string();
@@ -1118,22 +1117,21 @@ int runMain(int argc, char **argv) {
   if (!opts.quiet) {
     std::printf("%s\n", header.c_str());
     std::printf("outputs:\n");
-    for (const NamedTensor &out : *outputs)
+    for (const NamedTensor &out : outputs)
       std::printf("  %s\n", describe(out).c_str());
     printMemory(s);
     if (runTimes.size() == 1) {
       std::printf("time: %.3f ms (%s backend)\n", runTimes[0] * 1e3,
                   s.backend().name().c_str());
     } else {
-      std::vector<double> sorted = runTimes;
-      std::sort(sorted.begin(), sorted.end());
+      std::sort(runTimes.begin(), runTimes.end());
       std::printf("time: median %.3f ms, fastest %.3f ms over %zu runs (%s "
                   "backend)\n",
-                  sorted[sorted.size() / 2] * 1e3, sorted[0] * 1e3,
-                  sorted.size(), s.backend().name().c_str());
+                  runTimes[runTimes.size() / 2] * 1e3, runTimes[0] * 1e3,
+                  runTimes.size(), s.backend().name().c_str());
     }
     if (!opts.outputDir.empty())
-      std::printf("wrote %zu output(s) to %s\n", outputs->size(),
+      std::printf("wrote %zu output(s) to %s\n", outputs.size(),
                   opts.outputDir.c_str());
     if (!opts.saveParamsDir.empty())
       std::printf("wrote %zu param(s) to %s\n", e.params.size(),
