@@ -110,25 +110,17 @@ Status TransformerSpec::validate() const {
 
 double activationBytesPerLayer(const TransformerSpec &spec,
                                const TrainingConfig &cfg) {
-  double s = spec.seqLen, b = cfg.microBatchSize, h = spec.hidden,
-         a = spec.heads, t = cfg.tp;
-  double sbh = s / std::max(1, cfg.cp) * b * h;
-  double scale = cfg.precision.activationBytes / 2.0;
-  bool sp = cfg.sequenceParallel;
-  double bytes = 0;
-  switch (cfg.recompute) {
-  case RecomputePolicy::None:
-    bytes = sp ? sbh / t * (34 + 5 * a * s / h)
-               : sbh * (10 + 24 / t + 5 * a * s / (h * t));
-    break;
-  case RecomputePolicy::Selective:
-    bytes = sp ? sbh / t * 34 : sbh * (10 + 24 / t);
-    break;
-  case RecomputePolicy::Full:
-    bytes = 2 * sbh / (sp ? t : 1);
-    break;
-  }
-  return bytes * scale;
+  const double h = spec.hidden, t = cfg.tp, cp = std::max(1, cfg.cp);
+  const double sbh = spec.seqLen / cp * cfg.microBatchSize * h;
+  const double e = cfg.precision.activationBytes;
+  const bool sp = cfg.sequenceParallel;
+  if (cfg.recompute == RecomputePolicy::Full)
+    return e * sbh / (sp ? t : 1);
+  const double replicated = sp ? 2 + 2 / t : 4;
+  const double kvShare = double(spec.kv()) / double(spec.heads);
+  const double attention = 2 + 2 * kvShare * cp;
+  const double mlp = (spec.gatedMlp ? 4 : 2) * double(spec.tpWidth()) / h;
+  return e * sbh * (replicated + (attention + mlp) / t);
 }
 
 double microBatchesInFlight(const TrainingConfig &cfg, int stage) {
@@ -316,23 +308,22 @@ transformerStageMemoryWithLayers(const TransformerSpec &spec,
 
   // Activations kept for the backward pass.
   double act = activationBytesPerLayer(spec, cfg);
-  double scale = pr.activationBytes / 2.0;
+  const double e = pr.activationBytes;
   double inflight = microBatchesInFlight(cfg, stage);
   m.activations = inflight * layers * act;
-  if (first) // embedding dropout mask, 1 byte per element
-    m.activations += inflight * s * b * h / spDiv;
-  if (last) // final LN + output projection inputs, fp32 logits for the loss
-    m.activations += microBatchesInFlight(cfg, cfg.pp - 1) *
-                     (4 * s * b * h / spDiv * scale + 4 * s * b * vLocal);
+  // The last stage: the final norm's input (split with SP) and output
+  // (gathered for the head), the logits and their gradient, which the loss
+  // kernel forms while the logits are alive.
+  if (last)
+    m.activations += microBatchesInFlight(cfg, cfg.pp - 1) * e *
+                     (s * b * h * (1 / spDiv + 1) + 2 * s * b * vLocal);
 
-  // Working set of one layer's backward when its activations are recomputed.
-  if (cfg.recompute != RecomputePolicy::None) {
+  // Working set of one layer's backward when its activations are
+  // recomputed (selective recomputation has nothing to re-run here).
+  if (cfg.recompute == RecomputePolicy::Full) {
     TrainingConfig noRecompute = cfg;
     noRecompute.recompute = RecomputePolicy::None;
-    if (cfg.recompute == RecomputePolicy::Full)
-      m.transient = activationBytesPerLayer(spec, noRecompute);
-    else // the attention scores, softmax, dropout of one layer
-      m.transient = 5 * spec.heads * s * spec.seqLen * b / t * scale;
+    m.transient = activationBytesPerLayer(spec, noRecompute);
   }
 
   // The end of the backward pass, when every gradient is held and the

@@ -2,7 +2,7 @@
 //
 // Model states (parameters, gradients, optimizer state) divided by tensor,
 // pipeline and ZeRO data parallelism (Rajbhandari et al. 2020), activations
-// per layer from Korthikanti et al. 2022 times the micro-batches a pipeline
+// per layer as dlopt's autodiff keeps them times the micro-batches a pipeline
 // schedule keeps in flight, plus communication buffers and workspace.
 // Formulas: docs/cost-model.md, "Memory".
 //
@@ -54,6 +54,8 @@ struct TransformerSpec {
   int64_t numLayers = 0;
   int64_t hidden = 0;    ///< h
   int64_t heads = 0;     ///< a
+  /// Key/value heads (grouped-query attention); 0 means `heads`.
+  int64_t kvHeads = 0;
   int64_t seqLen = 0;    ///< s
   int64_t vocab = 0;     ///< v
   int64_t ffnHidden = 0; ///< 0 means 4h
@@ -67,9 +69,13 @@ struct TransformerSpec {
   /// parameter-equivalent ffnHidden (a gated MLP with 3 matrices of width
   /// f counts as a GPT MLP of width about 1.5f); 0 means ffn().
   int64_t ffnShardWidth = 0;
+  /// A gated MLP (SwiGLU: gate, up, their product): its backward keeps four
+  /// [s, b, tpWidth] values per layer where a GELU MLP keeps two.
+  bool gatedMlp = false;
 
   int64_t ffn() const { return ffnHidden ? ffnHidden : 4 * hidden; }
   int64_t tpWidth() const { return ffnShardWidth ? ffnShardWidth : ffn(); }
+  int64_t kv() const { return kvHeads > 0 ? kvHeads : heads; }
   /// One layer: QKV + projection + two MLP matrices, their biases, two
   /// layer norms: 4h^2 + 2hf + 9h + f (= 12h^2 + 13h when f = 4h).
   double layerParams() const;
@@ -103,17 +109,24 @@ struct TrainingConfig {
   std::vector<int64_t> stageLayerCounts;
 };
 
-/// Activation bytes one layer keeps for one micro-batch (Korthikanti et al.
-/// 2022, Table 2):
-///   none, no SP:          sbh (10 + 24/t + 5as/(ht))
-///   none, SP:             sbh/t (34 + 5as/h)
-///   selective, no SP:     sbh (10 + 24/t)
-///   selective, SP:        sbh/t * 34
-///   full:                 2sbh (/t with SP)
-/// with t = 1 this is sbh(34 + 5as/h). Scaled by activationBytes/2. With
-/// context parallelism each rank keeps s/cp tokens: s becomes s/cp in sbh,
-/// while the attention-score term 5as/h keeps the full s (a local query
-/// attends to every key).
+/// Activation bytes one layer keeps for one micro-batch: the forward values
+/// dlopt's autodiff reads in the layer's backward pass, for the blocks
+/// dlopt-gen writes (pre-norm, fused attention, GELU or gated MLP, no
+/// dropout). With e = activationBytes, s' = s/cp the tokens of a rank,
+/// t = tp, kv/a the key/value share of the heads, w the MLP width tp
+/// splits and g = 4 for a gated MLP (2 otherwise):
+///   none, selective:  e s'bh (R + (2 + 2 (kv/a) cp + g w/h) / t)
+///     R = 4 without SP (the layer input, the residual after attention and
+///     the two norm outputs, replicated over tp), 2 + 2/t with SP (the
+///     norm outputs gathered over tp for the column-parallel matmuls, the
+///     two residuals split);
+///     q and the attention output per rank, k and v gathered over cp;
+///   full:             e s'bh (/t with SP), the layer input.
+/// The fused attention keeps no score matrix: its backward recomputes the
+/// probabilities from q and k. Selective recomputation re-runs softmax and
+/// dropout results, which these blocks do not have, so it keeps what none
+/// keeps. For GPT at t = cp = 1 this is 16 e sbh, Korthikanti et al.'s
+/// 34 sbh less its two dropout masks and its 5as/h score term.
 double activationBytesPerLayer(const TransformerSpec &spec,
                                const TrainingConfig &cfg);
 

@@ -190,6 +190,13 @@ Expected<FixSpec> parseFix(std::string_view text) {
       *f.schedule == PipelineSchedule::Interleaved1F1B)
     return Status::error("--fix: schedule=interleaved needs v >= 2 model "
                          "chunks per stage, not v=1");
+  if (f.v && *f.v > 1 && f.pp && *f.pp == 1)
+    return Status::error("--fix: v=" + std::to_string(*f.v) +
+                         " (model chunks per stage) needs a pipeline, "
+                         "not pp=1");
+  // v > 1 means the interleaved schedule: honour it as such.
+  if (f.v && *f.v > 1)
+    f.schedule = PipelineSchedule::Interleaved1F1B;
   return f;
 }
 
@@ -272,6 +279,7 @@ Expected<TransformerSpec> transformerSpecOf(const GraphSummary &g) {
   s.numLayers = g.numLayers;
   s.hidden = g.hidden;
   s.heads = g.heads;
+  s.kvHeads = g.kvHeads;
   s.seqLen = g.seq;
   s.vocab = g.vocab > 0 ? g.vocab : 1;
   s.ffnHidden = g.ffn;
@@ -296,6 +304,7 @@ Expected<TransformerSpec> transformerSpecOf(const GraphSummary &g) {
       if (f > 0) {
         s.ffnShardWidth = s.ffn();
         s.ffnHidden = f;
+        s.gatedMlp = true;
       }
     }
   }
@@ -322,12 +331,17 @@ struct GroupCost {
 constexpr double kReplicatedPasses = 15;
 constexpr double kReplicatedFlopsPerElement = 20;
 
+/// Forward seconds selective recomputation re-runs per stage: it re-runs
+/// softmax and dropout results, which blocks with dlopt's fused attention
+/// (its backward recomputes the probabilities itself) do not have. It also
+/// keeps what `none` keeps (activationBytesPerLayer), so the free search
+/// skips it; `--fix recompute=selective` prices it as `none`.
+constexpr double kSelectiveRerun = 0;
+
 /// Forward seconds of each layer (and pre/post) for one (mbs, tp, cp, sp).
 struct LayerTimes {
   std::vector<double> fwd;       ///< per layer, in mark order
-  std::vector<double> attention; ///< the attention-core part of fwd
   std::vector<double> prefix;    ///< prefix sums of fwd
-  std::vector<double> attPrefix;
   std::vector<double> opsPrefix; ///< prefix sums of kernels per forward
   double pre = 0, post = 0;
 };
@@ -455,15 +469,11 @@ struct Ctx {
     // the work divides by cp.
     double scale = static_cast<double>(mbs) / cp;
     t.prefix.push_back(0);
-    t.attPrefix.push_back(0);
     t.opsPrefix.push_back(0);
     for (const GroupCost &g : layers) {
-      double att = 0;
-      double f = groupTime(g, scale, tp, sp, &att, gpuKind);
+      double f = groupTime(g, scale, tp, sp, nullptr, gpuKind);
       t.fwd.push_back(f);
-      t.attention.push_back(att);
       t.prefix.push_back(t.prefix.back() + f);
-      t.attPrefix.push_back(t.attPrefix.back() + att);
       t.opsPrefix.push_back(t.opsPrefix.back() + g.ops);
     }
     t.pre = groupTime(pre, scale, tp, sp, nullptr, gpuKind);
@@ -801,12 +811,11 @@ std::vector<int64_t> splitLayers(Ctx &c, const TrainingConfig &cfg,
   auto stageTime = [&](int st, int64_t a, int64_t b) {
     const LayerTimes &t = *lt[st];
     double f = t.prefix[b] - t.prefix[a];
-    double att = t.attPrefix[b] - t.attPrefix[a];
     if (st == 0)
       f += t.pre;
     if (st == pp - 1)
       f += t.post;
-    double x = train ? c.cost.trainingTime(f, cfg.recompute, att) : f;
+    double x = train ? c.cost.trainingTime(f, cfg.recompute, kSelectiveRerun) : f;
     return x + double(b - a) * tpLayer;
   };
   // The split for time alone depends on no memory setting (ZeRO, schedule,
@@ -1016,13 +1025,12 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   }
 
   // Compute per micro-batch on each stage; the slowest stage sets the pace.
-  double worstTrain = 0, worstFwd = 0, worstAtt = 0, worstOps = 0;
+  double worstTrain = 0, worstFwd = 0, worstOps = 0;
   int64_t worstLayers = 0;
   for (int st = 0; st < cfg.pp; ++st) {
     const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp,
                                    pl ? pl->kind[st] : -1);
     double f = ranges.sum(lt.prefix, st);
-    double att = ranges.sum(lt.attPrefix, st);
     double ops = ranges.sum(lt.opsPrefix, st);
     if (st == 0) {
       f += lt.pre;
@@ -1032,11 +1040,10 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       f += lt.post;
       ops += c.post.ops;
     }
-    double t = train ? c.cost.trainingTime(f, cfg.recompute, att) : f;
+    double t = train ? c.cost.trainingTime(f, cfg.recompute, kSelectiveRerun) : f;
     if (t > worstTrain) {
       worstTrain = t;
       worstFwd = f;
-      worstAtt = att;
       worstOps = ops;
       worstLayers = ranges.layers(st);
     }
@@ -1343,13 +1350,12 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
     const int kind = pl ? pl->kind[st] : -1;
     const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp, kind);
     double f = ranges.sum(lt.prefix, st);
-    double att = ranges.sum(lt.attPrefix, st);
     if (st == 0)
       f += lt.pre;
     if (st == cfg.pp - 1)
       f += lt.post;
     double layers = double(ranges.layers(st));
-    double t = c.cost.trainingTime(f, cfg.recompute, att);
+    double t = c.cost.trainingTime(f, cfg.recompute, kSelectiveRerun);
     // Communication on the critical path of every pass, split between the
     // forward and the rest (backward, recomputed forward) by their calls.
     double comm = tpLayer * layers;
@@ -1471,6 +1477,13 @@ std::string explainFix(const FixSpec &f, const TransformerSpec &spec,
       why.push_back("schedule=interleaved: pp*v = " + str(*f.pp * v) +
                     " model chunks exceed the " + str(spec.numLayers) +
                     " layers");
+    else if (!f.pp && spec.numLayers < 2 * int64_t(v))
+      why.push_back("schedule=interleaved: v=" + str(v) +
+                    " model chunks per stage on at least 2 stages exceed "
+                    "the " + str(spec.numLayers) + " layers");
+    if (f.pp && *f.pp > 1 && f.numMicroBatches && *f.numMicroBatches % *f.pp)
+      why.push_back("schedule=interleaved: mb=" + str(*f.numMicroBatches) +
+                    " is not a multiple of pp=" + str(*f.pp));
   }
   return joinReasons(why);
 }
@@ -1658,6 +1671,12 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
         // Schedules (only one when there is no pipeline).
         std::vector<std::pair<PipelineSchedule, int>> scheds;
         if (pp == 1 || !opt.training) {
+          if (fix.schedule == PipelineSchedule::Interleaved1F1B) {
+            prune(pp == 1 ? "interleaved: needs pp > 1"
+                          : "interleaved: a forward-only plan has no "
+                            "backward to interleave");
+            continue;
+          }
           scheds.push_back({fix.schedule.value_or(
                                 opt.training ? PipelineSchedule::OneFOneB
                                              : PipelineSchedule::GPipe),
@@ -1665,12 +1684,21 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
         } else {
           scheds.push_back({PipelineSchedule::GPipe, 1});
           scheds.push_back({PipelineSchedule::OneFOneB, 1});
-          std::vector<int> vs{2, 4};
-          if (fix.v && *fix.v != 2 && *fix.v != 4 && *fix.v > 1)
-            vs.push_back(*fix.v);
+          // Interleaving: every v >= 2 that splits the stage's layers
+          // into equal chunks (pp*v divides the layers); 2 and 4 with
+          // uneven chunks when none does; a fixed v as given.
+          std::vector<int> vs;
+          if (fix.v) {
+            if (*fix.v > 1)
+              vs.push_back(*fix.v);
+          } else {
+            for (int64_t v = 2; v * pp <= spec.numLayers; ++v)
+              if (spec.numLayers % (v * pp) == 0)
+                vs.push_back(int(v));
+            if (vs.empty())
+              vs = {2, 4};
+          }
           for (int v : vs) {
-            if (fix.v && *fix.v != v)
-              continue;
             if (spec.numLayers < int64_t(pp) * v || m % pp) {
               prune("interleaved: fewer layers than pp*v chunks, or mb % pp");
               continue;
@@ -1695,6 +1723,11 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
               if (!fix.recompute && !opt.training &&
                   rc != RecomputePolicy::None)
                 continue;
+              if (!fix.recompute && rc == RecomputePolicy::Selective) {
+                prune("recompute=selective: the same plan as none (fused "
+                      "attention stores no scores to re-run)");
+                continue;
+              }
              for (bool sp : {false, true}) {
               if (fix.sp && *fix.sp != sp)
                 continue;

@@ -129,30 +129,62 @@ TEST(Transformer, Gpt3StateBytesPerDeviceByHand) {
 }
 
 //===----------------------------------------------------------------------===//
-// Activations (Korthikanti et al. 2022, Table 2)
+// Activations: what dlopt's autodiff keeps per layer
 //===----------------------------------------------------------------------===//
 
-TEST(Activations, KorthikantiFormulas) {
+TEST(Activations, WhatDloptKeepsPerLayer) {
   TransformerSpec s = gpt3();
   TrainingConfig c;
-  // s*b*h = 2048 * 1 * 12288 = 25165824; 5as/h = 5*96*2048/12288 = 80.
+  // s*b*h = 2048 * 1 * 12288 = 25165824; 2-byte activations. Per layer:
+  // R (input, residual, two norm outputs) + (q, out, k, v + 2 MLP values
+  // of width 4h) / t, in units of sbh elements.
   const double sbh = 25165824;
-  c.tp = 1;
-  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), sbh * (34 + 80));
-  c.tp = 8; // no SP: sbh (10 + 24/8 + 80/8)
-  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), sbh * 23);
-  c.sequenceParallel = true; // sbh/8 (34 + 80)
-  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), sbh / 8 * 114);
-  c.recompute = RecomputePolicy::Selective; // sbh/8 * 34
-  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), sbh / 8 * 34);
-  c.sequenceParallel = false; // sbh (10 + 24/8)
-  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), sbh * 13);
-  c.recompute = RecomputePolicy::Full; // 2sbh
+  c.tp = 1; // 2 (4 + 4 + 8) = 32: no score matrix, no dropout masks
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 32 * sbh);
+  c.tp = 8; // 2 (4 + 12/8)
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 11 * sbh);
+  c.sequenceParallel = true; // 2 (2 + 2/8 + 12/8): norm outputs gathered
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 7.5 * sbh);
+  c.recompute = RecomputePolicy::Selective; // nothing to re-run: as none
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 7.5 * sbh);
+  c.sequenceParallel = false;
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 11 * sbh);
+  c.recompute = RecomputePolicy::Full; // the layer input: 2sbh
   EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 2 * sbh);
   c.sequenceParallel = true;
   EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 2 * sbh / 8);
   c.microBatchSize = 4; // linear in b
   EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 4 * 2 * sbh / 8);
+  c.precision.activationBytes = 4; // and in the activation width
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 4 * 4 * sbh / 8);
+}
+
+TEST(Activations, GroupedKvHeadsGatedMlpAndContextParallelism) {
+  // Llama 3 8B: h 4096, 32 heads, 8 kv heads, a gated MLP of width 14336.
+  TransformerSpec s;
+  s.numLayers = 32;
+  s.hidden = 4096;
+  s.heads = 32;
+  s.kvHeads = 8;
+  s.seqLen = 8192;
+  s.vocab = 128256;
+  s.ffnHidden = 21504; // the parameter-equivalent GPT width, 1.5 x 14336
+  s.ffnShardWidth = 14336;
+  s.gatedMlp = true;
+  s.tiedEmbeddings = false;
+  s.learnedPositions = false;
+  TrainingConfig c;
+  const double sbh = 8192.0 * 4096;
+  // 2 (4 + 2 + 2 x 8/32 + 4 x 14336/4096) = 2 (4 + 2.5 + 14) = 41.
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 41 * sbh);
+  // cp = 2: half the tokens, k and v gathered over cp (2 x 8/32 x 2):
+  // 2 (4 + 3 + 14) = 42 per local sbh.
+  c.cp = 2;
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 42 * sbh / 2);
+  // tp = 4 with SP: 2 (2 + 2/4 + (3 + 14)/4) = 2 x 6.75 per local sbh.
+  c.tp = 4;
+  c.sequenceParallel = true;
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 13.5 * sbh / 2);
 }
 
 TEST(Activations, MicroBatchesInFlight) {
@@ -181,12 +213,11 @@ TEST(Activations, Gpt3FirstStageBreakdownByHand) {
   Calibration cal;
   auto m = transformerStageMemory(s, c, 0, cal);
   ASSERT_TRUE(m) << errorOf(m);
-  // Selective + SP: sbh/t * 34 = 3145728 * 34 = 106954752 per layer;
-  // 16 micro-batches in flight x 6 layers = 10267656192; embedding dropout
-  // mask 16 x sbh/t = 50331648.
-  EXPECT_DOUBLE_EQ(m->activations, 10267656192.0 + 50331648.0);
-  // The larger of the attention core of one layer (5 a s^2 b / t =
-  // 5*96*2048^2/8 = 251658240) and the embedding table's gradient, formed
+  // Selective (as none) + SP: 7.5 sbh = 188743680 per layer; 16
+  // micro-batches in flight x 6 layers.
+  EXPECT_DOUBLE_EQ(m->activations, 16 * 6 * 188743680.0);
+  // Selective recomputation re-runs nothing; the embedding table's
+  // gradient, formed
   // whole beside the reduced one at the end of the backward pass, beside
   // the sum of the earlier micro-batches', and (the table is tied to the
   // last stage) beside the last stage's sum when it arrives
@@ -212,10 +243,11 @@ TEST(Activations, LastStageHoldsLogits) {
   TrainingConfig c = gpt3Config();
   auto m = transformerStageMemory(s, c, 15);
   ASSERT_TRUE(m);
-  // 1 micro-batch x 6 layers x 106954752 + 4sbh/t + 4sbv (the logits are
-  // not split: 50257 does not divide by tp)
-  //   = 641728512 + 12582912 + 4*2048*50257 (= 411705344).
-  EXPECT_DOUBLE_EQ(m->activations, 641728512.0 + 12582912.0 + 411705344.0);
+  // 1 micro-batch x 6 layers x 188743680, the final norm's input (split
+  // by SP) and output (gathered), 2 sbh (1/8 + 1), and the logits and
+  // their gradient, 2 x 2sbv (not split: 50257 does not divide by tp)
+  //   = 1132462080 + 56623104 + 4*2048*50257 (= 411705344).
+  EXPECT_DOUBLE_EQ(m->activations, 1132462080.0 + 56623104.0 + 411705344.0);
 }
 
 TEST(Activations, ScheduleAndRecomputeOrdering) {
@@ -230,7 +262,8 @@ TEST(Activations, ScheduleAndRecomputeOrdering) {
   none.recompute = RecomputePolicy::None;
   EXPECT_GT(act(gpipe), act(c));
   EXPECT_LT(act(full), act(c));
-  EXPECT_GT(act(none), act(c));
+  // Selective recomputation has nothing to re-run in these blocks.
+  EXPECT_EQ(act(none), act(c));
 }
 
 //===----------------------------------------------------------------------===//
