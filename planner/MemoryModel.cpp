@@ -47,7 +47,8 @@ Expected<StateMemory> stateMemory(double paramsOnDevice, int dp, int zeroStage,
   if (zeroStage < 0 || zeroStage > 3)
     return Status::error("expected a ZeRO stage from 0 to 3, got " +
                          std::to_string(zeroStage));
-  if (!(pr.paramBytes > 0) || !(pr.gradBytes > 0) || !(pr.masterBytes > 0) ||
+  if (!(pr.paramBytes > 0) || !(pr.gradBytes > 0) ||
+      !(pr.gradReduceBytes > 0) || !(pr.masterBytes > 0) ||
       !(pr.optimizerStateBytes > 0) || !(pr.activationBytes > 0))
     return Status::error("expected positive bytes per element in the "
                          "precision config");

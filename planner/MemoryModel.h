@@ -27,7 +27,17 @@ const char *scheduleName(PipelineSchedule s);
 /// Bytes per parameter of each model state.
 struct PrecisionConfig {
   double paramBytes = 2;     ///< bf16/fp16 working weights
-  double gradBytes = 2;      ///< 4 if gradients accumulate in fp32
+  /// Gradients as held until the optimizer step: fp32, as dlopt runs mixed
+  /// precision (each gradient is cast to its fp32 parameter's type and
+  /// accumulated there; Megatron-LM's default too: 18 bytes per parameter
+  /// with Adam). 2 prices a framework that keeps bf16 gradients (16 bytes
+  /// per parameter; dlopt-compile --grad-accumulation bf16, dry runs only).
+  double gradBytes = 4;
+  /// Bytes per element of the gradient collectives (data-parallel
+  /// all-reduce or reduce-scatter, the tied embedding's sum, the sequence-
+  /// parallel norm weights): the compute dtype the backward pass forms
+  /// gradients in, before the cast to gradBytes.
+  double gradReduceBytes = 2;
   bool masterWeights = true; ///< fp32 copy under mixed precision
   double masterBytes = 4;
   double optimizerStateBytes = 4; ///< per moment (fp32)

@@ -1101,7 +1101,7 @@ std::unique_ptr<Solved> solveFor(Ctx &c, int t, int dp, int64_t mbs,
       double sync = 0;
       if (train && dp > 1)
         sync = c.pricer.time(Collective::AllReduce,
-                             elems / div * c.opt.bytes.gradBytes, dp, t);
+                             elems / div * c.opt.bytes.gradReduceBytes, dp, t);
       // The optimizer updates what the device holds; without training, a
       // tie-breaker of 0.1 ns per GB held keeps weights sharded when that
       // is free.

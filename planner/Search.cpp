@@ -1123,7 +1123,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     // (the norms' weights and biases, learned positions; the row-parallel
     // biases too, which are left out: a vector each).
     if (sp && train) {
-      double h = c.spec.hidden * cfg.precision.gradBytes;
+      double h = c.spec.hidden * cfg.precision.gradReduceBytes;
       double calls = double(c.spec.normParamsPerLayer * worstLayers +
                             c.spec.normParamsPost);
       double bytes = calls * h;
@@ -1237,7 +1237,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     double pBytes = cfg.precision.paramBytes;
     double paramsOnDevice = cand.memory.params / pBytes *
                             (cfg.zeroStage == 3 ? replicas : 1);
-    double gradBytes = paramsOnDevice * cfg.precision.gradBytes;
+    double gradBytes = paramsOnDevice * cfg.precision.gradReduceBytes;
     double paramBytes = paramsOnDevice * pBytes;
     double backward = worstTrain - worstFwd;
     int dp = replicas, stride = cfg.tp;
@@ -1287,7 +1287,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // embedding group), before the optimizer step: not overlapped.
   if (train && cfg.pp > 1 && c.spec.tiedEmbeddings) {
     double bytes = double(c.spec.vocab) * c.spec.hidden / cfg.tp *
-                   cfg.precision.gradBytes;
+                   cfg.precision.gradReduceBytes;
     int stride = (cfg.pp - 1) * cfg.tp * cp * cfg.dp;
     double t = c.comm(Collective::AllReduce, bytes, 2, stride);
     T.dpComm += t;
@@ -1376,7 +1376,7 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
       double pBytes = cfg.precision.paramBytes;
       double params =
           mem->params / pBytes * (cfg.zeroStage == 3 ? replicas : 1);
-      double grads = params * cfg.precision.gradBytes;
+      double grads = params * cfg.precision.gradReduceBytes;
       s.gradSync =
           cfg.zeroStage == 0
               ? c.comm(Collective::AllReduce, grads, replicas, cfg.tp)

@@ -192,6 +192,13 @@ static cl::opt<int64_t> globalBatchOpt(
     cl::desc("Samples per training step to plan for (default: the model's "
              "batch)"),
     cl::init(0), cl::cat(planCategory));
+static cl::opt<std::string> gradAccumOpt(
+    "grad-accumulation", cl::value_desc("fp32|bf16"),
+    cl::desc("Mixed precision: the dtype gradients are held in until the "
+             "optimizer step, for the memory model (default fp32, as dlopt "
+             "runs: 18 bytes per parameter with Adam; bf16 prices a "
+             "framework that keeps 16-bit gradients, dry runs only)"),
+    cl::init("fp32"), cl::cat(planCategory));
 
 static cl::opt<bool> quiet("quiet", cl::desc("Do not print the summary"),
                            cl::cat(category));
@@ -393,6 +400,15 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
                                                       : graph->dtype;
   if (loaded && !precisionOpt.getNumOccurrences())
     prec = loaded->model.precision;
+  if (gradAccumOpt != "fp32" && gradAccumOpt != "bf16")
+    return fail("--grad-accumulation=" + gradAccumOpt.getValue() +
+                    " is not one of fp32, bf16",
+                2);
+  if (gradAccumOpt == "bf16" && apply)
+    return fail("--grad-accumulation=bf16 prices 16-bit gradients, but "
+                "dlopt accumulates gradients in fp32: use it with --dry-run "
+                "only",
+                2);
   if (prec == "bf16") {
     so.precision = Precision::BF16;
   } else if (prec == "fp16" || prec == "f16") {
@@ -400,10 +416,12 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
   } else {
     so.precision = Precision::FP32;
     so.bytes.paramBytes = 4;
-    so.bytes.gradBytes = 4;
+    so.bytes.gradReduceBytes = 4;
     so.bytes.masterWeights = false;
     so.bytes.activationBytes = 4;
   }
+  if (so.precision != Precision::FP32 && gradAccumOpt == "bf16")
+    so.bytes.gradBytes = 2;
   // A plan file names its planner; otherwise transformers go to the layer
   // search and any other graph to the op-level one.
   const bool opLevel = loaded ? loaded->kind == PlanKind::OpLevel
@@ -1051,7 +1069,8 @@ int main(int argc, char **argv) {
 
   if (dryRun || formatOpt.getNumOccurrences() || explainOpt ||
       !traceOpt.empty() || !calibrationOpt.empty() ||
-      topK.getNumOccurrences() || globalBatchOpt.getNumOccurrences()) {
+      topK.getNumOccurrences() || globalBatchOpt.getNumOccurrences() ||
+      gradAccumOpt != "fp32") {
     int rc = runDryRun(*module);
     phase("plan");
     return rc;

@@ -51,22 +51,28 @@ std::string errorOf(const Expected<MemoryBreakdown> &e) {
 
 TEST(StateMemory, Gpt3EvenSplitZeroStages) {
   // 175e9 params over tp*pp = 128 -> 1.3671875e9 params per device.
-  // Mixed-precision Adam: 2 (bf16 params) + 2 (bf16 grads) + 12 (fp32
-  // master + 2 moments) = 16 bytes per parameter (ZeRO paper's K = 12).
+  // Mixed-precision Adam as dlopt runs it: 2 (bf16 params) + 4 (fp32
+  // grads) + 12 (fp32 master + 2 moments) = 18 bytes per parameter.
   double phi = 175e9 / 128;
   auto z1 = stateMemory(phi, 8, 1, Optimizer::Adam);
   ASSERT_TRUE(z1);
   EXPECT_DOUBLE_EQ(z1->params, 2.734375e9);      // 2 * phi
-  EXPECT_DOUBLE_EQ(z1->grads, 2.734375e9);       // 2 * phi
+  EXPECT_DOUBLE_EQ(z1->grads, 5.46875e9);        // 4 * phi
   EXPECT_DOUBLE_EQ(z1->optimizer, 2.05078125e9); // 12 * phi / 8
   auto z0 = stateMemory(phi, 8, 0, Optimizer::Adam);
   EXPECT_DOUBLE_EQ(z0->optimizer, 16.40625e9); // 12 * phi
   auto z2 = stateMemory(phi, 8, 2, Optimizer::Adam);
-  EXPECT_DOUBLE_EQ(z2->grads, 0.341796875e9); // 2 * phi / 8
+  EXPECT_DOUBLE_EQ(z2->grads, 0.68359375e9); // 4 * phi / 8
   EXPECT_DOUBLE_EQ(z2->params, 2.734375e9);
   auto z3 = stateMemory(phi, 8, 3, Optimizer::Adam);
   EXPECT_DOUBLE_EQ(z3->params, 0.341796875e9); // 2 * phi / 8
-  EXPECT_DOUBLE_EQ(z3->total(), 16 * phi / 8);
+  EXPECT_DOUBLE_EQ(z3->total(), 18 * phi / 8);
+  // 16-bit gradients (--grad-accumulation bf16): the ZeRO paper's 16 bytes
+  // (2 + 2 + K, K = 12).
+  PrecisionConfig bf16Grads;
+  bf16Grads.gradBytes = 2;
+  auto z3b = stateMemory(phi, 8, 3, Optimizer::Adam, bf16Grads);
+  EXPECT_DOUBLE_EQ(z3b->total(), 16 * phi / 8);
 }
 
 TEST(StateMemory, OptimizersAndPrecision) {
@@ -115,7 +121,7 @@ TEST(Transformer, Gpt3StateBytesPerDeviceByHand) {
   auto m0 = transformerStageMemory(s, c, 0);
   ASSERT_TRUE(m0) << errorOf(m0);
   EXPECT_DOUBLE_EQ(m0->params, 2 * 2002185216.0);
-  EXPECT_DOUBLE_EQ(m0->grads, 2 * 2002185216.0);
+  EXPECT_DOUBLE_EQ(m0->grads, 4 * 2002185216.0); // fp32 gradients
   EXPECT_DOUBLE_EQ(m0->optimizer, 12 * 2002185216.0 / 8);
   // Middle stage: layers only. Last stage: + final LN (2h) + output matrix.
   auto mid = transformerStageMemory(s, c, 7);
@@ -221,8 +227,8 @@ TEST(Activations, Gpt3FirstStageBreakdownByHand) {
   // whole beside the reduced one at the end of the backward pass, beside
   // the sum of the earlier micro-batches', and (the table is tied to the
   // last stage) beside the last stage's sum when it arrives
-  // (3 x 50257 x 12288 x 2 B).
-  EXPECT_DOUBLE_EQ(m->transient, 3 * 1235116032.0);
+  // (3 x 50257 x 12288 x 4 B, fp32 gradients).
+  EXPECT_DOUBLE_EQ(m->transient, 3 * 2 * 1235116032.0);
   // 3 communicators x 64 MiB + p2p 2 x sbh/t x 2 B + 2 x 25 MiB buckets.
   double comm = 3 * 64.0 * (1 << 20) + 2 * 3145728.0 * 2 + 2 * 25.0 * (1 << 20);
   EXPECT_DOUBLE_EQ(m->commBuffers, comm);
