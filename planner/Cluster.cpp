@@ -75,14 +75,31 @@ GpuSpec makeGpu(const char *name, double fp8, double bf16, double fp16,
   return g;
 }
 
+/// Device memory as the driver reports it (nvidia-smi's memory.total,
+/// cudaMemGetInfo's total), in MiB: the real capacity, of which the memory
+/// model sets aside runtime_reserved_gib, the NCCL buffers and the
+/// fragmentation allowance (docs/cost-model.md, "Workspace").
+constexpr double kMiB = 1024.0 * 1024.0;
+GpuSpec withMemoryMiB(GpuSpec g, double mib) {
+  g.memoryBytes = mib * kMiB;
+  return g;
+}
+
 const std::map<std::string, GpuSpec> &gpuTable() {
   static const std::map<std::string, GpuSpec> t = {
+      // 81920 MiB: NVIDIA's A100 80GB data sheet (80 GiB).
       {"a100-sxm-80gb",
-       makeGpu("A100-SXM-80GB", 0, 312, 312, 156, 19.5, 80, 2000)},
+       withMemoryMiB(
+           makeGpu("A100-SXM-80GB", 0, 312, 312, 156, 19.5, 80, 2000), 81920)},
+      // 81559 MiB and 143771 MiB: nvidia-smi on the H100 and H200 of
+      // dlopt's GPU sessions (docs/gpu-runs).
       {"h100-sxm-80gb",
-       makeGpu("H100-SXM-80GB", 1979, 989, 989, 495, 67, 80, 3350)},
+       withMemoryMiB(
+           makeGpu("H100-SXM-80GB", 1979, 989, 989, 495, 67, 80, 3350), 81559)},
       {"h200-sxm-141gb",
-       makeGpu("H200-SXM-141GB", 1979, 989, 989, 495, 67, 141, 4800)},
+       withMemoryMiB(
+           makeGpu("H200-SXM-141GB", 1979, 989, 989, 495, 67, 141, 4800),
+           143771)},
       // A deliberately small "device" for tests on the CPU backend.
       {"cpu-device", makeGpu("CPU-device", 0, 0.025, 0.025, 0.05, 0.05, 4, 20)},
   };

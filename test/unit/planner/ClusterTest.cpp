@@ -73,7 +73,7 @@ TEST(ClusterPreset, DgxA100MatchesPublicNumbers) {
   EXPECT_DOUBLE_EQ(g.gpu.peak(Precision::TF32), 156e12);
   EXPECT_DOUBLE_EQ(g.gpu.peak(Precision::FP32), 19.5e12);
   EXPECT_DOUBLE_EQ(g.gpu.peak(Precision::FP8), 0); // A100 has no fp8
-  EXPECT_DOUBLE_EQ(g.gpu.memoryBytes, 80e9);
+  EXPECT_DOUBLE_EQ(g.gpu.memoryBytes, 81920.0 * 1024 * 1024); // 80 GiB, as reported
   EXPECT_DOUBLE_EQ(g.gpu.memoryBandwidth, 2.0e12);
   // 600 GB/s both directions -> 300 GB/s per direction.
   EXPECT_DOUBLE_EQ(g.intra.bandwidth, 300e9);
@@ -96,7 +96,7 @@ TEST(ClusterPreset, DgxH100AndH200) {
 
   auto h200 = clusterPreset("h200"); // alias of dgx-h200
   ASSERT_TRUE(h200) << h200.status().message();
-  EXPECT_DOUBLE_EQ(h200->groups[0].gpu.memoryBytes, 141e9);
+  EXPECT_DOUBLE_EQ(h200->groups[0].gpu.memoryBytes, 143771.0 * 1024 * 1024);
   EXPECT_DOUBLE_EQ(h200->groups[0].gpu.memoryBandwidth, 4.8e12);
   EXPECT_EQ(h200->name, "dgx-h200");
 }
@@ -183,7 +183,7 @@ TEST(ClusterFile, HeterogeneousJsonWithGpuNamesAndInheritance) {
   EXPECT_EQ(c->groups[1].intra.topology, IntraTopology::Ring);
   EXPECT_DOUBLE_EQ(c->groups[1].intra.latency, 0.5e-6);
   EXPECT_DOUBLE_EQ(c->groups[1].network.latency, 6e-6);
-  EXPECT_DOUBLE_EQ(c->minDeviceMemory(), 80e9);
+  EXPECT_DOUBLE_EQ(c->minDeviceMemory(), 81920.0 * 1024 * 1024);
   // Rank 16 is the first GPU of node 2, in group 1.
   auto loc = c->locate(17);
   ASSERT_TRUE(loc);

@@ -809,7 +809,7 @@ TEST(OpSearch, ErrorsSayWhy) {
   EXPECT_NE(p.status().message().find("no plan fits in memory"),
             std::string::npos)
       << p.status().message();
-  EXPECT_NE(p.status().message().find("against a capacity of 74.51 GiB"),
+  EXPECT_NE(p.status().message().find("against a capacity of 80.00 GiB"),
             std::string::npos)
       << p.status().message();
   GraphSummary empty;

@@ -288,7 +288,7 @@ TEST(Search, TooLargeReportsBestMemory) {
   ASSERT_FALSE(p);
   EXPECT_NE(p.status().message().find("no plan fits in memory"),
             std::string::npos);
-  EXPECT_NE(p.status().message().find("capacity of 74.51 GiB"),
+  EXPECT_NE(p.status().message().find("capacity of 80.00 GiB"),
             std::string::npos)
       << p.status().message();
 }
