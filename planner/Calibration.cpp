@@ -38,6 +38,22 @@ const Entry kEntries[] = {
      "achieved / peak FLOP/s of a small matmul (< matmul_small_flops)"},
     {"matmul_small_flops", &Calibration::matmulSmallFlops, 1,
      Range::NonNegative, "FLOP", "matmuls below this FLOP count are small"},
+    {"gemm_peak_efficiency", &Calibration::gemmPeakEfficiency, 1,
+     Range::Efficiency, "fraction",
+     "achieved / peak FLOP/s of a GEMM whose tiles fill every SM of every "
+     "wave, before the K overhead"},
+    {"gemm_tile_m", &Calibration::gemmTileM, 1, Range::Positive, "rows",
+     "output rows of one CTA tile (wave quantization)"},
+    {"gemm_tile_n", &Calibration::gemmTileN, 1, Range::Positive, "columns",
+     "output columns of one CTA tile (wave quantization)"},
+    {"gemm_k_overhead_steps", &Calibration::gemmKOverheadSteps, 1,
+     Range::NonNegative, "steps",
+     "fixed cost of a tile (pipeline fill, epilogue) in main-loop steps of "
+     "128 bytes of K"},
+    {"gemm_unaligned_factor", &Calibration::gemmUnalignedFactor, 1,
+     Range::Efficiency, "fraction",
+     "efficiency of a GEMM with a dim that is not a multiple of 16 bytes, "
+     "relative to an aligned one"},
     {"attention_efficiency", &Calibration::attentionEfficiency, 1,
      Range::Efficiency, "fraction",
      "achieved / peak FLOP/s of fused attention"},

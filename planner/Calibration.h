@@ -26,6 +26,14 @@ struct Calibration {
   double matmulLargeEfficiency = 0.80; ///< matmul_large_efficiency
   double matmulSmallEfficiency = 0.50; ///< matmul_small_efficiency
   double matmulSmallFlops = 1e10;      ///< matmul_small_flops: below = small
+  // GEMMs on a GPU whose SM count is known: tile and wave quantization
+  // (docs/cost-model.md, "GEMM efficiency by shape"). The size classes
+  // above price GEMMs on devices without an SM count.
+  double gemmPeakEfficiency = 0.84; ///< gemm_peak_efficiency
+  double gemmTileM = 128;           ///< gemm_tile_m: output rows per CTA
+  double gemmTileN = 256;           ///< gemm_tile_n: output columns per CTA
+  double gemmKOverheadSteps = 3;    ///< gemm_k_overhead_steps
+  double gemmUnalignedFactor = 0.19; ///< gemm_unaligned_factor
   double attentionEfficiency = 0.60;   ///< attention_efficiency
   double elementwiseEfficiency = 0.50; ///< elementwise_efficiency (FLOP side)
   double memoryBandwidthEfficiency = 0.90; ///< memory_bandwidth_efficiency

@@ -80,8 +80,9 @@ GpuSpec makeGpu(const char *name, double fp8, double bf16, double fp16,
 /// model sets aside runtime_reserved_gib, the NCCL buffers and the
 /// fragmentation allowance (docs/cost-model.md, "Workspace").
 constexpr double kMiB = 1024.0 * 1024.0;
-GpuSpec withMemoryMiB(GpuSpec g, double mib) {
+GpuSpec withMemoryMiB(GpuSpec g, double mib, int sms) {
   g.memoryBytes = mib * kMiB;
+  g.sms = sms;
   return g;
 }
 
@@ -90,16 +91,19 @@ const std::map<std::string, GpuSpec> &gpuTable() {
       // 81920 MiB: NVIDIA's A100 80GB data sheet (80 GiB).
       {"a100-sxm-80gb",
        withMemoryMiB(
-           makeGpu("A100-SXM-80GB", 0, 312, 312, 156, 19.5, 80, 2000), 81920)},
+           makeGpu("A100-SXM-80GB", 0, 312, 312, 156, 19.5, 80, 2000), 81920,
+           108)},
       // 81559 MiB and 143771 MiB: nvidia-smi on the H100 and H200 of
-      // dlopt's GPU sessions (docs/gpu-runs).
+      // dlopt's GPU sessions (docs/gpu-runs), 132 SMs each (cudaDevAttr
+      // MultiProcessorCount there); the A100 has 108.
       {"h100-sxm-80gb",
        withMemoryMiB(
-           makeGpu("H100-SXM-80GB", 1979, 989, 989, 495, 67, 80, 3350), 81559)},
+           makeGpu("H100-SXM-80GB", 1979, 989, 989, 495, 67, 80, 3350), 81559,
+           132)},
       {"h200-sxm-141gb",
        withMemoryMiB(
            makeGpu("H200-SXM-141GB", 1979, 989, 989, 495, 67, 141, 4800),
-           143771)},
+           143771, 132)},
       // A deliberately small "device" for tests on the CPU backend.
       {"cpu-device", makeGpu("CPU-device", 0, 0.025, 0.025, 0.05, 0.05, 4, 20)},
   };
@@ -411,6 +415,8 @@ std::string Cluster::toJson() const {
     gpu["peak_tflops"] = peaks;
     gpu["memory_gb"] = g.gpu.memoryBytes / kG;
     gpu["memory_bandwidth_gb_s"] = g.gpu.memoryBandwidth / kG;
+    if (g.gpu.sms > 0)
+      gpu["sms"] = g.gpu.sms;
     gj["gpu"] = gpu;
     // Links a group does not use (a node with one GPU, a single node) may
     // be unset; the reader takes them as absent, so omit them rather than
@@ -679,7 +685,7 @@ Expected<GpuSpec> parseGpu(const Reader &rd, const json &v,
   DLOPT_RETURN_IF_ERROR(
       rd.checkKeys(v, path,
                    {"name", "base", "peak_tflops", "memory_gb", "memory_gib",
-                    "memory_bandwidth_gb_s"}));
+                    "memory_bandwidth_gb_s", "sms"}));
   GpuSpec g;
   bool hasBase = v.contains("base");
   if (hasBase) {
@@ -742,6 +748,12 @@ Expected<GpuSpec> parseGpu(const Reader &rd, const json &v,
     g.memoryBandwidth = *d * kG;
   } else if (!hasBase) {
     return rd.error(path, "missing required field 'memory_bandwidth_gb_s'");
+  }
+  if (v.contains("sms")) {
+    auto n = rd.positiveInt(v["sms"], Reader::child(path, "sms"));
+    if (!n)
+      return n.status();
+    g.sms = *n;
   }
   return g;
 }

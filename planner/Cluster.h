@@ -32,6 +32,10 @@ enum class Precision { FP8 = 0, BF16, FP16, TF32, FP32 };
 constexpr int kNumPrecisions = 5;
 const char *precisionName(Precision p);
 std::optional<Precision> parsePrecision(std::string_view s);
+/// Bytes of one element as the tensor cores read it (tf32: 4).
+inline double precisionBytes(Precision p) {
+  return p == Precision::FP8 ? 1 : p == Precision::TF32 || p == Precision::FP32 ? 4 : 2;
+}
 
 /// One GPU (or test device) kind.
 struct GpuSpec {
@@ -40,6 +44,9 @@ struct GpuSpec {
   std::array<double, kNumPrecisions> peakFlops{};
   double memoryBytes = 0;     ///< HBM capacity
   double memoryBandwidth = 0; ///< HBM bytes/s (read + write)
+  /// Streaming multiprocessors; 0 when unknown (GEMMs are then priced by
+  /// size class instead of tile and wave quantization).
+  int sms = 0;
 
   double peak(Precision p) const { return peakFlops[static_cast<int>(p)]; }
   void setPeak(Precision p, double v) { peakFlops[static_cast<int>(p)] = v; }

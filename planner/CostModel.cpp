@@ -94,6 +94,47 @@ double CostModel::computeEfficiency(const OpCost &op) const {
   return 1.0;
 }
 
+double CostModel::gemmEfficiency(const GemmShape &g, Precision precision,
+                                 const GpuSpec &gpu) const {
+  if (gpu.sms <= 0 || !(g.m > 0) || !(g.n > 0) || !(g.k > 0) ||
+      !(g.batch > 0))
+    return computeEfficiency(OpCost{OpKind::Matmul, precision, g.flops(), 0});
+  // The share of the launched tile slots that does useful work, for the
+  // best of the tile shapes cuBLAS chooses among.
+  auto filledWith = [&](double tm, double tn) {
+    const double tiles =
+        std::ceil(g.m / tm) * std::ceil(g.n / tn) * std::ceil(g.batch);
+    const double waves = std::ceil(tiles / gpu.sms);
+    return std::min(1.0, g.m * g.n * g.batch / (waves * gpu.sms * tm * tn));
+  };
+  const double tm = cal_.gemmTileM, tn = cal_.gemmTileN;
+  const double filled = std::max(
+      {filledWith(tm, tn), filledWith(tn, tm), filledWith(tm, tm)});
+  const double elem = precisionBytes(precision);
+  const double step = 128.0 / elem; // K per main-loop step
+  const double kShare = g.k / (g.k + cal_.gemmKOverheadSteps * step);
+  // Rows of a dim that is not a multiple of 16 bytes cannot be loaded by
+  // the aligned (TMA / vectorized) kernels.
+  const double align = 16.0 / elem;
+  const bool aligned = std::fmod(g.m, align) == 0 &&
+                       std::fmod(g.n, align) == 0 && std::fmod(g.k, align) == 0;
+  return cal_.gemmPeakEfficiency * filled * kShare *
+         (aligned ? 1.0 : cal_.gemmUnalignedFactor);
+}
+
+Expected<ComputeEstimate> CostModel::gemmTime(const GemmShape &g, double bytes,
+                                              Precision precision,
+                                              const GpuSpec &gpu) const {
+  OpCost op{OpKind::Matmul, precision, g.flops(), bytes};
+  auto e = computeTime(op, gpu);
+  if (!e || !(op.flops > 0))
+    return e;
+  e->computeTime = op.flops / (gpu.peak(precision) *
+                               gemmEfficiency(g, precision, gpu));
+  e->time = std::max(e->computeTime, e->memoryTime);
+  return e;
+}
+
 Expected<ComputeEstimate> CostModel::computeTime(const OpCost &op,
                                                  const GpuSpec &gpu) const {
   if (!(op.flops >= 0) || !(op.bytes >= 0))

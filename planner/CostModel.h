@@ -25,6 +25,13 @@ struct OpCost {
   double bytes = 0; ///< HBM bytes read plus written
 };
 
+/// One GEMM (or `batch` independent ones of the same shape):
+/// [m, k] x [k, n].
+struct GemmShape {
+  double m = 0, n = 0, k = 0, batch = 1;
+  double flops() const { return 2 * m * n * k * batch; }
+};
+
 struct ComputeEstimate {
   double time = 0;        ///< max(computeTime, memoryTime)
   double computeTime = 0; ///< flops / (peak * efficiency)
@@ -74,6 +81,23 @@ public:
 
   /// The efficiency applied to the op's FLOP side.
   double computeEfficiency(const OpCost &op) const;
+
+  /// The FLOP efficiency of a GEMM of this shape on `gpu` in `precision`:
+  /// with the GPU's SM count known, tile and wave quantization and the
+  /// fixed cost of a tile against its K loop, and the slow kernels of
+  /// unaligned dims (docs/cost-model.md, "GEMM efficiency by shape"):
+  ///   gemm_peak_efficiency * max over tiles (m n batch / (waves sms tm tn))
+  ///     * k / (k + gemm_k_overhead_steps * 128 B / e)
+  ///     * (gemm_unaligned_factor if m, n or k is not a multiple of 16 B)
+  /// with waves = ceil(ceil(m/tm) ceil(n/tn) batch / sms) over the tiles
+  /// 128x256, 256x128 and 128x128 (gemm_tile_m/n) and e the bytes of an
+  /// element of `precision`; without it, the size classes.
+  double gemmEfficiency(const GemmShape &g, Precision precision,
+                        const GpuSpec &gpu) const;
+  /// Roofline time of a GEMM moving `bytes` of HBM traffic.
+  Expected<ComputeEstimate> gemmTime(const GemmShape &g, double bytes,
+                                     Precision precision,
+                                     const GpuSpec &gpu) const;
 
   /// Forward + backward (+ recomputed forward) time of a layer whose
   /// forward takes `forward` seconds. `selectiveForward` is the part of the

@@ -314,8 +314,20 @@ Expected<TransformerSpec> transformerSpecOf(const GraphSummary &g) {
 
 namespace {
 
+/// One matmul of a group, per sample, with how tensor parallelism splits it
+/// (TransformerSharding's strategy at tp = 2).
+struct GroupGemm {
+  GemmShape perSample; ///< m per sample when `broadcast`, else batch
+  bool broadcast = true; ///< a weight shared by every row: one GEMM of rows
+  enum class Split { None, N, K, Vocab } split = Split::None;
+};
+
 /// Per-sample costs of one group by kind.
 struct GroupCost {
+  /// The group's matmuls, priced one by one with tile and wave
+  /// quantization (CostModel::gemmEfficiency); empty for graphs without an
+  /// op list, which price mmFlops/mmBytes in one roofline.
+  std::vector<GroupGemm> gemms;
   double mmFlops = 0, mmBytes = 0, attFlops = 0, attBytes = 0, otFlops = 0,
          otBytes = 0;
   /// The part of the elementwise work on [s, h] tensors (layer norms,
@@ -434,6 +446,28 @@ struct Ctx {
     return e ? e->time : 0;
   }
 
+  /// Time of one matmul of a group for `scale` samples on a tp rank.
+  double gemmTime(const GroupGemm &gm, double scale, int tp,
+                  int gpuKind) const {
+    GemmShape g = gm.perSample;
+    if (gm.broadcast)
+      g.m *= scale;
+    else
+      g.batch *= scale;
+    using Split = GroupGemm::Split;
+    const bool vocabSplit = gm.split == Split::Vocab &&
+                            std::fmod(g.n, double(tp)) == 0;
+    if (gm.split == Split::N || vocabSplit)
+      g.n /= tp;
+    else if (gm.split == Split::K)
+      g.k /= tp;
+    const double weights = g.k * g.n * (gm.broadcast ? 1 : g.batch);
+    const double bytes = (g.m * g.k * g.batch + weights + g.m * g.n * g.batch) *
+                         opt.bytes.activationBytes;
+    auto e = cost.gemmTime(g, bytes, opt.precision, kindSpec(gpuKind));
+    return e ? e->time : 0;
+  }
+
   /// Forward time of a group for `scale` samples of s/cp tokens each, with
   /// its matmuls, attention and split elementwise work divided by tp and the
   /// replicated part divided by tp only under sequence parallelism.
@@ -444,9 +478,13 @@ struct Ctx {
     if (attention)
       *attention = att;
     double repDiv = sp ? tp : 1;
-    return roofline(OpKind::Matmul, g.mmFlops * scale / tp,
-                    g.mmBytes * scale / tp, gpuKind) +
-           att +
+    double mm = 0;
+    if (g.gemms.empty())
+      mm = roofline(OpKind::Matmul, g.mmFlops * scale / tp,
+                    g.mmBytes * scale / tp, gpuKind);
+    for (const GroupGemm &gm : g.gemms)
+      mm += gemmTime(gm, scale, tp, gpuKind);
+    return mm + att +
            roofline(OpKind::Elementwise,
                     (g.otFlops - g.repFlops) * scale / tp +
                         g.repFlops * scale / repDiv,
@@ -1507,6 +1545,69 @@ Status validateSearchOptions(const SearchOptions &opt) {
   return Status::ok();
 }
 
+namespace {
+
+/// The tensor-parallel split of each matmul (by op key), as
+/// TransformerSharding lowers the graph at tp = 2: column-parallel splits
+/// N, row-parallel K, the LM head the vocabulary. Empty when tp = 2 does
+/// not apply (then tp never exceeds 1).
+std::map<int64_t, GroupGemm::Split> matmulSplits(const GraphSummary &graph,
+                                                 const TransformerSpec &spec) {
+  std::map<int64_t, GroupGemm::Split> out;
+  if (spec.heads % 2 || spec.tpWidth() % 2 || spec.kv() % 2)
+    return out;
+  TrainingConfig cfg;
+  cfg.tp = 2;
+  std::vector<int64_t> marks;
+  for (const OpGroupSummary &g : graph.groups)
+    if (g.layer >= 0)
+      marks.push_back(g.layer);
+  Plan plan;
+  lowerTransformerSharding(graph, cfg, {marks}, plan);
+  for (const PlannedOp &o : plan.ops) {
+    if (o.op != "dlopt.matmul")
+      continue;
+    if (o.strategy == "column")
+      out[o.id] = GroupGemm::Split::N;
+    else if (o.strategy == "row")
+      out[o.id] = GroupGemm::Split::K;
+    else if (o.strategy == "vocab-parallel")
+      out[o.id] = GroupGemm::Split::Vocab;
+  }
+  return out;
+}
+
+/// The matmuls of `n` per sample: [.., m, k] x [k, n] with a weight shared
+/// by every row (one GEMM over all rows), or batched on both sides.
+std::optional<GroupGemm> groupGemmOf(const OpNode &n, double modelBatch) {
+  if (n.operandShapes.size() < 2 || n.shape.size() < 2)
+    return std::nullopt;
+  const auto &a = n.operandShapes[0], &b = n.operandShapes[1];
+  if (a.size() < 2 || b.size() < 2)
+    return std::nullopt;
+  auto lead = [](const std::vector<int64_t> &v) {
+    double p = 1;
+    for (size_t i = 0; i + 2 < v.size(); ++i)
+      p *= double(v[i]);
+    return p;
+  };
+  GroupGemm g;
+  const double m = double(n.shape[n.shape.size() - 2]);
+  g.perSample.n = double(n.shape.back());
+  g.perSample.k = double(n.transposeA ? a[a.size() - 2] : a.back());
+  g.broadcast = lead(b) == 1;
+  if (g.broadcast) {
+    g.perSample.m = m * lead(a) / modelBatch;
+    g.perSample.batch = 1;
+  } else {
+    g.perSample.m = m;
+    g.perSample.batch = lead(n.shape) / modelBatch;
+  }
+  return g;
+}
+
+} // namespace
+
 Expected<PlanResult> searchPlan(const GraphSummary &graph,
                                 const Cluster &cluster, const CostModel &cost,
                                 const SearchOptions &opt) {
@@ -1586,13 +1687,36 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
         (c.host.memoryBytes == 0 || h.memoryBytes < c.host.memoryBytes))
       c.host.memoryBytes = h.memoryBytes;
   }
+  std::map<int64_t, size_t> layerIndex; // mark -> index in c.layers
   for (const OpGroupSummary &g : graph.groups) {
-    if (g.layer >= 0)
+    if (g.layer >= 0) {
+      layerIndex[g.layer] = c.layers.size();
       c.layers.push_back(perSample(g));
-    else if (g.name == "pre")
+    } else if (g.name == "pre")
       c.pre = perSample(g);
     else
       c.post = perSample(g);
+  }
+  // Each matmul of the op list, priced by its own shape.
+  {
+    auto splits = matmulSplits(graph, c.spec);
+    bool seenLayer = false;
+    for (const OpNode &n : graph.ops) {
+      seenLayer |= n.layer >= 0;
+      if (n.kind != OpClass::Matmul)
+        continue;
+      auto gm = groupGemmOf(n, c.modelBatch);
+      if (!gm)
+        continue;
+      auto it = splits.find(n.key());
+      if (it != splits.end())
+        gm->split = it->second;
+      auto li = layerIndex.find(n.layer);
+      GroupCost &grp = li != layerIndex.end() ? c.layers[li->second]
+                       : seenLayer             ? c.post
+                                               : c.pre;
+      grp.gemms.push_back(*gm);
+    }
   }
 
   c.identicalLayers = true;

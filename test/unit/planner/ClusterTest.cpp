@@ -257,6 +257,29 @@ gpu: h100-sxm-80gb
   EXPECT_FALSE(g->spansNodes());
 }
 
+TEST(ClusterFile, StreamingMultiprocessors) {
+  // Presets carry their SM count; a file may override it or give one.
+  auto c = yaml(R"(
+nodes: 1
+gpus_per_node: 1
+gpu: {base: h100-sxm-80gb, sms: 114}
+)");
+  ASSERT_TRUE(c) << c.status().message();
+  EXPECT_EQ(c->groups[0].gpu.sms, 114);
+  EXPECT_EQ(gpuPreset("a100-sxm-80gb")->sms, 108);
+  EXPECT_EQ(gpuPreset("h200-sxm-141gb")->sms, 132);
+  // Round trip through the plan file's cluster.
+  auto back = jsonText(c->toJson());
+  ASSERT_TRUE(back) << back.status().message();
+  EXPECT_EQ(back->groups[0].gpu.sms, 114);
+  EXPECT_TRUE(failsWith(yaml(R"(
+nodes: 1
+gpus_per_node: 1
+gpu: {base: h100-sxm-80gb, sms: 0}
+)"),
+                        "test.yaml: gpu.sms: expected a positive integer, got 0"));
+}
+
 //===----------------------------------------------------------------------===//
 // Every bad-input message
 //===----------------------------------------------------------------------===//

@@ -87,6 +87,64 @@ TEST(Compute, EfficiencyPerKindAndPrecision) {
   EXPECT_REL(fp32->time, 1e12 / (19.5e12 * 0.8), kRel);
 }
 
+TEST(Compute, GemmTileAndWaveQuantization) {
+  CostModel m;
+  GpuSpec h100 = *gpuPreset("h100-sxm-80gb"); // 132 SMs
+  // 8192^3: 64 x 32 = 2048 tiles of 128 x 256 in 16 waves of 132 (2112
+  // slots): 2048/2112 filled; K share 8192 / (8192 + 3 x 64) in bf16.
+  GemmShape big{8192, 8192, 8192};
+  EXPECT_REL(m.gemmEfficiency(big, Precision::BF16, h100),
+             0.84 * (2048.0 / 2112) * (8192.0 / 8384), kRel);
+  // A tensor-parallel slice, n = 2560 (GPT-3 530B's q at tp = 8) and
+  // m = 2048 tokens: 16 x 10 = 160 tiles of 128 x 256 in 2 waves of 132
+  // (264 slots), but 16 x 20 = 320 tiles of 128 x 128 in 3 waves (396):
+  // the better shape wins.
+  GemmShape slice{2048, 2560, 20480};
+  EXPECT_REL(m.gemmEfficiency(slice, Precision::BF16, h100),
+             0.84 * (320.0 / 396) * (20480.0 / 20672), kRel);
+  // Partial tiles: m = 96 fills 96/128 of its row of tiles.
+  GemmShape ragged{96, 256 * 132, 4096};
+  EXPECT_REL(m.gemmEfficiency(ragged, Precision::BF16, h100),
+             0.84 * (96.0 / 128) * (4096.0 / 4288), kRel);
+  // A dim that is not a multiple of 16 bytes (GPT-2's 50257-word head):
+  // the unaligned kernels. 128 x 128 tiles: 64 x 393 = 25152 in 191 waves.
+  GemmShape head{8192, 50257, 768};
+  EXPECT_REL(m.gemmEfficiency(head, Precision::BF16, h100),
+             0.84 * (8192.0 * 50257 / (191 * 132 * 128 * 128)) *
+                 (768.0 / 960) * 0.19,
+             kRel);
+  // A short K loop pays the tile's fixed cost: k = 64 against 192.
+  GemmShape shortK{128 * 12, 256 * 11, 64};
+  EXPECT_REL(m.gemmEfficiency(shortK, Precision::BF16, h100),
+             0.84 * 1.0 * (64.0 / 256), kRel);
+  // fp8 steps 128 elements of K per 128 bytes, fp32 32.
+  EXPECT_REL(m.gemmEfficiency(big, Precision::FP8, h100),
+             0.84 * (2048.0 / 2112) * (8192.0 / 8576), kRel);
+  EXPECT_REL(m.gemmEfficiency(big, Precision::FP32, h100),
+             0.84 * (2048.0 / 2112) * (8192.0 / 8288), kRel);
+  // Batched GEMMs share the waves: 4 x (8 x 4 tiles) = 128 of 132 slots.
+  GemmShape batched{1024, 1024, 1024, 4};
+  EXPECT_REL(m.gemmEfficiency(batched, Precision::BF16, h100),
+             0.84 * (128.0 / 132) * (1024.0 / 1216), kRel);
+  // More SMs than tiles never helps past full tiles; more waves of the
+  // same fill never hurt.
+  EXPECT_LE(m.gemmEfficiency(slice, Precision::BF16, h100),
+            m.gemmEfficiency(big, Precision::BF16, h100));
+  // Without an SM count, the size classes of old.
+  GpuSpec cpu = *gpuPreset("cpu-device");
+  EXPECT_EQ(cpu.sms, 0);
+  EXPECT_DOUBLE_EQ(m.gemmEfficiency(big, Precision::BF16, cpu), 0.80);
+  EXPECT_DOUBLE_EQ(m.gemmEfficiency({64, 64, 64}, Precision::BF16, cpu), 0.50);
+  // The roofline: compute at that efficiency, or the bytes if slower.
+  auto t = m.gemmTime(big, 3 * 8192.0 * 8192 * 2, Precision::BF16, h100);
+  ASSERT_TRUE(t);
+  EXPECT_REL(t->computeTime,
+             big.flops() / (989e12 * m.gemmEfficiency(big, Precision::BF16, h100)),
+             kRel);
+  EXPECT_FALSE(t->memoryBound());
+  EXPECT_FALSE(m.gemmTime(big, 0, Precision::FP8, *gpuPreset("a100-sxm-80gb")));
+}
+
 TEST(Compute, Errors) {
   CostModel m;
   GpuSpec a100 = *gpuPreset("a100-sxm-80gb");
