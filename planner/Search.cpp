@@ -1286,8 +1286,39 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       T.dpComm += e;
       record(std::string(grp) + " gradient all-reduce", Collective::AllReduce,
              dp, stride, gradBytes, 1, e);
+    } else if (cfg.zeroStage == 3) {
+      // Layer by layer, one layer prefetched (FSDP-style): the gather of
+      // layer i+1 runs during layer i's forward; in the backward, the
+      // gather for the next layer and the reduce-scatter of the layer just
+      // finished share the same links during one layer's backward. Per
+      // micro-batch, the first gather has nothing to hide behind, each
+      // later layer exposes what its compute cannot hide, and the last
+      // reduce-scatter follows the last backward (docs/cost-model.md,
+      // "ZeRO-3").
+      const double L = double(std::max<int64_t>(1, worstLayers));
+      const double perLayerParams = paramBytes / L, perLayerGrads = gradBytes / L;
+      const double ag1 =
+          c.comm(Collective::AllGather, perLayerParams, dp, stride);
+      const double rs1 =
+          c.comm(Collective::ReduceScatter, perLayerGrads, dp, stride);
+      const double eff = c.cost.calibration().gradOverlapEfficiency;
+      const double fl = worstFwd / L, bl = backward / L;
+      const double fwdExposed =
+          ag1 + (L - 1) * CostModel::exposed(ag1, fl, eff);
+      const double bwdShared = L * CostModel::exposed(ag1 + rs1, bl, eff);
+      // The shared backward exposure is charged to each in proportion.
+      const double agShare = ag1 + rs1 > 0 ? ag1 / (ag1 + rs1) : 0;
+      const double eAg = m * (fwdExposed + agShare * bwdShared);
+      const double eRs = m * ((1 - agShare) * bwdShared + rs1);
+      T.dpComm += eAg + eRs;
+      zero3Calls = 3 * L * m;
+      record(std::string(grp) + " gradient reduce-scatter (per layer)",
+             Collective::ReduceScatter, dp, stride, perLayerGrads, L * m, eRs);
+      record(std::string(grp) +
+                 " zero-3 parameter all-gather (per layer, fwd+bwd)",
+             Collective::AllGather, dp, stride, perLayerParams, 2 * L * m, eAg);
     } else {
-      // ZeRO >= 2 keeps no whole gradient: each micro-batch's is
+      // ZeRO 2 keeps no whole gradient: each micro-batch's is
       // reduce-scattered as its backward pass makes it (as DeepSpeed's
       // stage 2 does under gradient accumulation, and dlopt applies it).
       double rsCalls = cfg.zeroStage >= 2 ? m : 1;
@@ -1296,26 +1327,11 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       T.dpComm += e;
       record(std::string(grp) + " gradient reduce-scatter",
              Collective::ReduceScatter, dp, stride, gradBytes, rsCalls, e);
+      // Updated parameters, gathered before the next forward.
       double ag = c.comm(Collective::AllGather, paramBytes, dp, stride);
-      if (cfg.zeroStage < 3) {
-        // Updated parameters, gathered before the next forward.
-        T.dpComm += ag;
-        record(std::string(grp) + " parameter all-gather (after update)",
-               Collective::AllGather, dp, stride, paramBytes, 1, ag);
-      } else {
-        // Layer by layer (FSDP-style prefetch): one gather per layer in the
-        // forward and one in the backward, each paying its own latency.
-        double layersHere = std::max<int64_t>(1, worstLayers);
-        double perLayer = paramBytes / layersHere;
-        double ag1 = c.comm(Collective::AllGather, perLayer, dp, stride);
-        double e3 = m * CostModel::exposed(
-                            2 * layersHere * ag1, worstTrain,
-                            c.cost.calibration().gradOverlapEfficiency);
-        T.dpComm += e3;
-        zero3Calls = 2 * layersHere * m;
-        record(std::string(grp) + " zero-3 parameter all-gather (per layer, fwd+bwd)",
-               Collective::AllGather, dp, stride, perLayer, zero3Calls, e3);
-      }
+      T.dpComm += ag;
+      record(std::string(grp) + " parameter all-gather (after update)",
+             Collective::AllGather, dp, stride, paramBytes, 1, ag);
     }
   }
 

@@ -200,6 +200,39 @@ TEST(Search, FixedVirtualStagesAreHonouredOrRefused) {
       << p.status().message();
 }
 
+TEST(Search, ZeroThreeGathersAndReduceScattersPerLayer) {
+  // 24 layers, dp = 32 over 4 nodes, ZeRO-3: per micro-batch each layer's
+  // parameters are gathered twice (forward, backward) and its gradients
+  // reduce-scattered once; the first gather and the last reduce-scatter of
+  // each micro-batch have no compute to hide behind.
+  GraphSummary g = gpt(24, 2048, 16, 2048, 50304);
+  auto c = resolveCluster("dgx-a100:4");
+  ASSERT_TRUE(c);
+  SearchOptions o = opts(256);
+  o.fix = *parseFix("dp=32,tp=1,pp=1,zero=3,mbs=1,recompute=none");
+  auto p = searchPlan(g, *c, CostModel(), o);
+  ASSERT_TRUE(p) << p.status().message();
+  const double m = double(p->best.cfg.numMicroBatches);
+  EXPECT_EQ(m, 8);
+  CommOp ag, rs;
+  for (const CommOp &op : p->comms) {
+    if (op.what == "dp zero-3 parameter all-gather (per layer, fwd+bwd)")
+      ag = op;
+    if (op.what == "dp gradient reduce-scatter (per layer)")
+      rs = op;
+  }
+  EXPECT_EQ(ag.calls, 2 * 24 * m);
+  EXPECT_EQ(rs.calls, 24 * m);
+  ASSERT_GT(ag.calls, 0);
+  const double ag1 = ag.time / ag.calls, rs1 = rs.time / rs.calls;
+  EXPECT_GE(ag.exposed, m * ag1 * (1 - 1e-12));
+  EXPECT_GE(rs.exposed, m * rs1 * (1 - 1e-12));
+  EXPECT_LE(ag.exposed + rs.exposed, ag.time + rs.time);
+  // The per-layer messages together move one copy of the parameters per
+  // pass, as the whole-model collectives would.
+  EXPECT_NEAR(ag.bytes * 24, p->best.memory.params * 32, 1e-6 * ag.bytes * 24);
+}
+
 TEST(Search, InterleavingTriesEveryEvenChunking) {
   // 24 layers on 2 stages: 12 per stage, so v in {2, 3, 4, 6, 12}.
   GraphSummary g = gpt(24, 2048, 16, 2048, 50257);
