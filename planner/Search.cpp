@@ -339,7 +339,9 @@ struct GroupCost {
 
 /// Passes over an [s, h] activation one layer makes outside its matmuls and
 /// attention (two layer norms read+write 4, two residual adds 6, two
-/// dropouts with their masks 5) and the FLOPs per element they do.
+/// dropouts with their masks 5) and the FLOPs per element they do, for
+/// graphs without an op list; otherwise the replicated ops are counted
+/// (tpRolesOf).
 constexpr double kReplicatedPasses = 15;
 constexpr double kReplicatedFlopsPerElement = 20;
 
@@ -1563,13 +1565,21 @@ Status validateSearchOptions(const SearchOptions &opt) {
 
 namespace {
 
-/// The tensor-parallel split of each matmul (by op key), as
-/// TransformerSharding lowers the graph at tp = 2: column-parallel splits
-/// N, row-parallel K, the LM head the vocabulary. Empty when tp = 2 does
-/// not apply (then tp never exceeds 1).
-std::map<int64_t, GroupGemm::Split> matmulSplits(const GraphSummary &graph,
-                                                 const TransformerSpec &spec) {
-  std::map<int64_t, GroupGemm::Split> out;
+/// How tensor parallelism treats each op, as TransformerSharding lowers
+/// the graph at tp = 2 without sequence parallelism: the split of each
+/// matmul (column-parallel splits N, row-parallel K, the LM head the
+/// vocabulary) and the other ops whose result stays replicated over tp
+/// (norms, residual adds, dropouts: the work every tp rank repeats unless
+/// sequence parallelism splits it). Unknown when tp = 2 does not apply
+/// (then tp never exceeds 1).
+struct TpRoles {
+  std::map<int64_t, GroupGemm::Split> splits;
+  std::set<int64_t> replicated;
+  bool known = false;
+};
+
+TpRoles tpRolesOf(const GraphSummary &graph, const TransformerSpec &spec) {
+  TpRoles out;
   if (spec.heads % 2 || spec.tpWidth() % 2 || spec.kv() % 2)
     return out;
   TrainingConfig cfg;
@@ -1580,15 +1590,19 @@ std::map<int64_t, GroupGemm::Split> matmulSplits(const GraphSummary &graph,
       marks.push_back(g.layer);
   Plan plan;
   lowerTransformerSharding(graph, cfg, {marks}, plan);
+  out.known = !plan.ops.empty();
   for (const PlannedOp &o : plan.ops) {
-    if (o.op != "dlopt.matmul")
-      continue;
-    if (o.strategy == "column")
-      out[o.id] = GroupGemm::Split::N;
-    else if (o.strategy == "row")
-      out[o.id] = GroupGemm::Split::K;
-    else if (o.strategy == "vocab-parallel")
-      out[o.id] = GroupGemm::Split::Vocab;
+    if (o.op == "dlopt.matmul") {
+      if (o.strategy == "column")
+        out.splits[o.id] = GroupGemm::Split::N;
+      else if (o.strategy == "row")
+        out.splits[o.id] = GroupGemm::Split::K;
+      else if (o.strategy == "vocab-parallel")
+        out.splits[o.id] = GroupGemm::Split::Vocab;
+    } else if (o.op != "dlopt.attention" && !o.results.empty() &&
+               !o.results[0].uses("tp")) {
+      out.replicated.insert(o.id);
+    }
   }
   return out;
 }
@@ -1713,26 +1727,43 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
     else
       c.post = perSample(g);
   }
-  // Each matmul of the op list, priced by its own shape.
+  // Each matmul of the op list, priced by its own shape, and the work of
+  // each layer that tensor parallelism replicates, counted op by op.
   {
-    auto splits = matmulSplits(graph, c.spec);
+    const TpRoles roles = tpRolesOf(graph, c.spec);
+    const double toActivation =
+        opt.bytes.activationBytes / std::max(1, graph.dtypeBytes);
+    std::vector<double> repBytes(c.layers.size(), 0),
+        repFlops(c.layers.size(), 0);
     bool seenLayer = false;
     for (const OpNode &n : graph.ops) {
       seenLayer |= n.layer >= 0;
-      if (n.kind != OpClass::Matmul)
+      auto li = layerIndex.find(n.layer);
+      if (n.kind != OpClass::Matmul) {
+        if (li != layerIndex.end() && n.kind != OpClass::Constant &&
+            roles.replicated.count(n.key())) {
+          repBytes[li->second] += n.bytes / c.modelBatch * toActivation;
+          repFlops[li->second] += n.flops / c.modelBatch;
+        }
         continue;
+      }
       auto gm = groupGemmOf(n, c.modelBatch);
       if (!gm)
         continue;
-      auto it = splits.find(n.key());
-      if (it != splits.end())
+      auto it = roles.splits.find(n.key());
+      if (it != roles.splits.end())
         gm->split = it->second;
-      auto li = layerIndex.find(n.layer);
       GroupCost &grp = li != layerIndex.end() ? c.layers[li->second]
                        : seenLayer             ? c.post
                                                : c.pre;
       grp.gemms.push_back(*gm);
     }
+    if (roles.known)
+      for (size_t i = 0; i < c.layers.size(); ++i) {
+        GroupCost &g = c.layers[i];
+        g.repBytes = std::min(g.otBytes, repBytes[i]);
+        g.repFlops = std::min(g.otFlops, repFlops[i]);
+      }
   }
 
   c.identicalLayers = true;
