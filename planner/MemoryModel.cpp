@@ -114,14 +114,22 @@ double activationBytesPerLayer(const TransformerSpec &spec,
   const double h = spec.hidden, t = cfg.tp, cp = std::max(1, cfg.cp);
   const double sbh = spec.seqLen / cp * cfg.microBatchSize * h;
   const double e = cfg.precision.activationBytes;
+  const double eg = cfg.precision.gemmInputBytes > 0
+                        ? cfg.precision.gemmInputBytes
+                        : e;
   const bool sp = cfg.sequenceParallel;
   if (cfg.recompute == RecomputePolicy::Full)
     return e * sbh / (sp ? t : 1);
-  const double replicated = sp ? 2 + 2 / t : 4;
   const double kvShare = double(spec.kv()) / double(spec.heads);
-  const double attention = 2 + 2 * kvShare * cp;
-  const double mlp = (spec.gatedMlp ? 4 : 2) * double(spec.tpWidth()) / h;
-  return e * sbh * (replicated + (attention + mlp) / t);
+  const double w = double(spec.tpWidth()) / h;
+  const double g = spec.gatedMlp ? 4 : 2;
+  // GEMM inputs: the two norm outputs (gathered over tp with SP), the
+  // attention output, the MLP's last input. The rest: the layer input and
+  // the residual (split with SP), q, k and v, the MLP's other values.
+  const double gemmInputs = 2 + 1 / t + w / t;
+  const double others =
+      (sp ? 2 / t : 2) + (1 + 2 * kvShare * cp) / t + (g - 1) * w / t;
+  return sbh * (eg * gemmInputs + e * others);
 }
 
 double microBatchesInFlight(const TrainingConfig &cfg, int stage) {
@@ -295,6 +303,11 @@ transformerStageMemoryWithLayers(const TransformerSpec &spec,
     if (cfg.pp > 1 || !spec.tiedEmbeddings)
       params += vLocal * h; // output matrix (a tied copy when pp > 1)
   }
+  // fp8: each of a layer's six GEMMs scales its input, weight and output
+  // gradient, each with an amax history, a scale and its inverse (fp32),
+  // replicated like the layer's norms.
+  const double fp8Scaling =
+      layers * 6 * 3 * (pr.fp8AmaxHistory > 0 ? pr.fp8AmaxHistory + 2 : 0) * 4;
   // ZeRO shards over the dp * cp ranks that hold the same parameters.
   auto states =
       stateMemory(params, cfg.dp * cfg.cp, cfg.zeroStage, cfg.optimizer, pr);
@@ -303,7 +316,7 @@ transformerStageMemoryWithLayers(const TransformerSpec &spec,
 
   MemoryBreakdown m;
   m.stage = stage;
-  m.params = states->params;
+  m.params = states->params + fp8Scaling;
   m.grads = states->grads;
   m.optimizer = states->optimizer;
 

@@ -41,7 +41,15 @@ struct PrecisionConfig {
   bool masterWeights = true; ///< fp32 copy under mixed precision
   double masterBytes = 4;
   double optimizerStateBytes = 4; ///< per moment (fp32)
-  double activationBytes = 2;     ///< the "2 bytes" of Korthikanti's formulas
+  double activationBytes = 2;     ///< kept activations (compute dtype)
+  /// Kept activations that are GEMM inputs (norm outputs, the attention
+  /// output, the MLP's last input): 1 under fp8 (Transformer Engine keeps
+  /// the fp8 cast it fed the GEMM); 0 means activationBytes.
+  double gemmInputBytes = 0;
+  /// fp8: the scaling state, an amax history of this many fp32 values plus
+  /// a scale and its inverse per scaled tensor (a GEMM's input, weight and
+  /// output gradient); 0 without fp8.
+  double fp8AmaxHistory = 0;
 };
 
 /// Bytes of model state on one device.

@@ -443,7 +443,12 @@ struct Ctx {
                   int gpuKind = -1) const {
     if (flops <= 0 && bytes <= 0)
       return 0;
-    OpCost op{kind, opt.precision, flops, bytes};
+    // fp8 runs only the GEMMs in fp8 (Transformer Engine's recipe):
+    // attention and the elementwise work stay in bf16.
+    Precision p = kind == OpKind::Matmul || opt.precision != Precision::FP8
+                      ? opt.precision
+                      : Precision::BF16;
+    OpCost op{kind, p, flops, bytes};
     auto e = cost.computeTime(op, kindSpec(gpuKind));
     return e ? e->time : 0;
   }

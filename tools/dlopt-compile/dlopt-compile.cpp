@@ -124,7 +124,8 @@ static cl::opt<std::string> recomputeOpt(
     cl::init("none"), cl::cat(trainCategory));
 static cl::opt<std::string> precisionOpt(
     "precision", cl::desc("Compute precision: f32, bf16 or fp16 (fp32 master "
-                          "weights; fp16 adds dynamic loss scaling)"),
+                          "weights; fp16 adds dynamic loss scaling); fp8 "
+                          "with --dry-run only (a planning precision)"),
     cl::init("f32"), cl::cat(trainCategory));
 
 static cl::OptionCategory planCategory("dlopt-compile planning options");
@@ -409,7 +410,16 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
                 "dlopt accumulates gradients in fp32: use it with --dry-run "
                 "only",
                 2);
-  if (prec == "bf16") {
+  if (prec == "fp8") {
+    // A planning precision: fp8 GEMMs with bf16 weights, attention and
+    // elementwise work (Transformer Engine's recipe), an fp8 copy of each
+    // weight and the fp8 GEMM inputs kept for the backward pass, and the
+    // scaling state (docs/cost-model.md, "fp8").
+    so.precision = Precision::FP8;
+    so.bytes.paramBytes = 3;
+    so.bytes.gemmInputBytes = 1;
+    so.bytes.fp8AmaxHistory = 1024;
+  } else if (prec == "bf16") {
     so.precision = Precision::BF16;
   } else if (prec == "fp16" || prec == "f16") {
     so.precision = Precision::FP16;
@@ -1011,7 +1021,14 @@ int main(int argc, char **argv) {
     llvm::errs() << "\n";
     return false;
   };
-  if (!oneOf("precision", precisionOpt, {"f32", "bf16", "fp16"}) ||
+  if (precisionOpt == "fp8" && !dryRun) {
+    llvm::errs() << "dlopt-compile: error: --precision fp8 is a planning "
+                    "precision: dlopt's backends have no fp8 kernels (use it "
+                    "with --dry-run)\n";
+    return 2;
+  }
+  if ((precisionOpt != "fp8" &&
+       !oneOf("precision", precisionOpt, {"f32", "bf16", "fp16"})) ||
       !oneOf("recompute", recomputeOpt, {"none", "full", "selective"}) ||
       !oneOf("optimizer", optName, {"sgd", "adam", "adamw"}) ||
       !oneOf("schedule", scheduleOpt, {"constant", "cosine", "linear"}))

@@ -165,6 +165,32 @@ TEST(Activations, WhatDloptKeepsPerLayer) {
   EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 4 * 4 * sbh / 8);
 }
 
+TEST(Activations, Fp8KeepsItsGemmInputsInOneByte) {
+  TransformerSpec s = gpt3();
+  TrainingConfig c;
+  c.tp = 8;
+  c.precision.gemmInputBytes = 1;
+  const double sbh = 25165824;
+  // GEMM inputs (two norm outputs, the attention output, the MLP's last
+  // input: 2 + 1/8 + 4/8 = 2.625) at 1 byte, the rest (layer input,
+  // residual, q, k, v, the MLP's first output: 2 + 3/8 + 4/8 = 2.875) at 2.
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), sbh * (2.625 + 2 * 2.875));
+  // Together they are the bf16 formula's 11 sbh at 2 bytes.
+  c.precision.gemmInputBytes = 2;
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 11 * sbh);
+  // The scaling state: 6 GEMMs x 3 tensors x (1024 + 2) fp32 per layer.
+  TrainingConfig f = gpt3Config();
+  PrecisionConfig fp8;
+  fp8.paramBytes = 3;
+  fp8.gemmInputBytes = 1;
+  fp8.fp8AmaxHistory = 1024;
+  TrainingConfig g = f;
+  g.precision = fp8;
+  auto a = transformerStageMemory(s, f, 7), b = transformerStageMemory(s, g, 7);
+  ASSERT_TRUE(a && b);
+  EXPECT_DOUBLE_EQ(b->params - 1.5 * a->params, 6 * 6 * 3 * 1026 * 4.0);
+}
+
 TEST(Activations, GroupedKvHeadsGatedMlpAndContextParallelism) {
   // Llama 3 8B: h 4096, 32 heads, 8 kv heads, a gated MLP of width 14336.
   TransformerSpec s;
