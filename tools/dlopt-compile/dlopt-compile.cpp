@@ -1027,8 +1027,11 @@ int main(int argc, char **argv) {
                     "with --dry-run)\n";
     return 2;
   }
-  if ((precisionOpt != "fp8" &&
-       !oneOf("precision", precisionOpt, {"f32", "bf16", "fp16"})) ||
+  // fp8 is a planning precision: dry runs only (checked above).
+  const bool precisionOk =
+      dryRun ? oneOf("precision", precisionOpt, {"f32", "bf16", "fp16", "fp8"})
+             : oneOf("precision", precisionOpt, {"f32", "bf16", "fp16"});
+  if (!precisionOk ||
       !oneOf("recompute", recomputeOpt, {"none", "full", "selective"}) ||
       !oneOf("optimizer", optName, {"sgd", "adam", "adamw"}) ||
       !oneOf("schedule", scheduleOpt, {"constant", "cosine", "linear"}))
