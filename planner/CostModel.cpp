@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 namespace dlopt::planner {
@@ -126,17 +127,17 @@ Expected<ComputeEstimate> CostModel::gemmTime(const GemmShape &g, double bytes,
                                               Precision precision,
                                               const GpuSpec &gpu) const {
   OpCost op{OpKind::Matmul, precision, g.flops(), bytes};
-  auto e = computeTime(op, gpu);
-  if (!e || !(op.flops > 0))
-    return e;
-  e->computeTime = op.flops / (gpu.peak(precision) *
-                               gemmEfficiency(g, precision, gpu));
-  e->time = std::max(e->computeTime, e->memoryTime);
-  return e;
+  return roofline(op, gpu, [&] { return gemmEfficiency(g, precision, gpu); });
 }
 
 Expected<ComputeEstimate> CostModel::computeTime(const OpCost &op,
                                                  const GpuSpec &gpu) const {
+  return roofline(op, gpu, [&] { return computeEfficiency(op); });
+}
+
+Expected<ComputeEstimate>
+CostModel::roofline(const OpCost &op, const GpuSpec &gpu,
+                    const std::function<double()> &efficiency) const {
   if (!(op.flops >= 0) || !(op.bytes >= 0))
     return Status::error(std::string(opKindName(op.kind)) +
                          " op: expected flops and bytes >= 0, got flops " +
@@ -149,7 +150,7 @@ Expected<ComputeEstimate> CostModel::computeTime(const OpCost &op,
       return Status::error(gpu.name + " has no " + precisionName(op.precision) +
                            " peak: cannot run a " + opKindName(op.kind) +
                            " op in that precision");
-    e.computeTime = op.flops / (peak * computeEfficiency(op));
+    e.computeTime = op.flops / (peak * efficiency());
   }
   if (op.bytes > 0) {
     if (!(gpu.memoryBandwidth > 0))

@@ -11,6 +11,8 @@
 #include "planner/Calibration.h"
 #include "planner/Cluster.h"
 
+#include <functional>
+
 namespace dlopt::planner {
 
 /// How well an op uses the GPU's arithmetic units.
@@ -127,6 +129,12 @@ public:
   }
 
 private:
+  /// max(flops / (peak * efficiency()), bytes / usable bandwidth), with
+  /// the errors of computeTime; efficiency() is asked only when there are
+  /// FLOPs.
+  Expected<ComputeEstimate>
+  roofline(const OpCost &op, const GpuSpec &gpu,
+           const std::function<double()> &efficiency) const;
   CommEstimate ring(Collective c, double bytes, const CommGroup &g) const;
   CommEstimate tree(Collective c, double bytes, const CommGroup &g) const;
   CommEstimate hierarchical(Collective c, double bytes,

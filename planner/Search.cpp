@@ -479,11 +479,9 @@ struct Ctx {
   /// its matmuls, attention and split elementwise work divided by tp and the
   /// replicated part divided by tp only under sequence parallelism.
   double groupTime(const GroupCost &g, double scale, int tp, bool sp,
-                   double *attention, int gpuKind) const {
+                   int gpuKind) const {
     double att = roofline(OpKind::Attention, g.attFlops * scale / tp,
                           g.attBytes * scale / tp, gpuKind);
-    if (attention)
-      *attention = att;
     double repDiv = sp ? tp : 1;
     double mm = 0;
     if (g.gemms.empty())
@@ -516,13 +514,13 @@ struct Ctx {
     t.prefix.push_back(0);
     t.opsPrefix.push_back(0);
     for (const GroupCost &g : layers) {
-      double f = groupTime(g, scale, tp, sp, nullptr, gpuKind);
+      double f = groupTime(g, scale, tp, sp, gpuKind);
       t.fwd.push_back(f);
       t.prefix.push_back(t.prefix.back() + f);
       t.opsPrefix.push_back(t.opsPrefix.back() + g.ops);
     }
-    t.pre = groupTime(pre, scale, tp, sp, nullptr, gpuKind);
-    t.post = groupTime(post, scale, tp, sp, nullptr, gpuKind);
+    t.pre = groupTime(pre, scale, tp, sp, gpuKind);
+    t.post = groupTime(post, scale, tp, sp, gpuKind);
     return timeCache.emplace(key, std::move(t)).first->second;
   }
 
