@@ -268,10 +268,14 @@ def run_session(args):
                 for l in fails[:40]:
                     sess.note("  " + l)
                 # A failing tensor-core attention kernel must not hide the
-                # rest: the later phases then run the CUDA-core kernels.
+                # rest: the later phases then run the WMMA kernels, or the
+                # CUDA-core ones when those fail too.
                 if any("attention" in l for l in fails) and "DLOPT_CUDA_ATTENTION" not in env:
-                    env["DLOPT_CUDA_ATTENTION"] = "simt"
-                    sess.note("attention conformance failed: later phases run DLOPT_CUDA_ATTENTION=simt")
+                    path = "simt" if "on the WMMA kernels" in text else "wmma"
+                    env["DLOPT_CUDA_ATTENTION"] = path
+                    sess.note("attention conformance failed: later phases run DLOPT_CUDA_ATTENTION=" + path)
+                    for l in [l for l in text.splitlines() if "kernels" in l and "Trace" not in l][:10]:
+                        sess.note("  " + l[:240])
         elif phase == "ops":
             rc, text = sess.run([sys.executable, os.path.join(ROOT, "test", "unit", "cuda", "compare_backends.py"),
                                  "--cases", os.path.join(b, "cases"), "--bin-dir", bindir, "--jobs", "8",
@@ -430,7 +434,12 @@ def run_session(args):
             # --profile: events around each instruction) for the first
             # benchmark model; then the fused ops on the interpreter kernel.
             m = os.environ.get("BENCH_MODELS", "gpt2-small").split()[0]
-            for variant, venv in (("", {}), (" DLOPT_CUDA_FUSED=interp", {"DLOPT_CUDA_FUSED": "interp"})):
+            # Variants: the older WMMA attention kernels, and unaligned
+            # GEMMs (the tied LM head) without padded copies.
+            for variant, venv in (("", {}), (" DLOPT_CUDA_ATTENTION=wmma", {"DLOPT_CUDA_ATTENTION": "wmma"}),
+                                  (" DLOPT_CUDA_GEMM_PAD=0", {"DLOPT_CUDA_GEMM_PAD": "0"})):
+                if "DLOPT_CUDA_ATTENTION" in env and "DLOPT_CUDA_ATTENTION" in venv:
+                    continue
                 rc, text = sess.run([tool("dlopt-run"), os.path.join(b, "bench", m + ".plan"), "--backend", "cuda",
                                      "--steps", "4", "--vocab", "50257", "--profile"], "profile.log", 120,
                                     env=dict(env, **venv))
@@ -438,7 +447,8 @@ def run_session(args):
                 start = next((i for i, l in enumerate(lines) if l.startswith("profile")), max(0, len(lines) - 25))
                 sess.note("profile %s%s rc %d:" % (m, variant, rc))
                 shown = lines[start:start + 45] if not variant else \
-                    [l for l in lines[start:] if l.startswith("profile") or "per run" in l or "fused_elementwise" in l][:6]
+                    [l for l in lines[start:] if l.startswith("profile") or "per run" in l or
+                     l.split()[:1] in (["matmul"], ["attention"], ["attention_grad"])][:8]
                 for l in shown:
                     sess.note("  " + l[:200])
                 steps = [l for l in lines if l.startswith("step ") or "tokens/s" in l]

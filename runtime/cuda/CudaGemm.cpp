@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
+#include <string>
 
 namespace dlopt::rt::cuda {
 
@@ -27,7 +29,43 @@ unsigned alignmentOf(const void *p) {
   return a;
 }
 
+int64_t roundUp8(int64_t x) { return (x + 7) / 8 * 8; }
+
 } // namespace
+
+std::optional<GemmPadding> planPadding(const GemmPlan &p, int64_t maxScratch,
+                                       double minFlops) {
+  if (p.dtype != DType::BF16 && p.dtype != DType::F16)
+    return std::nullopt;
+  if (p.calls() != 1 || p.batchCount != 1 || p.ldaSet || p.ldcSet)
+    return std::nullopt;
+  if (2.0 * double(p.m) * double(p.n) * double(p.k) < minFlops)
+    return std::nullopt;
+  GemmPadding g;
+  g.padA = p.lda() % 8 != 0;
+  g.padC = p.ldc() % 8 != 0;
+  if ((!g.padA && !g.padC) || p.ldb() % 8 != 0)
+    return std::nullopt;
+  const int64_t es = dtypeSize(p.dtype);
+  // Scratch bytes per row of C: the A row (or, transposed, A column) and
+  // the padded C row.
+  int64_t perRow = (g.padA ? (p.transA ? p.k : roundUp8(p.k)) : 0) +
+                   (g.padC ? roundUp8(p.n) : 0);
+  // A transposed A's copy rounds its width up by at most 7 columns; 256
+  // bytes keep C's part aligned.
+  int64_t fixed = (g.padA && p.transA ? 7 * p.k * es : 0) + 256;
+  int64_t rows = maxScratch > fixed ? (maxScratch - fixed) / (perRow * es) : 0;
+  rows = rows >= p.m ? p.m : rows / 64 * 64;
+  if (rows < 64)
+    return std::nullopt;
+  g.chunkM = rows;
+  int64_t aBytes =
+      g.padA ? (p.transA ? p.k * roundUp8(rows) : rows * roundUp8(p.k)) * es
+             : 0;
+  g.cOffset = (aBytes + 255) / 256 * 256;
+  g.scratchBytes = g.cOffset + (g.padC ? rows * roundUp8(p.n) * es : 0);
+  return g;
+}
 
 Expected<GemmPlan> planMatmul(const TensorType &ta, const TensorType &tb,
                               const TensorType &tc, bool transA, bool transB) {
@@ -172,8 +210,9 @@ GemmRunner::~GemmRunner() = default;
 
 Expected<GemmRunner::Cached *> GemmRunner::lookup(const GemmPlan &p,
                                                   unsigned alignment) {
-  Key key{int(p.dtype), p.transA, p.transB, p.m, p.n, p.k, p.batchCount,
-          p.strideA, p.strideB, p.strideC, alignment};
+  Key key{int(p.dtype), p.transA, p.transB, p.m,         p.n,
+          p.k,           p.batchCount, p.strideA, p.strideB, p.strideC,
+          alignment,     p.lda(),      p.ldc()};
   auto it = cache_.find(key);
   if (it != cache_.end())
     return it->second.get();
@@ -197,9 +236,9 @@ Expected<GemmRunner::Cached *> GemmRunner::lookup(const GemmPlan &p,
   DLOPT_CUBLAS_CHECK(lib_.cublasLtMatrixLayoutCreate(&c->a, type, aRows, aCols,
                                                      int64_t(aRows)));
   DLOPT_CUBLAS_CHECK(lib_.cublasLtMatrixLayoutCreate(&c->b, type, bRows, bCols,
-                                                     int64_t(bRows)));
+                                                     p.lda()));
   DLOPT_CUBLAS_CHECK(lib_.cublasLtMatrixLayoutCreate(
-      &c->c, type, uint64_t(p.n), uint64_t(p.m), p.n));
+      &c->c, type, uint64_t(p.n), uint64_t(p.m), p.ldc()));
   if (p.batchCount > 1) {
     int32_t count = int32_t(p.batchCount);
     struct {
@@ -248,8 +287,90 @@ Expected<GemmRunner::Cached *> GemmRunner::lookup(const GemmPlan &p,
   return raw;
 }
 
-Status GemmRunner::run(const GemmPlan &p, const void *a, const void *b,
-                       void *c, cudaStream_t stream) {
+Status GemmRunner::run(
+    const GemmPlan &p, const void *a, const void *b, void *c,
+    cudaStream_t stream,
+    const std::function<Expected<void *>(int64_t)> &scratch) {
+  static const bool padOff = [] {
+    const char *e = std::getenv("DLOPT_CUDA_GEMM_PAD");
+    return e && std::string(e) == "0";
+  }();
+  std::optional<GemmPadding> pad;
+  if (scratch && !padOff && p.m > 0 && p.n > 0 && p.k > 0)
+    pad = planPadding(p);
+  if (!pad)
+    return call(p, a, b, c, stream);
+  Expected<void *> ws = scratch(pad->scratchBytes);
+  if (!ws)
+    return ws.status();
+  const int64_t es = dtypeSize(p.dtype);
+  char *sbase = static_cast<char *>(*ws);
+  auto copy = [&](char *dst, const char *src, const PadCopy &c) {
+    return lib_.cudaMemcpy2DAsync(
+        dst + c.dstOffset * es, size_t(c.dstPitch * es),
+        src + c.srcOffset * es, size_t(c.srcPitch * es), size_t(c.width * es),
+        size_t(c.height), cudaMemcpyDeviceToDevice, stream);
+  };
+  for (const PadStep &st : padSteps(p, *pad)) {
+    if (st.copyA)
+      DLOPT_CUDA_CHECK(copy(sbase, static_cast<const char *>(a), *st.copyA));
+    DLOPT_RETURN_IF_ERROR(call(st.gemm, st.aInScratch ? sbase : a, b,
+                               st.cInScratch ? sbase : c, stream));
+    if (st.copyC)
+      DLOPT_CUDA_CHECK(copy(static_cast<char *>(c), sbase, *st.copyC));
+  }
+  return Status::ok();
+}
+
+std::vector<PadStep> padSteps(const GemmPlan &p, const GemmPadding &g) {
+  std::vector<PadStep> steps;
+  const int64_t es = dtypeSize(p.dtype), cAt = g.cOffset / es;
+  for (int64_t m0 = 0; m0 < p.m; m0 += g.chunkM) {
+    const int64_t mc = std::min(g.chunkM, p.m - m0);
+    PadStep st;
+    st.gemm = p;
+    st.gemm.m = mc;
+    // Rows m0.. of A [M, K], or columns m0.. of A [K, M] (transposed).
+    const int64_t aAt = p.aOffsets[0] + (p.transA ? m0 : m0 * p.lda());
+    const int64_t cAtC = p.cOffsets[0] + m0 * p.ldc();
+    if (g.padA) {
+      PadCopy c;
+      c.width = p.transA ? mc : p.k;
+      c.height = p.transA ? p.k : mc;
+      c.srcOffset = aAt;
+      c.srcPitch = p.lda();
+      c.dstPitch = roundUp8(c.width);
+      st.copyA = c;
+      st.aInScratch = true;
+      st.gemm.aOffsets = {0};
+      st.gemm.ldaSet = c.dstPitch;
+    } else {
+      st.gemm.aOffsets = {aAt};
+      st.gemm.ldaSet = p.lda();
+    }
+    if (g.padC) {
+      st.cInScratch = true;
+      st.gemm.cOffsets = {cAt};
+      st.gemm.ldcSet = roundUp8(p.n);
+      PadCopy c;
+      c.srcOffset = cAt;
+      c.srcPitch = st.gemm.ldcSet;
+      c.dstOffset = cAtC;
+      c.dstPitch = p.ldc();
+      c.width = p.n;
+      c.height = mc;
+      st.copyC = c;
+    } else {
+      st.gemm.cOffsets = {cAtC};
+      st.gemm.ldcSet = p.ldc();
+    }
+    steps.push_back(std::move(st));
+  }
+  return steps;
+}
+
+Status GemmRunner::call(const GemmPlan &p, const void *a, const void *b,
+                        void *c, cudaStream_t stream) {
   if (p.m == 0 || p.n == 0)
     return Status::ok();
   int64_t es = dtypeSize(p.dtype);

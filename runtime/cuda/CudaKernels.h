@@ -251,6 +251,16 @@ int attentionGrad(Stream s, DType t, const AttentionDims &dims,
                   const void *dout, void *dq, void *dk, void *dv, float *ws);
 int64_t attentionGradWorkspaceBytes(const AttentionDims &dims);
 
+/// Which kernels attention and attention_grad take where the tensor cores
+/// apply (bf16/f16, head dims 64 and 128, sm_80+). Mma: register-level
+/// mma.sync m16n8k16 tiles (FlashAttention-2 style; the default). Wmma: the
+/// older WMMA kernels that stage scores in shared memory. Simt: the f32
+/// CUDA-core kernels everywhere. The default comes from
+/// $DLOPT_CUDA_ATTENTION ("mma", "wmma", "simt"; unset = mma).
+enum class AttentionPath { Mma, Wmma, Simt };
+void setAttentionPath(AttentionPath p);
+AttentionPath attentionPath();
+
 /// rope over rows of d (positions along the dim of size `seq`). `offset`:
 /// null, or a rank-0 device tensor of `offsetType` (i32/i64) added to every
 /// position (the context-parallel offset operand), read on the device.

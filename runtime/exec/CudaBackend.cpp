@@ -540,8 +540,16 @@ Status matmulHandler(Launch &L, Ins ins, Outs outs) {
     return opError(L.instr, plan.status().message());
   if (outs[0].numElements() == 0)
     return Status::ok();
+  // Unaligned 16-bit GEMMs run through padded copies in the kernel scratch
+  // (CudaGemm.h planPadding).
+  auto scratch = [&](int64_t bytes) -> Expected<void *> {
+    auto ws = L.r.scratch(bytes);
+    if (!ws)
+      return ws.status();
+    return static_cast<void *>(*ws);
+  };
   Status s = L.r.gemm->run(*plan, ins[0].data, ins[1].data, outs[0].data,
-                           L.stream);
+                           L.stream, scratch);
   return s ? s : opError(L.instr, s.message());
 }
 

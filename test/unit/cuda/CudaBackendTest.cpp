@@ -649,6 +649,15 @@ std::vector<ConformanceCase> conformanceCases() {
     add(causal ? "attention_tc_causal" : "attention_tc", [causal](Case &c, DType d) {
       attentionOps(c, d, {2, 4, 2, 100, 130, 64, 64}, causal, 0.125);
     });
+  // Several full 64-row tiles, four query heads per kv head, and head dim
+  // 128 without the mask.
+  add("attention_tc_gqa4", [](Case &c, DType d) {
+    attentionOps(c, d, {2, 8, 2, 192, 192, 64, 64}, true, 0.125);
+  });
+  add("attention_tc_head128", [](Case &c, DType d) {
+    attentionOps(c, d, {1, 4, 1, 130, 129, 128, 128}, false,
+                 1.0 / std::sqrt(128.0));
+  });
   add("attention_tc_offset", [](Case &c, DType d) {
     attentionOps(c, d, {1, 2, 1, 70, 150, 64, 64}, true, 0.125,
                  {{DType::I32, -20, -15}, {DType::I32, 40, 45},
@@ -759,6 +768,41 @@ TEST(CudaGpu, FusedKernelsOnBothPathsMatchTheCpu) {
   EXPECT_EQ(st.failed, 0);
   std::printf("fused JIT: %d kernels compiled in %.3f s\n", st.compiled,
               st.seconds);
+#else
+  GTEST_SKIP() << CudaBackend::buildDescription();
+#endif
+}
+
+// The attention cases once more on each kernel path the tensor-core shapes
+// may take (the mma.sync kernels are the default, so the conformance suite
+// above runs them): the WMMA kernels and the CUDA-core ones, both against
+// the CPU backend.
+TEST(CudaGpu, AttentionOnEveryKernelPathMatchesTheCpu) {
+#ifdef DLOPT_CUDA_KERNELS
+  std::string why;
+  if (!cudaOrSkip(why))
+    GTEST_SKIP() << "no GPU: " << why;
+  const kernels::AttentionPath before = kernels::attentionPath();
+  for (kernels::AttentionPath p :
+       {kernels::AttentionPath::Mma, kernels::AttentionPath::Wmma,
+        kernels::AttentionPath::Simt}) {
+    kernels::setAttentionPath(p);
+    for (const ConformanceCase &cc : conformanceCases()) {
+      if (cc.name.rfind("attention", 0) != 0)
+        continue;
+      for (DType d : {DType::BF16, DType::F16}) {
+        SCOPED_TRACE(cc.name + " (" + dtypeName(d) + ") on the " +
+                     (p == kernels::AttentionPath::Mma    ? "mma.sync"
+                      : p == kernels::AttentionPath::Wmma ? "WMMA"
+                                                          : "CUDA-core") +
+                     " kernels");
+        Case c;
+        cc.build(c, d);
+        runCase(c);
+      }
+    }
+  }
+  kernels::setAttentionPath(before);
 #else
   GTEST_SKIP() << CudaBackend::buildDescription();
 #endif

@@ -77,7 +77,7 @@ std::vector<float> replay(const GemmPlan &p, const std::vector<float> &a,
           for (int64_t q = 0; q < p.k; ++q)
             s += (p.transA ? pa[q * p.lda() + i] : pa[i * p.lda() + q]) *
                  (p.transB ? pb[j * p.ldb() + q] : pb[q * p.ldb() + j]);
-          pc[i * p.n + j] = s;
+          pc[i * p.ldc() + j] = s;
         }
     }
   return c;
@@ -145,6 +145,123 @@ TEST(GemmPlan, MixedBroadcastLoopsOverOuterDims) {
 TEST(GemmPlan, SizeOneBatchDimsAreDropped) {
   check(f32({1, 4, 1, 3, 5}), f32({4, 1, 5, 2}), f32({1, 4, 1, 3, 2}), false,
         false, 1, 4);
+}
+
+TensorType bf16(std::vector<int64_t> shape) {
+  return TensorType{DType::BF16, std::move(shape)};
+}
+
+/// Replays padSteps on the host: the copies as cudaMemcpy2DAsync does
+/// them, each chunk's GEMM as replay() does; the result must equal the
+/// unpadded product.
+void checkPadded(TensorType ta, TensorType tb, TensorType tc, bool transA,
+                 bool transB, int64_t maxScratch, bool wantA, bool wantC,
+                 int64_t wantChunks) {
+  auto plan = planMatmul(ta, tb, tc, transA, transB);
+  ASSERT_TRUE(plan) << plan.status().message();
+  auto pad = planPadding(*plan, maxScratch, 0.0);
+  ASSERT_TRUE(pad) << tc.str();
+  EXPECT_EQ(pad->padA, wantA);
+  EXPECT_EQ(pad->padC, wantC);
+  EXPECT_LE(pad->scratchBytes, maxScratch);
+  std::vector<PadStep> steps = padSteps(*plan, *pad);
+  EXPECT_EQ(int64_t(steps.size()), wantChunks) << tc.str();
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> a(size_t(ta.numElements())), b(size_t(tb.numElements()));
+  for (float &x : a)
+    x = u(rng);
+  for (float &x : b)
+    x = u(rng);
+  std::vector<float> want = reference(ta, a, tb, b, tc, transA, transB);
+  std::vector<float> c(want.size(), -1.0f);
+  std::vector<float> scratch(size_t(pad->scratchBytes / 2), -7.0f);
+  auto copy = [](float *dst, const float *src, const PadCopy &p) {
+    for (int64_t r = 0; r < p.height; ++r)
+      for (int64_t x = 0; x < p.width; ++x)
+        dst[p.dstOffset + r * p.dstPitch + x] =
+            src[p.srcOffset + r * p.srcPitch + x];
+  };
+  for (const PadStep &st : steps) {
+    // Aligned leading dims wherever a copy made them.
+    if (st.aInScratch)
+      EXPECT_EQ(st.gemm.lda() % 8, 0);
+    if (st.cInScratch)
+      EXPECT_EQ(st.gemm.ldc() % 8, 0);
+    if (st.copyA) {
+      ASSERT_LE(st.copyA->dstOffset + (st.copyA->height - 1) * st.copyA->dstPitch +
+                    st.copyA->width,
+                int64_t(scratch.size()));
+      copy(scratch.data(), a.data(), *st.copyA);
+    }
+    const std::vector<float> &ga = st.aInScratch ? scratch : a;
+    std::vector<float> &gc = st.cInScratch ? scratch : c;
+    std::vector<float> part = replay(st.gemm, ga, b, gc.size());
+    // replay() fills untouched elements with -1: keep only the chunk's.
+    for (int64_t i = 0; i < st.gemm.m; ++i)
+      for (int64_t j = 0; j < st.gemm.n; ++j) {
+        size_t at = size_t(st.gemm.cOffsets[0] + i * st.gemm.ldc() + j);
+        gc[at] = part[at];
+      }
+    if (st.copyC)
+      copy(c.data(), scratch.data(), *st.copyC);
+  }
+  for (size_t i = 0; i < want.size(); ++i)
+    ASSERT_NEAR(c[i], want[i], 1e-4) << "element " << i << " of " << tc.str();
+}
+
+TEST(GemmPadding, UnalignedLeadingDimsRunThroughPaddedCopies) {
+  // An LM head's three GEMMs with a vocabulary of 203 (not a multiple of
+  // 8), in chunks of 64 rows of C: logits = x w^T (C unaligned), dx = dl w
+  // (A unaligned), dw = dl^T x (A transposed and unaligned).
+  const int64_t kib = 1024;
+  checkPadded(bf16({200, 24}), bf16({203, 24}), bf16({200, 203}), false, true,
+              64 * 208 * 2 + 256, false, true, 4);
+  checkPadded(bf16({200, 203}), bf16({203, 24}), bf16({200, 24}), false, false,
+              64 * 208 * 2 + 256, true, false, 4);
+  checkPadded(bf16({200, 203}), bf16({200, 24}), bf16({203, 24}), true, false,
+              64 * 200 * 2 + 7 * 200 * 2 + 256, true, false, 4);
+  // Both A and C unaligned; everything in one chunk.
+  checkPadded(bf16({48, 70}), bf16({203, 48}), bf16({70, 203}), true, true,
+              64 * kib, true, true, 1);
+  // A batch folded into one tall GEMM (a linear layer).
+  checkPadded(bf16({2, 100, 24}), bf16({203, 24}), bf16({2, 100, 203}), false,
+              true, 64 * 208 * 2 + 256, false, true, 4);
+}
+
+TEST(GemmPadding, OnlyWhereItPays) {
+  auto plan = [](TensorType a, TensorType b, TensorType c, bool ta, bool tb) {
+    auto p = planMatmul(a, b, c, ta, tb);
+    EXPECT_TRUE(p);
+    return *p;
+  };
+  // gpt2-small's LM head: padded, C in chunks within the 256 MiB bound.
+  GemmPlan head = plan(bf16({8192, 768}), bf16({50257, 768}),
+                       bf16({8192, 50257}), false, true);
+  auto pad = planPadding(head);
+  ASSERT_TRUE(pad);
+  EXPECT_TRUE(pad->padC);
+  EXPECT_FALSE(pad->padA);
+  EXPECT_LE(pad->scratchBytes, kGemmPadScratchBytes);
+  EXPECT_EQ(pad->chunkM % 64, 0);
+  EXPECT_GT(pad->chunkM, 1024);
+  GemmPlan dw = plan(bf16({8192, 50257}), bf16({8192, 768}),
+                     bf16({50257, 768}), true, false);
+  pad = planPadding(dw);
+  ASSERT_TRUE(pad);
+  EXPECT_TRUE(pad->padA);
+  EXPECT_LE(pad->scratchBytes, kGemmPadScratchBytes);
+  // Aligned, f32, small, or an unaligned B: as planned.
+  EXPECT_FALSE(planPadding(plan(bf16({8192, 768}), bf16({50304, 768}),
+                                bf16({8192, 50304}), false, true)));
+  EXPECT_FALSE(planPadding(plan(f32({8192, 768}), f32({50257, 768}),
+                                f32({8192, 50257}), false, true)));
+  EXPECT_FALSE(planPadding(plan(bf16({64, 32}), bf16({203, 32}),
+                                bf16({64, 203}), false, true)));
+  EXPECT_FALSE(planPadding(plan(bf16({8192, 768}), bf16({768, 50257}),
+                                bf16({8192, 50257}), false, false)));
+  // Too little scratch for 64 rows: as planned.
+  EXPECT_FALSE(planPadding(head, 1 << 20));
 }
 
 TEST(GemmPlan, ErrorsSayWhatWasExpected) {
