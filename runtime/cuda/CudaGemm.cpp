@@ -4,6 +4,7 @@
 #include "runtime/format/OpTable.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <string>
@@ -32,6 +33,23 @@ unsigned alignmentOf(const void *p) {
 int64_t roundUp8(int64_t x) { return (x + 7) / 8 * 8; }
 
 } // namespace
+
+namespace {
+std::atomic<int> gPad{-1};
+} // namespace
+
+void setGemmPadding(bool on) { gPad.store(on ? 1 : 0); }
+
+bool gemmPadding() {
+  int v = gPad.load();
+  if (v < 0) {
+    const char *e = std::getenv("DLOPT_CUDA_GEMM_PAD");
+    int fromEnv = e && std::string(e) == "1" ? 1 : 0;
+    gPad.compare_exchange_strong(v, fromEnv);
+    v = gPad.load();
+  }
+  return v == 1;
+}
 
 std::optional<GemmPadding> planPadding(const GemmPlan &p, int64_t maxScratch,
                                        double minFlops) {
@@ -291,12 +309,8 @@ Status GemmRunner::run(
     const GemmPlan &p, const void *a, const void *b, void *c,
     cudaStream_t stream,
     const std::function<Expected<void *>(int64_t)> &scratch) {
-  static const bool padOff = [] {
-    const char *e = std::getenv("DLOPT_CUDA_GEMM_PAD");
-    return e && std::string(e) == "0";
-  }();
   std::optional<GemmPadding> pad;
-  if (scratch && !padOff && p.m > 0 && p.n > 0 && p.k > 0)
+  if (scratch && gemmPadding() && p.m > 0 && p.n > 0 && p.k > 0)
     pad = planPadding(p);
   if (!pad)
     return call(p, a, b, c, stream);

@@ -72,6 +72,12 @@ std::optional<GemmPadding> planPadding(const GemmPlan &p,
                                        int64_t maxScratch = kGemmPadScratchBytes,
                                        double minFlops = kMinPadFlops);
 
+/// Whether GemmRunner pads unaligned GEMMs. Off by default until it has
+/// run on a GPU; the default comes from $DLOPT_CUDA_GEMM_PAD ("1" on, "0"
+/// or unset off).
+void setGemmPadding(bool on);
+bool gemmPadding();
+
 /// A strided copy (cudaMemcpy2DAsync); every count in elements.
 struct PadCopy {
   int64_t srcOffset = 0, srcPitch = 0, dstOffset = 0, dstPitch = 0;
@@ -105,9 +111,9 @@ public:
   GemmRunner &operator=(const GemmRunner &) = delete;
 
   /// Enqueues the plan's calls on `stream`. a/b/c are the operand bases.
-  /// `scratch`, when given, is asked for device memory for planPadding()'s
-  /// copies (unless DLOPT_CUDA_GEMM_PAD=0); without it unaligned GEMMs run
-  /// as they are.
+  /// `scratch`, when given and gemmPadding() is on, is asked for device
+  /// memory for planPadding()'s copies; otherwise unaligned GEMMs run as
+  /// they are.
   Status run(const GemmPlan &p, const void *a, const void *b, void *c,
              cudaStream_t stream,
              const std::function<Expected<void *>(int64_t)> &scratch = {});

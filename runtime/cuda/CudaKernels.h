@@ -252,11 +252,12 @@ int attentionGrad(Stream s, DType t, const AttentionDims &dims,
 int64_t attentionGradWorkspaceBytes(const AttentionDims &dims);
 
 /// Which kernels attention and attention_grad take where the tensor cores
-/// apply (bf16/f16, head dims 64 and 128, sm_80+). Mma: register-level
-/// mma.sync m16n8k16 tiles (FlashAttention-2 style; the default). Wmma: the
-/// older WMMA kernels that stage scores in shared memory. Simt: the f32
-/// CUDA-core kernels everywhere. The default comes from
-/// $DLOPT_CUDA_ATTENTION ("mma", "wmma", "simt"; unset = mma).
+/// apply (bf16/f16, head dims 64 and 128, sm_80+). Wmma: the WMMA kernels
+/// that stage scores in shared memory (the default: verified on H100 and
+/// H200). Mma: register-level mma.sync m16n8k16 tiles (FlashAttention-2
+/// style; not yet run on a GPU, so opt-in). Simt: the f32 CUDA-core
+/// kernels everywhere. The default comes from $DLOPT_CUDA_ATTENTION
+/// ("mma", "wmma", "simt"; unset = wmma).
 enum class AttentionPath { Mma, Wmma, Simt };
 void setAttentionPath(AttentionPath p);
 AttentionPath attentionPath();

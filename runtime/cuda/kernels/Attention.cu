@@ -16,9 +16,10 @@
 // These kernels run the math in f32 on CUDA cores, for every dtype and head
 // dim up to kMaxHeadDim (256). bf16 and f16 with head dims 64 and 128 take
 // the tensor-core kernels below instead (sm_80 and newer): by default the
-// register-level mma.sync ones (namespace fa), or the older WMMA ones
-// (DLOPT_CUDA_ATTENTION=wmma); DLOPT_CUDA_ATTENTION=simt forces the
-// CUDA-core ones. The same three stages in all three.
+// WMMA ones, or the register-level mma.sync ones (namespace fa;
+// DLOPT_CUDA_ATTENTION=mma, opt-in until they have run on a GPU);
+// DLOPT_CUDA_ATTENTION=simt forces the CUDA-core ones. The same three
+// stages in all three.
 //
 // Context parallelism: the causal shift (query i sees keys j <= i + shift)
 // is T - S or the offset operand, and rope's positions start at its offset
@@ -1215,9 +1216,9 @@ AttentionPath pathFromEnv() {
   std::string v = e ? e : "";
   if (v == "simt")
     return AttentionPath::Simt;
-  if (v == "wmma")
-    return AttentionPath::Wmma;
-  return AttentionPath::Mma;
+  if (v == "mma")
+    return AttentionPath::Mma;
+  return AttentionPath::Wmma;
 }
 
 /// The kernels that take `a` on this device: the tensor-core ones (the

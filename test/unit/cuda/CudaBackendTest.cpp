@@ -14,6 +14,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/CpuKernels.h"
+#include "runtime/cuda/CudaGemm.h"
 #include "runtime/cuda/CudaLibrary.h"
 #include "runtime/exec/CpuBackend.h"
 #include "runtime/exec/CudaBackend.h"
@@ -806,6 +807,33 @@ TEST(CudaGpu, AttentionOnEveryKernelPathMatchesTheCpu) {
 #else
   GTEST_SKIP() << CudaBackend::buildDescription();
 #endif
+}
+
+// An LM head's three GEMMs with a vocabulary of 4099 (rows not 16 bytes
+// apart), large enough for padding (CudaGemm.h planPadding), with padded
+// copies and without, against the CPU backend.
+TEST(CudaGpu, UnalignedGemmsMatchTheCpuWithAndWithoutPadding) {
+  std::string why;
+  if (!cudaOrSkip(why))
+    GTEST_SKIP() << "no GPU: " << why;
+  const bool before = cuda::gemmPadding();
+  for (bool pad : {true, false}) {
+    cuda::setGemmPadding(pad);
+    for (DType d : {DType::BF16, DType::F16}) {
+      SCOPED_TRACE(std::string(dtypeName(d)) +
+                   (pad ? ", padded copies" : ", as planned"));
+      Case c;
+      int32_t x = c.in(T({2048, 256}, d)), w = c.in(T({4099, 256}, d));
+      int32_t dl = c.in(T({2048, 4099}, d));
+      c.out(c.op("matmul", {x, w}, T({2048, 4099}, d),
+                 {{"transpose_b", int64_t(1)}}));
+      c.out(c.op("matmul", {dl, w}, T({2048, 256}, d)));
+      c.out(c.op("matmul", {dl, x}, T({4099, 256}, d),
+                 {{"transpose_a", int64_t(1)}}));
+      runCase(c);
+    }
+  }
+  cuda::setGemmPadding(before);
 }
 
 //===--- Multi-rank executables on the cuda backend ------------------------===//

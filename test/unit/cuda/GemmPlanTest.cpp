@@ -184,10 +184,12 @@ void checkPadded(TensorType ta, TensorType tb, TensorType tc, bool transA,
   };
   for (const PadStep &st : steps) {
     // Aligned leading dims wherever a copy made them.
-    if (st.aInScratch)
+    if (st.aInScratch) {
       EXPECT_EQ(st.gemm.lda() % 8, 0);
-    if (st.cInScratch)
+    }
+    if (st.cInScratch) {
       EXPECT_EQ(st.gemm.ldc() % 8, 0);
+    }
     if (st.copyA) {
       ASSERT_LE(st.copyA->dstOffset + (st.copyA->height - 1) * st.copyA->dstPitch +
                     st.copyA->width,
