@@ -206,6 +206,19 @@ struct CommGroup {
 ///   broadcast      {root}      root: index in the group
 bool isCommunicationOp(const std::string &op);
 
+/// What the planner predicted for the step a plan file runs (written when
+/// dlopt-compile applies a plan; dlopt-run prints it beside the measured
+/// figures).
+struct Prediction {
+  std::string cluster;     ///< the cluster the plan was priced on
+  double stepSeconds = 0;  ///< one training step
+  double memoryBytes = 0;  ///< per device, the largest stage
+  bool operator==(const Prediction &o) const {
+    return cluster == o.cluster && stepSeconds == o.stepSeconds &&
+           memoryBytes == o.memoryBytes;
+  }
+};
+
 /// A compiled model: what a plan file holds.
 struct Executable {
   uint32_t version = kExecutableFormatVersion;
@@ -228,6 +241,7 @@ struct Executable {
   std::vector<CommGroup> groups;
   /// One per rank role; every rank in [0, worldSize) runs exactly one.
   std::vector<Program> programs;
+  std::optional<Prediction> prediction;
 
   bool operator==(const Executable &o) const {
     return version == o.version && modelName == o.modelName &&
@@ -236,7 +250,7 @@ struct Executable {
            states == o.states && outputs == o.outputs &&
            outputNames == o.outputNames && outputUpdates == o.outputUpdates &&
            constData == o.constData && mesh == o.mesh && groups == o.groups &&
-           programs == o.programs;
+           programs == o.programs && prediction == o.prediction;
   }
 
   /// Index of the program `rank` runs, or -1.

@@ -108,6 +108,14 @@ static std::string dumpImpl(const Executable &exe) {
      << "\n";
   os << "  source:     " << (exe.source.empty() ? "-" : exe.source) << "\n";
   os << "  world size: " << exe.worldSize << "\n";
+  if (exe.prediction) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%.3f ms a step, %.0f bytes per device",
+                  exe.prediction->stepSeconds * 1e3,
+                  exe.prediction->memoryBytes);
+    os << "  prediction: " << buf << " (the planner, on cluster "
+       << exe.prediction->cluster << ")\n";
+  }
   if (!exe.mesh.axes.empty()) {
     os << "  mesh:       ";
     for (size_t a = 0; a < exe.mesh.axes.size(); ++a)

@@ -157,6 +157,10 @@ Json toJson(const Executable &exe) {
   j["output_names"] = exe.outputNames;
   j["output_updates"] = exe.outputUpdates;
   j["const_bytes"] = exe.constData.size();
+  if (exe.prediction)
+    j["prediction"] = {{"cluster", exe.prediction->cluster},
+                       {"step_time_s", exe.prediction->stepSeconds},
+                       {"memory_bytes", exe.prediction->memoryBytes}};
   Json programs = Json::array();
   for (const Program &p : exe.programs) {
     Json jp = Json::object();
@@ -430,6 +434,19 @@ Executable fromJson(const Json &j) {
   for (size_t i = 0; i < updates.size(); ++i)
     exe.outputUpdates.push_back(
         asString(updates[i], "output_updates[" + std::to_string(i) + "]"));
+
+  if (const Json *pj = optField(j, "prediction")) {
+    Prediction pr;
+    pr.cluster = asString(field(*pj, "prediction", "cluster"),
+                          "prediction.cluster");
+    pr.stepSeconds = asDouble(field(*pj, "prediction", "step_time_s"),
+                              "prediction.step_time_s");
+    pr.memoryBytes = asDouble(field(*pj, "prediction", "memory_bytes"),
+                              "prediction.memory_bytes");
+    if (!(pr.stepSeconds >= 0) || !(pr.memoryBytes >= 0))
+      fail("prediction", "step_time_s and memory_bytes must be >= 0");
+    exe.prediction = pr;
+  }
 
   const Json &programs = asArray(field(j, "document", "programs"), "programs");
   for (size_t r = 0; r < programs.size(); ++r) {

@@ -241,7 +241,8 @@ static std::string executableName() {
 /// applied yet are pinned to what can (docs/parallel.md).
 static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
                      std::vector<dlopt::planner::CommOp> *applyComms = nullptr,
-                     dlopt::planner::MemoryBreakdown *applyMemory = nullptr) {
+                     dlopt::planner::MemoryBreakdown *applyMemory = nullptr,
+                     dlopt::rt::Prediction *applyPrediction = nullptr) {
   using namespace dlopt::planner;
   auto fail = [](const std::string &msg, int rc = 1) {
     llvm::errs() << "dlopt-compile: error: " << msg << "\n";
@@ -452,6 +453,9 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
         *applyComms = opPlan->comms;
       if (applyMemory)
         *applyMemory = opPlan->best.memory;
+      if (applyPrediction)
+        *applyPrediction = {cluster->name, opPlan->best.time.total(),
+                            opPlan->best.memory.total()};
       return 0;
     }
     if (loaded) {
@@ -480,6 +484,9 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
       *applyComms = plan->comms;
     if (applyMemory)
       *applyMemory = plan->best.memory;
+    if (applyPrediction)
+      *applyPrediction = {cluster->name, plan->best.time.total(),
+                          plan->best.memory.total()};
     return 0;
   }
   if (loaded) {
@@ -1044,6 +1051,7 @@ int main(int argc, char **argv) {
   std::vector<int64_t> meshSizes;
   std::vector<dlopt::planner::CommOp> pricedComms;
   dlopt::planner::MemoryBreakdown pricedMemory;
+  std::optional<dlopt::rt::Prediction> prediction;
   int zeroStage = 0;
   int64_t pipelineStages = 1, virtualStages = 1, planMicroBatches = 0;
   std::string pipelineSchedule = "1f1b";
@@ -1065,8 +1073,11 @@ int main(int argc, char **argv) {
       return 2;
     }
     dlopt::planner::Plan plan;
-    if (int rc = runDryRun(*module, &plan, &pricedComms, &pricedMemory))
+    dlopt::rt::Prediction predicted;
+    if (int rc = runDryRun(*module, &plan, &pricedComms, &pricedMemory,
+                           &predicted))
       return rc;
+    prediction = predicted;
     phase("plan");
     if (applyPlanToModule(*module, plan, meshAxes, meshSizes))
       return 2;
@@ -1088,7 +1099,7 @@ int main(int argc, char **argv) {
   }
 
   if (dryRun || formatOpt.getNumOccurrences() || explainOpt ||
-      !traceOpt.empty() || !calibrationOpt.empty() ||
+      !traceOpt.empty() || (!calibrationOpt.empty() && !applying) ||
       topK.getNumOccurrences() || globalBatchOpt.getNumOccurrences() ||
       gradAccumOpt != "fp32") {
     int rc = runDryRun(*module);
@@ -1166,6 +1177,7 @@ int main(int argc, char **argv) {
     return 1;
   phase("export");
 
+  exe->prediction = prediction;
   auto bytes = dlopt::rt::serializeExecutable(*exe);
   if (!bytes) {
     llvm::errs() << "dlopt-compile: error: " << bytes.status().message() << "\n";

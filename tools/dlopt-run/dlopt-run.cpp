@@ -676,6 +676,43 @@ Executable globalView(const Executable &exe) {
   return g;
 }
 
+/// The planner's prediction beside what this run measured: the median
+/// step time after the first step, and the largest program's planned
+/// memory (or, for one rank, the most the backend allocated).
+void printPrediction(const Executable &e, const std::vector<StepResult> &h,
+                     int64_t allocated) {
+  if (!e.prediction)
+    return;
+  const Prediction &p = *e.prediction;
+  std::vector<double> t;
+  for (size_t i = 1; i < h.size(); ++i)
+    t.push_back(h[i].seconds);
+  int64_t planned = 0;
+  for (const Program &prog : e.programs)
+    planned = std::max(planned, prog.memory.totalBytes());
+  int64_t measured = std::max(planned, allocated);
+  std::printf("prediction (cluster %s): step %.3f ms, memory %s per device\n",
+              p.cluster.c_str(), p.stepSeconds * 1e3,
+              formatBytes(int64_t(p.memoryBytes)).c_str());
+  if (t.empty()) {
+    std::printf("measured: no step after the first to compare (run "
+                "--steps 2 or more)\n");
+  } else {
+    std::sort(t.begin(), t.end());
+    double med = t.size() % 2 ? t[t.size() / 2]
+                              : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+    std::printf("measured: step %.3f ms (median of %zu steps after the "
+                "first; prediction %+.1f%%)",
+                med * 1e3, t.size(), (p.stepSeconds / med - 1) * 100);
+  }
+  std::printf("%s memory %s (%s; prediction %+.1f%%)\n",
+              t.empty() ? "measured:" : ",", formatBytes(measured).c_str(),
+              allocated > planned ? "allocated by the backend"
+                                  : "the largest program's plan",
+              measured > 0 ? (p.memoryBytes / double(measured) - 1) * 100
+                           : 0.0);
+}
+
 /// --steps N: the training loop over a training-step plan, on one rank
 /// (`session`, a Session) or every rank of a multi-rank executable in this
 /// process (`world`, a World).
@@ -813,6 +850,7 @@ int runTraining(const Options &opts, StepRunner &s, Session *session,
       printMemory(*session);
     else if (world)
       printWorldMemory(*world, memLines);
+    printPrediction(e, h, session ? session->memory().peakAllocatedBytes : 0);
   }
   if (opts.profile && session)
     printProfile(*session);

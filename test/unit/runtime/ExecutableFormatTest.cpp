@@ -301,6 +301,34 @@ TEST(ExecutableFormat, RoundTripRandom) {
   }
 }
 
+TEST(ExecutableFormat, PredictionRoundTripsAndIsChecked) {
+  Executable exe = smallExecutable();
+  exe.prediction = Prediction{"calibrated", 0.25, 3.5e8};
+  std::vector<uint8_t> bytes = serialize(exe);
+  Expected<Executable> back = deserializeExecutable(bytes);
+  ASSERT_TRUE(back.isOk()) << back.status().message();
+  ASSERT_TRUE(back->prediction);
+  EXPECT_EQ(*back, exe);
+  // Optional: a plan without one reads back without one.
+  back = deserializeExecutable(serialize(smallExecutable()));
+  ASSERT_TRUE(back.isOk());
+  EXPECT_FALSE(back->prediction);
+  std::string json = jsonOf(bytes);
+  auto replaced = [&](const std::string &from, const std::string &to) {
+    std::string j = json;
+    size_t at = j.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    j.replace(at, from.size(), to);
+    return errorOf(withJson(bytes, j));
+  };
+  EXPECT_EQ(replaced("\"step_time_s\":0.25", "\"step_time_s\":-1.0"),
+            "invalid executable: prediction: step_time_s and memory_bytes "
+            "must be >= 0");
+  EXPECT_NE(replaced("\"cluster\":\"calibrated\"", "\"cluster\":7")
+                .find("prediction.cluster"),
+            std::string::npos);
+}
+
 TEST(ExecutableFormat, NaNAttributeRoundTrips) {
   Executable exe = smallExecutable();
   exe.programs[0].instrs[1].attrs["x"] = std::nan("");

@@ -1,0 +1,219 @@
+//===- MachineCalibration.cpp - Calibration and cluster from measurements -===//
+
+#include "planner/MachineCalibration.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace dlopt::planner {
+
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty())
+    return 0;
+  std::sort(v.begin(), v.end());
+  size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+std::string fmt(const char *f, double a, double b = 0, double c = 0) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, f, a, b, c);
+  return buf;
+}
+
+double clampEff(double e) { return std::min(1.0, std::max(1e-3, e)); }
+
+/// Best rate of the samples (FLOP/s), 0 without samples.
+double peakOf(const std::vector<GemmSample> &g) {
+  double best = 0;
+  for (const GemmSample &s : g)
+    if (s.seconds > 0)
+      best = std::max(best, s.flops() / s.seconds);
+  return best;
+}
+
+} // namespace
+
+LineFit fitLine(const std::vector<std::pair<double, double>> &xy) {
+  // Weighted by 1 / y^2: relative errors count the same at every size, so
+  // the small messages fix the intercept and the large ones the slope.
+  LineFit f;
+  if (xy.empty())
+    return f;
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (auto [x, y] : xy) {
+    double w = y != 0 ? 1.0 / (y * y) : 1.0;
+    sw += w;
+    sx += w * x;
+    sy += w * y;
+    sxx += w * x * x;
+    sxy += w * x * y;
+  }
+  double den = sw * sxx - sx * sx;
+  if (xy.size() >= 2 && den > 0) {
+    f.slope = (sw * sxy - sx * sy) / den;
+    f.intercept = (sy - f.slope * sx) / sw;
+  }
+  if (xy.size() < 2 || den <= 0 || f.intercept < 0) {
+    f.intercept = 0;
+    f.slope = sxx > 0 ? sxy / sxx : 0;
+  }
+  return f;
+}
+
+Expected<LinkFit> fitAllReduce(const std::vector<AllReduceSample> &samples) {
+  int n = 0;
+  for (const AllReduceSample &s : samples)
+    n = std::max(n, s.ranks);
+  if (n < 2)
+    return Status::error("all-reduce samples need at least 2 ranks");
+  std::vector<std::pair<double, double>> xy;
+  for (const AllReduceSample &s : samples)
+    if (s.ranks == n && s.seconds > 0)
+      xy.push_back({s.bytes, s.seconds});
+  if (xy.size() < 2)
+    return Status::error("all-reduce samples need at least 2 message sizes");
+  LineFit f = fitLine(xy);
+  if (f.slope <= 0)
+    return Status::error("all-reduce time does not grow with the message size");
+  LinkFit l;
+  l.ranks = n;
+  l.bandwidth = 2.0 * (n - 1) / n / f.slope;
+  l.latency = f.intercept / (2.0 * (n - 1));
+  return l;
+}
+
+Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
+  if (s.devices < 1)
+    return Status::error("calibration: devices per node must be >= 1, got " +
+                         std::to_string(s.devices));
+  const double peak32 = peakOf(s.gemmF32);
+  if (peak32 <= 0)
+    return Status::error("calibration: no timed f32 GEMM samples");
+  MachineCalibration out;
+  Calibration &c = out.calibration;
+  auto &L = out.lines;
+  L.push_back(fmt("f32 GEMM peak: %.1f GFLOP/s per device (%.0f devices at "
+                  "once on %.0f kernel threads)",
+                  peak32 * 1e-9, s.devices, s.threadsPerDevice));
+  // Size classes: the CPU backend runs a GEMM below 2^23 multiply-adds as
+  // one single-threaded call (docs/performance.md), so that is the class
+  // boundary here.
+  c.matmulSmallFlops = 2.0 * double(1 << 23);
+  std::vector<double> small, large;
+  for (const GemmSample &g : s.gemmF32)
+    if (g.seconds > 0)
+      (g.flops() < c.matmulSmallFlops ? small : large)
+          .push_back(g.flops() / g.seconds / peak32);
+  if (!large.empty())
+    c.matmulLargeEfficiency = clampEff(median(large));
+  if (!small.empty())
+    c.matmulSmallEfficiency = clampEff(median(small));
+  L.push_back(fmt("GEMM efficiency against that peak: large %.2f (median of "
+                  "%.0f), small %.2f",
+                  c.matmulLargeEfficiency, double(large.size()),
+                  c.matmulSmallEfficiency));
+  // No tile model on a CPU: the device gets no SM count.
+  double attention = 0;
+  if (s.attentionSeconds > 0 && s.attentionFlops > 0) {
+    attention = s.attentionFlops / s.attentionSeconds;
+    c.attentionEfficiency = clampEff(attention / peak32);
+    L.push_back(fmt("attention: %.1f GFLOP/s, efficiency %.3f of the peak",
+                    attention * 1e-9, c.attentionEfficiency));
+  }
+  double bandwidth = 0;
+  std::vector<double> rates;
+  std::string each;
+  for (const MachineSamples::StreamSample &st : s.streams)
+    if (st.seconds > 0 && st.bytes > 0) {
+      rates.push_back(st.bytes / st.seconds);
+      each += (each.empty() ? "" : ", ") + st.op + " " +
+              fmt("%.1f", rates.back() * 1e-9);
+    }
+  if (!rates.empty()) {
+    bandwidth = median(rates);
+    c.memoryBandwidthEfficiency = 1.0;
+    L.push_back(fmt("memory-bound kernels: %.2f GB/s (the median; bytes read "
+                    "+ written)",
+                    bandwidth * 1e-9) +
+                " of " + each + " GB/s");
+  }
+  if (s.dispatchSeconds > 0) {
+    c.kernelLaunchSeconds = s.dispatchSeconds;
+    L.push_back(fmt("per-op dispatch: %.2f us", s.dispatchSeconds * 1e6));
+  }
+  // Communication: the link figures go to the cluster, so the efficiencies
+  // are 1 and the fixed cost per call is inside the per-step latency.
+  c.intraNodeBusEfficiency = 1.0;
+  c.interNodeBusEfficiency = 1.0;
+  c.collectiveLaunchLatency = 0.0;
+  // Host-side runtime state: CPU "devices" live in host memory, with no
+  // CUDA context, cuBLAS workspace or NCCL buffers.
+  c.runtimeReservedBytes = 0;
+  c.ncclBufferBytes = 0;
+
+  nlohmann::ordered_json gpu;
+  gpu["name"] = s.name + "-device";
+  const double peakBf16 = peakOf(s.gemmBf16), peakF16 = peakOf(s.gemmF16);
+  gpu["peak_tflops"] = {{"fp32", peak32 * 1e-12},
+                        {"tf32", peak32 * 1e-12},
+                        {"bf16", peakBf16 * 1e-12},
+                        {"fp16", peakF16 * 1e-12}};
+  if (peakBf16 > 0 || peakF16 > 0)
+    L.push_back(fmt("bf16 GEMM peak: %.1f GFLOP/s, f16: %.1f GFLOP/s",
+                    peakBf16 * 1e-9, peakF16 * 1e-9));
+  double devMem = s.hostMemoryBytes > 0 ? s.hostMemoryBytes / s.devices
+                                        : 4.0 * (1ull << 30);
+  gpu["memory_gib"] = devMem / double(1ull << 30);
+  gpu["memory_bandwidth_gb_s"] =
+      (bandwidth > 0 ? bandwidth : 20e9) * 1e-9;
+  nlohmann::ordered_json cl;
+  cl["name"] = s.name;
+  cl["nodes"] = 1;
+  cl["gpus_per_node"] = s.devices;
+  cl["gpu"] = gpu;
+  if (!s.inProcess.empty()) {
+    auto f = fitAllReduce(s.inProcess);
+    if (!f)
+      return f.status().withContext("calibration: in-process all-reduce: ");
+    cl["intra_node"] = {{"topology", "nvswitch"},
+                        {"bandwidth_gb_s", f->bandwidth * 1e-9},
+                        {"latency_us", f->latency * 1e6}};
+    L.push_back(fmt("in-process all-reduce (%.0f ranks): bus bandwidth %.2f "
+                    "GB/s, %.1f us per ring step",
+                    f->ranks, f->bandwidth * 1e-9, f->latency * 1e6));
+  } else {
+    cl["intra_node"] = {{"topology", "nvswitch"},
+                        {"bandwidth_gb_s", 10.0},
+                        {"latency_us", 5.0}};
+  }
+  if (!s.mpi.empty()) {
+    auto f = fitAllReduce(s.mpi);
+    if (!f)
+      return f.status().withContext("calibration: MPI all-reduce: ");
+    cl["network"] = {{"bandwidth_gb_s", f->bandwidth * 1e-9},
+                     {"latency_us", f->latency * 1e6}};
+    L.push_back(fmt("MPI all-reduce (%.0f processes): bus bandwidth %.2f "
+                    "GB/s, %.1f us per ring step",
+                    f->ranks, f->bandwidth * 1e-9, f->latency * 1e6));
+  } else {
+    cl["network"] = {{"bandwidth_gb_s", 1.25}, {"latency_us", 50.0}};
+  }
+  nlohmann::ordered_json host;
+  if (s.hostCores > 0)
+    host["cpu_cores"] = s.hostCores;
+  if (s.hostMemoryBytes > 0)
+    host["memory_gb"] = s.hostMemoryBytes * 1e-9;
+  if (!host.empty())
+    cl["host"] = host;
+  out.clusterJson = cl.dump(2) + "\n";
+  DLOPT_RETURN_IF_ERROR(c.validate());
+  return out;
+}
+
+} // namespace dlopt::planner

@@ -1,0 +1,82 @@
+//===- MachineCalibration.h - Calibration and cluster from measurements ---===//
+//
+// dlopt-calibrate measures the machine it runs on (GEMMs, attention,
+// streaming bandwidth, per-op dispatch, all-reduce between in-process ranks
+// and between MPI processes) and turns the samples into a calibration file
+// and a cluster file for the planner. This is the second half: plain
+// arithmetic on the samples, so it is unit-tested without timing anything.
+// docs/cost-model.md, "Calibrating a machine", states every formula.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "planner/Calibration.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dlopt::planner {
+
+struct GemmSample {
+  int64_t m = 0, n = 0, k = 0;
+  double seconds = 0;
+  double flops() const { return 2.0 * double(m) * double(n) * double(k); }
+};
+
+/// One all-reduce of `bytes` per rank over `ranks` ranks.
+struct AllReduceSample {
+  int ranks = 0;
+  double bytes = 0, seconds = 0;
+};
+
+struct MachineSamples {
+  std::string name = "calibrated";
+  int devices = 1;          ///< devices per node; samples ran this many at once
+  int threadsPerDevice = 1; ///< the kernel pool the devices shared
+  int hostCores = 0;
+  double hostMemoryBytes = 0;
+  std::vector<GemmSample> gemmF32, gemmBf16, gemmF16;
+  double attentionFlops = 0, attentionSeconds = 0; ///< f32 forward
+  /// Memory-bound kernels: bytes read + written and their time; the
+  /// median bandwidth is the device's.
+  struct StreamSample {
+    std::string op;
+    double bytes = 0, seconds = 0;
+  };
+  std::vector<StreamSample> streams;
+  double dispatchSeconds = 0; ///< one tiny op through the kernel dispatch
+  std::vector<AllReduceSample> inProcess; ///< ranks as threads
+  std::vector<AllReduceSample> mpi;       ///< ranks as processes
+};
+
+/// Least-squares y = intercept + slope x with weights 1 / y^2 (relative
+/// errors; intercept clamped at >= 0, the slope refitted through the origin
+/// then).
+struct LineFit {
+  double intercept = 0, slope = 0;
+};
+LineFit fitLine(const std::vector<std::pair<double, double>> &xy);
+
+/// Link figures of a ring all-reduce fitted to samples of one rank count
+/// n: t = 2(n-1) alpha + 2(n-1)/n S / B.
+struct LinkFit {
+  int ranks = 0;
+  double bandwidth = 0; ///< B, bytes/s
+  double latency = 0;   ///< alpha, seconds per ring step
+};
+/// Fits the samples of the largest rank count among them.
+Expected<LinkFit> fitAllReduce(const std::vector<AllReduceSample> &samples);
+
+struct MachineCalibration {
+  Calibration calibration;
+  std::string clusterJson;        ///< a cluster file (docs/cluster.md)
+  std::vector<std::string> lines; ///< what was measured and derived
+};
+
+/// The calibration and the cluster of one node of this machine. GEMM
+/// samples are required; the others refine their defaults.
+Expected<MachineCalibration> calibrateMachine(const MachineSamples &s);
+
+} // namespace dlopt::planner

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""The planner's predicted step time and memory against a measured run.
+
+dlopt-calibrate measures this machine; dlopt-compile plans and applies a
+training step on the cluster it describes (--cluster, --calibration), which
+stores the prediction in the plan file; dlopt-run trains a few steps and
+prints the prediction beside the measured figures. For each case the
+predicted step time must be within --bound (25%) of the measured median,
+and the predicted memory per device never under the measured (the largest
+program's planned arena, or what the backend allocated).
+
+Timing depends on the machine being quiet: ctest runs this test alone
+(RUN_SERIAL), and a case outside the bound is measured once more (a
+transient load on a shared machine), calibration included, before it
+fails.
+
+Usage: check_prediction.py --work-dir DIR [--bin DIR] [--bound 0.25]
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+# gpt-small (4 layers, hidden 256, 4 heads, seq 128, vocab 8192, batch 4):
+# the CPU benchmark's case (docs/performance.md).
+MODEL = ["gpt", "--layers", "4", "--hidden", "256", "--heads", "4", "--ffn", "1024",
+         "--seq", "128", "--vocab", "8192", "--batch", "4"]
+# (name, devices per node, --fix)
+CASES = [("one device", 1, None), ("dp=2, ranks as threads", 2, "dp=2")]
+UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def run(cmd):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        sys.exit("FAIL: %s exited %d:\n%s" % (" ".join(cmd), p.returncode, p.stdout))
+    return p.stdout
+
+
+def size(num, unit):
+    return float(num) * UNITS[unit]
+
+
+def measure(tool, work, name, devices, fix):
+    tag = name.split()[0].replace(",", "")
+    cal, cl = os.path.join(work, tag + ".cal.json"), os.path.join(work, tag + ".cluster.json")
+    run([tool("dlopt-calibrate"), "--devices", str(devices), "-o", cal, "--cluster-out", cl])
+    plan = os.path.join(work, tag + ".plan")
+    cmd = [tool("dlopt-compile"), os.path.join(work, "model.mlir"), "--train", "--optimizer", "adamw",
+           "--precision", "f32", "--cluster", cl, "--calibration", cal, "-o", plan]
+    if fix:
+        cmd += ["--fix", fix]
+    run(cmd)
+    out = run([tool("dlopt-run"), plan, "--steps", "10", "--seed", "1"])
+    p = re.search(r"^prediction \(cluster [^)]*\): step ([0-9.]+) ms, memory ([0-9.]+) (\w+) per device",
+                  out, re.M)
+    m = re.search(r"^measured: step ([0-9.]+) ms .*, memory ([0-9.]+) (\w+) ", out, re.M)
+    if not p or not m:
+        sys.exit("FAIL: %s: dlopt-run printed no prediction:\n%s" % (name, out))
+    return (float(p.group(1)), size(p.group(2), p.group(3)), float(m.group(1)),
+            size(m.group(2), m.group(3)))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work-dir", required=True)
+    ap.add_argument("--bin")
+    ap.add_argument("--bound", type=float, default=0.25)
+    args = ap.parse_args()
+    tool = (lambda n: os.path.join(args.bin, n)) if args.bin else (lambda n: shutil.which(n) or n)
+    os.makedirs(args.work_dir, exist_ok=True)
+    run([tool("dlopt-gen")] + MODEL + ["-q", "-o", os.path.join(args.work_dir, "model.mlir")])
+    failed = 0
+    for name, devices, fix in CASES:
+        for attempt in (1, 2):
+            pt, pm, mt, mm = measure(tool, args.work_dir, name, devices, fix)
+            err = pt / mt - 1
+            ok_time = abs(err) <= args.bound
+            ok_mem = pm >= mm
+            print("%s: step predicted %.1f ms, measured %.1f ms (%+.1f%%); memory predicted %.1f MiB, "
+                  "measured %.1f MiB (%+.1f%%)%s" % (
+                      name, pt, mt, 100 * err, pm / 2**20, mm / 2**20, 100 * (pm / mm - 1),
+                      "" if ok_time and ok_mem else " (attempt %d)" % attempt))
+            if ok_time and ok_mem:
+                break
+        if not ok_time:
+            print("FAIL: %s: predicted step time %+.1f%% off the measured (bound %.0f%%)" % (
+                name, 100 * err, 100 * args.bound))
+            failed += 1
+        if not ok_mem:
+            print("FAIL: %s: predicted memory under the measured" % name)
+            failed += 1
+    if failed:
+        return 1
+    print("all cases within the bound")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+//===- MachineCalibrationTest.cpp - dlopt-calibrate's derivations ---------===//
+//
+// The arithmetic that turns dlopt-calibrate's samples into a calibration
+// and a cluster (planner/MachineCalibration.h), on samples made from known
+// figures: the derived figures must come back.
+//
+//===----------------------------------------------------------------------===//
+
+#include "planner/Cluster.h"
+#include "planner/MachineCalibration.h"
+
+#include <gtest/gtest.h>
+
+using namespace dlopt::planner;
+
+namespace {
+
+TEST(MachineCalibration, FitLineRecoversAnExactLine) {
+  std::vector<std::pair<double, double>> xy;
+  for (double x : {1e3, 1e4, 1e5, 1e6, 1e7})
+    xy.push_back({x, 20e-6 + x / 5e9});
+  LineFit f = fitLine(xy);
+  EXPECT_NEAR(f.intercept, 20e-6, 1e-9);
+  EXPECT_NEAR(f.slope, 1 / 5e9, 1e-15);
+  // A negative intercept is clamped, the slope refitted through 0 with the
+  // same 1 / y^2 weights: sum w x y / sum w x^2.
+  f = fitLine({{1, 0.5}, {2, 1.6}});
+  EXPECT_EQ(f.intercept, 0);
+  const double w1 = 1 / 0.25, w2 = 1 / 2.56;
+  EXPECT_NEAR(f.slope, (w1 * 0.5 + w2 * 3.2) / (w1 + w2 * 4), 1e-12);
+}
+
+TEST(MachineCalibration, AllReduceFitGivesTheRingsAlphaAndBandwidth) {
+  // t = 2(n-1) alpha + 2(n-1)/n S / B with n = 4, alpha 10 us, B 8 GB/s.
+  const int n = 4;
+  const double alpha = 10e-6, bw = 8e9;
+  std::vector<AllReduceSample> s;
+  for (double bytes : {4096.0, 65536.0, 1048576.0, 16777216.0})
+    s.push_back({n, bytes, 2.0 * (n - 1) * alpha + 2.0 * (n - 1) / n * bytes / bw});
+  // Samples of fewer ranks are ignored: the largest count is fitted.
+  s.push_back({2, 4096, 1.0});
+  auto f = fitAllReduce(s);
+  ASSERT_TRUE(f) << f.status().message();
+  EXPECT_EQ(f->ranks, 4);
+  EXPECT_NEAR(f->latency, alpha, 1e-9);
+  EXPECT_NEAR(f->bandwidth / bw, 1.0, 1e-6);
+  EXPECT_FALSE(fitAllReduce({{1, 4096, 1e-6}, {1, 8192, 2e-6}}));
+  EXPECT_FALSE(fitAllReduce({{2, 4096, 1e-6}}));
+  EXPECT_FALSE(fitAllReduce({{2, 4096, 2e-6}, {2, 8192, 1e-6}}));
+}
+
+MachineSamples samples() {
+  MachineSamples s;
+  s.name = "box";
+  s.devices = 2;
+  s.threadsPerDevice = 2;
+  s.hostCores = 2;
+  s.hostMemoryBytes = 16.0 * (1ull << 30);
+  // 100 GFLOP/s at the best large shape, 80 at another, 25 and 35 small.
+  auto at = [](int64_t m, int64_t n, int64_t k, double rate) {
+    GemmSample g{m, n, k, 0};
+    g.seconds = g.flops() / rate;
+    return g;
+  };
+  s.gemmF32 = {at(1024, 1024, 1024, 100e9), at(512, 768, 768, 80e9),
+               at(1024, 1024, 512, 90e9), at(128, 128, 128, 25e9),
+               at(64, 256, 256, 35e9)};
+  s.gemmBf16 = {at(512, 512, 512, 60e9)};
+  s.attentionFlops = 1e9;
+  s.attentionSeconds = 1e9 / 30e9;
+  s.streams = {{"add", 3e9, 3e9 / 20e9}, {"gelu", 2e9, 2e9 / 10e9},
+               {"layer_norm", 2e9, 2e9 / 5e9}};
+  s.dispatchSeconds = 0.5e-6;
+  for (double bytes : {4096.0, 1048576.0, 16777216.0})
+    s.inProcess.push_back({2, bytes, 2 * 5e-6 + bytes / 4e9});
+  return s;
+}
+
+TEST(MachineCalibration, DerivesEfficienciesAgainstTheMeasuredPeak) {
+  auto r = calibrateMachine(samples());
+  ASSERT_TRUE(r) << r.status().message();
+  const Calibration &c = r->calibration;
+  EXPECT_EQ(c.matmulSmallFlops, 2.0 * (1 << 23));
+  EXPECT_NEAR(c.matmulLargeEfficiency, 0.9, 1e-9); // median of 1.0, 0.8, 0.9
+  EXPECT_NEAR(c.matmulSmallEfficiency, 0.3, 1e-9); // median of 0.25, 0.35
+  EXPECT_NEAR(c.attentionEfficiency, 0.3, 1e-9);
+  EXPECT_EQ(c.memoryBandwidthEfficiency, 1.0);
+  EXPECT_NEAR(c.kernelLaunchSeconds, 0.5e-6, 1e-15);
+  EXPECT_EQ(c.intraNodeBusEfficiency, 1.0);
+  EXPECT_EQ(c.collectiveLaunchLatency, 0.0);
+  EXPECT_EQ(c.runtimeReservedBytes, 0.0);
+  EXPECT_TRUE(c.validate().isOk());
+}
+
+TEST(MachineCalibration, WritesAClusterThePlannerReads) {
+  auto r = calibrateMachine(samples());
+  ASSERT_TRUE(r) << r.status().message();
+  auto cl = parseCluster(r->clusterJson, ClusterFormat::Json, "calibrated");
+  ASSERT_TRUE(cl) << cl.status().message() << "\n" << r->clusterJson;
+  EXPECT_EQ(cl->name, "box");
+  ASSERT_EQ(cl->groups.size(), 1u);
+  const NodeGroup &g = cl->groups[0];
+  EXPECT_EQ(g.count, 1);
+  EXPECT_EQ(g.gpusPerNode, 2);
+  EXPECT_NEAR(g.gpu.peak(Precision::FP32), 100e9, 1e3);
+  EXPECT_NEAR(g.gpu.peak(Precision::BF16), 60e9, 1e3);
+  EXPECT_EQ(g.gpu.peak(Precision::FP16), 0.0); // not measured: unsupported
+  EXPECT_NEAR(g.gpu.memoryBandwidth, 10e9, 1e3); // the median stream
+  EXPECT_NEAR(g.gpu.memoryBytes, 8.0 * (1ull << 30), 1e3); // host / devices
+  EXPECT_NEAR(g.intra.bandwidth, 4e9, 1e3);
+  EXPECT_NEAR(g.intra.latency, 5e-6, 1e-10);
+  EXPECT_EQ(g.host.cpuCores, 2);
+}
+
+TEST(MachineCalibration, RefusesWhatItCannotDerive) {
+  MachineSamples s = samples();
+  s.gemmF32.clear();
+  auto r = calibrateMachine(s);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.status().message().find("no timed f32 GEMM samples"),
+            std::string::npos);
+  s = samples();
+  s.devices = 0;
+  EXPECT_FALSE(calibrateMachine(s));
+  s = samples();
+  s.inProcess = {{2, 4096, 1e-5}};
+  r = calibrateMachine(s);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.status().message().find("in-process all-reduce"),
+            std::string::npos);
+}
+
+} // namespace

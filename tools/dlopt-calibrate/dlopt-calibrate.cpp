@@ -1,0 +1,416 @@
+//===- dlopt-calibrate.cpp - Measure this machine for the planner ---------===//
+//
+// Times GEMMs (f32, bf16, f16), attention, a streaming elementwise op and
+// the per-op dispatch through the CPU backend's kernels, and all-reduces
+// between in-process ranks (and between MPI processes when started by
+// mpirun or srun), then writes a calibration file (--calibration) and a
+// cluster file (--cluster) that describe this machine to the planner.
+// planner/MachineCalibration.h derives them from the samples;
+// docs/cost-model.md ("Calibrating a machine") gives the formulas.
+//
+//===----------------------------------------------------------------------===//
+
+#include "planner/MachineCalibration.h"
+#include "runtime/comm/InProcessCommunicator.h"
+#include "runtime/cpu/CpuKernels.h"
+#ifdef DLOPT_HAVE_MPI
+#include "runtime/comm/MpiCommunicator.h"
+#endif
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+using namespace dlopt;
+using namespace dlopt::rt;
+using planner::AllReduceSample;
+using planner::GemmSample;
+using planner::MachineSamples;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const char *kUsage = R"(usage: dlopt-calibrate [options]
+
+Measures this machine and writes what the planner needs to price plans on
+it: a calibration file (--calibration FILE for dlopt-compile) and a cluster
+file (--cluster FILE). GEMMs, attention, a streaming add and the per-op
+dispatch run through the CPU backend's kernels with the threads one device
+gets; all-reduces run between in-process ranks, and between processes when
+started by mpirun or srun (every process takes part; process 0 writes).
+
+options:
+  -o, --calibration-out FILE   calibration JSON (default calibration.json)
+  --cluster-out FILE           cluster JSON (default cluster.json)
+  --devices N                  devices (ranks) per node the cluster describes
+                               (default 1): every kernel sample runs on N
+                               threads at once, as the ranks of an in-graph
+                               plan do, and its wall time is one device's
+  --threads N                  kernel pool threads, shared by the devices, as
+                               dlopt-run --threads (default: every core)
+  --name NAME                  the cluster's name (default calibrated)
+  --quick                      fewer and smaller samples (about 5 s)
+  -h, --help                   this text
+)";
+
+[[noreturn]] void usageError(const std::string &msg) {
+  std::fprintf(stderr, "dlopt-calibrate: error: %s\n(see --help)\n",
+               msg.c_str());
+  std::exit(2);
+}
+
+int parseInt(const std::string &flag, const std::string &v, int lo, int hi) {
+  char *end = nullptr;
+  long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end || x < lo || x > hi)
+    usageError(flag + " expects an integer in [" + std::to_string(lo) + ", " +
+               std::to_string(hi) + "], got '" + v + "'");
+  return int(x);
+}
+
+/// Devices that run at once: each timed call runs on this many threads
+/// together (as the ranks of an in-graph plan do, sharing the kernel pool
+/// and the memory bus), and the wall time of all of them is one device's.
+int gConcurrent = 1;
+
+/// Best wall time of `reps` calls after one warm-up call, `fn` running on
+/// gConcurrent threads at once.
+double best(int reps, const std::function<void()> &fn) {
+  auto once = [&] {
+    if (gConcurrent == 1) {
+      fn();
+      return;
+    }
+    std::vector<std::thread> th;
+    for (int i = 0; i < gConcurrent; ++i)
+      th.emplace_back(fn);
+    for (auto &t : th)
+      t.join();
+  };
+  once();
+  double b = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = Clock::now();
+    once();
+    b = std::min(b, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return b;
+}
+
+void check(const Status &s, const char *what) {
+  if (!s.isOk()) {
+    std::fprintf(stderr, "dlopt-calibrate: error: %s: %s\n", what,
+                 s.message().c_str());
+    std::exit(1);
+  }
+}
+
+uint16_t bits16(DType t) { return t == DType::BF16 ? 0x3F00 : 0x3800; } // 0.5
+
+GemmSample timeGemm(DType t, int64_t m, int64_t n, int64_t k, int reps) {
+  size_t es = t == DType::F32 ? 4 : 2;
+  std::vector<char> a(size_t(m * k) * es), b(size_t(k * n) * es),
+      c(size_t(m * n) * es);
+  if (t == DType::F32) {
+    std::fill_n(reinterpret_cast<float *>(a.data()), m * k, 0.5f);
+    std::fill_n(reinterpret_cast<float *>(b.data()), k * n, 0.25f);
+  } else {
+    std::fill_n(reinterpret_cast<uint16_t *>(a.data()), m * k, bits16(t));
+    std::fill_n(reinterpret_cast<uint16_t *>(b.data()), k * n, bits16(t));
+  }
+  Instr in;
+  in.op = "matmul";
+  in.loc = "dlopt-calibrate";
+  // One output per concurrent caller.
+  std::vector<std::vector<char>> cs(static_cast<size_t>(gConcurrent), c);
+  std::atomic<int> next{0};
+  GemmSample s{m, n, k, 0};
+  s.seconds = best(reps, [&] {
+    int me = next++ % gConcurrent;
+    TensorRef ins[2] = {{a.data(), {t, {m, k}}}, {b.data(), {t, {k, n}}}};
+    TensorRef outs[1] = {{cs[size_t(me)].data(), {t, {m, n}}}};
+    check(cpu::runKernel(in, ins, outs), "matmul");
+  });
+  return s;
+}
+
+/// All-reduces of `bytes` over `ranks` in-process ranks (threads): the
+/// slowest rank's time, best of `reps`.
+AllReduceSample timeInProcess(int ranks, int64_t bytes, int reps) {
+  auto comms = createInProcessGroup(ranks);
+  int64_t count = bytes / 4;
+  std::vector<std::vector<float>> in(static_cast<size_t>(ranks)),
+      out(static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    in[size_t(r)].assign(size_t(count), float(r + 1));
+    out[size_t(r)].assign(size_t(count), 0.0f);
+  }
+  double bestT = 1e30;
+  for (int rep = 0; rep < reps + 1; ++rep) {
+    std::vector<double> secs(static_cast<size_t>(ranks));
+    std::vector<std::thread> th;
+    for (int r = 0; r < ranks; ++r)
+      th.emplace_back([&, r] {
+        auto t0 = Clock::now();
+        check(comms[size_t(r)]->allReduce(
+                  hostIn(in[size_t(r)].data(), count, DType::F32),
+                  hostOut(out[size_t(r)].data(), count, DType::F32),
+                  ReduceOp::Sum),
+              "in-process all-reduce");
+        secs[size_t(r)] =
+            std::chrono::duration<double>(Clock::now() - t0).count();
+      });
+    for (auto &t : th)
+      t.join();
+    if (rep > 0)
+      bestT = std::min(bestT, *std::max_element(secs.begin(), secs.end()));
+  }
+  return {ranks, double(bytes), bestT};
+}
+
+double hostMemoryBytes() {
+  long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && size > 0 ? double(pages) * double(size) : 0;
+}
+
+bool writeText(const std::string &path, const std::string &text) {
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+  f.close();
+  if (!f) {
+    std::fprintf(stderr, "dlopt-calibrate: error: cannot write '%s'\n",
+                 path.c_str());
+    return false;
+  }
+  return true;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  std::string calOut = "calibration.json", clusterOut = "cluster.json";
+  MachineSamples s;
+  int threads = 0;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc)
+        usageError(a + " expects a value");
+      return argv[++i];
+    };
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "-o" || a == "--calibration-out") {
+      calOut = value();
+    } else if (a == "--cluster-out") {
+      clusterOut = value();
+    } else if (a == "--devices") {
+      s.devices = parseInt(a, value(), 1, 4096);
+    } else if (a == "--threads") {
+      threads = parseInt(a, value(), 1, 4096);
+    } else if (a == "--name") {
+      s.name = value();
+      if (s.name.empty())
+        usageError("--name expects a non-empty name");
+    } else if (a == "--quick") {
+      quick = true;
+    } else {
+      usageError("unknown option '" + a + "'");
+    }
+  }
+  int worldRank = 0;
+#ifdef DLOPT_HAVE_MPI
+  if (launchedByMpi()) {
+    auto info = initMpi(&argc, &argv);
+    if (!info) {
+      std::fprintf(stderr, "dlopt-calibrate: error: %s\n",
+                   info.status().message().c_str());
+      return 1;
+    }
+    worldRank = info->worldRank;
+    if (info->worldSize > 1) {
+      auto comm = createMpiWorld();
+      if (!comm) {
+        std::fprintf(stderr, "dlopt-calibrate: error: %s\n",
+                     comm.status().message().c_str());
+        return 1;
+      }
+      for (int64_t bytes : {int64_t(4) << 10, int64_t(64) << 10,
+                            int64_t(1) << 20, int64_t(quick ? 4 : 16) << 20}) {
+        int64_t count = bytes / 4;
+        std::vector<float> in(static_cast<size_t>(count), 1.0f),
+            out(static_cast<size_t>(count));
+        double bestT = 1e30;
+        for (int rep = 0; rep < (quick ? 3 : 6); ++rep) {
+          check((*comm)->barrier(), "MPI barrier");
+          auto t0 = Clock::now();
+          check((*comm)->allReduce(hostIn(in.data(), count, DType::F32),
+                                   hostOut(out.data(), count, DType::F32),
+                                   ReduceOp::Sum),
+                "MPI all-reduce");
+          double t = std::chrono::duration<double>(Clock::now() - t0).count();
+          if (rep > 0)
+            bestT = std::min(bestT, t);
+        }
+        s.mpi.push_back({info->worldSize, double(bytes), bestT});
+      }
+    }
+    if (worldRank != 0) {
+      finalizeMpi();
+      return 0;
+    }
+  }
+#endif
+  unsigned hw = std::thread::hardware_concurrency();
+  s.hostCores = int(hw ? hw : 1);
+  s.hostMemoryBytes = hostMemoryBytes();
+  // The kernel pool as dlopt-run sizes it (--threads, else every core),
+  // shared by the devices' concurrent callers.
+  s.threadsPerDevice = threads ? threads : s.hostCores;
+  cpu::setNumThreads(s.threadsPerDevice);
+  gConcurrent = s.devices;
+  const int reps = quick ? 2 : 5;
+
+  // GEMMs: square, and the shapes of transformer layers and LM heads on
+  // this backend's scale, both size classes (below and above 2^23
+  // multiply-adds).
+  std::vector<std::array<int64_t, 3>> f32Shapes =
+      quick ? std::vector<std::array<int64_t, 3>>{{128, 128, 128},
+                                                  {256, 256, 256},
+                                                  {512, 512, 512},
+                                                  {512, 1024, 256}}
+            : std::vector<std::array<int64_t, 3>>{
+                  {128, 128, 128},  {256, 256, 256},   {128, 768, 256},
+                  {512, 512, 512},  {1024, 1024, 1024}, {512, 768, 768},
+                  {512, 3072, 768}, {512, 768, 3072},  {512, 8192, 256},
+                  {2048, 256, 256}};
+  for (auto [m, n, k] : f32Shapes)
+    s.gemmF32.push_back(timeGemm(DType::F32, m, n, k, reps));
+  for (DType t : {DType::BF16, DType::F16})
+    for (int64_t d : {int64_t(256), int64_t(quick ? 256 : 512)}) {
+      GemmSample g = timeGemm(t, d, d, d, reps);
+      (t == DType::BF16 ? s.gemmBf16 : s.gemmF16).push_back(g);
+    }
+
+  // Attention forward, f32, not causal: 4 b h s t d FLOPs.
+  {
+    int64_t b = 2, h = 4, sq = quick ? 64 : 128, d = 64;
+    std::vector<float> q(size_t(b * h * sq * d), 0.01f);
+    std::vector<std::vector<float>> o(static_cast<size_t>(gConcurrent), q);
+    std::atomic<int> next{0};
+    Instr in;
+    in.op = "attention";
+    in.loc = "dlopt-calibrate";
+    in.attrs["causal"] = AttrValue(int64_t(0));
+    in.attrs["scale"] = AttrValue(0.125);
+    TensorType tt{DType::F32, {b, h, sq, d}};
+    s.attentionSeconds = best(reps, [&] {
+      TensorRef ins[3] = {{q.data(), tt}, {q.data(), tt}, {q.data(), tt}};
+      TensorRef outs[1] = {{o[size_t(next++ % gConcurrent)].data(), tt}};
+      check(cpu::runKernel(in, ins, outs), "attention");
+    });
+    s.attentionFlops = 4.0 * double(b * h * sq * sq * d);
+  }
+  // Streaming: the memory-bound kernels a training step runs most, each on
+  // 64 MiB arrays (16 MiB quick): an add (two read, one written), the tanh
+  // GELU, a layer norm over rows of 256 and a softmax over rows of 128 (one
+  // read, one written). Their bandwidths (bytes read + written per second)
+  // are reported; the median is the device's.
+  {
+    const int64_t n = int64_t(quick ? 4 : 16) << 20;
+    const size_t callers = static_cast<size_t>(gConcurrent);
+    std::vector<std::vector<float>> x(callers), y(callers), z(callers);
+    for (size_t i = 0; i < callers; ++i) {
+      x[i].assign(size_t(n), 0.5f);
+      y[i].assign(size_t(n), 2.0f);
+      z[i].assign(size_t(n), 0.0f);
+    }
+    std::vector<float> w(256, 1.0f), bias(256, 0.0f);
+    struct Stream {
+      const char *op;
+      TensorType type;
+      int inputs; ///< of n elements (besides the layer norm's w, b)
+      std::map<std::string, AttrValue> attrs;
+    };
+    std::vector<Stream> streams = {
+        {"add", {DType::F32, {n}}, 2, {}},
+        {"gelu", {DType::F32, {n}}, 1, {{"approximate", AttrValue(std::string("tanh"))}}},
+        {"layer_norm", {DType::F32, {n / 256, 256}}, 1,
+         {{"axis", AttrValue(int64_t(1))}, {"eps", AttrValue(1e-5)}}},
+        {"softmax", {DType::F32, {n / 128, 128}}, 1, {{"dim", AttrValue(int64_t(1))}}},
+    };
+    for (const Stream &st : streams) {
+      std::atomic<int> next{0};
+      Instr in;
+      in.op = st.op;
+      in.loc = "dlopt-calibrate";
+      in.attrs = st.attrs;
+      double secs = best(reps, [&] {
+        size_t me = size_t(next++ % gConcurrent);
+        std::vector<TensorRef> ins = {{x[me].data(), st.type}};
+        if (st.inputs == 2)
+          ins.push_back({y[me].data(), st.type});
+        if (std::string(st.op) == "layer_norm") {
+          ins.push_back({w.data(), {DType::F32, {256}}});
+          ins.push_back({bias.data(), {DType::F32, {256}}});
+        }
+        TensorRef outs[1] = {{z[me].data(), st.type}};
+        check(cpu::runKernel(in, ins, outs), st.op);
+      });
+      s.streams.push_back({st.op, double(st.inputs + 1) * double(n) * 4, secs});
+    }
+  }
+  // Dispatch: one-element adds, the mean over many calls.
+  {
+    Instr in;
+    in.op = "add";
+    in.loc = "dlopt-calibrate";
+    TensorType tt{DType::F32, {1}};
+    const int calls = quick ? 2000 : 20000;
+    s.dispatchSeconds = best(reps, [&] {
+                          float x = 1, y = 2, z = 0;
+                          TensorRef ins[2] = {{&x, tt}, {&y, tt}};
+                          TensorRef outs[1] = {{&z, tt}};
+                          for (int i = 0; i < calls; ++i)
+                            check(cpu::runKernel(in, ins, outs), "add");
+                        }) /
+                        calls;
+  }
+  // All-reduce between in-process ranks (threads), as in-graph plans run.
+  {
+    int ranks = std::max(2, s.devices);
+    for (int64_t bytes : {int64_t(4) << 10, int64_t(64) << 10,
+                          int64_t(1) << 20, int64_t(quick ? 4 : 16) << 20})
+      s.inProcess.push_back(timeInProcess(ranks, bytes, reps));
+  }
+
+  auto cal = planner::calibrateMachine(s);
+  if (!cal) {
+    std::fprintf(stderr, "dlopt-calibrate: error: %s\n",
+                 cal.status().message().c_str());
+    return 1;
+  }
+  for (const std::string &l : cal->lines)
+    std::printf("%s\n", l.c_str());
+  if (!writeText(calOut, cal->calibration.toJson()) ||
+      !writeText(clusterOut, cal->clusterJson))
+    return 1;
+  std::printf("wrote %s and %s\n", calOut.c_str(), clusterOut.c_str());
+#ifdef DLOPT_HAVE_MPI
+  if (launchedByMpi())
+    finalizeMpi();
+#endif
+  return 0;
+}
