@@ -74,6 +74,10 @@ const Entry kEntries[] = {
     {"collective_launch_latency_us", &Calibration::collectiveLaunchLatency,
      1e-6, Range::NonNegative, "us",
      "fixed cost of one collective call (launch, setup)"},
+    {"nvls_efficiency", &Calibration::nvlsEfficiency, 1, Range::Efficiency,
+     "fraction",
+     "NVLS all-reduce: buffer bytes / time over the per-direction NVLink "
+     "bandwidth"},
     {"grad_overlap_efficiency", &Calibration::gradOverlapEfficiency, 1,
      Range::Efficiency, "fraction",
      "share of backward compute that can hide gradient communication"},

@@ -131,13 +131,13 @@ const std::map<std::string, PresetDef> &presetTable() {
       {"dgx-h100",
        {"h100-sxm-80gb",
         8,
-        {IntraTopology::NVSwitch, 450 * kG, 1 * kUs},
+        {IntraTopology::NVSwitch, 450 * kG, 1 * kUs, /*nvls=*/true},
         {8 * 400 / 8.0 * kG, 5 * kUs},
         {112, 2048 * kG}}}, // 2x Xeon 8480C, 2 TB (DGX H100 user guide)
       {"dgx-h200",
        {"h200-sxm-141gb",
         8,
-        {IntraTopology::NVSwitch, 450 * kG, 1 * kUs},
+        {IntraTopology::NVSwitch, 450 * kG, 1 * kUs, /*nvls=*/true},
         {8 * 400 / 8.0 * kG, 5 * kUs},
         {112, 2048 * kG}}}, // 2x Xeon 8480C, 2 TB (DGX H200)
       {"cpu",
@@ -360,6 +360,7 @@ Expected<CommGroup> Cluster::commGroup(const std::vector<int> &ranks) const {
       cg.intra.latency = std::max(cg.intra.latency, g.intra.latency);
       if (g.intra.topology == IntraTopology::Ring)
         cg.intra.topology = IntraTopology::Ring;
+      cg.intra.nvls = cg.intra.nvls && g.intra.nvls;
       cg.interBandwidthPerRank = std::min(cg.interBandwidthPerRank, share);
       cg.interLatency = std::max(cg.interLatency, g.network.latency);
     }
@@ -424,7 +425,8 @@ std::string Cluster::toJson() const {
     if (g.intra.bandwidth > 0)
       gj["intra_node"] = {{"topology", topologyName(g.intra.topology)},
                           {"bandwidth_gb_s", g.intra.bandwidth / kG},
-                          {"latency_us", g.intra.latency / kUs}};
+                          {"latency_us", g.intra.latency / kUs},
+                          {"nvls", g.intra.nvls}};
     if (g.network.bandwidth > 0)
       gj["network"] = {{"bandwidth_gb_s", g.network.bandwidth / kG},
                        {"latency_us", g.network.latency / kUs}};
@@ -764,7 +766,7 @@ Expected<IntraNodeLink> parseIntra(const Reader &rd, const json &v,
   DLOPT_RETURN_IF_ERROR(
       rd.checkKeys(v, path,
                    {"topology", "bandwidth_gb_s",
-                    "bidirectional_bandwidth_gb_s", "latency_us"}));
+                    "bidirectional_bandwidth_gb_s", "latency_us", "nvls"}));
   IntraNodeLink l;
   l.latency = 1 * kUs;
   if (v.contains("topology")) {
@@ -796,6 +798,16 @@ Expected<IntraNodeLink> parseIntra(const Reader &rd, const json &v,
     if (!lat)
       return lat.status();
     l.latency = *lat * kUs;
+  }
+  if (v.contains("nvls")) {
+    const json &b = v["nvls"];
+    if (!b.is_boolean())
+      return rd.error(Reader::child(path, "nvls"),
+                      "expected true or false, got " + describe(b));
+    l.nvls = b.get<bool>();
+    if (l.nvls && l.topology != IntraTopology::NVSwitch)
+      return rd.error(Reader::child(path, "nvls"),
+                      "NVLink SHARP needs topology 'nvswitch'");
   }
   return l;
 }

@@ -60,6 +60,9 @@ struct IntraNodeLink {
   IntraTopology topology = IntraTopology::NVSwitch;
   double bandwidth = 0; ///< bytes/s per GPU, per direction
   double latency = 0;   ///< seconds per hop (alpha of one algorithm step)
+  /// NVLink SHARP: the switches reduce and multicast (third-generation
+  /// NVSwitch with Hopper GPUs), so NCCL's NVLS all-reduce applies.
+  bool nvls = false;
 };
 
 /// A node's connection to the inter-node network.

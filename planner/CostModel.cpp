@@ -50,6 +50,8 @@ const char *algorithmName(CommAlgorithm a) {
     return "hierarchical";
   case CommAlgorithm::Direct:
     return "direct";
+  case CommAlgorithm::Nvls:
+    return "nvls";
   }
   return "?";
 }
@@ -355,6 +357,31 @@ CommEstimate CostModel::direct(Collective c, double bytes,
   return finish(e);
 }
 
+namespace {
+/// NCCL's NVLS all-reduce: one node (NCCL combines NVLS with a tree across
+/// nodes, not modeled), an NVSwitch fabric with NVLink SHARP, 2+ ranks.
+bool nvlsApplies(Collective c, const CommGroup &g) {
+  return c == Collective::AllReduce && g.nodes == 1 && g.size >= 2 &&
+         g.intra.nvls && g.intra.topology == IntraTopology::NVSwitch;
+}
+} // namespace
+
+CommEstimate CostModel::nvls(Collective c, double bytes,
+                             const CommGroup &g) const {
+  // The switch reduces: each GPU's shard is reduced in the switch from
+  // every GPU's copy (multimem.ld_reduce) and multicast back to all
+  // (multimem.st). Each GPU sends S and receives S, at once on its two link
+  // directions: S / B on one direction, against the ring's 2(n-1)/n S / B.
+  // Two switch round trips of latency.
+  (void)c;
+  CommEstimate e;
+  e.algorithm = CommAlgorithm::Nvls;
+  e.link = LinkKind::IntraNode;
+  e.latencyTerm = cal_.collectiveLaunchLatency + 2 * g.intra.latency;
+  e.bandwidthTerm = bytes / (g.intra.bandwidth * cal_.nvlsEfficiency);
+  return finish(e);
+}
+
 Expected<CommEstimate> CostModel::commTime(Collective c, double bytes,
                                            const CommGroup &g,
                                            CommAlgorithm algo) const {
@@ -387,6 +414,9 @@ Expected<CommEstimate> CostModel::commTime(Collective c, double bytes,
   case CommAlgorithm::Direct:
     ok = c == Collective::AllToAll || c == Collective::SendRecv;
     break;
+  case CommAlgorithm::Nvls:
+    ok = c == Collective::AllReduce;
+    break;
   }
   if (!ok)
     return Status::error(what + ": the " + algorithmName(algo) +
@@ -412,6 +442,11 @@ Expected<CommEstimate> CostModel::commTime(Collective c, double bytes,
     return hierarchical(c, bytes, g);
   case CommAlgorithm::Direct:
     return direct(c, bytes, g);
+  case CommAlgorithm::Nvls:
+    if (!nvlsApplies(c, g))
+      return Status::error(what + ": NVLS needs one node whose NVSwitch "
+                                  "fabric has NVLink SHARP (intra_node.nvls)");
+    return nvls(c, bytes, g);
   case CommAlgorithm::Auto:
     break;
   }
@@ -422,6 +457,8 @@ Expected<CommEstimate> CostModel::commTime(Collective c, double bytes,
     cands = {ring(c, bytes, g), tree(c, bytes, g)};
     if (g.nodes > 1 && g.ranksPerNode > 1)
       cands.push_back(hierarchical(c, bytes, g));
+    if (nvlsApplies(c, g))
+      cands.push_back(nvls(c, bytes, g));
     break;
   case Collective::AllGather:
   case Collective::ReduceScatter:

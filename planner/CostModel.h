@@ -51,7 +51,7 @@ enum class Collective {
 };
 const char *collectiveName(Collective c);
 
-enum class CommAlgorithm { Auto, Ring, Tree, Hierarchical, Direct };
+enum class CommAlgorithm { Auto, Ring, Tree, Hierarchical, Direct, Nvls };
 const char *algorithmName(CommAlgorithm a);
 
 /// Which physical link carried the bandwidth term.
@@ -140,6 +140,8 @@ private:
   CommEstimate hierarchical(Collective c, double bytes,
                             const CommGroup &g) const;
   CommEstimate direct(Collective c, double bytes, const CommGroup &g) const;
+  /// NVLink SHARP all-reduce inside one NVSwitch node (nvlsApplies()).
+  CommEstimate nvls(Collective c, double bytes, const CommGroup &g) const;
 
   Calibration cal_;
 };

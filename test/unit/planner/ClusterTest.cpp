@@ -280,6 +280,44 @@ gpu: {base: h100-sxm-80gb, sms: 0}
                         "test.yaml: gpu.sms: expected a positive integer, got 0"));
 }
 
+TEST(ClusterFile, NvlinkSharp) {
+  // The H100 and H200 presets have it, the A100 preset not; a file says so
+  // with intra_node.nvls, and a group over nodes has it only if all do.
+  EXPECT_TRUE(clusterPreset("dgx-h100")->groups[0].intra.nvls);
+  EXPECT_TRUE(clusterPreset("dgx-h200")->groups[0].intra.nvls);
+  EXPECT_FALSE(clusterPreset("dgx-a100")->groups[0].intra.nvls);
+  auto c = yaml(R"(
+nodes: 2
+gpus_per_node: 8
+gpu: h100-sxm-80gb
+intra_node: {bandwidth_gb_s: 450, nvls: true}
+network: {bandwidth_gb_s: 400}
+)");
+  ASSERT_TRUE(c) << c.status().message();
+  EXPECT_TRUE(c->groups[0].intra.nvls);
+  auto back = jsonText(c->toJson());
+  ASSERT_TRUE(back) << back.status().message();
+  EXPECT_TRUE(back->groups[0].intra.nvls);
+  auto g = c->stridedGroup(8, 1, 0);
+  ASSERT_TRUE(g);
+  EXPECT_TRUE(g->intra.nvls);
+  EXPECT_TRUE(failsWith(yaml(R"(
+nodes: 1
+gpus_per_node: 8
+gpu: h100-sxm-80gb
+intra_node: {bandwidth_gb_s: 450, nvls: "yes"}
+)"),
+                        "test.yaml: intra_node.nvls: expected true or false"));
+  EXPECT_TRUE(failsWith(yaml(R"(
+nodes: 1
+gpus_per_node: 8
+gpu: h100-sxm-80gb
+intra_node: {topology: ring, bandwidth_gb_s: 450, nvls: true}
+)"),
+                        "test.yaml: intra_node.nvls: NVLink SHARP needs "
+                        "topology 'nvswitch'"));
+}
+
 //===----------------------------------------------------------------------===//
 // Every bad-input message
 //===----------------------------------------------------------------------===//

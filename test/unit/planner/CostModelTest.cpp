@@ -178,9 +178,43 @@ TEST_F(CommTest, RingAllReduceInsideANode) {
   EXPECT_REL(e.latencyTerm, 22e-6, kRel);
   EXPECT_REL(e.time, 1.75e9 / 360e9 + 22e-6, kRel);
   EXPECT_EQ(e.link, LinkKind::IntraNode);
-  // Auto picks ring here (tree: 2 * 1e9 / 360e9 is slower).
+  // Tree: 2 * 1e9 / 360e9 is slower than the ring; but the DGX H100's
+  // NVSwitch fabric has NVLink SHARP, and Auto picks NVLS (below).
   auto a = comm(Collective::AllReduce, 1e9, group(8, 1));
-  EXPECT_EQ(a.algorithm, CommAlgorithm::Ring);
+  EXPECT_EQ(a.algorithm, CommAlgorithm::Nvls);
+  // Without SHARP (an A100 node's NVSwitch), ring.
+  auto a100 = resolveCluster("dgx-a100");
+  ASSERT_TRUE(a100);
+  auto g = a100->stridedGroup(8, 1, 0);
+  ASSERT_TRUE(g);
+  auto r = model.commTime(Collective::AllReduce, 1e9, *g);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->algorithm, CommAlgorithm::Ring);
+}
+
+TEST_F(CommTest, NvlsAllReduceInsideAnH100Node) {
+  // S / (B * nvls_efficiency) = 1e9 / (450e9 * 0.61); latency 8 us + 2 x
+  // 1 us. nccl-tests' bus bandwidth of that: 2*7/8 S / t ~ 480 GB/s, where
+  // the ring reaches 360 (1.75 S / (450e9 * 0.8)).
+  auto e = comm(Collective::AllReduce, 1e9, group(8, 1), CommAlgorithm::Nvls);
+  EXPECT_REL(e.bandwidthTerm, 1e9 / (450e9 * 0.61), kRel);
+  EXPECT_REL(e.latencyTerm, 10e-6, kRel);
+  EXPECT_EQ(e.link, LinkKind::IntraNode);
+  EXPECT_NEAR(1.75e9 / e.time / 1e9, 480, 5);
+  // Small messages: the ring's 14 hops against NVLS's 2 switch trips.
+  auto small = comm(Collective::AllReduce, 1e4, group(8, 1));
+  EXPECT_EQ(small.algorithm, CommAlgorithm::Nvls);
+  // Only all-reduce, only inside one node.
+  auto ag = model.commTime(Collective::AllGather, 1e9, group(8, 1),
+                           CommAlgorithm::Nvls);
+  EXPECT_FALSE(ag);
+  auto across = model.commTime(Collective::AllReduce, 1e9, group(16, 1),
+                               CommAlgorithm::Nvls);
+  ASSERT_FALSE(across);
+  EXPECT_NE(across.status().message().find("NVLS needs one node"),
+            std::string::npos);
+  auto auto16 = comm(Collective::AllReduce, 1e9, group(16, 1));
+  EXPECT_NE(auto16.algorithm, CommAlgorithm::Nvls);
 }
 
 TEST_F(CommTest, AllGatherReduceScatterBroadcastInsideANode) {
