@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -58,6 +59,54 @@ void setInt(HostTensor &t, int64_t i, int64_t v) {
 /// n / 2^64, is far under anything a training run can observe).
 uint64_t scaled(uint64_t v, uint64_t n) {
   return uint64_t((unsigned __int128)v * n >> 64);
+}
+
+/// Calls f(i) for the C-order linear index i of every element of a tensor
+/// of `shape` inside `box` (every element when null), in increasing order.
+template <typename F>
+void forEachInBox(const std::vector<int64_t> &shape, const Box *box, F f) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  if (!box) {
+    for (int64_t i = 0; i < n; ++i)
+      f(i);
+    return;
+  }
+  if (box->empty() || n == 0)
+    return;
+  size_t rank = shape.size();
+  if (rank == 0) {
+    f(0);
+    return;
+  }
+  std::vector<int64_t> stride(rank, 1);
+  for (size_t d = rank - 1; d-- > 0;)
+    stride[d] = stride[d + 1] * shape[d + 1];
+  std::vector<int64_t> idx(box->lo.begin(), box->lo.end());
+  while (true) {
+    int64_t base = 0;
+    for (size_t d = 0; d + 1 < rank; ++d)
+      base += idx[d] * stride[d];
+    for (int64_t k = box->lo[rank - 1]; k < box->hi[rank - 1]; ++k)
+      f(base + k);
+    size_t d = rank - 1;
+    while (d-- > 0) {
+      if (++idx[d] < box->hi[d])
+        break;
+      idx[d] = box->lo[d];
+    }
+    if (d == size_t(-1))
+      return;
+  }
+}
+
+/// The part [lo, hi) of [0, n) that share `s` covers.
+std::pair<uint64_t, uint64_t> shareRange(uint64_t n, DataShare s) {
+  uint64_t c = uint64_t(std::max(1, s.count));
+  uint64_t i = uint64_t(std::clamp(s.index, 0, int(c) - 1));
+  return {uint64_t((unsigned __int128)n * i / c),
+          uint64_t((unsigned __int128)n * (i + 1) / c)};
 }
 
 //===----------------------------------------------------------------------===//
@@ -152,18 +201,9 @@ public:
     out.push_back({"tokens", HostTensor(tokensType_)});
     if (labelsType_)
       out.push_back({"labels", HostTensor(*labelsType_)});
-    for (int64_t r = 0; r < batch_; ++r) {
-      uint64_t w = uint64_t(((unsigned __int128)index * uint64_t(batch_) +
-                             uint64_t(r)) %
-                            numWindows_);
-      uint64_t src = w * uint64_t(seq_);
-      for (int64_t s = 0; s < seq_; ++s) {
-        setInt(out[0].tensor, r * seq_ + s, tokens_->at(src + uint64_t(s)));
-        if (labelsType_)
-          setInt(out[1].tensor, r * seq_ + s,
-                 tokens_->at(src + uint64_t(s) + 1));
-      }
-    }
+    fill(out[0].tensor, region("tokens"), index, 0);
+    if (labelsType_)
+      fill(out[1].tensor, region("labels"), index, 1);
     return out;
   }
   std::vector<std::string> inputs() const override {
@@ -181,6 +221,19 @@ public:
   std::string describe() const override { return "tokens:" + path_; }
 
 private:
+  /// Element (r, s) of batch `index`'s rows (flattened over the leading
+  /// dims) is token s + shift of window r's; only those inside `box`.
+  void fill(HostTensor &t, const Box *box, uint64_t index,
+            uint64_t shift) const {
+    forEachInBox(t.type.shape, box, [&](int64_t i) {
+      int64_t r = i / seq_, s = i % seq_;
+      uint64_t w = uint64_t(((unsigned __int128)index * uint64_t(batch_) +
+                             uint64_t(r)) %
+                            numWindows_);
+      setInt(t, i, tokens_->at(w * uint64_t(seq_) + uint64_t(s) + shift));
+    });
+  }
+
   std::string path_;
   std::unique_ptr<TokenStore> tokens_;
   TensorType tokensType_;
@@ -265,8 +318,14 @@ class ArrayLoader final : public DataLoader {
 public:
   struct Array {
     std::string name, file;
-    HostTensor data;   ///< [N, sample...], already the input's element type
-    TensorType type;   ///< the input's type, [B, sample...]
+    std::unique_ptr<MappedNpy> map; ///< the file, mapped; or
+    HostTensor whole;               ///< the file, read whole
+    DType source = DType::F32;      ///< the file's element type
+    TensorType type; ///< the input's type, [B, sample...] or [K, B, sample...]
+    int lead = 1;    ///< its leading dims that index samples (1 or 2)
+    const uint8_t *samples() const {
+      return map ? map->data() : whole.bytes.data();
+    }
   };
   ArrayLoader(std::vector<Array> arrays, int64_t samples, int64_t batch,
               bool shuffle)
@@ -295,11 +354,31 @@ public:
     }
     std::vector<NamedTensor> out;
     for (const Array &a : arrays_) {
-      HostTensor t(a.type);
+      // Samples in the file's type, then converted: only the rows this
+      // process reads (a box's dim-0 range) are copied out of the file.
+      HostTensor t(TensorType{a.source, a.type.shape});
       size_t rowBytes = t.bytes.size() / size_t(batch_);
-      for (int64_t r = 0; r < batch_; ++r)
+      // Row r of the batch is sample r of the flattened leading dims; a
+      // row is read when the box holds its leading index.
+      const Box *box = region(a.name);
+      if (box && box->empty())
+        box = nullptr, rowBytes = 0;
+      for (int64_t r = 0; r < batch_ && rowBytes; ++r) {
+        if (box) {
+          int64_t inner = a.lead == 2 ? a.type.shape[1] : batch_;
+          int64_t i0 = a.lead == 2 ? r / inner : r, i1 = r % inner;
+          if (i0 < box->lo[0] || i0 >= box->hi[0] ||
+              (a.lead == 2 && (i1 < box->lo[1] || i1 >= box->hi[1])))
+            continue;
+        }
         std::memcpy(t.bytes.data() + r * rowBytes,
-                    a.data.bytes.data() + rows[r] * rowBytes, rowBytes);
+                    a.samples() + rows[r] * rowBytes, rowBytes);
+      }
+      if (a.source == DType::I1)
+        for (uint8_t &b : t.bytes)
+          b = b ? 1 : 0;
+      if (a.source != a.type.dtype)
+        t = convertTensor(t, a.type.dtype);
       out.push_back({a.name, std::move(t)});
     }
     return out;
@@ -356,21 +435,24 @@ public:
       // One stream per (input, batch): element i is word i of it.
       uint64_t key = initWord(
           dataKey(seed, kSyntheticStream, in.position), index);
-      int64_t n = t.numElements();
+      // Only the elements this process reads are drawn.
+      const Box *box = region(in.name);
       if (isFloat(in.type.dtype)) {
-        for (int64_t i = 0; i < n; ++i) {
+        forEachInBox(in.type.shape, box, [&](int64_t i) {
           double u1 = initUniform(key, 2 * uint64_t(i));
           double u2 = initUniform(key, 2 * uint64_t(i) + 1);
           t.setElementFromDouble(i, std::sqrt(-2.0 * std::log(1.0 - u1)) *
                                         std::cos(2.0 * std::numbers::pi * u2));
-        }
+        });
       } else if (in.type.dtype == DType::I1) {
-        for (int64_t i = 0; i < n; ++i)
+        forEachInBox(in.type.shape, box, [&](int64_t i) {
           t.bytes[i] = uint8_t(initWord(key, uint64_t(i)) >> 63);
+        });
       } else {
-        for (int64_t i = 0; i < n; ++i)
+        forEachInBox(in.type.shape, box, [&](int64_t i) {
           setInt(t, i,
                  int64_t(scaled(initWord(key, uint64_t(i)), uint64_t(in.range))));
+        });
       }
       out.push_back({in.name, std::move(t)});
     }
@@ -482,7 +564,7 @@ decodeTokenFile(const std::vector<uint8_t> &bytes, TokenDType rawDType) {
 /// Fortran-order arrays). Any file the mapped path does not accept goes
 /// the whole-file way, which also gives every error its usual message.
 static Expected<std::unique_ptr<TokenStore>>
-openTokenFile(const std::string &path, TokenDType rawDType) {
+openTokenFile(const std::string &path, TokenDType rawDType, DataShare share) {
   auto readWhole = [&]() -> Expected<std::unique_ptr<TokenStore>> {
     Expected<std::vector<uint8_t>> bytes = readFileBytes(path, "token file");
     if (!bytes)
@@ -539,7 +621,9 @@ openTokenFile(const std::string &path, TokenDType rawDType) {
       TokenStore::map(fd, size, offset, width, isSigned, count);
   if (!store)
     return readWhole();
-  for (uint64_t i = 0; i < count; ++i) {
+  // This process checks its share of the ids; the others check theirs.
+  auto [lo, hi] = shareRange(count, share);
+  for (uint64_t i = lo; i < hi; ++i) {
     int64_t v = store->raw(i);
     if (v < 0 || v > std::numeric_limits<int32_t>::max())
       return readWhole(); // names the token and its position
@@ -549,7 +633,7 @@ openTokenFile(const std::string &path, TokenDType rawDType) {
 
 static Expected<std::unique_ptr<DataLoader>>
 createTokenLoaderImpl(const Executable &exe, const std::string &path,
-                  TokenDType rawDType) {
+                      TokenDType rawDType, DataShare share) {
   int32_t tokId = findInput(exe, "tokens");
   if (tokId < 0)
     return Status::error("--data feeds the input 'tokens', which the model "
@@ -576,7 +660,7 @@ createTokenLoaderImpl(const Executable &exe, const std::string &path,
     labelsType = lt;
   }
 
-  Expected<std::unique_ptr<TokenStore>> opened = openTokenFile(path, rawDType);
+  Expected<std::unique_ptr<TokenStore>> opened = openTokenFile(path, rawDType, share);
   if (!opened)
     return opened.status();
   std::unique_ptr<TokenStore> tokens = opened.take();
@@ -592,8 +676,9 @@ createTokenLoaderImpl(const Executable &exe, const std::string &path,
     if (c && (!vocab || *c < *vocab))
       vocab = c;
   }
+  auto [lo, hi] = shareRange(tokens->size(), share);
   if (vocab)
-    for (uint64_t i = 0; i < tokens->size(); ++i)
+    for (uint64_t i = lo; i < hi; ++i)
       if (tokens->at(i) >= *vocab)
         return Status::error(path + ": token " + std::to_string(tokens->at(i)) +
                              " at position " + std::to_string(i) +
@@ -606,7 +691,7 @@ createTokenLoaderImpl(const Executable &exe, const std::string &path,
 static Expected<std::unique_ptr<DataLoader>> createArrayLoaderImpl(
     const Executable &exe,
     const std::vector<std::pair<std::string, std::string>> &files,
-    bool shuffle) {
+    bool shuffle, DataShare share) {
   if (files.empty())
     return Status::error("no arrays given");
   std::vector<ArrayLoader::Array> arrays;
@@ -622,56 +707,96 @@ static Expected<std::unique_ptr<DataLoader>> createArrayLoaderImpl(
     if (type.shape.empty())
       return Status::error(what + "input '" + name +
                            "' is a scalar; batches are sliced along dim 0");
-    Expected<HostTensor> arr = readNpy(file);
-    if (!arr)
-      return arr.status();
-    HostTensor data = arr.take();
-    std::vector<int64_t> sample(type.shape.begin() + 1, type.shape.end());
-    std::vector<int64_t> got(data.type.shape.empty()
-                                 ? data.type.shape.begin()
-                                 : data.type.shape.begin() + 1,
-                             data.type.shape.end());
-    if (data.type.shape.empty() || got != sample) {
-      TensorType want{type.dtype, sample};
+    // Mapped when the file allows it (only the rows a batch uses are then
+    // read); otherwise read whole, which also reports what is wrong.
+    ArrayLoader::Array a;
+    a.name = name;
+    a.file = file;
+    a.type = type;
+    a.map = MappedNpy::tryMap(file);
+    if (!a.map) {
+      Expected<HostTensor> arr = readNpy(file);
+      if (!arr)
+        return arr.status();
+      a.whole = arr.take();
+    }
+    const TensorType &dataType = a.map ? a.map->type() : a.whole.type;
+    a.source = dataType.dtype;
+    if (dataType.shape.empty()) {
+      TensorType want{type.dtype, {type.shape.begin() + 1, type.shape.end()}};
       return Status::error(what + "expected N samples of " + want.str() +
                            " (input '" + name + "' is " + type.str() +
-                           "), got " + data.type.str());
+                           "), got " + dataType.str());
     }
-    if (data.type.dtype != type.dtype) {
-      bool intToInt = isInteger(data.type.dtype) && isInteger(type.dtype);
-      bool toBf16 = data.type.dtype == DType::F32 && type.dtype == DType::BF16;
-      bool toF16 = data.type.dtype == DType::F32 && type.dtype == DType::F16;
+    for (const auto &other : arrays)
+      if (other.name == name)
+        return Status::error(what + "input '" + name + "' given twice");
+    arrays.push_back(std::move(a));
+  }
+  // Samples are shaped like the input without its batch dim or, when every
+  // array fits an input of K micro-batches [K, B, ...] (and the samples of
+  // one are not scalars, which would be ambiguous), without both.
+  auto sampleOf = [](const TensorType &t) {
+    return std::vector<int64_t>(t.shape.begin() + 1, t.shape.end());
+  };
+  auto fits = [&](const ArrayLoader::Array &a, int lead) {
+    return int(a.type.shape.size()) >= lead &&
+           sampleOf(a.map ? a.map->type() : a.whole.type) ==
+               std::vector<int64_t>(a.type.shape.begin() + lead,
+                                    a.type.shape.end());
+  };
+  bool micro = true, shaped = false;
+  for (const ArrayLoader::Array &a : arrays) {
+    micro = micro && !fits(a, 1) && fits(a, 2);
+    shaped = shaped || a.type.shape.size() > 2;
+  }
+  micro = micro && shaped;
+  for (ArrayLoader::Array &a : arrays) {
+    const TensorType &dataType = a.map ? a.map->type() : a.whole.type;
+    std::string what = a.name + "=" + a.file + ": ";
+    a.lead = micro ? 2 : 1;
+    if (!fits(a, a.lead)) {
+      TensorType want{a.type.dtype, sampleOf(a.type)};
+      return Status::error(what + "expected N samples of " + want.str() +
+                           " (input '" + a.name + "' is " + a.type.str() +
+                           "), got " + dataType.str());
+    }
+    if (dataType.dtype != a.type.dtype) {
+      bool intToInt = isInteger(dataType.dtype) && isInteger(a.type.dtype);
+      bool toBf16 = dataType.dtype == DType::F32 && a.type.dtype == DType::BF16;
+      bool toF16 = dataType.dtype == DType::F32 && a.type.dtype == DType::F16;
       if (!intToInt && !toBf16 && !toF16)
-        return Status::error(what + "input '" + name + "' is " +
-                             dtypeName(type.dtype) + ", the array holds " +
-                             dtypeName(data.type.dtype));
-      if (intToInt && type.dtype == DType::I32)
-        for (int64_t i = 0; i < data.numElements(); ++i) {
-          double v = data.elementAsDouble(i);
+        return Status::error(what + "input '" + a.name + "' is " +
+                             dtypeName(a.type.dtype) + ", the array holds " +
+                             dtypeName(dataType.dtype));
+      // This process checks its share of the elements.
+      if (intToInt && a.type.dtype == DType::I32 &&
+          dataType.dtype == DType::I64) {
+        auto [lo, hi] = shareRange(uint64_t(dataType.numElements()), share);
+        for (uint64_t i = lo; i < hi; ++i) {
+          int64_t v;
+          std::memcpy(&v, a.samples() + 8 * i, 8);
           if (v < std::numeric_limits<int32_t>::min() ||
               v > std::numeric_limits<int32_t>::max())
             return Status::error(what + "element " + std::to_string(i) +
                                  " does not fit the input's i32");
         }
-      data = convertTensor(data, type.dtype);
+      }
     }
+    int64_t rows = a.type.shape[0] * (micro ? a.type.shape[1] : 1);
     if (samples < 0) {
-      samples = data.type.shape[0];
-      batch = type.shape[0];
-      first = name;
-    } else if (data.type.shape[0] != samples) {
-      return Status::error(what + std::to_string(data.type.shape[0]) +
+      samples = dataType.shape[0];
+      batch = rows;
+      first = a.name;
+    } else if (dataType.shape[0] != samples) {
+      return Status::error(what + std::to_string(dataType.shape[0]) +
                            " samples, but '" + first + "' has " +
                            std::to_string(samples));
-    } else if (type.shape[0] != batch) {
-      return Status::error(what + "input '" + name + "' has batch size " +
-                           std::to_string(type.shape[0]) + ", but '" + first +
-                           "' has " + std::to_string(batch));
+    } else if (rows != batch) {
+      return Status::error(what + "input '" + a.name + "' takes " +
+                           std::to_string(rows) + " samples a batch, but '" +
+                           first + "' takes " + std::to_string(batch));
     }
-    for (const auto &a : arrays)
-      if (a.name == name)
-        return Status::error(what + "input '" + name + "' given twice");
-    arrays.push_back({name, file, std::move(data), type});
   }
   if (batch < 1 || samples < batch)
     return Status::error("the arrays hold " + std::to_string(samples) +
@@ -717,9 +842,9 @@ createSyntheticLoaderImpl(const Executable &exe,
 // exhaust memory).
 Expected<std::unique_ptr<DataLoader>>
 createTokenLoader(const Executable &exe, const std::string &path,
-                  TokenDType rawDType) {
+                  TokenDType rawDType, DataShare share) {
   try {
-    return createTokenLoaderImpl(exe, path, rawDType);
+    return createTokenLoaderImpl(exe, path, rawDType, share);
   } catch (const std::exception &e) {
     return Status::error(path + ": " + e.what());
   }
@@ -728,9 +853,9 @@ createTokenLoader(const Executable &exe, const std::string &path,
 Expected<std::unique_ptr<DataLoader>> createArrayLoader(
     const Executable &exe,
     const std::vector<std::pair<std::string, std::string>> &files,
-    bool shuffle) {
+    bool shuffle, DataShare share) {
   try {
-    return createArrayLoaderImpl(exe, files, shuffle);
+    return createArrayLoaderImpl(exe, files, shuffle, share);
   } catch (const std::exception &e) {
     return Status::error(std::string("loading arrays: ") + e.what());
   }

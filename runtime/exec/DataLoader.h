@@ -16,11 +16,13 @@
 //===----------------------------------------------------------------------===//
 #pragma once
 
+#include "runtime/exec/GlobalTensor.h"
 #include "runtime/exec/HostTensor.h"
 #include "runtime/format/Executable.h"
 #include "runtime/support/Status.h"
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,9 +30,27 @@
 
 namespace dlopt::rt {
 
+/// Which part of a data set's load-time checks this process makes: part
+/// `index` of `count` (the caller combines the processes' results).
+struct DataShare {
+  int index = 0, count = 1;
+};
+
 class DataLoader {
 public:
   virtual ~DataLoader() = default;
+  /// Makes batch() fill only the elements of input `input` inside `box` (the
+  /// part this process's ranks read; see StepRunner::inputRegion) and leave
+  /// the rest zero, reading no data outside it. Batches are otherwise
+  /// unchanged: the elements inside are those of the unrestricted batch.
+  void restrictTo(const std::string &input, Box box) {
+    regions_[input] = std::move(box);
+  }
+  /// The box of `input` set by restrictTo, or null (the whole tensor).
+  const Box *region(const std::string &input) const {
+    auto it = regions_.find(input);
+    return it == regions_.end() ? nullptr : &it->second;
+  }
   /// The tensors of batch `index` (one per input this loader feeds, each of
   /// the input's exact type). `seed` drives shuffling and synthetic values.
   virtual Expected<std::vector<NamedTensor>> batch(uint64_t index,
@@ -43,6 +63,9 @@ public:
   virtual uint64_t epochOf(uint64_t index) const = 0;
   /// "synthetic", "tokens:FILE", "arrays:images=a.npy,labels=b.npy".
   virtual std::string describe() const = 0;
+
+private:
+  std::map<std::string, Box> regions_;
 };
 
 /// Element type of a raw (headerless) token file.
@@ -53,10 +76,13 @@ enum class TokenDType { U16, I32 };
 /// values) feeding the `tokens` input [B, S] and, if the model has it, the
 /// `labels` input of the same shape. Window j holds tokens [j*S, j*S+S+1);
 /// batch b takes windows (b*B + r) mod numWindows for rows r. Tokens are
-/// checked against the vocabulary (see inferIntRange) when it is known.
+/// checked against the vocabulary (see inferIntRange) when it is known;
+/// with a `share`, only that part of the file is checked at load, the rest
+/// being the other processes' (a regular file is mapped, not read: a
+/// process reads the windows its batches use and its share of the check).
 Expected<std::unique_ptr<DataLoader>>
 createTokenLoader(const Executable &exe, const std::string &path,
-                  TokenDType rawDType);
+                  TokenDType rawDType, DataShare share = {});
 
 /// The token ids of a token file's bytes: a .npy array of integers (any
 /// shape, C or Fortran order, read flat in C order) or, without the .npy
@@ -70,11 +96,14 @@ Expected<std::vector<int32_t>> decodeTokenFile(const std::vector<uint8_t> &bytes
 /// the input without its batch dim). Batch k of an epoch holds samples
 /// perm[k*B, (k+1)*B), with perm a fresh permutation per epoch when
 /// `shuffle` (else the identity); the last N mod B samples of an epoch are
-/// dropped. Integer arrays are converted to the input's integer type.
+/// dropped. Integer arrays are converted to the input's integer type, and
+/// f32 arrays to bf16/f16 inputs, one batch at a time. Regular C-order
+/// files are mapped, so a process reads only the samples of its batches
+/// (and, with a `share`, its part of the load-time range checks).
 Expected<std::unique_ptr<DataLoader>> createArrayLoader(
     const Executable &exe,
     const std::vector<std::pair<std::string, std::string>> &files,
-    bool shuffle);
+    bool shuffle, DataShare share = {});
 
 /// Synthetic data for `inputNames`: uniform ints in [0, V) for int inputs
 /// (V from inferIntRange, else `vocab`), 0/1 for i1, standard normals for

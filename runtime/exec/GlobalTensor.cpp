@@ -1,6 +1,7 @@
 //===- GlobalTensor.cpp - A rank's part of a global tensor ----------------===//
 #include "runtime/exec/GlobalTensor.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace dlopt::rt {
@@ -16,6 +17,39 @@ std::vector<int64_t> blockStart(const Mesh &mesh, const GlobalLayout &layout,
     start[d] = index * local.shape[d];
   }
   return start;
+}
+
+bool Box::empty() const {
+  for (size_t d = 0; d < lo.size() && d < hi.size(); ++d)
+    if (hi[d] <= lo[d])
+      return true;
+  return false;
+}
+
+bool Box::covers(const std::vector<int64_t> &shape) const {
+  if (lo.size() != shape.size() || hi.size() != shape.size())
+    return false;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (lo[d] > 0 || hi[d] < shape[d])
+      return false;
+  return true;
+}
+
+Box blocksBox(const Mesh &mesh, const GlobalLayout &layout,
+              const TensorType &local, const std::vector<int32_t> &ranks) {
+  size_t n = local.shape.size();
+  Box box{std::vector<int64_t>(n, 0), std::vector<int64_t>(n, 0)};
+  bool first = true;
+  for (int32_t r : ranks) {
+    std::vector<int64_t> start = blockStart(mesh, layout, local, r);
+    for (size_t d = 0; d < n; ++d) {
+      int64_t end = start[d] + local.shape[d];
+      box.lo[d] = first ? start[d] : std::min(box.lo[d], start[d]);
+      box.hi[d] = first ? end : std::max(box.hi[d], end);
+    }
+    first = false;
+  }
+  return box;
 }
 
 namespace {

@@ -16,6 +16,16 @@
 
 namespace dlopt::rt {
 
+/// A box of a global tensor: the elements with lo[d] <= i_d < hi[d].
+struct Box {
+  std::vector<int64_t> lo, hi;
+  /// Whether it holds no element.
+  bool empty() const;
+  /// Whether it holds the whole of a tensor of `shape`.
+  bool covers(const std::vector<int64_t> &shape) const;
+  bool operator==(const Box &o) const { return lo == o.lo && hi == o.hi; }
+};
+
 /// Start of `rank`'s block along each dim of the global tensor.
 std::vector<int64_t> blockStart(const Mesh &mesh, const GlobalLayout &layout,
                                 const TensorType &local, int32_t rank);
@@ -25,6 +35,11 @@ std::vector<int64_t> blockStart(const Mesh &mesh, const GlobalLayout &layout,
 Expected<HostTensor> localPart(const Mesh &mesh, const GlobalLayout &layout,
                                const TensorType &local, int32_t rank,
                                const HostTensor &global);
+
+/// The smallest box holding the blocks of `ranks` (of type `local`); an
+/// empty box when `ranks` is empty.
+Box blocksBox(const Mesh &mesh, const GlobalLayout &layout,
+              const TensorType &local, const std::vector<int32_t> &ranks);
 
 /// Writes `part` (rank's block, of the local type) into `global`.
 Status placePart(const Mesh &mesh, const GlobalLayout &layout, int32_t rank,

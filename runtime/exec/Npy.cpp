@@ -8,6 +8,11 @@
 
 #include "runtime/exec/Npy.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -376,6 +381,60 @@ Status writeNpy(const std::string &path, const HostTensor &tensor) {
   if (written != bytes.size() || !closed)
     return Status::error(path + ": write failed: " + std::strerror(errno));
   return Status::ok();
+}
+
+std::unique_ptr<MappedNpy> MappedNpy::tryMap(const std::string &path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+    return nullptr;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return nullptr;
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 10 ||
+      uint64_t(st.st_size) > kMaxDataFileBytes)
+    return nullptr;
+  size_t size = size_t(st.st_size);
+  // A .npy header is at most 1 MiB (parseNpyHeader refuses longer ones).
+  std::vector<uint8_t> head(std::min<size_t>(size, (size_t(1) << 20) + 12));
+  for (size_t got = 0; got < head.size();) {
+    ssize_t n = ::pread(fd, head.data() + got, head.size() - got, off_t(got));
+    if (n <= 0)
+      return nullptr;
+    got += size_t(n);
+  }
+  Expected<NpyHeader> h = parseNpyHeader(head);
+  if (!h)
+    return nullptr;
+  std::optional<DType> dtype = dtypeFromDescr(h->descr);
+  if (!dtype)
+    return nullptr;
+  int nonUnitDims = 0;
+  for (int64_t d : h->shape)
+    nonUnitDims += d > 1;
+  if (h->fortranOrder && nonUnitDims > 1)
+    return nullptr;
+  if (h->dataOffset > size ||
+      uint64_t(size - h->dataOffset) !=
+          uint64_t(h->numElements) * uint64_t(dtypeSize(*dtype)))
+    return nullptr;
+  void *m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (m == MAP_FAILED)
+    return nullptr;
+  std::unique_ptr<MappedNpy> out(new MappedNpy());
+  out->map_ = m;
+  out->mapBytes_ = size;
+  out->data_ = static_cast<const uint8_t *>(m) + h->dataOffset;
+  out->type_ = TensorType{*dtype, h->shape};
+  return out;
+}
+
+MappedNpy::~MappedNpy() {
+  if (map_)
+    ::munmap(map_, mapBytes_);
 }
 
 } // namespace dlopt::rt

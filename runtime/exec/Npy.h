@@ -13,6 +13,7 @@
 #include "runtime/support/FileRead.h"
 #include "runtime/support/Status.h"
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,34 @@ readFileBytes(const std::string &path, const std::string &what = "file",
 
 /// File versions; messages are prefixed with the path.
 Expected<HostTensor> readNpy(const std::string &path);
+
+/// A .npy file mapped read-only, for readers that take a few rows of a
+/// large array: only the pages they touch are read.
+class MappedNpy {
+public:
+  /// Maps `path` when it is a regular file holding a well-formed .npy array
+  /// of a dtype readNpy maps to a DType without a scan ('|u1' is not one),
+  /// in C order (or with at most one dim above 1), and exactly as many data
+  /// bytes as its shape needs. Null otherwise: readNpy then reads the file
+  /// whole, or says what is wrong with it.
+  static std::unique_ptr<MappedNpy> tryMap(const std::string &path);
+  ~MappedNpy();
+  MappedNpy(const MappedNpy &) = delete;
+  MappedNpy &operator=(const MappedNpy &) = delete;
+
+  /// dtype and shape; bool ('|b1') bytes above 1 mean true (readNpy makes
+  /// them 1).
+  const TensorType &type() const { return type_; }
+  /// The data, C order.
+  const uint8_t *data() const { return data_; }
+
+private:
+  MappedNpy() = default;
+  void *map_ = nullptr;
+  size_t mapBytes_ = 0;
+  const uint8_t *data_ = nullptr;
+  TensorType type_;
+};
 Status writeNpy(const std::string &path, const HostTensor &tensor);
 
 } // namespace dlopt::rt

@@ -10,9 +10,11 @@
 //===----------------------------------------------------------------------===//
 #pragma once
 
+#include "runtime/exec/GlobalTensor.h"
 #include "runtime/exec/HostTensor.h"
 #include "runtime/format/Executable.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,13 @@ public:
   /// Binds a param, state or input by name (a global tensor).
   virtual Status bind(const std::string &name, const HostTensor &value,
                       const std::string &origin = "") = 0;
+  /// The part of input `name`'s global tensor that this process's ranks
+  /// read (the smallest box holding their blocks; empty when none of them
+  /// reads it), or nullopt when they read all of it. Data loaders fill only
+  /// this part (DataLoader::restrictTo).
+  virtual std::optional<Box> inputRegion(const std::string &) const {
+    return std::nullopt;
+  }
   /// Inputs that have not been bound yet.
   virtual std::vector<std::string> missingInputs() const = 0;
   /// Initializes the unbound params and states.

@@ -288,6 +288,28 @@ Status World::bind(const std::string &name, const HostTensor &global,
   return Status::ok();
 }
 
+std::optional<Box> World::inputRegion(const std::string &name) const {
+  int32_t id = -1;
+  const Value *v = findNamed(exe_, name, &id);
+  // A replicated input is compared across every rank when read back, so
+  // each process binds all of it.
+  if (!v || v->kind != ValueKind::Input || !v->global)
+    return std::nullopt;
+  // The local ranks holding a block (a pipeline stage that never reads
+  // the input holds none); each holder's copy must be the real one, since
+  // reading the input back compares the copies of a block.
+  std::vector<int32_t> holders;
+  for (int r = first_; r < first_ + numLocal(); ++r) {
+    int32_t p = exe_.programOf(r);
+    if (p >= 0 && exe_.programs[size_t(p)].memory.offsets[size_t(id)] >= 0)
+      holders.push_back(r);
+  }
+  Box box = blocksBox(exe_.mesh, *v->global, v->type, holders);
+  if (box.covers(v->global->type.shape))
+    return std::nullopt;
+  return box;
+}
+
 std::vector<std::string> World::missingInputs() const {
   std::vector<std::string> names;
   auto add = [&](const std::string &n) {

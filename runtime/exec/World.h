@@ -109,6 +109,7 @@ public:
   Expected<HostTensor> readArgument(const std::string &name) const override;
   /// Inputs some rank has not bound (ranks of different pipeline stages
   /// read different inputs). Collective over the processes.
+  std::optional<Box> inputRegion(const std::string &name) const override;
   std::vector<std::string> missingInputs() const override;
   bool hasUpdates() const override { return sessions_[0]->hasUpdates(); }
   /// Every param and state (global tensors).

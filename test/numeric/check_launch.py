@@ -160,8 +160,10 @@ def layouts(t, work, rng, only):
         try:
             model = t.model(genargs, d)
             exe = t.compile(model, fix, os.path.join(d, "p.exe"))
-            # Token data for transformers; the mlp's synthetic inputs.
-            data = ["--data", tokens(d, rng)] if genargs[0] != "mlp" else []
+            # Token data for transformers; arrays for the mlp (each
+            # process reads only the samples its ranks hold).
+            data = (["--data", tokens(d, rng)] if genargs[0] != "mlp"
+                    else arrays(t, exe, d, rng))
             outs, ran = {}, []
             for lay in ("in-graph", "between", "hybrid"):
                 if lay == "hybrid" and t.ranks(exe) % 2:
@@ -192,6 +194,24 @@ def layouts(t, work, rng, only):
             print("FAIL layout.%s: %s" % (name, str(e)[:1500]))
             failed += 1
     return passed, failed
+
+
+def arrays(t, exe, d, rng):
+    """--data-input flags: 3 steps' worth of samples for each input of exe,
+    whose inputs are [K, B, ...] (FLAGS accumulate K micro-batches)."""
+    binds = []
+    for line in run([t.runp, exe, "--dump"]).stdout.splitlines():
+        f = line.split()
+        if len(f) >= 4 and f[1] == "input":
+            typ = f[f.index("global") + 1] if "global" in f else f[3]
+            dims, dt = [int(x) for x in typ.split("x")[:-1]], typ.split("x")[-1]
+            shape = (3 * dims[0] * dims[1],) + tuple(dims[2:])
+            a = (rng.standard_normal(shape).astype(np.float32) if dt == "f32"
+                 else rng.integers(0, 4, shape).astype(np.int64))
+            p = os.path.join(d, "data." + f[2] + ".npy")
+            np.save(p, a)
+            binds += ["--data-input", "%s=%s" % (f[2], p)]
+    return binds
 
 
 _inputs = {}
@@ -525,7 +545,16 @@ def failures(t, work, exes, data):
 def bad_launches(t, exes, data):
     passed = failed = 0
     exe = exes("dp=2,tp=2")
+    # A bad id in the last process's share of the load-time check: every
+    # process stops with the message of the process that found it.
+    bad = os.path.join(os.path.dirname(data), "bad-tokens.npy")
+    ids = np.load(data)
+    ids[19000] = 1000000
+    np.save(bad, ids)
     cases = [
+        ("data_share", mpirun(4, [t.runp, exe, "--quiet", "--steps", "1", "--data", bad]),
+         r"\(process 0 of 4 on [^)]*\) --data [^:]*: process 3: [^:]*: token 1000000 at "
+         r"position 19000 is outside the model's vocabulary"),
         ("world_size", mpirun(3, [t.runp, exe, "--quiet"]),
          r"the launcher started 3 processes x 1 rank\(s\) per process = 3 ranks, but the executable has 4"),
         ("devices_per_process", mpirun(2, [t.runp, exe, "--quiet", "--devices-per-process", "3"]),

@@ -733,27 +733,51 @@ int runTraining(const Options &opts, StepRunner &s, Session *session,
     return false;
   };
 
+  // Under a launcher, each process makes its share of the load-time data
+  // checks (the processes agree on the outcome) and reads only the part
+  // of each batch its ranks hold.
+  World *world = dynamic_cast<World *>(&s);
+  DataShare share;
+  if (world && world->numProcesses() > 1)
+    share = {world->processIndex(), world->numProcesses()};
+  auto shared = [&](Expected<std::unique_ptr<DataLoader>> l,
+                    const std::string &what) {
+    if (share.count > 1) {
+      Status st = world->agreeAcrossProcesses(l ? Status::ok() : l.status());
+      if (!st)
+        error(what + ": " + st.message());
+    }
+    std::unique_ptr<DataLoader> loader = check(std::move(l), what);
+    for (const std::string &name : loader->inputs())
+      if (std::optional<Box> box = s.inputRegion(name))
+        loader->restrictTo(name, std::move(*box));
+    return loader;
+  };
+
   std::unique_ptr<DataLoader> train, eval;
   if (!opts.data.empty()) {
-    train = check(createTokenLoader(e, opts.data, dtype), "--data " + opts.data);
+    train = shared(createTokenLoader(e, opts.data, dtype, share),
+                   "--data " + opts.data);
   } else if (!opts.dataInputs.empty()) {
-    train = check(createArrayLoader(e, opts.dataInputs, /*shuffle=*/true),
-                  "--data-input");
+    train = shared(createArrayLoader(e, opts.dataInputs, /*shuffle=*/true,
+                                     share),
+                   "--data-input");
   } else {
     // Synthetic data for every input not bound with --input.
-    train = check(createSyntheticLoader(e, s.missingInputs(), opts.vocab),
-                  "synthetic data");
+    train = shared(createSyntheticLoader(e, s.missingInputs(), opts.vocab),
+                   "synthetic data");
   }
   for (const std::string &name : train->inputs())
     if (boundByInput(name))
       usageError("input '" + name + "' is given by both --input and the "
                  "training data (" + train->describe() + ")");
   if (!opts.evalData.empty())
-    eval = check(createTokenLoader(e, opts.evalData, dtype),
-                 "--eval-data " + opts.evalData);
+    eval = shared(createTokenLoader(e, opts.evalData, dtype, share),
+                  "--eval-data " + opts.evalData);
   else if (!opts.evalDataInputs.empty())
-    eval = check(createArrayLoader(e, opts.evalDataInputs, /*shuffle=*/false),
-                 "--eval-data-input");
+    eval = shared(createArrayLoader(e, opts.evalDataInputs,
+                                    /*shuffle=*/false, share),
+                  "--eval-data-input");
 
   TrainerOptions topts;
   topts.steps = opts.steps;
@@ -802,7 +826,6 @@ int runTraining(const Options &opts, StepRunner &s, Session *session,
   if (!opts.saveParamsDir.empty())
     saveParams(s, opts.saveParamsDir, opts.writeFiles);
 
-  World *world = session ? nullptr : dynamic_cast<World *>(&s);
   std::vector<std::string> memLines;
   if (world)
     memLines = worldMemoryLines(*world);

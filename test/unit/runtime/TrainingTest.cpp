@@ -510,6 +510,215 @@ TEST(DataLoader, ArraysShuffleDeterministicallyPerEpoch) {
             "the arrays hold 10 samples, fewer than one batch (16)");
 }
 
+/// Checks that `part` is `whole` inside `box` and zero outside it.
+void expectRegionOf(const HostTensor &whole, const HostTensor &part,
+                    const Box &box, const std::string &what) {
+  ASSERT_EQ(whole.type, part.type) << what;
+  const std::vector<int64_t> &shape = whole.type.shape;
+  int64_t n = whole.numElements(), inside = 0;
+  std::vector<int64_t> idx(shape.size(), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t rem = i;
+    for (size_t d = shape.size(); d-- > 0;) {
+      idx[d] = rem % shape[d];
+      rem /= shape[d];
+    }
+    bool in = true;
+    for (size_t d = 0; d < shape.size(); ++d)
+      in = in && idx[d] >= box.lo[d] && idx[d] < box.hi[d];
+    inside += in;
+    if (in)
+      EXPECT_EQ(part.elementAsDouble(i), whole.elementAsDouble(i))
+          << what << ": element " << i << " inside the box";
+    else
+      EXPECT_EQ(part.elementAsDouble(i), 0.0)
+          << what << ": element " << i << " outside the box was filled";
+  }
+  EXPECT_GT(n, inside) << what << ": the box should leave something out";
+}
+
+// A process of a multi-process run fills only the part of each batch its
+// ranks hold (StepRunner::inputRegion); inside it, a restricted batch is
+// the unrestricted one, for every loader, and the rest stays zero.
+TEST(DataLoader, RestrictedBatchesAreTheirRegionOfTheWholeBatch) {
+  TempDir dir;
+  // Tokens [3, 5]: rows 1..2, positions 1..3; labels: row 0 only.
+  Executable lm = bigramModel(16, 3, 5);
+  std::string u16 = writeTokens(dir, 97, 16);
+  Box tokBox{{1, 1}, {3, 4}}, labBox{{0, 0}, {1, 5}};
+  Expected<std::unique_ptr<DataLoader>> whole =
+      createTokenLoader(lm, u16, TokenDType::U16);
+  Expected<std::unique_ptr<DataLoader>> part =
+      createTokenLoader(lm, u16, TokenDType::U16);
+  ASSERT_TRUE(whole.isOk() && part.isOk()) << part.status().message();
+  (*part)->restrictTo("tokens", tokBox);
+  (*part)->restrictTo("labels", labBox);
+  for (uint64_t i : {0u, 3u, 6u, 40u}) {
+    std::vector<NamedTensor> a = *(*whole)->batch(i, 0), b = *(*part)->batch(i, 0);
+    expectRegionOf(a[0].tensor, b[0].tensor, tokBox, "tokens");
+    expectRegionOf(a[1].tensor, b[1].tensor, labBox, "labels");
+  }
+
+  // Arrays: images rows 2..3 of a batch of 4; no labels at all.
+  writeClassifierData(dir, 10, 3, 4, "");
+  Executable cls = classifierModel(4, 3, 4);
+  std::vector<std::pair<std::string, std::string>> files = {
+      {"images", dir.file("images.npy")}, {"labels", dir.file("labels.npy")}};
+  Expected<std::unique_ptr<DataLoader>> wa = createArrayLoader(cls, files, true);
+  Expected<std::unique_ptr<DataLoader>> pa = createArrayLoader(cls, files, true);
+  ASSERT_TRUE(wa.isOk() && pa.isOk()) << pa.status().message();
+  Box imgBox{{2, 0}, {4, 3}}, none{{0}, {0}};
+  (*pa)->restrictTo("images", imgBox);
+  (*pa)->restrictTo("labels", none);
+  for (uint64_t i : {0u, 1u, 2u, 5u}) {
+    std::vector<NamedTensor> a = *(*wa)->batch(i, 3), b = *(*pa)->batch(i, 3);
+    expectRegionOf(a[0].tensor, b[0].tensor, imgBox, "images");
+    EXPECT_EQ(b[1].tensor.bytes, std::vector<uint8_t>(b[1].tensor.bytes.size()))
+        << "labels no rank of this process holds were read";
+  }
+
+  // Synthetic data draws the same values inside the box.
+  Expected<std::unique_ptr<DataLoader>> ws =
+      createSyntheticLoader(cls, {"images", "labels"}, 0);
+  Expected<std::unique_ptr<DataLoader>> ps =
+      createSyntheticLoader(cls, {"images", "labels"}, 0);
+  ASSERT_TRUE(ws.isOk() && ps.isOk());
+  Box synBox{{1, 1}, {3, 3}}, labRows{{3}, {4}};
+  (*ps)->restrictTo("images", synBox);
+  (*ps)->restrictTo("labels", labRows);
+  for (uint64_t i : {0u, 7u}) {
+    std::vector<NamedTensor> a = *(*ws)->batch(i, 5), b = *(*ps)->batch(i, 5);
+    expectRegionOf(a[0].tensor, b[0].tensor, synBox, "synthetic images");
+    expectRegionOf(a[1].tensor, b[1].tensor, labRows, "synthetic labels");
+  }
+}
+
+// Mapped arrays (regular files) and arrays read whole (a pipe) give the
+// same batches, conversions included (i64 labels to i32, f32 to bf16).
+TEST(DataLoader, MappedAndStreamedArraysAgree) {
+  TempDir dir;
+  writeClassifierData(dir, 9, 3, 4, "");
+  std::vector<uint8_t> bytes;
+  {
+    std::ifstream in(dir.file("images.npy"), std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  std::string fifo = dir.file("images.fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (DType images : {DType::F32, DType::BF16}) {
+    Executable exe = classifierModel(2, 3, 4);
+    for (int32_t id : exe.inputs)
+      if (exe.values[id].name == "images")
+        exe.values[id].type.dtype = images;
+    std::thread writer([&] {
+      std::ofstream out(fifo, std::ios::binary);
+      out.write(reinterpret_cast<const char *>(bytes.data()),
+                std::streamsize(bytes.size()));
+    });
+    Expected<std::unique_ptr<DataLoader>> streamed = createArrayLoader(
+        exe, {{"images", fifo}, {"labels", dir.file("labels.npy")}}, true);
+    writer.join();
+    ASSERT_TRUE(streamed.isOk()) << streamed.status().message();
+    Expected<std::unique_ptr<DataLoader>> mapped = createArrayLoader(
+        exe,
+        {{"images", dir.file("images.npy")},
+         {"labels", dir.file("labels.npy")}},
+        true);
+    ASSERT_TRUE(mapped.isOk()) << mapped.status().message();
+    for (uint64_t i : {0u, 1u, 4u, 9u})
+      for (size_t k : {0u, 1u}) {
+        std::vector<NamedTensor> a = *(*mapped)->batch(i, 2),
+                                 b = *(*streamed)->batch(i, 2);
+        EXPECT_EQ(a[k].tensor.type, b[k].tensor.type);
+        EXPECT_EQ(a[k].tensor.bytes, b[k].tensor.bytes)
+            << "batch " << i << ", input " << k;
+      }
+  }
+}
+
+// An input of K micro-batches [K, B, ...] takes K*B samples a step, the
+// samples a [K*B, ...] input would take (as token windows do), so
+// accumulation never changes the data; a box restricts both leading dims.
+TEST(DataLoader, ArraysFeedMicroBatchesLikeOneBatch) {
+  TempDir dir;
+  writeClassifierData(dir, 13, 3, 4, "");
+  std::vector<std::pair<std::string, std::string>> files = {
+      {"images", dir.file("images.npy")}, {"labels", dir.file("labels.npy")}};
+  Executable one = classifierModel(6, 3, 4), acc = one;
+  for (int32_t id : acc.inputs) {
+    TensorType &t = acc.values[id].type;
+    t.shape.insert(t.shape.begin(), 2);
+    t.shape[1] = 3; // [2, 3, ...]: K = 2 micro-batches of 3
+  }
+  Expected<std::unique_ptr<DataLoader>> a = createArrayLoader(one, files, true);
+  Expected<std::unique_ptr<DataLoader>> b = createArrayLoader(acc, files, true);
+  ASSERT_TRUE(a.isOk() && b.isOk()) << b.status().message();
+  EXPECT_EQ((*b)->batchesPerEpoch(), 2u);
+  for (uint64_t i : {0u, 1u, 2u, 7u})
+    for (size_t k : {0u, 1u}) {
+      NamedTensor x = (*a)->batch(i, 4)->at(k), y = (*b)->batch(i, 4)->at(k);
+      EXPECT_EQ(y.tensor.type, acc.values[acc.inputs[k]].type);
+      EXPECT_EQ(x.tensor.bytes, y.tensor.bytes) << "batch " << i;
+    }
+  Expected<std::unique_ptr<DataLoader>> part = createArrayLoader(acc, files, true);
+  Box half{{0, 1, 0}, {2, 3, 3}};
+  (*part)->restrictTo("images", half);
+  expectRegionOf((*b)->batch(3, 4)->at(0).tensor,
+                 (*part)->batch(3, 4)->at(0).tensor, half, "micro-batch rows");
+  // Samples shaped like neither [B, ...] nor [K, B, ...] are refused.
+  Executable wrong = classifierModel(6, 5, 4);
+  EXPECT_TRUE(contains(createArrayLoader(wrong, files, true).status().message(),
+                       "expected N samples of 5xf32"));
+}
+
+// Under a launcher each process checks its share of a data file at load;
+// a bad element is reported by the process whose share holds it.
+TEST(DataLoader, LoadTimeChecksCoverTheirShare) {
+  TempDir dir;
+  std::string u16 = writeTokens(dir, 40, 16); // token 9 at position 3
+  Executable small = bigramModel(8, 1, 3);
+  EXPECT_FALSE(
+      createTokenLoader(small, u16, TokenDType::U16, {0, 4}).isOk());
+  // Share 3 of 4 (positions 30..39) reports its own first bad id.
+  Expected<std::unique_ptr<DataLoader>> s3 =
+      createTokenLoader(small, u16, TokenDType::U16, {3, 4});
+  ASSERT_FALSE(s3.isOk());
+  EXPECT_TRUE(contains(s3.status().message(), "token 10 at position 30 is"))
+      << s3.status().message();
+  // Tokens 0..7 in share 1 of 2 only: share 0 passes, share 1 fails.
+  std::vector<uint8_t> b;
+  for (int i = 0; i < 40; ++i) {
+    uint16_t t = uint16_t(i < 20 ? i % 8 : 8 + i % 8);
+    b.push_back(uint8_t(t));
+    b.push_back(uint8_t(t >> 8));
+  }
+  writeBytes(dir.file("halves.bin"), b);
+  EXPECT_TRUE(
+      createTokenLoader(small, dir.file("halves.bin"), TokenDType::U16, {0, 2})
+          .isOk());
+  Expected<std::unique_ptr<DataLoader>> s1 = createTokenLoader(
+      small, dir.file("halves.bin"), TokenDType::U16, {1, 2});
+  ASSERT_FALSE(s1.isOk());
+  EXPECT_EQ(s1.status().message(),
+            dir.file("halves.bin") + ": token 12 at position 20 is outside the "
+                                     "model's vocabulary [0, 8)");
+
+  // An i64 label that does not fit i32, in the second half.
+  HostTensor x(tt({6, 3})), y(tt({6}, DType::I64));
+  for (int i = 0; i < 6; ++i)
+    y.setElementFromDouble(i, i == 4 ? 1e12 : i % 4);
+  ASSERT_TRUE(writeNpy(dir.file("x.npy"), x).isOk());
+  ASSERT_TRUE(writeNpy(dir.file("y.npy"), y).isOk());
+  Executable cls = classifierModel(2, 3, 4);
+  std::vector<std::pair<std::string, std::string>> files = {
+      {"images", dir.file("x.npy")}, {"labels", dir.file("y.npy")}};
+  EXPECT_TRUE(createArrayLoader(cls, files, true, {0, 2}).isOk());
+  EXPECT_EQ(createArrayLoader(cls, files, true, {1, 2}).status().message(),
+            "labels=" + dir.file("y.npy") +
+                ": element 4 does not fit the input's i32");
+  EXPECT_FALSE(createArrayLoader(cls, files, true).isOk());
+}
+
 TEST(DataLoader, SyntheticIsDeterministicAndInRange) {
   Executable exe = bigramModel(7, 2, 5);
   EXPECT_EQ(inferIntRange(exe, exe.inputs[0]), 7); // gather table rows
