@@ -81,6 +81,14 @@ public:
   /// Copies arena bytes at `offset` to host memory; blocks until done.
   virtual Status copyToHost(void *dst, const DeviceArena &arena, int64_t offset,
                             int64_t bytes) = 0;
+  /// The host address of arena bytes [offset, offset + bytes) when the
+  /// host can read them in place (the CPU backend), else null: readers such
+  /// as the checkpoint writer then copy with copyToHost. Valid until the
+  /// next run() or copy into the arena.
+  virtual const void *hostView(const DeviceArena &, int64_t /*offset*/,
+                               int64_t /*bytes*/) const {
+    return nullptr;
+  }
   /// Copies `bytes` from `srcOffset` to `dstOffset` within one arena (the
   /// ranges must not overlap). The default stages through host memory;
   /// backends override it with a device-side copy.

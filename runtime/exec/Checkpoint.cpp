@@ -269,17 +269,23 @@ std::string shardFileName(int rank) {
   return buf;
 }
 
-/// One distinct block of a checkpointed value and the lowest rank holding
-/// it, which writes it.
+/// One distinct block of a checkpointed value and the rank that writes it.
 struct BlockRef {
   int32_t id = -1;
   int writer = -1;
   std::vector<int64_t> start;
 };
 
+/// The distinct blocks of `ids`, each written once. A block held by
+/// several ranks (a data-parallel replica, a replicated value) is written
+/// by the holder with the fewest bytes to write so far, taking blocks from
+/// the largest down, so the ranks' files come out about the same size and
+/// their writes overlap instead of queueing on the lowest rank. Every
+/// process computes the same assignment.
 std::vector<BlockRef> checkpointBlocks(const Executable &exe,
                                        const std::vector<int32_t> &ids) {
   std::vector<BlockRef> out;
+  std::vector<std::vector<int>> holders;
   for (int32_t id : ids) {
     const Value &v = exe.values[size_t(id)];
     std::vector<std::vector<int64_t>> seen;
@@ -290,11 +296,33 @@ std::vector<BlockRef> checkpointBlocks(const Executable &exe,
       std::vector<int64_t> start =
           v.global ? blockStart(exe.mesh, *v.global, v.type, r)
                    : std::vector<int64_t>(v.type.shape.size(), 0);
-      if (std::find(seen.begin(), seen.end(), start) != seen.end())
+      auto it = std::find(seen.begin(), seen.end(), start);
+      if (it != seen.end()) {
+        holders[out.size() - seen.size() + size_t(it - seen.begin())]
+            .push_back(r);
         continue;
+      }
       seen.push_back(start);
       out.push_back({id, r, std::move(start)});
+      holders.push_back({r});
     }
+  }
+  std::vector<size_t> order(out.size());
+  for (size_t i = 0; i < order.size(); ++i)
+    order[i] = i;
+  auto bytes = [&](size_t i) {
+    return exe.values[size_t(out[i].id)].type.byteSize();
+  };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return bytes(a) > bytes(b); });
+  std::vector<int64_t> load(size_t(exe.worldSize), 0);
+  for (size_t i : order) {
+    int best = holders[i][0];
+    for (int r : holders[i])
+      if (load[size_t(r)] < load[size_t(best)])
+        best = r;
+    out[i].writer = best;
+    load[size_t(best)] += bytes(i);
   }
   return out;
 }
@@ -368,19 +396,28 @@ Status saveSharded(World &w, const std::string &dir,
   std::vector<uint64_t> fileBytes(size_t(local), 0);
   auto writeRank = [&](int i) {
     const int r = w.firstRank() + i;
-    std::vector<NamedTensor> tensors;
+    std::vector<TensorView> views;
+    std::vector<std::unique_ptr<HostTensor>> copies;
     for (const BlockRef &b : blocks) {
       if (b.writer != r)
         continue;
-      const std::string &name = exe.values[size_t(b.id)].name;
-      Expected<HostTensor> t = w.session(r).readArgument(name);
+      const Value &v = exe.values[size_t(b.id)];
+      // Written straight from the rank's memory where the host can read
+      // it (the CPU backend), else from a copy.
+      if (const void *p = w.session(r).valueView(b.id)) {
+        views.push_back({v.name, v.type, p});
+        continue;
+      }
+      Expected<HostTensor> t = w.session(r).readArgument(v.name);
       if (!t) {
-        results[size_t(i)] = t.status().withContext(where + "'" + name + "': ");
+        results[size_t(i)] =
+            t.status().withContext(where + "'" + v.name + "': ");
         return;
       }
-      tensors.push_back({name, t.take()});
+      copies.push_back(std::make_unique<HostTensor>(t.take()));
+      views.push_back({v.name, v.type, copies.back()->bytes.data()});
     }
-    if (tensors.empty())
+    if (views.empty())
       return;
     std::map<std::string, std::string> meta = {
         {"format", "dlopt-checkpoint-shard"},
@@ -388,7 +425,7 @@ Status saveSharded(World &w, const std::string &dir,
         {"fingerprint", fingerprint}};
     results[size_t(i)] =
         writeSafeTensorsAtomic((fs::path(tmp) / shardFileName(r)).string(),
-                               tensors, meta, &fileBytes[size_t(i)])
+                               views, meta, &fileBytes[size_t(i)])
             .withContext(where);
   };
   onThreads(local, writeRank);
@@ -531,7 +568,8 @@ Expected<CheckpointState> loadSharded(StepRunner &session,
     int rank = -1; ///< of a World; -1: the Session itself
     int32_t id = -1;
     std::vector<int64_t> start;
-    HostTensor data;
+    HostTensor data;      ///< the block, unless read in place
+    void *direct = nullptr; ///< the rank's memory, read straight into
   };
   std::vector<Target> targets;
   CheckpointState state;
@@ -723,8 +761,24 @@ Expected<CheckpointState> loadSharded(StepRunner &session,
       const TensorType &type = argumentType(exe, id);
       const size_t nd = type.shape.size();
       const int64_t es = dtypeSize(type.dtype);
-      for (size_t t = spans[k].first; t < spans[k].second; ++t)
-        targets[t].data.bytes.resize(size_t(targets[t].data.type.byteSize()));
+      // A World rank's block that is exactly a saved block (the same plan)
+      // is read straight into the rank's memory where the host can write
+      // it (the CPU backend): no copy and no second first touch. Every
+      // check of the checkpoint is done by now, so this overwrites nothing
+      // unless a read itself fails.
+      for (size_t t = spans[k].first; t < spans[k].second; ++t) {
+        Target &tg = targets[t];
+        bool exact = false;
+        for (const Saved &sv : saved.at(id))
+          exact = exact || (sv.start == tg.start &&
+                            sv.shape == tg.data.type.shape &&
+                            sv.entry->type.dtype == tg.data.type.dtype);
+        if (world && exact &&
+            exe.values[size_t(id)].type.dtype == tg.data.type.dtype)
+          tg.direct = world->session(tg.rank).writableView(id);
+        if (!tg.direct)
+          tg.data.bytes.resize(size_t(tg.data.type.byteSize()));
+      }
       for (const Saved &sv : saved[id]) {
         std::vector<uint8_t> data; // read on first use
         const std::string path = (fs::path(dir) / sv.file).string();
@@ -732,8 +786,9 @@ Expected<CheckpointState> loadSharded(StepRunner &session,
           Target &tg = targets[t];
           const std::vector<int64_t> &ts = tg.data.type.shape;
           if (tg.start == sv.start && ts == sv.shape) {
-            DLOPT_RETURN_IF_ERROR(
-                readSafeTensorsEntry(path, *sv.entry, tg.data.bytes.data()));
+            DLOPT_RETURN_IF_ERROR(readSafeTensorsEntry(
+                path, *sv.entry,
+                tg.direct ? tg.direct : (void *)tg.data.bytes.data()));
             continue;
           }
           // The overlap [lo, hi) of the saved block and the target.
@@ -811,6 +866,10 @@ Expected<CheckpointState> loadSharded(StepRunner &session,
     const int r = w.firstRank() + i;
     for (Target &t : targets)
       if (t.rank == r) {
+        if (t.direct) {
+          w.session(r).markBound(t.id);
+          continue;
+        }
         Status st = w.session(r).bind(exe.values[size_t(t.id)].name, t.data, dir);
         if (!st) {
           bound[size_t(i)] = st;

@@ -87,6 +87,13 @@ Status CpuBackend::copyToDevice(DeviceArena &arena, int64_t offset,
   return Status::ok();
 }
 
+const void *CpuBackend::hostView(const DeviceArena &arena, int64_t offset,
+                                 int64_t bytes) const {
+  if (!inRange(offset, bytes, arena.size()))
+    return nullptr;
+  return static_cast<const uint8_t *>(arena.data()) + offset;
+}
+
 Status CpuBackend::copyToHost(void *dst, const DeviceArena &arena,
                               int64_t offset, int64_t bytes) {
   if (!inRange(offset, bytes, arena.size()))

@@ -19,6 +19,8 @@ public:
                       int64_t bytes) override;
   Status copyToHost(void *dst, const DeviceArena &arena, int64_t offset,
                     int64_t bytes) override;
+  const void *hostView(const DeviceArena &arena, int64_t offset,
+                       int64_t bytes) const override;
   Status copyOnDevice(DeviceArena &arena, int64_t dstOffset, int64_t srcOffset,
                       int64_t bytes) override;
   Status run(const Instr &instr, std::span<const TensorRef> ins,

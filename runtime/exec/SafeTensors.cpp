@@ -206,7 +206,7 @@ namespace {
 /// The 8-byte length and the padded JSON header of a file of `tensors`;
 /// *dataBytes gets the data's size.
 Expected<std::string>
-encodeHeader(const std::vector<NamedTensor> &tensors,
+encodeHeader(const std::vector<TensorView> &tensors,
              const std::map<std::string, std::string> &metadata,
              uint64_t *dataBytes) {
   try {
@@ -218,21 +218,17 @@ encodeHeader(const std::vector<NamedTensor> &tensors,
       header["__metadata__"] = std::move(meta);
     }
     uint64_t offset = 0;
-    for (const NamedTensor &t : tensors) {
+    for (const TensorView &t : tensors) {
       if (t.name.empty() || t.name == "__metadata__")
         return Status::error("invalid tensor name '" + t.name + "'");
       if (header.contains(t.name))
         return Status::error("tensor '" + t.name + "' given twice");
-      if (int64_t(t.tensor.bytes.size()) != t.tensor.type.byteSize())
-        return Status::error("tensor '" + t.name + "' holds " +
-                             std::to_string(t.tensor.bytes.size()) +
-                             " bytes, " + t.tensor.type.str() + " needs " +
-                             std::to_string(t.tensor.type.byteSize()));
+      uint64_t bytes = uint64_t(t.type.byteSize());
       Json e = Json::object();
-      e["dtype"] = safeTensorsDType(t.tensor.type.dtype);
-      e["shape"] = t.tensor.type.shape;
-      e["data_offsets"] = {offset, offset + t.tensor.bytes.size()};
-      offset += t.tensor.bytes.size();
+      e["dtype"] = safeTensorsDType(t.type.dtype);
+      e["shape"] = t.type.shape;
+      e["data_offsets"] = {offset, offset + bytes};
+      offset += bytes;
       header[t.name] = std::move(e);
     }
     std::string text = header.dump();
@@ -253,13 +249,30 @@ encodeHeader(const std::vector<NamedTensor> &tensors,
 Status writeChunksAtomic(const std::string &path,
                          const std::vector<std::pair<const void *, size_t>> &chunks);
 
+/// Views of `tensors`, each checked to hold as many bytes as its type.
+Expected<std::vector<TensorView>> viewsOf(const std::vector<NamedTensor> &tensors) {
+  std::vector<TensorView> views;
+  for (const NamedTensor &t : tensors) {
+    if (int64_t(t.tensor.bytes.size()) != t.tensor.type.byteSize())
+      return Status::error("tensor '" + t.name + "' holds " +
+                           std::to_string(t.tensor.bytes.size()) + " bytes, " +
+                           t.tensor.type.str() + " needs " +
+                           std::to_string(t.tensor.type.byteSize()));
+    views.push_back({t.name, t.tensor.type, t.tensor.bytes.data()});
+  }
+  return views;
+}
+
 } // namespace
 
 Expected<std::vector<uint8_t>>
 encodeSafeTensors(const std::vector<NamedTensor> &tensors,
                   const std::map<std::string, std::string> &metadata) {
+  Expected<std::vector<TensorView>> views = viewsOf(tensors);
+  if (!views)
+    return views.status();
   uint64_t data = 0;
-  Expected<std::string> head = encodeHeader(tensors, metadata, &data);
+  Expected<std::string> head = encodeHeader(*views, metadata, &data);
   if (!head)
     return head.status();
   std::vector<uint8_t> out;
@@ -274,14 +287,24 @@ Status writeSafeTensorsAtomic(const std::string &path,
                               const std::vector<NamedTensor> &tensors,
                               const std::map<std::string, std::string> &metadata,
                               uint64_t *fileBytes) {
+  Expected<std::vector<TensorView>> views = viewsOf(tensors);
+  if (!views)
+    return views.status().withContext(path + ": ");
+  return writeSafeTensorsAtomic(path, *views, metadata, fileBytes);
+}
+
+Status writeSafeTensorsAtomic(const std::string &path,
+                              const std::vector<TensorView> &tensors,
+                              const std::map<std::string, std::string> &metadata,
+                              uint64_t *fileBytes) {
   uint64_t data = 0;
   Expected<std::string> head = encodeHeader(tensors, metadata, &data);
   if (!head)
     return head.status().withContext(path + ": ");
   std::vector<std::pair<const void *, size_t>> chunks;
   chunks.push_back({head->data(), head->size()});
-  for (const NamedTensor &t : tensors)
-    chunks.push_back({t.tensor.bytes.data(), t.tensor.bytes.size()});
+  for (const TensorView &t : tensors)
+    chunks.push_back({t.data, size_t(t.type.byteSize())});
   if (fileBytes)
     *fileBytes = head->size() + data;
   return writeChunksAtomic(path, chunks);

@@ -50,6 +50,19 @@ Status writeSafeTensorsAtomic(const std::string &path,
                               const std::map<std::string, std::string> &metadata,
                               uint64_t *fileBytes = nullptr);
 
+/// A tensor's bytes where they already are (e.g. in a CPU arena).
+struct TensorView {
+  std::string name;
+  TensorType type;
+  const void *data = nullptr; ///< type.byteSize() bytes
+};
+
+/// The same, writing each tensor's bytes straight from where they are.
+Status writeSafeTensorsAtomic(const std::string &path,
+                              const std::vector<TensorView> &tensors,
+                              const std::map<std::string, std::string> &metadata,
+                              uint64_t *fileBytes = nullptr);
+
 /// A file's tensor table, read and checked without reading the data: the
 /// header is checked as parseSafeTensors checks it, against the file's size.
 struct SafeTensorsTable {

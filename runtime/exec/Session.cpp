@@ -448,6 +448,16 @@ Expected<HostTensor> Session::readValue(int32_t id) const {
   return t;
 }
 
+const void *Session::valueView(int32_t id) const {
+  if (id < 0 || size_t(id) >= exe_.values.size())
+    return nullptr;
+  int64_t offset = program_->memory.offsets[size_t(id)];
+  if (offset < 0)
+    return nullptr;
+  return backend_->hostView(*arena_, offset,
+                            exe_.values[size_t(id)].type.byteSize());
+}
+
 Expected<HostTensor> Session::readOutput(const std::string &name) const {
   for (size_t i = 0; i < exe_.outputs.size(); ++i)
     if (exe_.outputNames[i] == name) {

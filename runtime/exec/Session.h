@@ -104,6 +104,18 @@ public:
   Expected<HostTensor> readValue(int32_t id) const;
   /// Current value of a param, state or input by name.
   Expected<HostTensor> readArgument(const std::string &name) const override;
+  /// The bytes of value `id` in place, when the backend lets the host read
+  /// its memory (the CPU backend), else null (use readValue). Valid until
+  /// the next execute(), bind or update.
+  const void *valueView(int32_t id) const;
+  /// The same, writable, for binding a param or state in place (e.g. a
+  /// checkpoint read straight into memory); after writing it, markBound.
+  void *writableView(int32_t id) {
+    return const_cast<void *>(valueView(id));
+  }
+  /// Marks param or state `id` bound (its bytes written through
+  /// writableView), so initializeParams leaves it alone.
+  void markBound(int32_t id) { ready_[size_t(id)] = true; }
   /// The params and states this rank holds.
   std::vector<int32_t> checkpointedValues() const override;
   int checkpointRank() const override { return opts_.rank; }

@@ -245,6 +245,8 @@ RESHARD_CASES = [
     ("one-device->dp2.zero3.hybrid", "", "single", "dp=2,zero=3", "hybrid"),
     ("dp2.zero3.between->tp2.cp2.in-graph", "dp=2,zero=3", "between", "tp=2,cp=2", "in-graph"),
     ("pp2.tp2.hybrid->dp4.zero2.between", "pp=2,tp=2,schedule=interleaved,v=2", "hybrid", "dp=4,zero=2", "between"),
+    # The same plan: every block is read straight into the ranks' memory.
+    ("dp2.tp2.between->dp2.tp2.hybrid", "dp=2,tp=2", "between", "dp=2,tp=2", "hybrid"),
 ]
 
 
