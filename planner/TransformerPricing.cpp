@@ -1,0 +1,999 @@
+//===- TransformerPricing.cpp - Pricing transformer candidates ------------===//
+#include "planner/TransformerPricing.h"
+
+#include "planner/ReportUtil.h"
+#include "planner/TransformerSharding.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <set>
+#include <tuple>
+
+namespace dlopt::planner {
+
+//===----------------------------------------------------------------------===//
+// The model
+//===----------------------------------------------------------------------===//
+
+Expected<TransformerSpec> transformerSpecOf(const GraphSummary &g) {
+  if (g.numLayers == 0)
+    return Status::error(
+        "the model has no dlopt.layer marks; --dry-run plans models with "
+        "layer marks (transformers from dlopt-gen) only for now");
+  if (!g.isTransformer())
+    return Status::error(
+        "the model has layer marks but no attention op with [B, H, S, D] "
+        "operands or no integer [B, S] tokens input; --dry-run plans "
+        "transformers only for now");
+  TransformerSpec s;
+  s.numLayers = g.numLayers;
+  s.hidden = g.hidden;
+  s.heads = g.heads;
+  s.kvHeads = g.kvHeads;
+  s.seqLen = g.seq;
+  s.vocab = g.vocab > 0 ? g.vocab : 1;
+  s.ffnHidden = g.ffn;
+  s.tiedEmbeddings = g.tiedEmbeddings;
+  s.learnedPositions = g.learnedPositions;
+  if (g.normParamsPerLayer || g.normParamsPost) {
+    s.normParamsPerLayer = g.normParamsPerLayer;
+    s.normParamsPost = g.normParamsPost;
+  }
+  // The memory model counts a GPT layer (4h^2 + 2hf + biases). A layer with
+  // more parameters (a gated MLP) gets the ffn width with the same count.
+  const OpGroupSummary *l0 = nullptr;
+  for (const OpGroupSummary &grp : g.groups)
+    if (grp.layer >= 0 && !l0)
+      l0 = &grp;
+  if (l0) {
+    double h = s.hidden;
+    double gptLayer = s.layerParams();
+    if (l0->params > 1.02 * gptLayer && h > 0) {
+      int64_t f = static_cast<int64_t>(
+          std::llround((l0->params - 4 * h * h) / (2 * h)));
+      if (f > 0) {
+        s.ffnShardWidth = s.ffn();
+        s.ffnHidden = f;
+        s.gatedMlp = true;
+      }
+    }
+  }
+  DLOPT_RETURN_IF_ERROR(s.validate());
+  return s;
+}
+
+namespace pricing {
+
+/// First layer index of each stage (contiguous, the first L mod pp stages
+/// one layer longer, as MemoryModel's layersOnStage).
+std::vector<int64_t> stageStarts(int64_t layers, int pp) {
+  std::vector<int64_t> starts;
+  int64_t at = 0;
+  for (int st = 0; st < pp; ++st) {
+    starts.push_back(at);
+    at += layers / pp + (st < layers % pp ? 1 : 0);
+  }
+  starts.push_back(at);
+  return starts;
+}
+
+/// First layer index of each stage under cfg's split (uniform when unset).
+std::vector<int64_t> stageStarts(const TransformerSpec &spec,
+                                 const TrainingConfig &cfg) {
+  if (cfg.stageLayerCounts.empty())
+    return stageStarts(spec.numLayers, cfg.pp);
+  std::vector<int64_t> starts{0};
+  for (int64_t n : cfg.stageLayerCounts)
+    starts.push_back(starts.back() + n);
+  return starts;
+}
+
+StageRanges stageRanges(const TransformerSpec &spec,
+                        const TrainingConfig &cfg) {
+  StageRanges r;
+  r.ranges.resize(cfg.pp);
+  if (cfg.schedule == PipelineSchedule::Interleaved1F1B && cfg.pp > 1) {
+    auto chunks =
+        interleavedChunkLayers(spec.numLayers, cfg.pp, cfg.virtualStages);
+    int64_t at = 0;
+    for (size_t j = 0; j < chunks.size(); ++j) {
+      r.ranges[j % cfg.pp].push_back({at, at + chunks[j]});
+      at += chunks[j];
+    }
+    return r;
+  }
+  auto starts = stageStarts(spec, cfg);
+  for (int st = 0; st < cfg.pp; ++st)
+    r.ranges[st].push_back({starts[st], starts[st + 1]});
+  return r;
+}
+
+/// A forward-only step keeps no gradients, optimizer state or stored
+/// activations: one layer's activations per micro-batch in flight.
+void forwardOnlyMemory(const Ctx &c, const TrainingConfig &cfg,
+                       MemoryBreakdown &m) {
+  TrainingConfig fwdOnly = cfg;
+  fwdOnly.recompute = RecomputePolicy::None;
+  m.grads = 0;
+  m.optimizer = 0;
+  m.transient = 0;
+  m.activations = activationBytesPerLayer(c.spec, fwdOnly) *
+                  std::min<double>(cfg.pp, cfg.numMicroBatches);
+}
+
+/// Memory of stage `st` holding `layers` layers.
+Expected<MemoryBreakdown> stageMemory(const Ctx &c, const TrainingConfig &cfg,
+                                      int st, int64_t layers) {
+  auto m = transformerStageMemoryWithLayers(c.spec, cfg, st, layers,
+                                            c.cost.calibration());
+  if (m && !c.opt.training)
+    forwardOnlyMemory(c, cfg, *m);
+  return m;
+}
+
+
+} // namespace pricing
+
+namespace {
+
+using namespace pricing;
+
+/// minMaxContiguousSplit when a stage's time depends only on how many
+/// layers it holds (identical layers): then filling each stage with as many
+/// layers as fit in T (and under the cap) is optimal, and a stage's fill is
+/// found by bisection on its count, O(pp log L) per T.
+bool countSplit(int64_t L, int pp,
+                const std::function<double(int, int64_t, int64_t)> &time,
+                const std::function<bool(int, int64_t)> &fits, double T,
+                int64_t cap, std::vector<int64_t> *out) {
+  int64_t a = 0;
+  if (out)
+    out->clear();
+  for (int st = 0; st < pp; ++st) {
+    const int64_t maxN = std::min(cap, L - a - (pp - 1 - st));
+    auto ok = [&](int64_t n) { return time(st, 0, n) <= T && fits(st, n); };
+    int64_t n = 0;
+    if (st == pp - 1) {
+      n = L - a >= 1 && L - a <= cap && ok(L - a) ? L - a : 0;
+    } else if (maxN >= 1 && ok(1)) {
+      int64_t lo = 1, hi = maxN; // ok(lo) holds
+      while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if (ok(mid))
+          lo = mid;
+        else
+          hi = mid - 1;
+      }
+      n = lo;
+    }
+    if (n == 0)
+      return false;
+    if (out)
+      out->push_back(n);
+    a += n;
+  }
+  return true;
+}
+
+/// The general case: reach[st][a] says stages 0..st-1 can cover layers
+/// [0, a) within T with at most `cap` layers each. For a start a, stage st
+/// can end anywhere in [a+1, maxEnd(a)]; maxEnd never decreases with a (a
+/// shorter range is no slower and no larger), so one sweep per stage finds
+/// them all: O(pp * L) per T. The split is read back from the end.
+bool reachSplit(int64_t L, int pp,
+                const std::function<double(int, int64_t, int64_t)> &time,
+                const std::function<bool(int, int64_t)> &fits, double T,
+                int64_t cap, std::vector<int64_t> *out) {
+  std::vector<std::vector<char>> reach(pp + 1, std::vector<char>(L + 1, 0));
+  std::vector<int64_t> diff(L + 2);
+  reach[0][0] = 1;
+  for (int st = 0; st < pp; ++st) {
+    std::fill(diff.begin(), diff.end(), 0);
+    const int64_t lastEnd = L - (pp - 1 - st); // later stages need 1 each
+    int64_t b = 0;
+    for (int64_t a = 0; a < L; ++a) {
+      b = std::max(b, a);
+      while (b < lastEnd && b + 1 - a <= cap && time(st, a, b + 1) <= T &&
+             fits(st, b + 1 - a))
+        ++b;
+      if (!reach[st][a] || b <= a)
+        continue;
+      int64_t lo = st == pp - 1 ? L : a + 1, hi = b;
+      if (lo <= hi) {
+        ++diff[lo];
+        --diff[hi + 1];
+      }
+    }
+    int64_t run = 0;
+    for (int64_t e = 0; e <= L; ++e) {
+      run += diff[e];
+      reach[st + 1][e] = run > 0;
+    }
+  }
+  if (!reach[pp][L])
+    return false;
+  if (out) {
+    // Walk back from the end: the latest start of each stage that is
+    // reachable and reaches the next stage's start.
+    out->assign(pp, 0);
+    int64_t e = L;
+    for (int st = pp - 1; st >= 0; --st) {
+      int64_t a = e - 1;
+      while (a >= 0 && !(reach[st][a] && e - a <= cap && time(st, a, e) <= T &&
+                         fits(st, e - a)))
+        --a;
+      if (a < 0)
+        return false; // cannot happen: reach[pp][L] held
+      (*out)[st] = e - a;
+      e = a;
+    }
+  }
+  return true;
+}
+
+} // namespace
+
+std::vector<int64_t> minMaxContiguousSplit(
+    int64_t layers, int stages,
+    const std::function<double(int, int64_t, int64_t)> &time,
+    const std::function<bool(int, int64_t)> &fits, bool positionFree) {
+  const int64_t L = layers;
+  const int pp = stages;
+  if (pp < 1 || L < pp)
+    return {};
+  auto solve = [&](double T, int64_t cap, std::vector<int64_t> *out) {
+    return positionFree ? countSplit(L, pp, time, fits, T, cap, out)
+                        : reachSplit(L, pp, time, fits, T, cap, out);
+  };
+  // Any split's bottleneck is at most the largest whole-model stage time.
+  double hi = 0;
+  for (int st = 0; st < pp; ++st)
+    hi = std::max(hi, time(st, 0, L));
+  hi = hi * (1 + 1e-12) + 1e-300;
+  if (!solve(hi, L, nullptr))
+    return {};
+  double lo = 0;
+  for (int it = 0; it < 100 && hi - lo > 1e-9 * hi; ++it) {
+    double mid = 0.5 * (lo + hi);
+    if (solve(mid, L, nullptr))
+      hi = mid;
+    else
+      lo = mid;
+  }
+  // Among the splits with that bottleneck, the one with the fewest layers
+  // on its fullest stage (filling stages greedily would otherwise pile
+  // layers onto the first stages, which costs memory for nothing).
+  int64_t capLo = (L + pp - 1) / pp, capHi = L;
+  while (capLo < capHi) {
+    int64_t mid = capLo + (capHi - capLo) / 2;
+    if (solve(hi, mid, nullptr))
+      capHi = mid;
+    else
+      capLo = mid + 1;
+  }
+  std::vector<int64_t> counts;
+  if (!solve(hi, capHi, &counts))
+    return {};
+  return counts;
+}
+
+namespace pricing {
+
+/// Layers per stage on a heterogeneous cluster: the contiguous split that
+/// minimizes the slowest stage's time per micro-batch (compute on the
+/// stage's own GPU kind plus its tensor-parallel communication) with every
+/// stage within its own device memory (minMaxContiguousSplit). Returns {}
+/// when no split fits (the candidate is then priced uniformly and reported
+/// out of memory).
+std::vector<int64_t> splitLayers(Ctx &c, const TrainingConfig &cfg,
+                                 const StagePlacement &pl, int placementKey,
+                                 double tpLayer) {
+  const int pp = cfg.pp;
+  const bool train = c.opt.training;
+  const bool sp = cfg.sequenceParallel && cfg.tp > 1;
+  std::vector<const LayerTimes *> lt;
+  for (int st = 0; st < pp; ++st)
+    lt.push_back(&c.times(cfg.microBatchSize, cfg.tp, cfg.cp, sp, pl.kind[st]));
+  auto stageTime = [&](int st, int64_t a, int64_t b) {
+    const LayerTimes &t = *lt[st];
+    double f = t.prefix[b] - t.prefix[a];
+    if (st == 0)
+      f += t.pre;
+    if (st == pp - 1)
+      f += t.post;
+    double x = train ? c.cost.trainingTime(f, cfg.recompute, kSelectiveRerun) : f;
+    return x + double(b - a) * tpLayer;
+  };
+  // The split for time alone depends on no memory setting (ZeRO, schedule,
+  // dp), so it is shared by many candidates; it is kept when every stage
+  // fits.
+  auto key = std::make_tuple(cfg.microBatchSize, cfg.tp, cfg.cp, sp,
+                             int(cfg.recompute), pp, placementKey);
+  auto it = c.splitCache.find(key);
+  if (it == c.splitCache.end())
+    it = c.splitCache
+             .emplace(key, minMaxContiguousSplit(
+                               c.spec.numLayers, pp, stageTime,
+                               [](int, int64_t) { return true; },
+                               c.identicalLayers))
+             .first;
+  const std::vector<int64_t> &fast = it->second;
+  bool fits = !fast.empty();
+  for (int st = 0; fits && st < pp; ++st) {
+    auto m = stageMemory(c, cfg, st, fast[st]);
+    fits = m && m->total() <= pl.capacity[st];
+  }
+  if (fits)
+    return fast;
+  // Memory binds: split again under every stage's capacity. Memory is
+  // affine in the stage's layers.
+  std::vector<double> mem1, slope;
+  for (int st = 0; st < pp; ++st) {
+    auto a = stageMemory(c, cfg, st, 1), b = stageMemory(c, cfg, st, 2);
+    if (!a || !b)
+      return {};
+    mem1.push_back(a->total());
+    slope.push_back(b->total() - a->total());
+  }
+  auto fitsMem = [&](int st, int64_t n) {
+    return mem1[st] + double(n - 1) * slope[st] <= pl.capacity[st];
+  };
+  return minMaxContiguousSplit(c.spec.numLayers, pp, stageTime, fitsMem,
+                               c.identicalLayers);
+}
+
+/// The optimizer step on a device holding `mem`: memory-bound over its
+/// optimizer shard (Adam with fp32 master weights reads and writes about 28
+/// bytes per parameter: bf16 weight and gradient, fp32 master and two
+/// moments; SGD/momentum about 16), 10 FLOPs per parameter.
+double optimizerStepTime(const Ctx &c, const TrainingConfig &cfg,
+                         const MemoryBreakdown &mem, int gpuKind) {
+  const PrecisionConfig &pr = cfg.precision;
+  double moments = cfg.optimizer == Optimizer::Adam       ? 2
+                   : cfg.optimizer == Optimizer::Momentum ? 1
+                                                          : 0;
+  double perParam = pr.optimizerStateBytes * moments +
+                    (pr.masterWeights ? pr.masterBytes : 0);
+  double shard = perParam > 0 ? mem.optimizer / perParam
+                              : mem.params / std::max(1.0, pr.paramBytes);
+  double bytesPerParam = cfg.optimizer == Optimizer::Adam ? 28 : 16;
+  return c.roofline(OpKind::Elementwise, 10 * shard, bytesPerParam * shard,
+                    gpuKind);
+}
+
+/// Chooses the process layout: the host time each layout spends issuing a
+/// step's launches (exposed only when it exceeds the devices' step time,
+/// since the host runs ahead), under the node's host memory. Ties go to
+/// in-graph: one process per node needs no launcher on one node, keeps one
+/// loader and one copy of the plan per node, and saves (G-1) processes of
+/// host memory.
+void chooseLayout(Ctx &c, Candidate &cand, double launchesPerStep,
+                  double deviceTime) {
+  const Calibration &cal = c.cost.calibration();
+  const int G = c.gpusPerNode;
+  const int nodes = c.cluster.numNodes();
+  double coreFactor =
+      c.host.cpuCores > 0 ? std::max(1.0, double(G) / c.host.cpuCores) : 1.0;
+  struct Option {
+    ProcessLayout layout;
+    int procs;
+    double dispatch, memory, exposed;
+    bool fits;
+  };
+  auto make = [&](ProcessLayout l) {
+    Option o;
+    o.layout = l;
+    o.procs = l == ProcessLayout::InGraph ? 1 : G;
+    double contention =
+        l == ProcessLayout::InGraph ? 1 + cal.inGraphLaunchContention * (G - 1)
+                                    : 1.0;
+    o.dispatch =
+        launchesPerStep * cal.kernelLaunchSeconds * contention * coreFactor;
+    o.memory = o.procs * cal.processHostBytes + G * cal.deviceHostStagingBytes;
+    o.fits = c.host.memoryBytes <= 0 || o.memory <= c.host.memoryBytes;
+    o.exposed = std::max(0.0, o.dispatch - deviceTime);
+    return o;
+  };
+  Option in = make(ProcessLayout::InGraph);
+  Option bg = make(ProcessLayout::BetweenGraph);
+  const Option *pick = &in;
+  std::string why;
+  auto ms = [](double s) { return report::strf("%.3f ms", s * 1e3); };
+  auto gib = [](double b) {
+    return report::strf("%.1f GiB", b / report::kGiB);
+  };
+  if (c.opt.fix.layout) {
+    pick = *c.opt.fix.layout == ProcessLayout::InGraph ? &in : &bg;
+    why = "fixed by --fix or the plan file";
+  } else if (G == 1) {
+    pick = &bg;
+    why = "one GPU per node: the layouts coincide";
+  } else if (!in.fits && bg.fits) {
+    pick = &bg;
+    why = "in-graph would need " + gib(in.memory) + " of host memory";
+  } else if (in.fits && !bg.fits) {
+    why = "between-graph would need " + gib(bg.memory) + " of host memory, " +
+          "over the node's " + gib(c.host.memoryBytes);
+  } else if (bg.exposed + 1e-12 < in.exposed) {
+    pick = &bg;
+    why = "host-bound step: one process driving " + std::to_string(G) +
+          " GPUs would issue " + ms(in.dispatch) + " of launches against " +
+          ms(bg.dispatch) + " per process, over the " + ms(deviceTime) +
+          " the devices take";
+  } else {
+    why = "host dispatch hidden either way (" + ms(in.dispatch) +
+          " of launches per step against " + ms(deviceTime) +
+          " on the devices); one process per node saves " +
+          gib(bg.memory - in.memory) + " of host memory" +
+          (nodes == 1 ? " and needs no launcher" : "");
+  }
+  ProcessPlan &p = cand.process;
+  p.layout = pick->layout;
+  p.processesPerNode = pick->procs;
+  p.hostDispatch = pick->dispatch;
+  p.hostMemory = pick->memory;
+  p.hostCapacity = c.host.memoryBytes;
+  p.why = why;
+  cand.time.host = pick->exposed;
+}
+
+/// Prices one candidate: memory and step time. Records the collectives when
+/// `comms` is given.
+void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
+  TrainingConfig &cfg = cand.cfg;
+  const bool train = c.opt.training;
+  const int cp = cfg.cp;
+  const bool sp = cfg.sequenceParallel && cfg.tp > 1;
+  cand.capacity = c.capacity;
+  cand.time = StepTime{};
+  cand.memory = MemoryBreakdown{};
+
+  const double m = static_cast<double>(cfg.numMicroBatches);
+  const double actBytes = cfg.precision.activationBytes;
+  // One micro-batch's [s/cp, b, h] activation.
+  const double boundary = double(cfg.microBatchSize) * c.spec.seqLen / cp *
+                          c.spec.hidden * actBytes;
+  const double tpLayer = c.tpCommPerLayer(cfg, boundary, train);
+
+  // The layer split of a pipeline: the slowest stage as fast as possible.
+  // On a homogeneous cluster that moves layers off the stages that also
+  // hold the embeddings or the output layer (Llama 3 drops a layer from its
+  // first and last stages for the same reason); on a heterogeneous one each
+  // stage runs on its own GPU kind and memory, and faster or larger stages
+  // take more layers. Interleaved 1F1B keeps the uniform split.
+  const StagePlacement *pl =
+      c.hetero ? &c.placement(cfg.tp * cp * cfg.dp, cfg.pp) : nullptr;
+  cfg.stageLayerCounts.clear();
+  if (cfg.pp > 1 && cfg.schedule != PipelineSchedule::Interleaved1F1B) {
+    auto counts =
+        splitLayers(c, cfg, pl ? *pl : c.uniformPlacement(cfg.pp),
+                    pl ? cfg.tp * cp * cfg.dp : 0, tpLayer);
+    bool uniform = true;
+    for (int st = 0; st < int(counts.size()); ++st)
+      uniform = uniform && counts[st] == layersOnStage(c.spec, cfg.pp, st);
+    if (!uniform)
+      cfg.stageLayerCounts = std::move(counts);
+  } else if (cfg.pp > 1) {
+    // Interleaved: chunks of L / (pp*v) layers, the first L mod (pp*v) one
+    // longer; a stage holds v of them.
+    auto chunks = interleavedChunkLayers(c.spec.numLayers, cfg.pp,
+                                         cfg.virtualStages);
+    std::vector<int64_t> counts(cfg.pp, 0);
+    bool uniform = true;
+    for (size_t j = 0; j < chunks.size(); ++j)
+      counts[j % cfg.pp] += chunks[j];
+    for (int st = 0; st < cfg.pp; ++st)
+      uniform = uniform && counts[st] == layersOnStage(c.spec, cfg.pp, st);
+    if (!uniform)
+      cfg.stageLayerCounts = std::move(counts);
+  }
+  const StageRanges ranges = stageRanges(c.spec, cfg);
+
+  // Memory (upper bound): every stage's, kept for the optimizer step below;
+  // the report shows the stage with the least headroom under its own
+  // capacity (the largest on a homogeneous cluster).
+  std::vector<MemoryBreakdown> stageMems;
+  for (int st = 0; st < cfg.pp; ++st) {
+    auto mem = stageMemory(c, cfg, st, ranges.layers(st));
+    if (!mem) {
+      stageMems.clear();
+      cand.memory = MemoryBreakdown{};
+      cand.memory.workspace = std::numeric_limits<double>::infinity();
+      break;
+    }
+    double cap = pl ? pl->capacity[st] : c.capacity;
+    if (stageMems.empty() ||
+        cap - mem->total() < cand.capacity - cand.memory.total()) {
+      cand.memory = *mem;
+      cand.capacity = cap;
+    }
+    stageMems.push_back(*mem);
+  }
+
+  // Compute per micro-batch on each stage; the slowest stage sets the pace.
+  double worstTrain = 0, worstFwd = 0, worstOps = 0;
+  int64_t worstLayers = 0;
+  for (int st = 0; st < cfg.pp; ++st) {
+    const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp,
+                                   pl ? pl->kind[st] : -1);
+    double f = ranges.sum(lt.prefix, st);
+    double ops = ranges.sum(lt.opsPrefix, st);
+    if (st == 0) {
+      f += lt.pre;
+      ops += c.pre.ops;
+    }
+    if (st == cfg.pp - 1) {
+      f += lt.post;
+      ops += c.post.ops;
+    }
+    double t = train ? c.cost.trainingTime(f, cfg.recompute, kSelectiveRerun) : f;
+    if (t > worstTrain) {
+      worstTrain = t;
+      worstFwd = f;
+      worstOps = ops;
+      worstLayers = ranges.layers(st);
+    }
+  }
+
+  auto record = [&](const std::string &what, Collective coll, int size,
+                    int stride, double bytes, double calls, double exposed) {
+    if (!comms || size <= 1 || calls <= 0)
+      return;
+    LinkKind link = LinkKind::None;
+    double time = calls * c.comm(coll, bytes, size, stride, &link);
+    comms->push_back({what, coll, size, bytes, calls, link, time, exposed});
+  };
+  // Tensor parallelism: 2 all-reduces per layer per pass (forward,
+  // backward, recomputed forward), on the critical path. Under sequence
+  // parallelism each becomes an all-gather plus a reduce-scatter of the
+  // same activation (Korthikanti et al. 2022): the same ring volume.
+  double tpPerMb = 0;
+  if (cfg.tp > 1) {
+    TpCalls n = tpCallsPerLayer(cfg, train);
+    if (!sp) {
+      double one = c.comm(Collective::AllReduce, boundary, cfg.tp, 1);
+      tpPerMb = n.allReduce * worstLayers * one;
+      record("tp all-reduce (layer in/out)", Collective::AllReduce, cfg.tp, 1,
+             boundary, n.allReduce * worstLayers * m, tpPerMb * m);
+    } else {
+      double ag = c.comm(Collective::AllGather, boundary, cfg.tp, 1);
+      double rs = c.comm(Collective::ReduceScatter, boundary, cfg.tp, 1);
+      tpPerMb = worstLayers * (n.allGather * ag + n.reduceScatter * rs);
+      record("tp all-gather (sequence parallel)", Collective::AllGather,
+             cfg.tp, 1, boundary, n.allGather * worstLayers * m,
+             n.allGather * worstLayers * ag * m);
+      record("tp reduce-scatter (sequence parallel)",
+             Collective::ReduceScatter, cfg.tp, 1, boundary,
+             n.reduceScatter * worstLayers * m,
+             n.reduceScatter * worstLayers * rs * m);
+    }
+    // Vocabulary parallelism (the embedding table and the LM head split on
+    // the vocabulary, planner/TransformerSharding.cpp), as dlopt-partition
+    // applies it: the lookup's partial sum is all-reduced (reduce-scattered
+    // into the sequence-parallel region), the head's input gathered under
+    // sp; backward, the head's input gradient is all-reduced
+    // (reduce-scattered) and, under sp, the embedding's output gradient
+    // gathered for the local scatter into the table's rows. Cross-entropy
+    // reduces three float32 [rows, 1] vectors (row max, sum of
+    // exponentials, target logit) instead of gathering logits. On the
+    // stages that hold the embedding or the head; priced on the critical
+    // path.
+    if (c.spec.vocab > 0 && c.spec.vocab % cfg.tp == 0) {
+      double vcalls = (train ? 2 : 1) * m;
+      double vPerMb = 0;
+      if (!sp) {
+        double one = c.comm(Collective::AllReduce, boundary, cfg.tp, 1);
+        vPerMb = (train ? 2 : 1) * one;
+        record("tp all-reduce (vocab-parallel embedding, LM head)",
+               Collective::AllReduce, cfg.tp, 1, boundary, vcalls, vPerMb * m);
+      } else {
+        double ag = c.comm(Collective::AllGather, boundary, cfg.tp, 1);
+        double rs = c.comm(Collective::ReduceScatter, boundary, cfg.tp, 1);
+        vPerMb = (train ? 2 : 1) * (ag + rs);
+        record("tp all-gather (vocab-parallel LM head, embedding grad)",
+               Collective::AllGather, cfg.tp, 1, boundary, vcalls,
+               (train ? 2 : 1) * ag * m);
+        record("tp reduce-scatter (vocab-parallel embedding, LM head grad)",
+               Collective::ReduceScatter, cfg.tp, 1, boundary, vcalls,
+               (train ? 2 : 1) * rs * m);
+      }
+      double rowStats = double(cfg.microBatchSize) * c.spec.seqLen / cp * 4;
+      double ce = c.comm(Collective::AllReduce, rowStats, cfg.tp, 1);
+      vPerMb += 3 * ce;
+      record("tp all-reduce (vocab-parallel cross-entropy)",
+             Collective::AllReduce, cfg.tp, 1, rowStats, 3 * m, 3 * ce * m);
+      tpPerMb += vPerMb;
+    }
+    // Sequence parallelism leaves the gradients of the weights applied to
+    // sequence-split rows partial over tp: one all-reduce each per step
+    // (the norms' weights and biases, learned positions; the row-parallel
+    // biases too, which are left out: a vector each).
+    if (sp && train) {
+      double h = c.spec.hidden * cfg.precision.gradReduceBytes;
+      double calls = double(c.spec.normParamsPerLayer * worstLayers +
+                            c.spec.normParamsPost);
+      double bytes = calls * h;
+      if (c.spec.learnedPositions) {
+        bytes += double(c.spec.seqLen) * h;
+        calls += 1;
+      }
+      // A vocabulary that tp does not divide keeps the embedding and the
+      // LM head replicated: their gradients over sequence-split rows are
+      // whole tables, all-reduced over tp (pad the vocabulary to a
+      // multiple of tp to avoid it).
+      if (c.spec.vocab > 0 && c.spec.vocab % cfg.tp != 0) {
+        double tables = c.spec.tiedEmbeddings ? 1 : 2;
+        bytes += tables * double(c.spec.vocab) * h;
+        calls += tables;
+      }
+      double time =
+          calls > 0 ? c.comm(Collective::AllReduce, bytes / calls, cfg.tp, 1) * calls : 0;
+      if (calls > 0)
+        record("tp all-reduce (sequence-parallel weight gradients)",
+             Collective::AllReduce, cfg.tp, 1, bytes / calls, calls, time);
+      tpPerMb += time / m;
+    }
+  }
+
+  // Context parallelism as dlopt-partition applies it, the all-gather form
+  // (docs/parallel.md): per layer every rank gathers the keys and values of
+  // the whole sequence before attention (again for a recomputed forward)
+  // and, backward, reduce-scatters their gradients back onto the sequence;
+  // the loss gathers the logits over cp (flattening [b, s] with s split has
+  // no block layout). None of it overlaps with compute.
+  double cpPerMb = 0;
+  if (cp > 1) {
+    const double mbs = double(cfg.microBatchSize), seqLen = double(c.spec.seqLen);
+    double kvOne = mbs * seqLen * c.spec.hidden * c.kvFraction / cfg.tp * actBytes;
+    double ag = c.comm(Collective::AllGather, kvOne, cp, cfg.tp);
+    double rs = c.comm(Collective::ReduceScatter, kvOne, cp, cfg.tp);
+    double gathers = 2 * (1 + (train && cfg.recompute == RecomputePolicy::Full ? 1 : 0));
+    double scatters = train ? 2 : 0;
+    cpPerMb = worstLayers * (gathers * ag + scatters * rs);
+    record("cp K/V all-gather (attention)", Collective::AllGather, cp, cfg.tp,
+           kvOne, gathers * worstLayers * m, gathers * worstLayers * ag * m);
+    record("cp K/V gradient reduce-scatter (attention)",
+           Collective::ReduceScatter, cp, cfg.tp, kvOne,
+           scatters * worstLayers * m, scatters * worstLayers * rs * m);
+    if (c.spec.vocab > 0) {
+      bool vocabParallel = cfg.tp > 1 && c.spec.vocab % cfg.tp == 0;
+      double logits = mbs * seqLen * double(c.spec.vocab) /
+                      (vocabParallel ? cfg.tp : 1) * actBytes;
+      double lg = c.comm(Collective::AllGather, logits, cp, cfg.tp);
+      cpPerMb += lg;
+      record("cp logits all-gather (loss)", Collective::AllGather, cp, cfg.tp,
+             logits, m, lg * m);
+    }
+  }
+
+  // Pipeline send/recv: activations forward, gradients backward, v times
+  // per micro-batch when interleaved; overlapped with the micro-batch.
+  const int ppStride = cfg.tp * cp * cfg.dp;
+  double ppExposed = 0;
+  if (cfg.pp > 1) {
+    double v = cfg.schedule == PipelineSchedule::Interleaved1F1B
+                   ? cfg.virtualStages
+                   : 1;
+    double perMb = (train ? 2 : 1) * v;
+    double one = c.comm(Collective::SendRecv, boundary, 2, ppStride);
+    ppExposed = m * c.cost.exposedP2P(perMb * one, worstTrain);
+    record("pp send/recv (stage boundary)", Collective::SendRecv, 2, ppStride,
+           boundary, perMb * m, ppExposed);
+  }
+
+  StepTime &T = cand.time;
+  double perMb = worstTrain + tpPerMb + cpPerMb;
+  T.compute = m * worstTrain;
+  T.tpComm = m * tpPerMb;
+  T.cpComm = m * cpPerMb;
+  T.ppComm = ppExposed;
+  if (cfg.pp > 1) {
+    double fill = (cfg.pp - 1) * perMb;
+    switch (train ? cfg.schedule : PipelineSchedule::GPipe) {
+    case PipelineSchedule::GPipe:
+    case PipelineSchedule::OneFOneB:
+      T.bubble = fill;
+      break;
+    case PipelineSchedule::Interleaved1F1B:
+      T.bubble = fill / cfg.virtualStages;
+      break;
+    case PipelineSchedule::ZeroBubble: {
+      // ZB-H1 (Qi et al. 2023): deferred weight-gradient passes fill the
+      // cooldown, leaving (pp-1) * (t_F + t_B - t_W) where t_B is the
+      // input-gradient part (t_B + t_W = the backward), i.e. the 1F1B
+      // bubble less 2 (pp-1) t_W; it cannot drop below (pp-1) max(t_F,
+      // t_B) (the simulator shows the same floor).
+      double weightGrad =
+          worstFwd * c.cost.calibration().backwardFlopsRatio / 2;
+      double inputGrad = std::max(0.0, perMb - worstFwd - weightGrad);
+      T.bubble = (cfg.pp - 1) * std::max(perMb - 2 * weightGrad,
+                                         std::max(worstFwd, inputGrad));
+      break;
+    }
+    }
+  }
+
+  // Data parallelism: gradient sync over the dp * cp ranks that hold the
+  // same parameters (all-reduce, or reduce-scatter plus a parameter
+  // all-gather under ZeRO), overlapped with the last micro-batch's
+  // backward; ZeRO-3 gathers parameters for every forward and backward.
+  const int replicas = cfg.dp * cp;
+  double zero3Calls = 0;
+  if (train && replicas > 1) {
+    double pBytes = cfg.precision.paramBytes;
+    double paramsOnDevice = cand.memory.params / pBytes *
+                            (cfg.zeroStage == 3 ? replicas : 1);
+    double gradBytes = paramsOnDevice * cfg.precision.gradReduceBytes;
+    double paramBytes = paramsOnDevice * pBytes;
+    double backward = worstTrain - worstFwd;
+    int dp = replicas, stride = cfg.tp;
+    const char *grp = cp > 1 ? "dp*cp" : "dp";
+    if (cfg.zeroStage == 0) {
+      double t = c.comm(Collective::AllReduce, gradBytes, dp, stride);
+      double e = c.cost.exposedGradSync(t, backward);
+      T.dpComm += e;
+      record(std::string(grp) + " gradient all-reduce", Collective::AllReduce,
+             dp, stride, gradBytes, 1, e);
+    } else if (cfg.zeroStage == 3) {
+      // Layer by layer, one layer prefetched (FSDP-style): the gather of
+      // layer i+1 runs during layer i's forward; in the backward, the
+      // gather for the next layer and the reduce-scatter of the layer just
+      // finished share the same links during one layer's backward. Per
+      // micro-batch, the first gather has nothing to hide behind, each
+      // later layer exposes what its compute cannot hide, and the last
+      // reduce-scatter follows the last backward (docs/cost-model.md,
+      // "ZeRO-3").
+      const double L = double(std::max<int64_t>(1, worstLayers));
+      const double perLayerParams = paramBytes / L, perLayerGrads = gradBytes / L;
+      const double ag1 =
+          c.comm(Collective::AllGather, perLayerParams, dp, stride);
+      const double rs1 =
+          c.comm(Collective::ReduceScatter, perLayerGrads, dp, stride);
+      const double eff = c.cost.calibration().gradOverlapEfficiency;
+      const double fl = worstFwd / L, bl = backward / L;
+      const double fwdExposed =
+          ag1 + (L - 1) * CostModel::exposed(ag1, fl, eff);
+      const double bwdShared = L * CostModel::exposed(ag1 + rs1, bl, eff);
+      // The shared backward exposure is charged to each in proportion.
+      const double agShare = ag1 + rs1 > 0 ? ag1 / (ag1 + rs1) : 0;
+      const double eAg = m * (fwdExposed + agShare * bwdShared);
+      const double eRs = m * ((1 - agShare) * bwdShared + rs1);
+      T.dpComm += eAg + eRs;
+      zero3Calls = 3 * L * m;
+      record(std::string(grp) + " gradient reduce-scatter (per layer)",
+             Collective::ReduceScatter, dp, stride, perLayerGrads, L * m, eRs);
+      record(std::string(grp) +
+                 " zero-3 parameter all-gather (per layer, fwd+bwd)",
+             Collective::AllGather, dp, stride, perLayerParams, 2 * L * m, eAg);
+    } else {
+      // ZeRO 2 keeps no whole gradient: each micro-batch's is
+      // reduce-scattered as its backward pass makes it (as DeepSpeed's
+      // stage 2 does under gradient accumulation, and dlopt applies it).
+      double rsCalls = cfg.zeroStage >= 2 ? m : 1;
+      double rs = c.comm(Collective::ReduceScatter, gradBytes, dp, stride);
+      double e = rsCalls * c.cost.exposedGradSync(rs, backward);
+      T.dpComm += e;
+      record(std::string(grp) + " gradient reduce-scatter",
+             Collective::ReduceScatter, dp, stride, gradBytes, rsCalls, e);
+      // Updated parameters, gathered before the next forward.
+      double ag = c.comm(Collective::AllGather, paramBytes, dp, stride);
+      T.dpComm += ag;
+      record(std::string(grp) + " parameter all-gather (after update)",
+             Collective::AllGather, dp, stride, paramBytes, 1, ag);
+    }
+  }
+
+  // Tied embeddings with pp > 1: the first stage's word embedding and the
+  // last stage's output matrix are one parameter, whose gradients are
+  // summed between the two stages after the pipeline flush (Megatron-LM's
+  // embedding group), before the optimizer step: not overlapped.
+  if (train && cfg.pp > 1 && c.spec.tiedEmbeddings) {
+    double bytes = double(c.spec.vocab) * c.spec.hidden / cfg.tp *
+                   cfg.precision.gradReduceBytes;
+    int stride = (cfg.pp - 1) * cfg.tp * cp * cfg.dp;
+    double t = c.comm(Collective::AllReduce, bytes, 2, stride);
+    T.dpComm += t;
+    record("embedding gradient all-reduce (first+last stage)",
+           Collective::AllReduce, 2, stride, bytes, 1, t);
+  }
+
+  // The optimizer step after the gradient sync, on the stage that holds
+  // the most optimizer state (the stages step in parallel).
+  if (train)
+    for (size_t st = 0; st < stageMems.size(); ++st)
+      T.optimizer = std::max(T.optimizer,
+                             optimizerStepTime(c, cfg, stageMems[st],
+                                               pl ? pl->kind[st] : -1));
+
+  // Host dispatch: kernels of the worst stage per micro-batch (forward,
+  // about twice as many backward, a recomputed forward) plus its
+  // collectives, against the devices' step time.
+  double kernelsPerMb =
+      worstOps * (train ? 1 + c.cost.calibration().backwardFlopsRatio : 1) +
+      (cfg.recompute == RecomputePolicy::Full && train ? worstOps : 0) +
+      (cfg.tp > 1 ? tpCallsPerLayer(cfg, train).total() * worstLayers : 0) +
+      (cp > 1 ? (cp - 1) * worstLayers * (train ? 3 : 1) : 0) +
+      (cfg.pp > 1 ? (train ? 2 : 1) : 0);
+  chooseLayout(c, cand, kernelsPerMb * m + zero3Calls, T.total());
+}
+
+/// The simulator's view of a priced candidate: per stage, one micro-batch's
+/// forward and backward per model chunk (tensor- and context-parallel
+/// communication included, as in the analytical model), memory, gradient
+/// sync and a memory-bound optimizer step.
+SimInput simInputFor(Ctx &c, const Candidate &cand) {
+  const TrainingConfig &cfg = cand.cfg;
+  const Calibration &cal = c.cost.calibration();
+  const int cp = cfg.cp;
+  const bool sp = cfg.sequenceParallel && cfg.tp > 1;
+  const StagePlacement *pl =
+      c.hetero ? &c.placement(cfg.tp * cp * cfg.dp, cfg.pp) : nullptr;
+  const StageRanges ranges = stageRanges(c.spec, cfg);
+  const double v = cfg.schedule == PipelineSchedule::Interleaved1F1B
+                       ? cfg.virtualStages
+                       : 1;
+  const double actBytes = cfg.precision.activationBytes;
+  const double boundary = double(cfg.microBatchSize) * c.spec.seqLen / cp *
+                          c.spec.hidden * actBytes;
+  const double tpLayer = c.tpCommPerLayer(cfg, boundary, true);
+  // The forward pass's share of the layer's collectives (2 or 4 of them).
+  const TpCalls tpCalls = tpCallsPerLayer(cfg, true);
+  const double fwdShare =
+      tpCalls.total() > 0 ? (cfg.sequenceParallel ? 4 : 2) / tpCalls.total() : 0;
+  SimInput in;
+  in.schedule = cfg.schedule;
+  in.virtualStages = int(v);
+  in.microBatches = cfg.numMicroBatches;
+  in.gradOverlap = cal.gradOverlapEfficiency;
+  if (cfg.pp > 1)
+    in.p2p = c.comm(Collective::SendRecv, boundary, 2, cfg.tp * cp * cfg.dp);
+  const double tAct = activationBytesPerLayer(c.spec, cfg);
+  for (int st = 0; st < cfg.pp; ++st) {
+    const int kind = pl ? pl->kind[st] : -1;
+    const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp, kind);
+    double f = ranges.sum(lt.prefix, st);
+    if (st == 0)
+      f += lt.pre;
+    if (st == cfg.pp - 1)
+      f += lt.post;
+    double layers = double(ranges.layers(st));
+    double t = c.cost.trainingTime(f, cfg.recompute, kSelectiveRerun);
+    // Communication on the critical path of every pass, split between the
+    // forward and the rest (backward, recomputed forward) by their calls.
+    double comm = tpLayer * layers;
+    SimStage s;
+    s.forward = (f + comm * fwdShare) / v;
+    s.backward = (t - f + comm * (1 - fwdShare)) / v;
+    s.weightGrad = std::min(s.backward, f * cal.backwardFlopsRatio / 2 / v);
+    auto mem = transformerStageMemory(c.spec, cfg, st, cal);
+    if (mem) {
+      s.staticBytes = mem->params + mem->grads + mem->optimizer +
+                      mem->commBuffers + mem->workspace;
+      s.transientBytes = mem->transient;
+    }
+    s.activationBytes = tAct * layers / v;
+    // Gradient sync of this stage's parameters over dp*cp.
+    int replicas = cfg.dp * cp;
+    if (replicas > 1 && mem) {
+      double pBytes = cfg.precision.paramBytes;
+      double params =
+          mem->params / pBytes * (cfg.zeroStage == 3 ? replicas : 1);
+      double grads = params * cfg.precision.gradReduceBytes;
+      s.gradSync =
+          cfg.zeroStage == 0
+              ? c.comm(Collective::AllReduce, grads, replicas, cfg.tp)
+              : c.comm(Collective::ReduceScatter, grads, replicas, cfg.tp) +
+                    (cfg.zeroStage < 3
+                         ? c.comm(Collective::AllGather, params * pBytes,
+                                  replicas, cfg.tp)
+                         : 0);
+    }
+    if (mem)
+      s.optimizer = optimizerStepTime(c, cfg, *mem, kind);
+    in.stages.push_back(s);
+  }
+  return in;
+}
+
+bool better(const Candidate &a, const Candidate &b) {
+  double ta = a.time.total(), tb = b.time.total();
+  if (ta != tb)
+    return ta < tb;
+  // Equal time: the plan with more memory headroom.
+  double ma = a.memory.total(), mb = b.memory.total();
+  if (ma != mb)
+    return ma < mb;
+  auto k = [](const Candidate &c) {
+    return std::make_tuple(c.cfg.tp, c.cfg.pp, c.cfg.cp, c.cfg.dp,
+                           c.cfg.sequenceParallel, c.cfg.microBatchSize,
+                           int(c.cfg.schedule), c.cfg.virtualStages,
+                           c.cfg.zeroStage, int(c.cfg.recompute));
+  };
+  return k(a) < k(b);
+}
+
+/// Why a fixed choice cannot work, or "" if no divisibility constraint fails.
+std::string explainFix(const FixSpec &f, const TransformerSpec &spec,
+                       int64_t kvHeads, int devices, int64_t gb) {
+  auto str = [](int64_t v) { return std::to_string(v); };
+  std::vector<std::string> why;
+  std::optional<int64_t> prodOr = f.degreeProduct();
+  int64_t prod = prodOr.value_or(0);
+  if (!prodOr)
+    why.push_back("the fixed degrees multiply to more than 2^63, more than "
+                  "the " + str(devices) + " devices");
+  else if (f.dp && f.tp && f.pp && prod != devices)
+    why.push_back("dp*tp*pp*cp = " + str(*f.dp) + "*" + str(*f.tp) + "*" +
+                  str(*f.pp) + "*" + str(f.cp.value_or(1)) + " = " +
+                  str(prod) + " but the cluster has " + str(devices) +
+                  " devices");
+  else if (devices % prod != 0)
+    why.push_back("the fixed degrees multiply to " + str(prod) +
+                  ", which does not divide the " + str(devices) + " devices");
+  if (f.tp && spec.heads % *f.tp)
+    why.push_back("tp=" + str(*f.tp) + " does not divide the " +
+                  str(spec.heads) + " attention heads (remainder " +
+                  str(spec.heads % *f.tp) + ")");
+  if (f.tp && kvHeads > 0 && kvHeads != spec.heads && kvHeads % *f.tp)
+    why.push_back("tp=" + str(*f.tp) + " does not divide the " +
+                  str(kvHeads) + " key/value heads (grouped-query attention "
+                  "splits them over tp; replicating them is not supported)");
+  if (f.tp && spec.tpWidth() % *f.tp)
+    why.push_back("tp=" + str(*f.tp) + " does not divide the ffn width " +
+                  str(spec.tpWidth()));
+  if (f.cp && *f.cp > 1 && spec.seqLen % (2 * int64_t(*f.cp)))
+    why.push_back("cp=" + str(*f.cp) + ": 2*cp = " + str(2 * *f.cp) +
+                  " (two load-balanced chunks per rank) does not divide the "
+                  "sequence length " + str(spec.seqLen));
+  if (f.sp && *f.sp && f.tp && *f.tp == 1)
+    why.push_back("sp=1 (sequence parallelism) needs tp > 1");
+  if (f.sp && *f.sp && f.tp &&
+      (spec.seqLen / f.cp.value_or(1)) % *f.tp)
+    why.push_back("sp=1: tp=" + str(*f.tp) + " does not divide the " +
+                  str(spec.seqLen / f.cp.value_or(1)) + " tokens per rank");
+  if (f.pp && *f.pp > spec.numLayers)
+    why.push_back("pp=" + str(*f.pp) + " exceeds the " +
+                  str(spec.numLayers) + " layers");
+  if (prodOr && !f.dp && f.tp && f.pp && devices % prod == 0 &&
+      gb % (devices / prod))
+    why.push_back("tp*pp*cp = " + str(prod) + " leaves dp = " +
+                  str(devices / prod) + ", which does not divide the global "
+                  "batch " + str(gb) + " (set --global-batch)");
+  std::optional<int64_t> batchProdOr = f.batchProduct();
+  int64_t batchProd = batchProdOr.value_or(0);
+  if (!batchProdOr)
+    why.push_back("the fixed dp/mbs/mb multiply to more than 2^63, more than "
+                  "the global batch " + str(gb));
+  else if (f.dp && f.mbs && f.numMicroBatches && batchProd != gb)
+    why.push_back("dp*mbs*mb = " + str(batchProd) +
+                  " but the global batch is " + str(gb));
+  else if (gb % batchProd)
+    why.push_back("the fixed dp/mbs/mb multiply to " + str(batchProd) +
+                  ", which does not divide the global batch " + str(gb) +
+                  " (remainder " + str(gb % batchProd) + ")");
+  if (f.schedule == PipelineSchedule::Interleaved1F1B) {
+    int v = f.v.value_or(2);
+    if (f.pp && *f.pp == 1)
+      why.push_back("schedule=interleaved needs pp > 1");
+    else if (f.pp && spec.numLayers < int64_t(*f.pp) * v)
+      why.push_back("schedule=interleaved: pp*v = " + str(*f.pp * v) +
+                    " model chunks exceed the " + str(spec.numLayers) +
+                    " layers");
+    else if (!f.pp && spec.numLayers < 2 * int64_t(v))
+      why.push_back("schedule=interleaved: v=" + str(v) +
+                    " model chunks per stage on at least 2 stages exceed "
+                    "the " + str(spec.numLayers) + " layers");
+    if (f.pp && *f.pp > 1 && f.numMicroBatches && *f.numMicroBatches % *f.pp)
+      why.push_back("schedule=interleaved: mb=" + str(*f.numMicroBatches) +
+                    " is not a multiple of pp=" + str(*f.pp));
+  }
+  return joinReasons(why);
+}
+
+} // namespace pricing
+
+} // namespace dlopt::planner

@@ -1,0 +1,376 @@
+//===- TransformerPricing.h - Pricing transformer candidates ---*- C++ -*-===//
+//
+// Internal to the transformer search (Search.cpp): the per-layer costs of
+// a model (GroupCost, LayerTimes), the search context that caches them
+// (Ctx), and the functions that price one candidate: its stage split, its
+// memory, its step time and its communication (price), and the simulator
+// input for it. TransformerPricing.cpp has the definitions;
+// docs/cost-model.md the formulas.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "planner/Search.h"
+#include "planner/SearchUtil.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace dlopt::planner::pricing {
+
+
+/// One matmul of a group, per sample, with how tensor parallelism splits it
+/// (TransformerSharding's strategy at tp = 2).
+struct GroupGemm {
+  GemmShape perSample; ///< m per sample when `broadcast`, else batch
+  bool broadcast = true; ///< a weight shared by every row: one GEMM of rows
+  enum class Split { None, N, K, Vocab } split = Split::None;
+};
+
+/// Per-sample costs of one group by kind.
+struct GroupCost {
+  /// The group's matmuls, priced one by one with tile and wave
+  /// quantization (CostModel::gemmEfficiency); empty for graphs without an
+  /// op list, which price mmFlops/mmBytes in one roofline.
+  std::vector<GroupGemm> gemms;
+  double mmFlops = 0, mmBytes = 0, attFlops = 0, attBytes = 0, otFlops = 0,
+         otBytes = 0;
+  /// The part of the elementwise work on [s, h] tensors (layer norms,
+  /// residual adds, dropouts) that tensor parallelism replicates unless
+  /// sequence parallelism splits it.
+  double repFlops = 0, repBytes = 0;
+  double ops = 0; ///< kernels per forward
+};
+
+/// Passes over an [s, h] activation one layer makes outside its matmuls and
+/// attention (two layer norms read+write 4, two residual adds 6, two
+/// dropouts with their masks 5) and the FLOPs per element they do, for
+/// graphs without an op list; otherwise the replicated ops are counted
+/// (tpRolesOf).
+constexpr double kReplicatedPasses = 15;
+constexpr double kReplicatedFlopsPerElement = 20;
+
+/// Forward seconds selective recomputation re-runs per stage: it re-runs
+/// softmax and dropout results, which blocks with dlopt's fused attention
+/// (its backward recomputes the probabilities itself) do not have. It also
+/// keeps what `none` keeps (activationBytesPerLayer), so the free search
+/// skips it; `--fix recompute=selective` prices it as `none`.
+constexpr double kSelectiveRerun = 0;
+
+/// Forward seconds of each layer (and pre/post) for one (mbs, tp, cp, sp).
+struct LayerTimes {
+  std::vector<double> fwd;       ///< per layer, in mark order
+  std::vector<double> prefix;    ///< prefix sums of fwd
+  std::vector<double> opsPrefix; ///< prefix sums of kernels per forward
+  double pre = 0, post = 0;
+};
+
+/// Where the pipeline stages of a candidate land on a heterogeneous
+/// cluster: stage st holds ranks [st*S, (st+1)*S), S = tp*cp*dp.
+struct StagePlacement {
+  std::vector<int> kind;        ///< GPU kind per stage (its slowest)
+  std::vector<double> capacity; ///< smallest device memory per stage
+  bool uniform = true;          ///< every stage has one kind and capacity
+};
+
+struct Shape {
+  int dp, tp, pp, cp;
+  bool operator<(const Shape &o) const {
+    return std::tie(dp, tp, pp, cp) < std::tie(o.dp, o.tp, o.pp, o.cp);
+  }
+};
+
+/// Tensor-parallel collectives of one layer per micro-batch, as
+/// dlopt-partition and dlopt-recompute issue them: 2 per pass (an
+/// all-reduce, or under sequence parallelism an all-gather and a
+/// reduce-scatter of the same activation), forward and backward; full
+/// recomputation re-runs the forward collectives the backward pass needs,
+/// which are all but the one producing the layer's output (its input is
+/// kept): one all-reduce, or two all-gathers and one reduce-scatter.
+struct TpCalls {
+  double allReduce = 0, allGather = 0, reduceScatter = 0;
+  double total() const { return allReduce + allGather + reduceScatter; }
+};
+inline TpCalls tpCallsPerLayer(const TrainingConfig &cfg, bool train) {
+  TpCalls n;
+  if (cfg.tp <= 1)
+    return n;
+  double passes = train ? 2 : 1;
+  bool full = train && cfg.recompute == RecomputePolicy::Full;
+  if (cfg.sequenceParallel) {
+    n.allGather = 2 * passes + (full ? 2 : 0);
+    n.reduceScatter = 2 * passes + (full ? 1 : 0);
+  } else {
+    n.allReduce = 2 * passes + (full ? 1 : 0);
+  }
+  return n;
+}
+
+struct Ctx {
+  const GraphSummary &graph;
+  const Cluster &cluster;
+  const CostModel &cost;
+  const SearchOptions &opt;
+  TransformerSpec spec{};
+  GpuSpec gpu{}; ///< the slowest GPU kind
+  double capacity = 0; ///< the smallest device memory
+  /// Heterogeneous clusters: the distinct GPU kinds, the kind of each node
+  /// group and the first rank of each group. Pipeline stages are placed on
+  /// consecutive ranks (rank order tp, cp, dp, pp), so a stage lives on the
+  /// groups its rank range touches.
+  bool hetero = false;
+  /// Every layer costs the same (a stage's time depends on its layer count
+  /// only), which lets the heterogeneous split use the faster count search.
+  bool identicalLayers = false;
+  std::vector<GpuSpec> kinds{};
+  std::vector<int> groupKind{};
+  std::vector<int> groupFirstRank{};
+  std::map<std::pair<int, int>, StagePlacement> placementCache{};
+  /// Layer splits for time alone, by (mbs, tp, cp, sp, recompute, pp,
+  /// placement: stage ranks on a heterogeneous cluster, else 0).
+  std::map<std::tuple<int64_t, int, int, bool, int, int, int>,
+           std::vector<int64_t>>
+      splitCache{};
+  double modelBatch = 1;
+  double kvFraction = 1; ///< key/value heads / query heads
+  int gpusPerNode = 1;
+  HostSpec host{}; ///< the most constrained host
+  std::vector<GroupCost> layers{};
+  GroupCost pre{}, post{};
+  std::map<std::tuple<int64_t, int, int, bool, int>, LayerTimes> timeCache{};
+  std::map<std::pair<int, int>, Expected<CommGroup>> groupCache{};
+
+  const GpuSpec &kindSpec(int kind) const {
+    return kind < 0 || kind >= int(kinds.size()) ? gpu : kinds[kind];
+  }
+
+  double roofline(OpKind kind, double flops, double bytes,
+                  int gpuKind = -1) const {
+    if (flops <= 0 && bytes <= 0)
+      return 0;
+    // fp8 runs only the GEMMs in fp8 (Transformer Engine's recipe):
+    // attention and the elementwise work stay in bf16.
+    Precision p = kind == OpKind::Matmul || opt.precision != Precision::FP8
+                      ? opt.precision
+                      : Precision::BF16;
+    OpCost op{kind, p, flops, bytes};
+    auto e = cost.computeTime(op, kindSpec(gpuKind));
+    return e ? e->time : 0;
+  }
+
+  /// Time of one matmul of a group for `scale` samples on a tp rank.
+  double gemmTime(const GroupGemm &gm, double scale, int tp,
+                  int gpuKind) const {
+    GemmShape g = gm.perSample;
+    if (gm.broadcast)
+      g.m *= scale;
+    else
+      g.batch *= scale;
+    using Split = GroupGemm::Split;
+    const bool vocabSplit = gm.split == Split::Vocab &&
+                            std::fmod(g.n, double(tp)) == 0;
+    if (gm.split == Split::N || vocabSplit)
+      g.n /= tp;
+    else if (gm.split == Split::K)
+      g.k /= tp;
+    const double weights = g.k * g.n * (gm.broadcast ? 1 : g.batch);
+    const double bytes = (g.m * g.k * g.batch + weights + g.m * g.n * g.batch) *
+                         opt.bytes.activationBytes;
+    auto e = cost.gemmTime(g, bytes, opt.precision, kindSpec(gpuKind));
+    return e ? e->time : 0;
+  }
+
+  /// Forward time of a group for `scale` samples of s/cp tokens each, with
+  /// its matmuls, attention and split elementwise work divided by tp and the
+  /// replicated part divided by tp only under sequence parallelism.
+  double groupTime(const GroupCost &g, double scale, int tp, bool sp,
+                   int gpuKind) const {
+    double att = roofline(OpKind::Attention, g.attFlops * scale / tp,
+                          g.attBytes * scale / tp, gpuKind);
+    double repDiv = sp ? tp : 1;
+    double mm = 0;
+    if (g.gemms.empty())
+      mm = roofline(OpKind::Matmul, g.mmFlops * scale / tp,
+                    g.mmBytes * scale / tp, gpuKind);
+    for (const GroupGemm &gm : g.gemms)
+      mm += gemmTime(gm, scale, tp, gpuKind);
+    return mm + att +
+           roofline(OpKind::Elementwise,
+                    (g.otFlops - g.repFlops) * scale / tp +
+                        g.repFlops * scale / repDiv,
+                    (g.otBytes - g.repBytes) * scale / tp +
+                        g.repBytes * scale / repDiv,
+                    gpuKind);
+  }
+
+  /// Per-layer forward times of one micro-batch on GPU kind `gpuKind` (-1:
+  /// the slowest kind).
+  const LayerTimes &times(int64_t mbs, int tp, int cp, bool sp,
+                          int gpuKind = -1) {
+    auto key = std::make_tuple(mbs, tp, cp, sp, gpuKind);
+    auto it = timeCache.find(key);
+    if (it != timeCache.end())
+      return it->second;
+    LayerTimes t;
+    // A context-parallel rank holds s/cp tokens of each sample; causal
+    // attention is load-balanced (two chunks per rank), so every part of
+    // the work divides by cp.
+    double scale = static_cast<double>(mbs) / cp;
+    t.prefix.push_back(0);
+    t.opsPrefix.push_back(0);
+    for (const GroupCost &g : layers) {
+      double f = groupTime(g, scale, tp, sp, gpuKind);
+      t.fwd.push_back(f);
+      t.prefix.push_back(t.prefix.back() + f);
+      t.opsPrefix.push_back(t.opsPrefix.back() + g.ops);
+    }
+    t.pre = groupTime(pre, scale, tp, sp, gpuKind);
+    t.post = groupTime(post, scale, tp, sp, gpuKind);
+    return timeCache.emplace(key, std::move(t)).first->second;
+  }
+
+  /// Tensor-parallel communication of one layer for one micro-batch of
+  /// `boundary` activation bytes (tpCallsPerLayer).
+  double tpCommPerLayer(const TrainingConfig &cfg, double boundary,
+                        bool train) {
+    if (cfg.tp <= 1)
+      return 0;
+    TpCalls n = tpCallsPerLayer(cfg, train);
+    return n.allReduce * comm(Collective::AllReduce, boundary, cfg.tp, 1) +
+           n.allGather * comm(Collective::AllGather, boundary, cfg.tp, 1) +
+           n.reduceScatter * comm(Collective::ReduceScatter, boundary, cfg.tp, 1);
+  }
+
+  /// Every stage on the slowest kind with the smallest memory (cached).
+  const StagePlacement &uniformPlacement(int pp) {
+    auto key = std::make_pair(0, pp);
+    auto it = placementCache.find(key);
+    if (it != placementCache.end())
+      return it->second;
+    StagePlacement pl;
+    pl.kind.assign(pp, -1);
+    pl.capacity.assign(pp, capacity);
+    return placementCache.emplace(key, std::move(pl)).first->second;
+  }
+
+  /// The GPU kind and memory of each stage of S ranks (cached).
+  const StagePlacement &placement(int stageRanks, int pp) {
+    auto key = std::make_pair(stageRanks, pp);
+    auto it = placementCache.find(key);
+    if (it != placementCache.end())
+      return it->second;
+    StagePlacement pl;
+    for (int st = 0; st < pp; ++st) {
+      const int lo = st * stageRanks, hi = lo + stageRanks;
+      int kind = -1;
+      double cap = 0;
+      for (size_t gi = 0; gi < cluster.groups.size(); ++gi) {
+        const NodeGroup &g = cluster.groups[gi];
+        int first = groupFirstRank[gi], end = first + g.count * g.gpusPerNode;
+        if (end <= lo || first >= hi)
+          continue;
+        const GpuSpec &k = kinds[groupKind[gi]];
+        if (kind < 0 || slowerGpu(k, kinds[kind], opt.precision))
+          kind = groupKind[gi];
+        cap = cap == 0 ? k.memoryBytes : std::min(cap, k.memoryBytes);
+      }
+      pl.kind.push_back(kind);
+      pl.capacity.push_back(cap);
+      if (st > 0 && (kind != pl.kind[0] || cap != pl.capacity[0]))
+        pl.uniform = false;
+    }
+    return placementCache.emplace(key, std::move(pl)).first->second;
+  }
+
+  const Expected<CommGroup> &group(int size, int stride) {
+    auto key = std::make_pair(size, stride);
+    auto it = groupCache.find(key);
+    if (it != groupCache.end())
+      return it->second;
+    return groupCache.emplace(key, cluster.stridedGroup(size, stride, 0))
+        .first->second;
+  }
+
+  double comm(Collective c, double bytes, int size, int stride,
+              LinkKind *link = nullptr) {
+    if (size <= 1 || bytes <= 0)
+      return 0;
+    const auto &g = group(size, stride);
+    if (!g)
+      return 0;
+    auto e = cost.commTime(c, bytes, *g);
+    if (!e)
+      return 0;
+    if (link)
+      *link = e->link;
+    return e->time;
+  }
+};
+
+/// First layer index of each stage (contiguous, the first L mod pp stages
+/// one layer longer, as MemoryModel's layersOnStage).
+std::vector<int64_t> stageStarts(int64_t layers, int pp);
+/// First layer index of each stage under cfg's split (uniform when unset).
+std::vector<int64_t> stageStarts(const TransformerSpec &spec,
+                                 const TrainingConfig &cfg);
+
+/// The layer ranges [a, b) of each stage: one contiguous range, or under
+/// interleaved 1F1B the v model chunks of the stage (chunk j of the pp*v
+/// chunks, in layer order, runs on stage j mod pp).
+struct StageRanges {
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> ranges;
+
+  int64_t layers(int st) const {
+    int64_t n = 0;
+    for (auto [a, b] : ranges[st])
+      n += b - a;
+    return n;
+  }
+  /// The sum over the stage's layers of a per-layer quantity given by its
+  /// prefix sums.
+  double sum(const std::vector<double> &prefix, int st) const {
+    double x = 0;
+    for (auto [a, b] : ranges[st])
+      x += prefix[b] - prefix[a];
+    return x;
+  }
+};
+
+
+StageRanges stageRanges(const TransformerSpec &spec, const TrainingConfig &cfg);
+
+/// A forward-only step keeps no gradients, optimizer state or stored
+/// activations: one layer's activations per micro-batch in flight.
+void forwardOnlyMemory(const Ctx &c, const TrainingConfig &cfg,
+                       MemoryBreakdown &m);
+/// Memory of stage `st` holding `layers` layers.
+Expected<MemoryBreakdown> stageMemory(const Ctx &c, const TrainingConfig &cfg,
+                                      int st, int64_t layers);
+
+/// Layers per stage on a heterogeneous cluster ({} when no split fits).
+std::vector<int64_t> splitLayers(Ctx &c, const TrainingConfig &cfg,
+                                 const StagePlacement &pl, int placementKey,
+                                 double tpLayer);
+/// Seconds of the optimizer step of the slowest stage.
+double optimizerStepTime(const Ctx &c, const TrainingConfig &cfg,
+                         const MemoryBreakdown &mem, int gpuKind);
+/// Picks the process layout of a candidate from its launches and time.
+void chooseLayout(Ctx &c, Candidate &cand, double launchesPerStep,
+                  double deviceTime);
+/// Prices `cand`: memory, step time, and (when `comms`) its collectives.
+void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms);
+/// The simulator's input for a priced candidate.
+SimInput simInputFor(Ctx &c, const Candidate &cand);
+/// The search's order: fitting first, then faster, then the tie-breaks.
+bool better(const Candidate &a, const Candidate &b);
+/// Why a --fix has no candidate, in words.
+std::string explainFix(const FixSpec &f, const TransformerSpec &spec,
+                       int64_t kvHeads, int devices, int64_t gb);
+
+} // namespace dlopt::planner::pricing
