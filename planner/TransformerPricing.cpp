@@ -515,7 +515,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   }
 
   // Compute per micro-batch on each stage; the slowest stage sets the pace.
-  double worstTrain = 0, worstFwd = 0, worstOps = 0;
+  double worstTrain = 0, worstFwd = 0, worstOps = 0, sumTrain = 0;
   int64_t worstLayers = 0;
   for (int st = 0; st < cfg.pp; ++st) {
     const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp,
@@ -531,6 +531,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       ops += c.post.ops;
     }
     double t = train ? c.cost.trainingTime(f, cfg.recompute, kSelectiveRerun) : f;
+    sumTrain += t;
     if (t > worstTrain) {
       worstTrain = t;
       worstFwd = f;
@@ -680,7 +681,11 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
                    : 1;
     double perMb = (train ? 2 : 1) * v;
     double one = c.comm(Collective::SendRecv, boundary, 2, ppStride);
-    ppExposed = m * c.cost.exposedP2P(perMb * one, worstTrain);
+    // In the steady state the sends overlap the micro-batches; filling and
+    // draining the pipeline waits for each of the pp - 1 hops, forward and
+    // (training) backward.
+    ppExposed = m * c.cost.exposedP2P(perMb * one, worstTrain) +
+                (train ? 2 : 1) * (cfg.pp - 1) * one;
     record("pp send/recv (stage boundary)", Collective::SendRecv, 2, ppStride,
            boundary, perMb * m, ppExposed);
   }
@@ -692,7 +697,14 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   T.cpComm = m * cpPerMb;
   T.ppComm = ppExposed;
   if (cfg.pp > 1) {
-    double fill = (cfg.pp - 1) * perMb;
+    // Filling and draining the pipeline: a micro-batch passes once through
+    // every stage but the slowest, which runs all m back to back, so the
+    // bubble is the other stages' time per micro-batch, sum_s t_s - t_max:
+    // (pp - 1) t for equal stages, less when one stage (the LM head's) is
+    // slower than the rest. `stagesToFill` is that sum in units of t_max.
+    const double stagesToFill =
+        worstTrain > 0 ? (sumTrain - worstTrain) / worstTrain : cfg.pp - 1;
+    double fill = stagesToFill * perMb;
     switch (train ? cfg.schedule : PipelineSchedule::GPipe) {
     case PipelineSchedule::GPipe:
     case PipelineSchedule::OneFOneB:
@@ -710,7 +722,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       double weightGrad =
           worstFwd * c.cost.calibration().backwardFlopsRatio / 2;
       double inputGrad = std::max(0.0, perMb - worstFwd - weightGrad);
-      T.bubble = (cfg.pp - 1) * std::max(perMb - 2 * weightGrad,
+      T.bubble = stagesToFill * std::max(perMb - 2 * weightGrad,
                                          std::max(worstFwd, inputGrad));
       break;
     }
