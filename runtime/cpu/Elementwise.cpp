@@ -478,45 +478,71 @@ DLOPT_SIMD_CLONES void runStep(const fused::Step &st, float *d,
   }
 }
 
-/// Runs a checked program over one segment's operands and results.
-void fusedSegment(const fused::Program &p, Ins ins, Outs outs) {
-  int64_t n = outs[0].numElements();
-  if (n == 0)
-    return;
+/// Runs a checked program over its segments' operands and results (one
+/// segment, or the multi-tensor form's several: every parameter of an
+/// optimizer update). The blocks of every segment form one parallel loop,
+/// so small segments share the threads instead of each paying a dispatch
+/// and a join, and a worker sets up its registers once.
+void fusedSegments(const fused::Program &p, Ins allIns, Outs allOuts) {
+  const size_t numSeg = size_t(p.numSegments);
   const int64_t numIn = p.numInputs, numConst = int64_t(p.consts.size());
+  const size_t numOut = p.outputs.size();
   const int64_t numRegs = p.numRegisters();
-  int64_t numBlocks = (n + kFusedBlock - 1) / kFusedBlock;
+  // firstBlock[s]: the global index of segment s's first block.
+  std::vector<int64_t> firstBlock(numSeg + 1, 0);
+  for (size_t g = 0; g < numSeg; ++g) {
+    int64_t n = allOuts[g * numOut].numElements();
+    firstBlock[g + 1] = firstBlock[g] + (n + kFusedBlock - 1) / kFusedBlock;
+  }
+  const int64_t numBlocks = firstBlock[numSeg];
+  if (numBlocks == 0)
+    return;
+  // An input that is also an output is copied: another output's store
+  // could overwrite its bytes before it is stored.
+  std::vector<char> inPlace(static_cast<size_t>(numIn), 1);
+  for (int64_t o : p.outputs)
+    if (o < numIn)
+      inPlace[size_t(o)] = 0;
   int64_t cost = kFusedBlock * (4 + 4 * int64_t(p.steps.size()));
   parallelFor(numBlocks, grainFor(cost), [&](int64_t b, int64_t e) {
     std::vector<float> regs(size_t(numRegs * kFusedBlock));
     auto row = [&](int64_t r) { return regs.data() + r * kFusedBlock; };
-    // Rank-0 inputs and constants: broadcast rows, filled once.
-    for (int64_t k = 0; k < numIn; ++k)
-      if (ins[k].type.shape.empty()) {
-        float v = 0.0f;
-        (void)dispatchFloat(ins[k].type.dtype, [&](auto tag) -> Status {
-          v = toF32(*ins[k].as<decltype(tag)>());
-          return Status::ok();
-        });
-        std::fill_n(row(k), kFusedBlock, v);
-      }
     for (int64_t c = 0; c < numConst; ++c)
       std::fill_n(row(numIn + c), kFusedBlock, float(p.consts[size_t(c)]));
     // Where each register's block lives: its row, or for an f32 input the
     // tensor itself (read in place: no copy; results are stored only after
     // every step, so an output sharing an input's bytes is still safe).
-    // An input that is also an output is copied as before: another
-    // output's store could overwrite its bytes before it is stored.
     std::vector<const float *> src(static_cast<size_t>(numRegs));
     for (int64_t r = 0; r < numRegs; ++r)
       src[size_t(r)] = row(r);
-    std::vector<char> inPlace(static_cast<size_t>(numIn), 1);
-    for (int64_t o : p.outputs)
-      if (o < numIn)
-        inPlace[size_t(o)] = 0;
+    size_t seg = size_t(std::upper_bound(firstBlock.begin(), firstBlock.end(),
+                                         b) -
+                        firstBlock.begin()) -
+                 1;
+    size_t setUp = numSeg; // the segment whose rank-0 rows are filled
     for (int64_t blk = b; blk < e; ++blk) {
-      int64_t i0 = blk * kFusedBlock;
-      int64_t len = std::min(kFusedBlock, n - i0);
+      while (blk >= firstBlock[seg + 1])
+        ++seg;
+      Ins ins = allIns.subspan(seg * size_t(numIn), size_t(numIn));
+      Outs outs = allOuts.subspan(seg * numOut, numOut);
+      if (setUp != seg) {
+        // Rank-0 inputs: broadcast rows, filled once per segment.
+        for (int64_t k = 0; k < numIn; ++k) {
+          src[size_t(k)] = row(k);
+          if (ins[k].type.shape.empty()) {
+            float v = 0.0f;
+            (void)dispatchFloat(ins[k].type.dtype, [&](auto tag) -> Status {
+              v = toF32(*ins[k].as<decltype(tag)>());
+              return Status::ok();
+            });
+            std::fill_n(row(k), kFusedBlock, v);
+          }
+        }
+        setUp = seg;
+      }
+      const int64_t n = outs[0].numElements();
+      const int64_t i0 = (blk - firstBlock[seg]) * kFusedBlock;
+      const int64_t len = std::min(kFusedBlock, n - i0);
       for (int64_t k = 0; k < numIn; ++k) {
         if (ins[k].type.shape.empty())
           continue;
@@ -553,12 +579,7 @@ Status fusedKernel(const Instr &instr, Ins ins, Outs outs) {
   auto decoded = fused::decode(instr, ot, rt);
   if (!decoded)
     return opError(instr, decoded.status().message());
-  const fused::Program &p = *decoded;
-  // Multi-tensor form: the segments one after the other (each in parallel).
-  const size_t numIn = size_t(p.numInputs), numOut = p.outputs.size();
-  for (size_t s = 0; s < size_t(p.numSegments); ++s)
-    fusedSegment(p, ins.subspan(s * numIn, numIn),
-                 outs.subspan(s * numOut, numOut));
+  fusedSegments(*decoded, ins, outs);
   return Status::ok();
 }
 

@@ -497,10 +497,13 @@ TEST(FusedProgram, RejectsBadSegments) {
 }
 
 TEST(FusedKernel, MultiTensorIsBitwiseOneInstructionPerSegment) {
-  // Segments of 1000 (blocks and a tail), 3 and 0 elements, f32, sharing
-  // lr; then in place, as the memory planner arranges for optimizer updates.
-  std::vector<int64_t> sizes = {1000, 3, 0};
-  float lr = 0.0137f;
+  // Segments of 5000 (blocks and a tail), 3, 0, 7000 and 1 elements, f32,
+  // each with its own lr (a rank-0 input: its broadcast row is refilled
+  // where a worker's blocks cross into the next segment); the segments'
+  // blocks form one parallel loop, split across segments. Then in place,
+  // as the memory planner arranges for optimizer updates.
+  std::vector<int64_t> sizes = {5000, 3, 0, 7000, 1};
+  std::vector<float> lrs = {0.0137f, 0.5f, 0.25f, -0.003f, 2.0f};
   TensorType st = tt({});
   std::vector<std::vector<float>> m, g, p, m1, p1, m2, p2;
   std::vector<TensorRef> ins, outs, insInPlace, outsInPlace;
@@ -517,6 +520,7 @@ TEST(FusedKernel, MultiTensorIsBitwiseOneInstructionPerSegment) {
   std::vector<std::vector<float>> mi = m, pi = p;
   for (size_t s = 0; s < sizes.size(); ++s) {
     TensorType vt = tt({sizes[s]});
+    float &lr = lrs[s];
     Status one = run(fused::kOpName,
                      {ref(m[s].data(), vt), ref(g[s].data(), vt),
                       ref(p[s].data(), vt), ref(&lr, st)},
