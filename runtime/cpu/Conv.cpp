@@ -19,6 +19,7 @@
 #include "runtime/cpu/ThreadPool.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <limits>
 
@@ -509,6 +510,65 @@ Status poolGradKernel(const Instr &instr, Ins ins, Outs outs) {
     const T *x = Max ? ins[0].as<T>() : nullptr;
     const T *dy = ins[Max ? 1 : 0].as<T>();
     T *dx = outs[0].as<T>();
+    if (Max && kernel[0] == 2 && kernel[1] == 2 && stride[0] == 2 &&
+        stride[1] == 2 && padding[0] == 0 && padding[1] == 0 &&
+        2 * oh <= h && 2 * ow <= w) {
+      // 2x2 windows, stride 2, no padding: the windows do not overlap, so
+      // each input element gets its window's gradient or 0, written once,
+      // with the argmax picked without branches (the same first maximum and
+      // NaN rule as below).
+      parallelFor(planes, grainFor(8 * h * w), [&](int64_t pb, int64_t pe) {
+        for (int64_t pl = pb; pl < pe; ++pl) {
+          const T *xp = x + pl * h * w;
+          const T *dyp = dy + pl * oh * ow;
+          T *dxp = dx + pl * h * w;
+          if (2 * oh < h || 2 * ow < w) // rows or columns in no window
+            std::fill(dxp, dxp + h * w, fromF32<T>(0.0f));
+          for (int64_t oy = 0; oy < oh; ++oy) {
+            const T *r0 = xp + 2 * oy * w, *r1 = r0 + w;
+            T *d0 = dxp + 2 * oy * w, *d1 = d0 + w;
+            // NaNs are rare: a row pair without any takes the comparison
+            // chain below with no NaN rule (selects, no branches); one with
+            // a NaN takes the rule window by window.
+            bool nan = false;
+            for (int64_t j = 0; j < 2 * ow; ++j) {
+              float a = toF32(r0[j]), b = toF32(r1[j]);
+              nan |= std::isnan(a) | std::isnan(b);
+            }
+            for (int64_t ox = 0; ox < ow; ++ox) {
+              float v0 = toF32(r0[2 * ox]), v1 = toF32(r0[2 * ox + 1]),
+                    v2 = toF32(r1[2 * ox]), v3 = toF32(r1[2 * ox + 1]);
+              int k;
+              if (!nan) {
+                // The first strict maximum in row-major order.
+                float m = v0;
+                k = 0;
+                k = v1 > m ? 1 : k;
+                m = v1 > m ? v1 : m;
+                k = v2 > m ? 2 : k;
+                m = v2 > m ? v2 : m;
+                k = v3 > m ? 3 : k;
+              } else {
+                float v[4] = {v0, v1, v2, v3}, r = v0;
+                k = 0;
+                for (int q = 1; q < 4; ++q)
+                  if (r == r && (v[q] != v[q] || v[q] > r)) {
+                    r = v[q];
+                    k = q;
+                  }
+              }
+              // 0 + g, as the general path's accumulation gives (+0 for -0).
+              float g = 0.0f + toF32(dyp[oy * ow + ox]);
+              d0[2 * ox] = fromF32<T>(k == 0 ? g : 0.0f);
+              d0[2 * ox + 1] = fromF32<T>(k == 1 ? g : 0.0f);
+              d1[2 * ox] = fromF32<T>(k == 2 ? g : 0.0f);
+              d1[2 * ox + 1] = fromF32<T>(k == 3 ? g : 0.0f);
+            }
+          }
+        }
+      });
+      return Status::ok();
+    }
     parallelFor(planes, grainFor(oh * ow * kernel[0] * kernel[1] + h * w),
                 [&](int64_t pb, int64_t pe) {
                   std::vector<float> acc(static_cast<size_t>(h * w));

@@ -346,23 +346,19 @@ Status batchNormGradKernel(const Instr &instr, Ins ins, Outs outs) {
     parallelFor(c, grainFor(count * 10), [&](int64_t cb, int64_t ce) {
       for (int64_t ch = cb; ch < ce; ++ch) {
         double mean = 0, var = 0;
+        // The statistics as batch_norm computes them (vm::laneSum), and
+        // the two sums of the gradient in one pass of the same kind.
+        auto at = [&](int64_t i, int64_t j) {
+          return double(toF32(x[(i * c + ch) * inner + j]));
+        };
         if (training) {
           if (count > 0) {
-            double sum = 0;
-            for (int64_t i = 0; i < n; ++i) {
-              const T *p = x + (i * c + ch) * inner;
-              for (int64_t j = 0; j < inner; ++j)
-                sum += double(toF32(p[j]));
-            }
+            double sum = vm::laneSum(n, inner, at);
             mean = sum / double(count);
-            double ss = 0;
-            for (int64_t i = 0; i < n; ++i) {
-              const T *p = x + (i * c + ch) * inner;
-              for (int64_t j = 0; j < inner; ++j) {
-                double dv = double(toF32(p[j])) - mean;
-                ss += dv * dv;
-              }
-            }
+            double ss = vm::laneSum(n, inner, [&](int64_t i, int64_t j) {
+              double dv = at(i, j) - mean;
+              return dv * dv;
+            });
             var = ss / double(count);
           }
         } else {
@@ -370,16 +366,17 @@ Status batchNormGradKernel(const Instr &instr, Ins ins, Outs outs) {
           var = double(toF32(rv[ch]));
         }
         float rs = float(1.0 / std::sqrt(var + eps)), mu = float(mean);
+        auto gAt = [&](int64_t i, int64_t j) {
+          return toF32(dy[(i * c + ch) * inner + j]);
+        };
         double sdy = 0, sdyx = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          const T *p = x + (i * c + ch) * inner;
-          const T *gp = dy + (i * c + ch) * inner;
-          for (int64_t j = 0; j < inner; ++j) {
-            float g = toF32(gp[j]);
-            sdy += double(g);
-            sdyx += double(g) * double((toF32(p[j]) - mu) * rs);
-          }
-        }
+        vm::laneSum2(
+            n, inner, [&](int64_t i, int64_t j) { return double(gAt(i, j)); },
+            [&](int64_t i, int64_t j) {
+              return double(gAt(i, j)) *
+                     double((toF32(x[(i * c + ch) * inner + j]) - mu) * rs);
+            },
+            sdy, sdyx);
         dw[ch] = fromF32<T>(float(sdyx));
         db[ch] = fromF32<T>(float(sdy));
         float a = toF32(w[ch]) * rs;

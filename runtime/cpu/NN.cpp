@@ -314,21 +314,17 @@ Status batchNormKernel(const Instr &instr, Ins ins, Outs outs) {
       for (int64_t ch = cb; ch < ce; ++ch) {
         double mean, var;
         if (training) {
-          double sum = 0;
-          for (int64_t i = 0; i < n; ++i) {
-            const T *p = x + (i * c + ch) * inner;
-            for (int64_t j = 0; j < inner; ++j)
-              sum += double(toF32(p[j]));
-          }
+          // Two passes (mean, then squared deviations) in double, each
+          // over vm::kLanes partial sums in a fixed order.
+          auto at = [&](int64_t i, int64_t j) {
+            return double(toF32(x[(i * c + ch) * inner + j]));
+          };
+          double sum = vm::laneSum(n, inner, at);
           mean = sum / double(count);
-          double ss = 0;
-          for (int64_t i = 0; i < n; ++i) {
-            const T *p = x + (i * c + ch) * inner;
-            for (int64_t j = 0; j < inner; ++j) {
-              double dv = double(toF32(p[j])) - mean;
-              ss += dv * dv;
-            }
-          }
+          double ss = vm::laneSum(n, inner, [&](int64_t i, int64_t j) {
+            double dv = at(i, j) - mean;
+            return dv * dv;
+          });
           var = ss / double(count);
           double unbiased = ss / double(count - 1);
           rmOut[ch] = fromF32<T>(float(

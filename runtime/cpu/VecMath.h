@@ -186,6 +186,52 @@ inline double rowSumF64(const float *v, int64_t n) {
   return s;
 }
 
+/// sum over rows i < rows and j < len of term(i, j) (a double), over
+/// kLanes interleaved partial sums: lane l takes the j = l mod kLanes of
+/// each row's whole groups of kLanes, lane 0 each row's tail; the lanes are
+/// added in a fixed order at the end. For per-channel statistics (batch
+/// norm and its gradient), whose sequential double sums were latency-bound.
+template <typename Term>
+inline double laneSum(int64_t rows, int64_t len, Term term) {
+  double acc[kLanes] = {};
+  for (int64_t i = 0; i < rows; ++i) {
+    int64_t j = 0;
+    for (; j + kLanes <= len; j += kLanes)
+      for (int l = 0; l < kLanes; ++l)
+        acc[l] += term(i, j + l);
+    for (; j < len; ++j)
+      acc[0] += term(i, j);
+  }
+  double s = 0;
+  for (int l = 0; l < kLanes; ++l)
+    s += acc[l];
+  return s;
+}
+
+/// Two such sums in one pass: {sum a(i, j), sum b(i, j)}.
+template <typename TermA, typename TermB>
+inline void laneSum2(int64_t rows, int64_t len, TermA a, TermB b, double &sa,
+                     double &sb) {
+  double accA[kLanes] = {}, accB[kLanes] = {};
+  for (int64_t i = 0; i < rows; ++i) {
+    int64_t j = 0;
+    for (; j + kLanes <= len; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        accA[l] += a(i, j + l);
+        accB[l] += b(i, j + l);
+      }
+    for (; j < len; ++j) {
+      accA[0] += a(i, j);
+      accB[0] += b(i, j);
+    }
+  }
+  sa = sb = 0;
+  for (int l = 0; l < kLanes; ++l) {
+    sa += accA[l];
+    sb += accB[l];
+  }
+}
+
 /// out[j] = e^(v[j] - m); out may be v.
 inline void expShifted(const float *v, int64_t n, float m, float *out) {
   for (int64_t j = 0; j < n; ++j)

@@ -600,6 +600,38 @@ TEST(PoolGrad, MaxFirstMaximumAndAvgByFiniteDifferences) {
     for (int64_t j = 0; j < 3; ++j)
       tie[i * 4 + j] = double(i * 3 + j + 1);
   EXPECT_TRUE(allEqual(dx, tie));
+  // The same rules on the non-overlapping 2x2 stride-2 path (its own code):
+  // a constant window's first element takes it all, a NaN wins over
+  // numbers and the first NaN over later ones, a later strict maximum
+  // wins, and -0 gradients come out +0 as 0 + g does.
+  {
+    Tensor x2(DType::F32, {1, 1, 4, 4}), dy2(DType::F32, {1, 1, 2, 2}),
+        dx2(DType::F32, {1, 1, 4, 4});
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    const double xv[16] = {2, 2, 1, nan, //
+                           2, 2, nan, 5, //
+                           1, 1, 0, -0.0,
+                           1, 3, 0, 0};
+    for (int64_t i = 0; i < 16; ++i)
+      x2.set(i, xv[i]);
+    const double dv[4] = {10, 20, 30, -0.0};
+    for (int64_t i = 0; i < 4; ++i)
+      dy2.set(i, dv[i]);
+    ASSERT_EQ(errOf(makeInstr("max_pool2d_grad",
+                              {{"kernel", std::vector<int64_t>{2, 2}},
+                               {"stride", std::vector<int64_t>{2, 2}},
+                               {"padding", std::vector<int64_t>{0, 0}}}),
+                    {&x2, &dy2}, {&dx2}),
+              "");
+    const double want[16] = {10, 0, 0, 20, //
+                             0, 0, 0, 0,  //
+                             0, 0, 0, 0,  //
+                             0, 30, 0, 0};
+    for (int64_t i = 0; i < 16; ++i) {
+      EXPECT_EQ(dx2.get(i), want[i]) << i;
+      EXPECT_FALSE(std::signbit(dx2.get(i))) << i;
+    }
+  }
   // Errors: dy not the pooled shape; the result not x's type.
   Tensor dyBad(DType::F32, {1, 1, 2, 2});
   auto attrs = std::map<std::string, AttrValue>{
