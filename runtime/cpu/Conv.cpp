@@ -533,7 +533,7 @@ Status poolGradKernel(const Instr &instr, Ins ins, Outs outs) {
             bool nan = false;
             for (int64_t j = 0; j < 2 * ow; ++j) {
               float a = toF32(r0[j]), b = toF32(r1[j]);
-              nan |= std::isnan(a) | std::isnan(b);
+              nan = nan || std::isnan(a) || std::isnan(b);
             }
             for (int64_t ox = 0; ox < ow; ++ox) {
               float v0 = toF32(r0[2 * ox]), v1 = toF32(r0[2 * ox + 1]),
