@@ -4,11 +4,6 @@
 #include "runtime/exec/Npy.h"
 #include "runtime/exec/ParamInit.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -134,27 +129,19 @@ public:
   TokenStore() = default;
   TokenStore(const TokenStore &) = delete;
   TokenStore &operator=(const TokenStore &) = delete;
-  ~TokenStore() {
-    if (map_)
-      ::munmap(map_, mapBytes_);
-  }
 
   /// Decoded tokens.
   explicit TokenStore(std::vector<int32_t> tokens)
       : owned_(std::move(tokens)), size_(owned_.size()) {}
 
-  /// Maps `bytes` bytes of `fd`; the tokens are `count` little-endian
-  /// integers of `width` bytes from `offset`. Null when mmap fails.
-  static std::unique_ptr<TokenStore> map(int fd, size_t bytes, size_t offset,
-                                         size_t width, bool isSigned,
-                                         uint64_t count) {
-    void *m = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED)
-      return nullptr;
+  /// The tokens of mapped `file`: `count` little-endian integers of
+  /// `width` bytes from `offset`.
+  static std::unique_ptr<TokenStore> map(std::unique_ptr<MappedFile> file,
+                                         size_t offset, size_t width,
+                                         bool isSigned, uint64_t count) {
     auto s = std::make_unique<TokenStore>();
-    s->map_ = m;
-    s->mapBytes_ = bytes;
-    s->data_ = static_cast<const uint8_t *>(m) + offset;
+    s->data_ = file->data() + offset;
+    s->file_ = std::move(file);
     s->width_ = width;
     s->signed_ = isSigned;
     s->size_ = count;
@@ -165,14 +152,13 @@ public:
 
   /// Token i as stored (checked to be a valid id when the file was loaded).
   int64_t raw(uint64_t i) const {
-    return map_ ? decodeInt(data_ + i * width_, width_, signed_) : owned_[i];
+    return file_ ? decodeInt(data_ + i * width_, width_, signed_) : owned_[i];
   }
   int32_t at(uint64_t i) const { return int32_t(raw(i)); }
 
 private:
   std::vector<int32_t> owned_;
-  void *map_ = nullptr;
-  size_t mapBytes_ = 0;
+  std::unique_ptr<MappedFile> file_;
   const uint8_t *data_ = nullptr;
   size_t width_ = 4;
   bool signed_ = true;
@@ -325,6 +311,9 @@ public:
     int lead = 1;    ///< its leading dims that index samples (1 or 2)
     const uint8_t *samples() const {
       return map ? map->data() : whole.bytes.data();
+    }
+    const TensorType &fileType() const {
+      return map ? map->type() : whole.type;
     }
   };
   ArrayLoader(std::vector<Array> arrays, int64_t samples, int64_t batch,
@@ -574,30 +563,12 @@ openTokenFile(const std::string &path, TokenDType rawDType, DataShare share) {
       return decoded.status().withContext(path + ": ");
     return std::make_unique<TokenStore>(decoded.take());
   };
-  // Only regular files are opened here: a pipe must be opened once, by
-  // the whole-file read.
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+  std::unique_ptr<MappedFile> file = MappedFile::open(path);
+  if (!file)
     return readWhole();
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return readWhole();
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
-      uint64_t(st.st_size) > kMaxDataFileBytes)
-    return readWhole();
-  size_t size = size_t(st.st_size);
+  const size_t size = file->size();
   // A .npy header is far under 1 MiB; a longer one goes the whole way.
-  std::vector<uint8_t> head(std::min<size_t>(size, size_t(1) << 20));
-  for (size_t got = 0; got < head.size();) {
-    ssize_t n = ::pread(fd, head.data() + got, head.size() - got, off_t(got));
-    if (n <= 0)
-      return readWhole();
-    got += size_t(n);
-  }
+  const std::vector<uint8_t> head = file->head(size_t(1) << 20);
   size_t offset = 0, width = 4;
   bool isSigned = true;
   uint64_t count = 0;
@@ -618,9 +589,7 @@ openTokenFile(const std::string &path, TokenDType rawDType, DataShare share) {
     count = size / width;
   }
   std::unique_ptr<TokenStore> store =
-      TokenStore::map(fd, size, offset, width, isSigned, count);
-  if (!store)
-    return readWhole();
+      TokenStore::map(std::move(file), offset, width, isSigned, count);
   // This process checks its share of the ids; the others check theirs.
   auto [lo, hi] = shareRange(count, share);
   for (uint64_t i = lo; i < hi; ++i) {
@@ -720,7 +689,7 @@ static Expected<std::unique_ptr<DataLoader>> createArrayLoaderImpl(
         return arr.status();
       a.whole = arr.take();
     }
-    const TensorType &dataType = a.map ? a.map->type() : a.whole.type;
+    const TensorType &dataType = a.fileType();
     a.source = dataType.dtype;
     if (dataType.shape.empty()) {
       TensorType want{type.dtype, {type.shape.begin() + 1, type.shape.end()}};
@@ -741,7 +710,7 @@ static Expected<std::unique_ptr<DataLoader>> createArrayLoaderImpl(
   };
   auto fits = [&](const ArrayLoader::Array &a, int lead) {
     return int(a.type.shape.size()) >= lead &&
-           sampleOf(a.map ? a.map->type() : a.whole.type) ==
+           sampleOf(a.fileType()) ==
                std::vector<int64_t>(a.type.shape.begin() + lead,
                                     a.type.shape.end());
   };
@@ -752,7 +721,7 @@ static Expected<std::unique_ptr<DataLoader>> createArrayLoaderImpl(
   }
   micro = micro && shaped;
   for (ArrayLoader::Array &a : arrays) {
-    const TensorType &dataType = a.map ? a.map->type() : a.whole.type;
+    const TensorType &dataType = a.fileType();
     std::string what = a.name + "=" + a.file + ": ";
     a.lead = micro ? 2 : 1;
     if (!fits(a, a.lead)) {

@@ -383,7 +383,9 @@ Status writeNpy(const std::string &path, const HostTensor &tensor) {
   return Status::ok();
 }
 
-std::unique_ptr<MappedNpy> MappedNpy::tryMap(const std::string &path) {
+std::unique_ptr<MappedFile> MappedFile::open(const std::string &path,
+                                             uint64_t maxBytes) {
+  // A pipe must be opened once, by the whole-file read: stat first.
   struct stat st;
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
     return nullptr;
@@ -394,19 +396,30 @@ std::unique_ptr<MappedNpy> MappedNpy::tryMap(const std::string &path) {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 10 ||
-      uint64_t(st.st_size) > kMaxDataFileBytes)
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
+      uint64_t(st.st_size) > maxBytes)
     return nullptr;
-  size_t size = size_t(st.st_size);
+  void *m = ::mmap(nullptr, size_t(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+  if (m == MAP_FAILED)
+    return nullptr;
+  std::unique_ptr<MappedFile> out(new MappedFile());
+  out->data_ = static_cast<const uint8_t *>(m);
+  out->size_ = size_t(st.st_size);
+  return out;
+}
+
+MappedFile::~MappedFile() {
+  if (data_)
+    ::munmap(const_cast<uint8_t *>(data_), size_);
+}
+
+std::unique_ptr<MappedNpy> MappedNpy::tryMap(const std::string &path) {
+  std::unique_ptr<MappedFile> file = MappedFile::open(path);
+  if (!file || file->size() < 10)
+    return nullptr;
+  const size_t size = file->size();
   // A .npy header is at most 1 MiB (parseNpyHeader refuses longer ones).
-  std::vector<uint8_t> head(std::min<size_t>(size, (size_t(1) << 20) + 12));
-  for (size_t got = 0; got < head.size();) {
-    ssize_t n = ::pread(fd, head.data() + got, head.size() - got, off_t(got));
-    if (n <= 0)
-      return nullptr;
-    got += size_t(n);
-  }
-  Expected<NpyHeader> h = parseNpyHeader(head);
+  Expected<NpyHeader> h = parseNpyHeader(file->head((size_t(1) << 20) + 12));
   if (!h)
     return nullptr;
   std::optional<DType> dtype = dtypeFromDescr(h->descr);
@@ -421,20 +434,11 @@ std::unique_ptr<MappedNpy> MappedNpy::tryMap(const std::string &path) {
       uint64_t(size - h->dataOffset) !=
           uint64_t(h->numElements) * uint64_t(dtypeSize(*dtype)))
     return nullptr;
-  void *m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  if (m == MAP_FAILED)
-    return nullptr;
   std::unique_ptr<MappedNpy> out(new MappedNpy());
-  out->map_ = m;
-  out->mapBytes_ = size;
-  out->data_ = static_cast<const uint8_t *>(m) + h->dataOffset;
+  out->data_ = file->data() + h->dataOffset;
   out->type_ = TensorType{*dtype, h->shape};
+  out->file_ = std::move(file);
   return out;
-}
-
-MappedNpy::~MappedNpy() {
-  if (map_)
-    ::munmap(map_, mapBytes_);
 }
 
 } // namespace dlopt::rt

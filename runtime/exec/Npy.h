@@ -13,6 +13,7 @@
 #include "runtime/support/FileRead.h"
 #include "runtime/support/Status.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,6 +54,30 @@ readFileBytes(const std::string &path, const std::string &what = "file",
 /// File versions; messages are prefixed with the path.
 Expected<HostTensor> readNpy(const std::string &path);
 
+/// A non-empty regular file of at most `maxBytes` mapped read-only; null
+/// for anything else (pipes, directories, missing files), which callers
+/// read whole instead (and so report what is wrong).
+class MappedFile {
+public:
+  static std::unique_ptr<MappedFile>
+  open(const std::string &path, uint64_t maxBytes = kMaxDataFileBytes);
+  ~MappedFile();
+  MappedFile(const MappedFile &) = delete;
+  MappedFile &operator=(const MappedFile &) = delete;
+
+  const uint8_t *data() const { return data_; }
+  size_t size() const { return size_; }
+  /// A copy of its first min(size(), n) bytes (for header parsers).
+  std::vector<uint8_t> head(size_t n) const {
+    return std::vector<uint8_t>(data_, data_ + std::min(size_, n));
+  }
+
+private:
+  MappedFile() = default;
+  const uint8_t *data_ = nullptr;
+  size_t size_ = 0;
+};
+
 /// A .npy file mapped read-only, for readers that take a few rows of a
 /// large array: only the pages they touch are read.
 class MappedNpy {
@@ -63,9 +88,6 @@ public:
   /// bytes as its shape needs. Null otherwise: readNpy then reads the file
   /// whole, or says what is wrong with it.
   static std::unique_ptr<MappedNpy> tryMap(const std::string &path);
-  ~MappedNpy();
-  MappedNpy(const MappedNpy &) = delete;
-  MappedNpy &operator=(const MappedNpy &) = delete;
 
   /// dtype and shape; bool ('|b1') bytes above 1 mean true (readNpy makes
   /// them 1).
@@ -75,8 +97,7 @@ public:
 
 private:
   MappedNpy() = default;
-  void *map_ = nullptr;
-  size_t mapBytes_ = 0;
+  std::unique_ptr<MappedFile> file_;
   const uint8_t *data_ = nullptr;
   TensorType type_;
 };
