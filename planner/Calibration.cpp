@@ -54,6 +54,13 @@ const Entry kEntries[] = {
      Range::Efficiency, "fraction",
      "efficiency of a GEMM with a dim that is not a multiple of 16 bytes, "
      "relative to an aligned one"},
+    {"gemm_thin_tile", &Calibration::gemmThinTile, 1, Range::Positive, "rows",
+     "the short side of the thin tiles (thin x gemm_tile_n and "
+     "gemm_tile_n x thin) chosen for GEMMs with few rows or columns"},
+    {"gemm_max_split_k", &Calibration::gemmMaxSplitK, 1, Range::Positive,
+     "slices",
+     "most slices split-K cuts K into when the output tiles fill less "
+     "than one wave (1: never split)"},
     {"attention_efficiency", &Calibration::attentionEfficiency, 1,
      Range::Efficiency, "fraction",
      "achieved / peak FLOP/s of fused attention"},

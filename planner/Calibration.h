@@ -34,6 +34,8 @@ struct Calibration {
   double gemmTileN = 256;           ///< gemm_tile_n: output columns per CTA
   double gemmKOverheadSteps = 3;    ///< gemm_k_overhead_steps
   double gemmUnalignedFactor = 0.19; ///< gemm_unaligned_factor
+  double gemmThinTile = 64;         ///< gemm_thin_tile: rows of a thin tile
+  double gemmMaxSplitK = 16;        ///< gemm_max_split_k: 1 = no split-K
   double attentionEfficiency = 0.60;   ///< attention_efficiency
   double elementwiseEfficiency = 0.50; ///< elementwise_efficiency (FLOP side)
   double memoryBandwidthEfficiency = 0.90; ///< memory_bandwidth_efficiency

@@ -102,27 +102,53 @@ double CostModel::gemmEfficiency(const GemmShape &g, Precision precision,
   if (gpu.sms <= 0 || !(g.m > 0) || !(g.n > 0) || !(g.k > 0) ||
       !(g.batch > 0))
     return computeEfficiency(OpCost{OpKind::Matmul, precision, g.flops(), 0});
-  // The share of the launched tile slots that does useful work, for the
-  // best of the tile shapes cuBLAS chooses among.
-  auto filledWith = [&](double tm, double tn) {
-    const double tiles =
-        std::ceil(g.m / tm) * std::ceil(g.n / tn) * std::ceil(g.batch);
-    const double waves = std::ceil(tiles / gpu.sms);
-    return std::min(1.0, g.m * g.n * g.batch / (waves * gpu.sms * tm * tn));
-  };
-  const double tm = cal_.gemmTileM, tn = cal_.gemmTileN;
-  const double filled = std::max(
-      {filledWith(tm, tn), filledWith(tn, tm), filledWith(tm, tm)});
+  const double sms = gpu.sms;
   const double elem = precisionBytes(precision);
   const double step = 128.0 / elem; // K per main-loop step
-  const double kShare = g.k / (g.k + cal_.gemmKOverheadSteps * step);
+  auto kShare = [&](double k) {
+    return k / (k + cal_.gemmKOverheadSteps * step);
+  };
+  // Split-K's partial sums: fp32 tiles written by each slice and read back
+  // by the reduction, through HBM.
+  const double peak = gpu.peak(precision);
+  const double bw = gpu.memoryBandwidth * cal_.memoryBandwidthEfficiency;
+  const double maxSplit = std::max(1.0, std::floor(cal_.gemmMaxSplitK));
+  // The best of the kernels cuBLAS chooses among: a tile shape, and for a
+  // grid that fills less than one wave, a split of K into s slices whose
+  // tiles run side by side. The share of the launched tile slots that does
+  // useful work, times the K loop's share of a tile's time.
+  double best = 0;
+  auto consider = [&](double tm, double tn) {
+    const double tiles =
+        std::ceil(g.m / tm) * std::ceil(g.n / tn) * std::ceil(g.batch);
+    for (double s = 1; s <= maxSplit; ++s) {
+      if (s > 1 && (tiles * s > sms || g.k / s < 4 * step))
+        break;
+      const double waves = std::ceil(tiles * s / sms);
+      const double filled =
+          std::min(1.0, g.m * g.n * g.batch * s / (waves * sms * tm * tn));
+      double eff = cal_.gemmPeakEfficiency * filled * kShare(g.k / s);
+      if (s > 1 && peak > 0 && bw > 0) {
+        const double t = g.flops() / (peak * eff) +
+                         2 * s * g.m * g.n * g.batch * 4 / bw;
+        eff = g.flops() / (peak * t);
+      }
+      best = std::max(best, eff);
+    }
+  };
+  const double tm = cal_.gemmTileM, tn = cal_.gemmTileN,
+               thin = cal_.gemmThinTile;
+  consider(tm, tn);
+  consider(tn, tm);
+  consider(tm, tm);
+  consider(thin, tn);
+  consider(tn, thin);
   // Rows of a dim that is not a multiple of 16 bytes cannot be loaded by
   // the aligned (TMA / vectorized) kernels.
   const double align = 16.0 / elem;
   const bool aligned = std::fmod(g.m, align) == 0 &&
                        std::fmod(g.n, align) == 0 && std::fmod(g.k, align) == 0;
-  return cal_.gemmPeakEfficiency * filled * kShare *
-         (aligned ? 1.0 : cal_.gemmUnalignedFactor);
+  return best * (aligned ? 1.0 : cal_.gemmUnalignedFactor);
 }
 
 Expected<ComputeEstimate> CostModel::gemmTime(const GemmShape &g, double bytes,

@@ -130,6 +130,40 @@ TEST(Compute, GemmTileAndWaveQuantization) {
   // same fill never hurt.
   EXPECT_LE(m.gemmEfficiency(slice, Precision::BF16, h100),
             m.gemmEfficiency(big, Precision::BF16, h100));
+  // Thin tiles: 64 rows fill a 64-row GEMM's tiles where 128 fill half.
+  // 64 x 256 tiles: 132 in one wave.
+  GemmShape thin{64, 256 * 132, 4096};
+  EXPECT_REL(m.gemmEfficiency(thin, Precision::BF16, h100),
+             0.84 * 1.0 * (4096.0 / 4288), kRel);
+  // Split-K: 512 x 512 outputs are 16 tiles of 128 x 128 for 132 SMs;
+  // K = 16384 splits into 8 slices of 2048 (128 tiles, one wave), and the
+  // fp32 partials (2 x 8 x 512 x 512 x 4 bytes) go through HBM once each
+  // way. (128 x 256 tiles split 16 ways do worse: a K share of 1024/1216.)
+  GemmShape deep{512, 512, 16384};
+  {
+    const double eff0 = 0.84 * (512.0 * 512 * 8 / (132 * 128 * 128)) *
+                        (2048.0 / 2240);
+    const double t = deep.flops() / (989e12 * eff0) +
+                     2 * 8 * 512.0 * 512 * 4 / (h100.memoryBandwidth * 0.9);
+    EXPECT_REL(m.gemmEfficiency(deep, Precision::BF16, h100),
+               deep.flops() / (989e12 * t), kRel);
+    // Without split-K: 16 of 132 slots.
+    Calibration noSplit;
+    noSplit.gemmMaxSplitK = 1;
+    EXPECT_REL(CostModel(noSplit).gemmEfficiency(deep, Precision::BF16, h100),
+               0.84 * (512.0 * 512 / (132 * 128 * 128)) * (16384.0 / 16576),
+               kRel);
+    EXPECT_GT(m.gemmEfficiency(deep, Precision::BF16, h100),
+              5 * CostModel(noSplit).gemmEfficiency(deep, Precision::BF16, h100));
+  }
+  // A grid that fills a wave is never split, nor a K too short to share.
+  Calibration noSplit;
+  noSplit.gemmMaxSplitK = 1;
+  EXPECT_DOUBLE_EQ(m.gemmEfficiency(slice, Precision::BF16, h100),
+                   CostModel(noSplit).gemmEfficiency(slice, Precision::BF16, h100));
+  GemmShape shallow{512, 512, 256};
+  EXPECT_DOUBLE_EQ(m.gemmEfficiency(shallow, Precision::BF16, h100),
+                   CostModel(noSplit).gemmEfficiency(shallow, Precision::BF16, h100));
   // Without an SM count, the size classes of old.
   GpuSpec cpu = *gpuPreset("cpu-device");
   EXPECT_EQ(cpu.sms, 0);
