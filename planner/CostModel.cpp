@@ -143,11 +143,13 @@ double CostModel::gemmEfficiency(const GemmShape &g, Precision precision,
   consider(tm, tm);
   consider(thin, tn);
   consider(tn, thin);
-  // Rows of a dim that is not a multiple of 16 bytes cannot be loaded by
-  // the aligned (TMA / vectorized) kernels.
+  // Rows whose length is not a multiple of 16 bytes cannot be loaded by the
+  // aligned (TMA / vectorized) kernels: the contiguous dims of row-major
+  // A [m, k], B [k, n] and C [m, n], i.e. k and n. The number of rows m
+  // does not matter.
   const double align = 16.0 / elem;
-  const bool aligned = std::fmod(g.m, align) == 0 &&
-                       std::fmod(g.n, align) == 0 && std::fmod(g.k, align) == 0;
+  const bool aligned =
+      std::fmod(g.n, align) == 0 && std::fmod(g.k, align) == 0;
   return best * (aligned ? 1.0 : cal_.gemmUnalignedFactor);
 }
 

@@ -159,13 +159,31 @@ struct Ctx {
     auto e = cost.computeTime(op, gpu);
     return e ? e->time : 0;
   }
+
+  /// Forward time of `op` run by strategy `st` on one of t ranks, moving
+  /// `bytes` (opBytes): its FLOPs divided by the strategy's divisor against
+  /// those bytes. Matmuls keep the size classes here: pricing them by
+  /// their shape on the rank (CostModel::gemmTime) swings strategy choices
+  /// on wave quantization that the three-tile menu overstates for
+  /// single-wave grids (docs/cost-model.md, "GEMM efficiency by shape").
+  double forwardTime(const OpNode &op, const Strategy &st, double flops,
+                     double bytes) const {
+    return roofline(rooflineKind(op), flops / st.divisor, bytes);
+  }
 };
 
-double opBytes(const Solved &s, const OpNode &op) {
-  double b = s.geo.result(op.id).bytes;
+/// HBM bytes one of t ranks moves for `op` under strategy `st`: each
+/// operand and result #0 at its layout's share (a replicated weight is read
+/// whole by every rank, a split one 1/t, a partial sum is written whole),
+/// plus the results past #0 (batch-norm running stats, ...) whole.
+double opBytes(const Solved &s, const OpNode &op, const Strategy &st, int t) {
+  auto share = [&](const Layout &l) {
+    return l.kind == Layout::S ? 1.0 / t : 1.0;
+  };
+  double b = s.geo.result(op.id).bytes * share(st.result);
   for (size_t i = 0; i < op.operands.size(); ++i)
-    b += s.geo.operand(op.id, int(i)).bytes;
-  // Results past #0 (batch-norm running stats, ...): their own size.
+    b += s.geo.operand(op.id, int(i)).bytes *
+         (i < st.operands.size() ? share(st.operands[i]) : 1.0);
   double r0 = double(op.elemBytes);
   for (int64_t d : op.shape)
     r0 *= double(d);
@@ -252,11 +270,9 @@ std::unique_ptr<Solved> solveFor(Ctx &c, int t, int dp, int64_t mbs,
     s->strategies[id] = shardingRules(s->geo, id, t);
     const double scale = s->geo.scale(id);
     const double flops = op.flops * scale;
-    const double bytes = opBytes(*s, op);
-    const OpKind kind = rooflineKind(op);
     ShardingProblem::Node n;
     for (const Strategy &st : s->strategies[id]) {
-      double fwd = c.roofline(kind, flops / st.divisor, bytes / st.divisor);
+      double fwd = c.forwardTime(op, st, flops, opBytes(*s, op, st, t));
       double comp = train ? fwd * (1 + c.ratio) : fwd;
       double comm = 0;
       for (const IntrinsicComm &ic : st.comms)
@@ -381,9 +397,8 @@ std::unique_ptr<Solved> solveFor(Ctx &c, int t, int dp, int64_t mbs,
       continue;
     const Strategy &st = s->strategies[id][s->chosen[id]];
     double flops = op.flops * s->geo.scale(id);
-    double bytes = opBytes(*s, op);
-    double fwd = c.roofline(rooflineKind(op), flops / st.divisor,
-                            bytes / st.divisor);
+    double fwd =
+        c.forwardTime(op, st, flops, opBytes(*s, op, st, t));
     s->compute[id] = train ? fwd * (1 + c.ratio) : fwd;
     for (const IntrinsicComm &ic : st.comms)
       if (train || !ic.backward)
@@ -559,9 +574,12 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
   StepTime &T = cand.time;
   T.compute = m * ss[w].compute;
   if (train) {
+    // Under ZeRO (stage 1 and up) each dp rank updates its 1/dp shard of
+    // the optimizer states, as the transformer search prices it.
+    const double shard = cfg.zeroStage >= 1 ? double(cfg.dp) : 1.0;
     double update = 0;
     for (const StageSum &x : ss)
-      update = std::max(update, optimizerTime(c, x.paramElems));
+      update = std::max(update, optimizerTime(c, x.paramElems / shard));
     T.compute += update;
   }
   double step = 0;

@@ -840,19 +840,72 @@ TEST(OpSearch, ErrorsSayWhy) {
   EXPECT_NE(d.status().message().find("no candidate plan"), std::string::npos);
 }
 
-TEST(OpSearch, MemoryConstraintShardsWhatDoesNotFit) {
-  // Batch splitting is fastest, but replicated weights do not fit in 80 GB:
-  // the memory-constrained solve shards enough of them.
+TEST(OpSearch, ReplicatedWeightsAreReadWholeByEveryRank) {
+  // 8 rows against a 16384 x 16384 weight: a memory-bound GEMM. Splitting
+  // the batch over 8 ranks leaves each reading all 512 MiB of the weight;
+  // column-parallel reads 1/8 of it. Priced by the rank's bytes, sharding
+  // the weight is faster even though both do 1/8 of the FLOPs.
   Builder b(64);
   ValueRef h = b.input("x", {64, 16384});
-  for (int l = 0; l < 24; ++l)
-    h = b.unary("dlopt.relu",
-                b.matmul(h, b.param("w" + std::to_string(l), {16384, 16384})));
+  h = b.unary("dlopt.relu", b.matmul(h, b.param("w0", {16384, 16384})));
   b.op("dlopt.mse", OpClass::Loss, {}, {h, b.input("y", {64, 16384})});
-  SearchOptions o = bf16Training(65536); // 1024 micro-batches
+  SearchOptions o = bf16Training(64);
   o.fix.tp = 8;
   o.fix.pp = 1;
   o.fix.mbs = 64;
+  auto p = searchOpPlan(b.g, preset("dgx-a100"), CostModel(), o);
+  ASSERT_TRUE(p) << p.status().message();
+  auto s = strategiesOf(*p, b.g);
+  EXPECT_NE(s["#0 dlopt.matmul"], "batch");
+  EXPECT_NE(s["#0 dlopt.matmul"], "replicated");
+  for (const auto &[name, layout] : p->params)
+    EXPECT_EQ(layout.kind, Layout::S) << name;
+}
+
+TEST(OpSearch, ZeroShardsTheOptimizerStep) {
+  // Under ZeRO-1 and up each of the dp ranks updates 1/dp of the states:
+  // the optimizer step of dp=8 is an eighth of the one without ZeRO.
+  GraphSummary g = mlp2(8192, 512, 2048);
+  SearchOptions o = bf16Training();
+  o.fix.dp = 8;
+  o.fix.pp = 1;
+  o.fix.mbs = 64;
+  double update[2];
+  for (int zero : {0, 1}) {
+    o.fix.zero = zero;
+    auto p = searchOpPlan(g, preset("dgx-a100"), CostModel(), o);
+    ASSERT_TRUE(p) << p.status().message();
+    update[zero] = p->best.time.compute;
+  }
+  // compute = the micro-batches (the same for both) + the update, a
+  // memory-bound pass reading and writing every state of 2.1M parameters.
+  const PrecisionConfig &pr = o.bytes;
+  const double elems = 2.0 * 512 * 2048;
+  const double perElem = pr.paramBytes + pr.gradBytes +
+                         2 * pr.optimizerStateBytes +
+                         (pr.masterWeights ? pr.masterBytes : 0.0);
+  const double bw = gpuPreset("a100-sxm-80gb")->memoryBandwidth * 0.9;
+  EXPECT_NEAR((update[0] - update[1]) / (7.0 / 8 * 2 * elems * perElem / bw),
+              1.0, 1e-9);
+}
+
+TEST(OpSearch, MemoryConstraintShardsWhatDoesNotFit) {
+  // Batch splitting is fastest, but replicated weights do not fit in 80 GB:
+  // the memory-constrained solve shards enough of them. Micro-batches of
+  // 1024 rows (128 per device under batch splitting) keep the GEMMs
+  // compute-bound; with 8 rows per device, every device reading all the
+  // replicated weights would cost more than sharding them, and sharding
+  // would win without the memory limit.
+  Builder b(1024);
+  ValueRef h = b.input("x", {1024, 16384});
+  for (int l = 0; l < 24; ++l)
+    h = b.unary("dlopt.relu",
+                b.matmul(h, b.param("w" + std::to_string(l), {16384, 16384})));
+  b.op("dlopt.mse", OpClass::Loss, {}, {h, b.input("y", {1024, 16384})});
+  SearchOptions o = bf16Training(65536); // 64 micro-batches
+  o.fix.tp = 8;
+  o.fix.pp = 1;
+  o.fix.mbs = 1024;
   auto p = searchOpPlan(b.g, preset("dgx-a100"), CostModel(), o);
   ASSERT_TRUE(p) << p.status().message();
   EXPECT_TRUE(p->best.fits());
