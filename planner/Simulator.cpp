@@ -269,6 +269,24 @@ Expected<std::vector<PipelineTask>> pipelineOrder(PipelineSchedule schedule,
 // Simulation
 //===----------------------------------------------------------------------===//
 
+double pipelineSendTime(PipelineSchedule schedule, bool train, int64_t pp,
+                        int v, int64_t m, double oneSend, double slack) {
+  (void)v;
+  if (pp <= 1 || !(oneSend > 0))
+    return 0;
+  if (!train)
+    return double(pp - 1) * oneSend;
+  double t = 2 * double(pp - 1) * oneSend;
+  if (schedule == PipelineSchedule::OneFOneB) {
+    const double waits =
+        m >= pp ? 2 * oneSend * (double(pp - 1) * double(m - 1) - 1) /
+                      double(pp)
+                : 2 * oneSend * double(std::max<int64_t>(0, m - 2));
+    t += std::max(0.0, waits - double(m - 1) * std::max(0.0, slack));
+  }
+  return t;
+}
+
 Expected<SimResult> simulateStep(const SimInput &in) {
   DLOPT_RETURN_IF_ERROR(validate(in));
   const int pp = static_cast<int>(in.stages.size());

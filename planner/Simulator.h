@@ -123,6 +123,26 @@ Expected<std::vector<PipelineTask>> pipelineOrder(PipelineSchedule schedule,
                                                   int64_t pp, int64_t stage,
                                                   int64_t m, int v);
 
+/// The time the stage-boundary sends add to a pipelined step in closed
+/// form, each send taking `oneSend` seconds (docs/simulator.md, "Sends in
+/// closed form"):
+///   - the first micro-batch's forward and the last one's backward wait for
+///     every hop: pp - 1 each way;
+///   - under 1F1B each steady-state backward also waits for the next
+///     stage's gradient, 2 oneSend ((pp-1)(m-1) - 1) / pp in all for m >= pp
+///     and 2 oneSend max(0, m - 2) for m < pp, less what the slowest stage
+///     hides: (m - 1) `slack`, where slack = t_max - mean_s t_s per
+///     micro-batch (the mean cycle through the pipeline, mean t + 2 (pp-1)
+///     oneSend / pp per micro-batch, only binds when it exceeds t_max);
+///   - GPipe, interleaving and zero-bubble hide the steady-state sends.
+/// For GPipe and 1F1B it equals simulateStep's replay for equal stages and
+/// sends no longer than a stage's forward (checked in SimulatorTest).
+/// Interleaved, the replay of equal chunks waits pp v - 1 hops each way;
+/// `v` is not used, since with unequal chunks (the LM head's) that count
+/// put the closed form 20% above the replay.
+double pipelineSendTime(PipelineSchedule schedule, bool train, int64_t pp,
+                        int v, int64_t m, double oneSend, double slack = 0);
+
 /// Simulates one step. Errors name the offending field: no stages, m < 1,
 /// v < 1, v > 1 without interleaving, interleaving with m % pp != 0, a
 /// negative or non-finite time or size, weightGrad > backward, gradOverlap

@@ -681,11 +681,14 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
                    : 1;
     double perMb = (train ? 2 : 1) * v;
     double one = c.comm(Collective::SendRecv, boundary, 2, ppStride);
-    // In the steady state the sends overlap the micro-batches; filling and
-    // draining the pipeline waits for each of the pp - 1 hops, forward and
-    // (training) backward.
+    // Sends overlap the micro-batches' compute, but the fill and drain
+    // paths wait for every hop, and under 1F1B each steady-state backward
+    // waits for the next stage's gradient (pipelineSendTime, which matches
+    // the simulator's replay).
     ppExposed = m * c.cost.exposedP2P(perMb * one, worstTrain) +
-                (train ? 2 : 1) * (cfg.pp - 1) * one;
+                pipelineSendTime(train ? cfg.schedule : PipelineSchedule::GPipe,
+                                 train, cfg.pp, int(v), m, one,
+                                 worstTrain - sumTrain / cfg.pp);
     record("pp send/recv (stage boundary)", Collective::SendRecv, 2, ppStride,
            boundary, perMb * m, ppExposed);
   }
