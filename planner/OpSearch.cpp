@@ -1,5 +1,6 @@
 //===- OpSearch.cpp - The op-level search: dp x tp x pp around the ILP ----===//
 #include "planner/OpSearch.h"
+#include "planner/Simulator.h"
 
 #include "planner/PlanJson.h"
 #include "planner/ReportUtil.h"
@@ -599,16 +600,24 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
                                      std::max(fwd, inputGrad));
     }
     // Each stage sends over the boundaries of its chunks (and, backward,
-    // their gradients back), overlapped with its micro-batch's compute.
-    double worst = 0;
+    // their gradients back), overlapped with its micro-batch's compute;
+    // the fill and drain paths and 1F1B's steady state wait for them as
+    // the transformer search prices it (pipelineSendTime), with the mean
+    // boundary's send and the slowest stage's slack.
+    double worst = 0, allSends = 0, meanMb = 0;
     for (int st = 0; st < pp; ++st) {
       double sends = 0;
       for (int ch = st; ch < chunks - 1; ch += pp)
         sends += c.pricer.time(Collective::SendRecv, boundary[ch], 2, t * dp);
+      allSends += sends;
+      meanMb += (ss[st].compute + ss[st].comm) / pp;
       worst = std::max(worst, m * c.cost.exposedP2P((train ? 2 : 1) * sends,
                                                     perMb));
     }
-    T.ppComm = worst;
+    const double one = chunks > 1 ? allSends / (chunks - 1) : 0;
+    T.ppComm = worst +
+               pipelineSendTime(train ? cfg.schedule : PipelineSchedule::GPipe,
+                                train, pp, V, m, one, perMb - meanMb);
   }
   if (train && dp > 1) {
     double worst = 0;
