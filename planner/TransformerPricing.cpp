@@ -301,11 +301,18 @@ std::vector<int64_t> splitLayers(Ctx &c, const TrainingConfig &cfg,
   auto stageTime = [&](int st, int64_t a, int64_t b) {
     const LayerTimes &t = *lt[st];
     double f = t.prefix[b] - t.prefix[a];
-    if (st == 0)
+    double bwdGemm = t.bwdGemmPrefix[b] - t.bwdGemmPrefix[a];
+    if (st == 0) {
       f += t.pre;
-    if (st == pp - 1)
+      bwdGemm += t.preBwdGemm;
+    }
+    if (st == pp - 1) {
       f += t.post;
-    double x = train ? c.cost.trainingTime(f, cfg.recompute, kSelectiveRerun) : f;
+      bwdGemm += t.postBwdGemm;
+    }
+    double x = train ? c.cost.trainingTime(f, cfg.recompute, kSelectiveRerun) +
+                           bwdGemm
+                     : f;
     return x + double(b - a) * tpLayer;
   };
   // The split for time alone depends on no memory setting (ZeRO, schedule,
@@ -522,15 +529,20 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
                                    pl ? pl->kind[st] : -1);
     double f = ranges.sum(lt.prefix, st);
     double ops = ranges.sum(lt.opsPrefix, st);
+    double bwdGemm = ranges.sum(lt.bwdGemmPrefix, st);
     if (st == 0) {
       f += lt.pre;
       ops += c.pre.ops;
+      bwdGemm += lt.preBwdGemm;
     }
     if (st == cfg.pp - 1) {
       f += lt.post;
       ops += c.post.ops;
+      bwdGemm += lt.postBwdGemm;
     }
-    double t = train ? c.cost.trainingTime(f, cfg.recompute, kSelectiveRerun) : f;
+    double t = train ? c.cost.trainingTime(f, cfg.recompute, kSelectiveRerun) +
+                           bwdGemm
+                     : f;
     sumTrain += t;
     if (t > worstTrain) {
       worstTrain = t;
@@ -871,12 +883,17 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
     const int kind = pl ? pl->kind[st] : -1;
     const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp, kind);
     double f = ranges.sum(lt.prefix, st);
-    if (st == 0)
+    double bwdGemm = ranges.sum(lt.bwdGemmPrefix, st);
+    if (st == 0) {
       f += lt.pre;
-    if (st == cfg.pp - 1)
+      bwdGemm += lt.preBwdGemm;
+    }
+    if (st == cfg.pp - 1) {
       f += lt.post;
+      bwdGemm += lt.postBwdGemm;
+    }
     double layers = double(ranges.layers(st));
-    double t = c.cost.trainingTime(f, cfg.recompute, kSelectiveRerun);
+    double t = c.cost.trainingTime(f, cfg.recompute, kSelectiveRerun) + bwdGemm;
     // Communication on the critical path of every pass, split between the
     // forward and the rest (backward, recomputed forward) by their calls.
     double comm = tpLayer * layers;

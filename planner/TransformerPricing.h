@@ -69,6 +69,11 @@ struct LayerTimes {
   std::vector<double> prefix;    ///< prefix sums of fwd
   std::vector<double> opsPrefix; ///< prefix sums of kernels per forward
   double pre = 0, post = 0;
+  /// What the backward GEMMs priced at their own shapes (input and weight
+  /// gradients) take beyond backward_flops_ratio times their forward:
+  /// prefix sums per layer, and the pre and post groups'.
+  std::vector<double> bwdGemmPrefix;
+  double preBwdGemm = 0, postBwdGemm = 0;
 };
 
 /// Where the pipeline stages of a candidate land on a heterogeneous
@@ -164,9 +169,11 @@ struct Ctx {
     return e ? e->time : 0;
   }
 
-  /// Time of one matmul of a group for `scale` samples on a tp rank.
-  double gemmTime(const GroupGemm &gm, double scale, int tp,
-                  int gpuKind) const {
+  /// The shape one matmul of a group runs on a tp rank for `scale`
+  /// samples: a shared weight's rows grow with the samples, a batched
+  /// matmul's batch does; column-parallel splits n, row-parallel k, the LM
+  /// head its vocabulary when tp divides it.
+  GemmShape rankShape(const GroupGemm &gm, double scale, int tp) const {
     GemmShape g = gm.perSample;
     if (gm.broadcast)
       g.m *= scale;
@@ -179,11 +186,52 @@ struct Ctx {
       g.n /= tp;
     else if (gm.split == Split::K)
       g.k /= tp;
+    return g;
+  }
+
+  /// HBM bytes of the GEMM: both operands and the result, once each.
+  double gemmBytes(const GroupGemm &gm, const GemmShape &g) const {
     const double weights = g.k * g.n * (gm.broadcast ? 1 : g.batch);
-    const double bytes = (g.m * g.k * g.batch + weights + g.m * g.n * g.batch) *
-                         opt.bytes.activationBytes;
-    auto e = cost.gemmTime(g, bytes, opt.precision, kindSpec(gpuKind));
+    return (g.m * g.k * g.batch + weights + g.m * g.n * g.batch) *
+           opt.bytes.activationBytes;
+  }
+
+  /// Time of one matmul of a group for `scale` samples on a tp rank.
+  double gemmTime(const GroupGemm &gm, double scale, int tp,
+                  int gpuKind) const {
+    GemmShape g = rankShape(gm, scale, tp);
+    auto e = cost.gemmTime(g, gemmBytes(gm, g), opt.precision,
+                           kindSpec(gpuKind));
     return e ? e->time : 0;
+  }
+
+  /// The backward of one matmul of a group for `scale` samples on a tp
+  /// rank: the input gradient dy [m, n] x W^T [n, k] and the weight
+  /// gradient x^T [k, m] x dy [m, n] (summed over every row of a shared
+  /// weight), each priced at its own shape, less backward_flops_ratio
+  /// times the forward that trainingTime charges for it.
+  double gemmBackwardExtra(const GroupGemm &gm, double scale, int tp,
+                           int gpuKind) const {
+    GemmShape g = rankShape(gm, scale, tp);
+    const double bytes = gemmBytes(gm, g);
+    GemmShape dgrad{g.m, g.k, g.n, g.batch};
+    GemmShape wgrad{g.k, g.n, g.m, g.batch};
+    const GpuSpec &gpu = kindSpec(gpuKind);
+    auto f = cost.gemmTime(g, bytes, opt.precision, gpu);
+    auto d = cost.gemmTime(dgrad, bytes, opt.precision, gpu);
+    auto w = cost.gemmTime(wgrad, bytes, opt.precision, gpu);
+    if (!f || !d || !w)
+      return 0;
+    return d->time + w->time -
+           cost.calibration().backwardFlopsRatio * f->time;
+  }
+
+  double groupBackwardExtra(const GroupCost &g, double scale, int tp,
+                            int gpuKind) const {
+    double x = 0;
+    for (const GroupGemm &gm : g.gemms)
+      x += gemmBackwardExtra(gm, scale, tp, gpuKind);
+    return x;
   }
 
   /// Forward time of a group for `scale` samples of s/cp tokens each, with
@@ -224,14 +272,19 @@ struct Ctx {
     double scale = static_cast<double>(mbs) / cp;
     t.prefix.push_back(0);
     t.opsPrefix.push_back(0);
+    t.bwdGemmPrefix.push_back(0);
     for (const GroupCost &g : layers) {
       double f = groupTime(g, scale, tp, sp, gpuKind);
       t.fwd.push_back(f);
       t.prefix.push_back(t.prefix.back() + f);
       t.opsPrefix.push_back(t.opsPrefix.back() + g.ops);
+      t.bwdGemmPrefix.push_back(t.bwdGemmPrefix.back() +
+                                groupBackwardExtra(g, scale, tp, gpuKind));
     }
     t.pre = groupTime(pre, scale, tp, sp, gpuKind);
     t.post = groupTime(post, scale, tp, sp, gpuKind);
+    t.preBwdGemm = groupBackwardExtra(pre, scale, tp, gpuKind);
+    t.postBwdGemm = groupBackwardExtra(post, scale, tp, gpuKind);
     return timeCache.emplace(key, std::move(t)).first->second;
   }
 

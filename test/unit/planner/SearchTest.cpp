@@ -2,6 +2,7 @@
 #include "planner/Report.h"
 #include "planner/Search.h"
 #include "planner/SearchUtil.h"
+#include "planner/TransformerPricing.h"
 
 #include "TestUtil.h"
 
@@ -924,4 +925,55 @@ TEST(FixGrammar, Divisors) {
   EXPECT_EQ(d.size(), 41u);
   EXPECT_EQ(d.back(), int64_t(1) << 40);
   EXPECT_EQ(divisorsOf(36), (std::vector<int64_t>{1, 2, 3, 4, 6, 9, 12, 18, 36}));
+}
+
+// The backward GEMMs at their own shapes: a 1024-token micro-batch through
+// a 4096 x 4096 weight on an H100. The input gradient has the forward's
+// shape; the weight gradient, [4096, 1024] x [1024, 4096], has 4 waves of
+// 128 x 256 tiles (512 of 528 slots, the forward's 128 of 132) but a K
+// loop of 1024 against the forward's 4096: K shares 1024/1216 against
+// 4096/4288. What trainingTime's ratio of 2 misses is that difference.
+TEST(Search, BackwardGemmsArePricedAtTheirOwnShapes) {
+  GraphSummary g;
+  Cluster cl = *resolveCluster("dgx-h100");
+  CostModel cost;
+  SearchOptions o;
+  o.training = true;
+  o.precision = Precision::BF16;
+  pricing::Ctx c{g, cl, cost, o};
+  c.gpu = *gpuPreset("h100-sxm-80gb");
+  pricing::GroupGemm gm;
+  gm.perSample = GemmShape{1024, 4096, 4096};
+  const double fwd = c.gemmTime(gm, 1, 1, -1);
+  const double kf = 4096.0 / 4288, kw = 1024.0 / 1216;
+  EXPECT_REL(fwd, gm.perSample.flops() / (989e12 * 0.84 * (128.0 / 132) * kf),
+             1e-9);
+  EXPECT_REL(c.gemmBackwardExtra(gm, 1, 1, -1), fwd * (kf / kw - 1), 1e-9);
+  // Split over tp = 2 by columns: the forward [1024, 4096] x [4096, 2048]
+  // runs 128 thin 64 x 256 tiles; the input gradient [1024, 2048] x
+  // [2048, 4096] 128 tiles of 128 x 256 with a K of 2048; the weight
+  // gradient [4096, 1024] x [1024, 2048] 256 tiles in 2 waves. All three
+  // fill 64/66 of their slots; only the K shares differ.
+  gm.split = pricing::GroupGemm::Split::N;
+  const double fwd2 = c.gemmTime(gm, 1, 2, -1);
+  const double kd = 2048.0 / 2240;
+  EXPECT_REL(fwd2, 2.0 * 1024 * 2048 * 4096 / (989e12 * 0.84 * (128.0 / 132) * kf),
+             1e-9);
+  EXPECT_REL(c.gemmBackwardExtra(gm, 1, 2, -1), fwd2 * (kf / kd + kf / kw - 2),
+             1e-9);
+  // A batched GEMM (no shared weight) keeps its batch in both gradients:
+  // 8 x [512, 4096] x [4096, 512] forward (8 x 8 tiles of 128 x 128 = 64
+  // of 132 slots at K 4096, or split-K), and a square weight gradient of
+  // the same shape with K = 512 rows.
+  pricing::GroupGemm bm;
+  bm.perSample = GemmShape{512, 512, 4096, 8};
+  bm.broadcast = false;
+  GemmShape dg{512, 4096, 512, 8}, wg{4096, 512, 512, 8};
+  const double bytes = (512.0 * 4096 * 8 + 4096.0 * 512 * 8 + 512.0 * 512 * 8) * 2;
+  const GpuSpec h100 = *gpuPreset("h100-sxm-80gb");
+  EXPECT_REL(c.gemmBackwardExtra(bm, 1, 1, -1),
+             cost.gemmTime(dg, bytes, Precision::BF16, h100)->time +
+                 cost.gemmTime(wg, bytes, Precision::BF16, h100)->time -
+                 2 * c.gemmTime(bm, 1, 1, -1),
+             1e-9);
 }
