@@ -165,7 +165,7 @@ struct Ctx {
   /// `bytes` (opBytes): its FLOPs divided by the strategy's divisor against
   /// those bytes. Matmuls keep the size classes here: pricing them by
   /// their shape on the rank (CostModel::gemmTime) swings strategy choices
-  /// on wave quantization that the three-tile menu overstates for
+  /// on wave quantization that the tile menu overstates for
   /// single-wave grids (docs/cost-model.md, "GEMM efficiency by shape").
   double forwardTime(const OpNode &op, const Strategy &st, double flops,
                      double bytes) const {
@@ -617,7 +617,7 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
     const double one = chunks > 1 ? allSends / (chunks - 1) : 0;
     T.ppComm = worst +
                pipelineSendTime(train ? cfg.schedule : PipelineSchedule::GPipe,
-                                train, pp, V, m, one, perMb - meanMb);
+                                train, pp, m, one, perMb - meanMb);
   }
   if (train && dp > 1) {
     double worst = 0;

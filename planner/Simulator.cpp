@@ -270,8 +270,7 @@ Expected<std::vector<PipelineTask>> pipelineOrder(PipelineSchedule schedule,
 //===----------------------------------------------------------------------===//
 
 double pipelineSendTime(PipelineSchedule schedule, bool train, int64_t pp,
-                        int v, int64_t m, double oneSend, double slack) {
-  (void)v;
+                        int64_t m, double oneSend, double slack) {
   if (pp <= 1 || !(oneSend > 0))
     return 0;
   if (!train)

@@ -137,11 +137,11 @@ Expected<std::vector<PipelineTask>> pipelineOrder(PipelineSchedule schedule,
 ///   - GPipe, interleaving and zero-bubble hide the steady-state sends.
 /// For GPipe and 1F1B it equals simulateStep's replay for equal stages and
 /// sends no longer than a stage's forward (checked in SimulatorTest).
-/// Interleaved, the replay of equal chunks waits pp v - 1 hops each way;
-/// `v` is not used, since with unequal chunks (the LM head's) that count
-/// put the closed form 20% above the replay.
+/// Interleaved, the replay of equal chunks waits pp v - 1 hops each way,
+/// but with unequal chunks (the LM head's) that count put the closed form
+/// 20% above the replay, so interleaving is charged pp - 1 hops too.
 double pipelineSendTime(PipelineSchedule schedule, bool train, int64_t pp,
-                        int v, int64_t m, double oneSend, double slack = 0);
+                        int64_t m, double oneSend, double slack = 0);
 
 /// Simulates one step. Errors name the offending field: no stages, m < 1,
 /// v < 1, v > 1 without interleaving, interleaving with m % pp != 0, a

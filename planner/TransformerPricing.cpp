@@ -299,21 +299,9 @@ std::vector<int64_t> splitLayers(Ctx &c, const TrainingConfig &cfg,
   for (int st = 0; st < pp; ++st)
     lt.push_back(&c.times(cfg.microBatchSize, cfg.tp, cfg.cp, sp, pl.kind[st]));
   auto stageTime = [&](int st, int64_t a, int64_t b) {
-    const LayerTimes &t = *lt[st];
-    double f = t.prefix[b] - t.prefix[a];
-    double bwdGemm = t.bwdGemmPrefix[b] - t.bwdGemmPrefix[a];
-    if (st == 0) {
-      f += t.pre;
-      bwdGemm += t.preBwdGemm;
-    }
-    if (st == pp - 1) {
-      f += t.post;
-      bwdGemm += t.postBwdGemm;
-    }
-    double x = train ? c.cost.trainingTime(f, cfg.recompute, kSelectiveRerun) +
-                           bwdGemm
-                     : f;
-    return x + double(b - a) * tpLayer;
+    const LayerTimes::Stage t =
+        lt[st]->stage({{a, b}}, st == 0, st == pp - 1, c.cost, cfg.recompute);
+    return (train ? t.train : t.fwd) + double(b - a) * tpLayer;
   };
   // The split for time alone depends on no memory setting (ZeRO, schedule,
   // dp), so it is shared by many candidates; it is kept when every stage
@@ -527,22 +515,16 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   for (int st = 0; st < cfg.pp; ++st) {
     const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp,
                                    pl ? pl->kind[st] : -1);
-    double f = ranges.sum(lt.prefix, st);
+    const LayerTimes::Stage sc = lt.stage(ranges.ranges[st], st == 0,
+                                          st == cfg.pp - 1, c.cost,
+                                          cfg.recompute);
+    const double f = sc.fwd;
     double ops = ranges.sum(lt.opsPrefix, st);
-    double bwdGemm = ranges.sum(lt.bwdGemmPrefix, st);
-    if (st == 0) {
-      f += lt.pre;
+    if (st == 0)
       ops += c.pre.ops;
-      bwdGemm += lt.preBwdGemm;
-    }
-    if (st == cfg.pp - 1) {
-      f += lt.post;
+    if (st == cfg.pp - 1)
       ops += c.post.ops;
-      bwdGemm += lt.postBwdGemm;
-    }
-    double t = train ? c.cost.trainingTime(f, cfg.recompute, kSelectiveRerun) +
-                           bwdGemm
-                     : f;
+    double t = train ? sc.train : f;
     sumTrain += t;
     if (t > worstTrain) {
       worstTrain = t;
@@ -699,7 +681,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     // the simulator's replay).
     ppExposed = m * c.cost.exposedP2P(perMb * one, worstTrain) +
                 pipelineSendTime(train ? cfg.schedule : PipelineSchedule::GPipe,
-                                 train, cfg.pp, int(v), m, one,
+                                 train, cfg.pp, m, one,
                                  worstTrain - sumTrain / cfg.pp);
     record("pp send/recv (stage boundary)", Collective::SendRecv, 2, ppStride,
            boundary, perMb * m, ppExposed);
@@ -882,18 +864,11 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
   for (int st = 0; st < cfg.pp; ++st) {
     const int kind = pl ? pl->kind[st] : -1;
     const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp, kind);
-    double f = ranges.sum(lt.prefix, st);
-    double bwdGemm = ranges.sum(lt.bwdGemmPrefix, st);
-    if (st == 0) {
-      f += lt.pre;
-      bwdGemm += lt.preBwdGemm;
-    }
-    if (st == cfg.pp - 1) {
-      f += lt.post;
-      bwdGemm += lt.postBwdGemm;
-    }
+    const LayerTimes::Stage sc = lt.stage(ranges.ranges[st], st == 0,
+                                          st == cfg.pp - 1, c.cost,
+                                          cfg.recompute);
+    const double f = sc.fwd, t = sc.train;
     double layers = double(ranges.layers(st));
-    double t = c.cost.trainingTime(f, cfg.recompute, kSelectiveRerun) + bwdGemm;
     // Communication on the critical path of every pass, split between the
     // forward and the rest (backward, recomputed forward) by their calls.
     double comm = tpLayer * layers;

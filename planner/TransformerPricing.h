@@ -74,6 +74,32 @@ struct LayerTimes {
   /// prefix sums per layer, and the pre and post groups'.
   std::vector<double> bwdGemmPrefix;
   double preBwdGemm = 0, postBwdGemm = 0;
+
+  /// One micro-batch through the layer ranges of a stage, with the pre
+  /// group on the first stage and the post group on the last: its forward
+  /// time and, training with `recompute`, its forward + backward time
+  /// (CostModel::trainingTime plus the backward GEMMs' own shapes).
+  struct Stage {
+    double fwd = 0, train = 0;
+  };
+  Stage stage(const std::vector<std::pair<int64_t, int64_t>> &ranges,
+              bool first, bool last, const CostModel &cost,
+              RecomputePolicy recompute) const {
+    double f = 0, bwdGemm = 0;
+    for (auto [a, b] : ranges) {
+      f += prefix[b] - prefix[a];
+      bwdGemm += bwdGemmPrefix[b] - bwdGemmPrefix[a];
+    }
+    if (first) {
+      f += pre;
+      bwdGemm += preBwdGemm;
+    }
+    if (last) {
+      f += post;
+      bwdGemm += postBwdGemm;
+    }
+    return {f, cost.trainingTime(f, recompute, kSelectiveRerun) + bwdGemm};
+  }
 };
 
 /// Where the pipeline stages of a candidate land on a heterogeneous

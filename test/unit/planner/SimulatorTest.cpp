@@ -703,41 +703,35 @@ TEST(Simulator, SendsInClosedFormMatchTheReplay) {
       for (int pp : {2, 4, 8})
         for (int m : {2, 4, 8, 16, 32})
           for (double c : {0.1, 0.25}) {
-            const int v = sched == PipelineSchedule::Interleaved1F1B ? 2 : 1;
-            if (v > 1 && m % pp)
-              continue;
             SimInput in;
             in.schedule = sched;
-            in.virtualStages = v;
             in.microBatches = m;
             in.p2p = c;
             for (int s = 0; s < pp; ++s) {
               SimStage st;
-              st.forward = 1.0 / v;
-              st.backward = B / v;
+              st.forward = 1;
+              st.backward = B;
               in.stages.push_back(st);
             }
             auto r = simulateStep(in);
             ASSERT_TRUE(r) << r.status().message();
-            const double T = 1 + B;
-            const double compute = v > 1 ? m * T + (pp - 1) * T / v
-                                         : (m - 1 + pp) * T;
+            const double compute = (m - 1 + pp) * (1 + B);
             EXPECT_NEAR(r->pipelineTime - compute,
-                        pipelineSendTime(sched, true, pp, v, m, c), 1e-9)
+                        pipelineSendTime(sched, true, pp, m, c), 1e-9)
                 << "schedule " << int(sched) << " B " << B << " pp " << pp
                 << " m " << m << " c " << c;
           }
   // By hand: 1F1B, pp = 4, m = 8: 2 x 3 hops + 2 (3 x 7 - 1) / 4 = 16 sends.
-  EXPECT_DOUBLE_EQ(pipelineSendTime(PipelineSchedule::OneFOneB, true, 4, 1, 8, 1),
+  EXPECT_DOUBLE_EQ(pipelineSendTime(PipelineSchedule::OneFOneB, true, 4, 8, 1),
                    16);
   // Interleaved and zero-bubble: the fill and drain hops only.
   EXPECT_DOUBLE_EQ(
-      pipelineSendTime(PipelineSchedule::Interleaved1F1B, true, 4, 2, 8, 1), 6);
+      pipelineSendTime(PipelineSchedule::Interleaved1F1B, true, 4, 8, 1), 6);
   EXPECT_DOUBLE_EQ(
-      pipelineSendTime(PipelineSchedule::ZeroBubble, true, 4, 1, 8, 1), 6);
+      pipelineSendTime(PipelineSchedule::ZeroBubble, true, 4, 8, 1), 6);
   // Forward only: pp - 1 hops; one stage: none.
-  EXPECT_DOUBLE_EQ(pipelineSendTime(PipelineSchedule::GPipe, false, 4, 1, 8, 1), 3);
-  EXPECT_DOUBLE_EQ(pipelineSendTime(PipelineSchedule::OneFOneB, true, 1, 1, 8, 1), 0);
+  EXPECT_DOUBLE_EQ(pipelineSendTime(PipelineSchedule::GPipe, false, 4, 8, 1), 3);
+  EXPECT_DOUBLE_EQ(pipelineSendTime(PipelineSchedule::OneFOneB, true, 1, 8, 1), 0);
 }
 TEST(Simulator, SlowestStageHidesTheSteadyStateSends) {
   // A slower last stage (the LM head's) gives the others slack: the mean
@@ -766,12 +760,12 @@ TEST(Simulator, SlowestStageHidesTheSteadyStateSends) {
           ASSERT_TRUE(r) << r.status().message();
           const double base = (m - 1) * mx + sum;
           const double closed =
-              base + pipelineSendTime(in.schedule, true, pp, 1, m, c,
+              base + pipelineSendTime(in.schedule, true, pp, m, c,
                                       mx - sum / pp);
           EXPECT_NEAR(closed / r->pipelineTime, 1.0, 0.002)
               << "slow " << slow << " pp " << pp << " c " << c << " m " << m;
           const double blind =
-              base + pipelineSendTime(in.schedule, true, pp, 1, m, c, 0);
+              base + pipelineSendTime(in.schedule, true, pp, m, c, 0);
           EXPECT_GT(blind / r->pipelineTime, 1.015);
         }
 }
