@@ -5,8 +5,10 @@
 // dlopt.* marks, when the merged group stays within the plan format's limits
 // (runtime/format/FusedProgram.h), and when no op outside the group that
 // reads a group value sits before it (the fused op is placed at the group's
-// last op, so such a reader would lose its operand's definition). Each group
-// of min-group-size ops or more becomes one dlopt.fused_elementwise.
+// last op, so such a reader would lose its operand's definition). The i1
+// values of compare and select never cross a group's border (a compare joins
+// the group of the select that reads it). Each group of min-group-size ops
+// or more becomes one dlopt.fused_elementwise.
 //
 //===----------------------------------------------------------------------===//
 #include "dialects/DLOpt/IR/DLOptOps.h"
@@ -41,6 +43,12 @@ static bool isScalarConstant(Value v) {
   auto t = dyn_cast<RankedTensorType>(cst.getType());
   return t && t.getRank() == 0 && isa<FloatType>(t.getElementType()) &&
          isa<DenseElementsAttr>(cst.getValue());
+}
+
+/// Whether `v` is a float tensor (what a group's inputs and results are).
+static bool isFloatValue(Value v) {
+  auto t = dyn_cast<RankedTensorType>(v.getType());
+  return t && isa<FloatType>(t.getElementType());
 }
 
 /// The dlopt.* marks an op carries (layer, backward, recompute), without
@@ -122,15 +130,25 @@ struct FuseElementwisePass
       return false;
     llvm::SmallPtrSet<Operation *, 32> members(ops.begin(), ops.end());
     Block *block = last->getBlock();
-    for (Operation *op : ops)
+    for (Operation *op : ops) {
+      // A compare's i1 result and a select's i1 condition stay inside the
+      // group: its inputs and results are float tensors.
+      for (Value v : op->getOperands()) {
+        Operation *def = v.getDefiningOp();
+        if ((!def || !members.contains(def)) && !isFloatValue(v))
+          return false;
+      }
       for (Value r : op->getResults())
         for (Operation *user : r.getUsers()) {
           if (members.contains(user))
             continue;
+          if (!isFloatValue(r))
+            return false;
           Operation *anc = block->findAncestorOpInBlock(*user);
           if (!anc || anc->isBeforeInBlock(last) || anc == last)
             return false;
         }
+    }
     Counts c = count(ops, members);
     return c.inputs <= rt::fused::kMaxInputs &&
            c.consts <= rt::fused::kMaxConsts &&

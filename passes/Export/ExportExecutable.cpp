@@ -269,12 +269,16 @@ static LogicalResult encodeFused(dl::FusedElementwiseOp op, rt::Instr &instr) {
     std::string name = inner.getName().stripDialect().str();
     if (auto g = dyn_cast<dl::GeluOp>(inner); g && g.getApproximate() == "tanh")
       name = "gelu_tanh";
+    if (auto c = dyn_cast<dl::CompareOp>(inner))
+      name = "cmp_" + dl::stringifyCmpPredicate(c.getPredicate()).str();
     rt::fused::Step st;
     if (!rt::fused::opCodeFromName(name, st.op))
       return inner.emitError() << "cannot be exported in a fused group";
     st.a = reg.lookup(inner.getOperand(0));
-    if (rt::fused::isBinary(st.op)) {
+    if (rt::fused::isBinary(st.op) || rt::fused::isTernary(st.op)) {
       st.b = reg.lookup(inner.getOperand(1));
+      if (rt::fused::isTernary(st.op))
+        st.c = reg.lookup(inner.getOperand(2));
     } else if (st.op == rt::fused::OpCode::Cast) {
       FailureOr<rt::DType> dt = toDType(
           cast<RankedTensorType>(inner.getResult(0).getType()).getElementType());

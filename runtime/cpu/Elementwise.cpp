@@ -439,13 +439,33 @@ void binaryRow(float *d, const float *a, const float *b, int64_t n) {
   for (int64_t j = 0; j < n; ++j)
     d[j] = binaryF<K>(a[j], b[j]);
 }
+/// A comparison step: 1.0 where `cmp` holds, 0.0 elsewhere (NaN compares
+/// unequal to everything, as in the compare op).
+template <Pred P>
+void compareRow(float *d, const float *a, const float *b, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    d[j] = comparePred<P>(a[j], b[j]) ? 1.0f : 0.0f;
+}
+/// select cond, t, f: t where cond != 0, f elsewhere (the select op's copy
+/// of the chosen value, bit for bit).
+inline void selectRow(float *d, const float *cond, const float *t,
+                      const float *f, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    // Both loads unconditional: `cond ? t[j] : f[j]` reads only one in C++,
+    // which compiles to masked loads (vmaskmovps, several times slower than
+    // a blend on the dev box's Zen cores).
+    const float tv = t[j], fv = f[j];
+    d[j] = cond[j] != 0.0f ? tv : fv;
+  }
+}
 template <typename T> void roundRow(float *d, const float *a, int64_t n) {
   for (int64_t j = 0; j < n; ++j)
     d[j] = toF32(fromF32<T>(a[j]));
 }
 
 DLOPT_SIMD_CLONES void runStep(const fused::Step &st, float *d,
-                               const float *a, const float *b, int64_t n) {
+                               const float *a, const float *b,
+                               const float *c, int64_t n) {
   using O = fused::OpCode;
   switch (st.op) {
   case O::Neg: return unaryRow<Unary::Neg>(d, a, n);
@@ -475,6 +495,13 @@ DLOPT_SIMD_CLONES void runStep(const fused::Step &st, float *d,
   case O::Max: return binaryRow<Binary::Max>(d, a, b, n);
   case O::Min: return binaryRow<Binary::Min>(d, a, b, n);
   case O::Pow: return binaryRow<Binary::Pow>(d, a, b, n);
+  case O::CmpEq: return compareRow<Pred::Eq>(d, a, b, n);
+  case O::CmpNe: return compareRow<Pred::Ne>(d, a, b, n);
+  case O::CmpLt: return compareRow<Pred::Lt>(d, a, b, n);
+  case O::CmpLe: return compareRow<Pred::Le>(d, a, b, n);
+  case O::CmpGt: return compareRow<Pred::Gt>(d, a, b, n);
+  case O::CmpGe: return compareRow<Pred::Ge>(d, a, b, n);
+  case O::Select: return selectRow(d, a, b, c, n);
   }
 }
 
@@ -557,8 +584,10 @@ void fusedSegments(const fused::Program &p, Ins allIns, Outs allOuts) {
       }
       for (size_t s = 0; s < p.steps.size(); ++s) {
         const fused::Step &st = p.steps[s];
+        const bool two = fused::isBinary(st.op) || fused::isTernary(st.op);
         runStep(st, row(numIn + numConst + int64_t(s)), src[size_t(st.a)],
-                fused::isBinary(st.op) ? src[size_t(st.b)] : nullptr, len);
+                two ? src[size_t(st.b)] : nullptr,
+                fused::isTernary(st.op) ? src[size_t(st.c)] : nullptr, len);
       }
       for (size_t o = 0; o < outs.size(); ++o)
         (void)dispatchFloat(outs[o].type.dtype, [&](auto tag) -> Status {

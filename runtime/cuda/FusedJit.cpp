@@ -120,10 +120,11 @@ Status emitSteps(const FusedJitProgram &p, std::string &out) {
   for (int s = 0; s < p.numSteps; ++s) {
     const kernels::FusedStep &st = p.steps[s];
     const int self = firstStep + s;
-    if (st.a >= self || (st.kind == 1 && st.b >= self))
+    if (st.a >= self || ((st.kind == 1 || st.kind >= 3) && st.b >= self) ||
+        (st.kind == 4 && st.c >= self))
       return Status::error("fused JIT: step " + std::to_string(s) +
                            " reads a register not yet defined");
-    std::string a = reg(st.a), b = reg(st.b);
+    std::string a = reg(st.a), b = reg(st.b), c = reg(st.c);
     std::string expr;
     if (st.kind == 0) {
       if (st.op > uint8_t(kernels::UnaryOp::GeluTanh))
@@ -143,6 +144,14 @@ Status emitSteps(const FusedJitProgram &p, std::string &out) {
       expr = std::string(*t) == "float"
                  ? a
                  : "toF(fromF<" + std::string(*t) + ">(" + a + "))";
+    } else if (st.kind == 3) {
+      if (st.op > uint8_t(kernels::ComparePred::Ge))
+        return Status::error("fused JIT: unknown comparison " +
+                             std::to_string(st.op));
+      expr = "compareF(ComparePred(" + std::to_string(st.op) + "), " + a +
+             ", " + b + ")";
+    } else if (st.kind == 4) {
+      expr = "(" + a + " != 0.0f ? " + b + " : " + c + ")";
     } else {
       return Status::error("fused JIT: unknown step kind " +
                            std::to_string(st.kind));

@@ -1647,7 +1647,9 @@ Status fusedArgs(const Instr &instr, const fused::Program &p, Ins ins,
     const fused::Step &st = p.steps[s];
     kernels::FusedStep &k = a.steps[s];
     k.a = uint8_t(st.a);
-    k.b = fused::isBinary(st.op) ? uint8_t(st.b) : 0;
+    k.b = fused::isBinary(st.op) || fused::isTernary(st.op) ? uint8_t(st.b)
+                                                            : 0;
+    k.c = fused::isTernary(st.op) ? uint8_t(st.c) : 0;
     int u = -1, b = -1;
     switch (st.op) {
     case O::Neg: u = int(U::Neg); break;
@@ -1672,8 +1674,16 @@ Status fusedArgs(const Instr &instr, const fused::Program &p, Ins ins,
     case O::Max: b = int(B::Max); break;
     case O::Min: b = int(B::Min); break;
     case O::Pow: b = int(B::Pow); break;
+    case O::CmpEq: case O::CmpNe: case O::CmpLt: case O::CmpLe:
+    case O::CmpGt: case O::CmpGe: case O::Select: break;
     }
-    if (u >= 0) {
+    if (fused::isCompare(st.op)) {
+      k.kind = 3;
+      k.op = uint8_t(int(st.op) - int(O::CmpEq)); // the ComparePred order
+    } else if (st.op == O::Select) {
+      k.kind = 4;
+      k.op = 0;
+    } else if (u >= 0) {
       k.kind = 0;
       k.op = uint8_t(u);
     } else if (b >= 0) {

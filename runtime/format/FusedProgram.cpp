@@ -30,6 +30,10 @@ constexpr NamedCode kCodes[] = {
     {OpCode::Sub, "sub"},       {OpCode::Mul, "mul"},
     {OpCode::Div, "div"},       {OpCode::Max, "maximum"},
     {OpCode::Min, "minimum"},   {OpCode::Pow, "pow"},
+    {OpCode::CmpEq, "cmp_eq"},  {OpCode::CmpNe, "cmp_ne"},
+    {OpCode::CmpLt, "cmp_lt"},  {OpCode::CmpLe, "cmp_le"},
+    {OpCode::CmpGt, "cmp_gt"},  {OpCode::CmpGe, "cmp_ge"},
+    {OpCode::Select, "select"},
 };
 
 std::string str(int64_t v) { return std::to_string(v); }
@@ -54,11 +58,13 @@ bool opCodeFromName(const std::string &name, OpCode &code) {
 
 void encode(const Program &p, Instr &instr) {
   std::vector<int64_t> code;
-  code.reserve(p.steps.size() * 3);
+  code.reserve(p.steps.size() * 4);
   for (const Step &s : p.steps) {
     code.push_back(int64_t(s.op));
     code.push_back(s.a);
     code.push_back(s.b);
+    if (isTernary(s.op))
+      code.push_back(s.c);
   }
   instr.attrs["code"] = code;
   if (!p.consts.empty())
@@ -158,45 +164,56 @@ Expected<Program> decode(const Instr &instr,
   auto code = instr.getInts("code");
   if (!code)
     return err(code.status().message());
-  if (code->size() % 3 != 0)
-    return err("attribute 'code' has " + str(code->size()) +
-               " ints, expected three per step (opcode, a, b)");
-  size_t numSteps = code->size() / 3;
-  if (numSteps == 0)
-    return err("fused program has no steps");
-  if (numSteps > size_t(kMaxSteps))
-    return err("fused program has " + str(numSteps) + " steps, at most " +
-               str(kMaxSteps) + " are supported");
   int32_t firstStep = p.numInputs + int32_t(p.consts.size());
-  for (size_t s = 0; s < numSteps; ++s) {
-    int64_t op = (*code)[3 * s], a = (*code)[3 * s + 1], b = (*code)[3 * s + 2];
-    std::string where = "step " + str(s) + ": ";
+  const std::vector<int64_t> &cs = *code;
+  for (size_t pos = 0, s = 0; pos < cs.size(); ++s) {
+    std::string where = "step " + str(int64_t(s)) + ": ";
+    int64_t op = cs[pos];
     if (op < 0 || op > 1000 || !opCodeName(int32_t(op)))
       return err(where + "unknown opcode " + str(op));
     Step st;
     st.op = OpCode(op);
+    const char *name = opCodeName(int32_t(op));
+    size_t width = size_t(codeWidth(st.op));
+    if (cs.size() - pos < width)
+      return err(where + "'" + name + "' needs " + str(int64_t(width)) +
+                 " ints (opcode and operands), attribute 'code' ends after " +
+                 str(int64_t(cs.size() - pos)));
+    int64_t a = cs[pos + 1], b = cs[pos + 2],
+            c = width > 3 ? cs[pos + 3] : -1;
+    pos += width;
     int64_t defined = firstStep + int64_t(s); // registers [0, defined)
-    if (a < 0 || a >= defined)
-      return err(where + "'" + opCodeName(int32_t(op)) + "' reads register " +
-                 str(a) + ", expected one of the " + str(defined) +
-                 " registers defined before it");
+    auto checkReg = [&](int64_t r) -> Status {
+      if (r < 0 || r >= defined)
+        return err(where + "'" + name + "' reads register " + str(r) +
+                   ", expected one of the " + str(defined) +
+                   " registers defined before it");
+      return Status::ok();
+    };
+    DLOPT_RETURN_IF_ERROR(checkReg(a));
     st.a = int32_t(a);
-    if (isBinary(st.op)) {
-      if (b < 0 || b >= defined)
-        return err(where + "'" + opCodeName(int32_t(op)) +
-                   "' reads register " + str(b) + ", expected one of the " +
-                   str(defined) + " registers defined before it");
+    if (isBinary(st.op) || isTernary(st.op)) {
+      DLOPT_RETURN_IF_ERROR(checkReg(b));
     } else if (st.op == OpCode::Cast) {
       if (b < 0 || b > 255 || !isFloat(DType(b)))
         return err(where + "'cast' has target type " + str(b) +
                    ", expected f32 (0), f16 (1) or bf16 (2)");
     } else if (b != -1) {
-      return err(where + "unary '" + opCodeName(int32_t(op)) +
-                 "' has operand b = " + str(b) + ", expected -1");
+      return err(where + "unary '" + name + "' has operand b = " + str(b) +
+                 ", expected -1");
     }
     st.b = int32_t(b);
+    if (isTernary(st.op)) {
+      DLOPT_RETURN_IF_ERROR(checkReg(c));
+      st.c = int32_t(c);
+    }
     p.steps.push_back(st);
   }
+  if (p.steps.empty())
+    return err("fused program has no steps");
+  if (p.steps.size() > size_t(kMaxSteps))
+    return err("fused program has " + str(int64_t(p.steps.size())) +
+               " steps, at most " + str(kMaxSteps) + " are supported");
 
   auto outs = instr.getInts("outputs");
   if (!outs)
@@ -234,8 +251,10 @@ std::string describe(const Program &p) {
     const Step &st = p.steps[s];
     os << (s ? "; " : "") << "t" << s << " = " << opCodeName(int32_t(st.op))
        << " " << reg(st.a);
-    if (isBinary(st.op))
+    if (isBinary(st.op) || isTernary(st.op))
       os << ", " << reg(st.b);
+    if (isTernary(st.op))
+      os << ", " << reg(st.c);
     else if (st.op == OpCode::Cast)
       os << " to " << dtypeName(DType(st.b));
   }

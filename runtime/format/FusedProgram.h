@@ -4,7 +4,9 @@
 // per element of its fused shape (the shape of every result). The program
 // lives in three instruction attributes (docs/executable-format.md):
 //
-//   code    int list, three ints per step: opcode, operand a, operand b
+//   code    int list: per step its opcode and operand registers, three
+//           ints for most steps (opcode, a, b) and four for `select`
+//           (opcode, cond, a, b)
 //   consts  float list, the scalar constants (absent = none)
 //   outputs int list, the register each result is read from
 //
@@ -12,6 +14,11 @@
 // order), then constants, then one register per step in order, so a step may
 // read only registers defined before it. Unary steps have b = -1; `cast`
 // steps have b = the target DType (f32, f16 or bf16) and round to it.
+// Comparison steps (`cmp_eq` ... `cmp_ge`) write 1.0 where the comparison
+// holds and 0.0 where it does not (NaN compares unequal to everything);
+// `select cond, a, b` is a where cond != 0 and b elsewhere. That is how the
+// dialect's i1 compare/select chains (ReLU's gradient) live inside a group:
+// the i1 values never leave it.
 //
 // Semantics: registers hold f32; inputs are widened to f32 when loaded
 // (rank-0 inputs are broadcast), and only the results are rounded to their
@@ -62,20 +69,40 @@ enum class OpCode : int32_t {
   Cast = 14, ///< b = target DType (F32, F16, BF16): rounds to it
   // binary
   Add = 20, Sub = 21, Mul = 22, Div = 23, Max = 24, Min = 25, Pow = 26,
+  // comparisons (binary): 1.0 where true, 0.0 where false
+  CmpEq = 30, CmpNe = 31, CmpLt = 32, CmpLe = 33, CmpGt = 34, CmpGe = 35,
+  // ternary: select cond, a, b = cond != 0 ? a : b
+  Select = 40,
 };
 
-/// The mnemonic of an opcode ("mul", "gelu_tanh"), or nullptr if unknown.
+/// The mnemonic of an opcode ("mul", "gelu_tanh", "cmp_gt"), or nullptr if
+/// unknown.
 const char *opCodeName(int32_t code);
 /// The opcode of a dlopt op mnemonic (gelu with approximate="tanh" is
-/// "gelu_tanh"); false if the op cannot be fused.
+/// "gelu_tanh", compare with predicate P is "cmp_P"); false if the op
+/// cannot be fused.
 bool opCodeFromName(const std::string &name, OpCode &code);
-inline bool isBinary(OpCode c) { return int32_t(c) >= int32_t(OpCode::Add); }
+/// Steps that read two registers (a, b): arithmetic and comparisons.
+inline bool isBinary(OpCode c) {
+  return int32_t(c) >= int32_t(OpCode::Add) &&
+         int32_t(c) <= int32_t(OpCode::CmpGe);
+}
+inline bool isCompare(OpCode c) {
+  return int32_t(c) >= int32_t(OpCode::CmpEq) &&
+         int32_t(c) <= int32_t(OpCode::CmpGe);
+}
+/// Steps that read three registers (select: c ? a : b, stored as a = cond,
+/// b = the true value, c = the false value).
+inline bool isTernary(OpCode c) { return c == OpCode::Select; }
+/// Ints a step takes in `code`: 4 for ternary steps, else 3.
+inline int codeWidth(OpCode c) { return isTernary(c) ? 4 : 3; }
 
 struct Step {
   OpCode op = OpCode::Neg;
   int32_t a = -1, b = -1;
+  int32_t c = -1; ///< ternary steps only (select's false value)
   bool operator==(const Step &o) const {
-    return op == o.op && a == o.a && b == o.b;
+    return op == o.op && a == o.a && b == o.b && c == o.c;
   }
 };
 

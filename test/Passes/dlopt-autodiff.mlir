@@ -86,3 +86,19 @@ func.func @main(%w: tensor<4xf32> {dlopt.param = "w"}) -> tensor<4xf32> {
 func.func @main(%w: tensor<4xf32> {dlopt.param = "w"}) -> tensor<4xf32> attributes {dlopt.loss} {
   return %w : tensor<4xf32>
 }
+
+// -----
+
+// ReLU's gradient reads the relu's result, not its input (y > 0 exactly
+// where x > 0): the input need not outlive the forward pass.
+// CHECK-LABEL: func @main
+// CHECK: %[[Y:.+]] = dlopt.relu %[[X:.+]] :
+// CHECK: %[[P:.+]] = dlopt.compare gt, %[[Y]], %{{.+}} : tensor<4xf32>, tensor<f32> -> tensor<4xi1>
+// CHECK: dlopt.select %[[P]], %{{.+}}, %{{.+}} {dlopt.backward} : tensor<4xi1>, tensor<4xf32>, tensor<f32> -> tensor<4xf32>
+// CHECK-NOT: dlopt.compare gt, %[[X]]
+func.func @main(%w: tensor<4xf32> {dlopt.param = "w"}) -> tensor<f32> attributes {dlopt.loss} {
+  %e = dlopt.exp %w : tensor<4xf32>
+  %y = dlopt.relu %e : tensor<4xf32>
+  %s = dlopt.sum %y dims = [0] : tensor<4xf32> -> tensor<f32>
+  return %s : tensor<f32>
+}

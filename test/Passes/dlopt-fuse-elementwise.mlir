@@ -116,3 +116,62 @@ func.func @join(%x: tensor<4xf32>, %y: tensor<4xf32>) -> tensor<4xf32> {
   %4 = dlopt.maximum %1, %3 : tensor<4xf32>, tensor<4xf32> -> tensor<4xf32>
   return %4 : tensor<4xf32>
 }
+
+// -----
+
+// ReLU's gradient: the compare joins the select that reads its i1 result,
+// so the i1 value lives only inside the group; the zero constant is shared.
+// CHECK-LABEL: func @relu_grad
+// CHECK-SAME: (%[[Y:.+]]: tensor<4x8xf32>, %[[DY:.+]]: tensor<4x8xf32>)
+// CHECK-NEXT: %[[R:.+]] = dlopt.fused_elementwise(%[[Y]], %[[DY]]) : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32> {
+// CHECK-NEXT: ^bb0(%[[A:.+]]: tensor<4x8xf32>, %[[B:.+]]: tensor<4x8xf32>):
+// CHECK-NEXT: %[[Z:.+]] = arith.constant dense<0.000000e+00> : tensor<f32>
+// CHECK-NEXT: %[[P:.+]] = dlopt.compare gt, %[[A]], %[[Z]] : tensor<4x8xf32>, tensor<f32> -> tensor<4x8xi1>
+// CHECK-NEXT: %[[S:.+]] = dlopt.select %[[P]], %[[B]], %[[Z]] : tensor<4x8xi1>, tensor<4x8xf32>, tensor<f32> -> tensor<4x8xf32>
+// CHECK-NEXT: dlopt.yield %[[S]] : tensor<4x8xf32>
+// CHECK: return %[[R]]
+func.func @relu_grad(%y: tensor<4x8xf32>, %dy: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  %z = arith.constant dense<0.0> : tensor<f32>
+  %p = dlopt.compare gt, %y, %z : tensor<4x8xf32>, tensor<f32> -> tensor<4x8xi1>
+  %s = dlopt.select %p, %dy, %z : tensor<4x8xi1>, tensor<4x8xf32>, tensor<f32> -> tensor<4x8xf32>
+  return %s : tensor<4x8xf32>
+}
+
+// -----
+
+// A chain through a compare: the compare cannot join the exp's group alone
+// (its i1 result would leave it), but the select brings both in.
+// CHECK-LABEL: func @through_compare
+// CHECK-NEXT: %[[R:.+]] = dlopt.fused_elementwise
+// CHECK: dlopt.exp
+// CHECK-NEXT: dlopt.compare lt
+// CHECK-NEXT: dlopt.select
+// CHECK-NEXT: dlopt.add
+// CHECK-NEXT: dlopt.yield
+// CHECK-NOT: dlopt.compare
+// CHECK: return %[[R]]
+func.func @through_compare(%x: tensor<4xf32>, %y: tensor<4xf32>) -> tensor<4xf32> {
+  %e = dlopt.exp %x : tensor<4xf32>
+  %p = dlopt.compare lt, %e, %y : tensor<4xf32>, tensor<4xf32> -> tensor<4xi1>
+  %s = dlopt.select %p, %e, %y : tensor<4xi1>, tensor<4xf32>, tensor<4xf32> -> tensor<4xf32>
+  %a = dlopt.add %s, %x : tensor<4xf32>, tensor<4xf32> -> tensor<4xf32>
+  return %a : tensor<4xf32>
+}
+
+// -----
+
+// i1 values never cross a group's border: a compare also read outside the
+// group (returned), a select of an i1 argument, and a compare of integers
+// stay unfused.
+// CHECK-LABEL: func @bool_borders
+// CHECK-NOT: dlopt.fused_elementwise
+// CHECK: return
+func.func @bool_borders(%x: tensor<4xf32>, %c: tensor<4xi1>, %i: tensor<4xi32>) -> (tensor<4xi1>, tensor<4xf32>, tensor<4xf32>) {
+  %z = arith.constant dense<0.0> : tensor<f32>
+  %p = dlopt.compare gt, %x, %z : tensor<4xf32>, tensor<f32> -> tensor<4xi1>
+  %s = dlopt.select %p, %x, %z : tensor<4xi1>, tensor<4xf32>, tensor<f32> -> tensor<4xf32>
+  %t = dlopt.select %c, %x, %z : tensor<4xi1>, tensor<4xf32>, tensor<f32> -> tensor<4xf32>
+  %q = dlopt.compare eq, %i, %i : tensor<4xi32>, tensor<4xi32> -> tensor<4xi1>
+  %u = dlopt.select %q, %t, %s : tensor<4xi1>, tensor<4xf32>, tensor<4xf32> -> tensor<4xf32>
+  return %p, %s, %u : tensor<4xi1>, tensor<4xf32>, tensor<4xf32>
+}

@@ -104,9 +104,13 @@ RULE(AbsOp) {
   return success();
 }
 RULE(ReluOp) {
+  // Reads the result, not the input: y > 0 exactly where x > 0 (NaN
+  // included: relu(NaN) is NaN and neither compares greater), and y is what
+  // the next layer saves anyway, so x need not outlive the forward pass.
   G g{builder, getLoc()};
-  Value pos = g.cmp(CmpPredicate::gt, getInput(), g.scalar(getInput(), 0));
-  operandGrads.assign({g.select(pos, dy(resultGrads), g.scalar(getInput(), 0))});
+  Value y = getResult();
+  Value pos = g.cmp(CmpPredicate::gt, y, g.scalar(y, 0));
+  operandGrads.assign({g.select(pos, dy(resultGrads), g.scalar(y, 0))});
   return success();
 }
 RULE(ExpOp) {

@@ -1081,7 +1081,25 @@ static bool isFloatTensor(Type t) {
   return rt && isa<Float32Type, Float16Type, BFloat16Type>(rt.getElementType());
 }
 
+static bool isBoolTensor(Type t) {
+  auto rt = dyn_cast<RankedTensorType>(t);
+  return rt && rt.getElementType().isInteger(1);
+}
+
 bool FusedElementwiseOp::isFusible(Operation *op) {
+  // compare (float operands, an i1 result) and select (an i1 condition,
+  // float values) carry their i1 values inside the group only: the fused
+  // program's registers are f32 (1.0/0.0 for a comparison), and every input
+  // and result of the group is a float tensor.
+  if (auto cmp = dyn_cast<CompareOp>(op))
+    return isFloatTensor(cmp.getLhs().getType()) &&
+           isFloatTensor(cmp.getRhs().getType()) &&
+           isBoolTensor(cmp.getType());
+  if (auto sel = dyn_cast<SelectOp>(op))
+    return isBoolTensor(sel.getCond().getType()) &&
+           isFloatTensor(sel.getTrueValue().getType()) &&
+           isFloatTensor(sel.getFalseValue().getType()) &&
+           isFloatTensor(sel.getType());
   if (!isa<NegOp, AbsOp, ReluOp, ExpOp, LogOp, SqrtOp, RsqrtOp, TanhOp, SinOp,
            CosOp, SigmoidOp, SiluOp, GeluOp, CastOp, AddOp, SubOp, MulOp,
            DivOp, MaximumOp, MinimumOp, PowOp>(op))
@@ -1168,7 +1186,8 @@ LogicalResult FusedElementwiseOp::verifyRegions() {
       InFlightDiagnostic d = op.emitOpError(
           "cannot be fused: expects a float elementwise dlopt op (neg, abs, "
           "relu, exp, log, sqrt, rsqrt, tanh, sin, cos, sigmoid, silu, gelu, "
-          "cast, add, sub, mul, div, maximum, minimum, pow)");
+          "cast, add, sub, mul, div, maximum, minimum, pow), a compare of "
+          "floats or a select of floats");
       d.attachNote(getLoc()) << "in this group";
       return d;
     }

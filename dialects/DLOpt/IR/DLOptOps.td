@@ -840,7 +840,9 @@ def DLOpt_FusedElementwiseOp : DLOpt_Op<"fused_elementwise",
     is a single block whose arguments are the inputs; it holds rank-0 float
     `arith.constant`s and the fusible float ops (`neg abs relu exp log sqrt
     rsqrt tanh sin cos sigmoid silu gelu cast add sub mul div maximum minimum
-    pow`), each with a result of the fused shape, and ends in `dlopt.yield`.
+    pow`, `compare` of floats, `select` of floats), each with a result of the
+    fused shape, and ends in `dlopt.yield`. The i1 results of `compare` are
+    read only by the body's `select`s: inputs and results are float tensors.
     Every value a later op outside the group uses is a result.
 
     Backends evaluate the body per element in f32 and round only the results

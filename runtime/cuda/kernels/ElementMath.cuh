@@ -99,6 +99,21 @@ __device__ __forceinline__ float binaryF(BinaryOp op, float a, float b) {
   return a;
 }
 
+/// A fused comparison step: 1.0 where it holds, 0.0 elsewhere (NaN compares
+/// unequal to everything, as in the compare kernel).
+__device__ __forceinline__ float compareF(ComparePred p, float a, float b) {
+  bool r;
+  switch (p) {
+  case ComparePred::Eq: r = a == b; break;
+  case ComparePred::Ne: r = a != b; break;
+  case ComparePred::Lt: r = a < b; break;
+  case ComparePred::Le: r = a <= b; break;
+  case ComparePred::Gt: r = a > b; break;
+  default: r = a >= b; break;
+  }
+  return r ? 1.0f : 0.0f;
+}
+
 //===--- Vector loads and stores of the fused kernels -------------------===//
 
 template <typename T>

@@ -32,6 +32,8 @@ enum class BinaryOp : int {
   /// gelu_grad(x = a, dy = b) for the erf and the tanh form (same shapes).
   GeluErfGrad, GeluTanhGrad
 };
+/// The compare op's predicates (also a fused comparison step's `op`).
+enum class ComparePred : int { Eq, Ne, Lt, Le, Gt, Ge };
 
 //===--- Fused elementwise groups -----------------------------------------===//
 
@@ -45,9 +47,11 @@ inline constexpr int kFusedMaxRegisters =
     kFusedMaxInputs + kFusedMaxConsts + kFusedMaxSteps;
 
 /// One step: kind 0 = unaryF(UnaryOp(op), r[a]), 1 = binaryF(BinaryOp(op),
-/// r[a], r[b]), 2 = round r[a] to DType(op) (a cast step).
+/// r[a], r[b]), 2 = round r[a] to DType(op) (a cast step), 3 =
+/// compareF(ComparePred(op), r[a], r[b]) (1.0 or 0.0), 4 = select: r[a] != 0
+/// ? r[b] : r[c].
 struct FusedStep {
-  uint8_t kind = 0, op = 0, a = 0, b = 0;
+  uint8_t kind = 0, op = 0, a = 0, b = 0, c = 0;
 };
 /// The whole program travels in the kernel's parameters (under 1 KiB).
 /// Registers: inputs, then constants, then one per step, as in the format.

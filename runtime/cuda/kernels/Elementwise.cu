@@ -262,13 +262,19 @@ runFusedSteps(const Args &args, int firstStep,
   for (int s = 0; s < args.numSteps; ++s) {
     const FusedStep st = args.steps[s];
     float *d = r[firstStep + s];
-    const float *a = r[st.a], *b = r[st.b];
+    const float *a = r[st.a], *b = r[st.b], *c = r[st.c];
     if (st.kind == 0) {
       for (int u = 0; u < kFusedVec; ++u)
         d[u] = unaryF(UnaryOp(st.op), a[u]);
     } else if (st.kind == 1) {
       for (int u = 0; u < kFusedVec; ++u)
         d[u] = binaryF(BinaryOp(st.op), a[u], b[u]);
+    } else if (st.kind == 3) {
+      for (int u = 0; u < kFusedVec; ++u)
+        d[u] = compareF(ComparePred(st.op), a[u], b[u]);
+    } else if (st.kind == 4) {
+      for (int u = 0; u < kFusedVec; ++u)
+        d[u] = a[u] != 0.0f ? b[u] : c[u];
     } else {
       for (int u = 0; u < kFusedVec; ++u)
         d[u] = roundTo(st.op, a[u]);

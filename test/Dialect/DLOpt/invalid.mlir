@@ -546,6 +546,19 @@ func.func @fused_constant(%x: tensor<4xf32>) -> tensor<4xf32> {
 
 // -----
 
+// A compare's i1 result never leaves the group: results are float tensors.
+func.func @fused_compare_result(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %r = dlopt.fused_elementwise(%x) : (tensor<4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf32>):
+    %0 = dlopt.compare gt, %a, %a : tensor<4xf32>, tensor<4xf32> -> tensor<4xi1>
+    // expected-error @+1 {{'dlopt.yield' op expects the types of the group's results ('tensor<4xf32>'), got ('tensor<4xi1>')}}
+    dlopt.yield %0 : tensor<4xi1>
+  }
+  return %r : tensor<4xf32>
+}
+
+// -----
+
 func.func @fused_yield_types(%x: tensor<4xf32>) -> tensor<4xf32> {
   %r = dlopt.fused_elementwise(%x) : (tensor<4xf32>) -> tensor<4xf32> {
   ^bb0(%a: tensor<4xf32>):

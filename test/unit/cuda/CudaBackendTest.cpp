@@ -377,6 +377,28 @@ std::vector<ConformanceCase> conformanceCases() {
         c.out(r);
     }
   });
+  // Comparisons and select (ReLU's gradient and a two-sided choice):
+  // 1.0/0.0 registers and the chosen value, bit for bit.
+  add("fused_elementwise_compare", [](Case &c, DType d) {
+    using O = fused::OpCode;
+    for (int64_t n : {int64_t(7), int64_t(4099)}) {
+      int32_t y = c.in(T({n}, d)), dy = c.in(T({n}, d)), z = c.in(T({n}, d));
+      fused::Program p;
+      p.numInputs = 3; // 0 y, 1 dy, 2 z
+      p.consts = {0.0};  // 3
+      p.steps = {{O::CmpGt, 0, 3},    {O::Select, 4, 1, 3},  // 5 relu grad
+                 {O::CmpLe, 1, 2},    {O::Select, 6, 1, 2},  // 7 min-like
+                 {O::CmpEq, 0, 0},    {O::CmpNe, 0, 2},
+                 {O::CmpLt, 9, 8},    {O::CmpGe, 2, 1}};
+      p.outputs = {5, 7, 10, 11};
+      Instr in;
+      fused::encode(p, in);
+      for (int32_t r : c.ops(fused::kOpName, {y, dy, z},
+                             {T({n}, d), T({n}, d), T({n}, d), T({n}, d)},
+                             in.attrs))
+        c.out(r);
+    }
+  });
   // The multi-tensor form: one instruction (one launch) over segments of
   // 1, 4099 (vector body and tail) and 7x3 elements, a
   // shared rank-0 lr and a per-segment rank-0 input, every segment's

@@ -29,8 +29,15 @@ FusedStep bin(BinaryOp op, int a, int b) {
   return {1, uint8_t(op), uint8_t(a), uint8_t(b)};
 }
 FusedStep castTo(DType t, int a) { return {2, uint8_t(t), uint8_t(a), 0}; }
+FusedStep cmp(kernels::ComparePred p, int a, int b) {
+  return {3, uint8_t(p), uint8_t(a), uint8_t(b)};
+}
+FusedStep select(int cond, int a, int b) {
+  return {4, 0, uint8_t(cond), uint8_t(a), uint8_t(b)};
+}
 
-/// AdamW with a rank-0 lr, every unary and binary op, a cast, and results
+/// AdamW with a rank-0 lr, every unary and binary op, a cast, a compare and
+/// a select, and results
 /// in f32 and `t` (as CudaBackendTest's fused case).
 FusedJitProgram adamw(DType t, bool multi) {
   FusedJitProgram p;
@@ -61,6 +68,10 @@ FusedJitProgram adamw(DType t, bool multi) {
                     UnaryOp::GeluTanh})
     steps.push_back(un(u, int(5 + 6 + steps.size()) - 1));
   steps.push_back(bin(BinaryOp::GeluErfGrad, int(11 + steps.size()) - 1, 2));
+  // ReLU's gradient shape: select(prev > g, prev, m).
+  steps.push_back(cmp(kernels::ComparePred::Gt, int(11 + steps.size()) - 1, 0));
+  steps.push_back(select(int(11 + steps.size()) - 1,
+                         int(11 + steps.size()) - 2, 1));
   p.numSteps = int32_t(steps.size());
   for (size_t s = 0; s < steps.size(); ++s)
     p.steps[s] = steps[s];
@@ -105,6 +116,10 @@ TEST(FusedJit, SourceNamesEveryStepAndResult) {
   EXPECT_NE(src->find("toF(fromF<BF16>(r27))"), std::string::npos) << *src;
   EXPECT_NE(src->find("storeVec<float>(q3"), std::string::npos) << *src;
   EXPECT_NE(src->find("storeVec<BF16>(q0"), std::string::npos) << *src;
+  // Comparisons give 1.0/0.0; select reads its condition against 0.
+  EXPECT_NE(src->find("compareF(ComparePred(4), r41, r0)"), std::string::npos)
+      << *src;
+  EXPECT_NE(src->find("(r42 != 0.0f ? r41 : r1)"), std::string::npos) << *src;
   // Constants are bit-exact: 0.9f is 0x3f666666.
   EXPECT_NE(src->find("__uint_as_float(0x3f666666u)"), std::string::npos);
   auto multi = fusedJitSource(adamw(DType::BF16, true));

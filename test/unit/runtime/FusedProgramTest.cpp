@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <random>
 
 namespace dlopt::rt::test {
@@ -123,7 +124,26 @@ TEST(FusedProgram, RejectsBadPrograms) {
   expectRejected([&](Instr &in) { code(in)[11] = 2; },
                  "step 3: unary 'sqrt' has operand b = 2, expected -1");
   expectRejected([&](Instr &in) { code(in).pop_back(); },
-                 "attribute 'code' has 23 ints, expected three per step");
+                 "step 7: 'sub' needs 3 ints (opcode and operands), attribute "
+                 "'code' ends after 2");
+  // select takes four ints: opcode, cond, a, b.
+  expectRejected(
+      [&](Instr &in) {
+        code(in).insert(code(in).end(), {int64_t(OpCode::Select), 13, 7});
+      },
+      "step 8: 'select' needs 4 ints (opcode and operands), attribute 'code' "
+      "ends after 3");
+  expectRejected(
+      [&](Instr &in) {
+        code(in).insert(code(in).end(), {int64_t(OpCode::Select), 13, 7, 14});
+      },
+      "step 8: 'select' reads register 14, expected one of the 14 registers "
+      "defined before it");
+  expectRejected(
+      [&](Instr &in) {
+        code(in).insert(code(in).end(), {int64_t(OpCode::CmpGt), 13, -1});
+      },
+      "step 8: 'cmp_gt' reads register -1");
   expectRejected([&](Instr &in) { code(in).clear(); }, "no steps");
   expectRejected([&](Instr &in) { in.attrs.erase("code"); },
                  "missing attribute 'code'");
@@ -358,6 +378,93 @@ TEST(FusedKernel, EveryOpcodeMatchesItsOp) {
                   .isOk());
   for (int64_t i = 0; i < n; ++i)
     EXPECT_EQ(got[i], bf16ToFloat(floatToBf16(x[i])));
+}
+
+/// ReLU's gradient as the fusion pass leaves it: t0 = cmp_gt y, 0;
+/// t1 = select t0, dy, 0. Inputs y, dy; one const.
+fused::Program reluGradProgram() {
+  fused::Program p;
+  p.numInputs = 2;
+  p.consts = {0.0};
+  p.steps = {{OpCode::CmpGt, 0, 2}, {OpCode::Select, 3, 1, 2}};
+  p.outputs = {4};
+  return p;
+}
+
+TEST(FusedProgram, SelectRoundTripsWithItsFourInts) {
+  Instr in = fusedInstr(reluGradProgram(), {0, 1}, {2});
+  EXPECT_EQ(std::get<std::vector<int64_t>>(in.attrs.at("code")),
+            (std::vector<int64_t>{34, 0, 2, 40, 3, 1, 2}));
+  TensorType vt = tt({5});
+  auto p = fused::decode(in, {vt, vt}, {vt});
+  ASSERT_TRUE(p.isOk()) << p.status().message();
+  EXPECT_EQ(*p, reluGradProgram());
+  EXPECT_EQ(fused::describe(*p), "t0 = cmp_gt in0, 0; t1 = select t0, in1, 0 -> t1");
+  OpCode c;
+  ASSERT_TRUE(fused::opCodeFromName("cmp_le", c));
+  EXPECT_EQ(c, OpCode::CmpLe);
+  EXPECT_FALSE(fused::opCodeFromName("compare", c));
+}
+
+TEST(FusedKernel, CompareAndSelectMatchTheirOps) {
+  // Random values plus the edges: equal pairs, signed zeros, infinities and
+  // NaNs on either side.
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> x = randomVec<float>(300, 11), y = randomVec<float>(300, 12);
+  const std::vector<std::pair<float, float>> edges = {
+      {0.0f, -0.0f}, {-0.0f, 0.0f}, {1.5f, 1.5f}, {inf, inf}, {-inf, 1.0f},
+      {nan, 1.0f},   {1.0f, nan},   {nan, nan},   {-2.0f, -inf}};
+  for (size_t i = 0; i < edges.size(); ++i) {
+    x[i * 7] = edges[i].first;
+    y[i * 7] = edges[i].second;
+  }
+  const int64_t n = int64_t(x.size());
+  TensorType vt = tt({n}), bt = tt({n}, DType::I1);
+  const std::pair<OpCode, const char *> preds[] = {
+      {OpCode::CmpEq, "eq"}, {OpCode::CmpNe, "ne"}, {OpCode::CmpLt, "lt"},
+      {OpCode::CmpLe, "le"}, {OpCode::CmpGt, "gt"}, {OpCode::CmpGe, "ge"}};
+  for (auto [code, pred] : preds) {
+    // compare then select(c, x, y) one kernel each, against one program
+    // with both results (the 0/1 register and the selection).
+    std::vector<uint8_t> mask(static_cast<size_t>(n));
+    std::vector<float> want(static_cast<size_t>(n)), gotMask(want), got(want);
+    ASSERT_TRUE(run("compare", {ref(x.data(), vt), ref(y.data(), vt)},
+                    {ref(mask.data(), bt)}, {{"predicate", std::string(pred)}})
+                    .isOk());
+    ASSERT_TRUE(run("select",
+                    {ref(mask.data(), bt), ref(x.data(), vt), ref(y.data(), vt)},
+                    {ref(want.data(), vt)})
+                    .isOk());
+    fused::Program p;
+    p.numInputs = 2;
+    p.steps = {{code, 0, 1}, {OpCode::Select, 2, 0, 1}};
+    p.outputs = {2, 3};
+    Status s = run(fused::kOpName, {ref(x.data(), vt), ref(y.data(), vt)},
+                   {ref(gotMask.data(), vt), ref(got.data(), vt)}, attrsOf(p));
+    ASSERT_TRUE(s.isOk()) << s.message();
+    for (int64_t i = 0; i < n; ++i)
+      EXPECT_EQ(gotMask[size_t(i)], mask[size_t(i)] ? 1.0f : 0.0f)
+          << pred << " at " << i << ": " << x[size_t(i)] << " vs "
+          << y[size_t(i)];
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), size_t(n) * sizeof(float)))
+        << pred;
+  }
+  // ReLU's gradient: dy where y > 0, +0 elsewhere (not dy * 0: a NaN or
+  // -0 upstream gradient stays out of the inactive units).
+  std::vector<float> dy = randomVec<float>(300, 13);
+  dy[1] = nan;
+  dy[2] = -0.0f;
+  x[1] = -1.0f;
+  x[2] = -1.0f;
+  std::vector<float> got(static_cast<size_t>(n));
+  ASSERT_TRUE(run(fused::kOpName, {ref(x.data(), vt), ref(dy.data(), vt)},
+                  {ref(got.data(), vt)}, attrsOf(reluGradProgram()))
+                  .isOk());
+  for (int64_t i = 0; i < n; ++i) {
+    float want = x[size_t(i)] > 0.0f ? dy[size_t(i)] : 0.0f;
+    EXPECT_EQ(0, std::memcmp(&want, &got[size_t(i)], sizeof(float))) << i;
+  }
 }
 
 TEST(FusedKernel, KernelRejectsWhatTheValidatorRejects) {
