@@ -854,8 +854,10 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
         continue;
       }
       int dp = devices / t / pp;
+      // Every micro-batch size (SearchOptions::maxMicroBatch caps only the
+      // transformer search): a sample is a row or an image here.
       for (const auto [mbs, m] :
-           batchSplits(dp, gb, fix, opt.maxMicroBatch, st.pruned)) {
+           batchSplits(dp, gb, fix, /*maxMicroBatch=*/0, st.pruned)) {
         auto key = std::make_tuple(t, dp, mbs);
         auto it = cache.find(key);
         if (it == cache.end())

@@ -81,7 +81,10 @@ struct SearchOptions {
   Optimizer optimizer = Optimizer::Adam;
   FixSpec fix;
   int topK = 3;
-  /// Largest micro-batch size tried (0: no limit other than the batch).
+  /// Largest micro-batch size tried by the transformer search, in
+  /// sequences (0: no limit other than the batch). The op-level search
+  /// tries every divisor: its samples are rows or images, cheap to search
+  /// and bounded by the memory constraint.
   int64_t maxMicroBatch = 64;
   /// Context parallelism is searched for sequences of at least this many
   /// tokens (shorter ones spend more on the K/V ring than attention saves);

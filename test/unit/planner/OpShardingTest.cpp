@@ -711,6 +711,28 @@ TEST(OpSearch, DataParallelWinsForSmallModels) {
     EXPECT_EQ(layout, Layout::rep()) << name;
 }
 
+TEST(OpSearch, MicroBatchesAreRowsNotCappedSequences) {
+  // A sample of an op-level graph is a row: 1024 of them on one device run
+  // as one micro-batch (each extra micro-batch re-reads the weights and
+  // runs smaller GEMMs), although the transformer search caps micro-batches
+  // at 64 sequences.
+  GraphSummary g = mlp2(1024, 1024, 4096);
+  SearchOptions o = bf16Training();
+  ASSERT_EQ(o.maxMicroBatch, 64);
+  auto one = parseCluster("nodes: 1\ngpus_per_node: 1\ngpu: h100-sxm-80gb\n",
+                          ClusterFormat::Yaml, "one.yaml");
+  ASSERT_TRUE(one) << one.status().message();
+  auto p = searchOpPlan(g, *one, CostModel(), o);
+  ASSERT_TRUE(p) << p.status().message();
+  EXPECT_EQ(p->best.cfg.microBatchSize, 1024);
+  EXPECT_EQ(p->best.cfg.numMicroBatches, 1);
+  // Forcing the old cap's shape costs time.
+  o.fix.mbs = 64;
+  auto capped = searchOpPlan(g, *one, CostModel(), o);
+  ASSERT_TRUE(capped) << capped.status().message();
+  EXPECT_GT(capped->best.time.total(), p->best.time.total());
+}
+
 TEST(OpSearch, PipelineStagesCoverTheGraph) {
   // 12 layers without marks: stages by op.
   Builder b = reluChain(12);
