@@ -15,7 +15,9 @@ torch.nn (the idiomatic eager model a user would write: fused qkv, a causal
 mask, nn.Conv2d/BatchNorm2d). Each measurement is its own process; the two
 frameworks alternate (dlopt, torch, dlopt, torch, ...) so that a noisy
 neighbour hits both. Start-up and parameter initialization are excluded,
-and so is the first (warm-up) training step or PyTorch forward; dlopt's
+and so is the first (warm-up) training step or PyTorch forward. Both train
+on the same fixed arrays (dlopt through --data-input, a one-batch dataset);
+dlopt's
 forward figure is the median of its `--repeat` runs, warm-up included. PyTorch runs with OMP_WAIT_POLICY=PASSIVE (its
 fastest setting here), torch.set_num_threads(T) and OPENBLAS_NUM_THREADS=T
 (Debian's torch calls OpenBLAS, which torch.set_num_threads does not limit:
@@ -304,8 +306,14 @@ def time_dlopt(bin_dir, work, case, mode, threads, plans, feeds):
         metrics = os.path.join(work, "m.jsonl")
         if os.path.exists(metrics):
             os.remove(metrics)
+        # The same arrays PyTorch trains on, as a one-batch dataset: the
+        # step binds a copy of them, where synthetic data (dlopt-run's
+        # default) would draw fresh normal samples every step, which
+        # PyTorch's loop does not pay for.
+        data = [a.replace("--input", "--data-input") for a in feeds]
         _, rss = run_measured([run, plans["train"], "--steps", str(steps + 1), "--threads", str(threads),
-                               "--metrics", metrics, "--log-every", str(steps + 1)], os.environ, out)
+                               "--metrics", metrics, "--log-every", str(steps + 1)] + data,
+                              os.environ, out)
         rows = [json.loads(l) for l in open(metrics)]
         return [r["step_time_s"] for r in rows[1:]], rss
     text, rss = run_measured([run, plans["forward"], "--repeat", str(repeats + 1), "--threads", str(threads)]

@@ -181,10 +181,39 @@ Status Trainer::resume(const std::string &path) {
   return Status::ok();
 }
 
+void Trainer::prefetch(uint64_t index) {
+  if (prefetch_.valid())
+    prefetch_.wait();
+  prefetchIndex_ = index;
+  prefetchSeed_ = seed_;
+  const uint64_t seed = seed_;
+  const DataLoader &loader = train_;
+  prefetch_ = std::async(std::launch::async, [&loader, index, seed] {
+    return loader.batch(index, seed);
+  });
+}
+
+std::optional<Expected<std::vector<NamedTensor>>>
+Trainer::takePrefetched(uint64_t index) {
+  if (!prefetch_.valid())
+    return std::nullopt;
+  // get() rethrows what batch() threw; bindBatch reports it.
+  Expected<std::vector<NamedTensor>> b = prefetch_.get();
+  if (prefetchIndex_ != index || prefetchSeed_ != seed_)
+    return std::nullopt; // resumed or re-seeded since: draw it anew
+  return b;
+}
+
 Status Trainer::bindBatch(const DataLoader &loader, uint64_t index) {
   Expected<std::vector<NamedTensor>> batch = Status::error("no batch");
   try {
-    batch = loader.batch(index, seed_);
+    std::optional<Expected<std::vector<NamedTensor>>> ready;
+    if (&loader == &train_)
+      ready = takePrefetched(index);
+    if (ready)
+      batch = std::move(*ready);
+    else
+      batch = loader.batch(index, seed_);
   } catch (const std::exception &e) {
     return Status::error(loader.describe() + ": batch " +
                          std::to_string(index) + ": " + e.what());
@@ -210,6 +239,9 @@ Expected<StepResult> Trainer::step() {
   StepResult r;
   r.step = step_ + 1;
   DLOPT_RETURN_IF_ERROR(bindBatch(train_, position_));
+  // The next batch is drawn while this step runs (positions only move
+  // forward by one per step; anything else draws anew).
+  prefetch(position_ + 1);
   // Under loss scaling the plan itself skips a step whose gradients (or
   // loss) are not finite, and halves the scale: that is how a skip shows.
   // (Read before running: the update may happen in place.)

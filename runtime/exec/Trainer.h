@@ -18,6 +18,7 @@
 #include "runtime/exec/StepRunner.h"
 
 #include <cstdio>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -113,6 +114,14 @@ private:
           const TrainerOptions &opts);
   Status runLoop();
   Status bindBatch(const DataLoader &loader, uint64_t index);
+  /// Starts drawing training batch `index` on a background thread, so it is
+  /// ready when the next step binds it (a generated or read batch overlaps
+  /// the step running now).
+  void prefetch(uint64_t index);
+  /// Waits for the background batch, if any, and returns it when it is
+  /// batch `index` for the current seed (else nullopt: drawn anew).
+  std::optional<Expected<std::vector<NamedTensor>>> takePrefetched(
+      uint64_t index);
   std::string metricsLine(const StepResult &r) const;
   void showProgress(const StepResult &r, int64_t done, int64_t total,
                     double elapsed, bool last);
@@ -137,6 +146,10 @@ private:
   std::string lastCheckpoint_;
   double checkpointSeconds_ = 0, resumeSeconds_ = 0;
   int64_t checkpointBytes_ = 0, resumeBytes_ = 0;
+  /// The training batch being drawn in the background (at most one call of
+  /// train_.batch() runs at a time: a direct call waits for it first).
+  std::future<Expected<std::vector<NamedTensor>>> prefetch_;
+  uint64_t prefetchIndex_ = 0, prefetchSeed_ = 0;
 };
 
 } // namespace dlopt::rt

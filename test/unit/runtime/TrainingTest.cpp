@@ -14,11 +14,14 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <atomic>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <sys/stat.h>
 #include <thread>
@@ -944,6 +947,94 @@ TEST(Trainer, ResumeWithShuffledArraysIsBitwiseIdentical) {
   std::vector<StepResult> b = train(3, ckpt, "");
   a.insert(a.end(), b.begin(), b.end());
   EXPECT_EQ(lossBits(a), lossBits(full));
+}
+
+namespace {
+
+/// Forwards to a loader and records each batch() call: its index, whether
+/// it ran off the calling (training) thread, and whether two calls ever
+/// overlapped.
+class RecordingLoader final : public DataLoader {
+public:
+  RecordingLoader(const DataLoader &inner, std::thread::id main)
+      : inner_(inner), main_(main) {}
+  Expected<std::vector<NamedTensor>> batch(uint64_t index,
+                                           uint64_t seed) const override {
+    if (inFlight_.fetch_add(1) != 0)
+      overlapped_ = true;
+    // Long enough that a step would catch a prefetch still running.
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    auto b = inner_.batch(index, seed);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      calls_.push_back({index, std::this_thread::get_id() != main_});
+    }
+    inFlight_.fetch_sub(1);
+    return b;
+  }
+  std::vector<std::string> inputs() const override { return inner_.inputs(); }
+  uint64_t batchesPerEpoch() const override { return inner_.batchesPerEpoch(); }
+  uint64_t epochOf(uint64_t i) const override { return inner_.epochOf(i); }
+  std::string describe() const override { return inner_.describe(); }
+
+  const DataLoader &inner_;
+  std::thread::id main_;
+  mutable std::atomic<int> inFlight_{0};
+  mutable std::atomic<bool> overlapped_{false};
+  mutable std::mutex mu_;
+  mutable std::vector<std::pair<uint64_t, bool>> calls_; // index, off-thread
+};
+
+} // namespace
+
+TEST(Trainer, PrefetchesTheNextBatchInTheBackground) {
+  // Batch i+1 is drawn on another thread while step i runs, one batch()
+  // call at a time, and training sees exactly the batches it would without
+  // the prefetch: the loss history equals a run that binds each step's
+  // batch itself (resuming every step: a resume discards the prefetch).
+  TempDir dir;
+  writeClassifierData(dir, 12, 3, 4, "");
+  auto loaderFor = [&](Session &s) {
+    return createArrayLoader(
+        s.executable(),
+        {{"images", dir.file("images.npy")}, {"labels", dir.file("labels.npy")}},
+        true);
+  };
+  auto s = makeSession(classifierModel(4, 3, 4), 2);
+  auto inner = loaderFor(*s);
+  ASSERT_TRUE(inner.isOk()) << inner.status().message();
+  RecordingLoader rec(**inner, std::this_thread::get_id());
+  TrainerOptions o = quietOptions(5);
+  o.seed = 3;
+  auto t = Trainer::create(*s, rec, nullptr, o);
+  ASSERT_TRUE(t.isOk()) << t.status().message();
+  ASSERT_TRUE((*t)->run().isOk());
+  std::vector<StepResult> prefetched = (*t)->history();
+  t->reset(); // waits for the last prefetch
+  EXPECT_FALSE(rec.overlapped_.load());
+  ASSERT_EQ(rec.calls_.size(), 6u); // steps 1-5 and the prefetched 6th
+  for (size_t i = 0; i < rec.calls_.size(); ++i) {
+    EXPECT_EQ(rec.calls_[i].first, i);
+    EXPECT_EQ(rec.calls_[i].second, i > 0) << "batch " << i;
+  }
+  // One step per trainer, each resumed from the last: no prefetch is used.
+  std::vector<StepResult> direct;
+  std::string ckpt = dir.file("p.safetensors");
+  for (int k = 0; k < 5; ++k) {
+    auto s2 = makeSession(classifierModel(4, 3, 4), 2);
+    auto l2 = loaderFor(*s2);
+    ASSERT_TRUE(l2.isOk());
+    TrainerOptions o2 = quietOptions(1);
+    o2.seed = 3;
+    auto t2 = Trainer::create(*s2, **l2, nullptr, o2);
+    ASSERT_TRUE(t2.isOk());
+    if (k > 0)
+      ASSERT_TRUE((*t2)->resume(ckpt).isOk());
+    ASSERT_TRUE((*t2)->run().isOk());
+    ASSERT_TRUE((*t2)->checkpointTo(ckpt).isOk());
+    direct.push_back((*t2)->history().back());
+  }
+  EXPECT_EQ(lossBits(direct), lossBits(prefetched));
 }
 
 TEST(Trainer, NonFiniteLossStopsUnlessLossScaled) {
