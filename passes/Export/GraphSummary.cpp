@@ -14,7 +14,11 @@
 #include "dialects/DLOpt/IR/DLOptOps.h"
 #include "passes/ModelUtils.h"
 
+#include "passes/Passes.h"
+
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/Pass/PassManager.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 
@@ -169,6 +173,69 @@ static void describeOp(Operation &op, planner::OpNode &n) {
   }
 }
 
+/// The positions (in `fn`'s body, terminator excluded) of the forward ops
+/// whose result #0 dlopt's own backward pass reads: what a training step
+/// keeps from the forward pass (a relu's output, a matmul's inputs; not a
+/// residual add's sum). A training graph answers directly; a loss function
+/// is differentiated in a throw-away clone (dlopt-autodiff, the rules the
+/// compiler will apply). Returns nothing when neither applies or autodiff
+/// fails (the compile reports that itself): every float result counts.
+static std::optional<llvm::DenseSet<int>> savedForBackward(ModuleOp module,
+                                                          func::FuncOp fn,
+                                                          StringRef entry) {
+  // Not dlopt.*: the dialect verifies its own discardable attributes.
+  constexpr llvm::StringLiteral kPos = "summary_pos";
+  auto collect = [&](func::FuncOp f) {
+    llvm::DenseSet<int> saved;
+    for (Operation &op : f.getBody().front()) {
+      if (!op.hasAttr(DLOptDialect::kBackwardAttr))
+        continue;
+      for (Value v : op.getOperands()) {
+        auto res = dyn_cast<OpResult>(v);
+        if (!res || res.getResultNumber() != 0)
+          continue;
+        Operation *def = res.getOwner();
+        if (def->hasAttr(DLOptDialect::kBackwardAttr))
+          continue;
+        if (auto pos = def->getAttrOfType<IntegerAttr>(kPos))
+          saved.insert(static_cast<int>(pos.getInt()));
+      }
+    }
+    return saved;
+  };
+  Block &body = fn.getBody().front();
+  bool training = llvm::any_of(body, [](Operation &op) {
+    return op.hasAttr(DLOptDialect::kBackwardAttr);
+  });
+  if (!training && !fn->hasAttr(DLOptDialect::kLossAttr))
+    return std::nullopt;
+  OwningOpRef<ModuleOp> clone = module.clone();
+  FailureOr<func::FuncOp> cf = findEntryFunction(*clone, entry);
+  if (failed(cf))
+    return std::nullopt;
+  int pos = 0;
+  Operation *term = cf->getBody().front().getTerminator();
+  for (Operation &op : cf->getBody().front())
+    if (&op != term)
+      op.setAttr(kPos, IntegerAttr::get(IntegerType::get(op.getContext(), 64),
+                                        pos++));
+  if (!training) {
+    // Quiet: a model autodiff rejects is reported by the compile itself.
+    ScopedDiagnosticHandler quiet(module.getContext(),
+                                  [](Diagnostic &) { return success(); });
+    PassManager pm(module.getContext());
+    AutodiffPassOptions ad;
+    ad.entry = entry.str();
+    pm.addPass(createAutodiffPass(ad));
+    if (failed(pm.run(*clone)))
+      return std::nullopt;
+    cf = findEntryFunction(*clone, entry);
+    if (failed(cf))
+      return std::nullopt;
+  }
+  return collect(*cf);
+}
+
 FailureOr<planner::GraphSummary> dlopt::summarizeGraph(ModuleOp module,
                                                        StringRef entry) {
   FailureOr<func::FuncOp> fnOr = findEntryFunction(module, entry);
@@ -264,12 +331,17 @@ FailureOr<planner::GraphSummary> dlopt::summarizeGraph(ModuleOp module,
   };
   // Params already used by an earlier op node (for OpNode::paramElems).
   llvm::DenseSet<Value> nodeParams;
+  const std::optional<llvm::DenseSet<int>> saved =
+      savedForBackward(module, fn, entry);
+  s.savedKnown = saved.has_value();
   for (Operation &op : body) {
     if (&op == terminator)
       break;
     {
       planner::OpNode n;
       n.id = static_cast<int>(s.ops.size());
+      if (saved)
+        n.savedForBackward = saved->contains(n.id);
       n.op = op.getName().getStringRef().str();
       n.kind = classify(op);
       n.numResults = static_cast<int>(op.getNumResults());
