@@ -33,7 +33,6 @@ struct OpGroupSummary {
   double otherFlops = 0, otherBytes = 0;
   double params = 0;          ///< elements of params first used here
   double paramBytes = 0;      ///< their bytes in the model's dtype
-  double activationBytes = 0; ///< bytes of float results of the group's ops
 
   double flops() const { return matmulFlops + attentionFlops + otherFlops; }
   double bytes() const { return matmulBytes + attentionBytes + otherBytes; }

@@ -445,8 +445,6 @@ FailureOr<planner::GraphSummary> dlopt::summarizeGraph(ModuleOp module,
     for (Value r : op.getResults()) {
       outBytes += tensorBytes(r.getType());
       outElems += elements(r.getType());
-      if (isFloatTensor(r.getType()))
-        g->activationBytes += tensorBytes(r.getType());
     }
 
     if (auto mm = dyn_cast<dl::MatmulOp>(op)) {
