@@ -109,8 +109,8 @@ struct OpNode {
   int64_t layer = -1;          ///< the dlopt.layer mark, -1 if none
   bool backward = false;       ///< made by dlopt-autodiff (dlopt.backward)
   /// Result #0 is read by dlopt's backward pass, so a training step keeps
-  /// it from the forward pass (GraphSummary::savedKnown says whether this
-  /// was determined; true when not).
+  /// it from the forward pass (summarizeGraph finds out from autodiff;
+  /// true when it cannot, and in graphs built by hand).
   bool savedForBackward = true;
   /// Integer attributes the sharding rules need (meaning by kind above).
   std::vector<int64_t> dims;
@@ -162,10 +162,6 @@ struct GraphSummary {
   std::vector<OpNode> ops;
   std::vector<ArgNode> args;
   std::vector<ValueRef> outputs;
-  /// OpNode::savedForBackward comes from dlopt's backward pass (the graph is
-  /// a training step, or a loss function differentiated for the summary);
-  /// false: unknown, every float result counts as kept.
-  bool savedKnown = false;
 
   bool isTransformer() const { return numLayers > 0 && heads > 0 && seq > 0; }
   /// The shape of result `k` of `n`: from OpNode::resultShapes, else

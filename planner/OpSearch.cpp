@@ -407,7 +407,7 @@ std::unique_ptr<Solved> solveFor(Ctx &c, int t, int dp, int64_t mbs,
     double work = s->geo.result(id).bytes /
                   (st.result.kind == Layout::S ? double(t) : 1.0);
     // Kept for the backward pass: what dlopt's own backward reads
-    // (GraphSummary::savedKnown), every float result when unknown.
+    // (OpNode::savedForBackward; every float result when unknown).
     if (train && op.isFloat && op.savedForBackward)
       s->activation[id] = work;
     for (size_t i = 0; i < op.operands.size(); ++i) {

@@ -183,43 +183,50 @@ static void describeOp(Operation &op, planner::OpNode &n) {
 static std::optional<llvm::DenseSet<int>> savedForBackward(ModuleOp module,
                                                           func::FuncOp fn,
                                                           StringRef entry) {
-  // Not dlopt.*: the dialect verifies its own discardable attributes.
-  constexpr llvm::StringLiteral kPos = "summary_pos";
-  auto collect = [&](func::FuncOp f) {
+  // The backward ops' operands that are forward results #0, as positions.
+  auto collect = [](func::FuncOp f, auto positionOf) {
     llvm::DenseSet<int> saved;
     for (Operation &op : f.getBody().front()) {
       if (!op.hasAttr(DLOptDialect::kBackwardAttr))
         continue;
       for (Value v : op.getOperands()) {
         auto res = dyn_cast<OpResult>(v);
-        if (!res || res.getResultNumber() != 0)
+        if (!res || res.getResultNumber() != 0 ||
+            res.getOwner()->hasAttr(DLOptDialect::kBackwardAttr))
           continue;
-        Operation *def = res.getOwner();
-        if (def->hasAttr(DLOptDialect::kBackwardAttr))
-          continue;
-        if (auto pos = def->getAttrOfType<IntegerAttr>(kPos))
-          saved.insert(static_cast<int>(pos.getInt()));
+        if (std::optional<int> pos = positionOf(res.getOwner()))
+          saved.insert(*pos);
       }
     }
     return saved;
   };
   Block &body = fn.getBody().front();
-  bool training = llvm::any_of(body, [](Operation &op) {
-    return op.hasAttr(DLOptDialect::kBackwardAttr);
-  });
-  if (!training && !fn->hasAttr(DLOptDialect::kLossAttr))
+  if (llvm::any_of(body, [](Operation &op) {
+        return op.hasAttr(DLOptDialect::kBackwardAttr);
+      })) {
+    // Already a training step: read it as it is.
+    llvm::DenseMap<Operation *, int> pos;
+    for (Operation &op : body)
+      pos[&op] = static_cast<int>(pos.size());
+    return collect(fn, [&](Operation *op) -> std::optional<int> {
+      auto it = pos.find(op);
+      return it == pos.end() ? std::nullopt : std::optional<int>(it->second);
+    });
+  }
+  if (!fn->hasAttr(DLOptDialect::kLossAttr))
     return std::nullopt;
+  // A loss function: differentiate a copy whose ops carry their positions.
+  // (Not dlopt.*: the dialect verifies its own discardable attributes.)
+  constexpr llvm::StringLiteral kPos = "summary_pos";
   OwningOpRef<ModuleOp> clone = module.clone();
   FailureOr<func::FuncOp> cf = findEntryFunction(*clone, entry);
   if (failed(cf))
     return std::nullopt;
-  int pos = 0;
-  Operation *term = cf->getBody().front().getTerminator();
+  int n = 0;
   for (Operation &op : cf->getBody().front())
-    if (&op != term)
-      op.setAttr(kPos, IntegerAttr::get(IntegerType::get(op.getContext(), 64),
-                                        pos++));
-  if (!training) {
+    op.setAttr(kPos, IntegerAttr::get(IntegerType::get(op.getContext(), 64),
+                                      n++));
+  {
     // Quiet: a model autodiff rejects is reported by the compile itself.
     ScopedDiagnosticHandler quiet(module.getContext(),
                                   [](Diagnostic &) { return success(); });
@@ -229,11 +236,15 @@ static std::optional<llvm::DenseSet<int>> savedForBackward(ModuleOp module,
     pm.addPass(createAutodiffPass(ad));
     if (failed(pm.run(*clone)))
       return std::nullopt;
-    cf = findEntryFunction(*clone, entry);
-    if (failed(cf))
-      return std::nullopt;
   }
-  return collect(*cf);
+  cf = findEntryFunction(*clone, entry);
+  if (failed(cf))
+    return std::nullopt;
+  return collect(*cf, [&](Operation *op) -> std::optional<int> {
+    if (auto p = op->getAttrOfType<IntegerAttr>(kPos))
+      return static_cast<int>(p.getInt());
+    return std::nullopt;
+  });
 }
 
 FailureOr<planner::GraphSummary> dlopt::summarizeGraph(ModuleOp module,
@@ -333,7 +344,6 @@ FailureOr<planner::GraphSummary> dlopt::summarizeGraph(ModuleOp module,
   llvm::DenseSet<Value> nodeParams;
   const std::optional<llvm::DenseSet<int>> saved =
       savedForBackward(module, fn, entry);
-  s.savedKnown = saved.has_value();
   for (Operation &op : body) {
     if (&op == terminator)
       break;

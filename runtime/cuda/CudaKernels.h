@@ -82,7 +82,6 @@ const CudaLibrary *runtimeTable(const char **error);
 
 //===--- Elementwise ----------------------------------------------------===//
 
-
 /// y = op(x) over n contiguous elements (float types; Neg/Abs/Relu also int).
 int unary(Stream s, UnaryOp op, DType t, const void *x, void *y, int64_t n);
 /// y = cast(x) with the conversions of docs/ops.md.

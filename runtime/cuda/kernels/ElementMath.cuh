@@ -99,19 +99,23 @@ __device__ __forceinline__ float binaryF(BinaryOp op, float a, float b) {
   return a;
 }
 
-/// A fused comparison step: 1.0 where it holds, 0.0 elsewhere (NaN compares
-/// unequal to everything, as in the compare kernel).
-__device__ __forceinline__ float compareF(ComparePred p, float a, float b) {
-  bool r;
+/// `a p b` for the compare kernel (floats widened to f32, or integers) and
+/// the fused comparison steps; NaN compares unequal to everything.
+template <typename T>
+__device__ __forceinline__ bool comparePred(ComparePred p, T a, T b) {
   switch (p) {
-  case ComparePred::Eq: r = a == b; break;
-  case ComparePred::Ne: r = a != b; break;
-  case ComparePred::Lt: r = a < b; break;
-  case ComparePred::Le: r = a <= b; break;
-  case ComparePred::Gt: r = a > b; break;
-  default: r = a >= b; break;
+  case ComparePred::Eq: return a == b;
+  case ComparePred::Ne: return a != b;
+  case ComparePred::Lt: return a < b;
+  case ComparePred::Le: return a <= b;
+  case ComparePred::Gt: return a > b;
+  default: return a >= b;
   }
-  return r ? 1.0f : 0.0f;
+}
+
+/// A fused comparison step: 1.0 where it holds, 0.0 elsewhere.
+__device__ __forceinline__ float compareF(ComparePred p, float a, float b) {
+  return comparePred(p, a, b) ? 1.0f : 0.0f;
 }
 
 //===--- Vector loads and stores of the fused kernels -------------------===//

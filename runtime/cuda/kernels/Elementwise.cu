@@ -129,29 +129,10 @@ __global__ void compareKernel(ComparePred p, StridedIndex ix, const T *a,
     int64_t off[2] = {i, i};
     if (!fast)
       stridedOffsets<2>(ix, i, off);
-    uint8_t r;
-    if constexpr (IsFloatStorage<T>::value) {
-      float x = toF(a[off[0]]), y = toF(b[off[1]]);
-      switch (p) {
-      case ComparePred::Eq: r = x == y; break;
-      case ComparePred::Ne: r = x != y; break;
-      case ComparePred::Lt: r = x < y; break;
-      case ComparePred::Le: r = x <= y; break;
-      case ComparePred::Gt: r = x > y; break;
-      default: r = x >= y; break;
-      }
-    } else {
-      T x = a[off[0]], y = b[off[1]];
-      switch (p) {
-      case ComparePred::Eq: r = x == y; break;
-      case ComparePred::Ne: r = x != y; break;
-      case ComparePred::Lt: r = x < y; break;
-      case ComparePred::Le: r = x <= y; break;
-      case ComparePred::Gt: r = x > y; break;
-      default: r = x >= y; break;
-      }
-    }
-    out[i] = r;
+    if constexpr (IsFloatStorage<T>::value)
+      out[i] = comparePred(p, toF(a[off[0]]), toF(b[off[1]]));
+    else
+      out[i] = comparePred(p, a[off[0]], b[off[1]]);
   }
 }
 
