@@ -5,9 +5,12 @@
 // dims dropped, neighbours merged). When the innermost run is reduced, each
 // output element walks a contiguous stretch; when it is kept, whole rows of
 // the input are accumulated into a block of outputs, which keeps memory
-// access sequential for reductions over leading dims. Either way each output
-// element adds its inputs in row-major order, independent of threading.
-// Float sums accumulate in double.
+// access sequential for reductions over leading dims. Float sums accumulate
+// in double, in an order fixed by the shape alone (never by the thread
+// count): a contiguous stretch is added in 16 interleaved lanes that are
+// combined pairwise (vectorizable, where one running sum would be a chain of
+// dependent adds), and a long reduction is cut into fixed chunks of
+// kSumChunk elements, summed in parallel and then added in chunk order.
 //
 //===----------------------------------------------------------------------===//
 
@@ -95,6 +98,25 @@ template <typename T, Reduction K> struct Acc {
   }
 };
 
+/// Elements of one chunk of a long float sum (see the file comment).
+constexpr int64_t kSumChunk = 16384;
+
+/// The double sum of x[0..n) in 16 interleaved lanes, combined pairwise.
+template <typename T> double sumStretch(const T *x, int64_t n) {
+  constexpr int kLanes = 16;
+  double lane[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int k = 0; k < kLanes; ++k)
+      lane[k] += double(toF32(x[j + k]));
+  for (int k = 0; j < n; ++j, ++k)
+    lane[k] += double(toF32(x[j]));
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k)
+      lane[k] += lane[k + w];
+  return lane[0];
+}
+
 template <typename T, Reduction K>
 void reduce(const T *x, T *y, const std::vector<Dim> &kept,
             const std::vector<Dim> &red, bool innerKept) {
@@ -104,6 +126,50 @@ void reduce(const T *x, T *y, const std::vector<Dim> &kept,
     numOut *= d.size;
   for (const Dim &d : red)
     numRed *= d.size;
+
+  if constexpr (K != Reduction::Max && isFloatStorage<T>)
+    if (!innerKept) {
+      // Each output: its reduced elements in row-major order, cut into
+      // chunks of kSumChunk (rows of rowLen contiguous elements); every chunk
+      // is summed by sumStretch, the chunks are then added in order.
+      const int64_t rowLen = red.empty() ? 1 : red.back().size;
+      std::vector<Dim> outerRed(red.begin(), red.end() - (red.empty() ? 0 : 1));
+      const int64_t chunks = (numRed + kSumChunk - 1) / kSumChunk;
+      std::vector<double> part(size_t(numOut * chunks));
+      parallelFor(numOut * chunks, grainFor(std::min(numRed, kSumChunk)),
+                  [&](int64_t b, int64_t e) {
+                    Odometer ko(kept), ro(outerRed);
+                    int64_t at = -1; // the output ko points at
+                    for (int64_t item = b; item < e; ++item) {
+                      const int64_t o = item / chunks, c = item % chunks;
+                      int64_t f = c * kSumChunk;
+                      const int64_t end = std::min(numRed, f + kSumChunk);
+                      if (o == at + 1 && at >= 0)
+                        ko.next();
+                      else if (o != at)
+                        ko.seek(o);
+                      at = o;
+                      ro.seek(f / rowLen);
+                      double acc = 0;
+                      while (f < end) {
+                        const int64_t j = f % rowLen;
+                        const int64_t len = std::min(rowLen - j, end - f);
+                        acc += sumStretch(x + ko.offset + ro.offset + j, len);
+                        f += len;
+                        if (j + len == rowLen)
+                          ro.next();
+                      }
+                      part[size_t(item)] = acc;
+                    }
+                  });
+      for (int64_t o = 0; o < numOut; ++o) {
+        double acc = 0;
+        for (int64_t c = 0; c < chunks; ++c)
+          acc += part[size_t(o * chunks + c)];
+        y[o] = A::finish(acc, numRed);
+      }
+      return;
+    }
 
   if (!innerKept) {
     // Innermost run reduced (stride 1): each output walks contiguous rows.

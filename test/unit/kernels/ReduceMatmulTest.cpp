@@ -22,7 +22,10 @@ std::vector<ReduceCase> reduceCases() {
           {{3, 4, 5}, {1}},       {{3, 4, 5}, {0, 2}}, {{2, 3, 4, 5}, {1, 3}},
           {{2, 3, 4, 5}, {0, 1}}, {{2, 1, 4}, {1}},    {{5}, {0}},
           {{600, 300}, {0}},      {{300, 600}, {1}},   {{4, 3}, {}},
-          {{2, 1000, 3}, {1}}};
+          {{2, 1000, 3}, {1}},
+          // Longer than one chunk of a float sum (16384): chunk borders
+          // inside a row (rows of 333, two reduced runs), one long stretch.
+          {{70, 3, 333}, {0, 2}}, {{40000}, {0}}};
 }
 
 TEST(Reduce, MatchesReference) {
@@ -88,6 +91,33 @@ TEST(Reduce, MatchesReference) {
                 allClose(y, ref, tol, std::string(op) == "max" ? 0 : atol));
           }
         }
+}
+
+// A long float sum is cut into chunks summed in parallel: the result is the
+// same bits with any thread count, and equal to an ordered double sum
+// rounded once (the test data's sums are far from a float rounding tie).
+TEST(Reduce, LongSumsIndependentOfThreadCount) {
+  KT_SEEDED_RNG(rng);
+  Tensor x = randomTensor(rng, DType::F32, {5, 3, 20011}, -2, 2);
+  Instr in = makeInstr("sum", {{"dims", std::vector<int64_t>{0, 2}}});
+  int saved = cpu::numThreads();
+  std::vector<std::vector<float>> got;
+  for (int threads : {1, 2, 5}) {
+    cpu::setNumThreads(threads);
+    Tensor y(DType::F32, {3});
+    ASSERT_TRUE(run(in, {&x}, {&y}).isOk());
+    got.push_back({float(y.get(0)), float(y.get(1)), float(y.get(2))});
+  }
+  cpu::setNumThreads(saved);
+  EXPECT_EQ(got[0], got[1]);
+  EXPECT_EQ(got[0], got[2]);
+  for (int k = 0; k < 3; ++k) {
+    double ref = 0;
+    for (int a = 0; a < 5; ++a)
+      for (int c = 0; c < 20011; ++c)
+        ref += x.get((a * 3 + k) * 20011 + c);
+    EXPECT_NEAR(got[0][size_t(k)], ref, 1e-6 * std::fabs(ref) + 1e-4);
+  }
 }
 
 TEST(Reduce, MaxPropagatesNaN) {
