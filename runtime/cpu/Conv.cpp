@@ -17,10 +17,11 @@
 
 #include "runtime/cpu/KernelUtil.h"
 #include "runtime/cpu/ThreadPool.h"
+#include "runtime/cpu/VecMath.h"
 
 #include <algorithm>
-#include <cstring>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 namespace dlopt::rt::cpu {
@@ -28,9 +29,9 @@ namespace {
 
 /// Output rows per GEMM so the column buffer stays around 32 MB.
 int64_t rowsPerChunkOf(const ConvGeom &g) {
-  return std::clamp<int64_t>(
-      (int64_t(1) << 23) / std::max<int64_t>(g.ckk() * g.ow, 1), 1,
-      std::max<int64_t>(g.oh, 1));
+  return std::clamp<int64_t>((int64_t(1) << 23) /
+                                 std::max<int64_t>(g.ckk() * g.ow, 1),
+                             1, std::max<int64_t>(g.oh, 1));
 }
 
 /// The output columns xx in [xa, xb) whose input column off + xx * stride
@@ -41,6 +42,122 @@ void validColumns(const ConvGeom &g, int64_t off, int64_t &xa, int64_t &xb) {
   xb = g.w - off <= 0 ? 0 : (g.w - off + st - 1) / st;
   xb = std::min(xb, g.ow);
   xa = std::min(xa, xb);
+}
+
+/// True when a row pair r0, r1 of n floats holds a NaN (no short-circuit:
+/// one vectorizable pass).
+DLOPT_SIMD_CLONES bool anyNaN2(const float *__restrict r0,
+                               const float *__restrict r1, int64_t n) {
+  int nan = 0; // an int OR, which vectorizes where a bool's does not
+  for (int64_t j = 0; j < n; ++j)
+    nan |= int(r0[j] != r0[j]) | int(r1[j] != r1[j]);
+  return nan != 0;
+}
+
+// Eight f32 lanes in GCC's vector extension (AVX2 registers in the avx2
+// clone, pairs of SSE registers in the baseline one): the 2x2 max-pool rows
+// below deinterleave their windows with shuffles, which GCC's vectorizer
+// did not do by itself on this loop (it kept scalar code with branches).
+typedef float V8f __attribute__((vector_size(32)));
+typedef int32_t V8i __attribute__((vector_size(32)));
+
+/// Max pooling over eight 2x2 windows at stride 2 of a NaN-free row pair
+/// r0, r1 (16 floats each): y[k] is the first strict maximum of r0[2k],
+/// r0[2k+1], r1[2k], r1[2k+1] in that order (so -0 before +0 gives -0),
+/// as the general loop gives.
+[[gnu::always_inline]] inline void maxPool2x2x8(const float *r0,
+                                                const float *r1, float *y) {
+  const V8i ev = {0, 2, 4, 6, 8, 10, 12, 14}, od = ev + 1;
+  V8f a0, a1, b0, b1; // loads (memcpy: no alignment assumed)
+  std::memcpy(&a0, r0, 32);
+  std::memcpy(&a1, r0 + 8, 32);
+  std::memcpy(&b0, r1, 32);
+  std::memcpy(&b1, r1 + 8, 32);
+  V8f m = __builtin_shuffle(a0, a1, ev);
+  V8f v = __builtin_shuffle(a0, a1, od);
+  m = v > m ? v : m;
+  v = __builtin_shuffle(b0, b1, ev);
+  m = v > m ? v : m;
+  v = __builtin_shuffle(b0, b1, od);
+  m = v > m ? v : m;
+  std::memcpy(y, &m, 32);
+}
+
+/// The gradient of maxPool2x2x8: each input gets 0 + dy of its window
+/// where it is the window's first strict maximum, 0 elsewhere (d0, d1: 16
+/// floats each).
+[[gnu::always_inline]] inline void maxPool2x2Grad8(const float *r0,
+                                                   const float *r1,
+                                                   const float *dy, float *d0,
+                                                   float *d1) {
+  const V8i ev = {0, 2, 4, 6, 8, 10, 12, 14}, od = ev + 1;
+  const V8i lo = {0, 8, 1, 9, 2, 10, 3, 11}, hi = lo + 4;
+  V8f a0, a1, c0, c1, dyv;
+  std::memcpy(&a0, r0, 32);
+  std::memcpy(&a1, r0 + 8, 32);
+  std::memcpy(&c0, r1, 32);
+  std::memcpy(&c1, r1 + 8, 32);
+  std::memcpy(&dyv, dy, 32);
+  const V8f v0 = __builtin_shuffle(a0, a1, ev),
+            v1 = __builtin_shuffle(a0, a1, od),
+            v2 = __builtin_shuffle(c0, c1, ev),
+            v3 = __builtin_shuffle(c0, c1, od);
+  const V8f zero = {}, g = zero + dyv;
+  const V8i b1 = v1 > v0;
+  const V8f m01 = b1 ? v1 : v0;
+  const V8i b2 = v2 > m01;
+  const V8f m = b2 ? v2 : m01;
+  const V8i b3 = v3 > m;
+  const V8f o3 = b3 ? g : zero;
+  const V8f o2 = (b2 & ~b3) ? g : zero;
+  const V8f o1 = (b1 & ~b2 & ~b3) ? g : zero;
+  const V8f o0 = (~b1 & ~b2 & ~b3) ? g : zero;
+  const V8f s0 = __builtin_shuffle(o0, o1, lo),
+            s1 = __builtin_shuffle(o0, o1, hi),
+            s2 = __builtin_shuffle(o2, o3, lo),
+            s3 = __builtin_shuffle(o2, o3, hi);
+  std::memcpy(d0, &s0, 32);
+  std::memcpy(d0 + 8, &s1, 32);
+  std::memcpy(d1, &s2, 32);
+  std::memcpy(d1 + 8, &s3, 32);
+}
+
+/// maxPool2x2x8 over a row pair of ow windows; a tail of fewer than eight
+/// goes through zero-padded copies (planes are often 7 or 14 wide, where a
+/// scalar remainder would take most windows).
+DLOPT_SIMD_CLONES void maxPool2x2Row(const float *r0, const float *r1, float *y,
+                                     int64_t ow) {
+  int64_t ox = 0;
+  for (; ox + 8 <= ow; ox += 8)
+    maxPool2x2x8(r0 + 2 * ox, r1 + 2 * ox, y + ox);
+  if (ox < ow) {
+    const int64_t n = ow - ox;
+    float a[16] = {}, b[16] = {}, o[8];
+    std::memcpy(a, r0 + 2 * ox, size_t(2 * n) * sizeof(float));
+    std::memcpy(b, r1 + 2 * ox, size_t(2 * n) * sizeof(float));
+    maxPool2x2x8(a, b, o);
+    std::memcpy(y + ox, o, size_t(n) * sizeof(float));
+  }
+}
+
+/// maxPool2x2Grad8 over a row pair of ow windows (tail as in maxPool2x2Row).
+DLOPT_SIMD_CLONES void maxPool2x2GradRow(const float *r0, const float *r1,
+                                         const float *dy, float *d0, float *d1,
+                                         int64_t ow) {
+  int64_t ox = 0;
+  for (; ox + 8 <= ow; ox += 8)
+    maxPool2x2Grad8(r0 + 2 * ox, r1 + 2 * ox, dy + ox, d0 + 2 * ox,
+                    d1 + 2 * ox);
+  if (ox < ow) {
+    const int64_t n = ow - ox;
+    float a[16] = {}, b[16] = {}, g[8] = {}, o0[16], o1[16];
+    std::memcpy(a, r0 + 2 * ox, size_t(2 * n) * sizeof(float));
+    std::memcpy(b, r1 + 2 * ox, size_t(2 * n) * sizeof(float));
+    std::memcpy(g, dy + ox, size_t(n) * sizeof(float));
+    maxPool2x2Grad8(a, b, g, o0, o1);
+    std::memcpy(d0 + 2 * ox, o0, size_t(2 * n) * sizeof(float));
+    std::memcpy(d1 + 2 * ox, o1, size_t(2 * n) * sizeof(float));
+  }
 }
 
 /// Images per GEMM when whole planes are batched: the column matrix of nb
@@ -92,7 +209,8 @@ void im2col(const ConvGeom &g, const float *xg, int64_t r0, int64_t rows,
       const float *xc = xg + ci * g.h * g.w;
       float *dst = col + r * ld;
       for (int64_t yy = 0; yy < rows; ++yy) {
-        int64_t iy = (r0 + yy) * g.stride[0] - g.padding[0] + ky * g.dilation[0];
+        int64_t iy =
+            (r0 + yy) * g.stride[0] - g.padding[0] + ky * g.dilation[0];
         float *d = dst + yy * g.ow;
         if (iy < 0 || iy >= g.h) {
           std::fill(d, d + g.ow, 0.0f);
@@ -180,8 +298,8 @@ Status conv2dKernel(const Instr &instr, Ins ins, Outs outs) {
   const TensorType &tx = ins[0].type, &tw = ins[1].type;
   const bool hasBias = ins.size() == 3;
   ConvGeom geom;
-  DLOPT_RETURN_IF_ERROR(convGeometry(
-      instr, tx, tw, hasBias ? &ins[2].type : nullptr, geom));
+  DLOPT_RETURN_IF_ERROR(
+      convGeometry(instr, tx, tw, hasBias ? &ins[2].type : nullptr, geom));
   const int64_t groups = geom.groups;
   int64_t n = tx.shape[0], c = tx.shape[1], h = geom.h, w = geom.w;
   int64_t o = tw.shape[0], og = o / groups, cg = geom.cg, ckk = geom.ckk();
@@ -268,78 +386,89 @@ template <bool Max> Status poolKernel(const Instr &instr, Ins ins, Outs outs) {
     using T = decltype(tag);
     const T *x = ins[0].as<T>();
     T *y = outs[0].as<T>();
-    parallelFor(planes * oh, grainFor(ow * kernel[0] * kernel[1]),
-                [&](int64_t b, int64_t e) {
-                  std::vector<float> rowMax(size_t(Max ? ow : 0));
-                  for (int64_t item = b; item < e; ++item) {
-                    int64_t pl = item / oh, oy = item % oh;
-                    const T *xp = x + pl * h * w;
-                    T *yr = y + item * ow;
-                    int64_t y0 = oy * stride[0] - padding[0];
-                    int64_t ya = std::max<int64_t>(y0, 0),
-                            yb = std::min(y0 + kernel[0], h);
-                    // Max pooling, interior columns (whole window inside
-                    // the row): window row by window row, each a loop over
-                    // the output columns. Every output still visits its
-                    // window in row-major order, so the NaN and signed-zero
-                    // outcomes are those of the per-output loop below.
-                    int64_t oxa = ow, oxb = ow;
-                    if constexpr (Max) {
-                      oxa = std::min<int64_t>(
-                          (padding[1] + stride[1] - 1) / stride[1], ow);
-                      oxb = w - kernel[1] + padding[1] < 0
-                                ? 0
-                                : (w - kernel[1] + padding[1]) / stride[1] + 1;
-                      oxb = std::clamp<int64_t>(oxb, oxa, ow);
-                      float *r = rowMax.data();
-                      std::fill(r + oxa, r + oxb,
-                                -std::numeric_limits<float>::infinity());
-                      for (int64_t iy = ya; iy < yb; ++iy)
-                        for (int64_t kx = 0; kx < kernel[1]; ++kx) {
-                          const T *src = xp + iy * w + kx - padding[1];
-                          for (int64_t ox = oxa; ox < oxb; ++ox) {
-                            float v = toF32(src[ox * stride[1]]);
-                            r[ox] = r[ox] == r[ox] && (v != v || v > r[ox])
-                                        ? v
-                                        : r[ox];
-                          }
-                        }
-                      for (int64_t ox = oxa; ox < oxb; ++ox)
-                        yr[ox] = fromF32<T>(r[ox]);
-                    }
-                    for (int64_t ox = 0; ox < ow; ++ox) {
-                      if (ox == oxa)
-                        ox = oxb;
-                      if (ox >= ow)
-                        break;
-                      int64_t x0 = ox * stride[1] - padding[1];
-                      int64_t xa = std::max<int64_t>(x0, 0),
-                              xb = std::min(x0 + kernel[1], w);
-                      float r;
-                      if constexpr (Max) {
-                        // Padding is -inf, so only real pixels matter.
-                        r = -std::numeric_limits<float>::infinity();
-                        for (int64_t iy = ya; iy < yb; ++iy)
-                          for (int64_t ix = xa; ix < xb; ++ix) {
-                            float v = toF32(xp[iy * w + ix]);
-                            if (r == r && (v != v || v > r))
-                              r = v;
-                          }
-                      } else {
-                        double s = 0;
-                        for (int64_t iy = ya; iy < yb; ++iy)
-                          for (int64_t ix = xa; ix < xb; ++ix)
-                            s += double(toF32(xp[iy * w + ix]));
-                        int64_t cnt = includePad
-                                          ? kernel[0] * kernel[1]
-                                          : std::max<int64_t>(yb - ya, 0) *
-                                                std::max<int64_t>(xb - xa, 0);
-                        r = cnt > 0 ? float(s / double(cnt)) : 0.0f;
-                      }
-                      yr[ox] = fromF32<T>(r);
-                    }
+    parallelFor(
+        planes * oh, grainFor(ow * kernel[0] * kernel[1]),
+        [&](int64_t b, int64_t e) {
+          std::vector<float> rowMax(size_t(Max ? ow : 0));
+          for (int64_t item = b; item < e; ++item) {
+            int64_t pl = item / oh, oy = item % oh;
+            const T *xp = x + pl * h * w;
+            T *yr = y + item * ow;
+            int64_t y0 = oy * stride[0] - padding[0];
+            int64_t ya = std::max<int64_t>(y0, 0),
+                    yb = std::min(y0 + kernel[0], h);
+            // Max pooling, interior columns (whole window inside
+            // the row): window row by window row, each a loop over
+            // the output columns. Every output still visits its
+            // window in row-major order, so the NaN and signed-zero
+            // outcomes are those of the per-output loop below.
+            int64_t oxa = ow, oxb = ow;
+            if constexpr (Max && std::is_same_v<T, float>) {
+              // 2x2 windows at stride 2 inside the image, no NaN in
+              // the row pair: one vectorizable pass.
+              if (kernel[0] == 2 && kernel[1] == 2 && stride[0] == 2 &&
+                  stride[1] == 2 && padding[1] == 0 && yb - ya == 2 &&
+                  2 * ow <= w) {
+                const float *r0 = xp + ya * w, *r1 = r0 + w;
+                if (!anyNaN2(r0, r1, 2 * ow)) {
+                  maxPool2x2Row(r0, r1, yr, ow);
+                  continue;
+                }
+              }
+            }
+            if constexpr (Max) {
+              oxa = std::min<int64_t>((padding[1] + stride[1] - 1) / stride[1],
+                                      ow);
+              oxb = w - kernel[1] + padding[1] < 0
+                        ? 0
+                        : (w - kernel[1] + padding[1]) / stride[1] + 1;
+              oxb = std::clamp<int64_t>(oxb, oxa, ow);
+              float *r = rowMax.data();
+              std::fill(r + oxa, r + oxb,
+                        -std::numeric_limits<float>::infinity());
+              for (int64_t iy = ya; iy < yb; ++iy)
+                for (int64_t kx = 0; kx < kernel[1]; ++kx) {
+                  const T *src = xp + iy * w + kx - padding[1];
+                  for (int64_t ox = oxa; ox < oxb; ++ox) {
+                    float v = toF32(src[ox * stride[1]]);
+                    r[ox] = r[ox] == r[ox] && (v != v || v > r[ox]) ? v : r[ox];
                   }
-                });
+                }
+              for (int64_t ox = oxa; ox < oxb; ++ox)
+                yr[ox] = fromF32<T>(r[ox]);
+            }
+            for (int64_t ox = 0; ox < ow; ++ox) {
+              if (ox == oxa)
+                ox = oxb;
+              if (ox >= ow)
+                break;
+              int64_t x0 = ox * stride[1] - padding[1];
+              int64_t xa = std::max<int64_t>(x0, 0),
+                      xb = std::min(x0 + kernel[1], w);
+              float r;
+              if constexpr (Max) {
+                // Padding is -inf, so only real pixels matter.
+                r = -std::numeric_limits<float>::infinity();
+                for (int64_t iy = ya; iy < yb; ++iy)
+                  for (int64_t ix = xa; ix < xb; ++ix) {
+                    float v = toF32(xp[iy * w + ix]);
+                    if (r == r && (v != v || v > r))
+                      r = v;
+                  }
+              } else {
+                double s = 0;
+                for (int64_t iy = ya; iy < yb; ++iy)
+                  for (int64_t ix = xa; ix < xb; ++ix)
+                    s += double(toF32(xp[iy * w + ix]));
+                int64_t cnt = includePad ? kernel[0] * kernel[1]
+                                         : std::max<int64_t>(yb - ya, 0) *
+                                               std::max<int64_t>(xb - xa, 0);
+                r = cnt > 0 ? float(s / double(cnt)) : 0.0f;
+              }
+              yr[ox] = fromF32<T>(r);
+            }
+          }
+        });
     return Status::ok();
   });
 }
@@ -511,8 +640,8 @@ Status poolGradKernel(const Instr &instr, Ins ins, Outs outs) {
     const T *dy = ins[Max ? 1 : 0].as<T>();
     T *dx = outs[0].as<T>();
     if (Max && kernel[0] == 2 && kernel[1] == 2 && stride[0] == 2 &&
-        stride[1] == 2 && padding[0] == 0 && padding[1] == 0 &&
-        2 * oh <= h && 2 * ow <= w) {
+        stride[1] == 2 && padding[0] == 0 && padding[1] == 0 && 2 * oh <= h &&
+        2 * ow <= w) {
       // 2x2 windows, stride 2, no padding: the windows do not overlap, so
       // each input element gets its window's gradient or 0, written once,
       // with the argmax picked without branches (the same first maximum and
@@ -531,9 +660,17 @@ Status poolGradKernel(const Instr &instr, Ins ins, Outs outs) {
             // chain below with no NaN rule (selects, no branches); one with
             // a NaN takes the rule window by window.
             bool nan = false;
-            for (int64_t j = 0; j < 2 * ow; ++j) {
-              float a = toF32(r0[j]), b = toF32(r1[j]);
-              nan = nan || std::isnan(a) || std::isnan(b);
+            if constexpr (std::is_same_v<T, float>) {
+              if (!anyNaN2(r0, r1, 2 * ow)) {
+                maxPool2x2GradRow(r0, r1, dyp + oy * ow, d0, d1, ow);
+                continue;
+              }
+              nan = true;
+            } else {
+              for (int64_t j = 0; j < 2 * ow; ++j) {
+                float a = toF32(r0[j]), b = toF32(r1[j]);
+                nan = nan || std::isnan(a) || std::isnan(b);
+              }
             }
             for (int64_t ox = 0; ox < ow; ++ox) {
               float v0 = toF32(r0[2 * ox]), v1 = toF32(r0[2 * ox + 1]),

@@ -73,8 +73,7 @@ void expectError(const Instr &in, const std::vector<const Tensor *> &ins,
                  const std::string &needle = "") {
   std::string msg = errOf(in, ins, outs);
   ASSERT_FALSE(msg.empty()) << in.op << ": expected an error";
-  EXPECT_EQ(msg.rfind("op '" + in.op + "' at test.mlir:1:1: ", 0), 0u)
-      << msg;
+  EXPECT_EQ(msg.rfind("op '" + in.op + "' at test.mlir:1:1: ", 0), 0u) << msg;
   if (!needle.empty())
     EXPECT_NE(msg.find(needle), std::string::npos) << msg;
 }
@@ -188,8 +187,10 @@ Vec conv2dFwd(const ConvCase &c, const Vec &x, const Vec &w) {
           for (int64_t ci = 0; ci < cg; ++ci)
             for (int64_t ky = 0; ky < c.kh; ++ky)
               for (int64_t kx = 0; kx < c.kw; ++kx) {
-                int64_t iy = i * c.stride[0] - c.padding[0] + ky * c.dilation[0];
-                int64_t ix = j * c.stride[1] - c.padding[1] + kx * c.dilation[1];
+                int64_t iy =
+                    i * c.stride[0] - c.padding[0] + ky * c.dilation[0];
+                int64_t ix =
+                    j * c.stride[1] - c.padding[1] + kx * c.dilation[1];
                 if (iy < 0 || iy >= c.h || ix < 0 || ix >= c.w)
                   continue;
                 s += x[((n * c.c + g * cg + ci) * c.h + iy) * c.w + ix] *
@@ -258,8 +259,7 @@ TEST(ScatterAdd, SumsRowsInIdOrder) {
   for (int64_t bad : {int64_t(-1), int64_t(5)}) {
     Tensor badIds = ids;
     badIds.setInt(17, bad);
-    std::string msg =
-        errOf(makeInstr("scatter_add"), {&badIds, &upd}, {&out});
+    std::string msg = errOf(makeInstr("scatter_add"), {&badIds, &upd}, {&out});
     EXPECT_NE(msg.find("id " + std::to_string(bad) + " at position 17"),
               std::string::npos)
         << msg;
@@ -340,21 +340,26 @@ TEST(NormGrad, LayerNormAndRmsNormByFiniteDifferences) {
           std::vector<Tensor *> outs{&dx, &dw};
           if (!rms)
             outs.push_back(&db);
-          Instr in = makeInstr(rms ? "rms_norm_grad" : "layer_norm_grad",
-                               {{"axis", axis},
-                                {"eps", eps},
-                                {"has_weight", int64_t(hw)}});
+          Instr in = makeInstr(
+              rms ? "rms_norm_grad" : "layer_norm_grad",
+              {{"axis", axis}, {"eps", eps}, {"has_weight", int64_t(hw)}});
           ASSERT_EQ(errOf(in, ins, outs), "");
           Vec xv = x.values(), r = dy.values(), b0(size_t(n), 0.0);
           Vec wv = hw ? w.values() : Vec(size_t(n), 1.0);
           Vec gx = fdGrad(
-              [&](const Vec &v) { return dot(normFwd(v, wv, b0, n, eps, rms), r); },
+              [&](const Vec &v) {
+                return dot(normFwd(v, wv, b0, n, eps, rms), r);
+              },
               xv);
           Vec gw = fdGrad(
-              [&](const Vec &v) { return dot(normFwd(xv, v, b0, n, eps, rms), r); },
+              [&](const Vec &v) {
+                return dot(normFwd(xv, v, b0, n, eps, rms), r);
+              },
               wv);
           Vec gb = fdGrad(
-              [&](const Vec &v) { return dot(normFwd(xv, wv, v, n, eps, rms), r); },
+              [&](const Vec &v) {
+                return dot(normFwd(xv, wv, v, n, eps, rms), r);
+              },
               b0);
           std::string what = std::string(rms ? "rms" : "layer") + " " +
                              dtypeName(dt) + " axis " + std::to_string(axis) +
@@ -411,8 +416,8 @@ TEST(AttentionGrad, CausalGqaByFiniteDifferences) {
   };
   const Case cases[] = {{{1, 2, 2, 5, 5, 4, 4}, true},
                         {{2, 2, 2, 4, 6, 3, 5}, false},
-                        {{1, 6, 2, 4, 7, 4, 3}, true}, // GQA, T > S
-                        {{1, 4, 1, 5, 5, 3, 2}, true}, // multi-query
+                        {{1, 6, 2, 4, 7, 4, 3}, true},  // GQA, T > S
+                        {{1, 4, 1, 5, 5, 3, 2}, true},  // multi-query
                         {{1, 2, 1, 6, 3, 2, 2}, true}}; // S > T: empty rows
   for (const Case &c : cases)
     for (DType dt : floatTypes()) {
@@ -435,11 +440,10 @@ TEST(AttentionGrad, CausalGqaByFiniteDifferences) {
       Vec gq = fdGrad([&](const Vec &t) { return f(t, kv, vv); }, qv);
       Vec gk = fdGrad([&](const Vec &t) { return f(qv, t, vv); }, kv);
       Vec gv = fdGrad([&](const Vec &t) { return f(qv, kv, t); }, vv);
-      std::string what = std::string(dtypeName(dt)) + " H=" +
-                         std::to_string(a.H) + " G=" + std::to_string(a.G) +
-                         " S=" + std::to_string(a.S) +
-                         " T=" + std::to_string(a.T) +
-                         " causal=" + std::to_string(c.causal);
+      std::string what =
+          std::string(dtypeName(dt)) + " H=" + std::to_string(a.H) +
+          " G=" + std::to_string(a.G) + " S=" + std::to_string(a.S) +
+          " T=" + std::to_string(a.T) + " causal=" + std::to_string(c.causal);
       EXPECT_TRUE(gradClose(dq, gq, 3e-5)) << "dq " << what;
       EXPECT_TRUE(gradClose(dk, gk, 3e-5)) << "dk " << what;
       EXPECT_TRUE(gradClose(dv, gv, 3e-5)) << "dv " << what;
@@ -453,8 +457,8 @@ TEST(AttentionGrad, CausalGqaByFiniteDifferences) {
               {&dq, &dk, &dv}, "H % G == 0");
   Tensor q2(DType::F32, {1, 2, 4, 8}), o2(DType::F32, {1, 2, 4, 7}),
       dq2(DType::F32, {1, 2, 4, 8});
-  expectError(makeInstr("attention_grad", {{"scale", 0.5}}),
-              {&q2, &k, &v, &o2}, {&dq2, &dk, &dv}, "dout");
+  expectError(makeInstr("attention_grad", {{"scale", 0.5}}), {&q2, &k, &v, &o2},
+              {&dq2, &dk, &dv}, "dout");
 }
 
 TEST(ConvGrad, InputAndFilterByFiniteDifferences) {
@@ -474,17 +478,17 @@ TEST(ConvGrad, InputAndFilterByFiniteDifferences) {
       Tensor w = randomTensor(rng, dt, c.wShape());
       Tensor dy = randomTensor(rng, dt, c.yShape());
       Tensor dx(dt, c.xShape()), dw(dt, c.wShape());
-      ASSERT_EQ(errOf(makeInstr("conv2d_grad_input", convAttrs(c)), {&dy, &w},
-                      {&dx}),
-                "");
+      ASSERT_EQ(
+          errOf(makeInstr("conv2d_grad_input", convAttrs(c)), {&dy, &w}, {&dx}),
+          "");
       ASSERT_EQ(errOf(makeInstr("conv2d_grad_filter", convAttrs(c)), {&x, &dy},
                       {&dw}),
                 "");
       Vec xv = x.values(), wv = w.values(), r = dy.values();
-      Vec gx = fdGrad([&](const Vec &t) { return dot(conv2dFwd(c, t, wv), r); },
-                      xv);
-      Vec gw = fdGrad([&](const Vec &t) { return dot(conv2dFwd(c, xv, t), r); },
-                      wv);
+      Vec gx =
+          fdGrad([&](const Vec &t) { return dot(conv2dFwd(c, t, wv), r); }, xv);
+      Vec gw =
+          fdGrad([&](const Vec &t) { return dot(conv2dFwd(c, xv, t), r); }, wv);
       std::string what = std::string(dtypeName(dt)) + " groups " +
                          std::to_string(c.groups) + " k " +
                          std::to_string(c.kh) + "x" + std::to_string(c.kw);
@@ -507,6 +511,65 @@ TEST(ConvGrad, InputAndFilterByFiniteDifferences) {
   Tensor dwHalf(DType::F16, c.wShape());
   expectError(makeInstr("conv2d_grad_filter", convAttrs(c)), {&x, &dy},
               {&dwHalf});
+}
+
+// The f32 2x2, stride-2 max pool and its gradient run eight windows at a
+// time in SIMD lanes, with a zero-padded tail: widths with whole blocks and
+// tails, an odd width (a column in no window), ties, -0 against +0, and NaN
+// rows (which take the scalar rule). Both must give exactly the first strict
+// maximum in row-major order (a NaN sticks), forward and backward.
+TEST(PoolGrad, MaxTwoByTwoLanesMatchTheFirstMaximumRule) {
+  KT_SEEDED_RNG(rng);
+  std::uniform_int_distribution<int> pick(0, 9);
+  const std::map<std::string, AttrValue> attrs{
+      {"kernel", std::vector<int64_t>{2, 2}},
+      {"stride", std::vector<int64_t>{2, 2}},
+      {"padding", std::vector<int64_t>{0, 0}}};
+  for (int64_t W : {14, 16, 17, 26, 34}) {
+    const int64_t N = 2, C = 3, H = 6, oh = H / 2, ow = W / 2;
+    Tensor x(DType::F32, {N, C, H, W});
+    for (int64_t i = 0; i < x.size(); ++i) {
+      // Few distinct values: ties and signed zeros are common.
+      const float vals[] = {-1.0f, -0.0f, 0.0f, 0.5f,  0.5f,
+                            1.0f,  2.0f,  2.0f, -3.0f, 1.0f};
+      x.set(i, vals[pick(rng)]);
+    }
+    x.set(W + 3, NAN);                   // plane 0, row pair 0
+    x.set((1 * H + 3) * W + 2 * 2, NAN); // plane 1, row pair 1
+    Tensor dy = randomTensor(rng, DType::F32, {N, C, oh, ow});
+    Tensor y(DType::F32, {N, C, oh, ow}), dx(DType::F32, {N, C, H, W});
+    ASSERT_EQ(errOf(makeInstr("max_pool2d", attrs), {&x}, {&y}), "");
+    ASSERT_EQ(errOf(makeInstr("max_pool2d_grad", attrs), {&x, &dy}, {&dx}), "");
+    const float *xp = static_cast<const float *>(x.data()),
+                *yp = static_cast<const float *>(y.data()),
+                *dyp = static_cast<const float *>(dy.data()),
+                *dxp = static_cast<const float *>(dx.data());
+    std::vector<float> ref(size_t(x.size()), 0.0f);
+    for (int64_t p = 0; p < N * C; ++p)
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j) {
+          int64_t at[4];
+          for (int q = 0; q < 4; ++q)
+            at[q] = (p * H + 2 * i + q / 2) * W + 2 * j + q % 2;
+          float r = xp[at[0]];
+          int k = 0;
+          for (int q = 1; q < 4; ++q) {
+            const float v = xp[at[q]];
+            if (r == r && (v != v || v > r)) {
+              r = v;
+              k = q;
+            }
+          }
+          const float got = yp[(p * oh + i) * ow + j];
+          EXPECT_TRUE(std::memcmp(&got, &r, 4) == 0 || (r != r && got != got))
+              << "W " << W << " plane " << p << " window " << i << "," << j;
+          ref[size_t(at[k])] = 0.0f + dyp[(p * oh + i) * ow + j];
+        }
+    for (int64_t e = 0; e < x.size(); ++e)
+      ASSERT_TRUE(std::memcmp(&dxp[e], &ref[size_t(e)], 4) == 0)
+          << "W " << W << " dx #" << e << ": " << dxp[e] << " vs "
+          << ref[size_t(e)];
+  }
 }
 
 TEST(PoolGrad, MaxFirstMaximumAndAvgByFiniteDifferences) {
@@ -608,10 +671,9 @@ TEST(PoolGrad, MaxFirstMaximumAndAvgByFiniteDifferences) {
     Tensor x2(DType::F32, {1, 1, 4, 4}), dy2(DType::F32, {1, 1, 2, 2}),
         dx2(DType::F32, {1, 1, 4, 4});
     const double nan = std::numeric_limits<double>::quiet_NaN();
-    const double xv[16] = {2, 2, 1, nan, //
-                           2, 2, nan, 5, //
-                           1, 1, 0, -0.0,
-                           1, 3, 0, 0};
+    const double xv[16] = {2, 2, 1,   nan, //
+                           2, 2, nan, 5,   //
+                           1, 1, 0,   -0.0, 1, 3, 0, 0};
     for (int64_t i = 0; i < 16; ++i)
       x2.set(i, xv[i]);
     const double dv[4] = {10, 20, 30, -0.0};
@@ -623,10 +685,10 @@ TEST(PoolGrad, MaxFirstMaximumAndAvgByFiniteDifferences) {
                                {"padding", std::vector<int64_t>{0, 0}}}),
                     {&x2, &dy2}, {&dx2}),
               "");
-    const double want[16] = {10, 0, 0, 20, //
-                             0, 0, 0, 0,  //
-                             0, 0, 0, 0,  //
-                             0, 30, 0, 0};
+    const double want[16] = {10, 0,  0, 20, //
+                             0,  0,  0, 0,  //
+                             0,  0,  0, 0,  //
+                             0,  30, 0, 0};
     for (int64_t i = 0; i < 16; ++i) {
       EXPECT_EQ(dx2.get(i), want[i]) << i;
       EXPECT_FALSE(std::signbit(dx2.get(i))) << i;
@@ -634,9 +696,9 @@ TEST(PoolGrad, MaxFirstMaximumAndAvgByFiniteDifferences) {
   }
   // Errors: dy not the pooled shape; the result not x's type.
   Tensor dyBad(DType::F32, {1, 1, 2, 2});
-  auto attrs = std::map<std::string, AttrValue>{
-      {"kernel", std::vector<int64_t>{2, 2}},
-      {"stride", std::vector<int64_t>{1, 1}}};
+  auto attrs =
+      std::map<std::string, AttrValue>{{"kernel", std::vector<int64_t>{2, 2}},
+                                       {"stride", std::vector<int64_t>{1, 1}}};
   expectError(makeInstr("max_pool2d_grad", attrs), {&x, &dyBad}, {&dx}, "dy");
   expectError(makeInstr("avg_pool2d_grad", attrs), {&dyBad}, {&dx}, "dy");
   Tensor dxBad(DType::F32, {1, 1, 4, 5});
@@ -746,10 +808,10 @@ TEST(CrossEntropyGrad, IgnoreIndexAndBadLabels) {
         all.setInt(i, 5);
       for (int64_t i = 0; i < dx.size(); ++i)
         dx.set(i, 7.0);
-      ASSERT_EQ(errOf(makeInstr("cross_entropy_grad",
-                                {{"ignore_index", int64_t(5)}}),
-                      {&logits, &all, &dloss}, {&dx}),
-                "");
+      ASSERT_EQ(
+          errOf(makeInstr("cross_entropy_grad", {{"ignore_index", int64_t(5)}}),
+                {&logits, &all, &dloss}, {&dx}),
+          "");
       EXPECT_TRUE(allEqual(dx, Vec(size_t(N * C), 0.0)));
 
       // Out of range and not ignored.
@@ -795,9 +857,9 @@ TEST(CrossEntropy, NarrowLogitsEqualTheWidenedOpsBitForBit) {
     ASSERT_EQ(errOf(makeInstr("cross_entropy_grad"), {&logits, &labels, &dloss},
                     {&gN}),
               "");
-    ASSERT_EQ(errOf(makeInstr("cross_entropy_grad"), {&wide, &labels, &dloss},
-                    {&gW}),
-              "");
+    ASSERT_EQ(
+        errOf(makeInstr("cross_entropy_grad"), {&wide, &labels, &dloss}, {&gW}),
+        "");
     ASSERT_EQ(errOf(makeInstr("cast"), {&gW}, {&gWc}), "");
     EXPECT_EQ(gN.storage, gWc.storage);
     // The loss in the logits' own type still works; other types do not.
@@ -829,7 +891,8 @@ TEST(GeluGrad, ExactAndTanhByFiniteDifferences) {
         if (approx == "none")
           return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
         return 0.5 * v *
-               (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+               (1 +
+                std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
       };
       Vec ref(static_cast<size_t>(x.size()));
       for (int64_t i = 0; i < x.size(); ++i) {
@@ -837,7 +900,8 @@ TEST(GeluGrad, ExactAndTanhByFiniteDifferences) {
         ref[i] = dy.get(i) * (gelu(v + h) - gelu(v - h)) / (2 * h);
       }
       double tol = tolFor(dt, 1e-5);
-      EXPECT_TRUE(allClose(dx, ref, tol, tol)) << dtypeName(dt) << " " << approx;
+      EXPECT_TRUE(allClose(dx, ref, tol, tol))
+          << dtypeName(dt) << " " << approx;
     }
   Tensor x(DType::F32, {4}), dx(DType::F32, {4}), dy5(DType::F32, {5});
   expectError(makeInstr("gelu_grad", {{"approximate", std::string("erf")}}),
@@ -897,25 +961,25 @@ TEST(RopeInverse, UndoesRopeAndIsItsGradient) {
     Tensor y(dt, s), back(dt, s), y0(dt, s);
     double theta = 100.0;
     ASSERT_EQ(errOf(makeInstr("rope", {{"theta", theta}}), {&x}, {&y}), "");
-    ASSERT_EQ(errOf(makeInstr("rope", {{"theta", theta},
-                                       {"inverse", int64_t(0)}}),
-                    {&x}, {&y0}),
-              "");
+    ASSERT_EQ(
+        errOf(makeInstr("rope", {{"theta", theta}, {"inverse", int64_t(0)}}),
+              {&x}, {&y0}),
+        "");
     EXPECT_EQ(std::memcmp(y.data(), y0.data(), size_t(y.type.byteSize())), 0);
     // f32 round trip; 16-bit results are rounded twice.
     Tensor yf = fromVec(DType::F32, s, y.values()), backF(DType::F32, s);
-    ASSERT_EQ(errOf(makeInstr("rope", {{"theta", theta},
-                                       {"inverse", int64_t(1)}}),
-                    {&yf}, {&backF}),
-              "");
+    ASSERT_EQ(
+        errOf(makeInstr("rope", {{"theta", theta}, {"inverse", int64_t(1)}}),
+              {&yf}, {&backF}),
+        "");
     double tol = tolFor(dt, 1e-5);
     EXPECT_TRUE(allClose(backF, x.values(), tol * 2, tol * 4)) << dtypeName(dt);
     // rope is linear, so its gradient is the inverse rotation of dy.
     Tensor dy = randomTensor(rng, dt, s);
-    ASSERT_EQ(errOf(makeInstr("rope", {{"theta", theta},
-                                       {"inverse", int64_t(1)}}),
-                    {&dy}, {&back}),
-              "");
+    ASSERT_EQ(
+        errOf(makeInstr("rope", {{"theta", theta}, {"inverse", int64_t(1)}}),
+              {&dy}, {&back}),
+        "");
     int64_t S = 6, D = 8;
     auto rope = [&](const Vec &xv) {
       Vec out(xv.size());
@@ -941,7 +1005,8 @@ TEST(RopeInverse, UndoesRopeAndIsItsGradient) {
 
 TEST(GradEmpty, ZeroSizedShapesGiveZerosWithoutCrashing) {
   // No ids: a zero table.
-  Tensor ids(DType::I32, {0}), upd(DType::F32, {0, 3}), table(DType::F32, {4, 3});
+  Tensor ids(DType::I32, {0}), upd(DType::F32, {0, 3}),
+      table(DType::F32, {4, 3});
   for (int64_t i = 0; i < table.size(); ++i)
     table.set(i, 1.0);
   ASSERT_EQ(errOf(makeInstr("scatter_add"), {&ids, &upd}, {&table}), "");
@@ -972,31 +1037,30 @@ TEST(GradEmpty, ZeroSizedShapesGiveZerosWithoutCrashing) {
       dx(DType::F32, c.xShape());
   for (int64_t i = 0; i < dw.size(); ++i)
     dw.set(i, 3.0);
-  ASSERT_EQ(errOf(makeInstr("conv2d_grad_filter", convAttrs(c)), {&x, &dy},
-                  {&dw}),
-            "");
+  ASSERT_EQ(
+      errOf(makeInstr("conv2d_grad_filter", convAttrs(c)), {&x, &dy}, {&dw}),
+      "");
   EXPECT_TRUE(allEqual(dw, Vec(size_t(dw.size()), 0.0)));
-  ASSERT_EQ(errOf(makeInstr("conv2d_grad_input", convAttrs(c)), {&dy, &w},
-                  {&dx}),
-            "");
+  ASSERT_EQ(
+      errOf(makeInstr("conv2d_grad_input", convAttrs(c)), {&dy, &w}, {&dx}),
+      "");
   // Norm, batch-norm and softmax gradients of empty tensors.
   Tensor e(DType::F32, {0, 4}), p4(DType::F32, {4});
   Tensor ex(DType::F32, {0, 4}), pw(DType::F32, {4}), pb(DType::F32, {4});
-  ASSERT_EQ(errOf(makeInstr("layer_norm_grad"), {&e, &e}, {&ex, &pw, &pb}),
-            "");
+  ASSERT_EQ(errOf(makeInstr("layer_norm_grad"), {&e, &e}, {&ex, &pw, &pb}), "");
   EXPECT_TRUE(allEqual(pw, Vec(4, 0.0)));
   ASSERT_EQ(errOf(makeInstr("batch_norm_grad", {{"training", int64_t(1)}}),
                   {&e, &p4, &p4, &p4, &e}, {&ex, &pw, &pb}),
             "");
   EXPECT_TRUE(allEqual(pb, Vec(4, 0.0)));
-  ASSERT_EQ(errOf(makeInstr("softmax_grad", {{"dim", int64_t(0)}}), {&e, &e},
-                  {&ex}),
-            "");
+  ASSERT_EQ(
+      errOf(makeInstr("softmax_grad", {{"dim", int64_t(0)}}), {&e, &e}, {&ex}),
+      "");
   Tensor logits(DType::F32, {0, 5}), labels(DType::I64, {0}),
       dloss(DType::F32, {}), dl(DType::F32, {0, 5});
-  ASSERT_EQ(errOf(makeInstr("cross_entropy_grad"), {&logits, &labels, &dloss},
-                  {&dl}),
-            "");
+  ASSERT_EQ(
+      errOf(makeInstr("cross_entropy_grad"), {&logits, &labels, &dloss}, {&dl}),
+      "");
 }
 
 /// Runs the gradient kernels on one seed and returns their output bytes.
@@ -1021,9 +1085,9 @@ std::vector<std::vector<uint64_t>> runGradMix(uint32_t seed) {
   Tensor x = randomTensor(rng, DType::F32, {1000, 96});
   Tensor dy = randomTensor(rng, DType::F32, {1000, 96});
   Tensor w = randomTensor(rng, DType::F32, {96});
-  keep(makeInstr("layer_norm_grad", {{"axis", int64_t(1)},
-                                     {"eps", 1e-5},
-                                     {"has_weight", int64_t(1)}}),
+  keep(makeInstr(
+           "layer_norm_grad",
+           {{"axis", int64_t(1)}, {"eps", 1e-5}, {"has_weight", int64_t(1)}}),
        {&x, &dy, &w}, {{1000, 96}, {96}, {96}});
   keep(makeInstr("rms_norm_grad", {{"axis", int64_t(1)}, {"eps", 1e-6}}),
        {&x, &dy}, {{1000, 96}, {96}});
@@ -1036,15 +1100,15 @@ std::vector<std::vector<uint64_t>> runGradMix(uint32_t seed) {
   Tensor img = randomTensor(rng, DType::F32, {2, 4, 24, 24});
   Tensor f = randomTensor(rng, DType::F32, {8, 4, 3, 3});
   Tensor gy = randomTensor(rng, DType::F32, {2, 8, 24, 24});
-  auto pad = std::map<std::string, AttrValue>{
-      {"padding", std::vector<int64_t>{1, 1}}};
+  auto pad =
+      std::map<std::string, AttrValue>{{"padding", std::vector<int64_t>{1, 1}}};
   keep(makeInstr("conv2d_grad_input", pad), {&gy, &f}, {{2, 4, 24, 24}});
   keep(makeInstr("conv2d_grad_filter", pad), {&img, &gy}, {{8, 4, 3, 3}});
   Tensor py = randomTensor(rng, DType::F32, {2, 4, 23, 23});
-  auto pool = std::map<std::string, AttrValue>{
-      {"kernel", std::vector<int64_t>{2, 2}},
-      {"stride", std::vector<int64_t>{1, 1}},
-      {"padding", std::vector<int64_t>{0, 0}}};
+  auto pool =
+      std::map<std::string, AttrValue>{{"kernel", std::vector<int64_t>{2, 2}},
+                                       {"stride", std::vector<int64_t>{1, 1}},
+                                       {"padding", std::vector<int64_t>{0, 0}}};
   keep(makeInstr("max_pool2d_grad", pool), {&img, &py}, {{2, 4, 24, 24}});
   keep(makeInstr("avg_pool2d_grad", pool), {&py}, {{2, 4, 24, 24}});
   Tensor c4 = randomTensor(rng, DType::F32, {4}, 0.5, 1.5);
@@ -1134,9 +1198,9 @@ TEST(ConvGrad, ImageChunksAgreeWithOneImageAtATime) {
       for (int64_t j = 0; j < dwi.size(); ++j)
         dwRef[size_t(j)] += dwi.get(j);
     }
-    std::string what = "n=" + std::to_string(c.n) + " c=" +
-                       std::to_string(c.c) + " groups=" +
-                       std::to_string(c.groups);
+    std::string what = "n=" + std::to_string(c.n) +
+                       " c=" + std::to_string(c.c) +
+                       " groups=" + std::to_string(c.groups);
     EXPECT_TRUE(allClose(y, yRef, 1e-5, 1e-4)) << "y " << what;
     EXPECT_TRUE(allClose(dx, dxRef, 1e-5, 1e-4)) << "dx " << what;
     EXPECT_TRUE(gradClose(dw, dwRef, 1e-5)) << "dw " << what;
