@@ -160,6 +160,15 @@ DLOPT_SIMD_CLONES void maxPool2x2GradRow(const float *r0, const float *r1,
   }
 }
 
+/// Images per chunk when n images are cut into chunks of at most nb: the
+/// same number of chunks, sizes as even as possible (so two threads get
+/// equal work: 64 images at nb 9 become 8 chunks of 8, not 7 of 9 and a
+/// 1). A function of the shape only.
+int64_t evenChunk(int64_t n, int64_t nb) {
+  const int64_t chunks = (n + nb - 1) / std::max<int64_t>(nb, 1);
+  return chunks > 0 ? (n + chunks - 1) / chunks : 1;
+}
+
 /// Images per GEMM when whole planes are batched: the column matrix of nb
 /// images is [C/groups*KH*KW, nb*OH*OW], kept within 1 MiB (2^18 floats:
 /// GEMMs still a thousand or more columns wide, and the kernels' scratch,
@@ -320,17 +329,23 @@ Status conv2dKernel(const Instr &instr, Ins ins, Outs outs) {
     const int64_t nb = imagesPerChunkOf(geom, n);
     if (nb > 1) {
       // Whole planes of nb images per GEMM: [og, ckk] x [ckk, nb*plane].
-      std::vector<float> tmp(size_t(og * nb * plane));
-      col.resize(size_t(ckk * nb * plane));
-      for (int64_t n0 = 0; n0 < n; n0 += nb) {
-        int64_t cnt = std::min(nb, n - n0), cols = cnt * plane;
-        for (int64_t gi = 0; gi < groups; ++gi) {
-          imageColumns(geom, x, c, n0, cnt, gi, col.data());
-          gemmF32(false, false, og, cols, ckk, 1.0f, wt + gi * og * ckk, ckk,
-                  col.data(), cols, 0.0f, tmp.data(), cols);
-          scatterPlanes(tmp.data(), n0, cnt, o, gi * og, og, plane, y);
+      // The chunks run in parallel, each with its own buffers (its im2col
+      // and GEMM then run on one thread: the same calls, so the same bits).
+      const int64_t per = evenChunk(n, nb);
+      parallelFor((n + per - 1) / per, 1, [&](int64_t cb, int64_t ce) {
+        std::vector<float> tmp(size_t(og * per * plane)),
+            cols_(size_t(ckk * per * plane));
+        for (int64_t ci = cb; ci < ce; ++ci) {
+          const int64_t n0 = ci * per, cnt = std::min(per, n - n0),
+                        cols = cnt * plane;
+          for (int64_t gi = 0; gi < groups; ++gi) {
+            imageColumns(geom, x, c, n0, cnt, gi, cols_.data());
+            gemmF32(false, false, og, cols, ckk, 1.0f, wt + gi * og * ckk, ckk,
+                    cols_.data(), cols, 0.0f, tmp.data(), cols);
+            scatterPlanes(tmp.data(), n0, cnt, o, gi * og, og, plane, y);
+          }
         }
-      }
+      });
     } else {
       if (!direct)
         col.resize(size_t(ckk * rowsPerChunk * ow));
@@ -503,25 +518,32 @@ Status conv2dGradInputKernel(const Instr &instr, Ins ins, Outs outs) {
     const int64_t nb = plane > 0 ? imagesPerChunkOf(geom, n) : 1;
     if (nb > 1) {
       // Whole planes of nb images: col = w_g^T [ckk, og] x dy [og, nb*plane].
-      std::vector<float> dyT(size_t(og * nb * plane));
-      col.resize(size_t(ckk * nb * plane));
-      for (int64_t n0 = 0; n0 < n; n0 += nb) {
-        int64_t cnt = std::min(nb, n - n0), cols = cnt * plane;
-        for (int64_t gi = 0; gi < groups; ++gi) {
-          gatherPlanes(dy, n0, cnt, o, gi * og, og, plane, dyT.data());
-          gemmF32(true, false, ckk, cols, og, 1.0f, wt + gi * og * ckk, ckk,
-                  dyT.data(), cols, 0.0f, col.data(), cols);
-          if (direct)
-            scatterPlanes(col.data(), n0, cnt, c, gi * cg, cg, plane, dx);
-          else
-            // Images in parallel (each adds into its own planes only).
-            parallelFor(cnt, grainFor(ckk * plane), [&](int64_t b, int64_t e) {
-              for (int64_t i = b; i < e; ++i)
-                col2imAdd(geom, col.data() + i * plane, 0, oh,
-                          dx + ((n0 + i) * c + gi * cg) * h * w, cols);
-            });
+      // Chunks in parallel as in conv2d (each adds into its own images'
+      // planes only).
+      const int64_t per = evenChunk(n, nb);
+      parallelFor((n + per - 1) / per, 1, [&](int64_t cb, int64_t ce) {
+        std::vector<float> dyT(size_t(og * per * plane)),
+            cols_(size_t(ckk * per * plane));
+        for (int64_t ci = cb; ci < ce; ++ci) {
+          const int64_t n0 = ci * per, cnt = std::min(per, n - n0),
+                        cols = cnt * plane;
+          for (int64_t gi = 0; gi < groups; ++gi) {
+            gatherPlanes(dy, n0, cnt, o, gi * og, og, plane, dyT.data());
+            gemmF32(true, false, ckk, cols, og, 1.0f, wt + gi * og * ckk, ckk,
+                    dyT.data(), cols, 0.0f, cols_.data(), cols);
+            if (direct)
+              scatterPlanes(cols_.data(), n0, cnt, c, gi * cg, cg, plane, dx);
+            else
+              // Images in parallel (each adds into its own planes only).
+              parallelFor(
+                  cnt, grainFor(ckk * plane), [&](int64_t b, int64_t e) {
+                    for (int64_t i = b; i < e; ++i)
+                      col2imAdd(geom, cols_.data() + i * plane, 0, oh,
+                                dx + ((n0 + i) * c + gi * cg) * h * w, cols);
+                  });
+          }
         }
-      }
+      });
     } else {
       if (!direct && plane > 0)
         col.resize(size_t(ckk * rowsPerChunk * ow));

@@ -1155,15 +1155,17 @@ Tensor imageOf(const Tensor &t, int64_t i) {
 
 // conv2d and its gradients put several images' planes side by side in one
 // GEMM when their column matrices fit in 1 MiB (2^18 floats: Conv.cpp,
-// imagesPerChunkOf), in chunks of images. These shapes make several chunks,
-// the last one partial; the results must equal the one-image-at-a-time path
-// (a batch of 1) image by image, and the filter gradient their sum.
+// imagesPerChunkOf), in chunks of images evened out (evenChunk), which
+// conv2d and conv2d_grad_input run in parallel. These shapes make several
+// chunks, some with a partial last one; the results must equal the
+// one-image-at-a-time path (a batch of 1) image by image, and the filter
+// gradient their sum, and be the same bits with one and two threads.
 TEST(ConvGrad, ImageChunksAgreeWithOneImageAtATime) {
   KT_SEEDED_RNG(rng);
   const ConvCase cases[] = {
-      {9, 16, 16, 16, 8, 3, 3, 1, {1, 1}, {1, 1}, {1, 1}},  // 7 + 2 images
-      {10, 32, 16, 16, 8, 3, 3, 2, {1, 1}, {1, 1}, {1, 1}}, // grouped: 7 + 3
-      {6, 64, 32, 32, 4, 1, 1, 1, {1, 1}, {0, 0}, {1, 1}},  // 1x1: 4 + 2
+      {9, 16, 16, 16, 8, 3, 3, 1, {1, 1}, {1, 1}, {1, 1}},  // 5 + 4 images
+      {10, 32, 16, 16, 8, 3, 3, 2, {1, 1}, {1, 1}, {1, 1}}, // grouped: 5 + 5
+      {6, 64, 32, 32, 4, 1, 1, 1, {1, 1}, {0, 0}, {1, 1}},  // 1x1: 3 + 3
       {5, 96, 24, 24, 8, 3, 3, 1, {2, 2}, {1, 1}, {1, 1}},  // strided: 2+2+1
   };
   for (const ConvCase &c : cases) {
@@ -1178,6 +1180,24 @@ TEST(ConvGrad, ImageChunksAgreeWithOneImageAtATime) {
               "");
     ASSERT_EQ(errOf(makeInstr("conv2d_grad_filter", attrs), {&x, &dy}, {&dw}),
               "");
+    {
+      // The same bits on one and on two threads.
+      const int saved = cpu::numThreads();
+      std::vector<double> ys[2], dxs[2];
+      for (int t = 0; t < 2; ++t) {
+        cpu::setNumThreads(t + 1);
+        Tensor yt(DType::F32, c.yShape()), dxt(DType::F32, c.xShape());
+        ASSERT_EQ(errOf(makeInstr("conv2d", attrs), {&x, &w}, {&yt}), "");
+        ASSERT_EQ(
+            errOf(makeInstr("conv2d_grad_input", attrs), {&dy, &w}, {&dxt}),
+            "");
+        ys[t] = yt.values();
+        dxs[t] = dxt.values();
+      }
+      cpu::setNumThreads(saved);
+      EXPECT_TRUE(ys[0] == ys[1]) << "threads changed conv2d";
+      EXPECT_TRUE(dxs[0] == dxs[1]) << "threads changed conv2d_grad_input";
+    }
     ConvCase one = c;
     one.n = 1;
     std::vector<double> yRef, dxRef, dwRef(size_t(dw.size()), 0.0);
