@@ -54,12 +54,27 @@ DLOPT_SIMD_CLONES bool anyNaN2(const float *__restrict r0,
   return nan != 0;
 }
 
-// Eight f32 lanes in GCC's vector extension (AVX2 registers in the avx2
-// clone, pairs of SSE registers in the baseline one): the 2x2 max-pool rows
-// below deinterleave their windows with shuffles, which GCC's vectorizer
-// did not do by itself on this loop (it kept scalar code with branches).
+// Eight f32 lanes in the GCC vector extension, which clang shares (AVX2
+// registers in the avx2 clone, pairs of SSE registers in the baseline one):
+// the 2x2 max-pool rows below deinterleave their windows with shuffles,
+// which GCC's vectorizer did not do by itself on this loop (it kept scalar
+// code with branches). Only what both compilers accept: constant
+// __builtin_shufflevector, and selects as bit masks (a comparison gives
+// all-ones or zero lanes).
 typedef float V8f __attribute__((vector_size(32)));
 typedef int32_t V8i __attribute__((vector_size(32)));
+
+#define DLOPT_EVEN8(a, b)                                                      \
+  __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14)
+#define DLOPT_ODD8(a, b)                                                       \
+  __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15)
+#define DLOPT_LOW8(a, b) __builtin_shufflevector(a, b, 0, 8, 1, 9, 2, 10, 3, 11)
+#define DLOPT_HIGH8(a, b)                                                      \
+  __builtin_shufflevector(a, b, 4, 12, 5, 13, 6, 14, 7, 15)
+
+/// Lane-wise c ? a : b for a comparison mask c (a macro: a function
+/// returning a 32-byte vector draws GCC's -Wpsabi note in the SSE clone).
+#define DLOPT_SELECT8(c, a, b) ((V8f)(((V8i)(a) & (c)) | ((V8i)(b) & ~(c))))
 
 /// Max pooling over eight 2x2 windows at stride 2 of a NaN-free row pair
 /// r0, r1 (16 floats each): y[k] is the first strict maximum of r0[2k],
@@ -67,19 +82,18 @@ typedef int32_t V8i __attribute__((vector_size(32)));
 /// as the general loop gives.
 [[gnu::always_inline]] inline void maxPool2x2x8(const float *r0,
                                                 const float *r1, float *y) {
-  const V8i ev = {0, 2, 4, 6, 8, 10, 12, 14}, od = ev + 1;
   V8f a0, a1, b0, b1; // loads (memcpy: no alignment assumed)
   std::memcpy(&a0, r0, 32);
   std::memcpy(&a1, r0 + 8, 32);
   std::memcpy(&b0, r1, 32);
   std::memcpy(&b1, r1 + 8, 32);
-  V8f m = __builtin_shuffle(a0, a1, ev);
-  V8f v = __builtin_shuffle(a0, a1, od);
-  m = v > m ? v : m;
-  v = __builtin_shuffle(b0, b1, ev);
-  m = v > m ? v : m;
-  v = __builtin_shuffle(b0, b1, od);
-  m = v > m ? v : m;
+  V8f m = DLOPT_EVEN8(a0, a1);
+  V8f v = DLOPT_ODD8(a0, a1);
+  m = DLOPT_SELECT8(v > m, v, m);
+  v = DLOPT_EVEN8(b0, b1);
+  m = DLOPT_SELECT8(v > m, v, m);
+  v = DLOPT_ODD8(b0, b1);
+  m = DLOPT_SELECT8(v > m, v, m);
   std::memcpy(y, &m, 32);
 }
 
@@ -90,32 +104,26 @@ typedef int32_t V8i __attribute__((vector_size(32)));
                                                    const float *r1,
                                                    const float *dy, float *d0,
                                                    float *d1) {
-  const V8i ev = {0, 2, 4, 6, 8, 10, 12, 14}, od = ev + 1;
-  const V8i lo = {0, 8, 1, 9, 2, 10, 3, 11}, hi = lo + 4;
   V8f a0, a1, c0, c1, dyv;
   std::memcpy(&a0, r0, 32);
   std::memcpy(&a1, r0 + 8, 32);
   std::memcpy(&c0, r1, 32);
   std::memcpy(&c1, r1 + 8, 32);
   std::memcpy(&dyv, dy, 32);
-  const V8f v0 = __builtin_shuffle(a0, a1, ev),
-            v1 = __builtin_shuffle(a0, a1, od),
-            v2 = __builtin_shuffle(c0, c1, ev),
-            v3 = __builtin_shuffle(c0, c1, od);
+  const V8f v0 = DLOPT_EVEN8(a0, a1), v1 = DLOPT_ODD8(a0, a1),
+            v2 = DLOPT_EVEN8(c0, c1), v3 = DLOPT_ODD8(c0, c1);
   const V8f zero = {}, g = zero + dyv;
   const V8i b1 = v1 > v0;
-  const V8f m01 = b1 ? v1 : v0;
+  const V8f m01 = DLOPT_SELECT8(b1, v1, v0);
   const V8i b2 = v2 > m01;
-  const V8f m = b2 ? v2 : m01;
+  const V8f m = DLOPT_SELECT8(b2, v2, m01);
   const V8i b3 = v3 > m;
-  const V8f o3 = b3 ? g : zero;
-  const V8f o2 = (b2 & ~b3) ? g : zero;
-  const V8f o1 = (b1 & ~b2 & ~b3) ? g : zero;
-  const V8f o0 = (~b1 & ~b2 & ~b3) ? g : zero;
-  const V8f s0 = __builtin_shuffle(o0, o1, lo),
-            s1 = __builtin_shuffle(o0, o1, hi),
-            s2 = __builtin_shuffle(o2, o3, lo),
-            s3 = __builtin_shuffle(o2, o3, hi);
+  const V8f o3 = DLOPT_SELECT8(b3, g, zero);
+  const V8f o2 = DLOPT_SELECT8(b2 & ~b3, g, zero);
+  const V8f o1 = DLOPT_SELECT8(b1 & ~b2 & ~b3, g, zero);
+  const V8f o0 = DLOPT_SELECT8(~b1 & ~b2 & ~b3, g, zero);
+  const V8f s0 = DLOPT_LOW8(o0, o1), s1 = DLOPT_HIGH8(o0, o1),
+            s2 = DLOPT_LOW8(o2, o3), s3 = DLOPT_HIGH8(o2, o3);
   std::memcpy(d0, &s0, 32);
   std::memcpy(d0 + 8, &s1, 32);
   std::memcpy(d1, &s2, 32);

@@ -248,9 +248,7 @@ Status attentionGradKernel(const Instr &instr, Ins ins, Outs outs) {
   // over the group's heads. Rows are chunked to bound the [rows, T] buffers;
   // chunks accumulate into dk/dv in a fixed order.
   int64_t rowsPerGroup = headsPerGroup * s;
-  int64_t chunk = std::max<int64_t>(
-      1, std::min<int64_t>(rowsPerGroup,
-                           (int64_t(1) << 22) / std::max<int64_t>(t, 1)));
+  int64_t chunk = attentionRowChunk(rowsPerGroup, t);
   float sc = float(scale);
   return dispatchFloat(tq.dtype, [&](auto tag) -> Status {
     using T = decltype(tag);
@@ -263,10 +261,13 @@ Status attentionGradKernel(const Instr &instr, Ins ins, Outs outs) {
     std::fill(dk, dk + outs[1].numElements(), 0.0f);
     std::fill(dv, dv + outs[2].numElements(), 0.0f);
     if (rowsPerGroup > 0 && t > 0) {
-      std::vector<float> p(static_cast<size_t>(chunk * t)),
-          dp(static_cast<size_t>(chunk * t));
-      for (int64_t bi = 0; bi < b; ++bi)
-        for (int64_t gi = 0; gi < g; ++gi) {
+      // (batch, kv head) pairs in parallel, as in attention: each writes
+      // its own rows of dq and its own dk, dv, chunks in a fixed order.
+      parallelFor(b * g, 1, [&](int64_t pb, int64_t pe) {
+        std::vector<float> p(static_cast<size_t>(chunk * t)),
+            dp(static_cast<size_t>(chunk * t));
+        for (int64_t pair = pb; pair < pe; ++pair) {
+          const int64_t bi = pair / g, gi = pair % g;
           int64_t head0 = bi * h + gi * headsPerGroup;
           const float *kg = k + (bi * g + gi) * t * d;
           const float *vg = v + (bi * g + gi) * t * e;
@@ -293,8 +294,8 @@ Status attentionGradKernel(const Instr &instr, Ins ins, Outs outs) {
               }
             });
             // dV += P^T dO; dP = dO V^T.
-            gemmF32(true, false, t, e, rc, 1.0f, p.data(), t, doc, e, 1.0f,
-                    dvg, e);
+            gemmF32(true, false, t, e, rc, 1.0f, p.data(), t, doc, e, 1.0f, dvg,
+                    e);
             gemmF32(false, true, rc, t, e, 1.0f, doc, e, vg, e, 0.0f, dp.data(),
                     t);
             // dS = P * (dP - rowsum(dP * P)), in place in dp.
@@ -302,10 +303,7 @@ Status attentionGradKernel(const Instr &instr, Ins ins, Outs outs) {
               for (int64_t r = rb; r < re; ++r) {
                 const float *pr = p.data() + r * t;
                 float *dr = dp.data() + r * t;
-                double sum = 0;
-                for (int64_t j = 0; j < t; ++j)
-                  sum += double(dr[j]) * double(pr[j]);
-                float sf = float(sum);
+                float sf = float(vm::dotF64(dr, pr, t));
                 for (int64_t j = 0; j < t; ++j)
                   dr[j] = pr[j] * (dr[j] - sf);
               }
@@ -317,6 +315,7 @@ Status attentionGradKernel(const Instr &instr, Ins ins, Outs outs) {
                     d);
           }
         }
+      });
     }
     finishF32<T>(outs[0], dq);
     finishF32<T>(outs[1], dk);
@@ -468,8 +467,7 @@ template <bool Tanh> inline float geluDeriv(float x) {
 }
 
 template <bool Tanh, typename T>
-DLOPT_SIMD_CLONES void geluGradLoop(const T *x, const T *dy, T *dx,
-                                    int64_t n) {
+DLOPT_SIMD_CLONES void geluGradLoop(const T *x, const T *dy, T *dx, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     dx[i] = fromF32<T>(toF32(dy[i]) * geluDeriv<Tanh>(toF32(x[i])));
 }

@@ -111,7 +111,8 @@ inline float *outF32(const TensorRef &t, std::vector<float> &buf) {
 }
 
 /// Stores an outF32 buffer into its result (a no-op for f32).
-template <typename T> inline void finishF32(const TensorRef &t, const float *buf) {
+template <typename T>
+inline void finishF32(const TensorRef &t, const float *buf) {
   if constexpr (!std::is_same_v<T, float>)
     storeF32(buf, t.as<T>(), t.numElements());
 }
@@ -218,6 +219,10 @@ void gemmF32(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
 /// double. attention and attention_grad share it so the recomputed
 /// probabilities match the forward ones bit for bit.
 void softmaxInPlace(float *v, int64_t n, bool log);
+
+/// Query rows per [rows, T] score buffer of attention and attention_grad
+/// (a function of the shape only: the chunks fix the GEMM calls).
+int64_t attentionRowChunk(int64_t rowsPerGroup, int64_t t);
 
 /// Saturating, truncating float -> int conversion (NaN -> 0), as `cast`.
 template <typename I> inline I floatToInt(double x) {

@@ -38,6 +38,15 @@ DLOPT_SIMD_CLONES void softmaxInPlace(float *v, int64_t n, bool log) {
   }
 }
 
+/// Query rows per score buffer of attention and attention_grad: at most
+/// 2^20 floats (4 MiB) of [rows, T] scores per buffer, a function of the
+/// shape only (the chunks fix the GEMM calls, hence the bits).
+int64_t attentionRowChunk(int64_t rowsPerGroup, int64_t t) {
+  return std::max<int64_t>(
+      1, std::min<int64_t>(rowsPerGroup,
+                           (int64_t(1) << 20) / std::max<int64_t>(t, 1)));
+}
+
 namespace {
 
 template <bool Log>
@@ -188,11 +197,9 @@ Status attentionKernel(const Instr &instr, Ins ins, Outs outs) {
   int64_t headsPerGroup = h / g;
   // Query heads sharing a KV head are adjacent in q and out, so each
   // (batch, kv head) is one [headsPerGroup*S, D] x [D, T] GEMM; rows are
-  // chunked to bound the score buffer.
+  // chunked to bound the score buffer (by the shape alone).
   int64_t rowsPerGroup = headsPerGroup * s;
-  int64_t chunk = std::max<int64_t>(
-      1, std::min<int64_t>(rowsPerGroup,
-                           (int64_t(1) << 22) / std::max<int64_t>(t, 1)));
+  int64_t chunk = attentionRowChunk(rowsPerGroup, t);
   return dispatchFloat(tq.dtype, [&](auto tag) -> Status {
     using T = decltype(tag);
     std::vector<float> qb, kb, vb, ob;
@@ -214,9 +221,15 @@ Status attentionKernel(const Instr &instr, Ins ins, Outs outs) {
       ob.resize(size_t(outs[0].numElements()));
       o = ob.data();
     }
-    std::vector<float> scores(static_cast<size_t>(chunk * t));
-    for (int64_t bi = 0; bi < b; ++bi) {
-      for (int64_t gi = 0; gi < g; ++gi) {
+    // The (batch, kv head) pairs run in parallel, each worker with its own
+    // score buffer; the GEMMs and softmaxes inside then run on one thread
+    // (the same calls, so the same bits with any thread count). The GEMMs
+    // of usual heads (S x T x D of 128x128x64) are below gemmF32's split
+    // size and would otherwise run on one thread anyway.
+    parallelFor(b * g, 1, [&](int64_t pb, int64_t pe) {
+      std::vector<float> scores(static_cast<size_t>(chunk * t));
+      for (int64_t pair = pb; pair < pe; ++pair) {
+        const int64_t bi = pair / g, gi = pair % g;
         int64_t head0 = bi * h + gi * headsPerGroup;
         const float *kg = k + (bi * g + gi) * t * d;
         const float *vg = v + (bi * g + gi) * t * e;
@@ -243,7 +256,7 @@ Status attentionKernel(const Instr &instr, Ins ins, Outs outs) {
                   o + (head0 * s + r0) * e, e);
         }
       }
-    }
+    });
     if constexpr (!std::is_same_v<T, float>)
       storeF32(o, outs[0].as<T>(), outs[0].numElements());
     return Status::ok();
@@ -268,8 +281,8 @@ Status ropeKernel(const Instr &instr, Ins ins, Outs outs) {
       sinT(static_cast<size_t>(s * half));
   for (int64_t p = 0; p < s; ++p)
     for (int64_t i = 0; i < half; ++i) {
-      double a = double(p + first) *
-                 std::pow(theta, -2.0 * double(i) / double(d));
+      double a =
+          double(p + first) * std::pow(theta, -2.0 * double(i) / double(d));
       cosT[p * half + i] = float(std::cos(a));
       sinT[p * half + i] = float(inverse ? -std::sin(a) : std::sin(a));
     }

@@ -186,6 +186,22 @@ inline double rowSumF64(const float *v, int64_t n) {
   return s;
 }
 
+/// sum_j double(a[j]) * double(b[j]), over kLanes interleaved partial sums
+/// (attention_grad's row sums of dP * P).
+inline double dotF64(const float *a, const float *b, int64_t n) {
+  double acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l)
+      acc[l] += double(a[j + l]) * double(b[j + l]);
+  for (; j < n; ++j)
+    acc[0] += double(a[j]) * double(b[j]);
+  double s = 0;
+  for (int l = 0; l < kLanes; ++l)
+    s += acc[l];
+  return s;
+}
+
 /// sum over rows i < rows and j < len of term(i, j) (a double), over
 /// kLanes interleaved partial sums: lane l takes the j = l mod kLanes of
 /// each row's whole groups of kLanes, lane 0 each row's tail; the lanes are

@@ -180,7 +180,11 @@ TEST(Attention, CausalGqaMatchesReference) {
                         {2, 4, 4, 8, 8, 16, 16, false},
                         {1, 6, 2, 5, 9, 8, 12, true}, // GQA, T > S (cache)
                         {2, 8, 1, 7, 7, 4, 4, true},  // multi-query
-                        {1, 2, 2, 33, 40, 32, 24, false}};
+                        {1, 2, 2, 33, 40, 32, 24, false},
+                        // 4 query heads x 520 rows of 520 scores: more than
+                        // one score buffer (2^20 floats), the second chunk
+                        // starting inside the fourth head.
+                        {1, 4, 1, 520, 520, 4, 4, true}};
   for (const Case &c : cases)
     for (DType dt : floatTypes()) {
       Tensor q = randomTensor(rng, dt, {c.B, c.H, c.S, c.D}, -1.5, 1.5);
@@ -372,8 +376,7 @@ TEST(Dropout, OffsetOperand) {
       for (DType ot : {DType::I32, DType::I64}) {
         Tensor zero = offsetScalar(ot, 0), y(dt, {n});
         ASSERT_TRUE(run(in, {&x, &zero}, {&y}).isOk());
-        EXPECT_EQ(std::memcmp(none.data(), y.data(),
-                              size_t(y.type.byteSize())),
+        EXPECT_EQ(std::memcmp(none.data(), y.data(), size_t(y.type.byteSize())),
                   0)
             << x.type.str() << " seed " << seed;
       }
@@ -385,17 +388,16 @@ TEST(Dropout, OffsetOperand) {
             continue;
           Tensor o = offsetScalar(ot, off), y(dt, {n});
           ASSERT_TRUE(run(in, {&x, &o}, {&y}).isOk());
-          EXPECT_NE(std::memcmp(none.data(), y.data(),
-                                size_t(y.type.byteSize())),
-                    0)
+          EXPECT_NE(
+              std::memcmp(none.data(), y.data(), size_t(y.type.byteSize())), 0)
               << "offset " << off;
           uint64_t s = effectiveSeedRef(seed, off);
           std::vector<double> ref(static_cast<size_t>(n));
           for (int64_t i = 0; i < n; ++i)
             ref[i] = uRef(s, uint64_t(i)) >= 0.3 ? x.get(i) / 0.7 : 0.0;
           EXPECT_TRUE(allClose(y, ref, tolFor(dt, 1e-6)))
-              << x.type.str() << " seed " << seed << " offset " << off
-              << " " << o.type.str();
+              << x.type.str() << " seed " << seed << " offset " << off << " "
+              << o.type.str();
           // Exactly the same elements are zero as in the reference.
           for (int64_t i = 0; i < n; ++i)
             ASSERT_EQ(y.get(i) == 0.0, ref[i] == 0.0) << i;
