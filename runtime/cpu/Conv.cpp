@@ -604,7 +604,39 @@ Status conv2dGradFilterKernel(const Instr &instr, Ins ins, Outs outs) {
     dw = outF32<T>(outs[0], dwb);
     std::fill(dw, dw + outs[0].numElements(), 0.0f);
     const int64_t nb = plane > 0 ? imagesPerChunkOf(geom, n) : 1;
-    if (nb > 1) {
+    const int64_t per = nb > 1 ? evenChunk(n, nb) : 1;
+    const int64_t chunks = (n + per - 1) / per, wsize = o * ckk;
+    if (nb > 1 && chunks > 1 && chunks * wsize <= (int64_t(1) << 21)) {
+      // Whole planes of per images, the chunks in parallel: chunk ci's
+      // dw_g = dy [og, per*plane] x col^T (the sum over its images inside
+      // the GEMM) into its own slice of `part`, then the slices added in
+      // chunk order (bits fixed by the shape). At most 2^21 floats of
+      // slices; beyond that, the serial loop below.
+      std::vector<float> part(size_t(chunks * wsize));
+      parallelFor(chunks, 1, [&](int64_t cb, int64_t ce) {
+        std::vector<float> dyT(size_t(og * per * plane)),
+            cols_(size_t(ckk * per * plane));
+        for (int64_t ci = cb; ci < ce; ++ci) {
+          const int64_t n0 = ci * per, cnt = std::min(per, n - n0),
+                        cols = cnt * plane;
+          for (int64_t gi = 0; gi < groups; ++gi) {
+            gatherPlanes(dy, n0, cnt, o, gi * og, og, plane, dyT.data());
+            imageColumns(geom, x, c, n0, cnt, gi, cols_.data());
+            gemmF32(false, true, og, ckk, cols, 1.0f, dyT.data(), cols,
+                    cols_.data(), cols, 0.0f,
+                    part.data() + ci * wsize + gi * og * ckk, ckk);
+          }
+        }
+      });
+      parallelFor(wsize, grainFor(chunks), [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          float acc = part[size_t(i)];
+          for (int64_t ci = 1; ci < chunks; ++ci)
+            acc += part[size_t(ci * wsize + i)];
+          dw[i] = acc;
+        }
+      });
+    } else if (nb > 1) {
       // Whole planes of nb images: dw_g += dy [og, nb*plane] x col^T, the
       // sum over images inside the GEMM; chunks in order.
       std::vector<float> dyT(size_t(og * nb * plane));

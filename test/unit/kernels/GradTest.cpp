@@ -1156,7 +1156,8 @@ Tensor imageOf(const Tensor &t, int64_t i) {
 // conv2d and its gradients put several images' planes side by side in one
 // GEMM when their column matrices fit in 1 MiB (2^18 floats: Conv.cpp,
 // imagesPerChunkOf), in chunks of images evened out (evenChunk), which
-// conv2d and conv2d_grad_input run in parallel. These shapes make several
+// all three run in parallel (the filter gradient into one slice per chunk,
+// added in chunk order). These shapes make several
 // chunks, some with a partial last one; the results must equal the
 // one-image-at-a-time path (a batch of 1) image by image, and the filter
 // gradient their sum, and be the same bits with one and two threads.
@@ -1183,20 +1184,26 @@ TEST(ConvGrad, ImageChunksAgreeWithOneImageAtATime) {
     {
       // The same bits on one and on two threads.
       const int saved = cpu::numThreads();
-      std::vector<double> ys[2], dxs[2];
+      std::vector<double> ys[2], dxs[2], dws[2];
       for (int t = 0; t < 2; ++t) {
         cpu::setNumThreads(t + 1);
-        Tensor yt(DType::F32, c.yShape()), dxt(DType::F32, c.xShape());
+        Tensor yt(DType::F32, c.yShape()), dxt(DType::F32, c.xShape()),
+            dwt(DType::F32, c.wShape());
         ASSERT_EQ(errOf(makeInstr("conv2d", attrs), {&x, &w}, {&yt}), "");
         ASSERT_EQ(
             errOf(makeInstr("conv2d_grad_input", attrs), {&dy, &w}, {&dxt}),
             "");
+        ASSERT_EQ(
+            errOf(makeInstr("conv2d_grad_filter", attrs), {&x, &dy}, {&dwt}),
+            "");
         ys[t] = yt.values();
         dxs[t] = dxt.values();
+        dws[t] = dwt.values();
       }
       cpu::setNumThreads(saved);
       EXPECT_TRUE(ys[0] == ys[1]) << "threads changed conv2d";
       EXPECT_TRUE(dxs[0] == dxs[1]) << "threads changed conv2d_grad_input";
+      EXPECT_TRUE(dws[0] == dws[1]) << "threads changed conv2d_grad_filter";
     }
     ConvCase one = c;
     one.n = 1;
