@@ -177,6 +177,24 @@ int64_t evenChunk(int64_t n, int64_t nb) {
   return chunks > 0 ? (n + chunks - 1) / chunks : 1;
 }
 
+/// Runs body(ci, n0, cnt, a, b) for the chunks ci of `per` images of n
+/// (images [n0, n0 + cnt)), the chunks in parallel. Each worker has its own
+/// scratch of aSize and bSize floats (a, b), so the im2col and GEMM of a
+/// chunk run on that worker's thread alone: the same calls, so the same
+/// bits, with any thread count.
+template <typename Body>
+void forImageChunks(int64_t n, int64_t per, int64_t aSize, int64_t bSize,
+                    Body body) {
+  parallelFor((n + per - 1) / per, 1, [&](int64_t cb, int64_t ce) {
+    std::vector<float> a(static_cast<size_t>(aSize)),
+        b(static_cast<size_t>(bSize));
+    for (int64_t ci = cb; ci < ce; ++ci) {
+      const int64_t n0 = ci * per;
+      body(ci, n0, std::min(per, n - n0), a.data(), b.data());
+    }
+  });
+}
+
 /// Images per GEMM when whole planes are batched: the column matrix of nb
 /// images is [C/groups*KH*KW, nb*OH*OW], kept within 1 MiB (2^18 floats:
 /// GEMMs still a thousand or more columns wide, and the kernels' scratch,
@@ -337,23 +355,19 @@ Status conv2dKernel(const Instr &instr, Ins ins, Outs outs) {
     const int64_t nb = imagesPerChunkOf(geom, n);
     if (nb > 1) {
       // Whole planes of nb images per GEMM: [og, ckk] x [ckk, nb*plane].
-      // The chunks run in parallel, each with its own buffers (its im2col
-      // and GEMM then run on one thread: the same calls, so the same bits).
+      // The chunks run in parallel (forImageChunks).
       const int64_t per = evenChunk(n, nb);
-      parallelFor((n + per - 1) / per, 1, [&](int64_t cb, int64_t ce) {
-        std::vector<float> tmp(size_t(og * per * plane)),
-            cols_(size_t(ckk * per * plane));
-        for (int64_t ci = cb; ci < ce; ++ci) {
-          const int64_t n0 = ci * per, cnt = std::min(per, n - n0),
-                        cols = cnt * plane;
-          for (int64_t gi = 0; gi < groups; ++gi) {
-            imageColumns(geom, x, c, n0, cnt, gi, cols_.data());
-            gemmF32(false, false, og, cols, ckk, 1.0f, wt + gi * og * ckk, ckk,
-                    cols_.data(), cols, 0.0f, tmp.data(), cols);
-            scatterPlanes(tmp.data(), n0, cnt, o, gi * og, og, plane, y);
-          }
-        }
-      });
+      forImageChunks(
+          n, per, og * per * plane, ckk * per * plane,
+          [&](int64_t, int64_t n0, int64_t cnt, float *tmp, float *col) {
+            const int64_t cols = cnt * plane;
+            for (int64_t gi = 0; gi < groups; ++gi) {
+              imageColumns(geom, x, c, n0, cnt, gi, col);
+              gemmF32(false, false, og, cols, ckk, 1.0f, wt + gi * og * ckk,
+                      ckk, col, cols, 0.0f, tmp, cols);
+              scatterPlanes(tmp, n0, cnt, o, gi * og, og, plane, y);
+            }
+          });
     } else {
       if (!direct)
         col.resize(size_t(ckk * rowsPerChunk * ow));
@@ -409,6 +423,8 @@ template <bool Max> Status poolKernel(const Instr &instr, Ins ins, Outs outs) {
     using T = decltype(tag);
     const T *x = ins[0].as<T>();
     T *y = outs[0].as<T>();
+    const bool twoByTwo = kernel[0] == 2 && kernel[1] == 2 && stride[0] == 2 &&
+                          stride[1] == 2 && padding[1] == 0 && 2 * ow <= w;
     parallelFor(
         planes * oh, grainFor(ow * kernel[0] * kernel[1]),
         [&](int64_t b, int64_t e) {
@@ -420,18 +436,10 @@ template <bool Max> Status poolKernel(const Instr &instr, Ins ins, Outs outs) {
             int64_t y0 = oy * stride[0] - padding[0];
             int64_t ya = std::max<int64_t>(y0, 0),
                     yb = std::min(y0 + kernel[0], h);
-            // Max pooling, interior columns (whole window inside
-            // the row): window row by window row, each a loop over
-            // the output columns. Every output still visits its
-            // window in row-major order, so the NaN and signed-zero
-            // outcomes are those of the per-output loop below.
-            int64_t oxa = ow, oxb = ow;
             if constexpr (Max && std::is_same_v<T, float>) {
-              // 2x2 windows at stride 2 inside the image, no NaN in
-              // the row pair: one vectorizable pass.
-              if (kernel[0] == 2 && kernel[1] == 2 && stride[0] == 2 &&
-                  stride[1] == 2 && padding[1] == 0 && yb - ya == 2 &&
-                  2 * ow <= w) {
+              // 2x2 windows at stride 2 inside the image, no NaN in the
+              // row pair: one vectorizable pass.
+              if (twoByTwo && yb - ya == 2) {
                 const float *r0 = xp + ya * w, *r1 = r0 + w;
                 if (!anyNaN2(r0, r1, 2 * ow)) {
                   maxPool2x2Row(r0, r1, yr, ow);
@@ -439,6 +447,12 @@ template <bool Max> Status poolKernel(const Instr &instr, Ins ins, Outs outs) {
                 }
               }
             }
+            // Max pooling, interior columns (whole window inside
+            // the row): window row by window row, each a loop over
+            // the output columns. Every output still visits its
+            // window in row-major order, so the NaN and signed-zero
+            // outcomes are those of the per-output loop below.
+            int64_t oxa = ow, oxb = ow;
             if constexpr (Max) {
               oxa = std::min<int64_t>((padding[1] + stride[1] - 1) / stride[1],
                                       ow);
@@ -529,29 +543,26 @@ Status conv2dGradInputKernel(const Instr &instr, Ins ins, Outs outs) {
       // Chunks in parallel as in conv2d (each adds into its own images'
       // planes only).
       const int64_t per = evenChunk(n, nb);
-      parallelFor((n + per - 1) / per, 1, [&](int64_t cb, int64_t ce) {
-        std::vector<float> dyT(size_t(og * per * plane)),
-            cols_(size_t(ckk * per * plane));
-        for (int64_t ci = cb; ci < ce; ++ci) {
-          const int64_t n0 = ci * per, cnt = std::min(per, n - n0),
-                        cols = cnt * plane;
-          for (int64_t gi = 0; gi < groups; ++gi) {
-            gatherPlanes(dy, n0, cnt, o, gi * og, og, plane, dyT.data());
-            gemmF32(true, false, ckk, cols, og, 1.0f, wt + gi * og * ckk, ckk,
-                    dyT.data(), cols, 0.0f, cols_.data(), cols);
-            if (direct)
-              scatterPlanes(cols_.data(), n0, cnt, c, gi * cg, cg, plane, dx);
-            else
-              // Images in parallel (each adds into its own planes only).
-              parallelFor(
-                  cnt, grainFor(ckk * plane), [&](int64_t b, int64_t e) {
-                    for (int64_t i = b; i < e; ++i)
-                      col2imAdd(geom, cols_.data() + i * plane, 0, oh,
-                                dx + ((n0 + i) * c + gi * cg) * h * w, cols);
-                  });
-          }
-        }
-      });
+      forImageChunks(
+          n, per, og * per * plane, ckk * per * plane,
+          [&](int64_t, int64_t n0, int64_t cnt, float *dyT, float *col) {
+            const int64_t cols = cnt * plane;
+            for (int64_t gi = 0; gi < groups; ++gi) {
+              gatherPlanes(dy, n0, cnt, o, gi * og, og, plane, dyT);
+              gemmF32(true, false, ckk, cols, og, 1.0f, wt + gi * og * ckk, ckk,
+                      dyT, cols, 0.0f, col, cols);
+              if (direct)
+                scatterPlanes(col, n0, cnt, c, gi * cg, cg, plane, dx);
+              else
+                // Images in parallel (each adds into its own planes only).
+                parallelFor(
+                    cnt, grainFor(ckk * plane), [&](int64_t b, int64_t e) {
+                      for (int64_t i = b; i < e; ++i)
+                        col2imAdd(geom, col + i * plane, 0, oh,
+                                  dx + ((n0 + i) * c + gi * cg) * h * w, cols);
+                    });
+            }
+          });
     } else {
       if (!direct && plane > 0)
         col.resize(size_t(ckk * rowsPerChunk * ow));
@@ -613,21 +624,17 @@ Status conv2dGradFilterKernel(const Instr &instr, Ins ins, Outs outs) {
       // chunk order (bits fixed by the shape). At most 2^21 floats of
       // slices; beyond that, the serial loop below.
       std::vector<float> part(size_t(chunks * wsize));
-      parallelFor(chunks, 1, [&](int64_t cb, int64_t ce) {
-        std::vector<float> dyT(size_t(og * per * plane)),
-            cols_(size_t(ckk * per * plane));
-        for (int64_t ci = cb; ci < ce; ++ci) {
-          const int64_t n0 = ci * per, cnt = std::min(per, n - n0),
-                        cols = cnt * plane;
-          for (int64_t gi = 0; gi < groups; ++gi) {
-            gatherPlanes(dy, n0, cnt, o, gi * og, og, plane, dyT.data());
-            imageColumns(geom, x, c, n0, cnt, gi, cols_.data());
-            gemmF32(false, true, og, ckk, cols, 1.0f, dyT.data(), cols,
-                    cols_.data(), cols, 0.0f,
-                    part.data() + ci * wsize + gi * og * ckk, ckk);
-          }
-        }
-      });
+      forImageChunks(
+          n, per, og * per * plane, ckk * per * plane,
+          [&](int64_t ci, int64_t n0, int64_t cnt, float *dyT, float *col) {
+            const int64_t cols = cnt * plane;
+            for (int64_t gi = 0; gi < groups; ++gi) {
+              gatherPlanes(dy, n0, cnt, o, gi * og, og, plane, dyT);
+              imageColumns(geom, x, c, n0, cnt, gi, col);
+              gemmF32(false, true, og, ckk, cols, 1.0f, dyT, cols, col, cols,
+                      0.0f, part.data() + ci * wsize + gi * og * ckk, ckk);
+            }
+          });
       parallelFor(wsize, grainFor(chunks), [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
           float acc = part[size_t(i)];

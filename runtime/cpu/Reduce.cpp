@@ -7,15 +7,16 @@
 // the input are accumulated into a block of outputs, which keeps memory
 // access sequential for reductions over leading dims. Float sums accumulate
 // in double, in an order fixed by the shape alone (never by the thread
-// count): a contiguous stretch is added in 16 interleaved lanes that are
-// combined pairwise (vectorizable, where one running sum would be a chain of
-// dependent adds), and a long reduction is cut into fixed chunks of
-// kSumChunk elements, summed in parallel and then added in chunk order.
+// count): a contiguous stretch is added in vm::laneSum's interleaved lanes
+// (vectorizable, where one running sum would be a chain of dependent adds),
+// and a long reduction is cut into fixed chunks of kSumChunk elements,
+// summed in parallel and then added in chunk order.
 //
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cpu/KernelUtil.h"
 #include "runtime/cpu/ThreadPool.h"
+#include "runtime/cpu/VecMath.h"
 
 #include <algorithm>
 #include <cmath>
@@ -101,20 +102,10 @@ template <typename T, Reduction K> struct Acc {
 /// Elements of one chunk of a long float sum (see the file comment).
 constexpr int64_t kSumChunk = 16384;
 
-/// The double sum of x[0..n) in 16 interleaved lanes, combined pairwise.
+/// The double sum of x[0..n), in vm::laneSum's interleaved lanes.
 template <typename T> double sumStretch(const T *x, int64_t n) {
-  constexpr int kLanes = 16;
-  double lane[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int k = 0; k < kLanes; ++k)
-      lane[k] += double(toF32(x[j + k]));
-  for (int k = 0; j < n; ++j, ++k)
-    lane[k] += double(toF32(x[j]));
-  for (int w = kLanes / 2; w > 0; w /= 2)
-    for (int k = 0; k < w; ++k)
-      lane[k] += lane[k + w];
-  return lane[0];
+  return vm::laneSum(1, n,
+                     [&](int64_t, int64_t j) { return double(toF32(x[j])); });
 }
 
 template <typename T, Reduction K>
