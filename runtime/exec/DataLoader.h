@@ -120,6 +120,16 @@ createSyntheticLoader(const Executable &exe,
 /// broadcast_to, concat, cast) in between; the smallest if several.
 std::optional<int64_t> inferIntRange(const Executable &exe, int32_t inputId);
 
+/// A synthetic float input's element from its generator word: the standard
+/// normal quantile at u = (k + 1/2) / 2^24, k the word's top 24 bits
+/// (Giles' single-precision erfinv on a log of our own, within 2e-6 of the
+/// exact quantile; |z| <= 5.4), in IEEE float arithmetic without libm, so
+/// the same bits on every machine. One word per element.
+float syntheticNormal(uint64_t word);
+/// out[j] = syntheticNormal(word(key, first + j)) for j in [0, n), eight
+/// lanes at a time (the same bits as one at a time).
+void syntheticNormals(uint64_t key, uint64_t first, int64_t n, float *out);
+
 /// Element `n` of the data generator's stream `key` (splitmix64, as in
 /// ParamInit.h); exposed for tests and docs.
 uint64_t dataKey(uint64_t seed, uint64_t stream, uint64_t index);

@@ -9,7 +9,6 @@
 namespace dlopt::rt {
 
 namespace {
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
 constexpr int kMaxTruncatedAttempts = 64;
 
 /// One standard normal from the two words 2i, 2i+1 of stream `key`.
@@ -21,16 +20,6 @@ double normalAt(uint64_t key, uint64_t i) {
          std::cos(2.0 * std::numbers::pi * u2);
 }
 } // namespace
-
-uint64_t initMix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-uint64_t initWord(uint64_t key, uint64_t n) {
-  return initMix(key + (n + 1) * kGolden);
-}
 
 double initUniform(uint64_t key, uint64_t n) {
   return double(initWord(key, n) >> 11) * 0x1.0p-53;

@@ -30,9 +30,17 @@
 
 namespace dlopt::rt {
 
-/// The generator's building blocks, exposed for tests and documentation.
-uint64_t initMix(uint64_t z);
-uint64_t initWord(uint64_t key, uint64_t n);
+/// The generator's building blocks, exposed for tests and documentation
+/// (inline: the synthetic data loader draws one word per element).
+inline uint64_t initMix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+/// Word n of stream `key` (splitmix64).
+inline uint64_t initWord(uint64_t key, uint64_t n) {
+  return initMix(key + (n + 1) * 0x9E3779B97F4A7C15ull);
+}
 double initUniform(uint64_t key, uint64_t n);
 /// Stream key of the parameter at position `paramIndex` in
 /// Executable::params under `seed`.

@@ -6,6 +6,7 @@
 #include "runtime/exec/CpuBackend.h"
 #include "runtime/exec/DataLoader.h"
 #include "runtime/exec/Npy.h"
+#include "runtime/exec/ParamInit.h"
 #include "runtime/exec/SafeTensors.h"
 #include "runtime/exec/Session.h"
 #include "runtime/exec/Trainer.h"
@@ -720,6 +721,55 @@ TEST(DataLoader, LoadTimeChecksCoverTheirShare) {
             "labels=" + dir.file("y.npy") +
                 ": element 4 does not fit the input's i32");
   EXPECT_FALSE(createArrayLoader(cls, files, true).isOk());
+}
+
+/// The standard normal quantile at u in (0, 1), by Newton's method on
+/// erfc in double precision: the reference syntheticNormal approximates.
+double normalQuantile(double u) {
+  double z = 0;
+  for (int it = 0; it < 100; ++it) {
+    double cdf = 0.5 * std::erfc(-z / std::sqrt(2.0));
+    double pdf = std::exp(-0.5 * z * z) / std::sqrt(2.0 * M_PI);
+    double step = (cdf - u) / pdf;
+    z -= step;
+    if (std::abs(step) < 1e-14)
+      break;
+  }
+  return z;
+}
+
+TEST(DataLoader, SyntheticFloatsAreNormalQuantiles) {
+  // Each word's top 24 bits k pick the quantile at (k + 1/2) / 2^24.
+  std::vector<uint64_t> ks = {0, 1, 2, 3, 100, 4095, 1u << 23, (1u << 23) - 1,
+                              (1u << 24) - 1, (1u << 24) - 2, (1u << 24) - 101};
+  for (uint64_t i = 0; i < 4000; ++i)
+    ks.push_back(dataKey(5, 2, i) >> 40);
+  for (uint64_t k : ks) {
+    // The low 40 bits do not matter.
+    uint64_t word = k << 40 | (dataKey(6, 2, k) >> 24);
+    double u = (double(k) + 0.5) * 0x1.0p-24;
+    double z = syntheticNormal(word);
+    EXPECT_NEAR(z, normalQuantile(u), 2e-6) << "k = " << k;
+    // Symmetric, exactly.
+    uint64_t mirror = ((uint64_t(1) << 24) - 1 - k) << 40;
+    EXPECT_EQ(syntheticNormal(mirror), -syntheticNormal(word)) << "k = " << k;
+  }
+
+  // Over a stream: the moments and tails of a standard normal.
+  const int n = 1 << 20;
+  double sum = 0, sq = 0, four = 0;
+  int tails = 0;
+  for (int i = 0; i < n; ++i) {
+    double z = syntheticNormal(initWord(dataKey(1, 2, 0), uint64_t(i)));
+    sum += z;
+    sq += z * z;
+    four += z * z * z * z;
+    tails += std::abs(z) > 1.959963985;
+  }
+  EXPECT_NEAR(sum / n, 0.0, 5e-3);
+  EXPECT_NEAR(sq / n, 1.0, 5e-3);
+  EXPECT_NEAR(four / n, 3.0, 3e-2);
+  EXPECT_NEAR(double(tails) / n, 0.05, 1.5e-3);
 }
 
 TEST(DataLoader, SyntheticIsDeterministicAndInRange) {
