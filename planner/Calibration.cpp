@@ -72,6 +72,10 @@ const Entry kEntries[] = {
      "achieved / peak HBM bandwidth (bytes read + written)"},
     {"backward_flops_ratio", &Calibration::backwardFlopsRatio, 1,
      Range::Positive, "ratio", "backward FLOPs / forward FLOPs of a layer"},
+    {"optimizer_gb_s", &Calibration::optimizerBandwidth, 1e9,
+     Range::NonNegative, "GB/s",
+     "bytes read + written per second by the optimizer update (0: the "
+     "memory bandwidth times memory_bandwidth_efficiency)"},
     {"intra_node_bus_efficiency", &Calibration::intraNodeBusEfficiency, 1,
      Range::Efficiency, "fraction",
      "NCCL bus bandwidth / link bandwidth inside a node"},

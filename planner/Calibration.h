@@ -40,6 +40,10 @@ struct Calibration {
   double elementwiseEfficiency = 0.50; ///< elementwise_efficiency (FLOP side)
   double memoryBandwidthEfficiency = 0.90; ///< memory_bandwidth_efficiency
   double backwardFlopsRatio = 2.0;         ///< backward_flops_ratio (bwd / fwd)
+  /// The optimizer update's bytes read + written per second (optimizer_gb_s,
+  /// stored in bytes/s); 0 prices it at the memory bandwidth times
+  /// memory_bandwidth_efficiency. dlopt-calibrate measures it on CPUs.
+  double optimizerBandwidth = 0;
 
   // Communication: NCCL bus-bandwidth efficiency and per-call latency.
   double intraNodeBusEfficiency = 0.80;  ///< intra_node_bus_efficiency

@@ -160,6 +160,22 @@ Expected<ComputeEstimate> CostModel::gemmTime(const GemmShape &g, double bytes,
   return roofline(op, gpu, [&] { return gemmEfficiency(g, precision, gpu); });
 }
 
+Expected<ComputeEstimate> CostModel::optimizerTime(double flops, double bytes,
+                                                   Precision precision,
+                                                   const GpuSpec &gpu) const {
+  OpCost op{OpKind::Elementwise, precision, flops, bytes};
+  if (!(cal_.optimizerBandwidth > 0))
+    return computeTime(op, gpu);
+  auto e = computeTime(OpCost{OpKind::Elementwise, precision, flops, 0}, gpu);
+  if (!e)
+    return e;
+  if (!(bytes >= 0))
+    return computeTime(op, gpu); // the roofline's error
+  e->memoryTime = bytes / cal_.optimizerBandwidth;
+  e->time = std::max(e->computeTime, e->memoryTime);
+  return e;
+}
+
 Expected<ComputeEstimate> CostModel::computeTime(const OpCost &op,
                                                  const GpuSpec &gpu) const {
   return roofline(op, gpu, [&] { return computeEfficiency(op); });

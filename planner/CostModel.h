@@ -76,6 +76,13 @@ public:
       : cal_(std::move(calibration)) {}
   const Calibration &calibration() const { return cal_; }
 
+  /// The optimizer update moving `bytes` (read + written) with `flops`: an
+  /// elementwise roofline whose memory side runs at optimizer_gb_s when the
+  /// calibration measured it, else like any elementwise op.
+  Expected<ComputeEstimate> optimizerTime(double flops, double bytes,
+                                          Precision precision,
+                                          const GpuSpec &gpu) const;
+
   /// Roofline time of one op on `gpu`. Fails if the GPU has no peak for the
   /// op's precision or the counts are negative.
   Expected<ComputeEstimate> computeTime(const OpCost &op,

@@ -143,6 +143,12 @@ Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
                     bandwidth * 1e-9) +
                 " of " + each + " GB/s");
   }
+  if (s.optimizerSeconds > 0 && s.optimizerBytes > 0) {
+    c.optimizerBandwidth = s.optimizerBytes / s.optimizerSeconds;
+    L.push_back(fmt("optimizer update (fused AdamW): %.2f GB/s (bytes read + "
+                    "written)",
+                    c.optimizerBandwidth * 1e-9));
+  }
   if (s.dispatchSeconds > 0) {
     c.kernelLaunchSeconds = s.dispatchSeconds;
     L.push_back(fmt("per-op dispatch: %.2f us", s.dispatchSeconds * 1e6));

@@ -46,6 +46,8 @@ struct MachineSamples {
     double bytes = 0, seconds = 0;
   };
   std::vector<StreamSample> streams;
+  /// The fused AdamW update: bytes read + written and their time.
+  double optimizerBytes = 0, optimizerSeconds = 0;
   double dispatchSeconds = 0; ///< one tiny op through the kernel dispatch
   std::vector<AllReduceSample> inProcess; ///< ranks as threads
   std::vector<AllReduceSample> mpi;       ///< ranks as processes

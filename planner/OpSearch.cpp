@@ -176,8 +176,12 @@ struct Ctx {
 /// HBM bytes one of t ranks moves for `op` under strategy `st`: each
 /// operand and result #0 at its layout's share (a replicated weight is read
 /// whole by every rank, a split one 1/t, a partial sum is written whole),
-/// plus the results past #0 (batch-norm running stats, ...) whole.
+/// plus the results past #0 (batch-norm running stats, ...) whole. A
+/// reshape moves nothing.
 double opBytes(const Solved &s, const OpNode &op, const Strategy &st, int t) {
+  // A reshape is a view (the memory planner aliases its result).
+  if (op.kind == OpClass::Reshape)
+    return 0;
   auto share = [&](const Layout &l) {
     return l.kind == Layout::S ? 1.0 / t : 1.0;
   };
@@ -204,10 +208,16 @@ double stateBytesPerElem(const SearchOptions &opt, bool train) {
 }
 
 /// One optimizer step over `elems` parameters: a memory-bound elementwise
-/// pass reading and writing every state.
+/// pass reading every state and writing all but the gradient
+/// (CostModel::optimizerTime: at the calibrated optimizer_gb_s when
+/// measured).
 double optimizerTime(const Ctx &c, double elems) {
-  return c.roofline(OpKind::Elementwise, 10 * elems,
-                    2 * elems * stateBytesPerElem(c.opt, true));
+  if (elems <= 0)
+    return 0;
+  const double bytes = 2 * stateBytesPerElem(c.opt, true) - c.opt.bytes.gradBytes;
+  auto e = c.cost.optimizerTime(10 * elems, bytes * elems, c.opt.precision,
+                                c.gpu);
+  return e ? e->time : 0;
 }
 
 /// Builds and solves the strategy problem of (t, dp, mbs).

@@ -356,8 +356,13 @@ double optimizerStepTime(const Ctx &c, const TrainingConfig &cfg,
   double shard = perParam > 0 ? mem.optimizer / perParam
                               : mem.params / std::max(1.0, pr.paramBytes);
   double bytesPerParam = cfg.optimizer == Optimizer::Adam ? 28 : 16;
-  return c.roofline(OpKind::Elementwise, 10 * shard, bytesPerParam * shard,
-                    gpuKind);
+  if (shard <= 0)
+    return 0;
+  Precision p = c.opt.precision == Precision::FP8 ? Precision::BF16
+                                                   : c.opt.precision;
+  auto e = c.cost.optimizerTime(10 * shard, bytesPerParam * shard, p,
+                                c.kindSpec(gpuKind));
+  return e ? e->time : 0;
 }
 
 /// Chooses the process layout: the host time each layout spends issuing a

@@ -380,6 +380,12 @@ FailureOr<planner::GraphSummary> dlopt::summarizeGraph(ModuleOp module,
           n.paramElems += elements(v.getType());
       }
       n.bytes += n.resultBytes;
+      // As the groups count them (below): a reshape moves nothing, a
+      // gather reads its ids and the rows it writes.
+      if (isa<dl::ReshapeOp>(op))
+        n.bytes = 0;
+      else if (auto gather = dyn_cast<dl::GatherOp>(op))
+        n.bytes = tensorBytes(gather.getIds().getType()) + 2 * n.resultBytes;
       if (auto mark = op.getAttrOfType<IntegerAttr>(DLOptDialect::kLayerAttr))
         n.layer = mark.getInt();
       n.backward = op.hasAttr(DLOptDialect::kBackwardAttr);
@@ -403,8 +409,9 @@ FailureOr<planner::GraphSummary> dlopt::summarizeGraph(ModuleOp module,
         else
           n.flops = 4.0 * outElems * elements(k) /
                     std::max<double>(1.0, k.getShape().back());
-      } else if (n.kind == planner::OpClass::Constant) {
-        n.flops = 0;
+      } else if (n.kind == planner::OpClass::Constant ||
+                 isa<dl::ReshapeOp>(op)) {
+        n.flops = 0; // a reshape is a view
       } else {
         n.flops = outElems;
       }
@@ -500,8 +507,14 @@ FailureOr<planner::GraphSummary> dlopt::summarizeGraph(ModuleOp module,
           s.vocab = t.getDimSize(0);
         }
       }
+      // It reads the rows it writes and its ids, not the whole table.
+      inBytes = tensorBytes(gather.getIds().getType()) + outBytes;
     }
-    // Reshapes and transposes are views or copies: count the copy.
+    // A reshape is a view: the backends' memory planner gives its result
+    // its operand's bytes (runtime/format/MemoryPlanner.cpp), so nothing
+    // moves. A transpose is a copy.
+    if (isa<dl::ReshapeOp>(op))
+      continue;
     g->otherFlops += outElems;
     g->otherBytes += inBytes + outBytes;
   }

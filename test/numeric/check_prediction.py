@@ -9,8 +9,13 @@ predicted step time must be within --bound (25%) of the measured median,
 and the predicted memory per device never under the measured (the largest
 program's planned arena, or what the backend allocated).
 
-Op-level graphs (OP_MODELS: a cnn and an mlp) are checked on memory only:
-never under the planned arena, at most --mem-over above it.
+Op-level graphs (OP_MODELS: a cnn and an mlp) are checked the same way on
+the step time (--op-bound; medians of 40 steps) and on memory: never under the planned arena, at
+most --mem-over above it. They train on fixed random arrays
+(--data-input), not synthetic data: the planner prices the device's work,
+and on a 2-core CPU the loader thread drawing the next batch of normals
+shares the cores with the two kernel threads (about 1.4 ms of CPU a step
+for mlp-small's 256x784 images at 7 ns an element).
 
 Timing depends on the machine being quiet: ctest runs this test alone
 (RUN_SERIAL), and a case outside the bound is measured again, calibration
@@ -21,6 +26,8 @@ Usage: check_prediction.py --work-dir DIR [--bin DIR] [--bound 0.25]
 """
 import argparse
 import os
+
+import numpy as np
 import re
 import shutil
 import subprocess
@@ -32,11 +39,10 @@ MODEL = ["gpt", "--layers", "4", "--hidden", "256", "--heads", "4", "--ffn", "10
          "--seq", "128", "--vocab", "8192", "--batch", "4"]
 # (name, devices per node, --fix)
 CASES = [("one device", 1, None), ("dp=2, ranks as threads", 2, "dp=2")]
-# Op-level graphs (no transformer layout; docs/op-sharding.md): memory is
-# checked, predicted never under the planned arena and at most --mem-over
-# above it (the kept activations are what dlopt's backward reads). Their
-# step time is printed, not bounded: on this CPU the op-level pricing is
-# known to be optimistic (issue 14's note).
+# Op-level graphs (no transformer layout; docs/op-sharding.md): the step
+# time within --op-bound, memory never under the planned arena and at most
+# --mem-over above it (the kept activations are what dlopt's backward
+# reads). Both have 10 classes: int inputs (labels) are drawn in [0, 10).
 OP_MODELS = [("cnn-small, batch 64", ["cnn", "--preset", "cnn-small", "--batch", "64"]),
              ("mlp-small, batch 256", ["mlp", "--preset", "mlp-small", "--batch", "256"])]
 UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
@@ -53,7 +59,27 @@ def size(num, unit):
     return float(num) * UNITS[unit]
 
 
-def measure(tool, work, name, devices, fix, model="model.mlir"):
+def arrays(tool, work, plan, tag):
+    """--data-input flags binding each input of `plan` to 4 batches of fresh
+    random rows (standard normals, ints in [0, 10))."""
+    dump = run([tool("dlopt-run"), plan, "--dump"])
+    rng = np.random.default_rng()
+    flags = []
+    for m in re.finditer(r"^\s*%\d+\s+input\s+(\S+)\s+(\S+?)x?(f32|i32)\s", dump, re.M):
+        name, dims, dtype = m.group(1), m.group(2), m.group(3)
+        shape = [int(d) for d in dims.split("x") if d]
+        shape[0] *= 4
+        a = (rng.standard_normal(shape).astype(np.float32) if dtype == "f32"
+             else rng.integers(0, 10, shape).astype(np.int32))
+        path = os.path.join(work, "%s.%s.npy" % (tag, name))
+        np.save(path, a)
+        flags += ["--data-input", "%s=%s" % (name, path)]
+    if not flags:
+        sys.exit("FAIL: %s: no inputs in the plan's dump:\n%s" % (plan, dump))
+    return flags
+
+
+def measure(tool, work, name, devices, fix, model="model.mlir", fixed_data=False, steps=10):
     tag = name.split()[0].replace(",", "")
     cal, cl = os.path.join(work, tag + ".cal.json"), os.path.join(work, tag + ".cluster.json")
     run([tool("dlopt-calibrate"), "--devices", str(devices), "-o", cal, "--cluster-out", cl])
@@ -63,7 +89,8 @@ def measure(tool, work, name, devices, fix, model="model.mlir"):
     if fix:
         cmd += ["--fix", fix]
     run(cmd)
-    out = run([tool("dlopt-run"), plan, "--steps", "10", "--seed", "1"])
+    data = arrays(tool, work, plan, tag) if fixed_data else []
+    out = run([tool("dlopt-run"), plan, "--steps", str(steps), "--seed", "1"] + data)
     p = re.search(r"^prediction \(cluster [^)]*\): step ([0-9.]+) ms, memory ([0-9.]+) (\w+) per device",
                   out, re.M)
     m = re.search(r"^measured: step ([0-9.]+) ms .*, memory ([0-9.]+) (\w+) ", out, re.M)
@@ -78,6 +105,8 @@ def main():
     ap.add_argument("--work-dir", required=True)
     ap.add_argument("--bin")
     ap.add_argument("--bound", type=float, default=0.25)
+    ap.add_argument("--op-bound", type=float, default=0.25,
+                    help="op-level cases: largest allowed step-time error")
     ap.add_argument("--mem-over", type=float, default=0.5,
                     help="op-level cases: largest allowed memory over-estimate")
     args = ap.parse_args()
@@ -107,11 +136,24 @@ def main():
     for name, gen in OP_MODELS:
         model = name.split(",")[0] + ".mlir"
         run([tool("dlopt-gen")] + gen + ["-q", "-o", os.path.join(args.work_dir, model)])
-        pt, pm, mt, mm = measure(tool, args.work_dir, name, 1, None, model)
-        over = pm / mm - 1
-        print("%s: step predicted %.1f ms, measured %.1f ms (%+.1f%%, not bounded); memory predicted "
-              "%.2f MiB, measured %.2f MiB (%+.1f%%)" % (
-                  name, pt, mt, 100 * (pt / mt - 1), pm / 2**20, mm / 2**20, 100 * over))
+        for attempt in (1, 2, 3):
+            # 40 steps (0.2-0.8 s): a 5 ms step measured over 10 varied
+            # from 3.9 to 12 ms between identical runs on the shared dev box.
+            pt, pm, mt, mm = measure(tool, args.work_dir, name, 1, None, model,
+                                     fixed_data=True, steps=40)
+            err = pt / mt - 1
+            ok_time = abs(err) <= args.op_bound
+            over = pm / mm - 1
+            print("%s: step predicted %.1f ms, measured %.1f ms (%+.1f%%); memory predicted "
+                  "%.2f MiB, measured %.2f MiB (%+.1f%%)%s" % (
+                      name, pt, mt, 100 * err, pm / 2**20, mm / 2**20, 100 * over,
+                      "" if ok_time else " (attempt %d)" % attempt))
+            if ok_time:
+                break
+        if not ok_time:
+            print("FAIL: %s: predicted step time %+.1f%% off the measured (bound %.0f%%)" % (
+                name, 100 * err, 100 * args.op_bound))
+            failed += 1
         if pm < mm:
             print("FAIL: %s: predicted memory under the measured" % name)
             failed += 1

@@ -372,6 +372,46 @@ int main(int argc, char **argv) {
       s.streams.push_back({st.op, double(st.inputs + 1) * double(n) * 4, secs});
     }
   }
+  // The optimizer update: the fused AdamW program dlopt-compile emits
+  // (f32, weight decay; inputs g, m, v, the two bias corrections and the
+  // parameter; m, v and the parameter updated in place), 28 bytes per
+  // parameter read + written. Its rate prices the optimizer step
+  // (optimizer_gb_s): on a CPU its sqrt and divide keep it below the
+  // streaming kernels' bandwidth.
+  {
+    const int64_t n = int64_t(quick ? 1 : 4) << 20;
+    const size_t callers = static_cast<size_t>(gConcurrent);
+    std::vector<std::vector<float>> g(callers), m(callers), v(callers),
+        p(callers);
+    for (size_t i = 0; i < callers; ++i) {
+      g[i].assign(size_t(n), 1e-3f);
+      m[i].assign(size_t(n), 0.0f);
+      v[i].assign(size_t(n), 0.0f);
+      p[i].assign(size_t(n), 0.5f);
+    }
+    float c1 = 10.0f, c2 = 1000.0f;
+    Instr in;
+    in.op = "fused_elementwise";
+    in.loc = "dlopt-calibrate";
+    in.attrs["code"] = std::vector<int64_t>{
+        22, 0, 6,  22, 1,  7,  20, 13, 12, 22, 0,  0,  22, 15, 8,  22,
+        2,  9, 20, 17, 16, 22, 14, 3,  22, 18, 4,  5,  20, -1, 20, 21,
+        10, 23, 19, 22, 22, 5, 11, 20, 23, 24, 22, 25, 8,  21, 5,  26};
+    in.attrs["consts"] = std::vector<double>{0.1, 0.9, 1e-3, 0.999, 1e-8, 0.01};
+    in.attrs["outputs"] = std::vector<int64_t>{14, 18, 27};
+    std::atomic<int> next{0};
+    const TensorType vec{DType::F32, {n}}, scalar{DType::F32, {}};
+    s.optimizerSeconds = best(reps, [&] {
+      size_t me = size_t(next++ % gConcurrent);
+      TensorRef ins[6] = {{g[me].data(), vec}, {m[me].data(), vec},
+                          {v[me].data(), vec}, {&c1, scalar},
+                          {&c2, scalar},       {p[me].data(), vec}};
+      TensorRef outs[3] = {
+          {m[me].data(), vec}, {v[me].data(), vec}, {p[me].data(), vec}};
+      check(cpu::runKernel(in, ins, outs), "fused AdamW update");
+    });
+    s.optimizerBytes = 28.0 * double(n);
+  }
   // Dispatch: one-element adds, the mean over many calls.
   {
     Instr in;

@@ -70,6 +70,28 @@ TEST(Compute, RooflineComputeAndMemoryBound) {
   EXPECT_TRUE(f->memoryBound());
 }
 
+TEST(Compute, OptimizerUpdateAtItsCalibratedRate) {
+  GpuSpec h100 = *gpuPreset("h100-sxm-80gb");
+  // Uncalibrated: the elementwise roofline, 3.015e9 bytes at 3.015e12 B/s.
+  auto d = CostModel().optimizerTime(1e9, 3.015e9, Precision::BF16, h100);
+  ASSERT_TRUE(d);
+  EXPECT_REL(d->time, 1e-3, kRel);
+  // optimizer_gb_s = 1000: the same bytes take 3.015 ms; the FLOP side
+  // stays the elementwise one (and binds when it is the larger).
+  Calibration cal;
+  cal.optimizerBandwidth = 1e12;
+  CostModel m(cal);
+  auto e = m.optimizerTime(1e9, 3.015e9, Precision::BF16, h100);
+  ASSERT_TRUE(e);
+  EXPECT_REL(e->memoryTime, 3.015e-3, kRel);
+  EXPECT_REL(e->computeTime, 1e9 / (989e12 * 0.5), kRel);
+  EXPECT_REL(e->time, 3.015e-3, kRel);
+  auto f = m.optimizerTime(1e13, 1e9, Precision::BF16, h100);
+  ASSERT_TRUE(f);
+  EXPECT_REL(f->time, 1e13 / (989e12 * 0.5), kRel);
+  EXPECT_FALSE(m.optimizerTime(1e9, -1, Precision::BF16, h100));
+}
+
 TEST(Compute, EfficiencyPerKindAndPrecision) {
   CostModel m;
   GpuSpec a100 = *gpuPreset("a100-sxm-80gb");

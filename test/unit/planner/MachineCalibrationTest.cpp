@@ -70,6 +70,8 @@ MachineSamples samples() {
   s.attentionSeconds = 1e9 / 30e9;
   s.streams = {{"add", 3e9, 3e9 / 20e9}, {"gelu", 2e9, 2e9 / 10e9},
                {"layer_norm", 2e9, 2e9 / 5e9}};
+  s.optimizerBytes = 28e8;
+  s.optimizerSeconds = 28e8 / 7e9;
   s.dispatchSeconds = 0.5e-6;
   for (double bytes : {4096.0, 1048576.0, 16777216.0})
     s.inProcess.push_back({2, bytes, 2 * 5e-6 + bytes / 4e9});
@@ -86,6 +88,12 @@ TEST(MachineCalibration, DerivesEfficienciesAgainstTheMeasuredPeak) {
   EXPECT_NEAR(c.attentionEfficiency, 0.3, 1e-9);
   EXPECT_EQ(c.memoryBandwidthEfficiency, 1.0);
   EXPECT_NEAR(c.kernelLaunchSeconds, 0.5e-6, 1e-15);
+  EXPECT_NEAR(c.optimizerBandwidth, 7e9, 1e-3); // the update's own rate
+  MachineSamples unmeasured = samples();
+  unmeasured.optimizerSeconds = 0;
+  auto u = calibrateMachine(unmeasured);
+  ASSERT_TRUE(u) << u.status().message();
+  EXPECT_EQ(u->calibration.optimizerBandwidth, 0.0); // the roofline's
   EXPECT_EQ(c.intraNodeBusEfficiency, 1.0);
   EXPECT_EQ(c.collectiveLaunchLatency, 0.0);
   EXPECT_EQ(c.runtimeReservedBytes, 0.0);
