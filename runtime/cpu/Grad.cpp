@@ -173,33 +173,16 @@ Status normGradKernel(const Instr &instr, Ins ins, Outs outs) {
           loadF32(x + r * n, v.data(), n);
           loadF32(dy + r * n, d.data(), n);
           float mu = 0, rs;
-          if constexpr (Rms) {
-            double ss = 0;
-            for (int64_t j = 0; j < n; ++j)
-              ss += double(v[j]) * double(v[j]);
-            rs = float(1.0 / std::sqrt(ss / double(n) + eps));
-          } else {
-            double s = 0;
-            for (int64_t j = 0; j < n; ++j)
-              s += double(v[j]);
-            double mean = s / double(n), ss = 0;
-            for (int64_t j = 0; j < n; ++j) {
-              double dv = double(v[j]) - mean;
-              ss += dv * dv;
-            }
-            mu = float(mean);
-            rs = float(1.0 / std::sqrt(ss / double(n) + eps));
-          }
+          vm::normRowStats<Rms>(v.data(), n, eps, mu, rs);
           // v becomes xhat (layer_norm) or x*r (rms_norm); g = dy*w.
-          double sg = 0, sgx = 0;
           for (int64_t j = 0; j < n; ++j) {
             v[j] = (v[j] - mu) * rs;
             g[j] = d[j] * wf[j];
-            sg += double(g[j]);
-            sgx += double(g[j]) * double(v[j]);
             pw[j] += double(d[j]) * double(v[j]);
             pb[j] += double(d[j]);
           }
+          const double sg = vm::rowSumF64(g.data(), n),
+                       sgx = vm::dotF64(g.data(), v.data(), n);
           float mg = float(sg / double(n)), mgx = float(sgx / double(n));
           // layer_norm: (g - mean(g) - xhat*mean(g*xhat)) * rs;
           // rms_norm:   r*g - x*r^3*mean(g*x) = (g - (x*r)*mean(g*x*r)) * r.

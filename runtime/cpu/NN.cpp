@@ -150,23 +150,7 @@ template <bool Rms> Status normKernel(const Instr &instr, Ins ins, Outs outs) {
       for (int64_t r = b; r < e; ++r) {
         loadF32(x + r * n, v.data(), n);
         float mu = 0, rs;
-        if constexpr (Rms) {
-          double ss = 0;
-          for (int64_t j = 0; j < n; ++j)
-            ss += double(v[j]) * double(v[j]);
-          rs = float(1.0 / std::sqrt(ss / double(n) + eps));
-        } else {
-          double s = 0;
-          for (int64_t j = 0; j < n; ++j)
-            s += double(v[j]);
-          double mean = s / double(n), ss = 0;
-          for (int64_t j = 0; j < n; ++j) {
-            double d = double(v[j]) - mean;
-            ss += d * d;
-          }
-          mu = float(mean);
-          rs = float(1.0 / std::sqrt(ss / double(n) + eps));
-        }
+        vm::normRowStats<Rms>(v.data(), n, eps, mu, rs);
         for (int64_t j = 0; j < n; ++j) {
           float z = (v[j] - mu) * rs;
           if (w)

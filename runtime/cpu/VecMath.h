@@ -27,6 +27,7 @@
 //===----------------------------------------------------------------------===//
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -245,6 +246,28 @@ inline void laneSum2(int64_t rows, int64_t len, TermA a, TermB b, double &sa,
   for (int l = 0; l < kLanes; ++l) {
     sa += accA[l];
     sb += accB[l];
+  }
+}
+
+/// A norm's row statistics over kLanes partial sums (rowSumF64, laneSum,
+/// dotF64): layer_norm's mean mu and 1 / sqrt(var + eps), var the mean
+/// squared deviation; rms_norm's 1 / sqrt(mean(v^2) + eps) and mu = 0. The
+/// sequential double sums they replace were latency-bound (gpt-small's
+/// 512x256 layer norm: 0.38 ms).
+template <bool Rms>
+inline void normRowStats(const float *v, int64_t n, double eps, float &mu,
+                         float &rs) {
+  if constexpr (Rms) {
+    mu = 0;
+    rs = float(1.0 / std::sqrt(dotF64(v, v, n) / double(n) + eps));
+  } else {
+    const double mean = rowSumF64(v, n) / double(n);
+    const double ss = laneSum(1, n, [&](int64_t, int64_t j) {
+      const double d = double(v[j]) - mean;
+      return d * d;
+    });
+    mu = float(mean);
+    rs = float(1.0 / std::sqrt(ss / double(n) + eps));
   }
 }
 
