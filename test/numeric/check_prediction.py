@@ -105,7 +105,10 @@ def main():
     ap.add_argument("--work-dir", required=True)
     ap.add_argument("--bin")
     ap.add_argument("--bound", type=float, default=0.25)
-    ap.add_argument("--op-bound", type=float, default=0.25,
+    # 30%: the op-level steps are 5-20 ms, and identical runs of them on the
+    # shared 2-core dev box differ by 20% between processes even over 40
+    # steps (docs/cost-model.md, "Measured against the prediction").
+    ap.add_argument("--op-bound", type=float, default=0.30,
                     help="op-level cases: largest allowed step-time error")
     ap.add_argument("--mem-over", type=float, default=0.5,
                     help="op-level cases: largest allowed memory over-estimate")
