@@ -214,7 +214,8 @@ double stateBytesPerElem(const SearchOptions &opt, bool train) {
 double optimizerTime(const Ctx &c, double elems) {
   if (elems <= 0)
     return 0;
-  const double bytes = 2 * stateBytesPerElem(c.opt, true) - c.opt.bytes.gradBytes;
+  const double bytes =
+      2 * stateBytesPerElem(c.opt, true) - c.opt.bytes.gradBytes;
   auto e = c.cost.optimizerTime(10 * elems, bytes * elems, c.opt.precision,
                                 c.gpu);
   return e ? e->time : 0;
