@@ -140,6 +140,30 @@ Status softmaxGradKernel(const Instr &instr, Ins ins, Outs outs) {
 // layer_norm_grad / rms_norm_grad
 //===----------------------------------------------------------------------===//
 
+/// One row of a norm's gradient: x in v, dy in d (dx on return), w in w;
+/// adds dy * xhat and dy to the parameter-gradient partials pw and pb. An
+/// AVX2 clone and a baseline one, the same bits (VecMath.h).
+template <bool Rms>
+DLOPT_SIMD_CLONES void normGradRow(float *v, float *g, float *d,
+                                   const float *w, double *pw, double *pb,
+                                   int64_t n, double eps) {
+  float mu = 0, rs;
+  vm::normRowStats<Rms>(v, n, eps, mu, rs);
+  // v becomes xhat (layer_norm) or x*r (rms_norm); g = dy*w.
+  for (int64_t j = 0; j < n; ++j) {
+    v[j] = (v[j] - mu) * rs;
+    g[j] = d[j] * w[j];
+    pw[j] += double(d[j]) * double(v[j]);
+    pb[j] += double(d[j]);
+  }
+  const double sg = vm::rowSumF64(g, n), sgx = vm::dotF64(g, v, n);
+  float mg = float(sg / double(n)), mgx = float(sgx / double(n));
+  // layer_norm: (g - mean(g) - xhat*mean(g*xhat)) * rs;
+  // rms_norm:   r*g - x*r^3*mean(g*x) = (g - (x*r)*mean(g*x*r)) * r.
+  for (int64_t j = 0; j < n; ++j)
+    d[j] = (Rms ? g[j] - v[j] * mgx : g[j] - mg - v[j] * mgx) * rs;
+}
+
 /// Operands x, dy[, w]; results dx, dw[, db] (db for layer_norm only).
 template <bool Rms>
 Status normGradKernel(const Instr &instr, Ins ins, Outs outs) {
@@ -172,22 +196,8 @@ Status normGradKernel(const Instr &instr, Ins ins, Outs outs) {
              r < re; ++r) {
           loadF32(x + r * n, v.data(), n);
           loadF32(dy + r * n, d.data(), n);
-          float mu = 0, rs;
-          vm::normRowStats<Rms>(v.data(), n, eps, mu, rs);
-          // v becomes xhat (layer_norm) or x*r (rms_norm); g = dy*w.
-          for (int64_t j = 0; j < n; ++j) {
-            v[j] = (v[j] - mu) * rs;
-            g[j] = d[j] * wf[j];
-            pw[j] += double(d[j]) * double(v[j]);
-            pb[j] += double(d[j]);
-          }
-          const double sg = vm::rowSumF64(g.data(), n),
-                       sgx = vm::dotF64(g.data(), v.data(), n);
-          float mg = float(sg / double(n)), mgx = float(sgx / double(n));
-          // layer_norm: (g - mean(g) - xhat*mean(g*xhat)) * rs;
-          // rms_norm:   r*g - x*r^3*mean(g*x) = (g - (x*r)*mean(g*x*r)) * r.
-          for (int64_t j = 0; j < n; ++j)
-            d[j] = (Rms ? g[j] - v[j] * mgx : g[j] - mg - v[j] * mgx) * rs;
+          normGradRow<Rms>(v.data(), g.data(), d.data(), wf.data(), pw, pb, n,
+                           eps);
           storeF32(d.data(), dx + r * n, n);
         }
       }

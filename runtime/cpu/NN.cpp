@@ -122,6 +122,24 @@ Status softmaxKernel(const Instr &instr, Ins ins, Outs outs) {
   });
 }
 
+/// One row of a norm in place: its statistics (vm::normRowStats), then
+/// (v - mu) * rs, times w and plus b where given. An AVX2 clone and a
+/// baseline one, the same bits (VecMath.h).
+template <bool Rms>
+DLOPT_SIMD_CLONES void normRow(float *v, int64_t n, double eps, const float *w,
+                               const float *b) {
+  float mu = 0, rs;
+  vm::normRowStats<Rms>(v, n, eps, mu, rs);
+  for (int64_t j = 0; j < n; ++j)
+    v[j] = (v[j] - mu) * rs;
+  if (w)
+    for (int64_t j = 0; j < n; ++j)
+      v[j] *= w[j];
+  if (b)
+    for (int64_t j = 0; j < n; ++j)
+      v[j] += b[j];
+}
+
 /// Shared by layer_norm (Rms = false) and rms_norm (Rms = true).
 template <bool Rms> Status normKernel(const Instr &instr, Ins ins, Outs outs) {
   const TensorType &t = ins[0].type;
@@ -149,16 +167,8 @@ template <bool Rms> Status normKernel(const Instr &instr, Ins ins, Outs outs) {
       std::vector<float> v(static_cast<size_t>(n));
       for (int64_t r = b; r < e; ++r) {
         loadF32(x + r * n, v.data(), n);
-        float mu = 0, rs;
-        vm::normRowStats<Rms>(v.data(), n, eps, mu, rs);
-        for (int64_t j = 0; j < n; ++j) {
-          float z = (v[j] - mu) * rs;
-          if (w)
-            z *= wf[j];
-          if (bias)
-            z += bf[j];
-          v[j] = z;
-        }
+        normRow<Rms>(v.data(), n, eps, w ? wf.data() : nullptr,
+                     bias ? bf.data() : nullptr);
         storeF32(v.data(), y + r * n, n);
       }
     });
