@@ -163,14 +163,10 @@ Expected<ComputeEstimate> CostModel::gemmTime(const GemmShape &g, double bytes,
 Expected<ComputeEstimate> CostModel::optimizerTime(double flops, double bytes,
                                                    Precision precision,
                                                    const GpuSpec &gpu) const {
-  OpCost op{OpKind::Elementwise, precision, flops, bytes};
-  if (!(cal_.optimizerBandwidth > 0))
-    return computeTime(op, gpu);
-  auto e = computeTime(OpCost{OpKind::Elementwise, precision, flops, 0}, gpu);
-  if (!e)
+  auto e = computeTime(OpCost{OpKind::Elementwise, precision, flops, bytes},
+                       gpu);
+  if (!e || !(cal_.optimizerBandwidth > 0))
     return e;
-  if (!(bytes >= 0))
-    return computeTime(op, gpu); // the roofline's error
   e->memoryTime = bytes / cal_.optimizerBandwidth;
   e->time = std::max(e->computeTime, e->memoryTime);
   return e;

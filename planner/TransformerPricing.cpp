@@ -358,9 +358,8 @@ double optimizerStepTime(const Ctx &c, const TrainingConfig &cfg,
   double bytesPerParam = cfg.optimizer == Optimizer::Adam ? 28 : 16;
   if (shard <= 0)
     return 0;
-  Precision p = c.opt.precision == Precision::FP8 ? Precision::BF16
-                                                   : c.opt.precision;
-  auto e = c.cost.optimizerTime(10 * shard, bytesPerParam * shard, p,
+  auto e = c.cost.optimizerTime(10 * shard, bytesPerParam * shard,
+                                c.precisionOf(OpKind::Elementwise),
                                 c.kindSpec(gpuKind));
   return e ? e->time : 0;
 }

@@ -181,16 +181,20 @@ struct Ctx {
     return kind < 0 || kind >= int(kinds.size()) ? gpu : kinds[kind];
   }
 
+  /// The precision `kind` runs in: fp8 runs only the GEMMs in fp8
+  /// (Transformer Engine's recipe); attention and the elementwise work
+  /// stay in bf16.
+  Precision precisionOf(OpKind kind) const {
+    return kind == OpKind::Matmul || opt.precision != Precision::FP8
+               ? opt.precision
+               : Precision::BF16;
+  }
+
   double roofline(OpKind kind, double flops, double bytes,
                   int gpuKind = -1) const {
     if (flops <= 0 && bytes <= 0)
       return 0;
-    // fp8 runs only the GEMMs in fp8 (Transformer Engine's recipe):
-    // attention and the elementwise work stay in bf16.
-    Precision p = kind == OpKind::Matmul || opt.precision != Precision::FP8
-                      ? opt.precision
-                      : Precision::BF16;
-    OpCost op{kind, p, flops, bytes};
+    OpCost op{kind, precisionOf(kind), flops, bytes};
     auto e = cost.computeTime(op, kindSpec(gpuKind));
     return e ? e->time : 0;
   }

@@ -380,8 +380,8 @@ FailureOr<planner::GraphSummary> dlopt::summarizeGraph(ModuleOp module,
           n.paramElems += elements(v.getType());
       }
       n.bytes += n.resultBytes;
-      // As the groups count them (below): a reshape moves nothing, a
-      // gather reads its ids and the rows it writes.
+      // A reshape moves nothing (a view); a gather reads its ids and the
+      // rows it writes. The groups (below) add these bytes up.
       if (isa<dl::ReshapeOp>(op))
         n.bytes = 0;
       else if (auto gather = dyn_cast<dl::GatherOp>(op))
@@ -507,16 +507,15 @@ FailureOr<planner::GraphSummary> dlopt::summarizeGraph(ModuleOp module,
           s.vocab = t.getDimSize(0);
         }
       }
-      // It reads the rows it writes and its ids, not the whole table.
-      inBytes = tensorBytes(gather.getIds().getType()) + outBytes;
     }
     // A reshape is a view: the backends' memory planner gives its result
     // its operand's bytes (runtime/format/MemoryPlanner.cpp), so nothing
-    // moves. A transpose is a copy.
+    // moves. A transpose is a copy. The bytes are the op node's (a gather
+    // reads its ids and the rows it writes, not the whole table).
     if (isa<dl::ReshapeOp>(op))
       continue;
     g->otherFlops += outElems;
-    g->otherBytes += inBytes + outBytes;
+    g->otherBytes += s.ops.back().bytes;
   }
 
   for (Value v : terminator->getOperands())

@@ -13,6 +13,7 @@
 #include "planner/MachineCalibration.h"
 #include "runtime/comm/InProcessCommunicator.h"
 #include "runtime/cpu/CpuKernels.h"
+#include "runtime/format/FusedProgram.h"
 #ifdef DLOPT_HAVE_MPI
 #include "runtime/comm/MpiCommunicator.h"
 #endif
@@ -390,15 +391,35 @@ int main(int argc, char **argv) {
       p[i].assign(size_t(n), 0.5f);
     }
     float c1 = 10.0f, c2 = 1000.0f;
+    // Registers: inputs g 0, m 1, v 2, c1 3, c2 4, p 5; constants
+    // 1-b1 6, b1 7, lr = 1-b2 8, b2 9, eps 10, wd 11; steps from 12.
+    using fused::OpCode;
+    fused::Program adamw;
+    adamw.numInputs = 6;
+    adamw.consts = {0.1, 0.9, 1e-3, 0.999, 1e-8, 0.01};
+    adamw.steps = {
+        {OpCode::Mul, 0, 6},   // 12 = (1-b1) g
+        {OpCode::Mul, 1, 7},   // 13 = b1 m
+        {OpCode::Add, 13, 12}, // 14 = m'
+        {OpCode::Mul, 0, 0},   // 15 = g^2
+        {OpCode::Mul, 15, 8},  // 16 = (1-b2) g^2
+        {OpCode::Mul, 2, 9},   // 17 = b2 v
+        {OpCode::Add, 17, 16}, // 18 = v'
+        {OpCode::Mul, 14, 3},  // 19 = m' c1
+        {OpCode::Mul, 18, 4},  // 20 = v' c2
+        {OpCode::Sqrt, 20, -1},
+        {OpCode::Add, 21, 10}, // 22 = sqrt + eps
+        {OpCode::Div, 19, 22},
+        {OpCode::Mul, 5, 11},  // 24 = wd p
+        {OpCode::Add, 23, 24},
+        {OpCode::Mul, 25, 8},  // 26 = lr (...)
+        {OpCode::Sub, 5, 26},  // 27 = p'
+    };
+    adamw.outputs = {14, 18, 27};
     Instr in;
-    in.op = "fused_elementwise";
+    in.op = fused::kOpName;
     in.loc = "dlopt-calibrate";
-    in.attrs["code"] = std::vector<int64_t>{
-        22, 0, 6,  22, 1,  7,  20, 13, 12, 22, 0,  0,  22, 15, 8,  22,
-        2,  9, 20, 17, 16, 22, 14, 3,  22, 18, 4,  5,  20, -1, 20, 21,
-        10, 23, 19, 22, 22, 5, 11, 20, 23, 24, 22, 25, 8,  21, 5,  26};
-    in.attrs["consts"] = std::vector<double>{0.1, 0.9, 1e-3, 0.999, 1e-8, 0.01};
-    in.attrs["outputs"] = std::vector<int64_t>{14, 18, 27};
+    fused::encode(adamw, in);
     std::atomic<int> next{0};
     const TensorType vec{DType::F32, {n}}, scalar{DType::F32, {}};
     s.optimizerSeconds = best(reps, [&] {
