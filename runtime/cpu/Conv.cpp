@@ -243,6 +243,13 @@ void im2col(const ConvGeom &g, const float *xg, int64_t r0, int64_t rows,
       int64_t ci = r / (g.kh * g.kw), ky = (r / g.kw) % g.kh, kx = r % g.kw;
       const float *xc = xg + ci * g.h * g.w;
       float *dst = col + r * ld;
+      // Output columns [xa, xb) read pixels off + xx * stride, the others
+      // fall in the padding: the same for every row of this tap (computed
+      // once: its divisions cost more than a short row's copy).
+      const int64_t off = kx * g.dilation[1] - g.padding[1];
+      int64_t xa, xb;
+      validColumns(g, off, xa, xb);
+      const int64_t st = g.stride[1];
       for (int64_t yy = 0; yy < rows; ++yy) {
         int64_t iy =
             (r0 + yy) * g.stride[0] - g.padding[0] + ky * g.dilation[0];
@@ -251,18 +258,16 @@ void im2col(const ConvGeom &g, const float *xg, int64_t r0, int64_t rows,
           std::fill(d, d + g.ow, 0.0f);
           continue;
         }
-        // Output columns [xa, xb) read pixels off + xx * stride, the others
-        // fall in the padding.
-        const int64_t off = kx * g.dilation[1] - g.padding[1];
-        int64_t xa, xb;
-        validColumns(g, off, xa, xb);
         std::fill(d, d + xa, 0.0f);
         const float *src = xc + iy * g.w + off;
-        if (g.stride[1] == 1)
+        if (st == 1)
           std::copy(src + xa, src + xb, d + xa);
+        else if (st == 2)
+          for (int64_t xx = xa; xx < xb; ++xx)
+            d[xx] = src[2 * xx];
         else
           for (int64_t xx = xa; xx < xb; ++xx)
-            d[xx] = src[xx * g.stride[1]];
+            d[xx] = src[xx * st];
         std::fill(d + xb, d + g.ow, 0.0f);
       }
     }
@@ -307,14 +312,14 @@ void col2imAdd(const ConvGeom &g, const float *col, int64_t r0, int64_t rows,
       for (int64_t ky = 0; ky < g.kh; ++ky)
         for (int64_t kx = 0; kx < g.kw; ++kx) {
           const float *src = col + ((ci * g.kh + ky) * g.kw + kx) * ld;
+          const int64_t off = kx * g.dilation[1] - g.padding[1];
+          int64_t xa, xb;
+          validColumns(g, off, xa, xb);
           for (int64_t yy = 0; yy < rows; ++yy) {
             int64_t iy =
                 (r0 + yy) * g.stride[0] - g.padding[0] + ky * g.dilation[0];
             if (iy < 0 || iy >= g.h)
               continue;
-            const int64_t off = kx * g.dilation[1] - g.padding[1];
-            int64_t xa, xb;
-            validColumns(g, off, xa, xb);
             float *drow = dxc + iy * g.w + off;
             const float *s = src + yy * g.ow;
             if (g.stride[1] == 1)

@@ -46,5 +46,10 @@ bool hasKernel(const std::string &op);
 void setNumThreads(int n);
 int numThreads();
 
+/// Makes the BLAS single-threaded and stops OpenBLAS's idle server threads
+/// (every GEMM is split by the kernel pool instead: Matmul.cpp). Called by
+/// the CPU backend at start and by the first GEMM; idempotent.
+void useSerialBlas();
+
 } // namespace cpu
 } // namespace dlopt::rt

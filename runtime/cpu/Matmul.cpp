@@ -28,6 +28,7 @@
 
 // OpenBLAS's thread control (absent from other BLAS libraries: weak).
 extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
 
 namespace dlopt::rt::cpu {
 
@@ -63,11 +64,20 @@ int64_t gemmBlockOf(int64_t extent) {
 
 } // namespace
 
-static void singleThreadedBlas() {
+void useSerialBlas() {
   static std::once_flag once;
   std::call_once(once, [] {
     if (openblas_set_num_threads)
       openblas_set_num_threads(1);
+    // The pthread build starts its server threads when the library loads,
+    // and they spin on sched_yield for about 2^28 cycles (0.1 s) before
+    // sleeping: on two cores that took a core from the kernel pool for the
+    // first ~20 steps of a small model (50 resnet-tiny steps: 0.18 s wall,
+    // 0.15 s system time; 0.12 s and 0.02 s without them). With one BLAS
+    // thread they never get work, so they are stopped; OpenBLAS only
+    // restarts them for a threaded call, which one thread never makes.
+    if (blas_thread_shutdown_)
+      blas_thread_shutdown_();
   });
 }
 
@@ -83,7 +93,7 @@ void gemmF32(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
         c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
-  singleThreadedBlas();
+  useSerialBlas();
   if (m * n * k < kGemmSplitFlops || (m <= kGemmBlock && n <= kGemmBlock)) {
     sgemm(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;

@@ -48,6 +48,7 @@ private:
 };
 
 CpuBackend::CpuBackend(const BackendOptions &opts) {
+  cpu::useSerialBlas();
   if (opts.threads > 0)
     cpu::setNumThreads(opts.threads);
 }
