@@ -277,9 +277,10 @@ int main(int argc, char **argv) {
   unsigned hw = std::thread::hardware_concurrency();
   s.hostCores = int(hw ? hw : 1);
   s.hostMemoryBytes = hostMemoryBytes();
-  // The kernel pool as dlopt-run sizes it (--threads, else every core),
-  // shared by the devices' concurrent callers.
-  s.threadsPerDevice = threads ? threads : s.hostCores;
+  // The kernel pool as dlopt-run sizes it (--threads, else the cores of
+  // the process's CPU affinity), shared by the devices' concurrent callers.
+  cpu::setNumThreads(0);
+  s.threadsPerDevice = threads ? threads : cpu::numThreads();
   cpu::setNumThreads(s.threadsPerDevice);
   gConcurrent = s.devices;
   const int reps = quick ? 2 : 5;

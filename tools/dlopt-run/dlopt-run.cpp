@@ -56,7 +56,8 @@ options:
   --save-params DIR       write every param (bound or initialized) as DIR/NAME.npy
   --backend NAME          backend to run on (default cpu; available: cpu,
                           cuda; docs/gpu.md)
-  --threads N             kernel worker threads (default: all cores)
+  --threads N             kernel worker threads (default: the cores this
+                          process may run on)
   --repeat N              run a forward plan N times (same inputs) and
                           print the median and fastest run time
   --dump                  print the plan file readably and exit
