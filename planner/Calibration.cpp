@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <set>
+#include <tuple>
 #include <fstream>
 #include <sstream>
 
@@ -157,18 +159,107 @@ Status checkRange(const Entry &e, double v) {
                        fmt(v));
 }
 
+constexpr const char *kGemmTableKey = "gemm_table";
+constexpr size_t kMaxGemmTableRows = 4096;
+constexpr double kMaxGemmDim = double(int64_t(1) << 31);
+
+/// A gemm_table must be a full grid: every combination of its distinct m,
+/// n and k values once, dims whole numbers in [1, 2^31], efficiencies in
+/// (0, 1].
+Status checkGemmTable(const std::vector<GemmTableRow> &rows) {
+  if (rows.empty())
+    return Status::ok();
+  if (rows.size() > kMaxGemmTableRows)
+    return Status::error(std::string(kGemmTableKey) + ": expected at most " +
+                         std::to_string(kMaxGemmTableRows) + " rows, got " +
+                         std::to_string(rows.size()));
+  std::set<double> ms, ns, ks;
+  std::set<std::tuple<double, double, double>> seen;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const GemmTableRow &r = rows[i];
+    std::string at = std::string(kGemmTableKey) + " row " + std::to_string(i);
+    for (double d : {r.m, r.n, r.k})
+      if (!std::isfinite(d) || d < 1 || d > kMaxGemmDim || d != std::floor(d))
+        return Status::error(at + ": expected dims that are whole numbers in "
+                                  "[1, 2^31], got " +
+                             fmt(d));
+    if (!std::isfinite(r.efficiency) || !(r.efficiency > 0) ||
+        r.efficiency > 1)
+      return Status::error(at + ": expected an efficiency in (0, 1], got " +
+                           fmt(r.efficiency));
+    if (!seen.insert({r.m, r.n, r.k}).second)
+      return Status::error(at + ": m=" + fmt(r.m) + " n=" + fmt(r.n) +
+                           " k=" + fmt(r.k) + " appears twice");
+    ms.insert(r.m);
+    ns.insert(r.n);
+    ks.insert(r.k);
+  }
+  if (ms.size() * ns.size() * ks.size() != rows.size()) {
+    for (double m : ms)
+      for (double n : ns)
+        for (double k : ks)
+          if (!seen.count({m, n, k}))
+            return Status::error(
+                std::string(kGemmTableKey) +
+                ": expected every combination of its m, n and k values (a "
+                "grid of " +
+                std::to_string(ms.size()) + " x " + std::to_string(ns.size()) +
+                " x " + std::to_string(ks.size()) + "), missing m=" + fmt(m) +
+                " n=" + fmt(n) + " k=" + fmt(k));
+  }
+  return Status::ok();
+}
+
+Expected<std::vector<GemmTableRow>> parseGemmTable(const nlohmann::json &v) {
+  if (!v.is_array())
+    return Status::error(std::string(kGemmTableKey) +
+                         ": expected an array of [m, n, k, efficiency] rows, "
+                         "got " +
+                         std::string(v.type_name()));
+  if (v.size() > kMaxGemmTableRows)
+    return Status::error(std::string(kGemmTableKey) + ": expected at most " +
+                         std::to_string(kMaxGemmTableRows) + " rows, got " +
+                         std::to_string(v.size()));
+  std::vector<GemmTableRow> rows;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const nlohmann::json &r = v[i];
+    if (!r.is_array() || r.size() != 4)
+      return Status::error(std::string(kGemmTableKey) + " row " +
+                           std::to_string(i) +
+                           ": expected [m, n, k, efficiency], got " +
+                           r.dump().substr(0, 80));
+    double x[4];
+    for (size_t j = 0; j < 4; ++j) {
+      if (!r[j].is_number())
+        return Status::error(std::string(kGemmTableKey) + " row " +
+                             std::to_string(i) + ": expected numbers, got " +
+                             std::string(r[j].type_name()));
+      x[j] = r[j].get<double>();
+    }
+    rows.push_back({x[0], x[1], x[2], x[3]});
+  }
+  DLOPT_RETURN_IF_ERROR(checkGemmTable(rows));
+  return rows;
+}
+
 } // namespace
 
 Status Calibration::validate() const {
   for (const Entry &e : kEntries)
     DLOPT_RETURN_IF_ERROR(checkRange(e, this->*e.field / e.scale));
-  return Status::ok();
+  return checkGemmTable(gemmTable);
 }
 
 std::string Calibration::toJson() const {
   nlohmann::ordered_json j;
   for (const Entry &e : kEntries)
     j[e.name] = this->*e.field / e.scale;
+  if (!gemmTable.empty()) {
+    nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+    for (const GemmTableRow &r : gemmTable)
+      rows.push_back({r.m, r.n, r.k, r.efficiency});
+    j[kGemmTableKey] = rows;
+  }
   return j.dump(2);
 }
 
@@ -177,6 +268,9 @@ const std::vector<CalibrationKey> &calibrationKeys() {
     std::vector<CalibrationKey> k;
     for (const Entry &e : kEntries)
       k.push_back({e.name, e.unit, e.meaning});
+    k.push_back({kGemmTableKey, "rows [m, n, k, fraction]",
+                 "GEMM efficiency measured on a grid of shapes, for devices "
+                 "without an SM count (interpolated between grid points)"});
     return k;
   }();
   return keys;
@@ -196,6 +290,13 @@ Expected<Calibration> parseCalibration(std::string_view text,
                          std::string(j.type_name()));
   Calibration c = base;
   for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == kGemmTableKey) {
+      auto rows = parseGemmTable(it.value());
+      if (!rows)
+        return Status::error(where + rows.status().message());
+      c.gemmTable = rows.take();
+      continue;
+    }
     const Entry *entry = nullptr;
     for (const Entry &e : kEntries)
       if (it.key() == e.name)
@@ -204,6 +305,7 @@ Expected<Calibration> parseCalibration(std::string_view text,
       std::string known;
       for (const Entry &e : kEntries)
         known += std::string(known.empty() ? "" : ", ") + e.name;
+      known += std::string(", ") + kGemmTableKey;
       return Status::error(where + "unknown calibration key '" + it.key() +
                            "' (known: " + known + ")");
     }

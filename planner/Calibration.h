@@ -18,6 +18,12 @@ namespace dlopt::planner {
 using rt::Expected;
 using rt::Status;
 
+/// One measured GEMM of a gemm_table: rows m, columns n, inner dim k, and
+/// its achieved FLOP/s over the device's peak.
+struct GemmTableRow {
+  double m = 0, n = 0, k = 0, efficiency = 0;
+};
+
 /// Empirical constants. Efficiencies are fractions of a hardware peak in
 /// (0, 1]; times are seconds; sizes are bytes. JSON keys are the snake_case
 /// names listed by calibrationKeys().
@@ -36,6 +42,11 @@ struct Calibration {
   double gemmUnalignedFactor = 0.19; ///< gemm_unaligned_factor
   double gemmThinTile = 64;         ///< gemm_thin_tile: rows of a thin tile
   double gemmMaxSplitK = 16;        ///< gemm_max_split_k: 1 = no split-K
+  /// gemm_table: GEMM efficiency measured on a grid of shapes (every
+  /// combination of its m, n and k values), for devices without an SM
+  /// count; dlopt-calibrate writes it on CPUs (docs/cost-model.md, "GEMM
+  /// efficiency by shape on a CPU"). Empty: the size classes.
+  std::vector<GemmTableRow> gemmTable;
   double attentionEfficiency = 0.60;   ///< attention_efficiency
   double elementwiseEfficiency = 0.50; ///< elementwise_efficiency (FLOP side)
   double memoryBandwidthEfficiency = 0.90; ///< memory_bandwidth_efficiency

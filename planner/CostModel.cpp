@@ -97,10 +97,69 @@ double CostModel::computeEfficiency(const OpCost &op) const {
   return 1.0;
 }
 
+double gemmTableEfficiency(const std::vector<GemmTableRow> &table, double m,
+                           double n, double k) {
+  if (table.empty() || !(m > 0) || !(n > 0) || !(k > 0))
+    return 0;
+  std::vector<double> axes[3];
+  for (const GemmTableRow &r : table) {
+    axes[0].push_back(r.m);
+    axes[1].push_back(r.n);
+    axes[2].push_back(r.k);
+  }
+  // Per dim: the two grid points around x, the weight of the upper one
+  // (linear in log2 x), and the below-grid factor.
+  struct Bracket {
+    double lo = 0, hi = 0, w = 0, factor = 1;
+  } b[3];
+  const double x[3] = {m, n, k};
+  for (int d = 0; d < 3; ++d) {
+    std::vector<double> &a = axes[d];
+    std::sort(a.begin(), a.end());
+    a.erase(std::unique(a.begin(), a.end()), a.end());
+    if (x[d] <= a.front()) {
+      b[d] = {a.front(), a.front(), 0, x[d] / a.front()};
+    } else if (x[d] >= a.back()) {
+      b[d] = {a.back(), a.back(), 0, 1};
+    } else {
+      size_t i = size_t(std::upper_bound(a.begin(), a.end(), x[d]) -
+                        a.begin()) -
+                 1;
+      b[d] = {a[i], a[i + 1],
+              std::log2(x[d] / a[i]) / std::log2(a[i + 1] / a[i]), 1};
+    }
+  }
+  auto at = [&](double mm, double nn, double kk) {
+    for (const GemmTableRow &r : table)
+      if (r.m == mm && r.n == nn && r.k == kk)
+        return r.efficiency;
+    return 0.0; // not a full grid: Calibration::validate refuses those
+  };
+  double eff = 0;
+  for (int c = 0; c < 8; ++c) {
+    double wt = 1;
+    double p[3];
+    for (int d = 0; d < 3; ++d) {
+      const bool upper = (c >> d) & 1;
+      wt *= upper ? b[d].w : 1 - b[d].w;
+      p[d] = upper ? b[d].hi : b[d].lo;
+    }
+    if (wt > 0)
+      eff += wt * at(p[0], p[1], p[2]);
+  }
+  return eff * b[0].factor * b[1].factor * b[2].factor;
+}
+
 double CostModel::gemmEfficiency(const GemmShape &g, Precision precision,
                                  const GpuSpec &gpu) const {
-  if (gpu.sms <= 0 || !(g.m > 0) || !(g.n > 0) || !(g.k > 0) ||
-      !(g.batch > 0))
+  const bool shaped =
+      g.m > 0 && g.n > 0 && g.k > 0 && g.batch > 0;
+  if (gpu.sms <= 0 && shaped && !cal_.gemmTable.empty()) {
+    const double eff = gemmTableEfficiency(cal_.gemmTable, g.m, g.n, g.k);
+    if (eff > 0)
+      return eff;
+  }
+  if (gpu.sms <= 0 || !shaped)
     return computeEfficiency(OpCost{OpKind::Matmul, precision, g.flops(), 0});
   const double sms = gpu.sms;
   const double elem = precisionBytes(precision);

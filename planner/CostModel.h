@@ -34,6 +34,15 @@ struct GemmShape {
   double flops() const { return 2 * m * n * k * batch; }
 };
 
+/// The efficiency of an m x n x k GEMM (rows, columns, inner dim) from a
+/// gemm_table grid (Calibration::gemmTable, non-empty and a full grid):
+/// linear in log2 of each dim between the grid's points, trilinear over
+/// the three; a dim above the grid takes its largest point's value, and a
+/// dim below the smallest point costs as long as the smallest point (the
+/// efficiency times dim / smallest: kernels work in whole register tiles).
+double gemmTableEfficiency(const std::vector<GemmTableRow> &table, double m,
+                           double n, double k);
+
 struct ComputeEstimate {
   double time = 0;        ///< max(computeTime, memoryTime)
   double computeTime = 0; ///< flops / (peak * efficiency)
@@ -100,7 +109,8 @@ public:
   ///     * (gemm_unaligned_factor if m, n or k is not a multiple of 16 B)
   /// with waves = ceil(ceil(m/tm) ceil(n/tn) batch / sms) over the tiles
   /// 128x256, 256x128 and 128x128 (gemm_tile_m/n) and e the bytes of an
-  /// element of `precision`; without it, the size classes.
+  /// element of `precision`; without it, the measured gemm_table where the
+  /// calibration has one (gemmTableEfficiency), else the size classes.
   double gemmEfficiency(const GemmShape &g, Precision precision,
                         const GpuSpec &gpu) const;
   /// Roofline time of a GEMM moving `bytes` of HBM traffic.

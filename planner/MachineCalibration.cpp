@@ -92,8 +92,8 @@ Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
   if (s.devices < 1)
     return Status::error("calibration: devices per node must be >= 1, got " +
                          std::to_string(s.devices));
-  const double peak32 = peakOf(s.gemmF32);
-  if (peak32 <= 0)
+  const double peak32 = std::max(peakOf(s.gemmF32), peakOf(s.gemmGrid));
+  if (peakOf(s.gemmF32) <= 0)
     return Status::error("calibration: no timed f32 GEMM samples");
   MachineCalibration out;
   Calibration &c = out.calibration;
@@ -118,7 +118,27 @@ Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
                   "%.0f), small %.2f",
                   c.matmulLargeEfficiency, double(large.size()),
                   c.matmulSmallEfficiency));
-  // No tile model on a CPU: the device gets no SM count.
+  // No tile model on a CPU (the device gets no SM count): GEMMs are priced
+  // by the measured grid instead, where there is one.
+  if (!s.gemmGrid.empty()) {
+    for (const GemmSample &g : s.gemmGrid)
+      if (g.seconds > 0)
+        c.gemmTable.push_back({double(g.m), double(g.n), double(g.k),
+                               clampEff(g.flops() / g.seconds / peak32)});
+    if (Status st = c.validate(); !st.isOk()) {
+      L.push_back("GEMM grid left out: " + st.message());
+      c.gemmTable.clear();
+    } else {
+      double lo = 1, hi = 0;
+      for (const GemmTableRow &r : c.gemmTable) {
+        lo = std::min(lo, r.efficiency);
+        hi = std::max(hi, r.efficiency);
+      }
+      L.push_back(fmt("GEMM grid: %.0f shapes, efficiency %.3f to %.3f of "
+                      "the peak (gemm_table)",
+                      double(c.gemmTable.size()), lo, hi));
+    }
+  }
   double attention = 0;
   if (s.attentionSeconds > 0 && s.attentionFlops > 0) {
     attention = s.attentionFlops / s.attentionSeconds;

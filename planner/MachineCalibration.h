@@ -38,6 +38,9 @@ struct MachineSamples {
   int hostCores = 0;
   double hostMemoryBytes = 0;
   std::vector<GemmSample> gemmF32, gemmBf16, gemmF16;
+  /// f32 GEMMs on a grid (every combination of a few m, n and k): the
+  /// calibration's gemm_table. Optional.
+  std::vector<GemmSample> gemmGrid;
   double attentionFlops = 0, attentionSeconds = 0; ///< f32 forward
   /// Memory-bound kernels: bytes read + written and their time; the
   /// median bandwidth is the device's.

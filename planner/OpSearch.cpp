@@ -163,15 +163,107 @@ struct Ctx {
 
   /// Forward time of `op` run by strategy `st` on one of t ranks, moving
   /// `bytes` (opBytes): its FLOPs divided by the strategy's divisor against
-  /// those bytes. Matmuls keep the size classes here: pricing them by
-  /// their shape on the rank (CostModel::gemmTime) swings strategy choices
-  /// on wave quantization that the tile menu overstates for
+  /// those bytes. On GPUs matmuls keep the size classes here: pricing them
+  /// by their shape on the rank (CostModel::gemmTime) swings strategy
+  /// choices on wave quantization that the tile menu overstates for
   /// single-wave grids (docs/cost-model.md, "GEMM efficiency by shape").
-  double forwardTime(const OpNode &op, const Strategy &st, double flops,
-                     double bytes) const {
-    return roofline(rooflineKind(op), flops / st.divisor, bytes);
+  /// Where gemmsByShape(), a matmul is its rank's GEMM (rankGemm) at the
+  /// measured grid's efficiency.
+  double forwardTime(const Solved &s, const OpNode &op, const Strategy &st,
+                     double flops, double bytes, int t) const;
+
+  /// Whether matmuls are priced by their shape on the rank: a device
+  /// without an SM count whose calibration measured a GEMM grid
+  /// (gemm_table; a CPU calibrated by dlopt-calibrate). The wave
+  /// quantization that keeps GPUs on the size classes does not arise.
+  bool gemmsByShape() const {
+    return gpu.sms <= 0 && !cost.calibration().gemmTable.empty();
   }
+
+  double gemm(const GemmShape &g, double bytes) const {
+    auto e = cost.gemmTime(g, bytes, opt.precision, gpu);
+    return e ? e->time : 0;
+  }
+
+  /// The step time of `op` under `st` whose forward takes `fwd`: fwd, and
+  /// when training its backward. A matmul priced by shape (gemmsByShape)
+  /// adds its gradient GEMMs at their own shapes: dA = dC B^T (m x k,
+  /// inner n) when A needs a gradient, dB = A^T dC (k x n, inner m) when B
+  /// does; dlopt-autodiff emits no GEMM for an operand without one (data,
+  /// a first layer's input). Other ops take backward_flops_ratio (or the
+  /// graph's measured ratio) times their forward.
+  double stepTime(const Solved &s, const OpNode &op, const Strategy &st,
+                  double fwd, int t) const;
 };
+
+/// The GEMM one of t ranks runs for matmul `op` under `st`, from the
+/// micro-batch shapes with each operand's split dim divided by t: [m, k] x
+/// [k, n], `batch` times. Leading dims of A fold into m when B is a plain
+/// matrix (the CPU kernel runs one tall GEMM then). nullopt for shapes it
+/// cannot read.
+std::optional<GemmShape> rankGemm(const Solved &s, const OpNode &op,
+                                  const Strategy &st, int t);
+
+double Ctx::forwardTime(const Solved &s, const OpNode &op, const Strategy &st,
+                        double flops, double bytes, int t) const {
+  if (op.kind == OpClass::Matmul && gemmsByShape())
+    if (auto g = rankGemm(s, op, st, t))
+      return gemm(*g, bytes);
+  return roofline(rooflineKind(op), flops / st.divisor, bytes);
+}
+
+double Ctx::stepTime(const Solved &s, const OpNode &op, const Strategy &st,
+                     double fwd, int t) const {
+  if (!train)
+    return fwd;
+  if (op.kind != OpClass::Matmul || !gemmsByShape())
+    return fwd * (1 + ratio);
+  auto g = rankGemm(s, op, st, t);
+  if (!g)
+    return fwd * (1 + ratio);
+  const double e = double(op.elemBytes);
+  const double a = g->m * g->k, b = g->k * g->n, c = g->m * g->n;
+  double bwd = 0;
+  if (s.geo.operand(op.id, 0).needsGrad)
+    bwd += gemm(GemmShape{g->m, g->k, g->n, g->batch}, (c + b + a) * e * g->batch);
+  if (s.geo.operand(op.id, 1).needsGrad)
+    bwd += gemm(GemmShape{g->k, g->n, g->m, g->batch}, (a + c + b) * e * g->batch);
+  return fwd + bwd;
+}
+
+std::optional<GemmShape> rankGemm(const Solved &s, const OpNode &op,
+                                  const Strategy &st, int t) {
+  if (op.operands.size() < 2)
+    return std::nullopt;
+  std::vector<int64_t> sa = s.geo.operand(op.id, 0).shape,
+                       sb = s.geo.operand(op.id, 1).shape;
+  if (sa.size() < 2 || sb.size() < 2)
+    return std::nullopt;
+  auto split = [&](std::vector<int64_t> &shape, size_t i) {
+    if (i < st.operands.size() && st.operands[i].kind == Layout::S &&
+        st.operands[i].dim >= 0 && size_t(st.operands[i].dim) < shape.size())
+      shape[size_t(st.operands[i].dim)] =
+          (shape[size_t(st.operands[i].dim)] + t - 1) / t;
+  };
+  split(sa, 0);
+  split(sb, 1);
+  const size_t ra = sa.size(), rb = sb.size();
+  double m = double(op.transposeA ? sa[ra - 1] : sa[ra - 2]);
+  const double k = double(op.transposeA ? sa[ra - 2] : sa[ra - 1]);
+  const double n = double(op.transposeB ? sb[rb - 2] : sb[rb - 1]);
+  double batch = 1;
+  for (size_t i = 0; i + 2 < ra; ++i)
+    batch *= double(sa[i]);
+  for (size_t i = 0; i + 2 < rb; ++i)
+    batch = std::max(batch, double(sb[i])); // a batch on B only
+  if (rb == 2 && !op.transposeA) {
+    m *= batch;
+    batch = 1;
+  }
+  if (!(m > 0 && n > 0 && k > 0))
+    return std::nullopt;
+  return GemmShape{m, n, k, batch};
+}
 
 /// HBM bytes one of t ranks moves for `op` under strategy `st`: each
 /// operand and result #0 at its layout's share (a replicated weight is read
@@ -284,8 +376,8 @@ std::unique_ptr<Solved> solveFor(Ctx &c, int t, int dp, int64_t mbs,
     const double flops = op.flops * scale;
     ShardingProblem::Node n;
     for (const Strategy &st : s->strategies[id]) {
-      double fwd = c.forwardTime(op, st, flops, opBytes(*s, op, st, t));
-      double comp = train ? fwd * (1 + c.ratio) : fwd;
+      double fwd = c.forwardTime(*s, op, st, flops, opBytes(*s, op, st, t), t);
+      double comp = c.stepTime(*s, op, st, fwd, t);
       double comm = 0;
       for (const IntrinsicComm &ic : st.comms)
         if (train || !ic.backward)
@@ -409,9 +501,8 @@ std::unique_ptr<Solved> solveFor(Ctx &c, int t, int dp, int64_t mbs,
       continue;
     const Strategy &st = s->strategies[id][s->chosen[id]];
     double flops = op.flops * s->geo.scale(id);
-    double fwd =
-        c.forwardTime(op, st, flops, opBytes(*s, op, st, t));
-    s->compute[id] = train ? fwd * (1 + c.ratio) : fwd;
+    double fwd = c.forwardTime(*s, op, st, flops, opBytes(*s, op, st, t), t);
+    s->compute[id] = c.stepTime(*s, op, st, fwd, t);
     for (const IntrinsicComm &ic : st.comms)
       if (train || !ic.backward)
         s->mbComm[id] += c.pricer.time(ic.collective, ic.bytes, t, 1);

@@ -127,8 +127,10 @@ private:
         i = n - 6;
       }
       const Frame &f = frames_[i];
-      out += "/" + (f.object ? pointerToken(f.key)
-                             : std::to_string(f.index));
+      // Appended piecewise: "/" + std::string trips GCC 12's -Wrestrict
+      // false positive (PR 105329) where this inlines.
+      out += '/';
+      out += f.object ? pointerToken(f.key) : std::to_string(f.index);
     }
     return out.empty() ? "the top level" : out;
   }

@@ -277,6 +277,11 @@ def regenerate(bindir):
           json.dumps({k: float(v) for k, v in keys}, indent=1))
     write(os.path.join(CORPUS, "calibration", "some.json"),
           '{"matmul_large_efficiency": 0.7, "kernel_launch_us": 5}')
+    # A gemm_table grid (2 x 2 x 2), as dlopt-calibrate writes one.
+    table = [[m, n, k, 0.25 + 0.5 * (m == 256)]
+             for m in (16, 256) for n in (16, 256) for k in (16, 256)]
+    write(os.path.join(CORPUS, "calibration", "gemm-table.json"),
+          json.dumps({"matmul_small_efficiency": 0.3, "gemm_table": table}))
     shutil.rmtree(tmp)
 
 

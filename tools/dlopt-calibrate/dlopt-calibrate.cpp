@@ -300,6 +300,22 @@ int main(int argc, char **argv) {
                   {2048, 256, 256}};
   for (auto [m, n, k] : f32Shapes)
     s.gemmF32.push_back(timeGemm(DType::F32, m, n, k, reps));
+  // The GEMM grid of the gemm_table: every combination of these rows,
+  // columns and inner dims (docs/cost-model.md, "GEMM efficiency by shape
+  // on a CPU"). Small GEMMs are timed more often: one call is a few
+  // microseconds.
+  {
+    const std::vector<int64_t> dims =
+        quick ? std::vector<int64_t>{16, 128, 1024}
+              : std::vector<int64_t>{16, 64, 256, 1024};
+    for (int64_t m : dims)
+      for (int64_t n : dims)
+        for (int64_t k : dims) {
+          const double flops = 2.0 * double(m * n * k);
+          const int r = flops < double(1 << 24) ? 10 * reps : reps;
+          s.gemmGrid.push_back(timeGemm(DType::F32, m, n, k, r));
+        }
+  }
   for (DType t : {DType::BF16, DType::F16})
     for (int64_t d : {int64_t(256), int64_t(quick ? 256 : 512)}) {
       GemmSample g = timeGemm(t, d, d, d, reps);

@@ -83,6 +83,49 @@ TEST(Calibration, Errors) {
   EXPECT_NE(missing.status().message().find("cannot open"), std::string::npos);
 }
 
+TEST(Calibration, GemmTableParsesRoundTripsAndRefusesBadGrids) {
+  std::string rows;
+  for (int m : {16, 256})
+    for (int n : {16, 256})
+      for (int k : {16, 256})
+        rows += std::string(rows.empty() ? "" : ", ") + "[" +
+                std::to_string(m) + ", " + std::to_string(n) + ", " +
+                std::to_string(k) + ", 0.5]";
+  auto c = parseCalibration("{\"gemm_table\": [" + rows + "]}", "cal.json");
+  ASSERT_TRUE(c) << c.status().message();
+  ASSERT_EQ(c->gemmTable.size(), 8u);
+  EXPECT_EQ(c->gemmTable[1].k, 256);
+  EXPECT_EQ(c->gemmTable[1].efficiency, 0.5);
+  auto back = parseCalibration(c->toJson(), "round trip");
+  ASSERT_TRUE(back) << back.status().message();
+  EXPECT_EQ(back->gemmTable.size(), 8u);
+  EXPECT_EQ(Calibration{}.toJson().find("gemm_table"), std::string::npos);
+
+  auto expectError = [](const std::string &table, const std::string &sub) {
+    auto e = parseCalibration("{\"gemm_table\": " + table + "}", "cal.json");
+    ASSERT_FALSE(e) << table;
+    EXPECT_NE(e.status().message().find(sub), std::string::npos)
+        << e.status().message();
+    EXPECT_NE(e.status().message().find("cal.json"), std::string::npos);
+  };
+  expectError("3", "expected an array of [m, n, k, efficiency] rows, got number");
+  expectError("[[16, 16, 16]]", "row 0: expected [m, n, k, efficiency]");
+  expectError("[[16, 16, \"x\", 0.5]]", "row 0: expected numbers, got string");
+  expectError("[[16, 16, 16, 0]]", "expected an efficiency in (0, 1], got 0");
+  expectError("[[16, 16, 16, 1.5]]", "expected an efficiency in (0, 1]");
+  expectError("[[16.5, 16, 16, 0.5]]", "whole numbers in [1, 2^31], got 16.5");
+  expectError("[[0, 16, 16, 0.5]]", "whole numbers in [1, 2^31], got 0");
+  expectError("[[16, 16, 16, 0.5], [16, 16, 16, 0.6]]", "appears twice");
+  expectError("[[16, 16, 16, 0.5], [256, 16, 16, 0.5], [16, 256, 16, 0.5]]",
+              "missing m=256 n=256 k=16");
+  // A grid of 65 x 1 x 64 = 4160 rows is over the limit.
+  std::string big = "[";
+  for (int i = 0; i < 4097; ++i)
+    big += std::string(i ? "," : "") + "[" + std::to_string(i + 1) +
+           ",1,1,0.5]";
+  expectError(big + "]", "at most 4096 rows");
+}
+
 TEST(Calibration, EveryKeyIsDocumented) {
   std::ifstream in(std::string(DLOPT_SOURCE_DIR) + "/docs/cost-model.md");
   ASSERT_TRUE(in) << "docs/cost-model.md is missing";

@@ -109,6 +109,68 @@ TEST(Compute, EfficiencyPerKindAndPrecision) {
   EXPECT_REL(fp32->time, 1e12 / (19.5e12 * 0.8), kRel);
 }
 
+namespace {
+/// A 2 x 2 x 2 grid over {16, 256} with efficiency 0.1 + 0.4 [m=256] +
+/// 0.2 [n=256] + 0.1 [k=256] (0.1 at 16^3, 0.8 at 256^3).
+std::vector<GemmTableRow> grid2() {
+  std::vector<GemmTableRow> t;
+  for (double m : {16.0, 256.0})
+    for (double n : {16.0, 256.0})
+      for (double k : {16.0, 256.0})
+        t.push_back({m, n, k,
+                     0.1 + 0.4 * (m == 256) + 0.2 * (n == 256) +
+                         0.1 * (k == 256)});
+  return t;
+}
+} // namespace
+
+TEST(Compute, GemmTableInterpolatesInLogDims) {
+  const auto t = grid2();
+  // Grid points are the measurements.
+  EXPECT_REL(gemmTableEfficiency(t, 16, 16, 16), 0.1, kRel);
+  EXPECT_REL(gemmTableEfficiency(t, 256, 256, 256), 0.8, kRel);
+  EXPECT_REL(gemmTableEfficiency(t, 256, 16, 256), 0.6, kRel);
+  // m = 64 is halfway from 16 to 256 in log2 (4 -> 6 -> 8): half of m's
+  // 0.4; n = 32 a quarter of n's 0.2; k = 128 three quarters of k's 0.1.
+  EXPECT_REL(gemmTableEfficiency(t, 64, 256, 256), 0.1 + 0.2 + 0.2 + 0.1,
+             kRel);
+  EXPECT_REL(gemmTableEfficiency(t, 64, 32, 128),
+             0.1 + 0.2 + 0.05 + 0.075, kRel);
+  // Above the grid: the largest point's value.
+  EXPECT_REL(gemmTableEfficiency(t, 4096, 1e6, 256), 0.8, kRel);
+  // Below it: as long as the smallest point, so the efficiency shrinks
+  // with the dim (8 rows of 16: half; 4 columns: a quarter more).
+  EXPECT_REL(gemmTableEfficiency(t, 8, 256, 256), 0.4 * 0.5, kRel);
+  EXPECT_REL(gemmTableEfficiency(t, 8, 4, 16), 0.1 * 0.5 * 0.25, kRel);
+  // Nothing to read.
+  EXPECT_EQ(gemmTableEfficiency({}, 64, 64, 64), 0.0);
+  EXPECT_EQ(gemmTableEfficiency(t, 0, 64, 64), 0.0);
+}
+
+TEST(Compute, GemmTablePricesDevicesWithoutAnSmCount) {
+  Calibration cal;
+  cal.gemmTable = grid2();
+  CostModel m(cal);
+  GpuSpec cpu = clusterPreset("cpu")->groups.front().gpu;
+  ASSERT_LE(cpu.sms, 0);
+  EXPECT_REL(m.gemmEfficiency({64, 256, 256}, Precision::FP32, cpu), 0.6,
+             kRel);
+  // The time is the roofline at that efficiency.
+  GemmShape g{256, 256, 256};
+  auto e = m.gemmTime(g, 0, Precision::FP32, cpu);
+  ASSERT_TRUE(e) << e.status().message();
+  EXPECT_REL(e->time, g.flops() / (cpu.peak(Precision::FP32) * 0.8), kRel);
+  // A GPU with an SM count keeps its tile model; without a table, the
+  // size classes.
+  GpuSpec h100 = *gpuPreset("h100-sxm-80gb");
+  EXPECT_REL(m.gemmEfficiency({8192, 8192, 8192}, Precision::BF16, h100),
+             CostModel().gemmEfficiency({8192, 8192, 8192}, Precision::BF16,
+                                        h100),
+             kRel);
+  EXPECT_REL(CostModel().gemmEfficiency({256, 256, 256}, Precision::FP32, cpu),
+             cal.matmulSmallEfficiency, kRel);
+}
+
 TEST(Compute, GemmTileAndWaveQuantization) {
   CostModel m;
   GpuSpec h100 = *gpuPreset("h100-sxm-80gb"); // 132 SMs

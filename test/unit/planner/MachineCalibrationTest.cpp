@@ -100,6 +100,42 @@ TEST(MachineCalibration, DerivesEfficienciesAgainstTheMeasuredPeak) {
   EXPECT_TRUE(c.validate().isOk());
 }
 
+TEST(MachineCalibration, TheGemmGridBecomesTheGemmTable) {
+  MachineSamples s = samples();
+  auto at = [](int64_t m, int64_t n, int64_t k, double rate) {
+    GemmSample g{m, n, k, 0};
+    g.seconds = g.flops() / rate;
+    return g;
+  };
+  // A 2 x 2 x 2 grid; its fastest shape (120 GFLOP/s) beats every sample
+  // of gemmF32 (100), so it is the peak the efficiencies are taken of.
+  for (int64_t m : {16, 512})
+    for (int64_t n : {16, 512})
+      for (int64_t k : {16, 512})
+        s.gemmGrid.push_back(
+            at(m, n, k, m == 512 && n == 512 && k == 512 ? 120e9 : 12e9));
+  auto r = calibrateMachine(s);
+  ASSERT_TRUE(r) << r.status().message();
+  const Calibration &c = r->calibration;
+  ASSERT_EQ(c.gemmTable.size(), 8u);
+  for (const GemmTableRow &row : c.gemmTable)
+    EXPECT_NEAR(row.efficiency, row.m == 512 && row.n == 512 ? (row.k == 512 ? 1.0 : 0.1) : 0.1,
+                1e-9);
+  EXPECT_NEAR(c.matmulLargeEfficiency, 0.75, 1e-9); // 0.9 of 100 against 120
+  EXPECT_TRUE(c.validate().isOk());
+  // Without the grid: no table (the size classes price GEMMs).
+  EXPECT_TRUE(calibrateMachine(samples())->calibration.gemmTable.empty());
+  // A grid with a hole is left out, and says why.
+  s.gemmGrid.pop_back();
+  auto h = calibrateMachine(s);
+  ASSERT_TRUE(h) << h.status().message();
+  EXPECT_TRUE(h->calibration.gemmTable.empty());
+  bool said = false;
+  for (const std::string &l : h->lines)
+    said = said || l.find("GEMM grid left out") != std::string::npos;
+  EXPECT_TRUE(said);
+}
+
 TEST(MachineCalibration, WritesAClusterThePlannerReads) {
   auto r = calibrateMachine(samples());
   ASSERT_TRUE(r) << r.status().message();

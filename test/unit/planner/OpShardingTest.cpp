@@ -924,6 +924,50 @@ TEST(OpSearch, ZeroShardsTheOptimizerStep) {
               1.0, 1e-9);
 }
 
+TEST(OpSearch, CalibratedCpuPricesEachGemmOfTheStepByItsShape) {
+  // One matmul x [512, 1024] x w [1024, 1024] (compute-bound on the cpu
+  // preset) on a device with a gemm_table: the forward GEMM and, x being
+  // data, only the weight gradient's GEMM dw = x^T dy (1024 x 1024, inner
+  // 512); the size classes price the same op as forward x (1 + 2).
+  Builder b(512);
+  ValueRef x = b.input("x", {512, 1024});
+  ValueRef h = b.matmul(x, b.param("w", {1024, 1024}));
+  b.op("dlopt.mse", OpClass::Loss, {}, {h, b.input("y", {512, 1024})});
+  SearchOptions o;
+  o.training = true;
+  o.precision = Precision::FP32;
+  Calibration flat; // every shape at 0.5
+  for (double m : {16.0, 4096.0})
+    for (double n : {16.0, 4096.0})
+      for (double k : {16.0, 4096.0})
+        flat.gemmTable.push_back({m, n, k, 0.5});
+  Calibration classes;
+  classes.matmulLargeEfficiency = classes.matmulSmallEfficiency = 0.5;
+  // The cpu preset's node has two devices: data parallel, 256 rows each.
+  const Cluster cpu = preset("cpu", 1);
+  o.fix.tp = 1;
+  o.fix.pp = 1;
+  auto byShape = searchOpPlan(b.g, cpu, CostModel(flat), o);
+  auto bySize = searchOpPlan(b.g, cpu, CostModel(classes), o);
+  ASSERT_TRUE(byShape) << byShape.status().message();
+  ASSERT_TRUE(bySize) << bySize.status().message();
+  const double gemm = 2.0 * 256 * 1024 * 1024 /
+                      (cpu.groups.front().gpu.peak(Precision::FP32) * 0.5);
+  EXPECT_NEAR((bySize->best.time.compute - byShape->best.time.compute) / gemm,
+              1.0, 1e-6);
+  // Where x needs a gradient too (a second layer), both GEMMs of the
+  // backward are there: the two pricings agree on that layer.
+  Builder b2(512);
+  ValueRef h2 = b2.matmul(b2.input("x", {512, 1024}), b2.param("w0", {1024, 1024}));
+  h2 = b2.matmul(h2, b2.param("w1", {1024, 1024}));
+  b2.op("dlopt.mse", OpClass::Loss, {}, {h2, b2.input("y", {512, 1024})});
+  auto s2 = searchOpPlan(b2.g, cpu, CostModel(flat), o);
+  auto c2 = searchOpPlan(b2.g, cpu, CostModel(classes), o);
+  ASSERT_TRUE(s2 && c2);
+  EXPECT_NEAR((c2->best.time.compute - s2->best.time.compute) / gemm, 1.0,
+              1e-6);
+}
+
 TEST(OpSearch, MemoryConstraintShardsWhatDoesNotFit) {
   // Batch splitting is fastest, but replicated weights do not fit in 80 GB:
   // the memory-constrained solve shards enough of them. Micro-batches of
