@@ -118,16 +118,30 @@ void check(const Status &s, const char *what) {
 
 uint16_t bits16(DType t) { return t == DType::BF16 ? 0x3F00 : 0x3800; } // 0.5
 
-GemmSample timeGemm(DType t, int64_t m, int64_t n, int64_t k, int reps) {
+/// Times an m x n x k GEMM through the kernel. With `cold`, each call
+/// reads operands the previous calls did not touch (sets rotated through
+/// 64 MiB, more than the caches), as a training step's GEMMs find their
+/// weights, last touched a step before.
+GemmSample timeGemm(DType t, int64_t m, int64_t n, int64_t k, int reps,
+                    bool cold = false) {
   size_t es = t == DType::F32 ? 4 : 2;
-  std::vector<char> a(size_t(m * k) * es), b(size_t(k * n) * es),
-      c(size_t(m * n) * es);
+  const size_t setBytes = size_t(m * k + k * n) * es;
+  const size_t sets =
+      cold ? std::clamp<size_t>((size_t(64) << 20) / std::max<size_t>(setBytes, 1),
+                                1, 256)
+           : 1;
+  std::vector<char> a(size_t(m * k) * es * sets),
+      b(size_t(k * n) * es * sets), c(size_t(m * n) * es);
   if (t == DType::F32) {
-    std::fill_n(reinterpret_cast<float *>(a.data()), m * k, 0.5f);
-    std::fill_n(reinterpret_cast<float *>(b.data()), k * n, 0.25f);
+    std::fill_n(reinterpret_cast<float *>(a.data()), m * k * int64_t(sets),
+                0.5f);
+    std::fill_n(reinterpret_cast<float *>(b.data()), k * n * int64_t(sets),
+                0.25f);
   } else {
-    std::fill_n(reinterpret_cast<uint16_t *>(a.data()), m * k, bits16(t));
-    std::fill_n(reinterpret_cast<uint16_t *>(b.data()), k * n, bits16(t));
+    std::fill_n(reinterpret_cast<uint16_t *>(a.data()),
+                m * k * int64_t(sets), bits16(t));
+    std::fill_n(reinterpret_cast<uint16_t *>(b.data()),
+                k * n * int64_t(sets), bits16(t));
   }
   Instr in;
   in.op = "matmul";
@@ -135,10 +149,13 @@ GemmSample timeGemm(DType t, int64_t m, int64_t n, int64_t k, int reps) {
   // One output per concurrent caller.
   std::vector<std::vector<char>> cs(static_cast<size_t>(gConcurrent), c);
   std::atomic<int> next{0};
+  std::atomic<size_t> call{0};
   GemmSample s{m, n, k, 0};
   s.seconds = best(reps, [&] {
     int me = next++ % gConcurrent;
-    TensorRef ins[2] = {{a.data(), {t, {m, k}}}, {b.data(), {t, {k, n}}}};
+    const size_t set = call++ % sets;
+    TensorRef ins[2] = {{a.data() + set * size_t(m * k) * es, {t, {m, k}}},
+                        {b.data() + set * size_t(k * n) * es, {t, {k, n}}}};
     TensorRef outs[1] = {{cs[size_t(me)].data(), {t, {m, n}}}};
     check(cpu::runKernel(in, ins, outs), "matmul");
   });
@@ -313,7 +330,7 @@ int main(int argc, char **argv) {
         for (int64_t k : dims) {
           const double flops = 2.0 * double(m * n * k);
           const int r = flops < double(1 << 24) ? 10 * reps : reps;
-          s.gemmGrid.push_back(timeGemm(DType::F32, m, n, k, r));
+          s.gemmGrid.push_back(timeGemm(DType::F32, m, n, k, r, /*cold=*/true));
         }
   }
   for (DType t : {DType::BF16, DType::F16})
