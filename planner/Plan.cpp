@@ -866,7 +866,13 @@ std::string comparePlans(const Plan &file, const Plan &now) {
   };
   for (const PlannedOp &po : file.ops) {
     const PlannedOp *c = now.op(po.id);
-    std::string d = "#" + std::to_string(po.id) + " " + po.op + ": ";
+    // Built piecewise: "#" + std::string trips GCC 12's -Wrestrict false
+    // positive (PR 105329).
+    std::string d = "#";
+    d += std::to_string(po.id);
+    d += ' ';
+    d += po.op;
+    d += ": ";
     if (!c) {
       note(d + po.strategy + " in the plan, not planned now");
       continue;
