@@ -163,6 +163,10 @@ constexpr const char *kGemmTableKey = "gemm_table";
 constexpr size_t kMaxGemmTableRows = 4096;
 constexpr double kMaxGemmDim = double(int64_t(1) << 31);
 
+std::string gemmRowWhere(size_t i) {
+  return std::string(kGemmTableKey) + " row " + std::to_string(i);
+}
+
 /// A gemm_table must be a full grid: every combination of its distinct m,
 /// n and k values once, dims whole numbers in [1, 2^31], efficiencies in
 /// (0, 1].
@@ -177,7 +181,7 @@ Status checkGemmTable(const std::vector<GemmTableRow> &rows) {
   std::set<std::tuple<double, double, double>> seen;
   for (size_t i = 0; i < rows.size(); ++i) {
     const GemmTableRow &r = rows[i];
-    std::string at = std::string(kGemmTableKey) + " row " + std::to_string(i);
+    const std::string at = gemmRowWhere(i);
     for (double d : {r.m, r.n, r.k})
       if (!std::isfinite(d) || d < 1 || d > kMaxGemmDim || d != std::floor(d))
         return Status::error(at + ": expected dims that are whole numbers in "
@@ -216,23 +220,17 @@ Expected<std::vector<GemmTableRow>> parseGemmTable(const nlohmann::json &v) {
                          ": expected an array of [m, n, k, efficiency] rows, "
                          "got " +
                          std::string(v.type_name()));
-  if (v.size() > kMaxGemmTableRows)
-    return Status::error(std::string(kGemmTableKey) + ": expected at most " +
-                         std::to_string(kMaxGemmTableRows) + " rows, got " +
-                         std::to_string(v.size()));
-  std::vector<GemmTableRow> rows;
+  std::vector<GemmTableRow> rows; // checkGemmTable bounds the count
   for (size_t i = 0; i < v.size(); ++i) {
     const nlohmann::json &r = v[i];
     if (!r.is_array() || r.size() != 4)
-      return Status::error(std::string(kGemmTableKey) + " row " +
-                           std::to_string(i) +
+      return Status::error(gemmRowWhere(i) +
                            ": expected [m, n, k, efficiency], got " +
                            r.dump().substr(0, 80));
     double x[4];
     for (size_t j = 0; j < 4; ++j) {
       if (!r[j].is_number())
-        return Status::error(std::string(kGemmTableKey) + " row " +
-                             std::to_string(i) + ": expected numbers, got " +
+        return Status::error(gemmRowWhere(i) + ": expected numbers, got " +
                              std::string(r[j].type_name()));
       x[j] = r[j].get<double>();
     }

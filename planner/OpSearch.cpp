@@ -221,13 +221,15 @@ double Ctx::stepTime(const Solved &s, const OpNode &op, const Strategy &st,
   auto g = rankGemm(s, op, st, t);
   if (!g)
     return fwd * (1 + ratio);
-  const double e = double(op.elemBytes);
-  const double a = g->m * g->k, b = g->k * g->n, c = g->m * g->n;
+  // Each gradient GEMM reads two of A, B, dC and writes the third's
+  // gradient: the same three matrices' bytes.
+  const double bytes = (g->m * g->k + g->k * g->n + g->m * g->n) *
+                       double(op.elemBytes) * g->batch;
   double bwd = 0;
   if (s.geo.operand(op.id, 0).needsGrad)
-    bwd += gemm(GemmShape{g->m, g->k, g->n, g->batch}, (c + b + a) * e * g->batch);
+    bwd += gemm(GemmShape{g->m, g->k, g->n, g->batch}, bytes);
   if (s.geo.operand(op.id, 1).needsGrad)
-    bwd += gemm(GemmShape{g->k, g->n, g->m, g->batch}, (a + c + b) * e * g->batch);
+    bwd += gemm(GemmShape{g->k, g->n, g->m, g->batch}, bytes);
   return fwd + bwd;
 }
 
@@ -251,12 +253,19 @@ std::optional<GemmShape> rankGemm(const Solved &s, const OpNode &op,
   double m = double(op.transposeA ? sa[ra - 1] : sa[ra - 2]);
   const double k = double(op.transposeA ? sa[ra - 2] : sa[ra - 1]);
   const double n = double(op.transposeB ? sb[rb - 2] : sb[rb - 1]);
-  double batch = 1;
-  for (size_t i = 0; i + 2 < ra; ++i)
-    batch *= double(sa[i]);
-  for (size_t i = 0; i + 2 < rb; ++i)
-    batch = std::max(batch, double(sb[i])); // a batch on B only
-  if (rb == 2 && !op.transposeA) {
+  // The result's batch dims broadcast A's and B's (aligned at the right).
+  const size_t na = ra - 2, nb = rb - 2, nr = std::max(na, nb);
+  double batch = 1, batchA = 1, batchB = 1;
+  for (size_t i = 0; i < nr; ++i) {
+    const double da = i < na ? double(sa[na - 1 - i]) : 1.0;
+    const double db = i < nb ? double(sb[nb - 1 - i]) : 1.0;
+    batch *= std::max(da, db);
+    batchA *= da;
+    batchB *= db;
+  }
+  // The kernel's fold (runtime/cpu/Matmul.cpp): B without a batch and A
+  // not transposed run as one tall GEMM.
+  if (batchB == 1 && batchA == batch && !op.transposeA) {
     m *= batch;
     batch = 1;
   }

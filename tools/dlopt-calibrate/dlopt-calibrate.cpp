@@ -296,7 +296,6 @@ int main(int argc, char **argv) {
   s.hostMemoryBytes = hostMemoryBytes();
   // The kernel pool as dlopt-run sizes it (--threads, else the cores of
   // the process's CPU affinity), shared by the devices' concurrent callers.
-  cpu::setNumThreads(0);
   s.threadsPerDevice = threads ? threads : cpu::numThreads();
   cpu::setNumThreads(s.threadsPerDevice);
   gConcurrent = s.devices;

@@ -118,7 +118,7 @@ TEST(Calibration, GemmTableParsesRoundTripsAndRefusesBadGrids) {
   expectError("[[16, 16, 16, 0.5], [16, 16, 16, 0.6]]", "appears twice");
   expectError("[[16, 16, 16, 0.5], [256, 16, 16, 0.5], [16, 256, 16, 0.5]]",
               "missing m=256 n=256 k=16");
-  // A grid of 65 x 1 x 64 = 4160 rows is over the limit.
+  // 4097 rows (4097 values of m) are over the limit.
   std::string big = "[";
   for (int i = 0; i < 4097; ++i)
     big += std::string(i ? "," : "") + "[" + std::to_string(i + 1) +
