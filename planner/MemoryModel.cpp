@@ -36,6 +36,17 @@ const char *scheduleName(PipelineSchedule s) {
 // Model states (ZeRO, Rajbhandari et al. 2020)
 //===----------------------------------------------------------------------===//
 
+double optimizerStepBytesPerParam(Optimizer optimizer,
+                                  const PrecisionConfig &pr) {
+  const double moments = optimizer == Optimizer::Adam       ? 2
+                         : optimizer == Optimizer::Momentum ? 1
+                                                            : 0;
+  const double weights = pr.masterWeights
+                             ? 2 * pr.masterBytes + pr.paramBytes
+                             : 2 * pr.paramBytes;
+  return pr.gradBytes + 2 * moments * pr.optimizerStateBytes + weights;
+}
+
 Expected<StateMemory> stateMemory(double paramsOnDevice, int dp, int zeroStage,
                                   Optimizer optimizer,
                                   const PrecisionConfig &pr) {

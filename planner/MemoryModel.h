@@ -67,6 +67,16 @@ Expected<StateMemory> stateMemory(double paramsOnDevice, int dp, int zeroStage,
                                   Optimizer optimizer,
                                   const PrecisionConfig &precision = {});
 
+/// Bytes the optimizer step moves per parameter of its shard, as dlopt's
+/// fused update runs it: it reads the gradient (gradBytes), reads and
+/// writes each moment (optimizerStateBytes; Adam 2, momentum 1, SGD 0),
+/// and either reads and writes the fp32 master and writes the working
+/// weight (masterWeights) or reads and writes the weight. Adam: 28 in f32
+/// and with bf16 gradients under a master, 30 with fp32 gradients (dlopt's
+/// default mixed precision); SGD in f32 12, momentum 20.
+double optimizerStepBytesPerParam(Optimizer optimizer,
+                                  const PrecisionConfig &precision);
+
 /// A GPT-style decoder (Megatron-LM layout).
 struct TransformerSpec {
   int64_t numLayers = 0;

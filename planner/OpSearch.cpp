@@ -309,14 +309,13 @@ double stateBytesPerElem(const SearchOptions &opt, bool train) {
 }
 
 /// One optimizer step over `elems` parameters: a memory-bound elementwise
-/// pass reading every state and writing all but the gradient
-/// (CostModel::optimizerTime: at the calibrated optimizer_gb_s when
+/// pass over the bytes the fused update moves (optimizerStepBytesPerParam;
+/// CostModel::optimizerTime: at the calibrated optimizer_gb_s when
 /// measured).
 double optimizerTime(const Ctx &c, double elems) {
   if (elems <= 0)
     return 0;
-  const double bytes =
-      2 * stateBytesPerElem(c.opt, true) - c.opt.bytes.gradBytes;
+  const double bytes = optimizerStepBytesPerParam(c.opt.optimizer, c.opt.bytes);
   auto e = c.cost.optimizerTime(10 * elems, bytes * elems, c.opt.precision,
                                 c.gpu);
   return e ? e->time : 0;

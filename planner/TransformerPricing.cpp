@@ -342,9 +342,9 @@ std::vector<int64_t> splitLayers(Ctx &c, const TrainingConfig &cfg,
 }
 
 /// The optimizer step on a device holding `mem`: memory-bound over its
-/// optimizer shard (Adam with fp32 master weights reads and writes about 28
-/// bytes per parameter: bf16 weight and gradient, fp32 master and two
-/// moments; SGD/momentum about 16), 10 FLOPs per parameter.
+/// optimizer shard, moving optimizerStepBytesPerParam per parameter (Adam
+/// with fp32 gradients, master and moments and a bf16 weight: 30), 10
+/// FLOPs per parameter.
 double optimizerStepTime(const Ctx &c, const TrainingConfig &cfg,
                          const MemoryBreakdown &mem, int gpuKind) {
   const PrecisionConfig &pr = cfg.precision;
@@ -355,7 +355,7 @@ double optimizerStepTime(const Ctx &c, const TrainingConfig &cfg,
                     (pr.masterWeights ? pr.masterBytes : 0);
   double shard = perParam > 0 ? mem.optimizer / perParam
                               : mem.params / std::max(1.0, pr.paramBytes);
-  double bytesPerParam = cfg.optimizer == Optimizer::Adam ? 28 : 16;
+  const double bytesPerParam = optimizerStepBytesPerParam(cfg.optimizer, pr);
   if (shard <= 0)
     return 0;
   auto e = c.cost.optimizerTime(10 * shard, bytesPerParam * shard,

@@ -89,6 +89,28 @@ TEST(StateMemory, OptimizersAndPrecision) {
   EXPECT_DOUBLE_EQ(stateMemory(1e9, 1, 0, Optimizer::Momentum)->optimizer, 8e9);
 }
 
+TEST(StateMemory, OptimizerStepBytesFollowThePrecision) {
+  PrecisionConfig fp32;
+  fp32.paramBytes = 4;
+  fp32.gradBytes = 4;
+  fp32.masterWeights = false;
+  // f32 Adam: read the gradient (4), read and write m and v (16), read and
+  // write the weight (8).
+  EXPECT_DOUBLE_EQ(optimizerStepBytesPerParam(Optimizer::Adam, fp32), 28);
+  EXPECT_DOUBLE_EQ(optimizerStepBytesPerParam(Optimizer::Momentum, fp32), 20);
+  EXPECT_DOUBLE_EQ(optimizerStepBytesPerParam(Optimizer::SGD, fp32), 12);
+  // bf16 with fp32 gradients and master (the default): gradient 4, moments
+  // 16, master read and write 8, bf16 weight written 2.
+  PrecisionConfig mixed;
+  EXPECT_DOUBLE_EQ(optimizerStepBytesPerParam(Optimizer::Adam, mixed), 30);
+  // bf16 gradients read 2.
+  mixed.gradBytes = 2;
+  EXPECT_DOUBLE_EQ(optimizerStepBytesPerParam(Optimizer::Adam, mixed), 28);
+  // 16-bit moments (an 8-bit-optimizer-like state of 2 bytes each).
+  mixed.optimizerStateBytes = 2;
+  EXPECT_DOUBLE_EQ(optimizerStepBytesPerParam(Optimizer::Adam, mixed), 20);
+}
+
 TEST(StateMemory, Errors) {
   EXPECT_FALSE(stateMemory(1, 0, 0, Optimizer::Adam));
   auto z = stateMemory(1, 2, 4, Optimizer::Adam);

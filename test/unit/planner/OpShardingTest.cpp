@@ -900,14 +900,15 @@ TEST(OpSearch, ZeroShardsTheOptimizerStep) {
     update[zero] = p->best.time.compute;
   }
   // compute = the micro-batches (the same for both) + the update, a
-  // memory-bound pass reading every state of 2.1M parameters and writing
-  // all but the gradient.
+  // memory-bound pass over 2.1M parameters: read the fp32 gradient (4),
+  // read and write the two fp32 moments (16) and the fp32 master (8),
+  // write the bf16 weight (2).
   const PrecisionConfig &pr = o.bytes;
+  ASSERT_TRUE(pr.masterWeights);
   const double elems = 2.0 * 512 * 2048;
-  const double perElem = pr.paramBytes + pr.gradBytes +
-                         2 * pr.optimizerStateBytes +
-                         (pr.masterWeights ? pr.masterBytes : 0.0);
-  const double moved = 2 * perElem - pr.gradBytes;
+  const double moved = pr.gradBytes + 4 * pr.optimizerStateBytes +
+                       2 * pr.masterBytes + pr.paramBytes;
+  EXPECT_EQ(moved, 30);
   const double bw = gpuPreset("a100-sxm-80gb")->memoryBandwidth * 0.9;
   EXPECT_NEAR((update[0] - update[1]) / (7.0 / 8 * elems * moved / bw), 1.0,
               1e-9);
