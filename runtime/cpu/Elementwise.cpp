@@ -429,6 +429,20 @@ Status selectKernel(const Instr &, Ins ins, Outs outs) {
 // which is what lets a result share an operand's bytes (in-place updates).
 
 constexpr int64_t kFusedBlock = 256;
+/// How many blocks ahead fusedSegments prefetches its streams.
+constexpr int64_t kFusedAhead = 2;
+
+/// Prefetches the cache lines of bytes [off, off + len) of `base`.
+inline void prefetchRange(const void *base, int64_t off, int64_t len,
+                          bool write) {
+  const char *p = static_cast<const char *>(base) + off;
+  for (int64_t i = 0; i < len; i += 64) {
+    if (write)
+      __builtin_prefetch(p + i, 1, 3);
+    else
+      __builtin_prefetch(p + i, 0, 3);
+  }
+}
 
 template <Unary K> void unaryRow(float *d, const float *a, int64_t n) {
   for (int64_t j = 0; j < n; ++j)
@@ -570,6 +584,22 @@ void fusedSegments(const fused::Program &p, Ins allIns, Outs allOuts) {
       const int64_t n = outs[0].numElements();
       const int64_t i0 = (blk - firstBlock[seg]) * kFusedBlock;
       const int64_t len = std::min(kFusedBlock, n - i0);
+      // The steps read one input each, one after another, so the hardware
+      // prefetcher sees short streams that stop and start: ask for the
+      // block kFusedAhead blocks on of every input and output now, so that
+      // all of them are in flight while this block computes (the
+      // momentum-style update of benchmarks/cpu_elementwise.cpp ran at a
+      // third of a hand loop's speed without).
+      if (const int64_t a = i0 + kFusedAhead * kFusedBlock; a < n) {
+        const int64_t aLen = std::min(kFusedBlock, n - a);
+        for (int64_t k = 0; k < numIn; ++k)
+          if (!ins[k].type.shape.empty())
+            prefetchRange(ins[k].data, a * dtypeSize(ins[k].type.dtype),
+                          aLen * dtypeSize(ins[k].type.dtype), false);
+        for (size_t o = 0; o < outs.size(); ++o)
+          prefetchRange(outs[o].data, a * dtypeSize(outs[o].type.dtype),
+                        aLen * dtypeSize(outs[o].type.dtype), true);
+      }
       for (int64_t k = 0; k < numIn; ++k) {
         if (ins[k].type.shape.empty())
           continue;
