@@ -101,10 +101,10 @@ Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
   L.push_back(fmt("f32 GEMM peak: %.1f GFLOP/s per device (%.0f devices at "
                   "once on %.0f kernel threads)",
                   peak32 * 1e-9, s.devices, s.threadsPerDevice));
-  // Size classes: the CPU backend runs a GEMM below 2^23 multiply-adds as
-  // one single-threaded call (docs/performance.md), so that is the class
-  // boundary here.
-  c.matmulSmallFlops = 2.0 * double(1 << 23);
+  // Size classes: the CPU backend runs a GEMM below 2^21 multiply-adds as
+  // one single-threaded call (kGemmSplitFlops, runtime/cpu/Matmul.cpp), so
+  // that is the class boundary here.
+  c.matmulSmallFlops = 2.0 * double(1 << 21);
   std::vector<double> small, large;
   for (const GemmSample &g : s.gemmF32)
     if (g.seconds > 0)

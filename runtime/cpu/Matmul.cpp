@@ -46,11 +46,14 @@ void sgemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
 }
 
 /// Rows or columns of C per block of a split GEMM, and the work (M*N*K
-/// multiply-adds, ~0.15 ms on one core) below which a GEMM stays one call:
-/// waking the pool for less cost more than it saved (an MLP's 32x784x256
-/// forward ran slower on two threads than on one).
+/// multiply-adds, ~40 us on one core) below which a GEMM stays one call.
+/// It was 2^23 while a fork-join of the pool cost 20-60 us (an MLP's
+/// 32x784x256 forward then ran slower on two threads than on one); at
+/// 0.6-10 us (ThreadPool.cpp) that forward, split in two column blocks,
+/// takes 0.090 ms on two threads against 0.166 on one (2^19 measured the
+/// same as 2^21 there).
 constexpr int64_t kGemmBlock = 128;
-constexpr int64_t kGemmSplitFlops = int64_t(1) << 23;
+constexpr int64_t kGemmSplitFlops = int64_t(1) << 21;
 
 /// The block of a split along `extent`: an eighth of it in multiples of
 /// kGemmBlock, between kGemmBlock and 4 kGemmBlock. Every sgemm call packs

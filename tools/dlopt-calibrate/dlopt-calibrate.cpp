@@ -302,14 +302,16 @@ int main(int argc, char **argv) {
   const int reps = quick ? 2 : 5;
 
   // GEMMs: square, and the shapes of transformer layers and LM heads on
-  // this backend's scale, both size classes (below and above 2^23
-  // multiply-adds).
+  // this backend's scale, both size classes (below and above 2^21
+  // multiply-adds, where the kernel starts to split a GEMM).
   std::vector<std::array<int64_t, 3>> f32Shapes =
-      quick ? std::vector<std::array<int64_t, 3>>{{128, 128, 128},
+      quick ? std::vector<std::array<int64_t, 3>>{{64, 128, 128},
+                                                  {128, 128, 128},
                                                   {256, 256, 256},
                                                   {512, 512, 512},
                                                   {512, 1024, 256}}
             : std::vector<std::array<int64_t, 3>>{
+                  {64, 64, 64},     {64, 128, 128},    {32, 256, 128},
                   {128, 128, 128},  {256, 256, 256},   {128, 768, 256},
                   {512, 512, 512},  {1024, 1024, 1024}, {512, 768, 768},
                   {512, 3072, 768}, {512, 768, 3072},  {512, 8192, 256},
