@@ -20,6 +20,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "benchmarks/BenchUtil.h"
 #include "runtime/cpu/CpuKernels.h"
 #include "runtime/cpu/ThreadPool.h"
 #include "runtime/format/FusedProgram.h"
@@ -36,21 +37,10 @@
 #include <vector>
 
 using namespace dlopt::rt;
+using dlopt::bench::bestSeconds;
 using dlopt::rt::fused::OpCode;
 
 namespace {
-
-double bestSeconds(int reps, const std::function<void()> &fn) {
-  fn();
-  double best = 1e30;
-  for (int i = 0; i < reps; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    fn();
-    auto t1 = std::chrono::steady_clock::now();
-    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
-  }
-  return best;
-}
 
 /// Runs body(begin, end) over [0, n) split into one contiguous share per
 /// kernel-pool thread.
@@ -65,9 +55,12 @@ void forShares(int64_t n, const std::function<void(int64_t, int64_t)> &body) {
 
 struct Case {
   std::string name;
+  /// Its inputs are tensors of n elements, but for a last rank-0 one
+  /// where scalarLr (the momentum's learning rate); so are its results.
   fused::Program program;
-  int inputs = 0, outputs = 0; ///< tensors of n elements
-  bool scalarLr = false;       ///< one more rank-0 input (the momentum lr)
+  bool scalarLr = false;
+  int tensorInputs() const { return program.numInputs - (scalarLr ? 1 : 0); }
+  int results() const { return int(program.outputs.size()); }
   std::function<void(const std::vector<const float *> &,
                      const std::vector<float *> &, int64_t, int64_t)>
       hand;
@@ -82,8 +75,6 @@ std::vector<Case> cases() {
     c.program.consts = {2.0};
     c.program.steps = {{OpCode::Mul, 0, 1}};
     c.program.outputs = {2};
-    c.inputs = 1;
-    c.outputs = 1;
     c.hand = [](auto &in, auto &o, int64_t b, int64_t e) {
       const float *x = in[0];
       float *y = o[0];
@@ -98,8 +89,6 @@ std::vector<Case> cases() {
     c.program.numInputs = 2;
     c.program.steps = {{OpCode::Add, 0, 1}};
     c.program.outputs = {2};
-    c.inputs = 2;
-    c.outputs = 1;
     c.hand = [](auto &in, auto &o, int64_t b, int64_t e) {
       const float *x = in[0], *z = in[1];
       float *y = o[0];
@@ -122,8 +111,6 @@ std::vector<Case> cases() {
                        {OpCode::Mul, 10, 3},  // 11
                        {OpCode::Sub, 2, 11}}; // 12 = p'
     c.program.outputs = {7, 12};
-    c.inputs = 3;
-    c.outputs = 2;
     c.scalarLr = true;
     c.hand = [](auto &in, auto &o, int64_t b, int64_t e) {
       const float *m = in[0], *g = in[1], *p = in[2];
@@ -143,8 +130,6 @@ std::vector<Case> cases() {
     c.program.numInputs = 1;
     c.program.steps = {{OpCode::GeluTanh, 0, -1}};
     c.program.outputs = {1};
-    c.inputs = 1;
-    c.outputs = 1;
     // glibc's scalar tanhf: what a plain loop gets.
     c.hand = [](auto &in, auto &o, int64_t b, int64_t e) {
       const float *x = in[0];
@@ -212,7 +197,7 @@ int main(int argc, char **argv) {
     instr.loc = "bench";
     std::vector<TensorRef> ins, outs;
     std::vector<const float *> inPtrs;
-    for (int i = 0; i < c.inputs; ++i) {
+    for (int i = 0; i < c.tensorInputs(); ++i) {
       ins.push_back({tensors[size_t(i)].data(), {DType::F32, {n}}});
       inPtrs.push_back(tensors[size_t(i)].data());
     }
@@ -221,8 +206,8 @@ int main(int argc, char **argv) {
       inPtrs.push_back(&lr);
     }
     std::vector<float *> outPtrs = {outA.data(), outB.data()};
-    outPtrs.resize(size_t(c.outputs));
-    for (int i = 0; i < c.outputs; ++i)
+    outPtrs.resize(size_t(c.results()));
+    for (int i = 0; i < c.results(); ++i)
       outs.push_back({outPtrs[size_t(i)], {DType::F32, {n}}});
     for (size_t i = 0; i < ins.size(); ++i)
       instr.operands.push_back(int32_t(i));
@@ -244,7 +229,8 @@ int main(int argc, char **argv) {
     const double tHand = bestSeconds(reps, [&] {
       forShares(n, [&](int64_t b, int64_t e) { c.hand(inPtrs, outPtrs, b, e); });
     });
-    const double bytes = double(c.inputs + c.outputs) * double(n) * 4;
+    const double bytes =
+        double(c.tensorInputs() + c.results()) * double(n) * 4;
     std::printf("  %-18s %10.2f %12.2f %10.2f %12.2f %10.2f %11.0f%%\n",
                 c.name.c_str(), tKernel * 1e3, bytes / tKernel * 1e-9,
                 tHand * 1e3, bytes / tHand * 1e-9, tKernel / tHand,

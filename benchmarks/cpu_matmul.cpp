@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "benchmarks/BenchUtil.h"
 #include "runtime/cpu/CpuKernels.h"
 
 #include <cblas.h>
@@ -19,23 +20,7 @@
 #include <vector>
 
 using namespace dlopt::rt;
-
-namespace {
-
-/// Best-of-`reps` wall time of `fn` in seconds, after one warm-up call.
-double bestSeconds(int reps, const std::function<void()> &fn) {
-  fn();
-  double best = 1e30;
-  for (int i = 0; i < reps; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    fn();
-    auto t1 = std::chrono::steady_clock::now();
-    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
-  }
-  return best;
-}
-
-} // namespace
+using dlopt::bench::bestSeconds;
 
 int main(int argc, char **argv) {
   int64_t m = 1024, n = 1024, k = 1024;

@@ -95,16 +95,19 @@ Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
   const double peak32 = std::max(peakOf(s.gemmF32), peakOf(s.gemmGrid));
   if (peakOf(s.gemmF32) <= 0)
     return Status::error("calibration: no timed f32 GEMM samples");
+  if (!(s.gemmSplitMultiplyAdds > 0))
+    return Status::error(
+        "calibration: expected the GEMM split size (multiply-adds) > 0, got " +
+        std::to_string(s.gemmSplitMultiplyAdds));
   MachineCalibration out;
   Calibration &c = out.calibration;
   auto &L = out.lines;
   L.push_back(fmt("f32 GEMM peak: %.1f GFLOP/s per device (%.0f devices at "
                   "once on %.0f kernel threads)",
                   peak32 * 1e-9, s.devices, s.threadsPerDevice));
-  // Size classes: the CPU backend runs a GEMM below 2^21 multiply-adds as
-  // one single-threaded call (kGemmSplitFlops, runtime/cpu/Matmul.cpp), so
-  // that is the class boundary here.
-  c.matmulSmallFlops = 2.0 * double(1 << 21);
+  // Size classes: the backend runs a GEMM below its split size as one
+  // single-threaded call, so that is the class boundary here.
+  c.matmulSmallFlops = 2.0 * s.gemmSplitMultiplyAdds;
   std::vector<double> small, large;
   for (const GemmSample &g : s.gemmF32)
     if (g.seconds > 0)

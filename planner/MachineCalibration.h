@@ -38,6 +38,10 @@ struct MachineSamples {
   int hostCores = 0;
   double hostMemoryBytes = 0;
   std::vector<GemmSample> gemmF32, gemmBf16, gemmF16;
+  /// Multiply-adds from which the backend splits a GEMM over its threads
+  /// (the CPU backend's gemmSplitMultiplyAdds): the boundary of the GEMM
+  /// size classes. Required (> 0).
+  double gemmSplitMultiplyAdds = 0;
   /// f32 GEMMs on a grid (every combination of a few m, n and k): the
   /// calibration's gemm_table. Optional.
   std::vector<GemmSample> gemmGrid;

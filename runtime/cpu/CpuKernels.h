@@ -46,6 +46,11 @@ bool hasKernel(const std::string &op);
 void setNumThreads(int n);
 int numThreads();
 
+/// The multiply-adds (M*N*K) from which a GEMM is split over the kernel
+/// pool; smaller ones run as one single-threaded call (Matmul.cpp).
+/// dlopt-calibrate reports it as the GEMM size-class boundary.
+int64_t gemmSplitMultiplyAdds();
+
 /// Makes the BLAS single-threaded and stops OpenBLAS's idle server threads
 /// (every GEMM is split by the kernel pool instead: Matmul.cpp). Called by
 /// the CPU backend at start and by the first GEMM; idempotent.

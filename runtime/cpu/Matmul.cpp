@@ -67,6 +67,8 @@ int64_t gemmBlockOf(int64_t extent) {
 
 } // namespace
 
+int64_t gemmSplitMultiplyAdds() { return kGemmSplitFlops; }
+
 void useSerialBlas() {
   static std::once_flag once;
   std::call_once(once, [] {

@@ -302,8 +302,9 @@ int main(int argc, char **argv) {
   const int reps = quick ? 2 : 5;
 
   // GEMMs: square, and the shapes of transformer layers and LM heads on
-  // this backend's scale, both size classes (below and above 2^21
-  // multiply-adds, where the kernel starts to split a GEMM).
+  // this backend's scale, both size classes (below and above the
+  // multiply-adds where the kernel starts to split a GEMM: 2^21).
+  s.gemmSplitMultiplyAdds = double(cpu::gemmSplitMultiplyAdds());
   std::vector<std::array<int64_t, 3>> f32Shapes =
       quick ? std::vector<std::array<int64_t, 3>>{{64, 128, 128},
                                                   {128, 128, 128},

@@ -56,6 +56,7 @@ MachineSamples samples() {
   s.threadsPerDevice = 2;
   s.hostCores = 2;
   s.hostMemoryBytes = 16.0 * (1ull << 30);
+  s.gemmSplitMultiplyAdds = double(1 << 21); // the CPU backend's
   // 100 GFLOP/s at the best large shape, 80 at another, 25 and 35 small.
   auto at = [](int64_t m, int64_t n, int64_t k, double rate) {
     GemmSample g{m, n, k, 0};
@@ -166,6 +167,11 @@ TEST(MachineCalibration, RefusesWhatItCannotDerive) {
   s = samples();
   s.devices = 0;
   EXPECT_FALSE(calibrateMachine(s));
+  s = samples();
+  s.gemmSplitMultiplyAdds = 0;
+  r = calibrateMachine(s);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.status().message().find("GEMM split size"), std::string::npos);
   s = samples();
   s.inProcess = {{2, 4096, 1e-5}};
   r = calibrateMachine(s);

@@ -927,6 +927,25 @@ TEST(FixGrammar, Divisors) {
   EXPECT_EQ(divisorsOf(36), (std::vector<int64_t>{1, 2, 3, 4, 6, 9, 12, 18, 36}));
 }
 
+namespace {
+/// The transformer search's pricing context for bf16 training on one DGX
+/// H100 node, pacing GPU set, with an empty graph: for tests that price a
+/// single piece (a GEMM, the optimizer step) directly.
+struct H100Pricing {
+  GraphSummary g;
+  Cluster cl = *resolveCluster("dgx-h100");
+  CostModel cost;
+  SearchOptions o = [] {
+    SearchOptions o;
+    o.training = true;
+    o.precision = Precision::BF16;
+    return o;
+  }();
+  pricing::Ctx c{g, cl, cost, o};
+  H100Pricing() { c.gpu = *gpuPreset("h100-sxm-80gb"); }
+};
+} // namespace
+
 // The backward GEMMs at their own shapes: a 1024-token micro-batch through
 // a 4096 x 4096 weight on an H100. The input gradient has the forward's
 // shape; the weight gradient, [4096, 1024] x [1024, 4096], has 4 waves of
@@ -934,14 +953,9 @@ TEST(FixGrammar, Divisors) {
 // loop of 1024 against the forward's 4096: K shares 1024/1216 against
 // 4096/4288. What trainingTime's ratio of 2 misses is that difference.
 TEST(Search, BackwardGemmsArePricedAtTheirOwnShapes) {
-  GraphSummary g;
-  Cluster cl = *resolveCluster("dgx-h100");
-  CostModel cost;
-  SearchOptions o;
-  o.training = true;
-  o.precision = Precision::BF16;
-  pricing::Ctx c{g, cl, cost, o};
-  c.gpu = *gpuPreset("h100-sxm-80gb");
+  H100Pricing h;
+  pricing::Ctx &c = h.c;
+  const CostModel &cost = h.cost;
   pricing::GroupGemm gm;
   gm.perSample = GemmShape{1024, 4096, 4096};
   const double fwd = c.gemmTime(gm, 1, 1, -1);
@@ -983,14 +997,9 @@ TEST(Search, BackwardGemmsArePricedAtTheirOwnShapes) {
 // parameters of Adam state under bf16 with fp32 gradients move 30 GB, in
 // f32 28 GB; plain SGD (no state: the shard comes from the weights) 12 GB.
 TEST(Search, OptimizerStepMovesTheBytesOfItsPrecision) {
-  GraphSummary g;
-  Cluster cl = *resolveCluster("dgx-h100");
-  CostModel cost;
-  SearchOptions o;
-  o.training = true;
-  o.precision = Precision::BF16;
-  pricing::Ctx c{g, cl, cost, o};
-  c.gpu = *gpuPreset("h100-sxm-80gb");
+  H100Pricing h;
+  pricing::Ctx &c = h.c;
+  const CostModel &cost = h.cost;
   auto expected = [&](double params, double bytesPerParam) {
     return cost
         .optimizerTime(10 * params, bytesPerParam * params,
