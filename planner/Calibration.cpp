@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <tuple>
@@ -78,6 +79,10 @@ const Entry kEntries[] = {
      Range::NonNegative, "GB/s",
      "bytes read + written per second by the optimizer update (0: the "
      "memory bandwidth times memory_bandwidth_efficiency)"},
+    {"cache_mib", &Calibration::cacheBytes, kMiB, Range::NonNegative, "MiB",
+     "bytes read + written up to which a memory-bound op runs at its "
+     "op_gb_s rate (its data stays in the cache); larger ops run no faster "
+     "than the memory bandwidth (0: at any size)"},
     {"intra_node_bus_efficiency", &Calibration::intraNodeBusEfficiency, 1,
      Range::Efficiency, "fraction",
      "NCCL bus bandwidth / link bandwidth inside a node"},
@@ -240,11 +245,114 @@ Expected<std::vector<GemmTableRow>> parseGemmTable(const nlohmann::json &v) {
   return rows;
 }
 
+constexpr const char *kOpRateKey = "op_gb_s";
+constexpr double kGB = 1e9;
+
+Status checkOpBandwidth(const std::array<double, kNumMemoryClasses> &r) {
+  for (size_t i = 0; i < r.size(); ++i)
+    if (!std::isfinite(r[i] / kGB) || r[i] < 0)
+      return Status::error(std::string(kOpRateKey) + "." +
+                           memoryClassName(MemoryClass(i)) +
+                           ": expected a number >= 0, got " + fmt(r[i] / kGB));
+  return Status::ok();
+}
+
+Expected<std::array<double, kNumMemoryClasses>>
+parseOpBandwidth(const nlohmann::json &v,
+                 std::array<double, kNumMemoryClasses> r) {
+  auto known = [] {
+    std::string k;
+    for (size_t i = 0; i < kNumMemoryClasses; ++i)
+      k += std::string(i ? ", " : "") + memoryClassName(MemoryClass(i));
+    return k;
+  };
+  if (!v.is_object())
+    return Status::error(std::string(kOpRateKey) +
+                         ": expected an object of GB/s by op class (" +
+                         known() + "), got " + std::string(v.type_name()));
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    size_t cls = kNumMemoryClasses;
+    for (size_t i = 0; i < kNumMemoryClasses; ++i)
+      if (it.key() == memoryClassName(MemoryClass(i)))
+        cls = i;
+    if (cls == kNumMemoryClasses)
+      return Status::error(std::string(kOpRateKey) + ": unknown op class '" +
+                           it.key() + "' (known: " + known() + ")");
+    if (!it.value().is_number())
+      return Status::error(std::string(kOpRateKey) + "." + it.key() +
+                           ": expected a number, got " +
+                           std::string(it.value().type_name()));
+    const double gbs = it.value().get<double>();
+    if (!std::isfinite(gbs * kGB) || gbs < 0)
+      return Status::error(std::string(kOpRateKey) + "." + it.key() +
+                           ": expected a number >= 0, got " + fmt(gbs));
+    r[cls] = gbs * kGB;
+  }
+  return r;
+}
+
 } // namespace
+
+const char *memoryClassName(MemoryClass c) {
+  switch (c) {
+  case MemoryClass::Stream:
+    return "stream";
+  case MemoryClass::Transcendental:
+    return "transcendental";
+  case MemoryClass::Norm:
+    return "norm";
+  case MemoryClass::Softmax:
+    return "softmax";
+  case MemoryClass::BatchNorm:
+    return "batch_norm";
+  case MemoryClass::Pool:
+    return "pool";
+  }
+  return "?";
+}
+
+MemoryClass memoryClassOf(std::string_view op) {
+  if (op.substr(0, 6) == "dlopt.")
+    op.remove_prefix(6);
+  static const std::pair<const char *, MemoryClass> kOps[] = {
+      {"exp", MemoryClass::Transcendental},
+      {"log", MemoryClass::Transcendental},
+      {"tanh", MemoryClass::Transcendental},
+      {"sin", MemoryClass::Transcendental},
+      {"cos", MemoryClass::Transcendental},
+      {"sigmoid", MemoryClass::Transcendental},
+      {"silu", MemoryClass::Transcendental},
+      {"gelu", MemoryClass::Transcendental},
+      {"gelu_grad", MemoryClass::Transcendental},
+      {"pow", MemoryClass::Transcendental},
+      {"dropout", MemoryClass::Transcendental},
+      {"layer_norm", MemoryClass::Norm},
+      {"rms_norm", MemoryClass::Norm},
+      {"layer_norm_grad", MemoryClass::Norm},
+      {"rms_norm_grad", MemoryClass::Norm},
+      {"softmax", MemoryClass::Softmax},
+      {"log_softmax", MemoryClass::Softmax},
+      {"softmax_grad", MemoryClass::Softmax},
+      {"log_softmax_grad", MemoryClass::Softmax},
+      {"cross_entropy", MemoryClass::Softmax},
+      {"cross_entropy_grad", MemoryClass::Softmax},
+      {"batch_norm", MemoryClass::BatchNorm},
+      {"batch_norm_grad", MemoryClass::BatchNorm},
+      {"max_pool2d", MemoryClass::Pool},
+      {"avg_pool2d", MemoryClass::Pool},
+      {"max_pool2d_grad", MemoryClass::Pool},
+      {"avg_pool2d_grad", MemoryClass::Pool},
+  };
+  for (const auto &[name, cls] : kOps)
+    if (op == name)
+      return cls;
+  return MemoryClass::Stream;
+}
 
 Status Calibration::validate() const {
   for (const Entry &e : kEntries)
     DLOPT_RETURN_IF_ERROR(checkRange(e, this->*e.field / e.scale));
+  DLOPT_RETURN_IF_ERROR(checkOpBandwidth(opBandwidth));
   return checkGemmTable(gemmTable);
 }
 
@@ -258,6 +366,14 @@ std::string Calibration::toJson() const {
       rows.push_back({r.m, r.n, r.k, r.efficiency});
     j[kGemmTableKey] = rows;
   }
+  if (std::any_of(opBandwidth.begin(), opBandwidth.end(),
+                  [](double r) { return r > 0; })) {
+    nlohmann::ordered_json rates;
+    for (size_t i = 0; i < kNumMemoryClasses; ++i)
+      if (opBandwidth[i] > 0)
+        rates[memoryClassName(MemoryClass(i))] = opBandwidth[i] / kGB;
+    j[kOpRateKey] = rates;
+  }
   return j.dump(2);
 }
 
@@ -269,6 +385,11 @@ const std::vector<CalibrationKey> &calibrationKeys() {
     k.push_back({kGemmTableKey, "rows [m, n, k, fraction]",
                  "GEMM efficiency measured on a grid of shapes, for devices "
                  "without an SM count (interpolated between grid points)"});
+    k.push_back({kOpRateKey, "object of GB/s by op class",
+                 "bytes read + written per second of memory-bound ops with "
+                 "their data in the cache, by class: stream, transcendental, "
+                 "norm, softmax, batch_norm, pool (absent or 0: the memory "
+                 "bandwidth times memory_bandwidth_efficiency)"});
     return k;
   }();
   return keys;
@@ -295,6 +416,13 @@ Expected<Calibration> parseCalibration(std::string_view text,
       c.gemmTable = rows.take();
       continue;
     }
+    if (it.key() == kOpRateKey) {
+      auto rates = parseOpBandwidth(it.value(), c.opBandwidth);
+      if (!rates)
+        return Status::error(where + rates.status().message());
+      c.opBandwidth = *rates;
+      continue;
+    }
     const Entry *entry = nullptr;
     for (const Entry &e : kEntries)
       if (it.key() == e.name)
@@ -303,7 +431,7 @@ Expected<Calibration> parseCalibration(std::string_view text,
       std::string known;
       for (const Entry &e : kEntries)
         known += std::string(known.empty() ? "" : ", ") + e.name;
-      known += std::string(", ") + kGemmTableKey;
+      known += std::string(", ") + kGemmTableKey + ", " + kOpRateKey;
       return Status::error(where + "unknown calibration key '" + it.key() +
                            "' (known: " + known + ")");
     }

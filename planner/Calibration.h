@@ -9,6 +9,7 @@
 
 #include "runtime/support/Status.h"
 
+#include <array>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,6 +24,21 @@ using rt::Status;
 struct GemmTableRow {
   double m = 0, n = 0, k = 0, efficiency = 0;
 };
+
+/// What limits a memory-bound op where the calibration measured op rates
+/// (op_gb_s; dlopt-calibrate times one op of each class on a CPU): plain
+/// streams (adds, ReLU, copies, casts, reductions), transcendental
+/// elementwise ops (exp, tanh, GELU, SiLU, sigmoid, pow, dropout's random
+/// numbers), row norms (layer_norm, rms_norm), softmaxes and the cross
+/// entropy, batch norms, and pooling. Gradients take their op's class.
+enum class MemoryClass { Stream, Transcendental, Norm, Softmax, BatchNorm, Pool };
+constexpr size_t kNumMemoryClasses = 6;
+/// The op_gb_s key of a class: "stream", "transcendental", "norm",
+/// "softmax", "batch_norm", "pool".
+const char *memoryClassName(MemoryClass c);
+/// The class of a dlopt op, by its mnemonic with or without "dlopt.";
+/// ops not listed above are streams.
+MemoryClass memoryClassOf(std::string_view op);
 
 /// Empirical constants. Efficiencies are fractions of a hardware peak in
 /// (0, 1]; times are seconds; sizes are bytes. JSON keys are the snake_case
@@ -55,6 +71,24 @@ struct Calibration {
   /// stored in bytes/s); 0 prices it at the memory bandwidth times
   /// memory_bandwidth_efficiency. dlopt-calibrate measures it on CPUs.
   double optimizerBandwidth = 0;
+  /// op_gb_s: bytes read + written per second of memory-bound ops of each
+  /// class (index: MemoryClass) with their data in the cache; 0 where not
+  /// measured (such ops run at the memory bandwidth times
+  /// memory_bandwidth_efficiency). Stored in bytes/s.
+  std::array<double, kNumMemoryClasses> opBandwidth{};
+  /// cache_mib: bytes read + written up to which a memory-bound op with an
+  /// op_gb_s rate keeps its data in the cache; above it (and at any size
+  /// when 0) it runs no faster than the memory bandwidth.
+  double cacheBytes = 0;
+  bool hasOpBandwidth(MemoryClass c) const {
+    return opBandwidth[size_t(c)] > 0;
+  }
+  bool hasAnyOpBandwidth() const {
+    for (double r : opBandwidth)
+      if (r > 0)
+        return true;
+    return false;
+  }
 
   // Communication: NCCL bus-bandwidth efficiency and per-call latency.
   double intraNodeBusEfficiency = 0.80;  ///< intra_node_bus_efficiency

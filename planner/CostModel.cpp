@@ -231,6 +231,31 @@ Expected<ComputeEstimate> CostModel::optimizerTime(double flops, double bytes,
   return e;
 }
 
+double CostModel::memoryTime(MemoryClass cls, double bytes,
+                             const GpuSpec &gpu) const {
+  if (!(bytes > 0))
+    return 0;
+  const double dram = gpu.memoryBandwidth * cal_.memoryBandwidthEfficiency;
+  const double t = dram > 0 ? bytes / dram : 0;
+  if (!cal_.hasOpBandwidth(cls))
+    return t;
+  const double own = bytes / cal_.opBandwidth[size_t(cls)];
+  return bytes <= cal_.cacheBytes ? own : std::max(own, t);
+}
+
+Expected<ComputeEstimate> CostModel::elementwiseTime(MemoryClass cls,
+                                                     double flops, double bytes,
+                                                     Precision precision,
+                                                     const GpuSpec &gpu) const {
+  auto e = computeTime(OpCost{OpKind::Elementwise, precision, flops, bytes},
+                       gpu);
+  if (!e || !cal_.hasOpBandwidth(cls))
+    return e;
+  e->memoryTime = memoryTime(cls, bytes, gpu);
+  e->time = std::max(e->computeTime, e->memoryTime);
+  return e;
+}
+
 Expected<ComputeEstimate> CostModel::computeTime(const OpCost &op,
                                                  const GpuSpec &gpu) const {
   return roofline(op, gpu, [&] { return computeEfficiency(op); });

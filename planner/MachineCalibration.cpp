@@ -152,19 +152,48 @@ Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
   double bandwidth = 0;
   std::vector<double> rates;
   std::string each;
-  for (const MachineSamples::StreamSample &st : s.streams)
-    if (st.seconds > 0 && st.bytes > 0) {
-      rates.push_back(st.bytes / st.seconds);
-      each += (each.empty() ? "" : ", ") + st.op + " " +
-              fmt("%.1f", rates.back() * 1e-9);
+  std::vector<double> classRates[kNumMemoryClasses];
+  for (const MachineSamples::StreamSample &st : s.streams) {
+    if (!(st.seconds > 0 && st.bytes > 0))
+      continue;
+    if (st.cached) {
+      classRates[size_t(memoryClassOf(st.op))].push_back(st.bytes /
+                                                          st.seconds);
+      continue;
     }
+    rates.push_back(st.bytes / st.seconds);
+    each += (each.empty() ? "" : ", ") + st.op + " " +
+            fmt("%.1f", rates.back() * 1e-9);
+  }
   if (!rates.empty()) {
     bandwidth = median(rates);
     c.memoryBandwidthEfficiency = 1.0;
-    L.push_back(fmt("memory-bound kernels: %.2f GB/s (the median; bytes read "
-                    "+ written)",
+    L.push_back(fmt("memory bandwidth: %.2f GB/s (bytes read + written, "
+                    "data beyond the caches; ",
                     bandwidth * 1e-9) +
-                " of " + each + " GB/s");
+                each + " GB/s)");
+  }
+  std::string ops;
+  for (size_t i = 0; i < kNumMemoryClasses; ++i)
+    if (!classRates[i].empty()) {
+      c.opBandwidth[i] = median(classRates[i]);
+      ops += (ops.empty() ? "" : ", ") +
+             std::string(memoryClassName(MemoryClass(i))) + " " +
+             fmt("%.1f", c.opBandwidth[i] * 1e-9);
+    }
+  if (!ops.empty()) {
+    // An op's bytes up to half the device's share of the cache: the rest
+    // holds the other tensors a step keeps live around it.
+    c.cacheBytes = s.cacheBytes / 2;
+    L.push_back("memory-bound ops with their data in the cache (op_gb_s): " +
+                ops + " GB/s; " +
+                (c.cacheBytes > 0
+                     ? fmt("up to %.1f MiB an op (cache_mib: half the "
+                           "device's %.1f MiB of last-level cache)",
+                           c.cacheBytes / double(1 << 20),
+                           s.cacheBytes / double(1 << 20))
+                     : std::string("cache size unknown: every op also no "
+                                   "faster than the memory bandwidth")));
   }
   if (s.optimizerSeconds > 0 && s.optimizerBytes > 0) {
     c.optimizerBandwidth = s.optimizerBytes / s.optimizerSeconds;

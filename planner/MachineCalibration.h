@@ -46,13 +46,18 @@ struct MachineSamples {
   /// calibration's gemm_table. Optional.
   std::vector<GemmSample> gemmGrid;
   double attentionFlops = 0, attentionSeconds = 0; ///< f32 forward
-  /// Memory-bound kernels: bytes read + written and their time; the
-  /// median bandwidth is the device's.
+  /// Memory-bound kernels: bytes read + written and their time. Samples
+  /// whose data outgrows the caches give the device's memory bandwidth
+  /// (their median); `cached` ones, whose data stays in the cache, give
+  /// the rate of their op's class (op_gb_s; the median per class).
   struct StreamSample {
     std::string op;
     double bytes = 0, seconds = 0;
+    bool cached = false;
   };
   std::vector<StreamSample> streams;
+  /// The device's share of the last-level cache (bytes; 0 unknown).
+  double cacheBytes = 0;
   /// The fused AdamW update: bytes read + written and their time.
   double optimizerBytes = 0, optimizerSeconds = 0;
   double dispatchSeconds = 0; ///< one tiny op through the kernel dispatch

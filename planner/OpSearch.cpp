@@ -161,14 +161,26 @@ struct Ctx {
     return e ? e->time : 0;
   }
 
+  /// A memory-bound op of class `cls` (CostModel::elementwiseTime: at the
+  /// class's measured rate where the calibration has one).
+  double elementwise(MemoryClass cls, double flops, double bytes) const {
+    if (flops <= 0 && bytes <= 0)
+      return 0;
+    auto e = cost.elementwiseTime(cls, std::max(0.0, flops),
+                                  std::max(0.0, bytes), opt.precision, gpu);
+    return e ? e->time : 0;
+  }
+
   /// Forward time of `op` run by strategy `st` on one of t ranks, moving
   /// `bytes` (opBytes): its FLOPs divided by the strategy's divisor against
   /// those bytes. On GPUs matmuls keep the size classes here: pricing them
   /// by their shape on the rank (CostModel::gemmTime) swings strategy
   /// choices on wave quantization that the tile menu overstates for
   /// single-wave grids (docs/cost-model.md, "GEMM efficiency by shape").
-  /// Where gemmsByShape(), a matmul is its rank's GEMM (rankGemm) at the
-  /// measured grid's efficiency.
+  /// Where gemmsByShape(), a matmul is its rank's GEMM (rankGemm) and a
+  /// conv2d its rank's im2col GEMM (rankConvGemms) at the measured grid's
+  /// efficiency. Other ops are memory-bound by their class
+  /// (memoryClassOf).
   double forwardTime(const Solved &s, const OpNode &op, const Strategy &st,
                      double flops, double bytes, int t) const;
 
@@ -190,8 +202,10 @@ struct Ctx {
   /// adds its gradient GEMMs at their own shapes: dA = dC B^T (m x k,
   /// inner n) when A needs a gradient, dB = A^T dC (k x n, inner m) when B
   /// does; dlopt-autodiff emits no GEMM for an operand without one (data,
-  /// a first layer's input). Other ops take backward_flops_ratio (or the
-  /// graph's measured ratio) times their forward.
+  /// a first layer's input). A conv2d priced by shape adds its input
+  /// gradient's GEMM (when x needs one) and its filter gradient's (when the
+  /// filter does). Other ops take backward_flops_ratio (or the graph's
+  /// measured ratio) times their forward.
   double stepTime(const Solved &s, const OpNode &op, const Strategy &st,
                   double fwd, int t) const;
 };
@@ -204,18 +218,53 @@ struct Ctx {
 std::optional<GemmShape> rankGemm(const Solved &s, const OpNode &op,
                                   const Strategy &st, int t);
 
+/// The GEMMs one of t ranks runs for conv2d `op` under `st`
+/// (runtime/cpu/Conv.cpp lowers each group to im2col and a GEMM over all
+/// the images' output pixels): the forward W_g [og, ckk] x col [ckk, cols],
+/// the input gradient W_g^T dy_g [ckk, cols] (inner og) and the filter
+/// gradient dy_g col^T [og, ckk] (inner cols), each `groups` times, with
+/// og = O / groups, ckk = C / groups * KH * KW, cols = N * OH * OW from the
+/// operands' shapes on the rank. nullopt for shapes it cannot read.
+struct ConvGemms {
+  GemmShape forward, gradInput, gradFilter;
+};
+std::optional<ConvGemms> rankConvGemms(const Solved &s, const OpNode &op,
+                                       const Strategy &st, int t);
+
 double Ctx::forwardTime(const Solved &s, const OpNode &op, const Strategy &st,
                         double flops, double bytes, int t) const {
   if (op.kind == OpClass::Matmul && gemmsByShape())
     if (auto g = rankGemm(s, op, st, t))
       return gemm(*g, bytes);
-  return roofline(rooflineKind(op), flops / st.divisor, bytes);
+  if (op.kind == OpClass::Conv2D && gemmsByShape())
+    if (auto g = rankConvGemms(s, op, st, t))
+      return gemm(g->forward, bytes);
+  const OpKind kind = rooflineKind(op);
+  if (kind == OpKind::Elementwise)
+    return elementwise(memoryClassOf(op.op), flops / st.divisor, bytes);
+  return roofline(kind, flops / st.divisor, bytes);
 }
 
 double Ctx::stepTime(const Solved &s, const OpNode &op, const Strategy &st,
                      double fwd, int t) const {
   if (!train)
     return fwd;
+  if (op.kind == OpClass::Conv2D && gemmsByShape()) {
+    auto g = rankConvGemms(s, op, st, t);
+    if (!g)
+      return fwd * (1 + ratio);
+    // Each gradient reads two of x, W, dy and writes the third's gradient.
+    const double bytes =
+        (g->forward.m * g->forward.k + g->forward.k * g->forward.n +
+         g->forward.m * g->forward.n) *
+        double(op.elemBytes) * g->forward.batch;
+    double bwd = 0;
+    if (s.geo.operand(op.id, 0).needsGrad)
+      bwd += gemm(g->gradInput, bytes);
+    if (s.geo.operand(op.id, 1).needsGrad)
+      bwd += gemm(g->gradFilter, bytes);
+    return fwd + bwd;
+  }
   if (op.kind != OpClass::Matmul || !gemmsByShape())
     return fwd * (1 + ratio);
   auto g = rankGemm(s, op, st, t);
@@ -272,6 +321,33 @@ std::optional<GemmShape> rankGemm(const Solved &s, const OpNode &op,
   if (!(m > 0 && n > 0 && k > 0))
     return std::nullopt;
   return GemmShape{m, n, k, batch};
+}
+
+std::optional<ConvGemms> rankConvGemms(const Solved &s, const OpNode &op,
+                                       const Strategy &st, int t) {
+  if (op.operands.size() < 2 || op.shape.size() != 4 || op.groups < 1)
+    return std::nullopt;
+  std::vector<int64_t> sx = s.geo.operand(op.id, 0).shape,
+                       sw = s.geo.operand(op.id, 1).shape;
+  if (sx.size() != 4 || sw.size() != 4)
+    return std::nullopt;
+  auto split = [&](std::vector<int64_t> &shape, size_t i) {
+    if (i < st.operands.size() && st.operands[i].kind == Layout::S &&
+        st.operands[i].dim >= 0 && size_t(st.operands[i].dim) < shape.size())
+      shape[size_t(st.operands[i].dim)] =
+          (shape[size_t(st.operands[i].dim)] + t - 1) / t;
+  };
+  split(sx, 0);
+  split(sw, 1);
+  const double groups = double(op.groups);
+  const double og = double(sw[0]) / groups;
+  const double ckk = double(sw[1]) * double(sw[2]) * double(sw[3]);
+  const double cols = double(sx[0]) * double(op.shape[2]) * double(op.shape[3]);
+  if (!(og >= 1 && ckk > 0 && cols > 0))
+    return std::nullopt;
+  return ConvGemms{GemmShape{og, cols, ckk, groups},
+                   GemmShape{ckk, cols, og, groups},
+                   GemmShape{og, ckk, cols, groups}};
 }
 
 /// HBM bytes one of t ranks moves for `op` under strategy `st`: each

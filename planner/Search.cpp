@@ -214,10 +214,21 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
       seenLayer |= n.layer >= 0;
       auto li = layerIndex.find(n.layer);
       if (n.kind != OpClass::Matmul) {
-        if (li != layerIndex.end() && n.kind != OpClass::Constant &&
-            roles.replicated.count(n.key())) {
+        const bool rep = li != layerIndex.end() &&
+                         n.kind != OpClass::Constant &&
+                         roles.replicated.count(n.key());
+        if (rep) {
           repBytes[li->second] += n.bytes / c.modelBatch * toActivation;
           repFlops[li->second] += n.flops / c.modelBatch;
+        }
+        if (n.kind != OpClass::Constant && n.kind != OpClass::Attention &&
+            n.op != "dlopt.attention_grad" && !n.backward) {
+          GroupCost &grp = li != layerIndex.end() ? c.layers[li->second]
+                           : seenLayer             ? c.post
+                                                   : c.pre;
+          grp.memoryOps.push_back({memoryClassOf(n.op),
+                                   n.flops / c.modelBatch,
+                                   n.bytes / c.modelBatch * toActivation, rep});
         }
         continue;
       }
@@ -238,6 +249,9 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
         g.repBytes = std::min(g.otBytes, repBytes[i]);
         g.repFlops = std::min(g.otFlops, repFlops[i]);
       }
+    else
+      for (GroupCost &g : c.layers)
+        g.memoryOps.clear();
   }
 
   c.identicalLayers = true;

@@ -46,6 +46,18 @@ struct GroupCost {
   /// sequence parallelism splits it.
   double repFlops = 0, repBytes = 0;
   double ops = 0; ///< kernels per forward
+  /// The group's memory-bound ops one by one, per sample (bytes in the
+  /// activation precision), and whether tensor parallelism replicates
+  /// each (unless sequence parallelism splits it): priced by class where
+  /// the calibration measured op rates (op_gb_s). Empty for graphs without
+  /// an op list, and for layers whose replicated ops are not known
+  /// (tpRolesOf), which keep the totals above.
+  struct MemoryOp {
+    MemoryClass cls = MemoryClass::Stream;
+    double flops = 0, bytes = 0;
+    bool replicated = false;
+  };
+  std::vector<MemoryOp> memoryOps;
 };
 
 /// Passes over an [s, h] activation one layer makes outside its matmuls and
@@ -199,6 +211,17 @@ struct Ctx {
     return e ? e->time : 0;
   }
 
+  /// A memory-bound op of class `cls` (CostModel::elementwiseTime).
+  double elementwise(MemoryClass cls, double flops, double bytes,
+                     int gpuKind = -1) const {
+    if (flops <= 0 && bytes <= 0)
+      return 0;
+    auto e = cost.elementwiseTime(cls, flops, bytes,
+                                  precisionOf(OpKind::Elementwise),
+                                  kindSpec(gpuKind));
+    return e ? e->time : 0;
+  }
+
   /// The shape one matmul of a group runs on a tp rank for `scale`
   /// samples: a shared weight's rows grow with the samples, a batched
   /// matmul's batch does; column-parallel splits n, row-parallel k, the LM
@@ -278,6 +301,15 @@ struct Ctx {
                     g.mmBytes * scale / tp, gpuKind);
     for (const GroupGemm &gm : g.gemms)
       mm += gemmTime(gm, scale, tp, gpuKind);
+    if (!g.memoryOps.empty() && cost.calibration().hasAnyOpBandwidth()) {
+      double ew = 0;
+      for (const GroupCost::MemoryOp &o : g.memoryOps) {
+        const double div = o.replicated ? repDiv : tp;
+        ew += elementwise(o.cls, o.flops * scale / div, o.bytes * scale / div,
+                          gpuKind);
+      }
+      return mm + att + ew;
+    }
     return mm + att +
            roofline(OpKind::Elementwise,
                     (g.otFlops - g.repFlops) * scale / tp +

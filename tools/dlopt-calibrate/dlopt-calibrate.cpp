@@ -45,8 +45,8 @@ const char *kUsage = R"(usage: dlopt-calibrate [options]
 
 Measures this machine and writes what the planner needs to price plans on
 it: a calibration file (--calibration FILE for dlopt-compile) and a cluster
-file (--cluster FILE). GEMMs, attention, a streaming add and the per-op
-dispatch run through the CPU backend's kernels with the threads one device
+file (--cluster FILE). GEMMs, attention, memory-bound ops (in and out of
+the cache), the optimizer update and the per-op dispatch run through the CPU backend's kernels with the threads one device
 gets; all-reduces run between in-process ranks, and between processes when
 started by mpirun or srun (every process takes part; process 0 writes).
 
@@ -199,6 +199,37 @@ AllReduceSample timeInProcess(int ranks, int64_t bytes, int reps) {
 double hostMemoryBytes() {
   long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
   return pages > 0 && size > 0 ? double(pages) * double(size) : 0;
+}
+
+/// The last-level cache of the CPU this process runs on (the highest
+/// level sysfs lists for cpu0), 0 where unknown.
+double lastLevelCacheBytes() {
+  double bytes = 0;
+  int best = 0;
+  for (int i = 0; i < 16; ++i) {
+    const std::string dir =
+        "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream lf(dir + "level"), sf(dir + "size"), tf(dir + "type");
+    int level = 0;
+    std::string size, type;
+    if (!(lf >> level) || !(sf >> size) || !(tf >> type))
+      continue;
+    if (type == "Instruction" || level < best || size.empty())
+      continue;
+    char *end = nullptr;
+    double v = std::strtod(size.c_str(), &end);
+    if (!(v > 0))
+      continue;
+    if (*end == 'K')
+      v *= 1024;
+    else if (*end == 'M')
+      v *= 1024 * 1024;
+    else if (*end == 'G')
+      v *= 1024.0 * 1024 * 1024;
+    best = level;
+    bytes = v;
+  }
+  return bytes;
 }
 
 bool writeText(const std::string &path, const std::string &text) {
@@ -360,33 +391,64 @@ int main(int argc, char **argv) {
     });
     s.attentionFlops = 4.0 * double(b * h * sq * sq * d);
   }
-  // Streaming: the memory-bound kernels a training step runs most, each on
-  // 64 MiB arrays (16 MiB quick): an add (two read, one written), the tanh
-  // GELU, a layer norm over rows of 256 and a softmax over rows of 128 (one
-  // read, one written). Their bandwidths (bytes read + written per second)
-  // are reported; the median is the device's.
+  // Memory-bound kernels. The memory bandwidth: an add (two read, one
+  // written) of 64 MiB arrays (16 MiB quick), more than the caches hold.
+  // The op rates (op_gb_s): one op of each class (planner MemoryClass) with
+  // its data in the cache, as a training step's activations of a few MiB
+  // are (each op reads what the op before it wrote): an add and a ReLU
+  // (streams), the tanh GELU, a layer norm over rows of 256, a softmax
+  // over rows of 128, a training batch norm over 16 channels of 28x28
+  // planes and a 2x2 max pool, each reading and writing about a quarter of
+  // the device's share of the last-level cache (at most 8 MiB; 4 MiB where
+  // the cache size is unknown). Bytes are counted as the planner counts
+  // them: operands read once plus results written once.
+  s.cacheBytes = lastLevelCacheBytes() / s.devices;
   {
-    const int64_t n = int64_t(quick ? 4 : 16) << 20;
+    const double footprint =
+        s.cacheBytes > 0 ? std::min(s.cacheBytes / 4, double(8 << 20))
+                         : double(4 << 20);
+    const int64_t big = int64_t(quick ? 4 : 16) << 20;
+    // Elements per array, a multiple of a batch norm image (16 x 28 x 28).
+    const int64_t plane = 16 * 28 * 28;
+    const int64_t small = std::max<int64_t>(
+        plane, int64_t(footprint / 8 / double(plane)) * plane);
     const size_t callers = static_cast<size_t>(gConcurrent);
     std::vector<std::vector<float>> x(callers), y(callers), z(callers);
     for (size_t i = 0; i < callers; ++i) {
-      x[i].assign(size_t(n), 0.5f);
-      y[i].assign(size_t(n), 2.0f);
-      z[i].assign(size_t(n), 0.0f);
+      x[i].assign(size_t(big), 0.5f);
+      y[i].assign(size_t(big), 2.0f);
+      z[i].assign(size_t(big), 0.0f);
     }
-    std::vector<float> w(256, 1.0f), bias(256, 0.0f);
+    std::vector<float> w(256, 1.0f), bias(256, 0.0f), stats(16, 0.5f),
+        statsOut(16 * callers);
     struct Stream {
       const char *op;
-      TensorType type;
-      int inputs; ///< of n elements (besides the layer norm's w, b)
+      TensorType in, out;
+      int inputs; ///< tensors of in's shape
+      bool cached;
       std::map<std::string, AttrValue> attrs;
     };
+    auto flat = [](int64_t n) { return TensorType{DType::F32, {n}}; };
+    const TensorType rows256{DType::F32, {small / 256, 256}},
+        rows128{DType::F32, {small / 128, 128}},
+        images{DType::F32, {small / plane, 16, 28, 28}},
+        pooled{DType::F32, {small / plane, 16, 14, 14}};
+    const AttrValue two = AttrValue(std::vector<int64_t>{2, 2});
     std::vector<Stream> streams = {
-        {"add", {DType::F32, {n}}, 2, {}},
-        {"gelu", {DType::F32, {n}}, 1, {{"approximate", AttrValue(std::string("tanh"))}}},
-        {"layer_norm", {DType::F32, {n / 256, 256}}, 1,
+        {"add", flat(big), flat(big), 2, false, {}},
+        {"add", flat(small), flat(small), 2, true, {}},
+        {"relu", flat(small), flat(small), 1, true, {}},
+        {"gelu", flat(small), flat(small), 1, true,
+         {{"approximate", AttrValue(std::string("tanh"))}}},
+        {"layer_norm", rows256, rows256, 1, true,
          {{"axis", AttrValue(int64_t(1))}, {"eps", AttrValue(1e-5)}}},
-        {"softmax", {DType::F32, {n / 128, 128}}, 1, {{"dim", AttrValue(int64_t(1))}}},
+        {"softmax", rows128, rows128, 1, true, {{"dim", AttrValue(int64_t(1))}}},
+        {"batch_norm", images, images, 1, true,
+         {{"eps", AttrValue(1e-5)},
+          {"momentum", AttrValue(0.1)},
+          {"training", AttrValue(int64_t(1))}}},
+        {"max_pool2d", images, pooled, 1, true,
+         {{"kernel", two}, {"stride", two}}},
     };
     for (const Stream &st : streams) {
       std::atomic<int> next{0};
@@ -394,19 +456,28 @@ int main(int argc, char **argv) {
       in.op = st.op;
       in.loc = "dlopt-calibrate";
       in.attrs = st.attrs;
-      double secs = best(reps, [&] {
+      const std::string op = st.op;
+      const TensorType vec16{DType::F32, {16}};
+      double secs = best(st.cached ? 4 * reps : reps, [&] {
         size_t me = size_t(next++ % gConcurrent);
-        std::vector<TensorRef> ins = {{x[me].data(), st.type}};
+        std::vector<TensorRef> ins = {{x[me].data(), st.in}};
+        std::vector<TensorRef> outs = {{z[me].data(), st.out}};
         if (st.inputs == 2)
-          ins.push_back({y[me].data(), st.type});
-        if (std::string(st.op) == "layer_norm") {
+          ins.push_back({y[me].data(), st.in});
+        if (op == "layer_norm") {
           ins.push_back({w.data(), {DType::F32, {256}}});
           ins.push_back({bias.data(), {DType::F32, {256}}});
+        } else if (op == "batch_norm") {
+          for (int i = 0; i < 4; ++i)
+            ins.push_back({stats.data(), vec16});
+          outs.push_back({statsOut.data() + 16 * me, vec16});
+          outs.push_back({statsOut.data() + 16 * me, vec16});
         }
-        TensorRef outs[1] = {{z[me].data(), st.type}};
         check(cpu::runKernel(in, ins, outs), st.op);
       });
-      s.streams.push_back({st.op, double(st.inputs + 1) * double(n) * 4, secs});
+      const double bytes =
+          4.0 * double(st.inputs * st.in.numElements() + st.out.numElements());
+      s.streams.push_back({st.op, bytes, secs, st.cached});
     }
   }
   // The optimizer update: the fused AdamW program dlopt-compile emits

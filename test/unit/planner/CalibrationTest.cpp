@@ -126,6 +126,63 @@ TEST(Calibration, GemmTableParsesRoundTripsAndRefusesBadGrids) {
   expectError(big + "]", "at most 4096 rows");
 }
 
+TEST(Calibration, OpRatesParseRoundTripAndRefuseBadClasses) {
+  auto c = parseCalibration(
+      R"({"op_gb_s": {"stream": 200, "transcendental": 17.5}, "cache_mib": 16})",
+      "cal.json");
+  ASSERT_TRUE(c) << c.status().message();
+  EXPECT_DOUBLE_EQ(c->opBandwidth[size_t(MemoryClass::Stream)], 200e9);
+  EXPECT_DOUBLE_EQ(c->opBandwidth[size_t(MemoryClass::Transcendental)],
+                   17.5e9);
+  EXPECT_EQ(c->opBandwidth[size_t(MemoryClass::Norm)], 0.0);
+  EXPECT_TRUE(c->hasOpBandwidth(MemoryClass::Stream));
+  EXPECT_FALSE(c->hasOpBandwidth(MemoryClass::Pool));
+  EXPECT_DOUBLE_EQ(c->cacheBytes, 16.0 * (1 << 20));
+  auto back = parseCalibration(c->toJson(), "round trip");
+  ASSERT_TRUE(back) << back.status().message();
+  EXPECT_EQ(back->opBandwidth, c->opBandwidth);
+  EXPECT_DOUBLE_EQ(back->cacheBytes, c->cacheBytes);
+  EXPECT_EQ(Calibration{}.toJson().find("op_gb_s"), std::string::npos);
+  EXPECT_FALSE(Calibration{}.hasAnyOpBandwidth());
+
+  auto expectError = [](const std::string &rates, const std::string &sub) {
+    auto e = parseCalibration("{\"op_gb_s\": " + rates + "}", "cal.json");
+    ASSERT_FALSE(e) << rates;
+    EXPECT_NE(e.status().message().find(sub), std::string::npos)
+        << e.status().message();
+    EXPECT_NE(e.status().message().find("cal.json"), std::string::npos);
+  };
+  expectError("12", "op_gb_s: expected an object of GB/s by op class "
+                    "(stream, transcendental, norm, softmax, batch_norm, "
+                    "pool), got number");
+  expectError(R"({"gelu": 3})", "op_gb_s: unknown op class 'gelu'");
+  expectError(R"({"norm": "3"})", "op_gb_s.norm: expected a number, got string");
+  expectError(R"({"pool": -1})", "op_gb_s.pool: expected a number >= 0, got -1");
+  expectError(R"({"pool": 1e308})", "op_gb_s.pool: expected a number >= 0");
+  Calibration bad;
+  bad.opBandwidth[size_t(MemoryClass::Softmax)] = -1;
+  EXPECT_FALSE(bad.validate().isOk());
+}
+
+TEST(Calibration, OpsFallIntoTheirMemoryClass) {
+  EXPECT_EQ(memoryClassOf("dlopt.add"), MemoryClass::Stream);
+  EXPECT_EQ(memoryClassOf("relu"), MemoryClass::Stream);
+  EXPECT_EQ(memoryClassOf("dlopt.transpose"), MemoryClass::Stream);
+  EXPECT_EQ(memoryClassOf("dlopt.gelu"), MemoryClass::Transcendental);
+  EXPECT_EQ(memoryClassOf("dlopt.silu"), MemoryClass::Transcendental);
+  EXPECT_EQ(memoryClassOf("dlopt.dropout"), MemoryClass::Transcendental);
+  EXPECT_EQ(memoryClassOf("dlopt.rms_norm"), MemoryClass::Norm);
+  EXPECT_EQ(memoryClassOf("dlopt.layer_norm_grad"), MemoryClass::Norm);
+  EXPECT_EQ(memoryClassOf("dlopt.cross_entropy"), MemoryClass::Softmax);
+  EXPECT_EQ(memoryClassOf("dlopt.log_softmax"), MemoryClass::Softmax);
+  EXPECT_EQ(memoryClassOf("dlopt.batch_norm"), MemoryClass::BatchNorm);
+  EXPECT_EQ(memoryClassOf("dlopt.avg_pool2d_grad"), MemoryClass::Pool);
+  EXPECT_EQ(memoryClassOf("dlopt.gelux"), MemoryClass::Stream);
+  EXPECT_EQ(memoryClassOf("foo.gelu"), MemoryClass::Stream);
+  for (size_t i = 0; i < kNumMemoryClasses; ++i)
+    EXPECT_STRNE(memoryClassName(MemoryClass(i)), "?");
+}
+
 TEST(Calibration, EveryKeyIsDocumented) {
   std::ifstream in(std::string(DLOPT_SOURCE_DIR) + "/docs/cost-model.md");
   ASSERT_TRUE(in) << "docs/cost-model.md is missing";

@@ -92,6 +92,48 @@ TEST(Compute, OptimizerUpdateAtItsCalibratedRate) {
   EXPECT_FALSE(m.optimizerTime(1e9, -1, Precision::BF16, h100));
 }
 
+TEST(Compute, MemoryBoundOpsAtTheirClassRate) {
+  GpuSpec dev = *gpuPreset("h100-sxm-80gb");
+  dev.memoryBandwidth = 100e9; // with memory_bandwidth_efficiency 0.5: 50 GB/s
+  Calibration cal;
+  cal.memoryBandwidthEfficiency = 0.5;
+  // Without rates: every class at the memory bandwidth.
+  CostModel plain(cal);
+  EXPECT_REL(plain.memoryTime(MemoryClass::Transcendental, 1e8, dev), 2e-3,
+             kRel);
+  cal.opBandwidth[size_t(MemoryClass::Stream)] = 200e9;
+  cal.opBandwidth[size_t(MemoryClass::Transcendental)] = 10e9;
+  cal.cacheBytes = 16e6;
+  CostModel m(cal);
+  // In the cache: the class's own rate, faster or slower than memory.
+  EXPECT_REL(m.memoryTime(MemoryClass::Stream, 8e6, dev), 8e6 / 200e9, kRel);
+  EXPECT_REL(m.memoryTime(MemoryClass::Transcendental, 8e6, dev), 8e6 / 10e9,
+             kRel);
+  // A class without a rate: the memory bandwidth.
+  EXPECT_REL(m.memoryTime(MemoryClass::Norm, 8e6, dev), 8e6 / 50e9, kRel);
+  // Beyond the cache: no faster than the memory bandwidth.
+  EXPECT_REL(m.memoryTime(MemoryClass::Stream, 32e6, dev), 32e6 / 50e9, kRel);
+  EXPECT_REL(m.memoryTime(MemoryClass::Transcendental, 32e6, dev),
+             32e6 / 10e9, kRel);
+  EXPECT_EQ(m.memoryTime(MemoryClass::Stream, 0, dev), 0.0);
+  // cache_mib 0: the ceiling at any size.
+  cal.cacheBytes = 0;
+  EXPECT_REL(CostModel(cal).memoryTime(MemoryClass::Stream, 8e6, dev),
+             8e6 / 50e9, kRel);
+  // The roofline: memory side by class, FLOP side as any elementwise op.
+  auto e = m.elementwiseTime(MemoryClass::Stream, 1e3, 8e6, Precision::FP32,
+                             dev);
+  ASSERT_TRUE(e) << e.status().message();
+  EXPECT_REL(e->memoryTime, 8e6 / 200e9, kRel);
+  EXPECT_REL(e->time, 8e6 / 200e9, kRel);
+  auto f = m.elementwiseTime(MemoryClass::Stream, 1e13, 8e6, Precision::FP32,
+                             dev);
+  ASSERT_TRUE(f);
+  EXPECT_REL(f->time, 1e13 / (dev.peak(Precision::FP32) * 0.5), kRel);
+  EXPECT_FALSE(m.elementwiseTime(MemoryClass::Stream, 1, -1, Precision::FP32,
+                                 dev));
+}
+
 TEST(Compute, EfficiencyPerKindAndPrecision) {
   CostModel m;
   GpuSpec a100 = *gpuPreset("a100-sxm-80gb");

@@ -157,6 +157,43 @@ TEST(MachineCalibration, WritesAClusterThePlannerReads) {
   EXPECT_EQ(g.host.cpuCores, 2);
 }
 
+TEST(MachineCalibration, CachedSamplesGiveTheRateOfTheirClass) {
+  MachineSamples s = samples();
+  auto cached = [](const char *op, double gbs) {
+    return MachineSamples::StreamSample{op, 8e6, 8e6 / (gbs * 1e9), true};
+  };
+  s.streams = {{"add", 3e9, 3e9 / 40e9},
+               cached("add", 200),
+               cached("relu", 100),
+               cached("gelu", 15),
+               cached("layer_norm", 30),
+               cached("batch_norm", 35),
+               cached("max_pool2d", 25),
+               {"bad", 1e6, 0, true}}; // untimed: left out
+  s.cacheBytes = 32.0 * (1 << 20);
+  auto r = calibrateMachine(s);
+  ASSERT_TRUE(r) << r.status().message();
+  const Calibration &c = r->calibration;
+  auto rate = [&](MemoryClass m) { return c.opBandwidth[size_t(m)]; };
+  EXPECT_NEAR(rate(MemoryClass::Stream), 150e9, 1e3); // median of add, relu
+  EXPECT_NEAR(rate(MemoryClass::Transcendental), 15e9, 1e3);
+  EXPECT_NEAR(rate(MemoryClass::Norm), 30e9, 1e3);
+  EXPECT_EQ(rate(MemoryClass::Softmax), 0.0); // not measured
+  EXPECT_NEAR(rate(MemoryClass::BatchNorm), 35e9, 1e3);
+  EXPECT_NEAR(rate(MemoryClass::Pool), 25e9, 1e3);
+  EXPECT_EQ(c.cacheBytes, 16.0 * (1 << 20)); // half the device's share
+  EXPECT_TRUE(c.validate().isOk());
+  // The memory bandwidth is the uncached samples' alone.
+  auto cl = parseCluster(r->clusterJson, ClusterFormat::Json, "calibrated");
+  ASSERT_TRUE(cl) << cl.status().message();
+  EXPECT_NEAR(cl->groups[0].gpu.memoryBandwidth, 40e9, 1e3);
+  // Without cached samples: no rates, no cache term.
+  auto plain = calibrateMachine(samples());
+  ASSERT_TRUE(plain) << plain.status().message();
+  EXPECT_FALSE(plain->calibration.hasAnyOpBandwidth());
+  EXPECT_EQ(plain->calibration.cacheBytes, 0.0);
+}
+
 TEST(MachineCalibration, RefusesWhatItCannotDerive) {
   MachineSamples s = samples();
   s.gemmF32.clear();

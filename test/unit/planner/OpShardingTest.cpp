@@ -969,6 +969,92 @@ TEST(OpSearch, CalibratedCpuPricesEachGemmOfTheStepByItsShape) {
               1e-6);
 }
 
+TEST(OpSearch, CalibratedCpuPricesConvolutionsAsTheirIm2colGemms) {
+  // img [64, 16, 14, 14] -> conv 32 x 16 x 3 x 3 -> conv 32 x 32 x 3 x 3
+  // -> mse. On a device with a gemm_table each conv is its GEMMs: the
+  // forward [32, 144] x [144, cols], the filter gradient and, for the
+  // second conv only (the first one's input is data), the input gradient,
+  // all with the forward's FLOPs. The size classes price each conv as its
+  // forward x (1 + 2): one GEMM more for the first conv.
+  Builder b(64);
+  ValueRef img = b.input("img", {64, 16, 14, 14});
+  const double f1 = 2.0 * 64 * 32 * 196 * 144, f2 = 2.0 * 64 * 32 * 196 * 288;
+  OpNode &c1 = b.op("dlopt.conv2d", OpClass::Conv2D, {64, 32, 14, 14},
+                    {img, b.param("w1", {32, 16, 3, 3})}, f1);
+  c1.groups = 1;
+  ValueRef h = b.ref(c1);
+  OpNode &c2 = b.op("dlopt.conv2d", OpClass::Conv2D, {64, 32, 14, 14},
+                    {h, b.param("w2", {32, 32, 3, 3})}, f2);
+  c2.groups = 1;
+  h = b.ref(c2);
+  b.op("dlopt.mse", OpClass::Loss, {}, {h, b.input("y", {64, 32, 14, 14})});
+  SearchOptions o;
+  o.training = true;
+  o.precision = Precision::FP32;
+  o.fix.tp = 1;
+  o.fix.pp = 1;
+  Calibration flat; // every shape at 0.5
+  for (double m : {16.0, 1e6})
+    for (double n : {16.0, 1e6})
+      for (double k : {16.0, 1e6})
+        flat.gemmTable.push_back({m, n, k, 0.5});
+  Calibration classes;
+  classes.matmulLargeEfficiency = classes.matmulSmallEfficiency = 0.5;
+  const Cluster cpu = preset("cpu", 1); // two devices: 32 images each
+  auto byShape = searchOpPlan(b.g, cpu, CostModel(flat), o);
+  auto bySize = searchOpPlan(b.g, cpu, CostModel(classes), o);
+  ASSERT_TRUE(byShape) << byShape.status().message();
+  ASSERT_TRUE(bySize) << bySize.status().message();
+  const double gemm =
+      f1 / 2 / (cpu.groups.front().gpu.peak(Precision::FP32) * 0.5);
+  EXPECT_NEAR((bySize->best.time.compute - byShape->best.time.compute) / gemm,
+              1.0, 1e-6);
+  // A table whose efficiency falls with a short inner dim (k 16: 0.1)
+  // prices the first conv's filter gradient (inner dim 32 x 196 pixels)
+  // like its forward (inner 144), and nothing like the k = 16 corner.
+  Calibration slope = flat;
+  for (GemmTableRow &r : slope.gemmTable)
+    if (r.k == 16)
+      r.efficiency = 0.1;
+  auto sloped = searchOpPlan(b.g, cpu, CostModel(slope), o);
+  ASSERT_TRUE(sloped) << sloped.status().message();
+  EXPECT_GT(sloped->best.time.compute, byShape->best.time.compute);
+}
+
+TEST(OpSearch, MemoryBoundOpsRunAtTheirClassRate) {
+  // x [256, 1024] -> matmul -> gelu -> add -> mse on one device of the
+  // cpu preset: the gelu at the transcendental rate, the add and the mse
+  // at the stream rate, each forward x (1 + 2).
+  Builder b(256);
+  ValueRef x = b.matmul(b.input("x", {256, 1024}), b.param("w", {1024, 1024}));
+  ValueRef h = b.unary("dlopt.gelu", x);
+  h = b.binary("dlopt.add", h, x);
+  b.op("dlopt.mse", OpClass::Loss, {}, {h, b.input("y", {256, 1024})});
+  SearchOptions o;
+  o.training = true;
+  o.precision = Precision::FP32;
+  o.fix.tp = 1;
+  o.fix.pp = 1;
+  o.fix.mbs = 256;
+  o.bytes.activationBytes = 4;
+  Cluster one = preset("cpu", 1);
+  one.groups.front().gpusPerNode = 1;
+  auto step = [&](double gelu, double add) {
+    Calibration cal;
+    cal.opBandwidth[size_t(MemoryClass::Transcendental)] = gelu;
+    cal.opBandwidth[size_t(MemoryClass::Stream)] = add;
+    cal.cacheBytes = 1e9;
+    auto p = searchOpPlan(b.g, one, CostModel(cal), o);
+    EXPECT_TRUE(p) << p.status().message();
+    return p ? p->best.time.compute : 0.0;
+  };
+  const double mib = 1024.0 * 1024;
+  // The gelu moves 2 MiB (x in, h out), the add 3 MiB and the mse 2 MiB.
+  EXPECT_NEAR(step(1e9, 100e9) - step(2e9, 100e9), 3 * 2 * mib / 2e9,
+              1e-9);
+  EXPECT_NEAR(step(10e9, 1e9) - step(10e9, 2e9), 3 * 5 * mib / 2e9, 1e-8);
+}
+
 TEST(OpSearch, MemoryConstraintShardsWhatDoesNotFit) {
   // Batch splitting is fastest, but replicated weights do not fit in 80 GB:
   // the memory-constrained solve shards enough of them. Micro-batches of

@@ -992,6 +992,42 @@ TEST(Search, BackwardGemmsArePricedAtTheirOwnShapes) {
              1e-9);
 }
 
+// Where the calibration measured op rates (op_gb_s), a layer's memory-bound
+// ops are priced one by one at their class's rate, each divided by tp
+// unless tensor parallelism replicates it (then by tp only under sequence
+// parallelism); without rates the group's totals take one roofline.
+TEST(Search, MemoryBoundOpsArePricedByClassWhereMeasured) {
+  GraphSummary g;
+  Cluster cl = *resolveCluster("dgx-h100");
+  SearchOptions o;
+  o.training = true;
+  o.precision = Precision::BF16;
+  Calibration cal;
+  cal.opBandwidth[size_t(MemoryClass::Transcendental)] = 100e9;
+  cal.opBandwidth[size_t(MemoryClass::Stream)] = 1000e9;
+  cal.cacheBytes = 1e12;
+  CostModel measured(cal), plain;
+  pricing::Ctx c{g, cl, measured, o}, p{g, cl, plain, o};
+  c.gpu = p.gpu = *gpuPreset("h100-sxm-80gb");
+  pricing::GroupCost grp;
+  grp.otFlops = 2e3;
+  grp.otBytes = 3e6;
+  grp.repFlops = 1e3;
+  grp.repBytes = 2e6;
+  grp.memoryOps = {{MemoryClass::Transcendental, 1e3, 1e6, false},
+                   {MemoryClass::Stream, 1e3, 2e6, true}};
+  EXPECT_REL(c.groupTime(grp, 1, 2, false, -1), 0.5e6 / 100e9 + 2e6 / 1000e9,
+             1e-9);
+  EXPECT_REL(c.groupTime(grp, 1, 2, true, -1), 0.5e6 / 100e9 + 1e6 / 1000e9,
+             1e-9);
+  EXPECT_REL(c.groupTime(grp, 4, 1, false, -1), 4e6 / 100e9 + 8e6 / 1000e9,
+             1e-9);
+  // Without rates: one roofline of 0.5 + 2 MB at the HBM bandwidth x 0.9.
+  EXPECT_REL(p.groupTime(grp, 1, 2, false, -1),
+             2.5e6 / (gpuPreset("h100-sxm-80gb")->memoryBandwidth * 0.9),
+             1e-9);
+}
+
 // The transformer search's optimizer step moves the bytes the precision
 // implies (optimizerStepBytesPerParam) over the device's shard: 1e9
 // parameters of Adam state under bf16 with fp32 gradients move 30 GB, in
