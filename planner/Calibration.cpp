@@ -246,20 +246,25 @@ Expected<std::vector<GemmTableRow>> parseGemmTable(const nlohmann::json &v) {
 }
 
 constexpr const char *kOpRateKey = "op_gb_s";
+constexpr const char *kOpBackwardKey = "op_backward_ratio";
 constexpr double kGB = 1e9;
 
-Status checkOpBandwidth(const std::array<double, kNumMemoryClasses> &r) {
+/// A per-class figure (op_gb_s, op_backward_ratio): each value finite and
+/// >= 0 in file units (stored times `scale`).
+Status checkPerClass(const char *key,
+                     const std::array<double, kNumMemoryClasses> &r,
+                     double scale) {
   for (size_t i = 0; i < r.size(); ++i)
-    if (!std::isfinite(r[i] / kGB) || r[i] < 0)
-      return Status::error(std::string(kOpRateKey) + "." +
+    if (!std::isfinite(r[i] / scale) || r[i] < 0)
+      return Status::error(std::string(key) + "." +
                            memoryClassName(MemoryClass(i)) +
-                           ": expected a number >= 0, got " + fmt(r[i] / kGB));
+                           ": expected a number >= 0, got " + fmt(r[i] / scale));
   return Status::ok();
 }
 
 Expected<std::array<double, kNumMemoryClasses>>
-parseOpBandwidth(const nlohmann::json &v,
-                 std::array<double, kNumMemoryClasses> r) {
+parsePerClass(const char *kOpRateKey, const nlohmann::json &v,
+              std::array<double, kNumMemoryClasses> r, double kGB) {
   auto known = [] {
     std::string k;
     for (size_t i = 0; i < kNumMemoryClasses; ++i)
@@ -268,7 +273,7 @@ parseOpBandwidth(const nlohmann::json &v,
   };
   if (!v.is_object())
     return Status::error(std::string(kOpRateKey) +
-                         ": expected an object of GB/s by op class (" +
+                         ": expected an object of numbers by op class (" +
                          known() + "), got " + std::string(v.type_name()));
   for (auto it = v.begin(); it != v.end(); ++it) {
     size_t cls = kNumMemoryClasses;
@@ -352,7 +357,8 @@ MemoryClass memoryClassOf(std::string_view op) {
 Status Calibration::validate() const {
   for (const Entry &e : kEntries)
     DLOPT_RETURN_IF_ERROR(checkRange(e, this->*e.field / e.scale));
-  DLOPT_RETURN_IF_ERROR(checkOpBandwidth(opBandwidth));
+  DLOPT_RETURN_IF_ERROR(checkPerClass(kOpRateKey, opBandwidth, kGB));
+  DLOPT_RETURN_IF_ERROR(checkPerClass(kOpBackwardKey, opBackwardRatio, 1));
   return checkGemmTable(gemmTable);
 }
 
@@ -374,6 +380,14 @@ std::string Calibration::toJson() const {
         rates[memoryClassName(MemoryClass(i))] = opBandwidth[i] / kGB;
     j[kOpRateKey] = rates;
   }
+  if (std::any_of(opBackwardRatio.begin(), opBackwardRatio.end(),
+                  [](double r) { return r > 0; })) {
+    nlohmann::ordered_json ratios;
+    for (size_t i = 0; i < kNumMemoryClasses; ++i)
+      if (opBackwardRatio[i] > 0)
+        ratios[memoryClassName(MemoryClass(i))] = opBackwardRatio[i];
+    j[kOpBackwardKey] = ratios;
+  }
   return j.dump(2);
 }
 
@@ -390,6 +404,10 @@ const std::vector<CalibrationKey> &calibrationKeys() {
                  "their data in the cache, by class: stream, transcendental, "
                  "norm, softmax, batch_norm, pool (absent or 0: the memory "
                  "bandwidth times memory_bandwidth_efficiency)"});
+    k.push_back({kOpBackwardKey, "object of ratios by op class",
+                 "backward time over forward time of memory-bound ops, by "
+                 "class, from their gradient kernels (absent or 0: "
+                 "backward_flops_ratio)"});
     return k;
   }();
   return keys;
@@ -417,10 +435,18 @@ Expected<Calibration> parseCalibration(std::string_view text,
       continue;
     }
     if (it.key() == kOpRateKey) {
-      auto rates = parseOpBandwidth(it.value(), c.opBandwidth);
+      auto rates = parsePerClass(kOpRateKey, it.value(), c.opBandwidth, kGB);
       if (!rates)
         return Status::error(where + rates.status().message());
       c.opBandwidth = *rates;
+      continue;
+    }
+    if (it.key() == kOpBackwardKey) {
+      auto ratios =
+          parsePerClass(kOpBackwardKey, it.value(), c.opBackwardRatio, 1);
+      if (!ratios)
+        return Status::error(where + ratios.status().message());
+      c.opBackwardRatio = *ratios;
       continue;
     }
     const Entry *entry = nullptr;
@@ -431,7 +457,8 @@ Expected<Calibration> parseCalibration(std::string_view text,
       std::string known;
       for (const Entry &e : kEntries)
         known += std::string(known.empty() ? "" : ", ") + e.name;
-      known += std::string(", ") + kGemmTableKey + ", " + kOpRateKey;
+      known += std::string(", ") + kGemmTableKey + ", " + kOpRateKey + ", " +
+               kOpBackwardKey;
       return Status::error(where + "unknown calibration key '" + it.key() +
                            "' (known: " + known + ")");
     }

@@ -76,6 +76,10 @@ struct Calibration {
   /// measured (such ops run at the memory bandwidth times
   /// memory_bandwidth_efficiency). Stored in bytes/s.
   std::array<double, kNumMemoryClasses> opBandwidth{};
+  /// op_backward_ratio: a memory-bound op's backward time over its
+  /// forward's, per class (index: MemoryClass), from its gradient kernel;
+  /// 0 where not measured (such ops take backward_flops_ratio).
+  std::array<double, kNumMemoryClasses> opBackwardRatio{};
   /// cache_mib: bytes read + written up to which a memory-bound op with an
   /// op_gb_s rate keeps its data in the cache; above it (and at any size
   /// when 0) it runs no faster than the memory bandwidth.

@@ -152,13 +152,16 @@ Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
   double bandwidth = 0;
   std::vector<double> rates;
   std::string each;
-  std::vector<double> classRates[kNumMemoryClasses];
+  std::vector<double> classRates[kNumMemoryClasses],
+      classBackward[kNumMemoryClasses];
   for (const MachineSamples::StreamSample &st : s.streams) {
     if (!(st.seconds > 0 && st.bytes > 0))
       continue;
     if (st.cached) {
-      classRates[size_t(memoryClassOf(st.op))].push_back(st.bytes /
-                                                          st.seconds);
+      const size_t cls = size_t(memoryClassOf(st.op));
+      classRates[cls].push_back(st.bytes / st.seconds);
+      if (st.gradientSeconds > 0)
+        classBackward[cls].push_back(st.gradientSeconds / st.seconds);
       continue;
     }
     rates.push_back(st.bytes / st.seconds);
@@ -181,6 +184,14 @@ Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
              std::string(memoryClassName(MemoryClass(i))) + " " +
              fmt("%.1f", c.opBandwidth[i] * 1e-9);
     }
+  std::string backward;
+  for (size_t i = 0; i < kNumMemoryClasses; ++i)
+    if (!classBackward[i].empty()) {
+      c.opBackwardRatio[i] = median(classBackward[i]);
+      backward += (backward.empty() ? "" : ", ") +
+                  std::string(memoryClassName(MemoryClass(i))) + " " +
+                  fmt("%.2f", c.opBackwardRatio[i]);
+    }
   if (!ops.empty()) {
     // An op's bytes up to half the device's share of the cache: the rest
     // holds the other tensors a step keeps live around it.
@@ -195,6 +206,10 @@ Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
                      : std::string("cache size unknown: every op also no "
                                    "faster than the memory bandwidth")));
   }
+  if (!backward.empty())
+    L.push_back("their gradient kernels' time over the forward's "
+                "(op_backward_ratio): " +
+                backward);
   if (s.optimizerSeconds > 0 && s.optimizerBytes > 0) {
     c.optimizerBandwidth = s.optimizerBytes / s.optimizerSeconds;
     L.push_back(fmt("optimizer update (fused AdamW): %.2f GB/s (bytes read + "

@@ -54,6 +54,9 @@ struct MachineSamples {
     std::string op;
     double bytes = 0, seconds = 0;
     bool cached = false;
+    /// The op's gradient kernel on the same shape (0: none timed); over
+    /// `seconds`, its class's backward ratio (op_backward_ratio).
+    double gradientSeconds = 0;
   };
   std::vector<StreamSample> streams;
   /// The device's share of the last-level cache (bytes; 0 unknown).

@@ -204,8 +204,10 @@ struct Ctx {
   /// does; dlopt-autodiff emits no GEMM for an operand without one (data,
   /// a first layer's input). A conv2d priced by shape adds its input
   /// gradient's GEMM (when x needs one) and its filter gradient's (when the
-  /// filter does). Other ops take backward_flops_ratio (or the graph's
-  /// measured ratio) times their forward.
+  /// filter does). A memory-bound op takes its class's op_backward_ratio
+  /// where the calibration measured one; other ops take
+  /// backward_flops_ratio (or the graph's measured ratio) times their
+  /// forward.
   double stepTime(const Solved &s, const OpNode &op, const Strategy &st,
                   double fwd, int t) const;
 };
@@ -264,6 +266,13 @@ double Ctx::stepTime(const Solved &s, const OpNode &op, const Strategy &st,
     if (s.geo.operand(op.id, 1).needsGrad)
       bwd += gemm(g->gradFilter, bytes);
     return fwd + bwd;
+  }
+  if (rooflineKind(op) == OpKind::Elementwise) {
+    // A memory-bound op's backward: its class's measured ratio where the
+    // calibration has one (op_backward_ratio).
+    const double r =
+        cost.calibration().opBackwardRatio[size_t(memoryClassOf(op.op))];
+    return fwd * (1 + (r > 0 ? r : ratio));
   }
   if (op.kind != OpClass::Matmul || !gemmsByShape())
     return fwd * (1 + ratio);

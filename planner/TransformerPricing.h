@@ -82,7 +82,8 @@ struct LayerTimes {
   std::vector<double> opsPrefix; ///< prefix sums of kernels per forward
   double pre = 0, post = 0;
   /// What the backward GEMMs priced at their own shapes (input and weight
-  /// gradients) take beyond backward_flops_ratio times their forward:
+  /// gradients), and memory-bound ops at their class's op_backward_ratio,
+  /// take beyond backward_flops_ratio times their forward:
   /// prefix sums per layer, and the pre and post groups'.
   std::vector<double> bwdGemmPrefix;
   double preBwdGemm = 0, postBwdGemm = 0;
@@ -279,12 +280,40 @@ struct Ctx {
            cost.calibration().backwardFlopsRatio * f->time;
   }
 
-  double groupBackwardExtra(const GroupCost &g, double scale, int tp,
+  /// What a group's backward takes beyond backward_flops_ratio times its
+  /// forward: its GEMMs at their own shapes (gemmBackwardExtra) and, where
+  /// its memory-bound ops are priced one by one (memoryOpsPriced), each
+  /// one's class's op_backward_ratio in place of that ratio.
+  double groupBackwardExtra(const GroupCost &g, double scale, int tp, bool sp,
                             int gpuKind) const {
     double x = 0;
     for (const GroupGemm &gm : g.gemms)
       x += gemmBackwardExtra(gm, scale, tp, gpuKind);
+    if (memoryOpsPriced(g)) {
+      const Calibration &cal = cost.calibration();
+      for (const GroupCost::MemoryOp &o : g.memoryOps) {
+        const double r = cal.opBackwardRatio[size_t(o.cls)];
+        if (r > 0)
+          x += memoryOpTime(o, scale, tp, sp, gpuKind) *
+               (r - cal.backwardFlopsRatio);
+      }
+    }
     return x;
+  }
+
+  /// Whether a group's memory-bound ops are priced one by one: it has them
+  /// and the calibration measured op rates (op_gb_s).
+  bool memoryOpsPriced(const GroupCost &g) const {
+    return !g.memoryOps.empty() && cost.calibration().hasAnyOpBandwidth();
+  }
+
+  /// Forward time of one memory-bound op of a group for `scale` samples,
+  /// divided by tp unless tp replicates it without sequence parallelism.
+  double memoryOpTime(const GroupCost::MemoryOp &o, double scale, int tp,
+                      bool sp, int gpuKind) const {
+    const double div = o.replicated && !sp ? 1 : tp;
+    return elementwise(o.cls, o.flops * scale / div, o.bytes * scale / div,
+                       gpuKind);
   }
 
   /// Forward time of a group for `scale` samples of s/cp tokens each, with
@@ -301,13 +330,10 @@ struct Ctx {
                     g.mmBytes * scale / tp, gpuKind);
     for (const GroupGemm &gm : g.gemms)
       mm += gemmTime(gm, scale, tp, gpuKind);
-    if (!g.memoryOps.empty() && cost.calibration().hasAnyOpBandwidth()) {
+    if (memoryOpsPriced(g)) {
       double ew = 0;
-      for (const GroupCost::MemoryOp &o : g.memoryOps) {
-        const double div = o.replicated ? repDiv : tp;
-        ew += elementwise(o.cls, o.flops * scale / div, o.bytes * scale / div,
-                          gpuKind);
-      }
+      for (const GroupCost::MemoryOp &o : g.memoryOps)
+        ew += memoryOpTime(o, scale, tp, sp, gpuKind);
       return mm + att + ew;
     }
     return mm + att +
@@ -341,12 +367,12 @@ struct Ctx {
       t.prefix.push_back(t.prefix.back() + f);
       t.opsPrefix.push_back(t.opsPrefix.back() + g.ops);
       t.bwdGemmPrefix.push_back(t.bwdGemmPrefix.back() +
-                                groupBackwardExtra(g, scale, tp, gpuKind));
+                                groupBackwardExtra(g, scale, tp, sp, gpuKind));
     }
     t.pre = groupTime(pre, scale, tp, sp, gpuKind);
     t.post = groupTime(post, scale, tp, sp, gpuKind);
-    t.preBwdGemm = groupBackwardExtra(pre, scale, tp, gpuKind);
-    t.postBwdGemm = groupBackwardExtra(post, scale, tp, gpuKind);
+    t.preBwdGemm = groupBackwardExtra(pre, scale, tp, sp, gpuKind);
+    t.postBwdGemm = groupBackwardExtra(post, scale, tp, sp, gpuKind);
     return timeCache.emplace(key, std::move(t)).first->second;
   }
 

@@ -421,6 +421,7 @@ int main(int argc, char **argv) {
     }
     std::vector<float> w(256, 1.0f), bias(256, 0.0f), stats(16, 0.5f),
         statsOut(16 * callers);
+    std::vector<std::vector<float>> gradW(callers, std::vector<float>(512));
     struct Stream {
       const char *op;
       TensorType in, out;
@@ -434,6 +435,7 @@ int main(int argc, char **argv) {
         images{DType::F32, {small / plane, 16, 28, 28}},
         pooled{DType::F32, {small / plane, 16, 14, 14}};
     const AttrValue two = AttrValue(std::vector<int64_t>{2, 2});
+    const TensorType vec16{DType::F32, {16}};
     std::vector<Stream> streams = {
         {"add", flat(big), flat(big), 2, false, {}},
         {"add", flat(small), flat(small), 2, true, {}},
@@ -457,7 +459,6 @@ int main(int argc, char **argv) {
       in.loc = "dlopt-calibrate";
       in.attrs = st.attrs;
       const std::string op = st.op;
-      const TensorType vec16{DType::F32, {16}};
       double secs = best(st.cached ? 4 * reps : reps, [&] {
         size_t me = size_t(next++ % gConcurrent);
         std::vector<TensorRef> ins = {{x[me].data(), st.in}};
@@ -478,6 +479,54 @@ int main(int argc, char **argv) {
       const double bytes =
           4.0 * double(st.inputs * st.in.numElements() + st.out.numElements());
       s.streams.push_back({st.op, bytes, secs, st.cached});
+      // The gradient kernel dlopt's backward runs for this op, on the same
+      // shape (the add's gradient is its incoming one: no kernel). Its time
+      // over the forward's is the class's backward ratio.
+      if (!st.cached || op == "add")
+        continue;
+      Instr gi;
+      gi.loc = "dlopt-calibrate";
+      gi.attrs = st.attrs;
+      if (op == "relu") {
+        // select(x > 0, dy, 0), as dlopt-autodiff emits it, fused.
+        using fused::OpCode;
+        fused::Program p;
+        p.numInputs = 2;
+        p.consts = {0.0};
+        p.steps = {{OpCode::CmpGt, 0, 2}, {OpCode::Select, 3, 1, 2}};
+        p.outputs = {4};
+        gi.op = fused::kOpName;
+        gi.attrs.clear();
+        fused::encode(p, gi);
+      } else {
+        gi.op = op + "_grad";
+      }
+      std::atomic<int> gnext{0};
+      const double gsecs = best(4 * reps, [&] {
+        size_t me = size_t(gnext++ % gConcurrent);
+        std::vector<TensorRef> ins = {{x[me].data(), st.in}};
+        std::vector<TensorRef> outs = {{z[me].data(), st.in}};
+        float *side = statsOut.data() + 16 * me;
+        if (op == "batch_norm") {
+          ins.push_back({stats.data(), vec16}); // w
+          ins.push_back({stats.data(), vec16}); // mean
+          ins.push_back({stats.data(), vec16}); // var
+          ins.push_back({y[me].data(), st.in}); // dy
+          outs.push_back({side, vec16});
+          outs.push_back({side, vec16});
+        } else if (op == "max_pool2d") {
+          ins.push_back({y[me].data(), st.out}); // dy
+        } else if (op == "layer_norm") {
+          ins.push_back({y[me].data(), st.in}); // dy
+          ins.push_back({w.data(), {DType::F32, {256}}});
+          outs.push_back({gradW[me].data(), {DType::F32, {256}}});
+          outs.push_back({gradW[me].data() + 256, {DType::F32, {256}}});
+        } else {
+          ins.push_back({y[me].data(), st.in}); // dy
+        }
+        check(cpu::runKernel(gi, ins, outs), gi.op.c_str());
+      });
+      s.streams.back().gradientSeconds = gsecs;
     }
   }
   // The optimizer update: the fused AdamW program dlopt-compile emits

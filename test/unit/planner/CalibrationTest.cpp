@@ -152,7 +152,7 @@ TEST(Calibration, OpRatesParseRoundTripAndRefuseBadClasses) {
         << e.status().message();
     EXPECT_NE(e.status().message().find("cal.json"), std::string::npos);
   };
-  expectError("12", "op_gb_s: expected an object of GB/s by op class "
+  expectError("12", "op_gb_s: expected an object of numbers by op class "
                     "(stream, transcendental, norm, softmax, batch_norm, "
                     "pool), got number");
   expectError(R"({"gelu": 3})", "op_gb_s: unknown op class 'gelu'");
@@ -162,6 +162,24 @@ TEST(Calibration, OpRatesParseRoundTripAndRefuseBadClasses) {
   Calibration bad;
   bad.opBandwidth[size_t(MemoryClass::Softmax)] = -1;
   EXPECT_FALSE(bad.validate().isOk());
+
+  // op_backward_ratio: plain ratios by class, the same checks.
+  auto r = parseCalibration(R"({"op_backward_ratio": {"batch_norm": 2.5}})",
+                            "cal.json");
+  ASSERT_TRUE(r) << r.status().message();
+  EXPECT_EQ(r->opBackwardRatio[size_t(MemoryClass::BatchNorm)], 2.5);
+  EXPECT_EQ(r->opBackwardRatio[size_t(MemoryClass::Pool)], 0.0);
+  auto rb = parseCalibration(r->toJson(), "round trip");
+  ASSERT_TRUE(rb) << rb.status().message();
+  EXPECT_EQ(rb->opBackwardRatio, r->opBackwardRatio);
+  EXPECT_EQ(Calibration{}.toJson().find("op_backward_ratio"),
+            std::string::npos);
+  auto e = parseCalibration(R"({"op_backward_ratio": {"pool": -2}})", "c");
+  ASSERT_FALSE(e);
+  EXPECT_NE(e.status().message().find(
+                "op_backward_ratio.pool: expected a number >= 0, got -2"),
+            std::string::npos)
+      << e.status().message();
 }
 
 TEST(Calibration, OpsFallIntoTheirMemoryClass) {

@@ -159,15 +159,16 @@ TEST(MachineCalibration, WritesAClusterThePlannerReads) {
 
 TEST(MachineCalibration, CachedSamplesGiveTheRateOfTheirClass) {
   MachineSamples s = samples();
-  auto cached = [](const char *op, double gbs) {
-    return MachineSamples::StreamSample{op, 8e6, 8e6 / (gbs * 1e9), true};
+  auto cached = [](const char *op, double gbs, double backward = 0) {
+    const double t = 8e6 / (gbs * 1e9);
+    return MachineSamples::StreamSample{op, 8e6, t, true, backward * t};
   };
   s.streams = {{"add", 3e9, 3e9 / 40e9},
                cached("add", 200),
-               cached("relu", 100),
-               cached("gelu", 15),
+               cached("relu", 100, 4),
+               cached("gelu", 15, 1.25),
                cached("layer_norm", 30),
-               cached("batch_norm", 35),
+               cached("batch_norm", 35, 2.5),
                cached("max_pool2d", 25),
                {"bad", 1e6, 0, true}}; // untimed: left out
   s.cacheBytes = 32.0 * (1 << 20);
@@ -182,6 +183,12 @@ TEST(MachineCalibration, CachedSamplesGiveTheRateOfTheirClass) {
   EXPECT_NEAR(rate(MemoryClass::BatchNorm), 35e9, 1e3);
   EXPECT_NEAR(rate(MemoryClass::Pool), 25e9, 1e3);
   EXPECT_EQ(c.cacheBytes, 16.0 * (1 << 20)); // half the device's share
+  // Backward ratios from the gradient kernels' times, where timed.
+  auto back = [&](MemoryClass m) { return c.opBackwardRatio[size_t(m)]; };
+  EXPECT_NEAR(back(MemoryClass::Stream), 4.0, 1e-9); // relu alone
+  EXPECT_NEAR(back(MemoryClass::Transcendental), 1.25, 1e-9);
+  EXPECT_NEAR(back(MemoryClass::BatchNorm), 2.5, 1e-9);
+  EXPECT_EQ(back(MemoryClass::Norm), 0.0); // no gradient timed
   EXPECT_TRUE(c.validate().isOk());
   // The memory bandwidth is the uncached samples' alone.
   auto cl = parseCluster(r->clusterJson, ClusterFormat::Json, "calibrated");

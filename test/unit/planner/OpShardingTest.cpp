@@ -1053,6 +1053,19 @@ TEST(OpSearch, MemoryBoundOpsRunAtTheirClassRate) {
   EXPECT_NEAR(step(1e9, 100e9) - step(2e9, 100e9), 3 * 2 * mib / 2e9,
               1e-9);
   EXPECT_NEAR(step(10e9, 1e9) - step(10e9, 2e9), 3 * 5 * mib / 2e9, 1e-8);
+  // A measured backward ratio for the transcendental class: the gelu's
+  // backward is 1.5 x its forward (2 MiB at 1 GB/s) instead of 2 x.
+  auto withRatio = [&](double r) {
+    Calibration cal;
+    cal.opBandwidth[size_t(MemoryClass::Transcendental)] = 1e9;
+    cal.opBandwidth[size_t(MemoryClass::Stream)] = 100e9;
+    cal.cacheBytes = 1e9;
+    cal.opBackwardRatio[size_t(MemoryClass::Transcendental)] = r;
+    auto p = searchOpPlan(b.g, one, CostModel(cal), o);
+    EXPECT_TRUE(p) << p.status().message();
+    return p ? p->best.time.compute : 0.0;
+  };
+  EXPECT_NEAR(withRatio(0) - withRatio(1.5), 0.5 * 2 * mib / 1e9, 1e-9);
 }
 
 TEST(OpSearch, MemoryConstraintShardsWhatDoesNotFit) {

@@ -1022,6 +1022,17 @@ TEST(Search, MemoryBoundOpsArePricedByClassWhereMeasured) {
              1e-9);
   EXPECT_REL(c.groupTime(grp, 4, 1, false, -1), 4e6 / 100e9 + 8e6 / 1000e9,
              1e-9);
+  // The backward: backward_flops_ratio (2) x the forward, and where a
+  // class's op_backward_ratio is measured (transcendental 3), the extra
+  // ratio of that op's forward.
+  EXPECT_EQ(c.groupBackwardExtra(grp, 1, 2, false, -1), 0.0);
+  Calibration withBackward = cal;
+  withBackward.opBackwardRatio[size_t(MemoryClass::Transcendental)] = 3;
+  CostModel mb(withBackward);
+  pricing::Ctx cb{g, cl, mb, o};
+  cb.gpu = c.gpu;
+  EXPECT_REL(cb.groupBackwardExtra(grp, 1, 2, false, -1), 0.5e6 / 100e9,
+             1e-9);
   // Without rates: one roofline of 0.5 + 2 MB at the HBM bandwidth x 0.9.
   EXPECT_REL(p.groupTime(grp, 1, 2, false, -1),
              2.5e6 / (gpuPreset("h100-sxm-80gb")->memoryBandwidth * 0.9),
