@@ -263,8 +263,8 @@ Status checkPerClass(const char *key,
 }
 
 Expected<std::array<double, kNumMemoryClasses>>
-parsePerClass(const char *kOpRateKey, const nlohmann::json &v,
-              std::array<double, kNumMemoryClasses> r, double kGB) {
+parsePerClass(const char *key, const nlohmann::json &v,
+              std::array<double, kNumMemoryClasses> r, double scale) {
   auto known = [] {
     std::string k;
     for (size_t i = 0; i < kNumMemoryClasses; ++i)
@@ -272,7 +272,7 @@ parsePerClass(const char *kOpRateKey, const nlohmann::json &v,
     return k;
   };
   if (!v.is_object())
-    return Status::error(std::string(kOpRateKey) +
+    return Status::error(std::string(key) +
                          ": expected an object of numbers by op class (" +
                          known() + "), got " + std::string(v.type_name()));
   for (auto it = v.begin(); it != v.end(); ++it) {
@@ -281,17 +281,17 @@ parsePerClass(const char *kOpRateKey, const nlohmann::json &v,
       if (it.key() == memoryClassName(MemoryClass(i)))
         cls = i;
     if (cls == kNumMemoryClasses)
-      return Status::error(std::string(kOpRateKey) + ": unknown op class '" +
+      return Status::error(std::string(key) + ": unknown op class '" +
                            it.key() + "' (known: " + known() + ")");
     if (!it.value().is_number())
-      return Status::error(std::string(kOpRateKey) + "." + it.key() +
+      return Status::error(std::string(key) + "." + it.key() +
                            ": expected a number, got " +
                            std::string(it.value().type_name()));
     const double gbs = it.value().get<double>();
-    if (!std::isfinite(gbs * kGB) || gbs < 0)
-      return Status::error(std::string(kOpRateKey) + "." + it.key() +
+    if (!std::isfinite(gbs * scale) || gbs < 0)
+      return Status::error(std::string(key) + "." + it.key() +
                            ": expected a number >= 0, got " + fmt(gbs));
-    r[cls] = gbs * kGB;
+    r[cls] = gbs * scale;
   }
   return r;
 }

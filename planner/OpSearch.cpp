@@ -291,22 +291,26 @@ double Ctx::stepTime(const Solved &s, const OpNode &op, const Strategy &st,
   return fwd + bwd;
 }
 
+/// Operand `i` of `op` on one of t ranks under `st`: its micro-batch shape
+/// with the strategy's split dim divided by t (rounded up).
+std::vector<int64_t> rankOperandShape(const Solved &s, const OpNode &op,
+                                      const Strategy &st, size_t i, int t) {
+  std::vector<int64_t> shape = s.geo.operand(op.id, int(i)).shape;
+  if (i < st.operands.size() && st.operands[i].kind == Layout::S &&
+      st.operands[i].dim >= 0 && size_t(st.operands[i].dim) < shape.size())
+    shape[size_t(st.operands[i].dim)] =
+        (shape[size_t(st.operands[i].dim)] + t - 1) / t;
+  return shape;
+}
+
 std::optional<GemmShape> rankGemm(const Solved &s, const OpNode &op,
                                   const Strategy &st, int t) {
   if (op.operands.size() < 2)
     return std::nullopt;
-  std::vector<int64_t> sa = s.geo.operand(op.id, 0).shape,
-                       sb = s.geo.operand(op.id, 1).shape;
+  const std::vector<int64_t> sa = rankOperandShape(s, op, st, 0, t),
+                             sb = rankOperandShape(s, op, st, 1, t);
   if (sa.size() < 2 || sb.size() < 2)
     return std::nullopt;
-  auto split = [&](std::vector<int64_t> &shape, size_t i) {
-    if (i < st.operands.size() && st.operands[i].kind == Layout::S &&
-        st.operands[i].dim >= 0 && size_t(st.operands[i].dim) < shape.size())
-      shape[size_t(st.operands[i].dim)] =
-          (shape[size_t(st.operands[i].dim)] + t - 1) / t;
-  };
-  split(sa, 0);
-  split(sb, 1);
   const size_t ra = sa.size(), rb = sb.size();
   double m = double(op.transposeA ? sa[ra - 1] : sa[ra - 2]);
   const double k = double(op.transposeA ? sa[ra - 2] : sa[ra - 1]);
@@ -336,18 +340,10 @@ std::optional<ConvGemms> rankConvGemms(const Solved &s, const OpNode &op,
                                        const Strategy &st, int t) {
   if (op.operands.size() < 2 || op.shape.size() != 4 || op.groups < 1)
     return std::nullopt;
-  std::vector<int64_t> sx = s.geo.operand(op.id, 0).shape,
-                       sw = s.geo.operand(op.id, 1).shape;
+  const std::vector<int64_t> sx = rankOperandShape(s, op, st, 0, t),
+                             sw = rankOperandShape(s, op, st, 1, t);
   if (sx.size() != 4 || sw.size() != 4)
     return std::nullopt;
-  auto split = [&](std::vector<int64_t> &shape, size_t i) {
-    if (i < st.operands.size() && st.operands[i].kind == Layout::S &&
-        st.operands[i].dim >= 0 && size_t(st.operands[i].dim) < shape.size())
-      shape[size_t(st.operands[i].dim)] =
-          (shape[size_t(st.operands[i].dim)] + t - 1) / t;
-  };
-  split(sx, 0);
-  split(sw, 1);
   const double groups = double(op.groups);
   const double og = double(sw[0]) / groups;
   const double ckk = double(sw[1]) * double(sw[2]) * double(sw[3]);
