@@ -6,7 +6,7 @@ set -euo pipefail
 pkgs=(cmake ninja-build g++ git
       libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools
       clang-22 libfuzzer-22-dev libclang-rt-22-dev
-      libfmt-dev libopenblas-dev libgtest-dev libbenchmark-dev
+      libfmt-dev libopenblas-dev libdnnl-dev libgtest-dev libbenchmark-dev
       nlohmann-json3-dev libyaml-cpp-dev coinor-libcbc-dev pkg-config
       libopenmpi-dev openmpi-bin slurm-wlm munge
       python3 python3-numpy python3-psutil)

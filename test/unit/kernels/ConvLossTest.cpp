@@ -1,6 +1,9 @@
 //===- ConvLossTest.cpp - conv2d, pooling and losses against float64 ------===//
 
 #include "KernelTestUtil.h"
+#include "runtime/cpu/DnnlConv.h"
+
+#include <map>
 
 using namespace kt;
 
@@ -210,3 +213,141 @@ TEST(Mse, MeanSquaredError) {
 }
 
 } // namespace
+
+// The oneDNN path (runtime/cpu/DnnlConv.h) of conv2d and both gradients:
+// against float64 references on shapes that cut the batch into several
+// chunks (with a shorter last one), groups, depthwise, strides, dilation
+// and a right padding the window does not reach; the same bits with 1, 2
+// and 3 threads; and near im2col + sgemm's results.
+TEST(Conv2d, OneDnnMatchesReferenceAndIgnoresThreadCount) {
+  if (!cpu::haveDnnl())
+    GTEST_SKIP() << "built without oneDNN (libdnnl-dev): convolutions run "
+                    "as im2col + sgemm only";
+  KT_SEEDED_RNG(rng);
+  const ConvCase cases[] = {
+      {5, 8, 2, 2, 16, 3, 3, 1, {1, 1}, {1, 1}, {1, 1}, false}, // chunks 3+2
+      {7, 3, 9, 9, 16, 3, 3, 1, {2, 2}, {1, 1}, {1, 1}, false},
+      {3, 8, 7, 6, 8, 3, 2, 2, {2, 1}, {1, 0}, {2, 1}, false}, // groups
+      {2, 16, 6, 6, 16, 3, 3, 16, {1, 1}, {1, 1}, {1, 1}, false}, // depthwise
+      {4, 16, 5, 5, 32, 1, 1, 1, {1, 1}, {0, 0}, {1, 1}, false},   // 1x1
+      {2, 3, 12, 12, 8, 7, 7, 1, {2, 2}, {3, 3}, {1, 1}, false},
+      {2, 4, 6, 6, 8, 2, 2, 1, {2, 2}, {0, 0}, {1, 1}, false},
+      {3, 4, 7, 7, 8, 2, 2, 1, {3, 3}, {0, 0}, {1, 1}, false}, // padR < 0
+  };
+  for (const ConvCase &c : cases) {
+    const int64_t cg = c.c / c.groups, og = c.o / c.groups;
+    const int64_t oh =
+        (c.h + 2 * c.padding[0] - c.dilation[0] * (c.kh - 1) - 1) /
+            c.stride[0] +
+        1;
+    const int64_t ow =
+        (c.w + 2 * c.padding[1] - c.dilation[1] * (c.kw - 1) - 1) /
+            c.stride[1] +
+        1;
+    Tensor x = randomTensor(rng, DType::F32, {c.n, c.c, c.h, c.w});
+    Tensor w = randomTensor(rng, DType::F32, {c.o, cg, c.kh, c.kw});
+    Tensor dy = randomTensor(rng, DType::F32, {c.n, c.o, oh, ow});
+    // Float64 references: y, dx = sum over windows of dy * w, dw = sum of
+    // dy * x.
+    std::vector<double> y(size_t(c.n * c.o * oh * ow)),
+        dx(size_t(x.size())), dw(size_t(w.size()));
+    for (int64_t n = 0; n < c.n; ++n)
+      for (int64_t o = 0; o < c.o; ++o)
+        for (int64_t i = 0; i < oh; ++i)
+          for (int64_t j = 0; j < ow; ++j) {
+            const int64_t yi = ((n * c.o + o) * oh + i) * ow + j;
+            const int64_t g = o / og;
+            for (int64_t ci = 0; ci < cg; ++ci)
+              for (int64_t ky = 0; ky < c.kh; ++ky)
+                for (int64_t kx = 0; kx < c.kw; ++kx) {
+                  const int64_t iy =
+                      i * c.stride[0] - c.padding[0] + ky * c.dilation[0];
+                  const int64_t ix =
+                      j * c.stride[1] - c.padding[1] + kx * c.dilation[1];
+                  if (iy < 0 || iy >= c.h || ix < 0 || ix >= c.w)
+                    continue;
+                  const int64_t xi =
+                      ((n * c.c + g * cg + ci) * c.h + iy) * c.w + ix;
+                  const int64_t wi = ((o * cg + ci) * c.kh + ky) * c.kw + kx;
+                  y[size_t(yi)] += x.get(xi) * w.get(wi);
+                  dx[size_t(xi)] += dy.get(yi) * w.get(wi);
+                  dw[size_t(wi)] += dy.get(yi) * x.get(xi);
+                }
+          }
+    const std::map<std::string, AttrValue> attrs{
+        {"stride", c.stride},
+        {"padding", c.padding},
+        {"dilation", c.dilation},
+        {"groups", c.groups}};
+    auto runAll = [&](Tensor &ty, Tensor &tdx, Tensor &tdw) {
+      ASSERT_TRUE(run(makeInstr("conv2d", attrs), {&x, &w}, {&ty}).isOk());
+      ASSERT_TRUE(run(makeInstr("conv2d_grad_input", attrs), {&dy, &w},
+                      {&tdx})
+                      .isOk());
+      ASSERT_TRUE(run(makeInstr("conv2d_grad_filter", attrs), {&x, &dy},
+                      {&tdw})
+                      .isOk());
+    };
+    std::vector<Tensor> ys, dxs, dws;
+    for (int threads : {1, 2, 3}) {
+      cpu::setNumThreads(threads);
+      ys.emplace_back(DType::F32, Shape{c.n, c.o, oh, ow});
+      dxs.emplace_back(DType::F32, x.type.shape);
+      dws.emplace_back(DType::F32, w.type.shape);
+      runAll(ys.back(), dxs.back(), dws.back());
+    }
+    cpu::setConvPath(cpu::ConvPath::Im2col);
+    Tensor yi(DType::F32, {c.n, c.o, oh, ow}), dxi(DType::F32, x.type.shape),
+        dwi(DType::F32, w.type.shape);
+    runAll(yi, dxi, dwi);
+    cpu::setConvPath(cpu::ConvPath::Auto);
+    cpu::setNumThreads(2);
+    const std::string what = "case n=" + std::to_string(c.n) +
+                             " c=" + std::to_string(c.c) +
+                             " groups=" + std::to_string(c.groups);
+    EXPECT_TRUE(allClose(ys[0], y, 1e-4, 1e-4)) << what;
+    EXPECT_TRUE(allClose(dxs[0], dx, 1e-4, 1e-4)) << what;
+    EXPECT_TRUE(allClose(dws[0], dw, 1e-4, 1e-4)) << what;
+    for (size_t t = 1; t < ys.size(); ++t) {
+      EXPECT_EQ(std::memcmp(ys[t].data(), ys[0].data(), ys[0].type.byteSize()),
+                0)
+          << what << ": forward bits depend on the thread count";
+      EXPECT_EQ(
+          std::memcmp(dxs[t].data(), dxs[0].data(), dxs[0].type.byteSize()), 0)
+          << what << ": input gradient bits depend on the thread count";
+      EXPECT_EQ(
+          std::memcmp(dws[t].data(), dws[0].data(), dws[0].type.byteSize()), 0)
+          << what << ": filter gradient bits depend on the thread count";
+    }
+    std::vector<double> vy, vdx, vdw;
+    for (int64_t i = 0; i < yi.size(); ++i)
+      vy.push_back(yi.get(i));
+    for (int64_t i = 0; i < dxi.size(); ++i)
+      vdx.push_back(dxi.get(i));
+    for (int64_t i = 0; i < dwi.size(); ++i)
+      vdw.push_back(dwi.get(i));
+    EXPECT_TRUE(allClose(ys[0], vy, 1e-4, 1e-4)) << what << " vs im2col";
+    EXPECT_TRUE(allClose(dxs[0], vdx, 1e-4, 1e-4)) << what << " vs im2col";
+    EXPECT_TRUE(allClose(dws[0], vdw, 1e-4, 1e-4)) << what << " vs im2col";
+  }
+}
+
+// The path in use is oneDNN's where built with it, and DLOPT_CONV's
+// im2col (or setConvPath) turns it off.
+TEST(Conv2d, OneDnnIsUsedUnlessTurnedOff) {
+  if (!cpu::haveDnnl())
+    GTEST_SKIP() << "built without oneDNN (libdnnl-dev)";
+  ConvGeom g;
+  g.cg = 4, g.h = 6, g.w = 6, g.kh = 3, g.kw = 3, g.oh = 6, g.ow = 6;
+  g.stride = {1, 1}, g.padding = {1, 1}, g.dilation = {1, 1};
+  std::vector<float> x(2 * 4 * 36, 1.0f), w(8 * 4 * 9, 0.5f),
+      y(2 * 8 * 36, -1.0f);
+  EXPECT_TRUE(cpu::dnnlConvForward(g, 2, 4, 8, x.data(), w.data(), y.data()));
+  EXPECT_EQ(y[7], 4 * 9 * 0.5f); // an interior pixel: 36 taps of 0.5
+  EXPECT_NE(std::string(cpu::convImplementationName()).find("oneDNN"),
+            std::string::npos);
+  cpu::setConvPath(cpu::ConvPath::Im2col);
+  EXPECT_FALSE(cpu::dnnlConvForward(g, 2, 4, 8, x.data(), w.data(), y.data()));
+  EXPECT_STREQ(cpu::convImplementationName(), "im2col + sgemm");
+  cpu::setConvPath(cpu::ConvPath::Auto);
+}
