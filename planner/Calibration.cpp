@@ -165,37 +165,38 @@ Status checkRange(const Entry &e, double v) {
 }
 
 constexpr const char *kGemmTableKey = "gemm_table";
-constexpr size_t kMaxGemmTableRows = 4096;
+constexpr const char *kConvTableKey = "conv_table";
+constexpr size_t kMaxGridRows = 4096;
 constexpr double kMaxGemmDim = double(int64_t(1) << 31);
+constexpr double kGFlops = 1e9;
 
-std::string gemmRowWhere(size_t i) {
-  return std::string(kGemmTableKey) + " row " + std::to_string(i);
+std::string gridRowWhere(const char *key, size_t i) {
+  return std::string(key) + " row " + std::to_string(i);
 }
 
-/// A gemm_table must be a full grid: every combination of its distinct m,
-/// n and k values once, dims whole numbers in [1, 2^31], efficiencies in
-/// (0, 1].
-Status checkGemmTable(const std::vector<GemmTableRow> &rows) {
+/// A grid table (gemm_table, conv_table) must be a full grid: every
+/// combination of its distinct m, n and k values once, dims whole numbers
+/// in [1, 2^31]; `checkValues` checks a row's measured values.
+template <typename Row, typename CheckValues>
+Status checkGrid(const char *key, const std::vector<Row> &rows,
+                 CheckValues checkValues) {
   if (rows.empty())
     return Status::ok();
-  if (rows.size() > kMaxGemmTableRows)
-    return Status::error(std::string(kGemmTableKey) + ": expected at most " +
-                         std::to_string(kMaxGemmTableRows) + " rows, got " +
+  if (rows.size() > kMaxGridRows)
+    return Status::error(std::string(key) + ": expected at most " +
+                         std::to_string(kMaxGridRows) + " rows, got " +
                          std::to_string(rows.size()));
   std::set<double> ms, ns, ks;
   std::set<std::tuple<double, double, double>> seen;
   for (size_t i = 0; i < rows.size(); ++i) {
-    const GemmTableRow &r = rows[i];
-    const std::string at = gemmRowWhere(i);
+    const Row &r = rows[i];
+    const std::string at = gridRowWhere(key, i);
     for (double d : {r.m, r.n, r.k})
       if (!std::isfinite(d) || d < 1 || d > kMaxGemmDim || d != std::floor(d))
         return Status::error(at + ": expected dims that are whole numbers in "
                                   "[1, 2^31], got " +
                              fmt(d));
-    if (!std::isfinite(r.efficiency) || !(r.efficiency > 0) ||
-        r.efficiency > 1)
-      return Status::error(at + ": expected an efficiency in (0, 1], got " +
-                           fmt(r.efficiency));
+    DLOPT_RETURN_IF_ERROR(checkValues(r, at));
     if (!seen.insert({r.m, r.n, r.k}).second)
       return Status::error(at + ": m=" + fmt(r.m) + " n=" + fmt(r.n) +
                            " k=" + fmt(r.k) + " appears twice");
@@ -209,7 +210,7 @@ Status checkGemmTable(const std::vector<GemmTableRow> &rows) {
         for (double k : ks)
           if (!seen.count({m, n, k}))
             return Status::error(
-                std::string(kGemmTableKey) +
+                std::string(key) +
                 ": expected every combination of its m, n and k values (a "
                 "grid of " +
                 std::to_string(ms.size()) + " x " + std::to_string(ns.size()) +
@@ -219,30 +220,79 @@ Status checkGemmTable(const std::vector<GemmTableRow> &rows) {
   return Status::ok();
 }
 
-Expected<std::vector<GemmTableRow>> parseGemmTable(const nlohmann::json &v) {
+/// gemm_table: efficiencies in (0, 1].
+Status checkGemmTable(const std::vector<GemmTableRow> &rows) {
+  return checkGrid(kGemmTableKey, rows,
+                   [](const GemmTableRow &r, const std::string &at) {
+                     if (!std::isfinite(r.efficiency) ||
+                         !(r.efficiency > 0) || r.efficiency > 1)
+                       return Status::error(
+                           at + ": expected an efficiency in (0, 1], got " +
+                           fmt(r.efficiency));
+                     return Status::ok();
+                   });
+}
+
+/// conv_table: rates in (0, 10^9] GFLOP/s.
+Status checkConvTable(const std::vector<ConvTableRow> &rows) {
+  return checkGrid(
+      kConvTableKey, rows, [](const ConvTableRow &r, const std::string &at) {
+        for (double v : {r.forward, r.gradInput, r.gradFilter})
+          if (!std::isfinite(v) || !(v > 0) || v > 1e9 * kGFlops)
+            return Status::error(at + ": expected GFLOP/s in (0, 1e9], got " +
+                                 fmt(v / kGFlops));
+        return Status::ok();
+      });
+}
+
+/// Rows of `width` numbers, made into Rows by `make`, then checked.
+template <typename Row, typename Make, typename Check>
+Expected<std::vector<Row>> parseGrid(const char *key, const char *form,
+                                     size_t width, const nlohmann::json &v,
+                                     Make make, Check check) {
   if (!v.is_array())
-    return Status::error(std::string(kGemmTableKey) +
-                         ": expected an array of [m, n, k, efficiency] rows, "
-                         "got " +
-                         std::string(v.type_name()));
-  std::vector<GemmTableRow> rows; // checkGemmTable bounds the count
-  for (size_t i = 0; i < v.size(); ++i) {
+    return Status::error(std::string(key) + ": expected an array of " + form +
+                         " rows, got " + std::string(v.type_name()));
+  std::vector<Row> rows; // check bounds the count
+  for (size_t i = 0; i < v.size() && i <= kMaxGridRows; ++i) {
     const nlohmann::json &r = v[i];
-    if (!r.is_array() || r.size() != 4)
-      return Status::error(gemmRowWhere(i) +
-                           ": expected [m, n, k, efficiency], got " +
-                           r.dump().substr(0, 80));
-    double x[4];
-    for (size_t j = 0; j < 4; ++j) {
+    if (!r.is_array() || r.size() != width)
+      return Status::error(gridRowWhere(key, i) + ": expected " + form +
+                           ", got " + r.dump().substr(0, 80));
+    double x[8];
+    for (size_t j = 0; j < width; ++j) {
       if (!r[j].is_number())
-        return Status::error(gemmRowWhere(i) + ": expected numbers, got " +
+        return Status::error(gridRowWhere(key, i) +
+                             ": expected numbers, got " +
                              std::string(r[j].type_name()));
       x[j] = r[j].get<double>();
     }
-    rows.push_back({x[0], x[1], x[2], x[3]});
+    rows.push_back(make(x));
   }
-  DLOPT_RETURN_IF_ERROR(checkGemmTable(rows));
+  if (v.size() > kMaxGridRows)
+    return Status::error(std::string(key) + ": expected at most " +
+                         std::to_string(kMaxGridRows) + " rows, got " +
+                         std::to_string(v.size()));
+  DLOPT_RETURN_IF_ERROR(check(rows));
   return rows;
+}
+
+Expected<std::vector<GemmTableRow>> parseGemmTable(const nlohmann::json &v) {
+  return parseGrid<GemmTableRow>(
+      kGemmTableKey, "[m, n, k, efficiency]", 4, v,
+      [](const double *x) { return GemmTableRow{x[0], x[1], x[2], x[3]}; },
+      checkGemmTable);
+}
+
+Expected<std::vector<ConvTableRow>> parseConvTable(const nlohmann::json &v) {
+  return parseGrid<ConvTableRow>(
+      kConvTableKey,
+      "[m, n, k, forward, grad_input, grad_filter] (GFLOP/s)", 6, v,
+      [](const double *x) {
+        return ConvTableRow{x[0],           x[1],           x[2],
+                            x[3] * kGFlops, x[4] * kGFlops, x[5] * kGFlops};
+      },
+      checkConvTable);
 }
 
 constexpr const char *kOpRateKey = "op_gb_s";
@@ -359,7 +409,8 @@ Status Calibration::validate() const {
     DLOPT_RETURN_IF_ERROR(checkRange(e, this->*e.field / e.scale));
   DLOPT_RETURN_IF_ERROR(checkPerClass(kOpRateKey, opBandwidth, kGB));
   DLOPT_RETURN_IF_ERROR(checkPerClass(kOpBackwardKey, opBackwardRatio, 1));
-  return checkGemmTable(gemmTable);
+  DLOPT_RETURN_IF_ERROR(checkGemmTable(gemmTable));
+  return checkConvTable(convTable);
 }
 
 std::string Calibration::toJson() const {
@@ -371,6 +422,13 @@ std::string Calibration::toJson() const {
     for (const GemmTableRow &r : gemmTable)
       rows.push_back({r.m, r.n, r.k, r.efficiency});
     j[kGemmTableKey] = rows;
+  }
+  if (!convTable.empty()) {
+    nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+    for (const ConvTableRow &r : convTable)
+      rows.push_back({r.m, r.n, r.k, r.forward / kGFlops,
+                      r.gradInput / kGFlops, r.gradFilter / kGFlops});
+    j[kConvTableKey] = rows;
   }
   if (std::any_of(opBandwidth.begin(), opBandwidth.end(),
                   [](double r) { return r > 0; })) {
@@ -399,6 +457,12 @@ const std::vector<CalibrationKey> &calibrationKeys() {
     k.push_back({kGemmTableKey, "rows [m, n, k, fraction]",
                  "GEMM efficiency measured on a grid of shapes, for devices "
                  "without an SM count (interpolated between grid points)"});
+    k.push_back({kConvTableKey,
+                 "rows [m, n, k, forward, grad_input, grad_filter] (GFLOP/s)",
+                 "conv2d and its gradients measured on a grid of shapes "
+                 "(m, n, k: the forward's im2col GEMM), for devices without "
+                 "an SM count (absent: convolutions priced as their im2col "
+                 "GEMMs)"});
     k.push_back({kOpRateKey, "object of GB/s by op class",
                  "bytes read + written per second of memory-bound ops with "
                  "their data in the cache, by class: stream, transcendental, "
@@ -434,6 +498,13 @@ Expected<Calibration> parseCalibration(std::string_view text,
       c.gemmTable = rows.take();
       continue;
     }
+    if (it.key() == kConvTableKey) {
+      auto rows = parseConvTable(it.value());
+      if (!rows)
+        return Status::error(where + rows.status().message());
+      c.convTable = rows.take();
+      continue;
+    }
     if (it.key() == kOpRateKey) {
       auto rates = parsePerClass(kOpRateKey, it.value(), c.opBandwidth, kGB);
       if (!rates)
@@ -457,8 +528,8 @@ Expected<Calibration> parseCalibration(std::string_view text,
       std::string known;
       for (const Entry &e : kEntries)
         known += std::string(known.empty() ? "" : ", ") + e.name;
-      known += std::string(", ") + kGemmTableKey + ", " + kOpRateKey + ", " +
-               kOpBackwardKey;
+      known += std::string(", ") + kGemmTableKey + ", " + kConvTableKey +
+               ", " + kOpRateKey + ", " + kOpBackwardKey;
       return Status::error(where + "unknown calibration key '" + it.key() +
                            "' (known: " + known + ")");
     }

@@ -25,6 +25,15 @@ struct GemmTableRow {
   double m = 0, n = 0, k = 0, efficiency = 0;
 };
 
+/// One measured convolution of a conv_table: the forward's im2col GEMM
+/// dims (rows m = output channels per group, columns n = N * OH * OW,
+/// inner dim k = C / groups * KH * KW) and the FLOP/s (2 m n k over the
+/// time) of the CPU backend's three convolution kernels at that shape.
+struct ConvTableRow {
+  double m = 0, n = 0, k = 0;
+  double forward = 0, gradInput = 0, gradFilter = 0; ///< FLOP/s
+};
+
 /// What limits a memory-bound op where the calibration measured op rates
 /// (op_gb_s; dlopt-calibrate times one op of each class on a CPU): plain
 /// streams (adds, ReLU, copies, casts, reductions), transcendental
@@ -63,6 +72,13 @@ struct Calibration {
   /// count; dlopt-calibrate writes it on CPUs (docs/cost-model.md, "GEMM
   /// efficiency by shape on a CPU"). Empty: the size classes.
   std::vector<GemmTableRow> gemmTable;
+  /// conv_table: conv2d, conv2d_grad_input and conv2d_grad_filter measured
+  /// on a grid of shapes (every combination of its m, n and k values),
+  /// rates in FLOP/s (the JSON holds GFLOP/s), for devices without an SM
+  /// count; dlopt-calibrate writes it on CPUs, whose convolutions need not
+  /// run at their im2col GEMMs' speed (oneDNN's do not). Empty: a conv2d
+  /// is priced as its im2col GEMMs.
+  std::vector<ConvTableRow> convTable;
   double attentionEfficiency = 0.60;   ///< attention_efficiency
   double elementwiseEfficiency = 0.50; ///< elementwise_efficiency (FLOP side)
   double memoryBandwidthEfficiency = 0.90; ///< memory_bandwidth_efficiency

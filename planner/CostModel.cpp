@@ -97,12 +97,17 @@ double CostModel::computeEfficiency(const OpCost &op) const {
   return 1.0;
 }
 
-double gemmTableEfficiency(const std::vector<GemmTableRow> &table, double m,
-                           double n, double k) {
+namespace {
+
+/// The value `field` of a grid table (gemm_table, conv_table) at m x n x k:
+/// see gemmTableEfficiency.
+template <typename Row>
+double gridValue(const std::vector<Row> &table, double Row::*field, double m,
+                 double n, double k) {
   if (table.empty() || !(m > 0) || !(n > 0) || !(k > 0))
     return 0;
   std::vector<double> axes[3];
-  for (const GemmTableRow &r : table) {
+  for (const Row &r : table) {
     axes[0].push_back(r.m);
     axes[1].push_back(r.n);
     axes[2].push_back(r.k);
@@ -130,12 +135,12 @@ double gemmTableEfficiency(const std::vector<GemmTableRow> &table, double m,
     }
   }
   auto at = [&](double mm, double nn, double kk) {
-    for (const GemmTableRow &r : table)
+    for (const Row &r : table)
       if (r.m == mm && r.n == nn && r.k == kk)
-        return r.efficiency;
+        return r.*field;
     return 0.0; // not a full grid: Calibration::validate refuses those
   };
-  double eff = 0;
+  double v = 0;
   for (int c = 0; c < 8; ++c) {
     double wt = 1;
     double p[3];
@@ -145,9 +150,38 @@ double gemmTableEfficiency(const std::vector<GemmTableRow> &table, double m,
       p[d] = upper ? b[d].hi : b[d].lo;
     }
     if (wt > 0)
-      eff += wt * at(p[0], p[1], p[2]);
+      v += wt * at(p[0], p[1], p[2]);
   }
-  return eff * b[0].factor * b[1].factor * b[2].factor;
+  return v * b[0].factor * b[1].factor * b[2].factor;
+}
+
+} // namespace
+
+double gemmTableEfficiency(const std::vector<GemmTableRow> &table, double m,
+                           double n, double k) {
+  return gridValue(table, &GemmTableRow::efficiency, m, n, k);
+}
+
+double convTableRate(const std::vector<ConvTableRow> &table, ConvPass pass,
+                     double m, double n, double k) {
+  double ConvTableRow::*field = pass == ConvPass::Forward
+                                    ? &ConvTableRow::forward
+                                : pass == ConvPass::GradInput
+                                    ? &ConvTableRow::gradInput
+                                    : &ConvTableRow::gradFilter;
+  return gridValue(table, field, m, n, k);
+}
+
+std::optional<double> CostModel::convTime(ConvPass pass,
+                                          const GemmShape &forward,
+                                          const GpuSpec &gpu) const {
+  if (gpu.sms > 0 || cal_.convTable.empty())
+    return std::nullopt;
+  const double rate =
+      convTableRate(cal_.convTable, pass, forward.m, forward.n, forward.k);
+  if (!(rate > 0) || !(forward.flops() > 0))
+    return std::nullopt;
+  return forward.flops() / rate;
 }
 
 double CostModel::gemmEfficiency(const GemmShape &g, Precision precision,

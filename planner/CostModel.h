@@ -12,6 +12,8 @@
 #include "planner/Cluster.h"
 
 #include <functional>
+#include <optional>
+#include <vector>
 
 namespace dlopt::planner {
 
@@ -42,6 +44,15 @@ struct GemmShape {
 /// efficiency times dim / smallest: kernels work in whole register tiles).
 double gemmTableEfficiency(const std::vector<GemmTableRow> &table, double m,
                            double n, double k);
+
+/// The three kernels of a convolution.
+enum class ConvPass { Forward, GradInput, GradFilter };
+
+/// The FLOP/s of `pass` for a convolution whose forward im2col GEMM is
+/// m x n x k, from a conv_table grid (Calibration::convTable, non-empty and
+/// a full grid), interpolated as gemmTableEfficiency interpolates.
+double convTableRate(const std::vector<ConvTableRow> &table, ConvPass pass,
+                     double m, double n, double k);
 
 struct ComputeEstimate {
   double time = 0;        ///< max(computeTime, memoryTime)
@@ -126,6 +137,13 @@ public:
   /// calibration has one (gemmTableEfficiency), else the size classes.
   double gemmEfficiency(const GemmShape &g, Precision precision,
                         const GpuSpec &gpu) const;
+  /// The time of one kernel of a convolution whose forward im2col GEMM is
+  /// `forward` (m = output channels per group, n = N*OH*OW, k = C/groups*
+  /// KH*KW, batch = groups): its FLOPs, 2 m n k batch, at the conv_table's
+  /// rate for that pass. nullopt on a device with an SM count, without a
+  /// conv_table, or for an empty shape.
+  std::optional<double> convTime(ConvPass pass, const GemmShape &forward,
+                                 const GpuSpec &gpu) const;
   /// Roofline time of a GEMM moving `bytes` of HBM traffic.
   Expected<ComputeEstimate> gemmTime(const GemmShape &g, double bytes,
                                      Precision precision,

@@ -142,6 +142,30 @@ Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
                       double(c.gemmTable.size()), lo, hi));
     }
   }
+  // Convolutions: their own kernels' rates where measured (a CPU backend
+  // with oneDNN runs them faster than their im2col GEMMs).
+  if (!s.convGrid.empty()) {
+    for (const MachineSamples::ConvSample &g : s.convGrid)
+      if (g.forwardSeconds > 0 && g.gradInputSeconds > 0 &&
+          g.gradFilterSeconds > 0)
+        c.convTable.push_back(
+            {double(g.m), double(g.n), double(g.k), g.flops() / g.forwardSeconds,
+             g.flops() / g.gradInputSeconds, g.flops() / g.gradFilterSeconds});
+    if (Status st = c.validate(); !st.isOk()) {
+      L.push_back("convolution grid left out: " + st.message());
+      c.convTable.clear();
+    } else {
+      double lo = 1e30, hi = 0;
+      for (const ConvTableRow &r : c.convTable)
+        for (double v : {r.forward, r.gradInput, r.gradFilter}) {
+          lo = std::min(lo, v);
+          hi = std::max(hi, v);
+        }
+      L.push_back(fmt("convolution grid: %.0f shapes, %.1f to %.1f GFLOP/s "
+                      "(conv_table)",
+                      double(c.convTable.size()), lo * 1e-9, hi * 1e-9));
+    }
+  }
   double attention = 0;
   if (s.attentionSeconds > 0 && s.attentionFlops > 0) {
     attention = s.attentionFlops / s.attentionSeconds;

@@ -45,6 +45,16 @@ struct MachineSamples {
   /// f32 GEMMs on a grid (every combination of a few m, n and k): the
   /// calibration's gemm_table. Optional.
   std::vector<GemmSample> gemmGrid;
+  /// f32 convolutions on a grid (every combination of a few m, n and k,
+  /// the forward's im2col GEMM dims): the time of conv2d,
+  /// conv2d_grad_input and conv2d_grad_filter at each. The calibration's
+  /// conv_table. Optional.
+  struct ConvSample {
+    int64_t m = 0, n = 0, k = 0;
+    double forwardSeconds = 0, gradInputSeconds = 0, gradFilterSeconds = 0;
+    double flops() const { return 2.0 * double(m) * double(n) * double(k); }
+  };
+  std::vector<ConvSample> convGrid;
   double attentionFlops = 0, attentionSeconds = 0; ///< f32 forward
   /// Memory-bound kernels: bytes read + written and their time. Samples
   /// whose data outgrows the caches give the device's memory bandwidth

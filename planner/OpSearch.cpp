@@ -178,8 +178,9 @@ struct Ctx {
   /// choices on wave quantization that the tile menu overstates for
   /// single-wave grids (docs/cost-model.md, "GEMM efficiency by shape").
   /// Where gemmsByShape(), a matmul is its rank's GEMM (rankGemm) and a
-  /// conv2d its rank's im2col GEMM (rankConvGemms) at the measured grid's
-  /// efficiency. Other ops are memory-bound by their class
+  /// conv2d at the measured convolution grid's rate for its rank's im2col
+  /// GEMM dims (conv_table) or, without one, as that GEMM (rankConvGemms)
+  /// at the GEMM grid's efficiency. Other ops are memory-bound by their class
   /// (memoryClassOf).
   double forwardTime(const Solved &s, const OpNode &op, const Strategy &st,
                      double flops, double bytes, int t) const;
@@ -239,8 +240,11 @@ double Ctx::forwardTime(const Solved &s, const OpNode &op, const Strategy &st,
     if (auto g = rankGemm(s, op, st, t))
       return gemm(*g, bytes);
   if (op.kind == OpClass::Conv2D && gemmsByShape())
-    if (auto g = rankConvGemms(s, op, st, t))
+    if (auto g = rankConvGemms(s, op, st, t)) {
+      if (auto c = cost.convTime(ConvPass::Forward, g->forward, gpu))
+        return *c;
       return gemm(g->forward, bytes);
+    }
   const OpKind kind = rooflineKind(op);
   if (kind == OpKind::Elementwise)
     return elementwise(memoryClassOf(op.op), flops / st.divisor, bytes);
@@ -260,11 +264,18 @@ double Ctx::stepTime(const Solved &s, const OpNode &op, const Strategy &st,
         (g->forward.m * g->forward.k + g->forward.k * g->forward.n +
          g->forward.m * g->forward.n) *
         double(op.elemBytes) * g->forward.batch;
+    // The measured convolution kernels where the calibration has them
+    // (conv_table), else the gradients' im2col GEMMs.
+    auto pass = [&](ConvPass p, const GemmShape &asGemm) {
+      if (auto c = cost.convTime(p, g->forward, gpu))
+        return *c;
+      return gemm(asGemm, bytes);
+    };
     double bwd = 0;
     if (s.geo.operand(op.id, 0).needsGrad)
-      bwd += gemm(g->gradInput, bytes);
+      bwd += pass(ConvPass::GradInput, g->gradInput);
     if (s.geo.operand(op.id, 1).needsGrad)
-      bwd += gemm(g->gradFilter, bytes);
+      bwd += pass(ConvPass::GradFilter, g->gradFilter);
     return fwd + bwd;
   }
   if (rooflineKind(op) == OpKind::Elementwise) {

@@ -162,6 +162,51 @@ GemmSample timeGemm(DType t, int64_t m, int64_t n, int64_t k, int reps,
   return s;
 }
 
+/// Times conv2d, conv2d_grad_input and conv2d_grad_filter through the
+/// kernels on a 3x3 convolution (stride 1, padding 1) of n images of c
+/// channels of h x h pixels into o channels: im2col GEMM dims m = o,
+/// n = n * h * h, k = 9 c.
+planner::MachineSamples::ConvSample timeConv(int64_t o, int64_t c, int64_t n,
+                                             int64_t h, int reps) {
+  const TensorType tx{DType::F32, {n, c, h, h}}, tw{DType::F32, {o, c, 3, 3}},
+      ty{DType::F32, {n, o, h, h}};
+  const size_t conc = size_t(gConcurrent);
+  std::vector<float> x(size_t(tx.numElements()), 0.5f),
+      w(size_t(tw.numElements()), 0.25f), dy(size_t(ty.numElements()), 0.5f);
+  std::vector<std::vector<float>> y(conc, std::vector<float>(dy.size())),
+      dx(conc, std::vector<float>(x.size())),
+      dw(conc, std::vector<float>(w.size()));
+  Instr in;
+  in.loc = "dlopt-calibrate";
+  in.attrs["stride"] = AttrValue(std::vector<int64_t>{1, 1});
+  in.attrs["padding"] = AttrValue(std::vector<int64_t>{1, 1});
+  planner::MachineSamples::ConvSample s;
+  s.m = o, s.n = n * h * h, s.k = 9 * c;
+  double *secs[3] = {&s.forwardSeconds, &s.gradInputSeconds,
+                     &s.gradFilterSeconds};
+  const char *ops[3] = {"conv2d", "conv2d_grad_input", "conv2d_grad_filter"};
+  for (int pass = 0; pass < 3; ++pass) {
+    in.op = ops[pass];
+    std::atomic<int> next{0};
+    *secs[pass] = best(reps, [&] {
+      const size_t me = size_t(next++ % gConcurrent);
+      std::vector<TensorRef> ins, outs;
+      if (pass == 0) {
+        ins = {{x.data(), tx}, {w.data(), tw}};
+        outs = {{y[me].data(), ty}};
+      } else if (pass == 1) {
+        ins = {{dy.data(), ty}, {w.data(), tw}};
+        outs = {{dx[me].data(), tx}};
+      } else {
+        ins = {{x.data(), tx}, {dy.data(), ty}};
+        outs = {{dw[me].data(), tw}};
+      }
+      check(cpu::runKernel(in, ins, outs), ops[pass]);
+    });
+  }
+  return s;
+}
+
 /// All-reduces of `bytes` over `ranks` in-process ranks (threads): the
 /// slowest rank's time, best of `reps`.
 AllReduceSample timeInProcess(int ranks, int64_t bytes, int reps) {
@@ -364,6 +409,28 @@ int main(int argc, char **argv) {
           const double flops = 2.0 * double(m * n * k);
           const int r = flops < double(1 << 24) ? 10 * reps : reps;
           s.gemmGrid.push_back(timeGemm(DType::F32, m, n, k, r, /*cold=*/true));
+        }
+  }
+  // The convolution grid of the conv_table: 3x3 convolutions whose im2col
+  // GEMM dims are every combination of m = output channels, k = 9 x input
+  // channels and n = output pixels over the batch (2x2, 8x8 and 32x32
+  // planes), the shapes from a ResNet's last layers to a small CNN's first
+  // (docs/cost-model.md, "Convolutions on a CPU").
+  {
+    const std::vector<int64_t> outs =
+        quick ? std::vector<int64_t>{16, 512} : std::vector<int64_t>{16, 64, 512};
+    const std::vector<int64_t> ins =
+        quick ? std::vector<int64_t>{1, 256} : std::vector<int64_t>{1, 16, 256};
+    // (images, plane side): n = 32, 512, 4096 pixels.
+    const std::vector<std::pair<int64_t, int64_t>> planes =
+        quick ? std::vector<std::pair<int64_t, int64_t>>{{8, 2}, {4, 32}}
+              : std::vector<std::pair<int64_t, int64_t>>{{8, 2}, {8, 8}, {4, 32}};
+    for (int64_t o : outs)
+      for (int64_t c : ins)
+        for (auto [n, h] : planes) {
+          const double flops = 2.0 * double(o * 9 * c * n * h * h);
+          const int r = flops < double(1 << 24) ? 10 * reps : reps;
+          s.convGrid.push_back(timeConv(o, c, n, h, r));
         }
   }
   for (DType t : {DType::BF16, DType::F16})

@@ -126,6 +126,53 @@ TEST(Calibration, GemmTableParsesRoundTripsAndRefusesBadGrids) {
   expectError(big + "]", "at most 4096 rows");
 }
 
+
+TEST(Calibration, ConvTableParsesInGflopsRoundTripsAndRefusesBadGrids) {
+  std::string rows;
+  for (int m : {16, 512})
+    for (int n : {32, 4096})
+      for (int k : {9, 2304})
+        rows += std::string(rows.empty() ? "" : ", ") + "[" +
+                std::to_string(m) + ", " + std::to_string(n) + ", " +
+                std::to_string(k) + ", 100, 80.5, 60]";
+  auto c = parseCalibration("{\"conv_table\": [" + rows + "]}", "cal.json");
+  ASSERT_TRUE(c) << c.status().message();
+  ASSERT_EQ(c->convTable.size(), 8u);
+  EXPECT_EQ(c->convTable[1].k, 2304);
+  EXPECT_EQ(c->convTable[1].forward, 100e9); // GFLOP/s in the file
+  EXPECT_EQ(c->convTable[1].gradInput, 80.5e9);
+  EXPECT_EQ(c->convTable[1].gradFilter, 60e9);
+  auto back = parseCalibration(c->toJson(), "round trip");
+  ASSERT_TRUE(back) << back.status().message();
+  ASSERT_EQ(back->convTable.size(), 8u);
+  EXPECT_EQ(back->convTable[7].gradInput, 80.5e9);
+  EXPECT_EQ(Calibration{}.toJson().find("conv_table"), std::string::npos);
+  bool listed = false;
+  for (const CalibrationKey &k : calibrationKeys())
+    listed |= k.name == std::string("conv_table");
+  EXPECT_TRUE(listed);
+
+  auto expectError = [](const std::string &table, const std::string &sub) {
+    auto e = parseCalibration("{\"conv_table\": " + table + "}", "cal.json");
+    ASSERT_FALSE(e) << table;
+    EXPECT_NE(e.status().message().find(sub), std::string::npos)
+        << e.status().message();
+    EXPECT_NE(e.status().message().find("cal.json"), std::string::npos);
+  };
+  expectError("{}", "conv_table: expected an array of [m, n, k, forward, "
+                    "grad_input, grad_filter] (GFLOP/s) rows, got object");
+  expectError("[[16, 32, 9, 1, 1]]", "conv_table row 0: expected [m, n, k");
+  expectError("[[16, 32, 9, 1, 1, null]]", "row 0: expected numbers, got null");
+  expectError("[[16, 32, 9, 1, 0, 1]]", "expected GFLOP/s in (0, 1e9], got 0");
+  expectError("[[16, 32, 9, 1, 1, 2e9]]", "expected GFLOP/s in (0, 1e9]");
+  expectError("[[16, 32, 9.5, 1, 1, 1]]", "whole numbers in [1, 2^31], got 9.5");
+  expectError("[[16, 32, 9, 1, 1, 1], [16, 32, 9, 2, 2, 2]]", "appears twice");
+  expectError("[[16, 32, 9, 1, 1, 1], [512, 32, 9, 1, 1, 1], "
+              "[16, 4096, 9, 1, 1, 1]]",
+              "conv_table: expected every combination of its m, n and k "
+              "values (a grid of 2 x 2 x 1), missing m=512 n=4096 k=9");
+}
+
 TEST(Calibration, OpRatesParseRoundTripAndRefuseBadClasses) {
   auto c = parseCalibration(
       R"({"op_gb_s": {"stream": 200, "transcendental": 17.5}, "cache_mib": 16})",

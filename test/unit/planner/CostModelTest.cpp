@@ -213,6 +213,45 @@ TEST(Compute, GemmTablePricesDevicesWithoutAnSmCount) {
              cal.matmulSmallEfficiency, kRel);
 }
 
+
+TEST(Compute, ConvTablePricesEachPassAtItsMeasuredRate) {
+  // A 2 x 2 x 2 grid whose rates differ by pass and grow with each dim.
+  std::vector<ConvTableRow> t;
+  for (double m : {16.0, 256.0})
+    for (double n : {32.0, 4096.0})
+      for (double k : {9.0, 2304.0}) {
+        const double base =
+            1e9 * (10 + 40 * (m == 256) + 20 * (n == 4096) + 10 * (k == 2304));
+        t.push_back({m, n, k, base, 2 * base, 0.5 * base});
+      }
+  // Grid points, then the same log-linear interpolation as gemm_table:
+  // m = 64 is halfway from 16 to 256.
+  EXPECT_REL(convTableRate(t, ConvPass::Forward, 16, 32, 9), 10e9, kRel);
+  EXPECT_REL(convTableRate(t, ConvPass::GradInput, 256, 4096, 2304), 160e9,
+             kRel);
+  EXPECT_REL(convTableRate(t, ConvPass::GradFilter, 256, 32, 9), 25e9, kRel);
+  EXPECT_REL(convTableRate(t, ConvPass::Forward, 64, 4096, 2304), 60e9, kRel);
+  // Below the grid the rate shrinks with the dim; above, the edge's.
+  EXPECT_REL(convTableRate(t, ConvPass::Forward, 8, 1e6, 1e5), 0.5 * 40e9,
+             kRel);
+  Calibration cal;
+  cal.convTable = t;
+  CostModel cm(cal);
+  GpuSpec cpu = clusterPreset("cpu")->groups.front().gpu;
+  // The time is the pass's FLOPs, 2 m n k groups, at its rate.
+  GemmShape fwd{16, 32, 9, 3};
+  auto f = cm.convTime(ConvPass::Forward, fwd, cpu);
+  auto gi = cm.convTime(ConvPass::GradInput, fwd, cpu);
+  ASSERT_TRUE(f && gi);
+  EXPECT_REL(*f, 2.0 * 16 * 32 * 9 * 3 / 10e9, kRel);
+  EXPECT_REL(*gi, *f / 2, kRel);
+  // No table, an empty shape, or a GPU with an SM count: not priced here.
+  EXPECT_FALSE(CostModel().convTime(ConvPass::Forward, fwd, cpu));
+  EXPECT_FALSE(cm.convTime(ConvPass::Forward, GemmShape{0, 32, 9}, cpu));
+  EXPECT_FALSE(
+      cm.convTime(ConvPass::Forward, fwd, *gpuPreset("h100-sxm-80gb")));
+}
+
 TEST(Compute, GemmTileAndWaveQuantization) {
   CostModel m;
   GpuSpec h100 = *gpuPreset("h100-sxm-80gb"); // 132 SMs

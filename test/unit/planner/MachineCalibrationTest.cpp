@@ -137,6 +137,47 @@ TEST(MachineCalibration, TheGemmGridBecomesTheGemmTable) {
   EXPECT_TRUE(said);
 }
 
+TEST(MachineCalibration, TheConvolutionGridBecomesTheConvTable) {
+  MachineSamples s = samples();
+  // A 2 x 2 x 2 grid: each pass's rate is what the samples' times give.
+  for (int64_t m : {16, 512})
+    for (int64_t n : {32, 4096})
+      for (int64_t k : {9, 2304}) {
+        MachineSamples::ConvSample g;
+        g.m = m, g.n = n, g.k = k;
+        g.forwardSeconds = g.flops() / 200e9;
+        g.gradInputSeconds = g.flops() / 100e9;
+        g.gradFilterSeconds = g.flops() / (m == 512 ? 50e9 : 150e9);
+        s.convGrid.push_back(g);
+      }
+  auto r = calibrateMachine(s);
+  ASSERT_TRUE(r) << r.status().message();
+  const Calibration &c = r->calibration;
+  ASSERT_EQ(c.convTable.size(), 8u);
+  for (const ConvTableRow &row : c.convTable) {
+    EXPECT_NEAR(row.forward, 200e9, 1e-3);
+    EXPECT_NEAR(row.gradInput, 100e9, 1e-3);
+    EXPECT_NEAR(row.gradFilter, row.m == 512 ? 50e9 : 150e9, 1e-3);
+  }
+  EXPECT_TRUE(c.validate().isOk());
+  bool said = false;
+  for (const std::string &l : r->lines)
+    said = said || l.find("convolution grid: 8 shapes, 50.0 to 200.0 GFLOP/s "
+                          "(conv_table)") != std::string::npos;
+  EXPECT_TRUE(said);
+  // Without the grid: no table (convolutions priced as their GEMMs).
+  EXPECT_TRUE(calibrateMachine(samples())->calibration.convTable.empty());
+  // A grid with a hole is left out, and says why.
+  s.convGrid.pop_back();
+  auto h = calibrateMachine(s);
+  ASSERT_TRUE(h) << h.status().message();
+  EXPECT_TRUE(h->calibration.convTable.empty());
+  said = false;
+  for (const std::string &l : h->lines)
+    said = said || l.find("convolution grid left out") != std::string::npos;
+  EXPECT_TRUE(said);
+}
+
 TEST(MachineCalibration, WritesAClusterThePlannerReads) {
   auto r = calibrateMachine(samples());
   ASSERT_TRUE(r) << r.status().message();

@@ -1021,6 +1021,54 @@ TEST(OpSearch, CalibratedCpuPricesConvolutionsAsTheirIm2colGemms) {
   EXPECT_GT(sloped->best.time.compute, byShape->best.time.compute);
 }
 
+TEST(OpSearch, ConvTablePricesEachConvolutionPassAtItsMeasuredRate) {
+  // The two convolutions of the test above with a conv_table: forward at
+  // rate R, input gradient at R / 2, filter gradient at R / 4, whatever the
+  // shape (a flat grid), and the first conv without an input gradient.
+  // Doubling R halves exactly the convolutions' share of the step.
+  Builder b(64);
+  ValueRef img = b.input("img", {64, 16, 14, 14});
+  const double f1 = 2.0 * 64 * 32 * 196 * 144, f2 = 2.0 * 64 * 32 * 196 * 288;
+  OpNode &c1 = b.op("dlopt.conv2d", OpClass::Conv2D, {64, 32, 14, 14},
+                    {img, b.param("w1", {32, 16, 3, 3})}, f1);
+  c1.groups = 1;
+  ValueRef h = b.ref(c1);
+  OpNode &c2 = b.op("dlopt.conv2d", OpClass::Conv2D, {64, 32, 14, 14},
+                    {h, b.param("w2", {32, 32, 3, 3})}, f2);
+  c2.groups = 1;
+  h = b.ref(c2);
+  b.op("dlopt.mse", OpClass::Loss, {}, {h, b.input("y", {64, 32, 14, 14})});
+  SearchOptions o;
+  o.training = true;
+  o.precision = Precision::FP32;
+  o.fix.tp = 1;
+  o.fix.pp = 1;
+  auto withRate = [](double r) {
+    Calibration cal;
+    for (double m : {1.0, 1e6})
+      for (double n : {1.0, 1e6})
+        for (double k : {1.0, 1e6}) {
+          cal.gemmTable.push_back({m, n, k, 0.5});
+          cal.convTable.push_back({m, n, k, r, r / 2, r / 4});
+        }
+    return cal;
+  };
+  const Cluster cpu = preset("cpu", 1); // two devices: 32 images each
+  const double r = 50e9;
+  auto slow = searchOpPlan(b.g, cpu, CostModel(withRate(r)), o);
+  auto fast = searchOpPlan(b.g, cpu, CostModel(withRate(2 * r)), o);
+  ASSERT_TRUE(slow) << slow.status().message();
+  ASSERT_TRUE(fast) << fast.status().message();
+  ASSERT_EQ(slow->best.key(), fast->best.key());
+  // Per device (half the images): conv 1 forward + filter gradient
+  // (1 + 4) f1 / 2 / R, conv 2 forward + input + filter gradients
+  // (1 + 2 + 4) f2 / 2 / R; at 2R half of that.
+  const double convs = (5 * f1 + 7 * f2) / 2 / r;
+  EXPECT_NEAR((slow->best.time.compute - fast->best.time.compute) /
+                  (convs / 2),
+              1.0, 1e-6);
+}
+
 TEST(OpSearch, MemoryBoundOpsRunAtTheirClassRate) {
   // x [256, 1024] -> matmul -> gelu -> add -> mse on one device of the
   // cpu preset: the gelu at the transcendental rate, the add and the mse
