@@ -218,11 +218,12 @@ struct Buffer {
 };
 
 /// A worker's buffers for its chunks (a, b, c, scratch) and the calling
-/// thread's for an instruction's filter and partial filter gradients
-/// (reused: a fresh allocation of a 9 MiB filter costs as much in page
-/// faults as reordering it).
+/// thread's for an instruction's filter in the primitive's layout or its
+/// partial filter gradients (one buffer: an instruction needs one or the
+/// other; kept between calls: a fresh allocation of a 9 MiB filter costs
+/// as much in page faults as reordering it).
 struct ThreadBuffers {
-  Buffer a, b, c, scratch, wei, part;
+  Buffer a, b, c, scratch, filter;
 };
 
 ThreadBuffers &threadBuffers() {
@@ -446,7 +447,7 @@ bool runDataPass(Kind kind, const ConvGeom &g, int64_t n, int64_t c,
       return false;
     try {
       omp_set_num_threads(1);
-      void *buf = threadBuffers().wei.get(full->wei.get_size());
+      void *buf = threadBuffers().filter.get(full->wei.get_size());
       if (!buf || !reorderFilter(*full, /*in=*/true, const_cast<float *>(w),
                                  buf))
         return false;
@@ -557,7 +558,7 @@ bool dnnlConvBackwardWeights(const ConvGeom &g, int64_t n, int64_t c,
   // Every chunk overwrites its slice.
   float *part = nullptr;
   if (!direct) {
-    part = static_cast<float *>(threadBuffers().part.get(
+    part = static_cast<float *>(threadBuffers().filter.get(
         size_t(count) * weiFloats * sizeof(float)));
     if (!part)
       return false;
