@@ -4,6 +4,7 @@
 
 #include "planner/PlanJson.h"
 #include "planner/ReportUtil.h"
+#include "planner/ConfigSpace.h"
 #include "planner/SearchUtil.h"
 
 #include <algorithm>
@@ -911,16 +912,6 @@ bool better(const OpCandidate &a, const OpCandidate &b) {
   return k(a) < k(b);
 }
 
-std::string fixedIssues(const FixSpec &f) {
-  std::vector<std::string> why;
-  if (f.v && (!f.schedule || *f.schedule != PipelineSchedule::Interleaved1F1B))
-    why.push_back("v= needs schedule=interleaved");
-  if (f.recompute && *f.recompute != RecomputePolicy::None)
-    why.push_back(std::string("recompute=") + recomputeName(*f.recompute) +
-                  " is not available to op-level plans yet (none)");
-  return joinReasons(why);
-}
-
 SolverKind solverFromEnv() {
   const char *e = std::getenv("DLOPT_OP_SOLVER");
   if (!e)
@@ -981,7 +972,9 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
   if (!gpu)
     return gpu.status();
   c.gpu = *gpu;
-  std::string fixWhy = fixedIssues(opt.fix);
+  // What the op-level search does not vary (cp, sp, recompute) is refused
+  // when fixed (ConfigSpace.h).
+  std::string fixWhy = unsupportedFixes(SpaceRules{}, opt.fix);
   if (!fixWhy.empty())
     return Status::error("--fix " + opt.fix.str() + " is impossible: " +
                          fixWhy);
@@ -1010,8 +1003,6 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
   const FixSpec &fix = opt.fix;
   const int gpusPerNode =
       cluster.groups.empty() ? 1 : cluster.groups.front().gpusPerNode;
-  const PipelineSchedule sched = fix.schedule.value_or(
-      c.train ? PipelineSchedule::OneFOneB : PipelineSchedule::GPipe);
 
   std::map<std::tuple<int, int, int64_t>, std::unique_ptr<Solved>> cache;
   std::map<std::tuple<int, int, int64_t, int, int>, std::unique_ptr<Solved>>
@@ -1019,7 +1010,6 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
   CandidateRanking<OpCandidate, std::tuple<int, int, int>, decltype(&better)>
       ranking(opt.topK, &better);
   const Solved *bestSolved = nullptr;
-  auto prune = [&](const std::string &why) { ++st.pruned[why]; };
   int constrainedSolves = 0;
   const int kMaxConstrainedSolves = 48;
 
@@ -1030,106 +1020,64 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
     return out.fits;
   };
 
-  for (int64_t t64 : divisorsOf(devices)) {
-    int t = int(t64);
-    if (fix.tp && *fix.tp != t)
-      continue;
-    if (!fix.tp && t > gpusPerNode) {
-      prune("tp spans nodes (kept within a node)");
-      continue;
+  SpaceRules rules;
+  rules.devices = devices;
+  rules.gpusPerNode = gpusPerNode;
+  rules.globalBatch = gb;
+  // Every micro-batch size (SearchOptions::maxMicroBatch caps only the
+  // transformer search): a sample is a row or an image here.
+  rules.maxMicroBatch = 0;
+  rules.training = c.train;
+  rules.optimizer = opt.optimizer;
+  rules.bytes = opt.bytes;
+  rules.units = "ops";
+  rules.numUnits = int64_t(c.fwdOps.size());
+  forEachConfig(rules, fix, st.pruned, [&](const TrainingConfig &cfg) {
+    const int t = cfg.tp, dp = cfg.dp, pp = cfg.pp, zero = cfg.zeroStage;
+    const int64_t mbs = cfg.microBatchSize, m = cfg.numMicroBatches;
+    auto key = std::make_tuple(t, dp, mbs);
+    auto it = cache.find(key);
+    if (it == cache.end())
+      it = cache.emplace(key, solveFor(c, t, dp, mbs, m, nullptr)).first;
+    const Solved &s = *it->second;
+    Priced pr = price(c, s, cfg);
+    if (consider(pr.cand, &s) || t == 1)
+      return;
+    // Out of memory: let the ILP trade time for memory.
+    if (constrainedSolves >= kMaxConstrainedSolves) {
+      if (st.notes.size() < 8 &&
+          std::find(st.notes.begin(), st.notes.end(),
+                    "memory-constrained solves stopped at " +
+                        std::to_string(kMaxConstrainedSolves)) ==
+              st.notes.end())
+        st.notes.push_back("memory-constrained solves stopped at " +
+                           std::to_string(kMaxConstrainedSolves));
+      return;
     }
-    for (int64_t pp64 : divisorsOf(devices / t)) {
-      int pp = int(pp64);
-      if (fix.pp && *fix.pp != pp)
-        continue;
-      const int v = sched == PipelineSchedule::Interleaved1F1B
-                        ? int(fix.v.value_or(2))
-                        : 1;
-      if (pp * v > int(c.fwdOps.size())) {
-        prune("pp (times v) exceeds the ops");
-        continue;
-      }
-      if (v > 1 && pp == 1) {
-        prune("schedule=interleaved needs pp > 1");
-        continue;
-      }
-      if (v > 1 && !c.train) {
-        prune("schedule=interleaved needs a training step");
-        continue;
-      }
-      int dp = devices / t / pp;
-      // Every micro-batch size (SearchOptions::maxMicroBatch caps only the
-      // transformer search): a sample is a row or an image here.
-      for (const auto [mbs, m] :
-           batchSplits(dp, gb, fix, /*maxMicroBatch=*/0, st.pruned)) {
-        auto key = std::make_tuple(t, dp, mbs);
-        auto it = cache.find(key);
-        if (it == cache.end())
-          it = cache.emplace(key, solveFor(c, t, dp, mbs, m, nullptr)).first;
-        const Solved &s = *it->second;
-        std::vector<int> zeros{0};
-        if (c.train && dp > 1)
-          zeros = {0, 1, 2, 3};
-        for (int zero : zeros) {
-          if (fix.zero && *fix.zero != zero)
-            continue;
-          TrainingConfig cfg;
-          cfg.dp = dp;
-          cfg.tp = t;
-          cfg.pp = pp;
-          cfg.zeroStage = zero;
-          cfg.microBatchSize = mbs;
-          cfg.numMicroBatches = m;
-          cfg.schedule = sched;
-          cfg.virtualStages = v;
-          cfg.optimizer = opt.optimizer;
-          cfg.precision = opt.bytes;
-          Priced pr = price(c, s, cfg);
-          if (consider(pr.cand, &s) || t == 1)
-            continue;
-          // Out of memory: let the ILP trade time for memory.
-          if (constrainedSolves >= kMaxConstrainedSolves) {
-            if (st.notes.size() < 8 &&
-                std::find(st.notes.begin(), st.notes.end(),
-                          "memory-constrained solves stopped at " +
-                              std::to_string(kMaxConstrainedSolves)) ==
-                    st.notes.end())
-              st.notes.push_back("memory-constrained solves stopped at " +
-                                 std::to_string(kMaxConstrainedSolves));
-            continue;
-          }
-          const Calibration &cal = cost.calibration();
-          MemWeights mw;
-          double inflight =
-              c.train ? microBatchesInFlight(cfg, 0) : 0.0;
-          mw.paramPerElem = stateBytesPerElem(opt, c.train) / pp;
-          if (c.train && dp > 1) {
-            auto one = stateMemory(1.0, dp, zero, opt.optimizer, opt.bytes);
-            if (one)
-              mw.paramPerElem = one->total() / pp;
-          }
-          mw.activation =
-              inflight / pp * (1 + cal.fragmentationFraction);
-          double fixed = pr.cand.memory.commBuffers +
-                         pr.cand.memory.transient +
-                         cal.runtimeReservedBytes;
-          mw.budget = c.capacity - fixed;
-          if (mw.budget <= 0)
-            continue;
-          auto mkey = std::make_tuple(t, dp, mbs, pp, zero);
-          auto mit = memCache.find(mkey);
-          if (mit == memCache.end()) {
-            ++constrainedSolves;
-            mit = memCache
-                      .emplace(mkey, solveFor(c, t, dp, mbs, m, &mw))
-                      .first;
-          }
-          Priced pc = price(c, *mit->second, cfg);
-          consider(pc.cand, mit->second.get());
-        }
-      }
+    const Calibration &cal = cost.calibration();
+    MemWeights mw;
+    double inflight = c.train ? microBatchesInFlight(cfg, 0) : 0.0;
+    mw.paramPerElem = stateBytesPerElem(opt, c.train) / pp;
+    if (c.train && dp > 1) {
+      auto one = stateMemory(1.0, dp, zero, opt.optimizer, opt.bytes);
+      if (one)
+        mw.paramPerElem = one->total() / pp;
     }
-  }
+    mw.activation = inflight / pp * (1 + cal.fragmentationFraction);
+    double fixed = pr.cand.memory.commBuffers + pr.cand.memory.transient +
+                   cal.runtimeReservedBytes;
+    mw.budget = c.capacity - fixed;
+    if (mw.budget <= 0)
+      return;
+    auto mkey = std::make_tuple(t, dp, mbs, pp, zero);
+    auto mit = memCache.find(mkey);
+    if (mit == memCache.end()) {
+      ++constrainedSolves;
+      mit = memCache.emplace(mkey, solveFor(c, t, dp, mbs, m, &mw)).first;
+    }
+    Priced pc = price(c, *mit->second, cfg);
+    consider(pc.cand, mit->second.get());
+  });
 
   st.priced = ranking.priced();
   st.feasible = ranking.feasible();

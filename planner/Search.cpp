@@ -1,6 +1,7 @@
 //===- Search.cpp - The transformer search: enumerate, price, choose ------===//
 #include "planner/Search.h"
 
+#include "planner/ConfigSpace.h"
 #include "planner/SearchUtil.h"
 #include "planner/TransformerPricing.h"
 #include "planner/TransformerSharding.h"
@@ -284,142 +285,36 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
   SearchStats &st = res.stats;
   CandidateRanking<Candidate, Shape, decltype(&better)> ranking(opt.topK,
                                                                 &better);
-  auto prune = [&](const std::string &why, int64_t n = 1) {
-    st.pruned[why] += n;
-  };
 
-  for (int64_t tp64 : divisorsOf(devices)) {
-    int tp = int(tp64);
-    if (fix.tp && *fix.tp != tp)
-      continue;
-    if (spec.heads % tp || spec.tpWidth() % tp) {
-      prune("tp does not divide heads or ffn");
-      continue;
-    }
-    if (graph.kvHeads > 0 && graph.kvHeads % tp) {
-      prune("tp does not divide the key/value heads");
-      continue;
-    }
-    if (tp > gpusPerNode && !fix.tp) {
-      prune("tp spans nodes (kept within a node)");
-      continue;
-    }
-   for (int64_t cp64 : divisorsOf(devices / tp)) {
-    int cp = int(cp64);
-    if (fix.cp ? *fix.cp != cp : cp > 1 && spec.seqLen < opt.contextParallelMinSeq) {
-      if (!fix.cp)
-        prune("cp > 1 (only searched for sequences of at least " +
-              std::to_string(opt.contextParallelMinSeq) + " tokens)");
-      continue;
-    }
-    if (cp > 1 && spec.seqLen % (2 * int64_t(cp))) {
-      prune("2*cp does not divide the sequence");
-      continue;
-    }
-    for (int64_t pp64 : divisorsOf(devices / tp / cp)) {
-      int pp = int(pp64);
-      if (fix.pp && *fix.pp != pp)
-        continue;
-      if (pp > spec.numLayers) {
-        prune("pp exceeds the layers");
-        continue;
-      }
-      int dp = devices / tp / pp / cp;
-      for (const auto [mbs, m] :
-           batchSplits(dp, gb, fix, opt.maxMicroBatch, st.pruned)) {
-        // Schedules (only one when there is no pipeline).
-        std::vector<std::pair<PipelineSchedule, int>> scheds;
-        if (pp == 1 || !opt.training) {
-          if (fix.schedule == PipelineSchedule::Interleaved1F1B) {
-            prune(pp == 1 ? "interleaved: needs pp > 1"
-                          : "interleaved: a forward-only plan has no "
-                            "backward to interleave");
-            continue;
-          }
-          scheds.push_back({fix.schedule.value_or(
-                                opt.training ? PipelineSchedule::OneFOneB
-                                             : PipelineSchedule::GPipe),
-                            1});
-        } else {
-          scheds.push_back({PipelineSchedule::GPipe, 1});
-          scheds.push_back({PipelineSchedule::OneFOneB, 1});
-          // Interleaving: every v >= 2 that splits the stage's layers
-          // into equal chunks (pp*v divides the layers); 2 and 4 with
-          // uneven chunks when none does; a fixed v as given.
-          std::vector<int> vs;
-          if (fix.v) {
-            if (*fix.v > 1)
-              vs.push_back(*fix.v);
-          } else {
-            for (int64_t v = 2; v * pp <= spec.numLayers; ++v)
-              if (spec.numLayers % (v * pp) == 0)
-                vs.push_back(int(v));
-            if (vs.empty())
-              vs = {2, 4};
-          }
-          for (int v : vs) {
-            if (spec.numLayers < int64_t(pp) * v || m % pp) {
-              prune("interleaved: fewer layers than pp*v chunks, or mb % pp");
-              continue;
-            }
-            scheds.push_back({PipelineSchedule::Interleaved1F1B, v});
-          }
-          scheds.push_back({PipelineSchedule::ZeroBubble, 1});
-        }
-        for (auto [sched, v] : scheds) {
-          if (fix.schedule && *fix.schedule != sched)
-            continue;
-          for (int zero = 0; zero <= 3; ++zero) {
-            if (fix.zero && *fix.zero != zero)
-              continue;
-            if (!fix.zero && zero > 0 && (dp == 1 || !opt.training))
-              continue; // the same plan as zero=0
-            for (RecomputePolicy rc :
-                 {RecomputePolicy::None, RecomputePolicy::Selective,
-                  RecomputePolicy::Full}) {
-              if (fix.recompute && *fix.recompute != rc)
-                continue;
-              if (!fix.recompute && !opt.training &&
-                  rc != RecomputePolicy::None)
-                continue;
-              if (!fix.recompute && rc == RecomputePolicy::Selective) {
-                prune("recompute=selective: the same plan as none (fused "
-                      "attention stores no scores to re-run)");
-                continue;
-              }
-             for (bool sp : {false, true}) {
-              if (fix.sp && *fix.sp != sp)
-                continue;
-              if (sp && (tp == 1 || (spec.seqLen / cp) % tp)) {
-                if (tp > 1)
-                  prune("sp: tp does not divide the tokens per rank");
-                continue;
-              }
-              Candidate cand;
-              TrainingConfig &cfg = cand.cfg;
-              cfg.dp = dp;
-              cfg.tp = tp;
-              cfg.pp = pp;
-              cfg.cp = cp;
-              cfg.sequenceParallel = sp;
-              cfg.zeroStage = zero;
-              cfg.microBatchSize = mbs;
-              cfg.numMicroBatches = m;
-              cfg.schedule = sched;
-              cfg.virtualStages = v;
-              cfg.recompute = rc;
-              cfg.optimizer = opt.optimizer;
-              cfg.precision = opt.bytes;
-              price(c, cand, nullptr);
-              ranking.consider(Shape{dp, tp, pp, cp}, cand);
-            }
-             }
-          }
-        }
-      }
-    }
-   }
-  }
+  SpaceRules rules;
+  rules.devices = devices;
+  rules.gpusPerNode = gpusPerNode;
+  rules.globalBatch = gb;
+  rules.maxMicroBatch = opt.maxMicroBatch;
+  rules.training = opt.training;
+  rules.optimizer = opt.optimizer;
+  rules.bytes = opt.bytes;
+  rules.tpRule = [&](int tp) -> std::string {
+    if (spec.heads % tp || spec.tpWidth() % tp)
+      return "tp does not divide heads or ffn";
+    if (graph.kvHeads > 0 && graph.kvHeads % tp)
+      return "tp does not divide the key/value heads";
+    return "";
+  };
+  rules.units = "layers";
+  rules.numUnits = spec.numLayers;
+  rules.contextParallel = true;
+  rules.seqLen = spec.seqLen;
+  rules.cpMinSeq = opt.contextParallelMinSeq;
+  rules.sequenceParallel = true;
+  rules.recompute = true;
+  rules.schedules = true;
+  forEachConfig(rules, fix, st.pruned, [&](const TrainingConfig &cfg) {
+    Candidate cand;
+    cand.cfg = cfg;
+    price(c, cand, nullptr);
+    ranking.consider(Shape{cfg.dp, cfg.tp, cfg.pp, cfg.cp}, cand);
+  });
 
   st.enumerated = ranking.priced();
   st.feasible = ranking.feasible();

@@ -844,17 +844,31 @@ TEST(OpSearch, ErrorsSayWhy) {
   bad.fix.pp = 1;
   auto s = searchOpPlan(mlp2(8, 64, 64), cl, CostModel(), bad);
   ASSERT_FALSE(s);
-  EXPECT_NE(s.status().message().find("schedule=interleaved needs pp > 1"),
+  EXPECT_NE(s.status().message().find("interleaved: needs pp > 1"),
             std::string::npos)
       << s.status().message();
-  // v= without the interleaved schedule.
+  // v= without a schedule selects interleaving (as --fix v=2 does), with
+  // pp > 1 and micro-batches a multiple of pp; v=1 excludes it.
   SearchOptions v = bf16Training();
   v.fix.v = 2;
   auto sv = searchOpPlan(mlp2(8, 64, 64), cl, CostModel(), v);
-  ASSERT_FALSE(sv);
-  EXPECT_NE(sv.status().message().find("v= needs schedule=interleaved"),
-            std::string::npos)
-      << sv.status().message();
+  ASSERT_TRUE(sv) << sv.status().message();
+  EXPECT_EQ(sv->best.cfg.schedule, PipelineSchedule::Interleaved1F1B);
+  EXPECT_EQ(sv->best.cfg.virtualStages, 2);
+  EXPECT_GT(sv->best.cfg.pp, 1);
+  EXPECT_EQ(sv->best.cfg.numMicroBatches % sv->best.cfg.pp, 0);
+  // What the op-level search does not plan is refused, not ignored.
+  for (const char *f : {"cp=2", "sp=1", "recompute=full"}) {
+    SearchOptions o = bf16Training();
+    o.fix = *parseFix(f);
+    auto r = searchOpPlan(mlp2(8, 64, 64), cl, CostModel(), o);
+    ASSERT_FALSE(r) << f;
+    const std::string msg = r.status().message();
+    EXPECT_NE(msg.find("is impossible"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::string(f) + (f[0] == 'r' ? " is" : ":")),
+              std::string::npos)
+        << msg;
+  }
   SearchOptions dp3 = bf16Training();
   dp3.fix.tp = 3;
   auto d = searchOpPlan(mlp2(8, 64, 64), cl, CostModel(), dp3);
