@@ -96,7 +96,12 @@ std::string formatOpTextReport(const OpPlanResult &p, const Cluster &cluster,
             (long long)cfg.microBatchSize, (long long)cfg.numMicroBatches);
   r += strf("  schedule %s, zero %d, optimizer %s\n", scheduleKey(cfg.schedule),
             cfg.zeroStage, optimizerName(cfg.optimizer));
-  r += "  processes: one per GPU (between-graph)\n";
+  if (p.plan.layout == ProcessLayout::BetweenGraph)
+    r += "  processes: one per GPU (between-graph)\n";
+  else
+    r += strf("  processes: %s, one per node (--fix layout; the op-level "
+              "search does not price host dispatch)\n",
+              layoutName(p.plan.layout, cluster.numNodes()));
   r += strf("  sharding: per op over tp=%d (docs/op-sharding.md)%s\n", cfg.tp,
             p.best.memoryConstrained ? ", memory-constrained" : "");
   {

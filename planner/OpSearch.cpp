@@ -1314,9 +1314,12 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
   }
 
   // The plan: the ILP's layouts over tp, batch dims over dp.
+  // The process layout: one process per device unless --fix says (the
+  // op-level search does not price host dispatch, so it has no reason to
+  // prefer one; a fixed layout is honoured, not priced).
   res.plan = planFromConfig(PlanKind::OpLevel, g, cluster, res.best.cfg, gb,
                             c.train, opt.precision,
-                            ProcessLayout::BetweenGraph);
+                            fix.layout.value_or(ProcessLayout::BetweenGraph));
   {
     auto sharding = [&](Layout l, size_t rank, int batchDim) {
       Sharding sh = Sharding::replicated(int(rank));
