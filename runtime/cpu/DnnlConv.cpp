@@ -90,10 +90,12 @@ using DT = memory::data_type;
 
 enum class Kind { Forward, BackwardData, BackwardWeights };
 
-/// Output pixels a chunk should hold at least: one image of a 2x2 or 4x4
-/// plane gives oneDNN's kernels too little to block over (on a Zen 5 core,
-/// 8x512x2x2 forward: 0.90 ms as 8 one-image calls, 0.60 as one call).
-constexpr int64_t kMinChunkPixels = 32;
+/// Output pixels a chunk should hold at least: one image of a small plane
+/// gives oneDNN's kernels too little to block over, and every chunk pays
+/// two reorders and a call (on a Zen 5 core, 8x512x2x2 forward: 0.90 ms as
+/// 8 one-image calls, 0.60 as one call; cnn-small's 64x16x14x14 forward
+/// 0.65 ms in chunks of 32 pixels, 0.56 in chunks of 1024).
+constexpr int64_t kMinChunkPixels = 1024;
 /// Where im2col + sgemm is the faster path (dlopt-bench-cpu-conv, one
 /// Zen 5 core; docs/performance.md): the input gradient of a convolution
 /// with fewer input channels per group than this (a first layer over RGB

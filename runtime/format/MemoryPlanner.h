@@ -27,9 +27,12 @@ struct BufferLifetime {
 struct MemoryAssignment {
   std::vector<int64_t> offsets; ///< one per buffer, aligned
   int64_t peakBytes = 0;        ///< arena size needed
+  bool byBreadth = false;       ///< placed in the order by breadth
 };
 
-/// Packs buffers into one arena. Deterministic for the same input.
+/// Packs buffers into one arena: best fit, in the order by size or, where
+/// that leaves the arena above the live peak and the other does better,
+/// by breadth (MemoryPlanner.cpp). Deterministic for the same input.
 MemoryAssignment planMemory(const std::vector<BufferLifetime> &buffers,
                             int64_t alignment = 64);
 
