@@ -53,7 +53,31 @@ struct AutodiffPass : dlopt::impl::AutodiffPassBase<AutodiffPass> {
     Location loc = ret->getLoc();
     llvm::DenseMap<Value, Value> grads;
 
+    // The gradient contributions of a narrowing cast of an argument (a
+    // master weight's bf16/f16 copy under mixed precision) are kept apart and
+    // widened one by one before they are summed in the wide type: a tied
+    // embedding's lookup and head gradients then never round to the narrow
+    // type as a sum, and a pipeline can sum each stage's terms on its own
+    // stage (dlopt-pipeline's per-stage sums) and reach the same result up
+    // to the order of f32 additions.
+    auto narrowingCast = [](Value v) {
+      auto c = v.getDefiningOp<dl::CastOp>();
+      // Of an argument (a parameter): activations keep their running sum.
+      if (!c || !isa<BlockArgument>(c.getOperand()))
+        return false;
+      auto in = dyn_cast<RankedTensorType>(c.getOperand().getType());
+      auto out = dyn_cast<RankedTensorType>(v.getType());
+      return in && out && isa<FloatType>(in.getElementType()) &&
+             isa<FloatType>(out.getElementType()) &&
+             out.getElementType().getIntOrFloatBitWidth() <
+                 in.getElementType().getIntOrFloatBitWidth();
+    };
+    llvm::DenseMap<Value, SmallVector<Value>> parts;
     auto accumulate = [&](Value v, Value g) {
+      if (narrowingCast(v)) {
+        parts[v].push_back(g);
+        return;
+      }
       auto [it, inserted] = grads.try_emplace(v, g);
       if (!inserted)
         it->second = dl::AddOp::create(b, g.getLoc(), it->second, g);
@@ -83,8 +107,34 @@ struct AutodiffPass : dlopt::impl::AutodiffPassBase<AutodiffPass> {
       bool any = false;
       for (Value r : op->getResults()) {
         Value g = grads.lookup(r);
+        if (auto it = parts.find(r); it != parts.end() && it->second.size() == 1)
+          g = it->second.front(); // one contribution: the cast's own rule
         resultGrads.push_back(g);
         any |= bool(g);
+      }
+      // A narrowing cast whose result has several contributions: each one
+      // widened, then summed (see `parts`).
+      if (auto it = op->getNumResults() == 1 ? parts.find(op->getResult(0))
+                                              : parts.end();
+          it != parts.end() && it->second.size() > 1) {
+        Operation *before = ret->getPrevNode();
+        b.setInsertionPoint(ret);
+        Value operand = op->getOperand(0), sum;
+        for (Value g : it->second) {
+          Value w = dl::CastOp::create(b, g.getLoc(), operand.getType(), g);
+          sum = sum ? Value(dl::AddOp::create(b, g.getLoc(), sum, w)) : w;
+        }
+        Attribute layer = op->getAttr(DLOptDialect::kLayerAttr);
+        for (Operation *n = before ? before->getNextNode() : &body.front();
+             n != ret; n = n->getNextNode()) {
+          ++numGradOps;
+          n->setAttr(DLOptDialect::kBackwardAttr, b.getUnitAttr());
+          markDerivedOp(op, n);
+          if (layer)
+            n->setAttr(DLOptDialect::kLayerAttr, layer);
+        }
+        accumulate(operand, sum);
+        continue;
       }
       if (!any || op->getNumOperands() == 0)
         continue;

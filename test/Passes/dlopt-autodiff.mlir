@@ -102,3 +102,28 @@ func.func @main(%w: tensor<4xf32> {dlopt.param = "w"}) -> tensor<f32> attributes
   %s = dlopt.sum %y dims = [0] : tensor<4xf32> -> tensor<f32>
   return %s : tensor<f32>
 }
+
+// -----
+
+// A parameter's narrow copy (mixed precision) used twice, as a tied
+// embedding is: each gradient contribution is widened on its own and the
+// sum is formed in f32, never rounded to bf16 as a sum.
+// CHECK-LABEL: func @main
+// CHECK: %[[WB:.+]] = dlopt.cast %[[W:.+]] : tensor<4x4xf32> -> tensor<4x4xbf16>
+// CHECK: %[[G1:.+]] = dlopt.matmul {{.*}}transpose_a{{.*}} -> tensor<4x4xbf16>
+// CHECK: %[[G2:.+]] = dlopt.matmul {{.*}} -> tensor<4x4xbf16>
+// CHECK-DAG: %[[C1:.+]] = dlopt.cast %[[G2]] {dlopt.backward} : tensor<4x4xbf16> -> tensor<4x4xf32>
+// CHECK-DAG: %[[C2:.+]] = dlopt.cast %[[G1]] {dlopt.backward} : tensor<4x4xbf16> -> tensor<4x4xf32>
+// CHECK: %[[S:.+]] = dlopt.add %{{.+}}, %{{.+}} {dlopt.backward} : tensor<4x4xf32>, tensor<4x4xf32> -> tensor<4x4xf32>
+// CHECK-NOT: dlopt.add {{.*}}bf16
+// CHECK: return %{{.+}}, %[[S]]
+func.func @main(%x: tensor<2x4xbf16> {dlopt.input = "x"},
+                %w: tensor<4x4xf32> {dlopt.param = "w"})
+    -> (tensor<f32> {dlopt.output = "loss"}) attributes {dlopt.loss} {
+  %wb = dlopt.cast %w : tensor<4x4xf32> -> tensor<4x4xbf16>
+  %h = dlopt.matmul %x, %wb : tensor<2x4xbf16>, tensor<4x4xbf16> -> tensor<2x4xbf16>
+  %y = dlopt.matmul %h, %wb : tensor<2x4xbf16>, tensor<4x4xbf16> -> tensor<2x4xbf16>
+  %yf = dlopt.cast %y : tensor<2x4xbf16> -> tensor<2x4xf32>
+  %l = dlopt.sum %yf dims = [0, 1] : tensor<2x4xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
