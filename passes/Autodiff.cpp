@@ -99,6 +99,20 @@ struct AutodiffPass : dlopt::impl::AutodiffPassBase<AutodiffPass> {
           DenseElementsAttr::get(lossType, b.getFloatAttr(lossType.getElementType(), 1.0)));
     accumulate(loss, seed);
 
+    // The ops built after `before` (the gradient of `op`) are backward ops
+    // derived from it, in the layer of the op they differentiate.
+    auto markBackward = [&](Operation *op, Operation *before) {
+      Attribute layer = op->getAttr(DLOptDialect::kLayerAttr);
+      for (Operation *n = before ? before->getNextNode() : &body.front();
+           n != ret; n = n->getNextNode()) {
+        ++numGradOps;
+        n->setAttr(DLOptDialect::kBackwardAttr, b.getUnitAttr());
+        markDerivedOp(op, n);
+        if (layer)
+          n->setAttr(DLOptDialect::kLayerAttr, layer);
+      }
+    };
+
     SmallVector<Operation *> forward;
     for (Operation &op : body.without_terminator())
       forward.push_back(&op);
@@ -124,15 +138,7 @@ struct AutodiffPass : dlopt::impl::AutodiffPassBase<AutodiffPass> {
           Value w = dl::CastOp::create(b, g.getLoc(), operand.getType(), g);
           sum = sum ? Value(dl::AddOp::create(b, g.getLoc(), sum, w)) : w;
         }
-        Attribute layer = op->getAttr(DLOptDialect::kLayerAttr);
-        for (Operation *n = before ? before->getNextNode() : &body.front();
-             n != ret; n = n->getNextNode()) {
-          ++numGradOps;
-          n->setAttr(DLOptDialect::kBackwardAttr, b.getUnitAttr());
-          markDerivedOp(op, n);
-          if (layer)
-            n->setAttr(DLOptDialect::kLayerAttr, layer);
-        }
+        markBackward(op, before);
         accumulate(operand, sum);
         continue;
       }
@@ -158,16 +164,7 @@ struct AutodiffPass : dlopt::impl::AutodiffPassBase<AutodiffPass> {
         return op->emitError() << "gradient rule returned "
                                << operandGrads.size() << " gradients for "
                                << op->getNumOperands() << " operands";
-      // Backward ops belong to the layer of the op they differentiate.
-      Attribute layer = op->getAttr(DLOptDialect::kLayerAttr);
-      for (Operation *n = before ? before->getNextNode() : &body.front();
-           n != ret; n = n->getNextNode()) {
-        ++numGradOps;
-        n->setAttr(DLOptDialect::kBackwardAttr, b.getUnitAttr());
-        markDerivedOp(op, n);
-        if (layer)
-          n->setAttr(DLOptDialect::kLayerAttr, layer);
-      }
+      markBackward(op, before);
       for (auto [operand, g] : llvm::zip(op->getOperands(), operandGrads)) {
         if (!g || !isFloatTensor(operand.getType()))
           continue;

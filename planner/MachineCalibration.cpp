@@ -163,7 +163,10 @@ Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
         }
       L.push_back(fmt("convolution grid: %.0f shapes, %.1f to %.1f GFLOP/s "
                       "(conv_table)",
-                      double(c.convTable.size()), lo * 1e-9, hi * 1e-9));
+                      double(c.convTable.size()), lo * 1e-9, hi * 1e-9) +
+                  (s.convImplementation.empty()
+                       ? std::string()
+                       : ", through " + s.convImplementation));
     }
   }
   double attention = 0;

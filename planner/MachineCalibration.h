@@ -55,6 +55,9 @@ struct MachineSamples {
     double flops() const { return 2.0 * double(m) * double(n) * double(k); }
   };
   std::vector<ConvSample> convGrid;
+  /// What ran the convolutions ("oneDNN 2.6.3 (avx512)", "im2col +
+  /// sgemm"): the grid holds its rates. Printed only.
+  std::string convImplementation;
   double attentionFlops = 0, attentionSeconds = 0; ///< f32 forward
   /// Memory-bound kernels: bytes read + written and their time. Samples
   /// whose data outgrows the caches give the device's memory bandwidth

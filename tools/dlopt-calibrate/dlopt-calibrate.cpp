@@ -13,6 +13,7 @@
 #include "planner/MachineCalibration.h"
 #include "runtime/comm/InProcessCommunicator.h"
 #include "runtime/cpu/CpuKernels.h"
+#include "runtime/cpu/DnnlConv.h"
 #include "runtime/format/FusedProgram.h"
 #ifdef DLOPT_HAVE_MPI
 #include "runtime/comm/MpiCommunicator.h"
@@ -432,6 +433,7 @@ int main(int argc, char **argv) {
           const int r = flops < double(1 << 24) ? 10 * reps : reps;
           s.convGrid.push_back(timeConv(o, c, n, h, r));
         }
+    s.convImplementation = cpu::convImplementationName();
   }
   for (DType t : {DType::BF16, DType::F16})
     for (int64_t d : {int64_t(256), int64_t(quick ? 256 : 512)}) {

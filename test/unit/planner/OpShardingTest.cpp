@@ -11,6 +11,7 @@
 #include <functional>
 #include <random>
 #include <set>
+#include <utility>
 
 using namespace dlopt::planner;
 
@@ -983,14 +984,9 @@ TEST(OpSearch, CalibratedCpuPricesEachGemmOfTheStepByItsShape) {
               1e-6);
 }
 
-TEST(OpSearch, CalibratedCpuPricesConvolutionsAsTheirIm2colGemms) {
-  // img [64, 16, 14, 14] -> conv 32 x 16 x 3 x 3 -> conv 32 x 32 x 3 x 3
-  // -> mse. On a device with a gemm_table each conv is its GEMMs: the
-  // forward [32, 144] x [144, cols], the filter gradient and, for the
-  // second conv only (the first one's input is data), the input gradient,
-  // all with the forward's FLOPs. The size classes price each conv as its
-  // forward x (1 + 2): one GEMM more for the first conv.
-  Builder b(64);
+/// img [64, 16, 14, 14] -> conv 32 x 16 x 3 x 3 -> conv 32 x 32 x 3 x 3 ->
+/// mse into `b`; returns the two convolutions' forward FLOPs.
+std::pair<double, double> twoConvs(Builder &b) {
   ValueRef img = b.input("img", {64, 16, 14, 14});
   const double f1 = 2.0 * 64 * 32 * 196 * 144, f2 = 2.0 * 64 * 32 * 196 * 288;
   OpNode &c1 = b.op("dlopt.conv2d", OpClass::Conv2D, {64, 32, 14, 14},
@@ -1002,11 +998,29 @@ TEST(OpSearch, CalibratedCpuPricesConvolutionsAsTheirIm2colGemms) {
   c2.groups = 1;
   h = b.ref(c2);
   b.op("dlopt.mse", OpClass::Loss, {}, {h, b.input("y", {64, 32, 14, 14})});
+  return {f1, f2};
+}
+
+/// An f32 training step with tp and pp fixed at 1 (dp takes every device).
+SearchOptions fp32TrainingOnEveryDevice() {
   SearchOptions o;
   o.training = true;
   o.precision = Precision::FP32;
   o.fix.tp = 1;
   o.fix.pp = 1;
+  return o;
+}
+
+TEST(OpSearch, CalibratedCpuPricesConvolutionsAsTheirIm2colGemms) {
+  // img [64, 16, 14, 14] -> conv 32 x 16 x 3 x 3 -> conv 32 x 32 x 3 x 3
+  // -> mse. On a device with a gemm_table each conv is its GEMMs: the
+  // forward [32, 144] x [144, cols], the filter gradient and, for the
+  // second conv only (the first one's input is data), the input gradient,
+  // all with the forward's FLOPs. The size classes price each conv as its
+  // forward x (1 + 2): one GEMM more for the first conv.
+  Builder b(64);
+  const auto [f1, f2] = twoConvs(b);
+  const SearchOptions o = fp32TrainingOnEveryDevice();
   Calibration flat; // every shape at 0.5
   for (double m : {16.0, 1e6})
     for (double n : {16.0, 1e6})
@@ -1041,22 +1055,8 @@ TEST(OpSearch, ConvTablePricesEachConvolutionPassAtItsMeasuredRate) {
   // shape (a flat grid), and the first conv without an input gradient.
   // Doubling R halves exactly the convolutions' share of the step.
   Builder b(64);
-  ValueRef img = b.input("img", {64, 16, 14, 14});
-  const double f1 = 2.0 * 64 * 32 * 196 * 144, f2 = 2.0 * 64 * 32 * 196 * 288;
-  OpNode &c1 = b.op("dlopt.conv2d", OpClass::Conv2D, {64, 32, 14, 14},
-                    {img, b.param("w1", {32, 16, 3, 3})}, f1);
-  c1.groups = 1;
-  ValueRef h = b.ref(c1);
-  OpNode &c2 = b.op("dlopt.conv2d", OpClass::Conv2D, {64, 32, 14, 14},
-                    {h, b.param("w2", {32, 32, 3, 3})}, f2);
-  c2.groups = 1;
-  h = b.ref(c2);
-  b.op("dlopt.mse", OpClass::Loss, {}, {h, b.input("y", {64, 32, 14, 14})});
-  SearchOptions o;
-  o.training = true;
-  o.precision = Precision::FP32;
-  o.fix.tp = 1;
-  o.fix.pp = 1;
+  const auto [f1, f2] = twoConvs(b);
+  const SearchOptions o = fp32TrainingOnEveryDevice();
   auto withRate = [](double r) {
     Calibration cal;
     for (double m : {1.0, 1e6})
