@@ -94,8 +94,8 @@ const Entry kEntries[] = {
      "fixed cost of one collective call (launch, setup)"},
     {"nvls_efficiency", &Calibration::nvlsEfficiency, 1, Range::Efficiency,
      "fraction",
-     "NVLS all-reduce: buffer bytes / time over the per-direction NVLink "
-     "bandwidth"},
+     "NVLink SHARP (NVLS, NVLS tree): the share of the per-direction NVLink "
+     "bandwidth reached on the busier direction"},
     {"grad_overlap_efficiency", &Calibration::gradOverlapEfficiency, 1,
      Range::Efficiency, "fraction",
      "share of backward compute that can hide gradient communication"},

@@ -114,9 +114,10 @@ struct Calibration {
   double intraNodeBusEfficiency = 0.80;  ///< intra_node_bus_efficiency
   double interNodeBusEfficiency = 0.85;  ///< inter_node_bus_efficiency
   double collectiveLaunchLatency = 8e-6; ///< collective_launch_latency_us
-  /// NVLS all-reduce: buffer bytes / time over the per-direction NVLink
-  /// bandwidth (docs/cost-model.md, "NVLS").
-  double nvlsEfficiency = 0.61; ///< nvls_efficiency
+  /// NVLink SHARP: the share of the per-direction NVLink bandwidth the
+  /// NVLS kernels reach on their busier direction (docs/cost-model.md,
+  /// "NVLS").
+  double nvlsEfficiency = 0.68; ///< nvls_efficiency
 
   // Overlap of communication with compute.
   double gradOverlapEfficiency = 0.80; ///< grad_overlap_efficiency

@@ -52,6 +52,8 @@ const char *algorithmName(CommAlgorithm a) {
     return "direct";
   case CommAlgorithm::Nvls:
     return "nvls";
+  case CommAlgorithm::NvlsTree:
+    return "nvls-tree";
   }
   return "?";
 }
@@ -516,27 +518,73 @@ CommEstimate CostModel::direct(Collective c, double bytes,
 }
 
 namespace {
-/// NCCL's NVLS all-reduce: one node (NCCL combines NVLS with a tree across
-/// nodes, not modeled), an NVSwitch fabric with NVLink SHARP, 2+ ranks.
+/// An NVSwitch fabric with NVLink SHARP holding 2+ ranks of the group on a
+/// node: what NCCL's NVLS algorithms need.
+bool nvlsFabric(const CommGroup &g) {
+  return g.intra.nvls && g.intra.topology == IntraTopology::NVSwitch &&
+         g.ranksPerNode >= 2;
+}
+/// NCCL's NVLS: all-reduce, all-gather and reduce-scatter inside one node.
+/// (Across nodes NCCL runs NVLS all-gather and reduce-scatter only with
+/// CollNet, in-network reduction in the InfiniBand switches, which the
+/// cluster files do not describe.)
 bool nvlsApplies(Collective c, const CommGroup &g) {
-  return c == Collective::AllReduce && g.nodes == 1 && g.size >= 2 &&
-         g.intra.nvls && g.intra.topology == IntraTopology::NVSwitch;
+  return (c == Collective::AllReduce || c == Collective::AllGather ||
+          c == Collective::ReduceScatter) &&
+         g.nodes == 1 && nvlsFabric(g);
+}
+/// NCCL's NVLSTree: all-reduce over several nodes, NVLS inside each.
+bool nvlsTreeApplies(Collective c, const CommGroup &g) {
+  return c == Collective::AllReduce && g.nodes > 1 && nvlsFabric(g);
 }
 } // namespace
 
 CommEstimate CostModel::nvls(Collective c, double bytes,
                              const CommGroup &g) const {
-  // The switch reduces: each GPU's shard is reduced in the switch from
-  // every GPU's copy (multimem.ld_reduce) and multicast back to all
-  // (multimem.st). Each GPU sends S and receives S, at once on its two link
-  // directions: S / B on one direction, against the ring's 2(n-1)/n S / B.
-  // Two switch round trips of latency.
-  (void)c;
+  // The switch reduces and multicasts (multimem.ld_reduce, multimem.st).
+  // All-reduce: each GPU sends S and receives its reduced shard S/n plus
+  // the multicast S, so its busier (receive) direction carries (n+1)/n S:
+  // (n+1)/n S / B, against the ring's 2(n-1)/n S / B; two switch round
+  // trips. Reduce-scatter sends S and receives S/n; all-gather sends S/n
+  // and receives S: S / B either way, one switch trip; slower than the
+  // ring's (n-1)/n S / B (docs/cost-model.md, "NVLS").
+  const int n = g.size;
   CommEstimate e;
   e.algorithm = CommAlgorithm::Nvls;
   e.link = LinkKind::IntraNode;
-  e.latencyTerm = cal_.collectiveLaunchLatency + 2 * g.intra.latency;
-  e.bandwidthTerm = bytes / (g.intra.bandwidth * cal_.nvlsEfficiency);
+  const double bw = g.intra.bandwidth * cal_.nvlsEfficiency;
+  if (c == Collective::AllReduce) {
+    e.latencyTerm = cal_.collectiveLaunchLatency + 2 * g.intra.latency;
+    e.bandwidthTerm = double(n + 1) / n * bytes / bw;
+  } else {
+    e.latencyTerm = cal_.collectiveLaunchLatency + g.intra.latency;
+    e.bandwidthTerm = bytes / bw;
+  }
+  return finish(e);
+}
+
+CommEstimate CostModel::nvlsTree(double bytes, const CommGroup &g) const {
+  // NVLS reduces the node's S into shards in the switch; each of the k
+  // local ranks all-reduces its S/k shard with the other nodes over a tree
+  // on its network share; NVLS multicasts the result. NCCL pipelines the
+  // three in chunks, so the slower side sets the time:
+  //   intra  (k+1)/k S / (B_link nvls_efficiency)       as NVLS inside a node
+  //   inter  S/k / B_rank on two nodes (one exchange each way),
+  //          2 S/k / B_rank on more (a double binary tree: every node sends
+  //          and receives 2 S/k, as an inner node of one tree and a leaf of
+  //          the other)
+  Links l = links(g, cal_);
+  const double k = l.k;
+  const double intra =
+      (k + 1) / k * bytes / (g.intra.bandwidth * cal_.nvlsEfficiency);
+  const double inter = (l.m <= 2 ? 1.0 : 2.0) * bytes / k / l.rankInterBw;
+  CommEstimate e;
+  e.algorithm = CommAlgorithm::NvlsTree;
+  e.link = inter > intra ? LinkKind::Network : LinkKind::IntraNode;
+  e.latencyTerm =
+      cal_.collectiveLaunchLatency + 2 * l.intraLat +
+      2 * std::ceil(std::log2(static_cast<double>(l.m))) * l.interLat;
+  e.bandwidthTerm = std::max(intra, inter);
   return finish(e);
 }
 
@@ -573,6 +621,10 @@ Expected<CommEstimate> CostModel::commTime(Collective c, double bytes,
     ok = c == Collective::AllToAll || c == Collective::SendRecv;
     break;
   case CommAlgorithm::Nvls:
+    ok = c == Collective::AllReduce || c == Collective::AllGather ||
+         c == Collective::ReduceScatter;
+    break;
+  case CommAlgorithm::NvlsTree:
     ok = c == Collective::AllReduce;
     break;
   }
@@ -603,8 +655,16 @@ Expected<CommEstimate> CostModel::commTime(Collective c, double bytes,
   case CommAlgorithm::Nvls:
     if (!nvlsApplies(c, g))
       return Status::error(what + ": NVLS needs one node whose NVSwitch "
-                                  "fabric has NVLink SHARP (intra_node.nvls)");
+                                  "fabric has NVLink SHARP (intra_node.nvls) "
+                                  "and 2 or more of the ranks");
     return nvls(c, bytes, g);
+  case CommAlgorithm::NvlsTree:
+    if (!nvlsTreeApplies(c, g))
+      return Status::error(what + ": NVLS tree needs several nodes whose "
+                                  "NVSwitch fabric has NVLink SHARP "
+                                  "(intra_node.nvls), 2 or more ranks on a "
+                                  "node");
+    return nvlsTree(bytes, g);
   case CommAlgorithm::Auto:
     break;
   }
@@ -617,12 +677,16 @@ Expected<CommEstimate> CostModel::commTime(Collective c, double bytes,
       cands.push_back(hierarchical(c, bytes, g));
     if (nvlsApplies(c, g))
       cands.push_back(nvls(c, bytes, g));
+    if (nvlsTreeApplies(c, g))
+      cands.push_back(nvlsTree(bytes, g));
     break;
   case Collective::AllGather:
   case Collective::ReduceScatter:
     cands = {ring(c, bytes, g)};
     if (g.nodes > 1 && g.ranksPerNode > 1)
       cands.push_back(hierarchical(c, bytes, g));
+    if (nvlsApplies(c, g))
+      cands.push_back(nvls(c, bytes, g));
     break;
   case Collective::Broadcast:
     cands = {ring(c, bytes, g), tree(c, bytes, g)};

@@ -71,7 +71,15 @@ enum class Collective {
 };
 const char *collectiveName(Collective c);
 
-enum class CommAlgorithm { Auto, Ring, Tree, Hierarchical, Direct, Nvls };
+enum class CommAlgorithm {
+  Auto,
+  Ring,
+  Tree,
+  Hierarchical,
+  Direct,
+  Nvls,    ///< NVLink SHARP inside one node
+  NvlsTree ///< NVLS inside each node, a tree across nodes (all-reduce)
+};
 const char *algorithmName(CommAlgorithm a);
 
 /// Which physical link carried the bandwidth term.
@@ -188,8 +196,11 @@ private:
   CommEstimate hierarchical(Collective c, double bytes,
                             const CommGroup &g) const;
   CommEstimate direct(Collective c, double bytes, const CommGroup &g) const;
-  /// NVLink SHARP all-reduce inside one NVSwitch node (nvlsApplies()).
+  /// NVLink SHARP all-reduce, all-gather or reduce-scatter inside one
+  /// NVSwitch node (nvlsApplies()).
   CommEstimate nvls(Collective c, double bytes, const CommGroup &g) const;
+  /// NCCL's NVLSTree all-reduce over several nodes (nvlsTreeApplies()).
+  CommEstimate nvlsTree(double bytes, const CommGroup &g) const;
 
   Calibration cal_;
 };
