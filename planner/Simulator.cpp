@@ -18,6 +18,8 @@ const char *laneName(SimLane l) {
     return "p2p";
   case SimLane::DPComm:
     return "dp-comm";
+  case SimLane::Host:
+    return "host";
   }
   return "?";
 }
@@ -36,6 +38,8 @@ const char *opName(SimOp o) {
     return "grad-sync";
   case SimOp::Optimizer:
     return "optimizer";
+  case SimOp::Issue:
+    return "issue";
   }
   return "?";
 }
@@ -106,7 +110,8 @@ Status validate(const SimInput &in) {
         {"activationBytes", st.activationBytes},
         {"transientBytes", st.transientBytes},
         {"gradSync", st.gradSync},
-        {"optimizer", st.optimizer}};
+        {"optimizer", st.optimizer},
+        {"hostDispatch", st.hostDispatch}};
     for (const auto &[name, value] : fields)
       DLOPT_RETURN_IF_ERROR(checkValue(value, where + name));
     if (st.weightGrad > st.backward)
@@ -314,15 +319,56 @@ Expected<SimResult> simulateStep(const SimInput &in) {
   r.peakMemory.assign(pp, 0);
   // Events per (stage, lane), each in issue order, which is also start
   // order; merged at the end.
-  std::vector<std::vector<SimEvent>> lanes(size_t(pp) * 3);
+  constexpr size_t kLanes = 4;
+  std::vector<std::vector<SimEvent>> lanes(size_t(pp) * kLanes);
   auto lane = [&](int s, SimLane l) -> std::vector<SimEvent> & {
-    return lanes[size_t(s) * 3 + size_t(l)];
+    return lanes[size_t(s) * kLanes + size_t(l)];
   };
   for (int s = 0; s < pp; ++s) {
     lane(s, SimLane::Compute).reserve(order[s].size() + 1);
     if (in.p2p > 0)
       lane(s, SimLane::P2P).reserve(order[s].size());
+    if (in.stages[s].hostDispatch > 0)
+      lane(s, SimLane::Host).reserve(order[s].size() + 1);
   }
+
+  // The host lane: per stage, the host seconds per device second of its
+  // compute tasks (their issue shares; an equal share each when they take
+  // no device time), and where its issuing has got to.
+  auto taskTime = [&](int s, Kind k) {
+    const SimStage &st = in.stages[s];
+    return k == Kind::F   ? st.forward
+           : k == Kind::W ? st.weightGrad
+           : zb           ? st.backward - st.weightGrad
+                          : st.backward;
+  };
+  std::vector<double> hostPerDevice(pp, 0), hostPerTask(pp, 0),
+      hostFree(pp, 0);
+  for (int s = 0; s < pp; ++s) {
+    const SimStage &st = in.stages[s];
+    if (!(st.hostDispatch > 0))
+      continue;
+    double device = st.optimizer;
+    for (const Task &t : order[s])
+      device += taskTime(s, t.kind);
+    if (device > 0)
+      hostPerDevice[s] = st.hostDispatch / device;
+    else
+      hostPerTask[s] = st.hostDispatch / double(order[s].size() + 1);
+  }
+  // Issues a task of `dur` device seconds on stage s's host lane; returns
+  // the issue's [start, end].
+  auto issue = [&](int s, double dur, const std::string &name, int64_t mb,
+                   int chunk) {
+    const double start = hostFree[s];
+    if (!(in.stages[s].hostDispatch > 0))
+      return std::make_pair(start, start);
+    hostFree[s] += dur * hostPerDevice[s] + hostPerTask[s];
+    lane(s, SimLane::Host)
+        .push_back({s, SimLane::Host, SimOp::Issue, "issue " + name, mb, chunk,
+                    -1, start, hostFree[s]});
+    return std::make_pair(start, hostFree[s]);
+  };
 
   std::vector<size_t> next(pp, 0);
   std::vector<double> computeFree(pp, 0), p2pFree(pp, 0);
@@ -357,7 +403,6 @@ Expected<SimResult> simulateStep(const SimInput &in) {
   while (remaining > 0) {
     bool progress = false;
     for (int s = 0; s < pp; ++s) {
-      const SimStage &st = in.stages[s];
       while (next[s] < order[s].size()) {
         const Task &t = order[s][next[s]];
         int64_t vs = int64_t(t.chunk) * pp + s;
@@ -382,18 +427,17 @@ Expected<SimResult> simulateStep(const SimInput &in) {
         if (ready == kUnset)
           break; // blocked on another stage (or, for B, on its own F)
 
-        double dur = t.kind == Kind::F   ? st.forward
-                     : t.kind == Kind::W ? st.weightGrad
-                     : zb                ? st.backward - st.weightGrad
-                                         : st.backward;
-        double start = std::max(ready, computeFree[s]);
-        double end = start + dur;
+        double dur = taskTime(s, t.kind);
+        char letter = t.kind == Kind::F ? 'F' : t.kind == Kind::B ? 'B' : 'W';
+        std::string name = taskName(letter, t.mb, t.chunk, v);
+        auto [issued, issuedEnd] =
+            issue(s, dur, name, t.mb, t.chunk);
+        double start = std::max({ready, computeFree[s], issued});
+        double end = std::max(start + dur, issuedEnd);
         computeFree[s] = end;
         r.stageBusy[s] += dur;
         lastStart[s] = start;
         lastEnd[s] = end;
-        char letter = t.kind == Kind::F ? 'F' : t.kind == Kind::B ? 'B' : 'W';
-        std::string name = taskName(letter, t.mb, t.chunk, v);
         SimOp op = t.kind == Kind::F   ? SimOp::Forward
                    : t.kind == Kind::B ? SimOp::Backward
                                        : SimOp::WeightGrad;
@@ -456,9 +500,10 @@ Expected<SimResult> simulateStep(const SimInput &in) {
           .push_back({s, SimLane::DPComm, SimOp::GradSync, "grad sync", -1, -1,
                       -1, syncEnd - st.gradSync, syncEnd});
     }
-    double optStart = std::max(computeFree[s], syncEnd);
-    double optEnd = optStart + st.optimizer;
-    if (st.optimizer > 0)
+    auto [issued, issuedEnd] = issue(s, st.optimizer, "optimizer", -1, -1);
+    double optStart = std::max({computeFree[s], syncEnd, issued});
+    double optEnd = std::max(optStart + st.optimizer, issuedEnd);
+    if (optEnd > optStart)
       lane(s, SimLane::Compute)
           .push_back({s, SimLane::Compute, SimOp::Optimizer, "optimizer", -1,
                       -1, -1, optStart, optEnd});
@@ -568,7 +613,8 @@ std::string chromeTrace(const SimResult &r, const std::string &title) {
     out += "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":" +
            std::to_string(s) +
            ",\"tid\":0,\"args\":{\"sort_index\":" + std::to_string(s) + "}}";
-    for (SimLane l : {SimLane::Compute, SimLane::P2P, SimLane::DPComm}) {
+    for (SimLane l :
+         {SimLane::Compute, SimLane::P2P, SimLane::DPComm, SimLane::Host}) {
       std::string pidTid = "\"pid\":" + std::to_string(s) +
                            ",\"tid\":" + std::to_string(laneTid(l));
       begin();

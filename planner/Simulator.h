@@ -39,6 +39,12 @@ struct SimStage {
   /// reduce-scatter + all-gather), on the stage's dp-comm lane.
   double gradSync = 0;
   double optimizer = 0; ///< optimizer step, on the compute lane, at the end
+  /// Seconds the host spends issuing this stage's step (its process's
+  /// kernel launches). The host runs ahead of the device on its own lane,
+  /// issuing the compute tasks in order, each for a share of this time in
+  /// proportion to its device time; a task starts no earlier than its issue
+  /// starts and ends no earlier than its issue ends. 0: not modelled.
+  double hostDispatch = 0;
 };
 
 struct SimInput {
@@ -57,12 +63,21 @@ struct SimInput {
   double gradOverlap = 1.0;
 };
 
-enum class SimLane { Compute, P2P, DPComm };
-/// "compute", "p2p", "dp-comm".
+enum class SimLane { Compute, P2P, DPComm, Host };
+/// "compute", "p2p", "dp-comm", "host".
 const char *laneName(SimLane l);
 
-enum class SimOp { Forward, Backward, WeightGrad, Send, GradSync, Optimizer };
-/// "forward", "backward", "weight-grad", "send", "grad-sync", "optimizer".
+enum class SimOp {
+  Forward,
+  Backward,
+  WeightGrad,
+  Send,
+  GradSync,
+  Optimizer,
+  Issue ///< the host issuing a compute task's launches
+};
+/// "forward", "backward", "weight-grad", "send", "grad-sync",
+/// "optimizer", "issue".
 const char *opName(SimOp o);
 
 struct SimEvent {
@@ -70,7 +85,8 @@ struct SimEvent {
   SimLane lane = SimLane::Compute;
   SimOp op = SimOp::Forward;
   /// "F3", "B3", "W3" (micro-batch 3; "F3.1" for chunk 1 when v > 1),
-  /// "send F3" / "send B3.1", "grad sync", "optimizer".
+  /// "send F3" / "send B3.1", "grad sync", "optimizer", "issue F3" /
+  /// "issue optimizer" on the host lane.
   std::string name;
   int64_t microBatch = -1; ///< -1 for grad sync and optimizer
   int chunk = -1;          ///< model chunk on this stage; -1 as above
@@ -150,7 +166,8 @@ double pipelineSendTime(PipelineSchedule schedule, bool train, int64_t pp,
 Expected<SimResult> simulateStep(const SimInput &in);
 
 /// Chrome trace JSON (opens in ui.perfetto.dev or chrome://tracing): one
-/// process per stage ("stage N"), threads "compute", "p2p" and "dp-comm",
+/// process per stage ("stage N"), threads "compute", "p2p", "dp-comm" and
+/// "host",
 /// complete events (ph "X", microseconds) and a "memory (GiB)" counter per
 /// stage; `title` and the headline numbers go to "otherData".
 std::string chromeTrace(const SimResult &r, const std::string &title);

@@ -365,13 +365,16 @@ double optimizerStepTime(const Ctx &c, const TrainingConfig &cfg,
 }
 
 /// Chooses the process layout: the host time each layout spends issuing a
-/// step's launches (exposed only when it exceeds the devices' step time,
-/// since the host runs ahead), under the node's host memory. Ties go to
+/// step's launches (exposed only when it, plus `drain`, exceeds the
+/// devices' step time, since the host runs ahead), under the node's host
+/// memory. `drain` is what must still run after the last stage's process
+/// has issued its last task: the last micro-batch's backward through the
+/// other stages, and the sends between them (0 without a pipeline). Ties go to
 /// in-graph: one process per node needs no launcher on one node, keeps one
 /// loader and one copy of the plan per node, and saves (G-1) processes of
 /// host memory.
 void chooseLayout(Ctx &c, Candidate &cand, double launchesPerStep,
-                  double deviceTime) {
+                  double deviceTime, double drain) {
   const Calibration &cal = c.cost.calibration();
   const int G = c.gpusPerNode;
   const int nodes = c.cluster.numNodes();
@@ -394,7 +397,7 @@ void chooseLayout(Ctx &c, Candidate &cand, double launchesPerStep,
         launchesPerStep * cal.kernelLaunchSeconds * contention * coreFactor;
     o.memory = o.procs * cal.processHostBytes + G * cal.deviceHostStagingBytes;
     o.fits = c.host.memoryBytes <= 0 || o.memory <= c.host.memoryBytes;
-    o.exposed = std::max(0.0, o.dispatch - deviceTime);
+    o.exposed = std::max(0.0, o.dispatch + drain - deviceTime);
     return o;
   };
   Option in = make(ProcessLayout::InGraph);
@@ -438,6 +441,80 @@ void chooseLayout(Ctx &c, Candidate &cand, double launchesPerStep,
   p.hostCapacity = c.host.memoryBytes;
   p.why = why;
   cand.time.host = pick->exposed;
+}
+
+/// Context parallelism as dlopt-partition applies it, the all-gather form
+/// (docs/parallel.md): per layer every rank gathers the keys and values of
+/// the whole sequence before attention (again for a recomputed forward)
+/// and, backward, reduce-scatters their gradients back onto the sequence;
+/// the loss gathers the logits over cp (flattening [b, s] with s split has
+/// no block layout). None of it overlaps with compute. One micro-batch's
+/// calls and their times, for the analytical step and the simulator alike.
+struct CpComm {
+  double kvBytes = 0, logitBytes = 0;
+  double gather = 0, scatter = 0, logits = 0; ///< one call each
+  double gathers = 0, scatters = 0;           ///< calls per layer
+  /// The forward pass's share over `layers` layers (2 gathers a layer),
+  /// with the logits' gather where the stage computes the loss.
+  double forward(double layers, bool loss) const {
+    return layers * 2 * gather + (loss ? logits : 0);
+  }
+  double total(double layers, bool loss) const {
+    return layers * (gathers * gather + scatters * scatter) +
+           (loss ? logits : 0);
+  }
+};
+
+CpComm cpComm(Ctx &c, const TrainingConfig &cfg, bool train) {
+  CpComm r;
+  const int cp = cfg.cp;
+  if (cp <= 1)
+    return r;
+  const double actBytes = cfg.precision.activationBytes;
+  const double mbs = double(cfg.microBatchSize), seqLen = double(c.spec.seqLen);
+  r.kvBytes = mbs * seqLen * c.spec.hidden * c.kvFraction / cfg.tp * actBytes;
+  r.gather = c.comm(Collective::AllGather, r.kvBytes, cp, cfg.tp);
+  r.scatter = c.comm(Collective::ReduceScatter, r.kvBytes, cp, cfg.tp);
+  r.gathers =
+      2 * (1 + (train && cfg.recompute == RecomputePolicy::Full ? 1 : 0));
+  r.scatters = train ? 2 : 0;
+  if (c.spec.vocab > 0) {
+    bool vocabParallel = cfg.tp > 1 && c.spec.vocab % cfg.tp == 0;
+    r.logitBytes = mbs * seqLen * double(c.spec.vocab) /
+                   (vocabParallel ? cfg.tp : 1) * actBytes;
+    r.logits = c.comm(Collective::AllGather, r.logitBytes, cp, cfg.tp);
+  }
+  return r;
+}
+
+/// ZeRO-3 moves parameters layer by layer, one layer prefetched
+/// (FSDP-style): the gather of layer i+1 runs during layer i's forward; in
+/// the backward, the gather for the next layer and the reduce-scatter of
+/// the layer just finished share the same links during one layer's
+/// backward. Per micro-batch over `L` layers whose forward and backward
+/// take `fwd` and `bwd`, the first gather has nothing to hide behind, each
+/// later layer exposes what its compute cannot hide, and the last
+/// reduce-scatter follows the last backward (docs/cost-model.md, "ZeRO-3").
+struct Zero3Comm {
+  double ag1 = 0, rs1 = 0; ///< one layer's gather and reduce-scatter
+  double forward = 0;      ///< exposed in the forward pass
+  double shared = 0;       ///< exposed in the backward by both, sharing links
+  double agShare = 0;      ///< the gathers' share of `shared`
+  /// Exposed in the backward pass, the last reduce-scatter included.
+  double backward() const { return shared + rs1; }
+};
+
+Zero3Comm zero3Comm(Ctx &c, double paramBytes, double gradBytes, double L,
+                    double fwd, double bwd, int dp, int stride) {
+  Zero3Comm z;
+  L = std::max(1.0, L);
+  z.ag1 = c.comm(Collective::AllGather, paramBytes / L, dp, stride);
+  z.rs1 = c.comm(Collective::ReduceScatter, gradBytes / L, dp, stride);
+  const double eff = c.cost.calibration().gradOverlapEfficiency;
+  z.forward = z.ag1 + (L - 1) * CostModel::exposed(z.ag1, fwd / L, eff);
+  z.shared = L * CostModel::exposed(z.ag1 + z.rs1, bwd / L, eff);
+  z.agShare = z.ag1 + z.rs1 > 0 ? z.ag1 / (z.ag1 + z.rs1) : 0;
+  return z;
 }
 
 /// Prices one candidate: memory and step time. Records the collectives when
@@ -638,47 +715,50 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     }
   }
 
-  // Context parallelism as dlopt-partition applies it, the all-gather form
-  // (docs/parallel.md): per layer every rank gathers the keys and values of
-  // the whole sequence before attention (again for a recomputed forward)
-  // and, backward, reduce-scatters their gradients back onto the sequence;
-  // the loss gathers the logits over cp (flattening [b, s] with s split has
-  // no block layout). None of it overlaps with compute.
+  // Context parallelism (cpComm), every micro-batch on the worst stage.
   double cpPerMb = 0;
   if (cp > 1) {
-    const double mbs = double(cfg.microBatchSize), seqLen = double(c.spec.seqLen);
-    double kvOne = mbs * seqLen * c.spec.hidden * c.kvFraction / cfg.tp * actBytes;
-    double ag = c.comm(Collective::AllGather, kvOne, cp, cfg.tp);
-    double rs = c.comm(Collective::ReduceScatter, kvOne, cp, cfg.tp);
-    double gathers = 2 * (1 + (train && cfg.recompute == RecomputePolicy::Full ? 1 : 0));
-    double scatters = train ? 2 : 0;
-    cpPerMb = worstLayers * (gathers * ag + scatters * rs);
+    const CpComm cc = cpComm(c, cfg, train);
+    const double L = double(worstLayers);
+    cpPerMb = cc.total(L, cc.logits > 0);
     record("cp K/V all-gather (attention)", Collective::AllGather, cp, cfg.tp,
-           kvOne, gathers * worstLayers * m, gathers * worstLayers * ag * m);
+           cc.kvBytes, cc.gathers * L * m, cc.gathers * L * cc.gather * m);
     record("cp K/V gradient reduce-scatter (attention)",
-           Collective::ReduceScatter, cp, cfg.tp, kvOne,
-           scatters * worstLayers * m, scatters * worstLayers * rs * m);
-    if (c.spec.vocab > 0) {
-      bool vocabParallel = cfg.tp > 1 && c.spec.vocab % cfg.tp == 0;
-      double logits = mbs * seqLen * double(c.spec.vocab) /
-                      (vocabParallel ? cfg.tp : 1) * actBytes;
-      double lg = c.comm(Collective::AllGather, logits, cp, cfg.tp);
-      cpPerMb += lg;
+           Collective::ReduceScatter, cp, cfg.tp, cc.kvBytes,
+           cc.scatters * L * m, cc.scatters * L * cc.scatter * m);
+    if (cc.logits > 0)
       record("cp logits all-gather (loss)", Collective::AllGather, cp, cfg.tp,
-             logits, m, lg * m);
-    }
+             cc.logitBytes, m, cc.logits * m);
   }
 
   // Pipeline send/recv: activations forward, gradients backward, v times
   // per micro-batch when interleaved; overlapped with the micro-batch.
   const int ppStride = cfg.tp * cp * cfg.dp;
-  double ppExposed = 0;
+  double ppExposed = 0, hostDrain = 0;
   if (cfg.pp > 1) {
     double v = cfg.schedule == PipelineSchedule::Interleaved1F1B
                    ? cfg.virtualStages
                    : 1;
     double perMb = (train ? 2 : 1) * v;
     double one = c.comm(Collective::SendRecv, boundary, 2, ppStride);
+    // A host-bound pipeline: the last stage's last backward (of its first
+    // chunk) ends when its process has issued it, and the other stages'
+    // backwards of that micro-batch, one chunk each, and the sends between
+    // them follow it (the simulator's host lane shows the same chain).
+    // Under zero-bubble only the input-gradient parts are on that chain,
+    // and the first stage's deferred weight gradient closes it.
+    if (train && worstTrain > 0) {
+      const double mean = sumTrain / cfg.pp / worstTrain / v; // per second
+      const double bwd = (worstTrain - worstFwd) * mean;
+      const double wgt =
+          cfg.schedule == PipelineSchedule::ZeroBubble
+              ? std::min(worstTrain - worstFwd,
+                         worstFwd *
+                             c.cost.calibration().backwardFlopsRatio / 2) *
+                    mean
+              : 0.0;
+      hostDrain = (cfg.pp - 1) * (one + bwd - wgt) + wgt;
+    }
     // Sends overlap the micro-batches' compute, but the fill and drain
     // paths wait for every hop, and under 1F1B each steady-state backward
     // waits for the next stage's gradient (pipelineSendTime, which matches
@@ -752,29 +832,14 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       record(std::string(grp) + " gradient all-reduce", Collective::AllReduce,
              dp, stride, gradBytes, 1, e);
     } else if (cfg.zeroStage == 3) {
-      // Layer by layer, one layer prefetched (FSDP-style): the gather of
-      // layer i+1 runs during layer i's forward; in the backward, the
-      // gather for the next layer and the reduce-scatter of the layer just
-      // finished share the same links during one layer's backward. Per
-      // micro-batch, the first gather has nothing to hide behind, each
-      // later layer exposes what its compute cannot hide, and the last
-      // reduce-scatter follows the last backward (docs/cost-model.md,
-      // "ZeRO-3").
+      // Layer by layer (zero3Comm); every micro-batch gathers again. The
+      // shared backward exposure is charged to each in proportion.
       const double L = double(std::max<int64_t>(1, worstLayers));
+      const Zero3Comm z = zero3Comm(c, paramBytes, gradBytes, L, worstFwd,
+                                    backward, dp, stride);
+      const double eAg = m * (z.forward + z.agShare * z.shared);
+      const double eRs = m * ((1 - z.agShare) * z.shared + z.rs1);
       const double perLayerParams = paramBytes / L, perLayerGrads = gradBytes / L;
-      const double ag1 =
-          c.comm(Collective::AllGather, perLayerParams, dp, stride);
-      const double rs1 =
-          c.comm(Collective::ReduceScatter, perLayerGrads, dp, stride);
-      const double eff = c.cost.calibration().gradOverlapEfficiency;
-      const double fl = worstFwd / L, bl = backward / L;
-      const double fwdExposed =
-          ag1 + (L - 1) * CostModel::exposed(ag1, fl, eff);
-      const double bwdShared = L * CostModel::exposed(ag1 + rs1, bl, eff);
-      // The shared backward exposure is charged to each in proportion.
-      const double agShare = ag1 + rs1 > 0 ? ag1 / (ag1 + rs1) : 0;
-      const double eAg = m * (fwdExposed + agShare * bwdShared);
-      const double eRs = m * ((1 - agShare) * bwdShared + rs1);
       T.dpComm += eAg + eRs;
       zero3Calls = 3 * L * m;
       record(std::string(grp) + " gradient reduce-scatter (per layer)",
@@ -831,13 +896,15 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       (cfg.tp > 1 ? tpCallsPerLayer(cfg, train).total() * worstLayers : 0) +
       (cp > 1 ? (cp - 1) * worstLayers * (train ? 3 : 1) : 0) +
       (cfg.pp > 1 ? (train ? 2 : 1) : 0);
-  chooseLayout(c, cand, kernelsPerMb * m + zero3Calls, T.total());
+  chooseLayout(c, cand, kernelsPerMb * m + zero3Calls, T.total(), hostDrain);
 }
 
 /// The simulator's view of a priced candidate: per stage, one micro-batch's
 /// forward and backward per model chunk (tensor- and context-parallel
-/// communication included, as in the analytical model), memory, gradient
-/// sync and a memory-bound optimizer step.
+/// communication, and ZeRO-3's exposed per-layer collectives, included as
+/// in the analytical model), memory, gradient sync, a memory-bound
+/// optimizer step and the host time its process
+/// spends issuing the step.
 SimInput simInputFor(Ctx &c, const Candidate &cand) {
   const TrainingConfig &cfg = cand.cfg;
   const Calibration &cal = c.cost.calibration();
@@ -865,6 +932,7 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
   if (cfg.pp > 1)
     in.p2p = c.comm(Collective::SendRecv, boundary, 2, cfg.tp * cp * cfg.dp);
   const double tAct = activationBytesPerLayer(c.spec, cfg);
+  const CpComm cc = cpComm(c, cfg, true);
   for (int st = 0; st < cfg.pp; ++st) {
     const int kind = pl ? pl->kind[st] : -1;
     const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp, kind);
@@ -876,9 +944,14 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
     // Communication on the critical path of every pass, split between the
     // forward and the rest (backward, recomputed forward) by their calls.
     double comm = tpLayer * layers;
+    // Context parallelism's collectives (the loss's on the last stage),
+    // which overlap nothing, as in the analytical step.
+    const bool loss = st == cfg.pp - 1;
+    const double cpFwd = cc.forward(layers, loss),
+                 cpAll = cc.total(layers, loss);
     SimStage s;
-    s.forward = (f + comm * fwdShare) / v;
-    s.backward = (t - f + comm * (1 - fwdShare)) / v;
+    s.forward = (f + comm * fwdShare + cpFwd) / v;
+    s.backward = (t - f + comm * (1 - fwdShare) + cpAll - cpFwd) / v;
     s.weightGrad = std::min(s.backward, f * cal.backwardFlopsRatio / 2 / v);
     auto mem = transformerStageMemory(c.spec, cfg, st, cal);
     if (mem) {
@@ -894,17 +967,26 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
       double params =
           mem->params / pBytes * (cfg.zeroStage == 3 ? replicas : 1);
       double grads = params * cfg.precision.gradReduceBytes;
-      s.gradSync =
-          cfg.zeroStage == 0
-              ? c.comm(Collective::AllReduce, grads, replicas, cfg.tp)
-              : c.comm(Collective::ReduceScatter, grads, replicas, cfg.tp) +
-                    (cfg.zeroStage < 3
-                         ? c.comm(Collective::AllGather, params * pBytes,
-                                  replicas, cfg.tp)
-                         : 0);
+      if (cfg.zeroStage == 3) {
+        // Per layer and micro-batch, what the layers' compute cannot hide
+        // (zero3Comm); no whole-stage sync at the end.
+        const Zero3Comm z = zero3Comm(c, params * pBytes, grads, layers, f,
+                                      t - f, replicas, cfg.tp);
+        s.forward += z.forward / v;
+        s.backward += z.backward() / v;
+      } else {
+        s.gradSync =
+            cfg.zeroStage == 0
+                ? c.comm(Collective::AllReduce, grads, replicas, cfg.tp)
+                : c.comm(Collective::ReduceScatter, grads, replicas, cfg.tp) +
+                      c.comm(Collective::AllGather, params * pBytes, replicas,
+                             cfg.tp);
+      }
     }
     if (mem)
       s.optimizer = optimizerStepTime(c, cfg, *mem, kind);
+    // The process issuing this stage's launches (chooseLayout).
+    s.hostDispatch = cand.process.hostDispatch;
     in.stages.push_back(s);
   }
   return in;

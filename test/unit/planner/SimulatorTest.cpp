@@ -513,6 +513,68 @@ TEST(SimComm, GradSyncOverlap) {
   EXPECT_NEAR(rz.stepTime, rz.pipelineTime + 1.5 - 0.5, kEps);
 }
 
+TEST(SimHost, AHostBoundStepTakesTheHostsTime) {
+  // One stage, m = 4, F = 1, B = 2, optimizer 0.5: 12.5 s on the device.
+  // The host issues every task for a share of hostDispatch in proportion
+  // to its device time, ahead of the device.
+  auto run = [](double host) {
+    SimInput in = uniform(PipelineSchedule::OneFOneB, 1, 4, 1, 1, 2);
+    in.stages[0].optimizer = 0.5;
+    in.stages[0].hostDispatch = host;
+    return simulate(in);
+  };
+  SimResult none = run(0);
+  EXPECT_NEAR(none.stepTime, 12.5, kEps);
+  // Hidden: the host issues at 0.48 s per device second and stays ahead.
+  SimResult hidden = run(6);
+  EXPECT_NEAR(hidden.stepTime, 12.5, kEps);
+  EXPECT_NEAR(hidden.pipelineTime, none.pipelineTime, kEps);
+  // Host-bound: the step is the host's 20 s, as the search's
+  // max(devices, host dispatch) has it, not the device's 12.5.
+  SimResult bound = run(20);
+  EXPECT_NEAR(bound.stepTime, 20, kEps);
+  // Each task waits for its issue: F0 is issued over [0, 1.6] and ends then.
+  int issues = 0;
+  double hostEnd = 0;
+  for (const SimEvent &e : bound.events) {
+    if (e.lane == SimLane::Host) {
+      ++issues;
+      EXPECT_EQ(e.op, SimOp::Issue);
+      EXPECT_EQ(e.name.rfind("issue ", 0), 0u) << e.name;
+      EXPECT_NEAR(e.start, hostEnd, kEps) << e.name; // back to back
+      hostEnd = e.end;
+    }
+    if (e.name == "F0")
+      EXPECT_NEAR(e.end, 1.6, kEps);
+  }
+  EXPECT_EQ(issues, 4 + 4 + 1); // F, B, optimizer
+  EXPECT_NEAR(hostEnd, 20, kEps);
+  EXPECT_EQ(std::count_if(none.events.begin(), none.events.end(),
+                          [](const SimEvent &e) {
+                            return e.lane == SimLane::Host;
+                          }),
+            0);
+}
+
+TEST(SimHost, ASlowHostStretchesEveryStageOfAPipeline) {
+  // GPipe, pp = 2, m = 4, F = B = 1: (m + pp - 1) * 2 = 10 s. With each
+  // process issuing its stage's 8 s of device work in 16 s, stage 1's last
+  // B ends when its host has issued it, at 16 s; the device alone would
+  // end at 10.
+  SimInput in = uniform(PipelineSchedule::GPipe, 2, 4, 1, 1, 1);
+  SimResult dev = simulate(in);
+  EXPECT_NEAR(dev.stepTime, 10, kEps);
+  for (SimStage &st : in.stages)
+    st.hostDispatch = 16;
+  SimResult host = simulate(in);
+  EXPECT_GE(host.stepTime, 16 - kEps);
+  EXPECT_LE(host.stepTime, 16 + 2 + kEps); // at most one task's 2 s late
+  // A host that is faster than its device changes nothing.
+  for (SimStage &st : in.stages)
+    st.hostDispatch = 4;
+  EXPECT_NEAR(simulate(in).stepTime, 10, kEps);
+}
+
 //===----------------------------------------------------------------------===//
 // Chrome trace
 //===----------------------------------------------------------------------===//
@@ -547,6 +609,7 @@ TEST(SimTrace, ParsesWithMetadataAndCounts) {
       byCat[e["cat"].get<std::string>()]++;
       EXPECT_GE(e["dur"].get<double>(), 0);
       EXPECT_TRUE(e["tid"] == 0 || e["tid"] == 1 || e["tid"] == 2);
+      EXPECT_NE(e["cat"], "issue"); // no host time given
     } else if (ph == "C") {
       ++counters;
       EXPECT_EQ(e["name"], "memory (GiB)");
@@ -562,7 +625,7 @@ TEST(SimTrace, ParsesWithMetadataAndCounts) {
   }
   EXPECT_EQ(complete, r.events.size());
   EXPECT_EQ(processNames, 4u);
-  EXPECT_EQ(threadNames, 12u);
+  EXPECT_EQ(threadNames, 16u);
   EXPECT_EQ(counters, memPoints);
   EXPECT_EQ(byCat["forward"], 4u * 8 * 2);
   EXPECT_EQ(byCat["backward"], 4u * 8 * 2);
@@ -592,6 +655,11 @@ TEST(SimValidation, EveryError) {
   EXPECT_TRUE(simulateStep(ok).isOk());
 
   SimInput in = ok;
+  in.stages[1].hostDispatch = -1;
+  EXPECT_NE(errorOf(in).find("stage 1 hostDispatch"), std::string::npos)
+      << errorOf(in);
+
+  in = ok;
   in.stages.clear();
   EXPECT_NE(errorOf(in).find("at least one pipeline stage"), std::string::npos);
 
