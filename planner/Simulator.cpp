@@ -333,8 +333,9 @@ Expected<SimResult> simulateStep(const SimInput &in) {
   }
 
   // The host lane: per stage, the host seconds per device second of its
-  // compute tasks (their issue shares; an equal share each when they take
-  // no device time), and where its issuing has got to.
+  // forwards, backwards and weight gradients (their issue shares; an equal
+  // share each when they take no device time), and where its issuing has
+  // got to.
   auto taskTime = [&](int s, Kind k) {
     const SimStage &st = in.stages[s];
     return k == Kind::F   ? st.forward
@@ -348,13 +349,13 @@ Expected<SimResult> simulateStep(const SimInput &in) {
     const SimStage &st = in.stages[s];
     if (!(st.hostDispatch > 0))
       continue;
-    double device = st.optimizer;
+    double device = 0;
     for (const Task &t : order[s])
       device += taskTime(s, t.kind);
     if (device > 0)
       hostPerDevice[s] = st.hostDispatch / device;
     else
-      hostPerTask[s] = st.hostDispatch / double(order[s].size() + 1);
+      hostPerTask[s] = st.hostDispatch / double(order[s].size());
   }
   // Issues a task of `dur` device seconds on stage s's host lane; returns
   // the issue's [start, end].
@@ -500,9 +501,10 @@ Expected<SimResult> simulateStep(const SimInput &in) {
           .push_back({s, SimLane::DPComm, SimOp::GradSync, "grad sync", -1, -1,
                       -1, syncEnd - st.gradSync, syncEnd});
     }
-    auto [issued, issuedEnd] = issue(s, st.optimizer, "optimizer", -1, -1);
-    double optStart = std::max({computeFree[s], syncEnd, issued});
-    double optEnd = std::max(optStart + st.optimizer, issuedEnd);
+    // The optimizer is a few multi-tensor kernels: issued once the host
+    // has issued the rest, in no time of its own.
+    double optStart = std::max({computeFree[s], syncEnd, hostFree[s]});
+    double optEnd = optStart + st.optimizer;
     if (optEnd > optStart)
       lane(s, SimLane::Compute)
           .push_back({s, SimLane::Compute, SimOp::Optimizer, "optimizer", -1,

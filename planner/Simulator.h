@@ -41,9 +41,11 @@ struct SimStage {
   double optimizer = 0; ///< optimizer step, on the compute lane, at the end
   /// Seconds the host spends issuing this stage's step (its process's
   /// kernel launches). The host runs ahead of the device on its own lane,
-  /// issuing the compute tasks in order, each for a share of this time in
-  /// proportion to its device time; a task starts no earlier than its issue
-  /// starts and ends no earlier than its issue ends. 0: not modelled.
+  /// issuing the forwards, backwards and weight gradients in order, each
+  /// for a share of this time in proportion to its device time; a task
+  /// starts no earlier than its issue starts and ends no earlier than its
+  /// issue ends. The optimizer (a few multi-tensor kernels) starts once
+  /// everything is issued. 0: not modelled.
   double hostDispatch = 0;
 };
 

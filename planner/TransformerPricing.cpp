@@ -367,14 +367,18 @@ double optimizerStepTime(const Ctx &c, const TrainingConfig &cfg,
 /// Chooses the process layout: the host time each layout spends issuing a
 /// step's launches (exposed only when it, plus `drain`, exceeds the
 /// devices' step time, since the host runs ahead), under the node's host
-/// memory. `drain` is what must still run after the last stage's process
-/// has issued its last task: the last micro-batch's backward through the
-/// other stages, and the sends between them (0 without a pipeline). Ties go to
+/// memory. The host-bound step: the last stage's process issues the share
+/// `issuedBeforeChain` of its launches (all of them but a zero-bubble
+/// schedule's last weight gradient), then `drain` runs (the last
+/// micro-batch's backward through the other stages and the sends between
+/// them; 0 without a pipeline), but not before everything is issued; then
+/// `tail` (the exposed gradient sync and the optimizer step). Ties go to
 /// in-graph: one process per node needs no launcher on one node, keeps one
 /// loader and one copy of the plan per node, and saves (G-1) processes of
 /// host memory.
 void chooseLayout(Ctx &c, Candidate &cand, double launchesPerStep,
-                  double deviceTime, double drain) {
+                  double deviceTime, double drain, double issuedBeforeChain,
+                  double tail) {
   const Calibration &cal = c.cost.calibration();
   const int G = c.gpusPerNode;
   const int nodes = c.cluster.numNodes();
@@ -397,7 +401,9 @@ void chooseLayout(Ctx &c, Candidate &cand, double launchesPerStep,
         launchesPerStep * cal.kernelLaunchSeconds * contention * coreFactor;
     o.memory = o.procs * cal.processHostBytes + G * cal.deviceHostStagingBytes;
     o.fits = c.host.memoryBytes <= 0 || o.memory <= c.host.memoryBytes;
-    o.exposed = std::max(0.0, o.dispatch + drain - deviceTime);
+    const double issued =
+        std::max(o.dispatch, o.dispatch * issuedBeforeChain + drain);
+    o.exposed = std::max(0.0, issued + tail - deviceTime);
     return o;
   };
   Option in = make(ProcessLayout::InGraph);
@@ -734,31 +740,14 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // Pipeline send/recv: activations forward, gradients backward, v times
   // per micro-batch when interleaved; overlapped with the micro-batch.
   const int ppStride = cfg.tp * cp * cfg.dp;
-  double ppExposed = 0, hostDrain = 0;
+  double ppExposed = 0, oneSend = 0;
   if (cfg.pp > 1) {
     double v = cfg.schedule == PipelineSchedule::Interleaved1F1B
                    ? cfg.virtualStages
                    : 1;
     double perMb = (train ? 2 : 1) * v;
     double one = c.comm(Collective::SendRecv, boundary, 2, ppStride);
-    // A host-bound pipeline: the last stage's last backward (of its first
-    // chunk) ends when its process has issued it, and the other stages'
-    // backwards of that micro-batch, one chunk each, and the sends between
-    // them follow it (the simulator's host lane shows the same chain).
-    // Under zero-bubble only the input-gradient parts are on that chain,
-    // and the first stage's deferred weight gradient closes it.
-    if (train && worstTrain > 0) {
-      const double mean = sumTrain / cfg.pp / worstTrain / v; // per second
-      const double bwd = (worstTrain - worstFwd) * mean;
-      const double wgt =
-          cfg.schedule == PipelineSchedule::ZeroBubble
-              ? std::min(worstTrain - worstFwd,
-                         worstFwd *
-                             c.cost.calibration().backwardFlopsRatio / 2) *
-                    mean
-              : 0.0;
-      hostDrain = (cfg.pp - 1) * (one + bwd - wgt) + wgt;
-    }
+    oneSend = one;
     // Sends overlap the micro-batches' compute, but the fill and drain
     // paths wait for every hop, and under 1F1B each steady-state backward
     // waits for the next stage's gradient (pipelineSendTime, which matches
@@ -799,12 +788,18 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       // cooldown, leaving (pp-1) * (t_F + t_B - t_W) where t_B is the
       // input-gradient part (t_B + t_W = the backward), i.e. the 1F1B
       // bubble less 2 (pp-1) t_W; it cannot drop below (pp-1) max(t_F,
-      // t_B) (the simulator shows the same floor).
+      // t_B) (the simulator shows the same floor). With fewer micro-batches
+      // than stages only m - 1 deferred W's fill the cooldown: (pp-1)(t_F +
+      // t_B) - min(pp-1, m-1) t_W (the simulator's replay, exactly, for
+      // t_W <= min(t_F, t_B)).
       double weightGrad =
           worstFwd * c.cost.calibration().backwardFlopsRatio / 2;
       double inputGrad = std::max(0.0, perMb - worstFwd - weightGrad);
-      T.bubble = stagesToFill * std::max(perMb - 2 * weightGrad,
-                                         std::max(worstFwd, inputGrad));
+      double filled =
+          cfg.pp > 1 ? std::min(1.0, (m - 1) / double(cfg.pp - 1)) : 1.0;
+      T.bubble = stagesToFill *
+                 std::max(perMb - weightGrad * (1 + filled),
+                          std::max(worstFwd, inputGrad));
       break;
     }
     }
@@ -896,7 +891,42 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       (cfg.tp > 1 ? tpCallsPerLayer(cfg, train).total() * worstLayers : 0) +
       (cp > 1 ? (cp - 1) * worstLayers * (train ? 3 : 1) : 0) +
       (cfg.pp > 1 ? (train ? 2 : 1) : 0);
-  chooseLayout(c, cand, kernelsPerMb * m + zero3Calls, T.total(), hostDrain);
+  // What still runs once the last task is issued. A host-bound pipeline:
+  // the last stage's last backward (of its first chunk) ends when its
+  // process has issued it, and the other stages' backwards of that
+  // micro-batch, one chunk each, and the sends between them follow it
+  // (under zero-bubble only the input-gradient parts are on that chain, and
+  // the first stage's deferred weight gradient closes it); a micro-batch's
+  // backward on the mean stage, with its share of the collectives the
+  // passes cannot hide. Then the tail: the exposed gradient sync and the
+  // optimizer step (ZeRO-3's exposure is inside the passes). The
+  // simulator's host lane shows the same chain.
+  double drain = 0, issuedBeforeChain = 1;
+  const double tail = T.optimizer + (cfg.zeroStage < 3 ? T.dpComm : 0.0);
+  if (train && cfg.pp > 1 && worstTrain > 0) {
+    const double v = cfg.schedule == PipelineSchedule::Interleaved1F1B
+                         ? cfg.virtualStages
+                         : 1;
+    const double passComm =
+        T.tpComm + T.cpComm + (cfg.zeroStage == 3 ? T.dpComm : 0.0);
+    const double perMb = worstTrain + passComm / m;
+    const double mean = sumTrain / cfg.pp / worstTrain / v; // of the worst
+    const double bwd = perMb * (worstTrain - worstFwd) / worstTrain * mean;
+    const double wgt =
+        cfg.schedule == PipelineSchedule::ZeroBubble
+            ? std::min(worstTrain - worstFwd,
+                       worstFwd * c.cost.calibration().backwardFlopsRatio /
+                           2) *
+                  mean
+            : 0.0;
+    drain += (cfg.pp - 1) * (oneSend + bwd - wgt) + wgt;
+    // Under zero-bubble the last stage's last task is a weight gradient,
+    // issued after the backward that starts the chain.
+    if (wgt > 0)
+      issuedBeforeChain = 1 - wgt / mean / (m * worstTrain);
+  }
+  chooseLayout(c, cand, kernelsPerMb * m + zero3Calls, T.total(), drain,
+               issuedBeforeChain, tail);
 }
 
 /// The simulator's view of a priced candidate: per stage, one micro-batch's
