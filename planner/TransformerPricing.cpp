@@ -597,7 +597,13 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   }
 
   // Compute per micro-batch on each stage; the slowest stage sets the pace.
-  double worstTrain = 0, worstFwd = 0, worstOps = 0, sumTrain = 0;
+  // Slowest with its layers' tensor-parallel collectives, which run on the
+  // critical path (as the layer split and the simulator count them): the
+  // stage with the LM head can have the most compute and still be faster
+  // than a stage of many layers with their collectives. `sumTime` and
+  // `worstTime` are those per-stage times, collectives included.
+  double worstTrain = 0, worstFwd = 0, worstOps = 0;
+  double sumTime = 0, worstTime = 0;
   int64_t worstLayers = 0;
   for (int st = 0; st < cfg.pp; ++st) {
     const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp,
@@ -612,8 +618,10 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     if (st == cfg.pp - 1)
       ops += c.post.ops;
     double t = train ? sc.train : f;
-    sumTrain += t;
-    if (t > worstTrain) {
+    const double withComm = t + double(ranges.layers(st)) * tpLayer;
+    sumTime += withComm;
+    if (withComm > worstTime) {
+      worstTime = withComm;
       worstTrain = t;
       worstFwd = f;
       worstOps = ops;
@@ -755,7 +763,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     ppExposed = m * c.cost.exposedP2P(perMb * one, worstTrain) +
                 pipelineSendTime(train ? cfg.schedule : PipelineSchedule::GPipe,
                                  train, cfg.pp, m, one,
-                                 worstTrain - sumTrain / cfg.pp);
+                                 worstTime - sumTime / cfg.pp);
     record("pp send/recv (stage boundary)", Collective::SendRecv, 2, ppStride,
            boundary, perMb * m, ppExposed);
   }
@@ -773,7 +781,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     // (pp - 1) t for equal stages, less when one stage (the LM head's) is
     // slower than the rest. `stagesToFill` is that sum in units of t_max.
     const double stagesToFill =
-        worstTrain > 0 ? (sumTrain - worstTrain) / worstTrain : cfg.pp - 1;
+        worstTime > 0 ? (sumTime - worstTime) / worstTime : cfg.pp - 1;
     double fill = stagesToFill * perMb;
     switch (train ? cfg.schedule : PipelineSchedule::GPipe) {
     case PipelineSchedule::GPipe:
@@ -910,7 +918,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     const double passComm =
         T.tpComm + T.cpComm + (cfg.zeroStage == 3 ? T.dpComm : 0.0);
     const double perMb = worstTrain + passComm / m;
-    const double mean = sumTrain / cfg.pp / worstTrain / v; // of the worst
+    const double mean = sumTime / cfg.pp / worstTime / v; // of the worst
     const double bwd = perMb * (worstTrain - worstFwd) / worstTrain * mean;
     const double wgt =
         cfg.schedule == PipelineSchedule::ZeroBubble

@@ -165,11 +165,13 @@ TEST(Search, FixIsHonoured) {
 
 // The pipeline's fill and drain: a micro-batch passes once through every
 // stage but the slowest, which runs all m back to back. With the LM head
-// (an unaligned 50257-word vocabulary, whole on every tp rank) making the
-// last stage the slowest, the bubble is the other stages' time, well under
-// (pp - 1) times the slowest stage's; and the analytical step agrees with
-// the simulator's replay of the same schedule, which the old formula did
-// not (-10% for v=2 on gpt3-175b).
+// (an unaligned 50257-word vocabulary, whole on every tp rank) on the
+// last stage, the layer split leaves the stages unequal (their times with
+// the layers' tp collectives, which is how the slowest is chosen), so the
+// bubble is the other stages' time, under (pp - 1) times the slowest
+// stage's; and the analytical step agrees with the simulator's replay of
+// the same schedule, which the old formula did not (-10% for v=2 on
+// gpt3-175b).
 TEST(Search, PipelineBubbleCountsTheOtherStagesTime) {
   GraphSummary g = gpt(12, 2048, 16, 2048, 50257);
   Cluster c = *resolveCluster("dgx-h100:4");
@@ -192,7 +194,7 @@ TEST(Search, PipelineBubbleCountsTheOtherStagesTime) {
                    : 1;
     EXPECT_GT(t.bubble, 0);
     if (cfg.schedule != PipelineSchedule::ZeroBubble)
-      EXPECT_LT(t.bubble, 0.85 * (cfg.pp - 1) * perMb / v);
+      EXPECT_LT(t.bubble, 0.9 * (cfg.pp - 1) * perMb / v);
     ASSERT_TRUE(p->simulated) << p->simError;
     EXPECT_REL(t.total(), p->simulated->stepTime, 0.08);
   }
