@@ -1211,9 +1211,11 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
     if (size <= 1 || calls <= 0 || bytes <= 0)
       return;
     LinkKind link = LinkKind::None;
-    double time = calls * c.pricer.time(coll, bytes, size, stride, &link);
-    res.comms.push_back(
-        {what, coll, size, bytes, calls, link, time, exposed});
+    CommAlgorithm algo = CommAlgorithm::Ring;
+    double time =
+        calls * c.pricer.time(coll, bytes, size, stride, &link, &algo);
+    res.comms.push_back({what, coll, size, bytes, calls, link, time, exposed,
+                         algorithmName(algo)});
   };
   if (t > 1 && !res.reshards.empty()) {
     // Summed: the per-op list is in `reshards`.
@@ -1230,6 +1232,7 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
     }
     op.time = tpTotal;
     op.exposed = res.best.time.tpComm;
+    op.algorithm = "mixed";
     res.comms.push_back(op);
   }
   // Chunk ranges (one per stage, or v per stage interleaved) and their

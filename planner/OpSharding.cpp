@@ -92,7 +92,7 @@ Reshard reshard(Layout from, Layout to, double fullBytes, int t) {
 }
 
 double CommPricer::time(Collective c, double bytes, int size, int stride,
-                        LinkKind *link) const {
+                        LinkKind *link, CommAlgorithm *algorithm) const {
   if (size <= 1 || bytes <= 0)
     return 0;
   const Expected<CommGroup> *g = nullptr;
@@ -111,6 +111,8 @@ double CommPricer::time(Collective c, double bytes, int size, int stride,
     return 0;
   if (link)
     *link = e->link;
+  if (algorithm)
+    *algorithm = e->algorithm;
   return e->time;
 }
 

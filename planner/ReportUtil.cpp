@@ -74,11 +74,12 @@ std::string textCommunication(const std::vector<CommOp> &comms) {
   if (comms.empty())
     r += "  none\n";
   for (const CommOp &c : comms)
-    r += strf("  %-40s %-14s group %-5d %10s x %-8.0f link %-10s total %s, "
-              "exposed %s\n",
+    r += strf("  %-40s %-14s group %-5d %10s x %-8.0f link %-10s %-12s "
+              "total %s, exposed %s\n",
               c.what.c_str(), collectiveName(c.collective), c.groupSize,
               humanBytes(c.bytes).c_str(), c.calls, linkName(c.link),
-              seconds(c.time).c_str(), seconds(c.exposed).c_str());
+              c.algorithm.c_str(), seconds(c.time).c_str(),
+              seconds(c.exposed).c_str());
   return r;
 }
 
@@ -156,6 +157,7 @@ json jsonCommunication(const std::vector<CommOp> &comms) {
                    {"bytes", c.bytes},
                    {"calls", c.calls},
                    {"link", linkName(c.link)},
+                   {"algorithm", c.algorithm},
                    {"time", c.time},
                    {"exposed", c.exposed}});
   return out;

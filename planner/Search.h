@@ -141,6 +141,9 @@ struct CommOp {
   LinkKind link = LinkKind::None;
   double time = 0;   ///< per step, before overlap
   double exposed = 0;
+  /// The algorithm the cost model picked ("ring", "nvls-tree", ...), or
+  /// "mixed" for a line that sums several collectives.
+  std::string algorithm = "ring";
 };
 
 struct Alternative {

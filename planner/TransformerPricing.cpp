@@ -634,8 +634,10 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     if (!comms || size <= 1 || calls <= 0)
       return;
     LinkKind link = LinkKind::None;
-    double time = calls * c.comm(coll, bytes, size, stride, &link);
-    comms->push_back({what, coll, size, bytes, calls, link, time, exposed});
+    CommAlgorithm algo = CommAlgorithm::Ring;
+    double time = calls * c.comm(coll, bytes, size, stride, &link, &algo);
+    comms->push_back({what, coll, size, bytes, calls, link, time, exposed,
+                      algorithmName(algo)});
   };
   // Tensor parallelism: 2 all-reduces per layer per pass (forward,
   // backward, recomputed forward), on the critical path. Under sequence

@@ -439,7 +439,7 @@ struct Ctx {
   }
 
   double comm(Collective c, double bytes, int size, int stride,
-              LinkKind *link = nullptr) {
+              LinkKind *link = nullptr, CommAlgorithm *algorithm = nullptr) {
     if (size <= 1 || bytes <= 0)
       return 0;
     const auto &g = group(size, stride);
@@ -450,6 +450,8 @@ struct Ctx {
       return 0;
     if (link)
       *link = e->link;
+    if (algorithm)
+      *algorithm = e->algorithm;
     return e->time;
   }
 };
