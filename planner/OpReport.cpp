@@ -89,13 +89,7 @@ std::string formatOpTextReport(const OpPlanResult &p, const Cluster &cluster,
               p.numBackwardOps, p.numUpdateOps);
   r += strf("global batch %lld samples\n\n", (long long)p.globalBatch);
 
-  r += "== plan ==\n";
-  r += strf("  dp=%d tp=%d pp=%d (dp*tp*pp = %d devices)\n", cfg.dp, cfg.tp,
-            cfg.pp, cfg.dp * cfg.tp * cfg.pp);
-  r += strf("  micro-batch size %lld, %lld micro-batches per step\n",
-            (long long)cfg.microBatchSize, (long long)cfg.numMicroBatches);
-  r += strf("  schedule %s, zero %d, optimizer %s\n", scheduleKey(cfg.schedule),
-            cfg.zeroStage, optimizerName(cfg.optimizer));
+  r += "== plan ==\n" + textPlanHead(p.plan);
   if (p.plan.layout == ProcessLayout::BetweenGraph)
     r += "  processes: one per GPU (between-graph)\n";
   else
@@ -214,20 +208,7 @@ std::string formatOpTextReport(const OpPlanResult &p, const Cluster &cluster,
     }
   }
 
-  r += "\n== ranks ==\n";
-  r += "  rank  node  gpu  process  stage  tp  dp\n";
-  int shownRanks = std::min(devices, o.maxRanks);
-  for (int rank = 0; rank < shownRanks; ++rank) {
-    auto loc = cluster.locate(rank);
-    RankCoords rc = rankCoords(cfg, rank);
-    r += strf("  %4d  %4d  %3d  %7d  %5d  %2d  %2d\n", rank,
-              loc ? loc->node : -1, loc ? loc->local : -1, rank, rc.stage,
-              rc.tp, rc.dp);
-  }
-  if (shownRanks < devices)
-    r += strf("  ... %d more ranks: rank = (stage*%d + dp)*%d + tp; node = "
-              "rank / gpus per node\n",
-              devices - shownRanks, cfg.dp, cfg.tp);
+  r += textRanks(p.plan, cluster, o.maxRanks);
 
   r += strf("\n== stages (%s) ==\n",
             p.stagesByLayer ? "contiguous layer marks" : "contiguous ops");
@@ -377,15 +358,7 @@ std::string formatOpJsonReport(const OpPlanResult &p, const Cluster &cluster,
   }
   r["stages"] = stages;
   r["stages_by"] = p.stagesByLayer ? "layer" : "op";
-  jsonRankTable(r, devices,
-                {"rank", "node", "gpu", "process", "stage", "tp", "dp"},
-                "rank = (stage*dp + dp_index)*tp + tp_index", [&](int rank) {
-                  auto loc = cluster.locate(rank);
-                  RankCoords c = rankCoords(p.plan.mesh, rank);
-                  return json{rank, loc ? loc->node : -1,
-                              loc ? loc->local : -1, rank, c.stage, c.tp,
-                              c.dp};
-                });
+  jsonRanks(r, p.plan, cluster);
   r["communication"] = jsonCommunication(p.comms);
   const StepTime &t = p.best.time;
   r["step_time"] = {{"total", t.total()},   {"compute", t.compute},

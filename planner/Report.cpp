@@ -97,21 +97,7 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
   r += strf("global batch %lld samples x %lld tokens\n\n",
               (long long)p.globalBatch, (long long)p.seq);
 
-  r += "== plan ==\n";
-  if (cfg.cp > 1)
-    r += strf("  dp=%d tp=%d pp=%d cp=%d (dp*tp*pp*cp = %d devices)\n",
-                cfg.dp, cfg.tp, cfg.pp, cfg.cp,
-                cfg.dp * cfg.tp * cfg.pp * cfg.cp);
-  else
-    r += strf("  dp=%d tp=%d pp=%d (dp*tp*pp = %d devices)\n", cfg.dp,
-                cfg.tp, cfg.pp, cfg.dp * cfg.tp * cfg.pp);
-  r += strf("  micro-batch size %lld, %lld micro-batches per step\n",
-              (long long)cfg.microBatchSize, (long long)cfg.numMicroBatches);
-  r += std::string("  schedule ") + scheduleKey(cfg.schedule);
-  if (cfg.schedule == PipelineSchedule::Interleaved1F1B)
-    r += strf(" (v=%d)", cfg.virtualStages);
-  r += strf(", zero %d, recompute %s, optimizer %s\n", cfg.zeroStage,
-              recomputeName(cfg.recompute), optimizerName(cfg.optimizer));
+  r += "== plan ==\n" + textPlanHead(p.plan);
   const ProcessPlan &proc = p.best.process;
   const int nodes = cluster.numNodes();
   r += strf("  processes: %s, %d per node (%s)\n",
@@ -153,21 +139,7 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
     r += shard + "\n";
   }
 
-  r += "\n== ranks ==\n";
-  r += "  rank  node  gpu  process  stage  tp  cp  dp\n";
-  int shown = std::min(devices, o.maxRanks);
-  for (int rank = 0; rank < shown; ++rank) {
-    auto loc = cluster.locate(rank);
-    RankCoords c = rankCoords(cfg, rank);
-    r += strf("  %4d  %4d  %3d  %7d  %5d  %2d  %2d  %2d\n", rank,
-                loc ? loc->node : -1, loc ? loc->local : -1,
-                processOf(cluster, proc.layout, rank), c.stage, c.tp, c.cp,
-                c.dp);
-  }
-  if (shown < devices)
-    r += strf("  ... %d more ranks: rank = ((stage*%d + dp)*%d + cp)*%d + "
-                "tp; node = rank / gpus per node\n",
-                devices - shown, cfg.dp, cfg.cp, cfg.tp);
+  r += textRanks(p.plan, cluster, o.maxRanks);
 
   r += "\n== stages ==\n";
   for (size_t s = 0; s < p.stageLayers.size(); ++s) {
@@ -298,21 +270,7 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
     stages.push_back(std::move(st));
   }
   r["stages"] = stages;
-  jsonRankTable(r, devices,
-                {"rank", "node", "gpu", "process", "stage", "tp", "cp", "dp"},
-                "rank = ((stage*dp + dp_index)*cp + cp_index)*tp + tp_index",
-                [&](int rank) {
-                  auto loc = cluster.locate(rank);
-                  RankCoords c = rankCoords(p.plan.mesh, rank);
-                  return json{rank,
-                              loc ? loc->node : -1,
-                              loc ? loc->local : -1,
-                              processOf(cluster, p.best.process.layout, rank),
-                              c.stage,
-                              c.tp,
-                              c.cp,
-                              c.dp};
-                });
+  jsonRanks(r, p.plan, cluster);
   r["communication"] = jsonCommunication(p.comms);
   r["step_time"] = time(p.best.time);
   r["throughput"] = {{"samples_per_s", d.samples},

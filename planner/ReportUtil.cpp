@@ -1,6 +1,7 @@
 //===- ReportUtil.cpp - Pieces the two dry-run reports share --------------===//
 #include "planner/ReportUtil.h"
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 
@@ -83,6 +84,61 @@ std::string textCommunication(const std::vector<CommOp> &comms) {
   return r;
 }
 
+std::string textPlanHead(const Plan &p) {
+  std::string r;
+  if (p.cp() > 1)
+    r += strf("  dp=%d tp=%d pp=%d cp=%d (dp*tp*pp*cp = %d devices)\n", p.dp(),
+              p.tp(), p.pp(), p.cp(), p.dp() * p.tp() * p.pp() * p.cp());
+  else
+    r += strf("  dp=%d tp=%d pp=%d (dp*tp*pp = %d devices)\n", p.dp(), p.tp(),
+              p.pp(), p.dp() * p.tp() * p.pp());
+  r += strf("  micro-batch size %lld, %lld micro-batches per step\n",
+            (long long)p.microBatchSize, (long long)p.numMicroBatches);
+  r += std::string("  schedule ") + scheduleKey(p.schedule);
+  if (p.schedule == PipelineSchedule::Interleaved1F1B)
+    r += strf(" (v=%d)", p.virtualStages);
+  r += strf(", zero %d", p.zeroStage);
+  if (p.kind == PlanKind::Transformer)
+    r += strf(", recompute %s", recomputeName(p.recompute));
+  r += strf(", optimizer %s\n", optimizerName(p.optimizer));
+  return r;
+}
+
+namespace {
+/// Whether a plan's rank tables have a cp column: transformer plans.
+bool cpColumn(const Plan &p) { return p.kind == PlanKind::Transformer; }
+} // namespace
+
+std::string textRanks(const Plan &p, const Cluster &cluster, int maxRanks) {
+  const bool cp = cpColumn(p);
+  const int devices = cluster.numDevices();
+  std::string r = "\n== ranks ==\n";
+  r += cp ? "  rank  node  gpu  process  stage  tp  cp  dp\n"
+          : "  rank  node  gpu  process  stage  tp  dp\n";
+  const int shown = std::min(devices, maxRanks);
+  for (int rank = 0; rank < shown; ++rank) {
+    auto loc = cluster.locate(rank);
+    RankCoords c = rankCoords(p.mesh, rank);
+    r += strf("  %4d  %4d  %3d  %7d  %5d  %2d", rank, loc ? loc->node : -1,
+              loc ? loc->local : -1, processOf(cluster, p.layout, rank),
+              c.stage, c.tp);
+    if (cp)
+      r += strf("  %2d", c.cp);
+    r += strf("  %2d\n", c.dp);
+  }
+  if (shown < devices) {
+    if (cp)
+      r += strf("  ... %d more ranks: rank = ((stage*%d + dp)*%d + cp)*%d + "
+                "tp; node = rank / gpus per node\n",
+                devices - shown, p.dp(), p.cp(), p.tp());
+    else
+      r += strf("  ... %d more ranks: rank = (stage*%d + dp)*%d + tp; node = "
+                "rank / gpus per node\n",
+                devices - shown, p.dp(), p.tp());
+  }
+  return r;
+}
+
 std::string textTimeRow(const char *name, double time, double step) {
   return strf("  %-16s %s (%.1f%%)\n", name, seconds(time).c_str(),
               100 * time / step);
@@ -146,6 +202,28 @@ json jsonCluster(const Cluster &cluster) {
               {"devices", cluster.numDevices()},
               {"nodes", cluster.numNodes()},
               {"definition", json::parse(cluster.toJson())}};
+}
+
+void jsonRanks(json &j, const Plan &p, const Cluster &cluster) {
+  const bool cp = cpColumn(p);
+  json columns = cp ? json{"rank", "node", "gpu", "process", "stage", "tp",
+                           "cp", "dp"}
+                    : json{"rank", "node", "gpu", "process", "stage", "tp",
+                           "dp"};
+  jsonRankTable(
+      j, cluster.numDevices(), std::move(columns),
+      cp ? "rank = ((stage*dp + dp_index)*cp + cp_index)*tp + tp_index"
+         : "rank = (stage*dp + dp_index)*tp + tp_index",
+      [&](int rank) {
+        auto loc = cluster.locate(rank);
+        RankCoords c = rankCoords(p.mesh, rank);
+        json row = {rank, loc ? loc->node : -1, loc ? loc->local : -1,
+                    processOf(cluster, p.layout, rank), c.stage, c.tp};
+        if (cp)
+          row.push_back(c.cp);
+        row.push_back(c.dp);
+        return row;
+      });
 }
 
 json jsonCommunication(const std::vector<CommOp> &comms) {

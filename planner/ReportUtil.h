@@ -11,6 +11,7 @@
 
 #include "planner/Cluster.h"
 #include "planner/MemoryModel.h"
+#include "planner/Plan.h"
 #include "planner/Search.h"
 
 #include <nlohmann/json.hpp>
@@ -51,6 +52,16 @@ Throughput throughput(double stepTime, double globalBatch,
 /// "dlopt dry run: training step of @main on <cluster>\n".
 std::string textTitle(bool training, const std::string &model,
                       const Cluster &cluster);
+/// The plan section's first lines, from the plan both reports render:
+///   "  dp=2 tp=4 pp=2 (dp*tp*pp = 16 devices)" (cp when > 1),
+///   "  micro-batch size 1, 8 micro-batches per step",
+///   "  schedule interleaved (v=2), zero 1, recompute full, optimizer adam"
+/// (recompute left out of op-level plans, which have none).
+std::string textPlanHead(const Plan &plan);
+/// "== ranks ==": rank, node, GPU, process, stage and mesh coordinates of
+/// the first `maxRanks` ranks, then the formula for the rest. Op-level
+/// plans (no cp axis in use) leave out the cp column.
+std::string textRanks(const Plan &plan, const Cluster &cluster, int maxRanks);
 /// "== step time ==", the total and the compute row.
 std::string textStepTimeHead(const StepTime &t, double step);
 /// "== communication per step (one rank) ==" and one line per collective.
@@ -112,6 +123,9 @@ void jsonRankTable(json &j, int devices, json columns, const char *formula,
   j["ranks_listed"] = listed;
   j["rank_formula"] = formula;
 }
+/// The rank table of a plan in JSON (jsonRankTable), with the columns and
+/// formula textRanks prints.
+void jsonRanks(json &j, const Plan &plan, const Cluster &cluster);
 /// {summary, devices, nodes, definition}: the definition in the
 /// docs/cluster.md JSON format, so that the plan file can be read back
 /// without --cluster.
