@@ -79,6 +79,14 @@ Expected<StateMemory> stateMemory(double paramsOnDevice, int dp, int zeroStage,
 // Transformer shape
 //===----------------------------------------------------------------------===//
 
+double gradBuckets(double grads, int zeroStage, int replicas,
+                   const PrecisionConfig &pr, double bucketBytes) {
+  double whole = grads * (zeroStage >= 2 ? replicas : 1);
+  if (pr.gradBytes > 0)
+    whole *= pr.gradReduceBytes / pr.gradBytes;
+  return std::min(2 * bucketBytes, whole);
+}
+
 double TransformerSpec::layerParams() const {
   double h = hidden, f = ffn();
   return 4 * h * h + 2 * h * f + 9 * h + f;
@@ -398,7 +406,8 @@ transformerStageMemoryWithLayers(const TransformerSpec &spec,
   if (cfg.pp > 1) // one send and one receive activation buffer
     m.commBuffers += 2 * s * b * h / spDiv * pr.activationBytes;
   if (replicas > 1 && cfg.zeroStage < 3) // bucket being reduced + being filled
-    m.commBuffers += 2 * cal.gradBucketBytes;
+    m.commBuffers += gradBuckets(m.grads, cfg.zeroStage, replicas, pr,
+                                 cal.gradBucketBytes);
   if (replicas > 1 && cfg.zeroStage == 3) // gathered layer + prefetched layer
     m.commBuffers += 2 * layerParamsPerTpRank(spec, cfg.tp) * pr.paramBytes;
 

@@ -164,6 +164,15 @@ double activationBytesPerLayer(const TransformerSpec &spec,
 /// capped at m.
 double microBatchesInFlight(const TrainingConfig &cfg, int stage);
 
+/// The gradient buckets of a data-parallel step below ZeRO-3: one being
+/// reduced and one being filled, 2 x `bucketBytes`, but never more than
+/// the stage's gradients in the collective's precision (a bucket holds
+/// flattened gradients, so a stage whose gradients fit one bucket holds no
+/// second). `grads` are the gradients as held (1/replicas of them under
+/// ZeRO 2, whose reduce-scatters still take whole gradients).
+double gradBuckets(double grads, int zeroStage, int replicas,
+                   const PrecisionConfig &pr, double bucketBytes);
+
 /// Layers assigned to pipeline stage `stage` (the first L mod pp stages get
 /// one extra).
 int64_t layersOnStage(const TransformerSpec &spec, int pp, int stage);

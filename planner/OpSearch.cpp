@@ -886,7 +886,8 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
       mb.commBuffers += 2 * largest;
     }
     if (train && dp > 1 && cfg.zeroStage < 3)
-      mb.commBuffers += 2 * cal.gradBucketBytes;
+      mb.commBuffers += gradBuckets(mb.grads, cfg.zeroStage, dp,
+                                    cfg.precision, cal.gradBucketBytes);
     if (train && dp > 1 && cfg.zeroStage == 3)
       mb.commBuffers += 2 * x.largestParam * cfg.precision.paramBytes;
     mb.workspace = cal.runtimeReservedBytes +

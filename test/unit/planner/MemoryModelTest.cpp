@@ -466,3 +466,23 @@ TEST(MemoryModel, InterleavedChunks) {
   EXPECT_EQ(sum, 126);
   EXPECT_EQ(interleavedChunkLayers(96, 16, 2), std::vector<int64_t>(32, 3));
 }
+
+TEST(MemoryModel, GradientBucketsNeverHoldMoreThanTheGradients) {
+  const double MiB = 1024.0 * 1024.0, bucket = 25 * MiB;
+  PrecisionConfig f32; // f32 gradients, reduced in f32
+  f32.gradBytes = 4;
+  f32.gradReduceBytes = 4;
+  // Large gradients: one bucket being reduced, one being filled.
+  EXPECT_DOUBLE_EQ(gradBuckets(400 * MiB, 0, 8, f32, bucket), 2 * bucket);
+  // A stage whose 20 MiB of gradients fit one bucket holds just them.
+  EXPECT_DOUBLE_EQ(gradBuckets(20 * MiB, 0, 2, f32, bucket), 20 * MiB);
+  EXPECT_DOUBLE_EQ(gradBuckets(30 * MiB, 1, 2, f32, bucket), 30 * MiB);
+  // ZeRO 2 holds 1/R of them, but reduce-scatters whole ones.
+  EXPECT_DOUBLE_EQ(gradBuckets(10 * MiB, 2, 4, f32, bucket), 40 * MiB);
+  // Mixed precision: held in fp32, reduced in bf16.
+  PrecisionConfig bf16;
+  bf16.gradBytes = 4;
+  bf16.gradReduceBytes = 2;
+  EXPECT_DOUBLE_EQ(gradBuckets(40 * MiB, 0, 2, bf16, bucket), 20 * MiB);
+  EXPECT_DOUBLE_EQ(gradBuckets(4000 * MiB, 0, 2, bf16, bucket), 2 * bucket);
+}
