@@ -297,9 +297,11 @@ Expected<std::vector<ConvTableRow>> parseConvTable(const nlohmann::json &v) {
 
 constexpr const char *kOpRateKey = "op_gb_s";
 constexpr const char *kOpBackwardKey = "op_backward_ratio";
+constexpr const char *kOpRowKey = "op_row_ns";
 constexpr double kGB = 1e9;
+constexpr double kNs = 1e-9;
 
-/// A per-class figure (op_gb_s, op_backward_ratio): each value finite and
+/// A per-class figure (op_gb_s, op_backward_ratio, op_row_ns): each value finite and
 /// >= 0 in file units (stored times `scale`).
 Status checkPerClass(const char *key,
                      const std::array<double, kNumMemoryClasses> &r,
@@ -404,11 +406,22 @@ MemoryClass memoryClassOf(std::string_view op) {
   return MemoryClass::Stream;
 }
 
+double memoryRowsOf(std::string_view op,
+                    const std::vector<int64_t> &resultShape) {
+  if (memoryClassOf(op) != MemoryClass::Pool || resultShape.size() < 2)
+    return 0;
+  double planes = 1;
+  for (size_t i = 0; i + 2 < resultShape.size(); ++i)
+    planes *= double(resultShape[i]);
+  return planes;
+}
+
 Status Calibration::validate() const {
   for (const Entry &e : kEntries)
     DLOPT_RETURN_IF_ERROR(checkRange(e, this->*e.field / e.scale));
   DLOPT_RETURN_IF_ERROR(checkPerClass(kOpRateKey, opBandwidth, kGB));
   DLOPT_RETURN_IF_ERROR(checkPerClass(kOpBackwardKey, opBackwardRatio, 1));
+  DLOPT_RETURN_IF_ERROR(checkPerClass(kOpRowKey, opRowSeconds, kNs));
   DLOPT_RETURN_IF_ERROR(checkGemmTable(gemmTable));
   return checkConvTable(convTable);
 }
@@ -446,6 +459,14 @@ std::string Calibration::toJson() const {
         ratios[memoryClassName(MemoryClass(i))] = opBackwardRatio[i];
     j[kOpBackwardKey] = ratios;
   }
+  if (std::any_of(opRowSeconds.begin(), opRowSeconds.end(),
+                  [](double r) { return r > 0; })) {
+    nlohmann::ordered_json rows;
+    for (size_t i = 0; i < kNumMemoryClasses; ++i)
+      if (opRowSeconds[i] > 0)
+        rows[memoryClassName(MemoryClass(i))] = opRowSeconds[i] / kNs;
+    j[kOpRowKey] = rows;
+  }
   return j.dump(2);
 }
 
@@ -472,6 +493,10 @@ const std::vector<CalibrationKey> &calibrationKeys() {
                  "backward time over forward time of memory-bound ops, by "
                  "class, from their gradient kernels (absent or 0: "
                  "backward_flops_ratio)"});
+    k.push_back({kOpRowKey, "object of ns by op class",
+                 "fixed cost per row of a memory-bound op, by class, on top "
+                 "of its bytes at the op_gb_s rate; pool: per output plane "
+                 "(absent or 0: none)"});
     return k;
   }();
   return keys;
@@ -512,6 +537,13 @@ Expected<Calibration> parseCalibration(std::string_view text,
       c.opBandwidth = *rates;
       continue;
     }
+    if (it.key() == kOpRowKey) {
+      auto rows = parsePerClass(kOpRowKey, it.value(), c.opRowSeconds, kNs);
+      if (!rows)
+        return Status::error(where + rows.status().message());
+      c.opRowSeconds = *rows;
+      continue;
+    }
     if (it.key() == kOpBackwardKey) {
       auto ratios =
           parsePerClass(kOpBackwardKey, it.value(), c.opBackwardRatio, 1);
@@ -529,7 +561,7 @@ Expected<Calibration> parseCalibration(std::string_view text,
       for (const Entry &e : kEntries)
         known += std::string(known.empty() ? "" : ", ") + e.name;
       known += std::string(", ") + kGemmTableKey + ", " + kConvTableKey +
-               ", " + kOpRateKey + ", " + kOpBackwardKey;
+               ", " + kOpRateKey + ", " + kOpBackwardKey + ", " + kOpRowKey;
       return Status::error(where + "unknown calibration key '" + it.key() +
                            "' (known: " + known + ")");
     }

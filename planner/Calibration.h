@@ -48,6 +48,12 @@ const char *memoryClassName(MemoryClass c);
 /// The class of a dlopt op, by its mnemonic with or without "dlopt.";
 /// ops not listed above are streams.
 MemoryClass memoryClassOf(std::string_view op);
+/// The rows a memory-bound op pays its class's op_row_ns for, from its
+/// result's shape: for the pool class the planes (every dim but the last
+/// two: images x channels); 0 for the other classes, whose per-row cost is
+/// not measured.
+double memoryRowsOf(std::string_view op,
+                    const std::vector<int64_t> &resultShape);
 
 /// Empirical constants. Efficiencies are fractions of a hardware peak in
 /// (0, 1]; times are seconds; sizes are bytes. JSON keys are the snake_case
@@ -96,6 +102,13 @@ struct Calibration {
   /// forward's, per class (index: MemoryClass), from its gradient kernel;
   /// 0 where not measured (such ops take backward_flops_ratio).
   std::array<double, kNumMemoryClasses> opBackwardRatio{};
+  /// op_row_ns: a memory-bound op's fixed cost per row of its class, in
+  /// seconds (stored; nanoseconds in the file), on top of its bytes at the
+  /// op_gb_s rate; 0 where not measured. The pool class's row is an output
+  /// plane (one image's channel): a 2x2 pool over 7x7 planes pays it four
+  /// times as often per byte as one over 14x14 planes. dlopt-calibrate
+  /// measures it by timing the class's op at two plane sizes.
+  std::array<double, kNumMemoryClasses> opRowSeconds{};
   /// cache_mib: bytes read + written up to which a memory-bound op with an
   /// op_gb_s rate keeps its data in the cache; above it (and at any size
   /// when 0) it runs no faster than the memory bandwidth.

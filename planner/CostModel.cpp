@@ -268,26 +268,27 @@ Expected<ComputeEstimate> CostModel::optimizerTime(double flops, double bytes,
 }
 
 double CostModel::memoryTime(MemoryClass cls, double bytes,
-                             const GpuSpec &gpu) const {
+                             const GpuSpec &gpu, double rows) const {
   if (!(bytes > 0))
     return 0;
   const double dram = gpu.memoryBandwidth * cal_.memoryBandwidthEfficiency;
   const double t = dram > 0 ? bytes / dram : 0;
   if (!cal_.hasOpBandwidth(cls))
     return t;
-  const double own = bytes / cal_.opBandwidth[size_t(cls)];
+  const double own = bytes / cal_.opBandwidth[size_t(cls)] +
+                     std::max(0.0, rows) * cal_.opRowSeconds[size_t(cls)];
   return bytes <= cal_.cacheBytes ? own : std::max(own, t);
 }
 
-Expected<ComputeEstimate> CostModel::elementwiseTime(MemoryClass cls,
-                                                     double flops, double bytes,
-                                                     Precision precision,
-                                                     const GpuSpec &gpu) const {
+Expected<ComputeEstimate>
+CostModel::elementwiseTime(MemoryClass cls, double flops, double bytes,
+                           Precision precision, const GpuSpec &gpu,
+                           double rows) const {
   auto e = computeTime(OpCost{OpKind::Elementwise, precision, flops, bytes},
                        gpu);
   if (!e || !cal_.hasOpBandwidth(cls))
     return e;
-  e->memoryTime = memoryTime(cls, bytes, gpu);
+  e->memoryTime = memoryTime(cls, bytes, gpu, rows);
   e->time = std::max(e->computeTime, e->memoryTime);
   return e;
 }

@@ -112,17 +112,20 @@ public:
                                           const GpuSpec &gpu) const;
 
   /// Seconds a memory-bound op of class `cls` spends moving `bytes` (read
-  /// + written) on `gpu`: at the class's op_gb_s rate where the
-  /// calibration measured one, and then no faster than the memory bandwidth
-  /// times memory_bandwidth_efficiency once the bytes exceed cache_mib (at
-  /// any size when cache_mib is 0); without a rate, at that bandwidth.
+  /// + written) on `gpu` over `rows` rows of its class (memoryRowsOf): at
+  /// the class's op_gb_s rate plus op_row_ns per row where the calibration
+  /// measured them, and then no faster than the memory bandwidth times
+  /// memory_bandwidth_efficiency once the bytes exceed cache_mib (at any
+  /// size when cache_mib is 0); without a rate, at that bandwidth.
   /// docs/cost-model.md, "Memory-bound ops by class".
-  double memoryTime(MemoryClass cls, double bytes, const GpuSpec &gpu) const;
+  double memoryTime(MemoryClass cls, double bytes, const GpuSpec &gpu,
+                    double rows = 0) const;
   /// The roofline of a memory-bound op of class `cls`: computeTime of an
-  /// elementwise op whose memory side is memoryTime(cls, bytes).
+  /// elementwise op whose memory side is memoryTime(cls, bytes, rows).
   Expected<ComputeEstimate> elementwiseTime(MemoryClass cls, double flops,
                                             double bytes, Precision precision,
-                                            const GpuSpec &gpu) const;
+                                            const GpuSpec &gpu,
+                                            double rows = 0) const;
 
   /// Roofline time of one op on `gpu`. Fails if the GPU has no peak for the
   /// op's precision or the counts are negative.

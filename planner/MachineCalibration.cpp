@@ -181,12 +181,15 @@ Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
   std::string each;
   std::vector<double> classRates[kNumMemoryClasses],
       classBackward[kNumMemoryClasses];
+  std::vector<const MachineSamples::StreamSample *>
+      classSamples[kNumMemoryClasses];
   for (const MachineSamples::StreamSample &st : s.streams) {
     if (!(st.seconds > 0 && st.bytes > 0))
       continue;
     if (st.cached) {
       const size_t cls = size_t(memoryClassOf(st.op));
       classRates[cls].push_back(st.bytes / st.seconds);
+      classSamples[cls].push_back(&st);
       if (st.gradientSeconds > 0)
         classBackward[cls].push_back(st.gradientSeconds / st.seconds);
       continue;
@@ -203,10 +206,33 @@ Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
                     bandwidth * 1e-9) +
                 each + " GB/s)");
   }
-  std::string ops;
+  std::string ops, rowCosts;
   for (size_t i = 0; i < kNumMemoryClasses; ++i)
     if (!classRates[i].empty()) {
       c.opBandwidth[i] = median(classRates[i]);
+      // Two samples at different rows (the pool at 28x28 and 8x8 planes):
+      // t = rows a + bytes / rate, two equations in a and 1/rate.
+      const MachineSamples::StreamSample *lo = nullptr, *hi = nullptr;
+      for (const MachineSamples::StreamSample *x : classSamples[i]) {
+        if (!lo || x->rows < lo->rows)
+          lo = x;
+        if (!hi || x->rows > hi->rows)
+          hi = x;
+      }
+      if (lo && hi && hi->rows > 1.5 * lo->rows) {
+        const double det = lo->rows * hi->bytes - hi->rows * lo->bytes;
+        const double a =
+            (lo->seconds * hi->bytes - hi->seconds * lo->bytes) / det;
+        const double inv =
+            (lo->rows * hi->seconds - hi->rows * lo->seconds) / det;
+        if (det != 0 && a > 0 && inv > 0) {
+          c.opRowSeconds[i] = a;
+          c.opBandwidth[i] = 1 / inv;
+          rowCosts += (rowCosts.empty() ? "" : ", ") +
+                      std::string(memoryClassName(MemoryClass(i))) + " " +
+                      fmt("%.1f", a * 1e9);
+        }
+      }
       ops += (ops.empty() ? "" : ", ") +
              std::string(memoryClassName(MemoryClass(i))) + " " +
              fmt("%.1f", c.opBandwidth[i] * 1e-9);
@@ -233,6 +259,10 @@ Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
                      : std::string("cache size unknown: every op also no "
                                    "faster than the memory bandwidth")));
   }
+  if (!rowCosts.empty())
+    L.push_back("their fixed cost per row, from two shapes (op_row_ns; "
+                "pool: per output plane): " +
+                rowCosts + " ns");
   if (!backward.empty())
     L.push_back("their gradient kernels' time over the forward's "
                 "(op_backward_ratio): " +

@@ -70,6 +70,9 @@ struct MachineSamples {
     /// The op's gradient kernel on the same shape (0: none timed); over
     /// `seconds`, its class's backward ratio (op_backward_ratio).
     double gradientSeconds = 0;
+    /// Its rows (memoryRowsOf): two cached samples of a class at
+    /// different rows and bytes give its op_row_ns and op_gb_s.
+    double rows = 0;
   };
   std::vector<StreamSample> streams;
   /// The device's share of the last-level cache (bytes; 0 unknown).

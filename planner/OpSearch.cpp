@@ -164,11 +164,13 @@ struct Ctx {
 
   /// A memory-bound op of class `cls` (CostModel::elementwiseTime: at the
   /// class's measured rate where the calibration has one).
-  double elementwise(MemoryClass cls, double flops, double bytes) const {
+  double elementwise(MemoryClass cls, double flops, double bytes,
+                     double rows = 0) const {
     if (flops <= 0 && bytes <= 0)
       return 0;
     auto e = cost.elementwiseTime(cls, std::max(0.0, flops),
-                                  std::max(0.0, bytes), opt.precision, gpu);
+                                  std::max(0.0, bytes), opt.precision, gpu,
+                                  rows);
     return e ? e->time : 0;
   }
 
@@ -248,7 +250,8 @@ double Ctx::forwardTime(const Solved &s, const OpNode &op, const Strategy &st,
     }
   const OpKind kind = rooflineKind(op);
   if (kind == OpKind::Elementwise)
-    return elementwise(memoryClassOf(op.op), flops / st.divisor, bytes);
+    return elementwise(memoryClassOf(op.op), flops / st.divisor, bytes,
+                       memoryRowsOf(op.op, op.shape) / st.divisor);
   return roofline(kind, flops / st.divisor, bytes);
 }
 

@@ -502,7 +502,11 @@ int main(int argc, char **argv) {
     const TensorType rows256{DType::F32, {small / 256, 256}},
         rows128{DType::F32, {small / 128, 128}},
         images{DType::F32, {small / plane, 16, 28, 28}},
-        pooled{DType::F32, {small / plane, 16, 14, 14}};
+        pooled{DType::F32, {small / plane, 16, 14, 14}},
+        // The same bytes in 8x8 planes: 12.25 times the planes, for the
+        // pool's per-plane cost (op_row_ns).
+        planes8{DType::F32, {small / (49 * 64), 49, 8, 8}},
+        pooled8{DType::F32, {small / (49 * 64), 49, 4, 4}};
     const AttrValue two = AttrValue(std::vector<int64_t>{2, 2});
     const TensorType vec16{DType::F32, {16}};
     std::vector<Stream> streams = {
@@ -519,6 +523,8 @@ int main(int argc, char **argv) {
           {"momentum", AttrValue(0.1)},
           {"training", AttrValue(int64_t(1))}}},
         {"max_pool2d", images, pooled, 1, true,
+         {{"kernel", two}, {"stride", two}}},
+        {"max_pool2d", planes8, pooled8, 1, true,
          {{"kernel", two}, {"stride", two}}},
     };
     for (const Stream &st : streams) {
@@ -548,6 +554,7 @@ int main(int argc, char **argv) {
       const double bytes =
           4.0 * double(st.inputs * st.in.numElements() + st.out.numElements());
       s.streams.push_back({st.op, bytes, secs, st.cached});
+      s.streams.back().rows = planner::memoryRowsOf(st.op, st.out.shape);
       // The gradient kernel dlopt's backward runs for this op, on the same
       // shape (the add's gradient is its incoming one: no kernel). Its time
       // over the forward's is the class's backward ratio.

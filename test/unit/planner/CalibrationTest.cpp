@@ -227,6 +227,36 @@ TEST(Calibration, OpRatesParseRoundTripAndRefuseBadClasses) {
                 "op_backward_ratio.pool: expected a number >= 0, got -2"),
             std::string::npos)
       << e.status().message();
+
+  // op_row_ns: nanoseconds per row by class, stored in seconds.
+  auto rows = parseCalibration(R"({"op_row_ns": {"pool": 21.5}})", "cal.json");
+  ASSERT_TRUE(rows) << rows.status().message();
+  EXPECT_DOUBLE_EQ(rows->opRowSeconds[size_t(MemoryClass::Pool)], 21.5e-9);
+  EXPECT_EQ(rows->opRowSeconds[size_t(MemoryClass::Norm)], 0.0);
+  auto rowsBack = parseCalibration(rows->toJson(), "round trip");
+  ASSERT_TRUE(rowsBack) << rowsBack.status().message();
+  EXPECT_EQ(rowsBack->opRowSeconds, rows->opRowSeconds);
+  EXPECT_EQ(Calibration{}.toJson().find("op_row_ns"), std::string::npos);
+  auto badRow = parseCalibration(R"({"op_row_ns": {"pool": -1}})", "c");
+  ASSERT_FALSE(badRow);
+  EXPECT_NE(badRow.status().message().find(
+                "op_row_ns.pool: expected a number >= 0, got -1"),
+            std::string::npos)
+      << badRow.status().message();
+  auto badClass = parseCalibration(R"({"op_row_ns": {"plane": 1}})", "c");
+  ASSERT_FALSE(badClass);
+  EXPECT_NE(badClass.status().message().find(
+                "op_row_ns: unknown op class 'plane'"),
+            std::string::npos)
+      << badClass.status().message();
+}
+
+TEST(Calibration, PoolRowsAreItsOutputPlanes) {
+  EXPECT_EQ(memoryRowsOf("dlopt.max_pool2d", {64, 32, 7, 7}), 64.0 * 32);
+  EXPECT_EQ(memoryRowsOf("max_pool2d_grad", {64, 32, 14, 14}), 64.0 * 32);
+  EXPECT_EQ(memoryRowsOf("avg_pool2d", {8, 3, 2, 2}), 24.0);
+  EXPECT_EQ(memoryRowsOf("layer_norm", {64, 256}), 0.0); // not measured
+  EXPECT_EQ(memoryRowsOf("max_pool2d", {4}), 0.0);
 }
 
 TEST(Calibration, OpsFallIntoTheirMemoryClass) {

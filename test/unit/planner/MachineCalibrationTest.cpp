@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "planner/Cluster.h"
+#include "planner/CostModel.h"
 #include "planner/MachineCalibration.h"
 
 #include <gtest/gtest.h>
@@ -237,6 +238,7 @@ TEST(MachineCalibration, CachedSamplesGiveTheRateOfTheirClass) {
   auto cl = parseCluster(r->clusterJson, ClusterFormat::Json, "calibrated");
   ASSERT_TRUE(cl) << cl.status().message();
   EXPECT_NEAR(cl->groups[0].gpu.memoryBandwidth, 40e9, 1e3);
+  EXPECT_EQ(c.opRowSeconds[size_t(MemoryClass::Pool)], 0.0); // one shape
   // Without cached samples: no rates, no cache term.
   auto plain = calibrateMachine(samples());
   ASSERT_TRUE(plain) << plain.status().message();
@@ -268,3 +270,42 @@ TEST(MachineCalibration, RefusesWhatItCannotDerive) {
 }
 
 } // namespace
+
+TEST(MachineCalibration, TwoPoolShapesGiveItsCostPerPlane) {
+  // The same 8 MB at 28x28 and at 8x8 planes: t = planes a + bytes / r
+  // with a = 20 ns and r = 30 GB/s. 1337 and 16384 planes.
+  MachineSamples s = samples();
+  const double a = 20e-9, r = 30e9, bytes = 8e6;
+  auto pool = [&](double planes) {
+    MachineSamples::StreamSample x{"max_pool2d", bytes, planes * a + bytes / r,
+                                   true, 1.2 * (planes * a + bytes / r)};
+    x.rows = planes;
+    return x;
+  };
+  s.streams = {{"add", 3e9, 3e9 / 40e9}, pool(1337), pool(16384)};
+  s.cacheBytes = 32.0 * (1 << 20);
+  auto res = calibrateMachine(s);
+  ASSERT_TRUE(res) << res.status().message();
+  const Calibration &c = res->calibration;
+  EXPECT_NEAR(c.opRowSeconds[size_t(MemoryClass::Pool)], a, 1e-15);
+  EXPECT_NEAR(c.opBandwidth[size_t(MemoryClass::Pool)], r, 1e3);
+  EXPECT_NEAR(c.opBackwardRatio[size_t(MemoryClass::Pool)], 1.2, 1e-9);
+  bool said = false;
+  for (const std::string &l : res->lines)
+    said |= l.find("op_row_ns") != std::string::npos &&
+            l.find("pool 20.0") != std::string::npos;
+  EXPECT_TRUE(said);
+  // The priced op reproduces both samples.
+  CostModel m(c);
+  GpuSpec dev = *gpuPreset("cpu-device");
+  EXPECT_NEAR(m.memoryTime(MemoryClass::Pool, bytes, dev, 16384),
+              16384 * a + bytes / r, 1e-12);
+  EXPECT_NEAR(m.memoryTime(MemoryClass::Pool, bytes, dev, 1337),
+              1337 * a + bytes / r, 1e-12);
+  // A sample that would give a negative cost per plane is not fitted.
+  s.streams = {{"add", 3e9, 3e9 / 40e9}, pool(16384), pool(1337)};
+  s.streams[2].seconds = 2 * s.streams[1].seconds; // fewer planes, slower
+  auto odd = calibrateMachine(s);
+  ASSERT_TRUE(odd) << odd.status().message();
+  EXPECT_EQ(odd->calibration.opRowSeconds[size_t(MemoryClass::Pool)], 0.0);
+}
