@@ -94,7 +94,8 @@ std::string formatOpTextReport(const OpPlanResult &p, const Cluster &cluster,
     r += "  processes: one per GPU (between-graph)\n";
   else
     r += strf("  processes: %s, one per node (--fix layout; the op-level "
-              "search does not price host dispatch)\n",
+              "search prices the layout it is given, it does not choose "
+              "one)\n",
               layoutName(p.plan.layout, cluster.numNodes()));
   r += strf("  sharding: per op over tp=%d (docs/op-sharding.md)%s\n", cfg.tp,
             p.best.memoryConstrained ? ", memory-constrained" : "");
@@ -240,6 +241,7 @@ std::string formatOpTextReport(const OpPlanResult &p, const Cluster &cluster,
             seconds(t.tpComm).c_str(), seconds(t.ppComm).c_str(),
             seconds(t.dpComm).c_str());
   r += textTimeRow("bubble", t.bubble, d.step);
+  r += textHostRow(t, d.step, p.best.hostDispatch);
   r += "\n== throughput ==\n";
   r += strf("  %.4g samples/s\n", d.samples);
   r += strf("  model %.3f TFLOP/s per GPU, MFU %.1f%% (%s peak %.1f TFLOP/s, "
@@ -363,7 +365,8 @@ std::string formatOpJsonReport(const OpPlanResult &p, const Cluster &cluster,
   const StepTime &t = p.best.time;
   r["step_time"] = {{"total", t.total()},   {"compute", t.compute},
                     {"tp_comm", t.tpComm},  {"pp_comm", t.ppComm},
-                    {"dp_comm", t.dpComm},  {"bubble", t.bubble}};
+                    {"dp_comm", t.dpComm},  {"bubble", t.bubble},
+                    {"host", t.host},       {"host_dispatch", p.best.hostDispatch}};
   r["throughput"] = {{"samples_per_s", d.samples},
                      {"model_tflops_per_gpu", d.tflopsPerGpu / 1e12},
                      {"mfu", d.mfu}};

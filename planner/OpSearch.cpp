@@ -732,12 +732,15 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
   struct StageSum {
     double compute = 0, comm = 0, step = 0, act = 0, work = 0;
     double paramElems = 0, largestParam = 0;
+    double ops = 0; ///< forward ops a micro-batch launches (no constants)
     std::set<int> params;
   };
   std::vector<StageSum> ss(pp);
   for (size_t i = 0; i < c.fwdOps.size(); ++i) {
     int id = c.fwdOps[i];
     StageSum &x = ss[stageOfPos[i]];
+    if (c.g.ops[id].kind != OpClass::Constant)
+      x.ops += 1;
     x.compute += s.compute[id];
     x.comm += s.mbComm[id];
     x.step += s.stepComm[id];
@@ -800,11 +803,13 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
     if (train && cfg.schedule == PipelineSchedule::ZeroBubble) {
       // ZB-H1, as the transformer search prices it (docs/cost-model.md):
       // the deferred weight-gradient passes (half the backward) fill the
-      // cooldown, down to (pp-1) max(t_F, t_B).
+      // cooldown, down to (pp-1) max(t_F, t_B); with fewer micro-batches
+      // than stages only m - 1 of them do.
       double fwd = ss[w].compute / (1 + c.ratio);
       double weightGrad = fwd * c.ratio / 2;
       double inputGrad = std::max(0.0, perMb - fwd - weightGrad);
-      T.bubble = (pp - 1) * std::max(perMb - 2 * weightGrad,
+      double filled = std::min(1.0, (m - 1) / double(pp - 1));
+      T.bubble = (pp - 1) * std::max(perMb - weightGrad * (1 + filled),
                                      std::max(fwd, inputGrad));
     }
     // Each stage sends over the boundaries of its chunks (and, backward,
@@ -854,6 +859,47 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
       worst = std::max(worst, e);
     }
     T.dpComm = worst;
+  }
+
+  // Host dispatch: each process issues every kernel of its stage's
+  // micro-batches (forward ops, backward_flops_ratio times as many
+  // backward); the stage with the most ops sets it. One process per
+  // device between-graph; in-graph the node's processes contend (the
+  // transformer search's in_graph_launch_contention). The host
+  // runs ahead; what it adds is its chain past the devices' step: the
+  // drain of the last micro-batch's backward through the other stages and
+  // the sends between them, then the optimizer (docs/cost-model.md,
+  // section 8).
+  {
+    const int G = std::max(1, c.cluster.groups.empty()
+                                  ? 1
+                                  : c.cluster.groups.front().gpusPerNode);
+    const bool inGraph =
+        c.opt.fix.layout.value_or(ProcessLayout::BetweenGraph) ==
+        ProcessLayout::InGraph;
+    int cores = 0;
+    for (const NodeGroup &ng : c.cluster.groups)
+      if (ng.host.cpuCores > 0 && (cores == 0 || ng.host.cpuCores < cores))
+        cores = ng.host.cpuCores;
+    const double coreFactor =
+        cores > 0 ? std::max(1.0, double(G) / cores) : 1.0;
+    const double contention =
+        inGraph ? 1 + cal.inGraphLaunchContention * (G - 1) : 1.0;
+    double ops = 0;
+    for (const StageSum &x : ss)
+      ops = std::max(ops, x.ops);
+    const double launches =
+        m * ops * (train ? 1 + cal.backwardFlopsRatio : 1.0);
+    cand.hostDispatch =
+        launches * cal.kernelLaunchSeconds * contention * coreFactor;
+    double drain = train ? T.compute - m * ss[w].compute : 0; // optimizer
+    if (train && pp > 1) {
+      double meanMb = 0;
+      for (const StageSum &x : ss)
+        meanMb += (x.compute + x.comm) / pp;
+      drain += (pp - 1) * meanMb * c.ratio / (1 + c.ratio) / V;
+    }
+    T.host = std::max(0.0, cand.hostDispatch + drain - T.total());
   }
 
   // Memory: the largest stage.
@@ -1322,8 +1368,8 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
 
   // The plan: the ILP's layouts over tp, batch dims over dp.
   // The process layout: one process per device unless --fix says (the
-  // op-level search does not price host dispatch, so it has no reason to
-  // prefer one; a fixed layout is honoured, not priced).
+  // op-level search prices the host dispatch of the layout it is given but
+  // does not choose one).
   res.plan = planFromConfig(PlanKind::OpLevel, g, cluster, res.best.cfg, gb,
                             c.train, opt.precision,
                             fix.layout.value_or(ProcessLayout::BetweenGraph));

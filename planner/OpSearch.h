@@ -72,6 +72,10 @@ struct OpCandidate {
   MemoryBreakdown memory;
   double capacity = 0;
   bool memoryConstrained = false; ///< the ILP ran with the memory row
+  /// Seconds of host time issuing a step's kernel launches (its process's,
+  /// under the plan's layout); time.host is what of it the devices cannot
+  /// hide.
+  double hostDispatch = 0;
   bool fits() const { return memory.total() <= capacity; }
   std::string key() const; ///< "dp=2 tp=4 pp=1 mbs=4 mb=2 zero=1"
 };

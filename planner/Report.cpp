@@ -166,10 +166,7 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
               seconds(t.ppComm).c_str(), seconds(t.dpComm).c_str());
   r += textTimeRow("bubble", t.bubble, d.step);
   r += textTimeRow("optimizer step", t.optimizer, d.step);
-  r += strf("  host dispatch    %s (%.1f%%): %s of launches per step, "
-              "hidden unless longer than the devices' time\n",
-              seconds(t.host).c_str(), 100 * t.host / d.step,
-              seconds(proc.hostDispatch).c_str());
+  r += textHostRow(t, d.step, proc.hostDispatch);
   r += "\n== simulated step (discrete-event, docs/simulator.md) ==\n";
   if (p.simulated) {
     const SimResult &sr = *p.simulated;

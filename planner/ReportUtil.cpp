@@ -139,6 +139,14 @@ std::string textRanks(const Plan &p, const Cluster &cluster, int maxRanks) {
   return r;
 }
 
+std::string textHostRow(const StepTime &t, double step, double dispatch) {
+  return strf("  host dispatch    %s (%.1f%%): %s of launches per step, "
+              "exposed where issuing them, the pipeline's drain and the "
+              "optimizer outlast the devices\n",
+              seconds(t.host).c_str(), 100 * t.host / step,
+              seconds(dispatch).c_str());
+}
+
 std::string textTimeRow(const char *name, double time, double step) {
   return strf("  %-16s %s (%.1f%%)\n", name, seconds(time).c_str(),
               100 * time / step);

@@ -66,6 +66,8 @@ std::string textRanks(const Plan &plan, const Cluster &cluster, int maxRanks);
 std::string textStepTimeHead(const StepTime &t, double step);
 /// "== communication per step (one rank) ==" and one line per collective.
 std::string textCommunication(const std::vector<CommOp> &comms);
+/// "  host dispatch    ...": the exposed host time and the launches' total.
+std::string textHostRow(const StepTime &t, double step, double dispatch);
 /// "  compute          1.234 ms (12.3%)\n": a share of the step time.
 std::string textTimeRow(const char *name, double time, double step);
 /// The memory rows (params ... workspace) and the total against capacity.
