@@ -235,13 +235,7 @@ std::string formatOpTextReport(const OpPlanResult &p, const Cluster &cluster,
   r += textCommunication(p.comms);
 
   const StepTime &t = p.best.time;
-  r += textStepTimeHead(t, d.step);
-  r += strf("  exposed comm     %s (%.1f%%): tp %s, pp %s, dp %s\n",
-            seconds(t.exposedComm()).c_str(), 100 * t.exposedComm() / d.step,
-            seconds(t.tpComm).c_str(), seconds(t.ppComm).c_str(),
-            seconds(t.dpComm).c_str());
-  r += textTimeRow("bubble", t.bubble, d.step);
-  r += textHostRow(t, d.step, p.best.hostDispatch);
+  r += textStepTime(p.plan, t, d.step, p.best.hostDispatch);
   r += "\n== throughput ==\n";
   r += strf("  %.4g samples/s\n", d.samples);
   r += strf("  model %.3f TFLOP/s per GPU, MFU %.1f%% (%s peak %.1f TFLOP/s, "
@@ -366,7 +360,8 @@ std::string formatOpJsonReport(const OpPlanResult &p, const Cluster &cluster,
   r["step_time"] = {{"total", t.total()},   {"compute", t.compute},
                     {"tp_comm", t.tpComm},  {"pp_comm", t.ppComm},
                     {"dp_comm", t.dpComm},  {"bubble", t.bubble},
-                    {"host", t.host},       {"host_dispatch", p.best.hostDispatch}};
+                    {"host", t.host},       {"optimizer", t.optimizer},
+                    {"host_dispatch", p.best.hostDispatch}};
   r["throughput"] = {{"samples_per_s", d.samples},
                      {"model_tflops_per_gpu", d.tflopsPerGpu / 1e12},
                      {"mfu", d.mfu}};

@@ -792,7 +792,7 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
     double update = 0;
     for (const StageSum &x : ss)
       update = std::max(update, optimizerTime(c, x.paramElems / shard));
-    T.compute += update;
+    T.optimizer = update;
   }
   double step = 0;
   for (const StageSum &x : ss)
@@ -892,7 +892,7 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
         m * ops * (train ? 1 + cal.backwardFlopsRatio : 1.0);
     cand.hostDispatch =
         launches * cal.kernelLaunchSeconds * contention * coreFactor;
-    double drain = train ? T.compute - m * ss[w].compute : 0; // optimizer
+    double drain = T.optimizer;
     if (train && pp > 1) {
       double meanMb = 0;
       for (const StageSum &x : ss)

@@ -159,14 +159,7 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
   r += textCommunication(p.comms);
 
   const StepTime &t = p.best.time;
-  r += textStepTimeHead(t, d.step);
-  r += strf("  exposed comm     %s (%.1f%%): tp %s, cp %s, pp %s, dp %s\n",
-              seconds(t.exposedComm()).c_str(), 100 * t.exposedComm() / d.step,
-              seconds(t.tpComm).c_str(), seconds(t.cpComm).c_str(),
-              seconds(t.ppComm).c_str(), seconds(t.dpComm).c_str());
-  r += textTimeRow("bubble", t.bubble, d.step);
-  r += textTimeRow("optimizer step", t.optimizer, d.step);
-  r += textHostRow(t, d.step, proc.hostDispatch);
+  r += textStepTime(p.plan, t, d.step, proc.hostDispatch);
   r += "\n== simulated step (discrete-event, docs/simulator.md) ==\n";
   if (p.simulated) {
     const SimResult &sr = *p.simulated;

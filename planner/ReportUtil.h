@@ -68,6 +68,11 @@ std::string textStepTimeHead(const StepTime &t, double step);
 std::string textCommunication(const std::vector<CommOp> &comms);
 /// "  host dispatch    ...": the exposed host time and the launches' total.
 std::string textHostRow(const StepTime &t, double step, double dispatch);
+/// "== step time ==": the total, compute, exposed communication by axis
+/// (cp where the plan has the axis: transformer plans), bubble, optimizer
+/// step and host rows, for both kinds of plan.
+std::string textStepTime(const Plan &plan, const StepTime &t, double step,
+                         double dispatch);
 /// "  compute          1.234 ms (12.3%)\n": a share of the step time.
 std::string textTimeRow(const char *name, double time, double step);
 /// The memory rows (params ... workspace) and the total against capacity.
