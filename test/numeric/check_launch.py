@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 import numpy as np
 
@@ -77,10 +78,17 @@ def launch_cmd(n):
     return [MPIRUN, "-n", str(n), "--oversubscribe"]
 
 
+# Every launcher runs in a session of its own: a launcher that ends a job
+# (a failed rank, MPI_Abort, a timeout) signals its processes, and must not
+# reach this script. Twice a loaded CI host saw this script end silently,
+# without its summary, during the launches that end a job on purpose.
+LAUNCH_KW = {"start_new_session": True}
+
+
 def mpirun(n, args, timeout=300):
     return subprocess.run(launch_cmd(n) + args, env=ENV,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          timeout=timeout)
+                          timeout=timeout, **LAUNCH_KW)
 
 
 class Tools:
@@ -116,7 +124,7 @@ class Tools:
         cmd = [self.runp, exe] + args
         if layout == "in-graph":
             r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               timeout=timeout)
+                               timeout=timeout, **LAUNCH_KW)
         elif layout == "between":
             r = mpirun(n, cmd, timeout)
         else:
@@ -434,7 +442,8 @@ def failures(t, work, exes, data):
     # kill -9 of rank 1 mid-training: the launcher ends the job; every other
     # process says what it was waiting for.
     p = subprocess.Popen(launch_cmd(4) + base + ["--steps", "1000000"],
-                         env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         **LAUNCH_KW)
     pid = None
     for _ in range(300):
         time.sleep(0.1)
@@ -476,7 +485,7 @@ def failures(t, work, exes, data):
         cmd = [MPIRUN, "--oversubscribe", "-n", "1"] + base + ["--steps", "50", ":", "-n", "1"] + \
             bad + [":", "-n", "2"] + base + ["--steps", "50"]
     r = subprocess.run(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=120)
+                       timeout=120, **LAUNCH_KW)
     secs = time.time() - t0
     others = re.findall(r"\(process (\d) of 4 on [^)]*\) .*?(\w+ \(rank \d of a group of \d, MPI\)): "
                         r"aborted: process 1 of 4 on \S+ failed", r.stderr)
@@ -502,7 +511,8 @@ def failures(t, work, exes, data):
                           stopped, "--quiet", "--data", data,
                           "--devices-per-process", str(t.ranks(stopped) // 2),
                           "--comm-timeout", "3", "--steps", "1000000", "--metrics", metrics],
-                         env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         **LAUNCH_KW)
     try:
         pid = None
         for _ in range(600):
@@ -619,15 +629,30 @@ def run_all(args):
         total[0] += pf[0]
         total[1] += pf[1]
 
-    add(layouts(t, work, rng, args.only))
-    p, f, exes, model, data = reshard(t, work, rng, args.only)
+    def section(name, fn, *a):
+        # A section that raises counts as one failure and the run goes on,
+        # so the summary line always comes.
+        try:
+            return fn(*a)
+        except Exception:
+            print("FAIL %s: %s" % (name, traceback.format_exc()[-1500:]))
+            sys.stdout.flush()
+            return None
+
+    add(section("layouts", layouts, t, work, rng, args.only) or (0, 1))
+    r = section("reshard", reshard, t, work, rng, args.only)
+    if r is None:
+        add((0, 1))
+        print("%d passed, %d failed" % tuple(total))
+        return 1
+    p, f, exes, model, data = r
     add((p, f))
     if (not args.only or "bad_checkpoint" in args.only) and LAUNCHER != "srun":
-        add(bad_checkpoints(t, work, exes, model, data))
+        add(section("bad_checkpoint", bad_checkpoints, t, work, exes, model, data) or (0, 1))
     if not args.only or "failure" in args.only:
-        add(failures(t, work, exes, data))
+        add(section("failure", failures, t, work, exes, data) or (0, 1))
     if not args.only or "bad_launch" in args.only:
-        add(bad_launches(t, exes, data))
+        add(section("bad_launch", bad_launches, t, exes, data) or (0, 1))
     print("%d passed, %d failed" % tuple(total))
     return 1 if total[1] else 0
 
