@@ -301,8 +301,21 @@ constexpr const char *kOpRowKey = "op_row_ns";
 constexpr double kGB = 1e9;
 constexpr double kNs = 1e-9;
 
-/// A per-class figure (op_gb_s, op_backward_ratio, op_row_ns): each value finite and
-/// >= 0 in file units (stored times `scale`).
+/// The per-class keys: an object of numbers by MemoryClass name, stored
+/// times `scale` in `field`; written, read and checked in this order.
+struct PerClassKey {
+  const char *name;
+  std::array<double, kNumMemoryClasses> Calibration::*field;
+  double scale;
+};
+const PerClassKey kPerClassKeys[] = {
+    {kOpRateKey, &Calibration::opBandwidth, kGB},
+    {kOpBackwardKey, &Calibration::opBackwardRatio, 1},
+    {kOpRowKey, &Calibration::opRowSeconds, kNs},
+};
+
+/// A per-class figure (kPerClassKeys): each value finite and >= 0 in file
+/// units (stored times `scale`).
 Status checkPerClass(const char *key,
                      const std::array<double, kNumMemoryClasses> &r,
                      double scale) {
@@ -419,9 +432,8 @@ double memoryRowsOf(std::string_view op,
 Status Calibration::validate() const {
   for (const Entry &e : kEntries)
     DLOPT_RETURN_IF_ERROR(checkRange(e, this->*e.field / e.scale));
-  DLOPT_RETURN_IF_ERROR(checkPerClass(kOpRateKey, opBandwidth, kGB));
-  DLOPT_RETURN_IF_ERROR(checkPerClass(kOpBackwardKey, opBackwardRatio, 1));
-  DLOPT_RETURN_IF_ERROR(checkPerClass(kOpRowKey, opRowSeconds, kNs));
+  for (const PerClassKey &k : kPerClassKeys)
+    DLOPT_RETURN_IF_ERROR(checkPerClass(k.name, this->*k.field, k.scale));
   DLOPT_RETURN_IF_ERROR(checkGemmTable(gemmTable));
   return checkConvTable(convTable);
 }
@@ -443,29 +455,14 @@ std::string Calibration::toJson() const {
                       r.gradInput / kGFlops, r.gradFilter / kGFlops});
     j[kConvTableKey] = rows;
   }
-  if (std::any_of(opBandwidth.begin(), opBandwidth.end(),
-                  [](double r) { return r > 0; })) {
-    nlohmann::ordered_json rates;
+  for (const PerClassKey &k : kPerClassKeys) {
+    const std::array<double, kNumMemoryClasses> &values = this->*k.field;
+    nlohmann::ordered_json byClass;
     for (size_t i = 0; i < kNumMemoryClasses; ++i)
-      if (opBandwidth[i] > 0)
-        rates[memoryClassName(MemoryClass(i))] = opBandwidth[i] / kGB;
-    j[kOpRateKey] = rates;
-  }
-  if (std::any_of(opBackwardRatio.begin(), opBackwardRatio.end(),
-                  [](double r) { return r > 0; })) {
-    nlohmann::ordered_json ratios;
-    for (size_t i = 0; i < kNumMemoryClasses; ++i)
-      if (opBackwardRatio[i] > 0)
-        ratios[memoryClassName(MemoryClass(i))] = opBackwardRatio[i];
-    j[kOpBackwardKey] = ratios;
-  }
-  if (std::any_of(opRowSeconds.begin(), opRowSeconds.end(),
-                  [](double r) { return r > 0; })) {
-    nlohmann::ordered_json rows;
-    for (size_t i = 0; i < kNumMemoryClasses; ++i)
-      if (opRowSeconds[i] > 0)
-        rows[memoryClassName(MemoryClass(i))] = opRowSeconds[i] / kNs;
-    j[kOpRowKey] = rows;
+      if (values[i] > 0)
+        byClass[memoryClassName(MemoryClass(i))] = values[i] / k.scale;
+    if (!byClass.empty()) // measured for some class
+      j[k.name] = byClass;
   }
   return j.dump(2);
 }
@@ -530,26 +527,16 @@ Expected<Calibration> parseCalibration(std::string_view text,
       c.convTable = rows.take();
       continue;
     }
-    if (it.key() == kOpRateKey) {
-      auto rates = parsePerClass(kOpRateKey, it.value(), c.opBandwidth, kGB);
-      if (!rates)
-        return Status::error(where + rates.status().message());
-      c.opBandwidth = *rates;
-      continue;
-    }
-    if (it.key() == kOpRowKey) {
-      auto rows = parsePerClass(kOpRowKey, it.value(), c.opRowSeconds, kNs);
-      if (!rows)
-        return Status::error(where + rows.status().message());
-      c.opRowSeconds = *rows;
-      continue;
-    }
-    if (it.key() == kOpBackwardKey) {
-      auto ratios =
-          parsePerClass(kOpBackwardKey, it.value(), c.opBackwardRatio, 1);
-      if (!ratios)
-        return Status::error(where + ratios.status().message());
-      c.opBackwardRatio = *ratios;
+    const PerClassKey *perClass = nullptr;
+    for (const PerClassKey &k : kPerClassKeys)
+      if (it.key() == k.name)
+        perClass = &k;
+    if (perClass) {
+      auto values = parsePerClass(perClass->name, it.value(),
+                                  c.*perClass->field, perClass->scale);
+      if (!values)
+        return Status::error(where + values.status().message());
+      c.*perClass->field = *values;
       continue;
     }
     const Entry *entry = nullptr;
@@ -560,8 +547,9 @@ Expected<Calibration> parseCalibration(std::string_view text,
       std::string known;
       for (const Entry &e : kEntries)
         known += std::string(known.empty() ? "" : ", ") + e.name;
-      known += std::string(", ") + kGemmTableKey + ", " + kConvTableKey +
-               ", " + kOpRateKey + ", " + kOpBackwardKey + ", " + kOpRowKey;
+      known += std::string(", ") + kGemmTableKey + ", " + kConvTableKey;
+      for (const PerClassKey &k : kPerClassKeys)
+        known += std::string(", ") + k.name;
       return Status::error(where + "unknown calibration key '" + it.key() +
                            "' (known: " + known + ")");
     }

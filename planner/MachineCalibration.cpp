@@ -219,13 +219,14 @@ Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
         if (!hi || x->rows > hi->rows)
           hi = x;
       }
-      if (lo && hi && hi->rows > 1.5 * lo->rows) {
-        const double det = lo->rows * hi->bytes - hi->rows * lo->bytes;
+      const double det =
+          lo && hi ? lo->rows * hi->bytes - hi->rows * lo->bytes : 0;
+      if (lo && hi && hi->rows > 1.5 * lo->rows && det != 0) {
         const double a =
             (lo->seconds * hi->bytes - hi->seconds * lo->bytes) / det;
         const double inv =
             (lo->rows * hi->seconds - hi->rows * lo->seconds) / det;
-        if (det != 0 && a > 0 && inv > 0) {
+        if (a > 0 && inv > 0) {
           c.opRowSeconds[i] = a;
           c.opBandwidth[i] = 1 / inv;
           rowCosts += (rowCosts.empty() ? "" : ", ") +

@@ -153,6 +153,10 @@ struct Ctx {
   OpSearchStats *stats = nullptr;
   /// backwardReadFraction(g): what ZeRO-3 gathers again for the backward.
   double bwdReadFraction = 1;
+  /// What host dispatch is priced on: GPUs a node, the most constrained
+  /// host (mostConstrainedHost).
+  int gpusPerNode = 1;
+  HostSpec host{};
 
   double roofline(OpKind kind, double flops, double bytes) const {
     if (flops <= 0 && bytes <= 0)
@@ -871,27 +875,14 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
   // the sends between them, then the optimizer (docs/cost-model.md,
   // section 8).
   {
-    const int G = std::max(1, c.cluster.groups.empty()
-                                  ? 1
-                                  : c.cluster.groups.front().gpusPerNode);
-    const bool inGraph =
-        c.opt.fix.layout.value_or(ProcessLayout::BetweenGraph) ==
-        ProcessLayout::InGraph;
-    int cores = 0;
-    for (const NodeGroup &ng : c.cluster.groups)
-      if (ng.host.cpuCores > 0 && (cores == 0 || ng.host.cpuCores < cores))
-        cores = ng.host.cpuCores;
-    const double coreFactor =
-        cores > 0 ? std::max(1.0, double(G) / cores) : 1.0;
-    const double contention =
-        inGraph ? 1 + cal.inGraphLaunchContention * (G - 1) : 1.0;
     double ops = 0;
     for (const StageSum &x : ss)
       ops = std::max(ops, x.ops);
     const double launches =
         m * ops * (train ? 1 + cal.backwardFlopsRatio : 1.0);
-    cand.hostDispatch =
-        launches * cal.kernelLaunchSeconds * contention * coreFactor;
+    cand.hostDispatch = hostDispatchSeconds(
+        launches, c.opt.fix.layout.value_or(ProcessLayout::BetweenGraph),
+        c.gpusPerNode, c.host, cal);
     double drain = T.optimizer;
     if (train && pp > 1) {
       double meanMb = 0;
@@ -1022,6 +1013,9 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
   if (!gpu)
     return gpu.status();
   c.gpu = *gpu;
+  c.gpusPerNode =
+      cluster.groups.empty() ? 1 : std::max(1, cluster.groups.front().gpusPerNode);
+  c.host = mostConstrainedHost(cluster);
   // What the op-level search does not vary (cp, sp, recompute) is refused
   // when fixed (ConfigSpace.h).
   std::string fixWhy = unsupportedFixes(SpaceRules{}, opt.fix);

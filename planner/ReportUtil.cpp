@@ -150,16 +150,12 @@ std::string textHostRow(const StepTime &t, double step, double dispatch) {
 std::string textStepTime(const Plan &plan, const StepTime &t, double step,
                          double dispatch) {
   std::string r = textStepTimeHead(t, step);
-  if (plan.kind == PlanKind::Transformer)
-    r += strf("  exposed comm     %s (%.1f%%): tp %s, cp %s, pp %s, dp %s\n",
-              seconds(t.exposedComm()).c_str(), 100 * t.exposedComm() / step,
-              seconds(t.tpComm).c_str(), seconds(t.cpComm).c_str(),
-              seconds(t.ppComm).c_str(), seconds(t.dpComm).c_str());
-  else
-    r += strf("  exposed comm     %s (%.1f%%): tp %s, pp %s, dp %s\n",
-              seconds(t.exposedComm()).c_str(), 100 * t.exposedComm() / step,
-              seconds(t.tpComm).c_str(), seconds(t.ppComm).c_str(),
-              seconds(t.dpComm).c_str());
+  r += strf("  exposed comm     %s (%.1f%%): tp %s, ",
+            seconds(t.exposedComm()).c_str(), 100 * t.exposedComm() / step,
+            seconds(t.tpComm).c_str());
+  if (plan.kind == PlanKind::Transformer) // op-level plans have no cp axis
+    r += "cp " + seconds(t.cpComm) + ", ";
+  r += "pp " + seconds(t.ppComm) + ", dp " + seconds(t.dpComm) + "\n";
   r += textTimeRow("bubble", t.bubble, step);
   r += textTimeRow("optimizer step", t.optimizer, step);
   r += textHostRow(t, step, dispatch);

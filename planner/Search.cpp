@@ -179,19 +179,7 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
                      ? double(graph.kvHeads) / double(graph.heads)
                      : 1.0;
   c.gpusPerNode = cluster.groups.empty() ? 1 : cluster.groups.front().gpusPerNode;
-  // The most constrained host: fewest cores and least memory per GPU.
-  for (size_t i = 0; i < cluster.groups.size(); ++i) {
-    const HostSpec &h = cluster.groups[i].host;
-    if (i == 0) {
-      c.host = h;
-      continue;
-    }
-    if (h.cpuCores > 0 && (c.host.cpuCores == 0 || h.cpuCores < c.host.cpuCores))
-      c.host.cpuCores = h.cpuCores;
-    if (h.memoryBytes > 0 &&
-        (c.host.memoryBytes == 0 || h.memoryBytes < c.host.memoryBytes))
-      c.host.memoryBytes = h.memoryBytes;
-  }
+  c.host = mostConstrainedHost(cluster);
   std::map<int64_t, size_t> layerIndex; // mark -> index in c.layers
   for (const OpGroupSummary &g : graph.groups) {
     if (g.layer >= 0) {

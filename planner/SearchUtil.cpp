@@ -43,6 +43,35 @@ Expected<GpuSpec> pacingGpu(const Cluster &cluster, Precision precision) {
   return gpu;
 }
 
+HostSpec mostConstrainedHost(const Cluster &cluster) {
+  HostSpec host;
+  for (size_t i = 0; i < cluster.groups.size(); ++i) {
+    const HostSpec &h = cluster.groups[i].host;
+    if (i == 0) {
+      host = h;
+      continue;
+    }
+    if (h.cpuCores > 0 && (host.cpuCores == 0 || h.cpuCores < host.cpuCores))
+      host.cpuCores = h.cpuCores;
+    if (h.memoryBytes > 0 &&
+        (host.memoryBytes == 0 || h.memoryBytes < host.memoryBytes))
+      host.memoryBytes = h.memoryBytes;
+  }
+  return host;
+}
+
+double hostDispatchSeconds(double launches, ProcessLayout layout,
+                           int gpusPerNode, const HostSpec &host,
+                           const Calibration &cal) {
+  const int G = gpusPerNode;
+  const double coreFactor =
+      host.cpuCores > 0 ? std::max(1.0, double(G) / host.cpuCores) : 1.0;
+  const double contention = layout == ProcessLayout::InGraph
+                                ? 1 + cal.inGraphLaunchContention * (G - 1)
+                                : 1.0;
+  return launches * cal.kernelLaunchSeconds * contention * coreFactor;
+}
+
 std::string joinReasons(const std::vector<std::string> &why) {
   std::string out;
   for (const auto &w : why)

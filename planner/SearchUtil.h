@@ -39,6 +39,19 @@ bool slowerGpu(const GpuSpec &a, const GpuSpec &b, Precision precision);
 /// error when its peak is not positive.
 Expected<GpuSpec> pacingGpu(const Cluster &cluster, Precision precision);
 
+/// The most constrained host of the cluster's node groups: the fewest CPU
+/// cores and the least memory (0 where unknown).
+HostSpec mostConstrainedHost(const Cluster &cluster);
+
+/// Seconds one process spends issuing `launches` kernel launches under
+/// `layout` on nodes of `gpusPerNode` GPUs and `host`: kernel_launch_us
+/// each, times 1 + in_graph_launch_contention (G - 1) in-graph, times
+/// max(1, G / cores) where the cores are known (docs/cost-model.md,
+/// section 8).
+double hostDispatchSeconds(double launches, ProcessLayout layout,
+                           int gpusPerNode, const HostSpec &host,
+                           const Calibration &cal);
+
 /// Reasons joined by "; ".
 std::string joinReasons(const std::vector<std::string> &why);
 

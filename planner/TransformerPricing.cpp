@@ -2,6 +2,7 @@
 #include "planner/TransformerPricing.h"
 
 #include "planner/ReportUtil.h"
+#include "planner/SearchUtil.h"
 #include "planner/TransformerSharding.h"
 
 #include <algorithm>
@@ -382,8 +383,6 @@ void chooseLayout(Ctx &c, Candidate &cand, double launchesPerStep,
   const Calibration &cal = c.cost.calibration();
   const int G = c.gpusPerNode;
   const int nodes = c.cluster.numNodes();
-  double coreFactor =
-      c.host.cpuCores > 0 ? std::max(1.0, double(G) / c.host.cpuCores) : 1.0;
   struct Option {
     ProcessLayout layout;
     int procs;
@@ -394,11 +393,7 @@ void chooseLayout(Ctx &c, Candidate &cand, double launchesPerStep,
     Option o;
     o.layout = l;
     o.procs = l == ProcessLayout::InGraph ? 1 : G;
-    double contention =
-        l == ProcessLayout::InGraph ? 1 + cal.inGraphLaunchContention * (G - 1)
-                                    : 1.0;
-    o.dispatch =
-        launchesPerStep * cal.kernelLaunchSeconds * contention * coreFactor;
+    o.dispatch = hostDispatchSeconds(launchesPerStep, l, G, c.host, cal);
     o.memory = o.procs * cal.processHostBytes + G * cal.deviceHostStagingBytes;
     o.fits = c.host.memoryBytes <= 0 || o.memory <= c.host.memoryBytes;
     const double issued =
