@@ -45,6 +45,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from check_parallel import tool, run  # noqa: E402
 
+_print = print
+
+
+def print(*args, **kwargs):  # noqa: A001
+    """print, and a FAIL line goes to stderr as well: lit shows a failed
+    test's stderr whole, where FileCheck's dump of stdout elides the middle
+    (a CI failure of the srun variant hid its FAIL line that way)."""
+    _print(*args, **kwargs)
+    if args and isinstance(args[0], str) and args[0].startswith("FAIL"):
+        _print(*args, file=sys.stderr)
+    sys.stdout.flush()
+
+
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1")
 MPIRUN = shutil.which("mpirun")
@@ -440,21 +453,25 @@ def failures(t, work, exes, data):
     base = [t.runp, job, "--quiet", "--data", data, "--comm-timeout", "20"]
 
     # kill -9 of rank 1 mid-training: the launcher ends the job; every other
-    # process says what it was waiting for.
-    p = subprocess.Popen(launch_cmd(4) + base + ["--steps", "1000000"],
+    # process says what it was waiting for. It is killed once training runs
+    # (the first step's metrics line is written): a fixed wait after the
+    # process appeared could land in start-up on a loaded host.
+    kill_metrics = os.path.join(d, "victim-job.jsonl")
+    p = subprocess.Popen(launch_cmd(4) + base + ["--steps", "1000000", "--metrics", kill_metrics],
                          env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          **LAUNCH_KW)
     pid = None
-    for _ in range(300):
+    for _ in range(600):
         time.sleep(0.1)
-        pid = pid_of_rank(job, 1)
-        if pid:
+        pid = pid or pid_of_rank(job, 1)
+        if pid and os.path.exists(kill_metrics) and os.path.getsize(kill_metrics) > 0:
             break
-    time.sleep(1.5)
     t0 = time.time()
     try:
         if pid is None:
             raise RuntimeError("rank 1's process never appeared")
+        if not (os.path.exists(kill_metrics) and os.path.getsize(kill_metrics) > 0):
+            raise RuntimeError("the job wrote no step within 60 s")
         os.kill(pid, signal.SIGKILL)
         out, err = p.communicate(timeout=60)
         secs = time.time() - t0
