@@ -79,8 +79,26 @@ Expected<LinkFit> fitAllReduce(const std::vector<AllReduceSample> &samples) {
   if (xy.size() < 2)
     return Status::error("all-reduce samples need at least 2 message sizes");
   LineFit f = fitLine(xy);
+  if (f.slope <= 0) {
+    // A small message slowed by the machine's load (a thread woken late)
+    // can outweigh the rest in the weighted fit. The largest message and
+    // the smallest still give the bandwidth, and the line through them the
+    // latency.
+    auto [lo, hi] = std::minmax_element(
+        xy.begin(), xy.end(),
+        [](const auto &a, const auto &b) { return a.first < b.first; });
+    f.slope = hi->first > lo->first
+                  ? (hi->second - lo->second) / (hi->first - lo->first)
+                  : 0;
+    f.intercept = std::max(0.0, lo->second - f.slope * lo->first);
+  }
   if (f.slope <= 0)
-    return Status::error("all-reduce time does not grow with the message size");
+    return Status::error(
+        "all-reduce time does not grow with the message size (" +
+        std::to_string(xy.front().second * 1e6) + " us at the smallest, " +
+        std::to_string(xy.back().second * 1e6) +
+        " us at the largest): the machine was too busy to measure; run "
+        "again when it is quieter");
   LinkFit l;
   l.ranks = n;
   l.bandwidth = 2.0 * (n - 1) / n / f.slope;

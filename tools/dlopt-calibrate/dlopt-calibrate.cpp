@@ -22,9 +22,11 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -278,6 +280,23 @@ double lastLevelCacheBytes() {
   return bytes;
 }
 
+/// Whether `path` can be written (its directory exists and is writable,
+/// and the file, if it exists, is writable), checked before measuring so
+/// a bad -o fails at once; says why not.
+bool canWrite(const std::string &path) {
+  std::string dir = path;
+  size_t slash = dir.find_last_of('/');
+  dir = slash == std::string::npos ? "." : slash == 0 ? "/" : dir.substr(0, slash);
+  const bool exists = ::access(path.c_str(), F_OK) == 0;
+  if ((exists && ::access(path.c_str(), W_OK) != 0) ||
+      (!exists && ::access(dir.c_str(), W_OK) != 0)) {
+    std::fprintf(stderr, "dlopt-calibrate: error: cannot write '%s': %s\n",
+                 path.c_str(), std::strerror(errno));
+    return false;
+  }
+  return true;
+}
+
 bool writeText(const std::string &path, const std::string &text) {
   std::ofstream f(path, std::ios::binary);
   f << text;
@@ -325,6 +344,8 @@ int main(int argc, char **argv) {
       usageError("unknown option '" + a + "'");
     }
   }
+  if (!canWrite(calOut) || !canWrite(clusterOut))
+    return 1;
   int worldRank = 0;
 #ifdef DLOPT_HAVE_MPI
   if (launchedByMpi()) {
@@ -683,10 +704,17 @@ int main(int argc, char **argv) {
   }
   // All-reduce between in-process ranks (threads), as in-graph plans run.
   {
+    // Measured again (up to three times, with more repetitions) when a
+    // loaded machine gave times that do not grow with the message size.
     int ranks = std::max(2, s.devices);
-    for (int64_t bytes : {int64_t(4) << 10, int64_t(64) << 10,
-                          int64_t(1) << 20, int64_t(quick ? 4 : 16) << 20})
-      s.inProcess.push_back(timeInProcess(ranks, bytes, reps));
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      s.inProcess.clear();
+      for (int64_t bytes : {int64_t(4) << 10, int64_t(64) << 10,
+                            int64_t(1) << 20, int64_t(quick ? 4 : 16) << 20})
+        s.inProcess.push_back(timeInProcess(ranks, bytes, reps << attempt));
+      if (planner::fitAllReduce(s.inProcess))
+        break;
+    }
   }
 
   auto cal = planner::calibrateMachine(s);

@@ -50,6 +50,34 @@ TEST(MachineCalibration, AllReduceFitGivesTheRingsAlphaAndBandwidth) {
   EXPECT_FALSE(fitAllReduce({{2, 4096, 2e-6}, {2, 8192, 1e-6}}));
 }
 
+TEST(MachineCalibration, AllReduceFitSurvivesASlowSmallMessage) {
+  // 2 ranks: t = 5 us + S / 2 GB/s. On a loaded host every size but
+  // 64 KiB came out 10-100x slow, which turns the 1/t^2-weighted fit's
+  // slope negative (the 64 KiB sample outweighs the rest); the largest and
+  // smallest messages still give a positive bandwidth.
+  std::vector<AllReduceSample> s;
+  const double slow[] = {10, 1, 10, 100};
+  int i = 0;
+  for (double bytes : {4096.0, 65536.0, 1048576.0, 4194304.0})
+    s.push_back({2, bytes, (5e-6 + bytes / 2e9) * slow[i++]});
+  ASSERT_LE(fitLine({{s[0].bytes, s[0].seconds},
+                     {s[1].bytes, s[1].seconds},
+                     {s[2].bytes, s[2].seconds},
+                     {s[3].bytes, s[3].seconds}})
+                .slope,
+            0);
+  auto f = fitAllReduce(s);
+  ASSERT_TRUE(f) << f.status().message();
+  EXPECT_GT(f->bandwidth, 0);
+  EXPECT_GE(f->latency, 0);
+  // Every size as slow as the smallest: refused, with the figures.
+  auto flat = fitAllReduce({{2, 4096, 3e-5}, {2, 65536, 2e-5}, {2, 1048576, 1e-5}});
+  ASSERT_FALSE(flat);
+  EXPECT_NE(flat.status().message().find("too busy to measure"),
+            std::string::npos)
+      << flat.status().message();
+}
+
 MachineSamples samples() {
   MachineSamples s;
   s.name = "box";
