@@ -129,6 +129,7 @@ public:
   }
 
   Status allReduce(CommInput in, CommOutput out, ReduceOp op) override {
+    ScratchScope scope(*this);
     const char *what = "all_reduce";
     DLOPT_RETURN_IF_ERROR(checkBuffers(what, in, out, in.count));
     DLOPT_RETURN_IF_ERROR(checkReducible(what, in.dtype));
@@ -147,8 +148,9 @@ public:
     // brings every rank's copy of chunk q to rank q, which reduces them in
     // rank order; an all-gather returns the reduced chunks to everyone.
     const int64_t chunk = (count + n - 1) / n;
-    std::vector<int> sendCounts(static_cast<size_t>(n)), sendDispl(static_cast<size_t>(n)),
-        recvCounts(static_cast<size_t>(n)), recvDispl(static_cast<size_t>(n));
+    // Nonblocking collectives read their count arrays until they complete.
+    int *sendCounts = scratch<int>(size_t(n)), *sendDispl = scratch<int>(size_t(n)),
+        *recvCounts = scratch<int>(size_t(n)), *recvDispl = scratch<int>(size_t(n));
     auto span = [&](int q, int64_t &off, int64_t &cnt) {
       off = std::min(count, int64_t(q) * chunk);
       cnt = std::min(count, off + chunk) - off;
@@ -166,19 +168,18 @@ public:
       recvDispl[size_t(q)] = int(int64_t(q) * myCnt * es);
     }
     // Uninitialized: every byte is received before it is read.
-    std::unique_ptr<uint8_t[]> gathered(new uint8_t[size_t(myCnt * es * n) + 1]);
+    uint8_t *gathered = scratch<uint8_t>(size_t(myCnt * es * n));
     MPI_Request req;
     DLOPT_RETURN_IF_ERROR(call(what, MPI_Ialltoallv(
-        in.data, sendCounts.data(), sendDispl.data(), MPI_BYTE,
-        gathered.get(), recvCounts.data(), recvDispl.data(), MPI_BYTE, comm_,
-        &req)));
+        in.data, sendCounts, sendDispl, MPI_BYTE, gathered, recvCounts,
+        recvDispl, MPI_BYTE, comm_, &req)));
     DLOPT_RETURN_IF_ERROR(wait(what, req));
     std::vector<const void *> ins(static_cast<size_t>(n));
     for (int q = 0; q < n; ++q)
-      ins[size_t(q)] = gathered.get() + int64_t(q) * myCnt * es;
-    std::vector<uint8_t> mine(size_t(std::max<int64_t>(myCnt, 1) * es));
+      ins[size_t(q)] = gathered + int64_t(q) * myCnt * es;
+    uint8_t *mine = scratch<uint8_t>(size_t(std::max<int64_t>(myCnt, 1) * es));
     if (myCnt > 0)
-      reduceInto(ins, 0, myCnt, in.dtype, op, mine.data());
+      reduceInto(ins, 0, myCnt, in.dtype, op, mine);
     // Every rank's reduced chunk lands at its place in every output.
     for (int q = 0; q < n; ++q) {
       int64_t off, cnt;
@@ -187,12 +188,13 @@ public:
       recvDispl[size_t(q)] = int(off * es);
     }
     DLOPT_RETURN_IF_ERROR(call(what, MPI_Iallgatherv(
-        mine.data(), int(myCnt * es), MPI_BYTE, out.data, recvCounts.data(),
-        recvDispl.data(), MPI_BYTE, comm_, &req)));
+        mine, int(myCnt * es), MPI_BYTE, out.data, recvCounts, recvDispl,
+        MPI_BYTE, comm_, &req)));
     return wait(what, req);
   }
 
   Status allGather(CommInput in, CommOutput out) override {
+    ScratchScope scope(*this);
     const char *what = "all_gather";
     DLOPT_RETURN_IF_ERROR(checkBuffers(what, in, out, in.count * size_));
     DLOPT_RETURN_IF_ERROR(agree(what, {kAllGather, in.count, out.count,
@@ -201,12 +203,12 @@ public:
     if (bytes > kMaxMpiCount)
       return fail(what, Status::error("buffer too large for one MPI call"));
     // In place (the input is this rank's block of the output) is allowed.
-    std::vector<uint8_t> copy;
     const void *src = in.data;
     if (in.data == out.data || overlaps(in, out)) {
-      copy.assign(static_cast<const uint8_t *>(in.data),
-                  static_cast<const uint8_t *>(in.data) + bytes);
-      src = copy.data();
+      uint8_t *copy = scratch<uint8_t>(size_t(bytes));
+      if (bytes)
+        std::memcpy(copy, in.data, size_t(bytes));
+      src = copy;
     }
     MPI_Request req;
     DLOPT_RETURN_IF_ERROR(call(what, MPI_Iallgather(src, int(bytes), MPI_BYTE,
@@ -216,6 +218,7 @@ public:
   }
 
   Status reduceScatter(CommInput in, CommOutput out, ReduceOp op) override {
+    ScratchScope scope(*this);
     const char *what = "reduce_scatter";
     DLOPT_RETURN_IF_ERROR(checkBuffers(what, in, out, in.count / size_));
     if (in.count != out.count * size_)
@@ -231,22 +234,23 @@ public:
     const int64_t bytes = out.count * dtypeSize(in.dtype);
     if (bytes > kMaxMpiCount / std::max(n, 1))
       return fail(what, Status::error("buffer too large for one MPI call"));
-    std::vector<uint8_t> blocks(size_t(bytes * n));
+    uint8_t *blocks = scratch<uint8_t>(size_t(bytes * n));
     MPI_Request req;
     DLOPT_RETURN_IF_ERROR(call(what, MPI_Ialltoall(in.data, int(bytes),
-                                                   MPI_BYTE, blocks.data(),
+                                                   MPI_BYTE, blocks,
                                                    int(bytes), MPI_BYTE, comm_,
                                                    &req)));
     DLOPT_RETURN_IF_ERROR(wait(what, req));
     std::vector<const void *> ins(static_cast<size_t>(n));
     for (int q = 0; q < n; ++q)
-      ins[size_t(q)] = blocks.data() + int64_t(q) * bytes;
+      ins[size_t(q)] = blocks + int64_t(q) * bytes;
     if (out.count > 0)
       reduceInto(ins, 0, out.count, in.dtype, op, out.data);
     return Status::ok();
   }
 
   Status allToAll(CommInput in, CommOutput out) override {
+    ScratchScope scope(*this);
     const char *what = "all_to_all";
     DLOPT_RETURN_IF_ERROR(checkBuffers(what, in, out, in.count));
     if (in.count % size_)
@@ -258,12 +262,12 @@ public:
     const int64_t bytes = in.count / size_ * dtypeSize(in.dtype);
     if (bytes > kMaxMpiCount)
       return fail(what, Status::error("buffer too large for one MPI call"));
-    std::vector<uint8_t> copy;
     const void *src = in.data;
     if (overlaps(in, out)) {
-      copy.assign(static_cast<const uint8_t *>(in.data),
-                  static_cast<const uint8_t *>(in.data) + bytes * size_);
-      src = copy.data();
+      uint8_t *copy = scratch<uint8_t>(size_t(bytes * size_));
+      if (bytes)
+        std::memcpy(copy, in.data, size_t(bytes * size_));
+      src = copy;
     }
     MPI_Request req;
     DLOPT_RETURN_IF_ERROR(call(what, MPI_Ialltoall(src, int(bytes), MPI_BYTE,
@@ -273,6 +277,7 @@ public:
   }
 
   Status broadcast(CommOutput buf, int root) override {
+    ScratchScope scope(*this);
     const char *what = "broadcast";
     if (root < 0 || root >= size_)
       return fail(what, Status::error("root " + std::to_string(root) +
@@ -291,6 +296,7 @@ public:
   }
 
   Status barrier() override {
+    ScratchScope scope(*this);
     const char *what = "barrier";
     DLOPT_RETURN_IF_ERROR(live(what));
     DLOPT_RETURN_IF_ERROR(flushSends(what));
@@ -305,6 +311,7 @@ public:
   /// other) cannot deadlock on MPI's rendezvous protocol. The copies are
   /// released as the sends complete (reaped on every later call).
   Status send(CommInput in, int peer) override {
+    ScratchScope scope(*this);
     const char *what = "send";
     DLOPT_RETURN_IF_ERROR(checkPeer(what, peer));
     DLOPT_RETURN_IF_ERROR(live(what));
@@ -344,13 +351,15 @@ public:
   }
 
   Status recv(CommOutput out, int peer) override {
+    ScratchScope scope(*this);
     const char *what = "recv";
     DLOPT_RETURN_IF_ERROR(checkPeer(what, peer));
     DLOPT_RETURN_IF_ERROR(live(what));
     int process = 0, headTag = 0, dataTag = 0;
     DLOPT_RETURN_IF_ERROR(
         p2pRoute(what, peer, /*sending=*/false, &process, &headTag, &dataTag));
-    int64_t head[2] = {0, 0};
+    int64_t *head = scratch<int64_t>(2);
+    head[0] = head[1] = 0;
     MPI_Request req;
     DLOPT_RETURN_IF_ERROR(call(what, MPI_Irecv(head, 2, MPI_INT64_T, process,
                                                headTag, comm_, &req)));
@@ -358,9 +367,9 @@ public:
     const int64_t bytes = head[0] * dtypeSize(DType(head[1]));
     if (head[0] != out.count || head[1] != int64_t(out.dtype)) {
       // Drain the data so the pair stays in step, then fail.
-      std::vector<uint8_t> sink(size_t(std::max<int64_t>(bytes, 0)));
       if (bytes >= 0 && bytes <= kMaxMpiCount &&
-          call(what, MPI_Irecv(sink.data(), int(bytes), MPI_BYTE, process,
+          call(what, MPI_Irecv(scratch<uint8_t>(size_t(bytes)), int(bytes),
+                               MPI_BYTE, process,
                                dataTag, comm_, &req)))
         (void)wait(what, req);
       return fail(what, Status::error(
@@ -376,6 +385,7 @@ public:
   }
 
   Expected<std::unique_ptr<Communicator>> split(int color, int key) override {
+    ScratchScope scope(*this);
     const char *what = "split";
     DLOPT_RETURN_IF_ERROR(live(what));
     // MPI_Comm_split blocks; a barrier first bounds the wait for the peers.
@@ -501,17 +511,17 @@ protected:
   /// Exchanges `mine` with every rank; any difference is an error on all.
   Status agree(const char *what, Desc mine) {
     DLOPT_RETURN_IF_ERROR(live(what));
-    std::vector<Desc> all(static_cast<size_t>(size_));
+    Desc *all = scratch<Desc>(size_t(size_ + 1));
+    all[size_] = mine; // what this rank sends
     MPI_Request req;
-    DLOPT_RETURN_IF_ERROR(call(what, MPI_Iallgather(&mine, 5, MPI_INT64_T,
-                                                    all.data(), 5, MPI_INT64_T,
-                                                    comm_, &req)));
+    DLOPT_RETURN_IF_ERROR(call(what, MPI_Iallgather(&all[size_], 5,
+                                                    MPI_INT64_T, all, 5,
+                                                    MPI_INT64_T, comm_, &req)));
     DLOPT_RETURN_IF_ERROR(wait(what, req));
     return compareDescs(what, all, mine);
   }
 
-  Status compareDescs(const char *what, const std::vector<Desc> &all,
-                      const Desc &mine) {
+  Status compareDescs(const char *what, const Desc *all, const Desc &mine) {
     for (int q = 0; q < size_; ++q) {
       const Desc &d = all[size_t(q)];
       if (d == mine)
@@ -578,6 +588,32 @@ protected:
   std::atomic<bool> aborted_{false};
   std::string abortReason_;
   bool broken_ = false;
+
+  /// Working buffers of one call that MPI reads or writes while its
+  /// requests are pending. A call that fails with requests still pending
+  /// (a peer failed, a wait timed out: the group is broken) leaves them
+  /// allocated until the process exits: MPI may still deliver a late
+  /// message into them, and once writing into a freed buffer corrupted the
+  /// heap of a surviving process, which then crashed inside MPI_Testall.
+  template <class T> T *scratch(size_t n) {
+    scratch_.emplace_back(new uint8_t[std::max<size_t>(1, n * sizeof(T))]);
+    return reinterpret_cast<T *>(scratch_.back().get());
+  }
+  /// Frees the scratch buffers made since it was built, unless the group
+  /// broke meanwhile (see scratch).
+  struct ScratchScope {
+    explicit ScratchScope(MpiCommunicator &c)
+        : c(c), mark(c.scratch_.size()) {}
+    ~ScratchScope() {
+      if (c.broken_)
+        for (size_t i = mark; i < c.scratch_.size(); ++i)
+          (void)c.scratch_[i].release();
+      c.scratch_.resize(mark);
+    }
+    MpiCommunicator &c;
+    size_t mark;
+  };
+  std::vector<std::unique_ptr<uint8_t[]>> scratch_;
 };
 
 
@@ -621,6 +657,7 @@ public:
   }
 
   Status allReduce(CommInput in, CommOutput out, ReduceOp op) override {
+    ScratchScope scope(*this);
     const char *what = "all_reduce";
     DLOPT_RETURN_IF_ERROR(checkBuffers(what, in, out, in.count));
     DLOPT_RETURN_IF_ERROR(checkReducible(what, in.dtype));
@@ -636,30 +673,27 @@ public:
     int64_t myOff, myCnt;
     span(rank_, myOff, myCnt);
     // Phase 1: chunk q of every rank to rank q, reduced there in rank order.
-    std::vector<std::vector<uint8_t>> got(static_cast<size_t>(n));
+    std::vector<const void *> ins(static_cast<size_t>(n));
     std::vector<MPI_Request> reqs;
     const auto *src = static_cast<const uint8_t *>(in.data);
     for (int q = 0; q < n; ++q) {
       if (q == rank_) {
-        got[size_t(q)].assign(src + myOff * es, src + (myOff + myCnt) * es);
+        ins[size_t(q)] = src + myOff * es;
         continue;
       }
       int64_t off, cnt;
       span(q, off, cnt);
-      got[size_t(q)].resize(size_t(myCnt * es));
+      uint8_t *got = scratch<uint8_t>(size_t(myCnt * es));
+      ins[size_t(q)] = got;
       DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, src + off * es,
                                  cnt * es, /*send=*/true));
-      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, got[size_t(q)].data(),
-                                 myCnt * es, /*send=*/false));
+      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, got, myCnt * es,
+                                 /*send=*/false));
     }
     DLOPT_RETURN_IF_ERROR(waitAll(what, reqs));
-    std::vector<uint8_t> mine(size_t(std::max<int64_t>(myCnt, 1) * es));
-    if (myCnt > 0) {
-      std::vector<const void *> ins;
-      for (auto &g : got)
-        ins.push_back(g.data());
-      reduceInto(ins, 0, myCnt, in.dtype, op, mine.data());
-    }
+    uint8_t *mine = scratch<uint8_t>(size_t(std::max<int64_t>(myCnt, 1) * es));
+    if (myCnt > 0)
+      reduceInto(ins, 0, myCnt, in.dtype, op, mine);
     // Phase 2: every reduced chunk to every rank.
     auto *dst = static_cast<uint8_t *>(out.data);
     for (int q = 0; q < n; ++q) {
@@ -667,42 +701,44 @@ public:
         continue;
       int64_t off, cnt;
       span(q, off, cnt);
-      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, mine.data(),
-                                 myCnt * es, true));
+      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, mine, myCnt * es,
+                                 true));
       DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, dst + off * es,
                                  cnt * es, false));
     }
     DLOPT_RETURN_IF_ERROR(waitAll(what, reqs));
     if (myCnt > 0)
-      std::memcpy(dst + myOff * es, mine.data(), size_t(myCnt * es));
+      std::memcpy(dst + myOff * es, mine, size_t(myCnt * es));
     return Status::ok();
   }
 
   Status allGather(CommInput in, CommOutput out) override {
+    ScratchScope scope(*this);
     const char *what = "all_gather";
     DLOPT_RETURN_IF_ERROR(checkBuffers(what, in, out, in.count * size_));
     DLOPT_RETURN_IF_ERROR(agree(what, {kAllGather, in.count, out.count,
                                        int64_t(in.dtype), 0}));
     const int64_t bytes = in.count * dtypeSize(in.dtype);
-    std::vector<uint8_t> copy(static_cast<const uint8_t *>(in.data),
-                              static_cast<const uint8_t *>(in.data) + bytes);
+    uint8_t *copy = scratch<uint8_t>(size_t(bytes));
+    if (bytes)
+      std::memcpy(copy, in.data, size_t(bytes));
     auto *dst = static_cast<uint8_t *>(out.data);
     std::vector<MPI_Request> reqs;
     for (int q = 0; q < size_; ++q) {
       if (q == rank_)
         continue;
-      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, copy.data(), bytes,
-                                 true));
+      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, copy, bytes, true));
       DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, dst + q * bytes, bytes,
                                  false));
     }
     DLOPT_RETURN_IF_ERROR(waitAll(what, reqs));
     if (bytes)
-      std::memcpy(dst + rank_ * bytes, copy.data(), size_t(bytes));
+      std::memcpy(dst + rank_ * bytes, copy, size_t(bytes));
     return Status::ok();
   }
 
   Status reduceScatter(CommInput in, CommOutput out, ReduceOp op) override {
+    ScratchScope scope(*this);
     const char *what = "reduce_scatter";
     DLOPT_RETURN_IF_ERROR(checkBuffers(what, in, out, in.count / size_));
     if (in.count != out.count * size_)
@@ -716,29 +752,27 @@ public:
                                        int64_t(in.dtype), int64_t(op)}));
     const int64_t bytes = out.count * dtypeSize(in.dtype);
     const auto *src = static_cast<const uint8_t *>(in.data);
-    std::vector<std::vector<uint8_t>> got(static_cast<size_t>(size_));
+    std::vector<const void *> ins(static_cast<size_t>(size_));
     std::vector<MPI_Request> reqs;
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) {
-        got[size_t(q)].assign(src + q * bytes, src + (q + 1) * bytes);
+        ins[size_t(q)] = src + q * bytes;
         continue;
       }
-      got[size_t(q)].resize(size_t(bytes));
+      uint8_t *got = scratch<uint8_t>(size_t(bytes));
+      ins[size_t(q)] = got;
       DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, src + q * bytes, bytes,
                                  true));
-      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, got[size_t(q)].data(),
-                                 bytes, false));
+      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, got, bytes, false));
     }
     DLOPT_RETURN_IF_ERROR(waitAll(what, reqs));
-    std::vector<const void *> ins;
-    for (auto &g : got)
-      ins.push_back(g.data());
     if (out.count > 0)
       reduceInto(ins, 0, out.count, in.dtype, op, out.data);
     return Status::ok();
   }
 
   Status allToAll(CommInput in, CommOutput out) override {
+    ScratchScope scope(*this);
     const char *what = "all_to_all";
     DLOPT_RETURN_IF_ERROR(checkBuffers(what, in, out, in.count));
     if (in.count % size_)
@@ -748,27 +782,27 @@ public:
     DLOPT_RETURN_IF_ERROR(agree(what, {kAllToAll, in.count, out.count,
                                        int64_t(in.dtype), 0}));
     const int64_t bytes = in.count / size_ * dtypeSize(in.dtype);
-    std::vector<uint8_t> copy(static_cast<const uint8_t *>(in.data),
-                              static_cast<const uint8_t *>(in.data) +
-                                  bytes * size_);
+    uint8_t *copy = scratch<uint8_t>(size_t(bytes * size_));
+    if (bytes)
+      std::memcpy(copy, in.data, size_t(bytes * size_));
     auto *dst = static_cast<uint8_t *>(out.data);
     std::vector<MPI_Request> reqs;
     for (int q = 0; q < size_; ++q) {
       if (q == rank_)
         continue;
-      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, copy.data() + q * bytes,
+      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, copy + q * bytes,
                                  bytes, true));
       DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, dst + q * bytes, bytes,
                                  false));
     }
     DLOPT_RETURN_IF_ERROR(waitAll(what, reqs));
     if (bytes)
-      std::memcpy(dst + rank_ * bytes, copy.data() + rank_ * bytes,
-                  size_t(bytes));
+      std::memcpy(dst + rank_ * bytes, copy + rank_ * bytes, size_t(bytes));
     return Status::ok();
   }
 
   Status broadcast(CommOutput buf, int root) override {
+    ScratchScope scope(*this);
     const char *what = "broadcast";
     if (root < 0 || root >= size_)
       return fail(what, Status::error("root " + std::to_string(root) +
@@ -792,6 +826,7 @@ public:
   }
 
   Status barrier() override {
+    ScratchScope scope(*this);
     const char *what = "barrier";
     DLOPT_RETURN_IF_ERROR(live(what));
     DLOPT_RETURN_IF_ERROR(flushSends(what));
@@ -799,12 +834,15 @@ public:
   }
 
   Expected<std::unique_ptr<Communicator>> split(int color, int key) override {
+    ScratchScope scope(*this);
     const char *what = "split";
     DLOPT_RETURN_IF_ERROR(live(what));
     const int64_t seq = ++splits_;
     // Everyone's (color, key), exchanged point to point.
-    std::vector<int64_t> all(size_t(size_) * 2);
-    int64_t mine[2] = {color, key};
+    int64_t *all = scratch<int64_t>(size_t(size_) * 2 + 2);
+    int64_t *mine = all + size_t(size_) * 2;
+    mine[0] = color;
+    mine[1] = key;
     std::vector<MPI_Request> reqs;
     for (int q = 0; q < size_; ++q) {
       if (q == rank_)
@@ -894,6 +932,16 @@ private:
 
   Status post(const char *what, std::vector<MPI_Request> &reqs, int peer,
               int cls, const void *data, int64_t bytes, bool sending) {
+    Status st = postOne(what, reqs, peer, cls, data, bytes, sending);
+    // Failing with earlier requests of the call pending breaks the group:
+    // their buffers must outlive the call (scratch).
+    if (!st && !reqs.empty())
+      broken_ = true;
+    return st;
+  }
+
+  Status postOne(const char *what, std::vector<MPI_Request> &reqs, int peer,
+                 int cls, const void *data, int64_t bytes, bool sending) {
     if (bytes > kMaxMpiCount)
       return fail(what, Status::error("buffer too large for one MPI call"));
     int tag = 0, proc = 0;
@@ -921,13 +969,14 @@ private:
   /// error on all.
   Status agree(const char *what, Desc mine) {
     DLOPT_RETURN_IF_ERROR(live(what));
-    std::vector<Desc> all(static_cast<size_t>(size_));
+    Desc *all = scratch<Desc>(size_t(size_) + 1);
+    all[size_] = mine; // what this rank sends
     std::vector<MPI_Request> reqs;
     for (int q = 0; q < size_; ++q) {
       if (q == rank_)
         continue;
-      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, &mine, sizeof(Desc),
-                                 true));
+      DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, &all[size_],
+                                 sizeof(Desc), true));
       DLOPT_RETURN_IF_ERROR(post(what, reqs, q, kColl, &all[size_t(q)],
                                  sizeof(Desc), false));
     }

@@ -276,6 +276,47 @@ TEST(Mpi, AMissingRankTimesOutWithAMessage) {
   ASSERT_TRUE(world().barrier().isOk());
 }
 
+// A call abandoned on a timeout leaves its requests pending in MPI, which
+// may still write a late peer's data into the call's working buffers. They
+// must not be freed: here ranks 1-3 give up on an all-reduce rank 0 joins a
+// second later, then allocate blocks of the size of the call's descriptor
+// exchange (the allocator hands back what was freed last) and fill them;
+// rank 0's contribution arriving meanwhile must not land in them. Before
+// the buffers were kept, it did, and in a real job a process that had seen
+// a peer fail crashed inside MPI_Testall.
+TEST(Mpi, AnAbandonedCallKeepsItsBuffersForLateData) {
+  const int me = world().rank();
+  auto sub = world().split(0, me);
+  ASSERT_TRUE(sub.isOk() && *sub);
+  Communicator &g = **sub;
+  std::vector<float> x(64, 1.0f), y(64, 0.0f);
+  std::vector<std::unique_ptr<std::vector<uint8_t>>> blocks;
+  if (me != 0) {
+    g.setTimeout(std::chrono::milliseconds(300));
+    Status st = g.allReduce(hostIn(x.data(), 64, DType::F32),
+                            hostOut(y.data(), 64, DType::F32), ReduceOp::Sum);
+    ASSERT_FALSE(st.isOk());
+    EXPECT_TRUE(contains(st.message(), "timed out")) << st.message();
+    for (size_t bytes : {size_t(160), size_t(200), size_t(256), size_t(64)})
+      for (int i = 0; i < 64; ++i)
+        blocks.push_back(
+            std::make_unique<std::vector<uint8_t>>(bytes, uint8_t(0xAB)));
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    g.setTimeout(std::chrono::milliseconds(1000));
+    (void)g.allReduce(hostIn(x.data(), 64, DType::F32),
+                      hostOut(y.data(), 64, DType::F32), ReduceOp::Sum);
+  }
+  // Ranks 1-3 make progress here while rank 0 sends.
+  ASSERT_TRUE(world().barrier().isOk());
+  ASSERT_TRUE(world().barrier().isOk());
+  size_t hit = 0;
+  for (auto &b : blocks)
+    for (uint8_t v : *b)
+      hit += v != 0xAB;
+  EXPECT_EQ(hit, 0u) << "a late message landed in memory the call had freed";
+}
+
 // Creating a world waits a bounded time for the other processes: here rank
 // 3 comes 1.5 s late and the others, with a 0.3 s timeout, fail with a
 // message instead of waiting (they would hang forever on a stopped peer).
