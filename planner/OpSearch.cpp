@@ -810,7 +810,7 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
       // cooldown, down to (pp-1) max(t_F, t_B); with fewer micro-batches
       // than stages only m - 1 of them do.
       double fwd = ss[w].compute / (1 + c.ratio);
-      double weightGrad = fwd * c.ratio / 2;
+      double weightGrad = weightGradSeconds(fwd, perMb - fwd, c.ratio);
       double inputGrad = std::max(0.0, perMb - fwd - weightGrad);
       double filled = std::min(1.0, (m - 1) / double(pp - 1));
       T.bubble = (pp - 1) * std::max(perMb - weightGrad * (1 + filled),
@@ -834,7 +834,8 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
     const double one = chunks > 1 ? allSends / (chunks - 1) : 0;
     T.ppComm = worst +
                pipelineSendTime(train ? cfg.schedule : PipelineSchedule::GPipe,
-                                train, pp, m, one, perMb - meanMb);
+                                train, pp, m, one, perMb - meanMb,
+                                chunks / pp);
   }
   if (train && dp > 1) {
     double worst = 0;

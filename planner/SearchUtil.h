@@ -52,6 +52,16 @@ double hostDispatchSeconds(double launches, ProcessLayout layout,
                            int gpusPerNode, const HostSpec &host,
                            const Calibration &cal);
 
+/// The weight-gradient part of a backward pass of `backward` seconds whose
+/// forward takes `forward`: a backward is `backwardFlopsRatio` forwards,
+/// half of them weight gradients (the other half input gradients), so
+/// forward x ratio / 2, at most the backward. Zero-bubble schedules defer
+/// it (the bubble, the host drain and the simulator's W tasks).
+inline double weightGradSeconds(double forward, double backward,
+                                double backwardFlopsRatio) {
+  return std::min(backward, forward * backwardFlopsRatio / 2);
+}
+
 /// Reasons joined by "; ".
 std::string joinReasons(const std::vector<std::string> &why);
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <queue>
 
 namespace dlopt::planner {
@@ -36,6 +37,8 @@ const char *opName(SimOp o) {
     return "send";
   case SimOp::GradSync:
     return "grad-sync";
+  case SimOp::ParamGather:
+    return "param-gather";
   case SimOp::Optimizer:
     return "optimizer";
   case SimOp::Issue:
@@ -110,6 +113,7 @@ Status validate(const SimInput &in) {
         {"activationBytes", st.activationBytes},
         {"transientBytes", st.transientBytes},
         {"gradSync", st.gradSync},
+        {"paramGather", st.paramGather},
         {"optimizer", st.optimizer},
         {"hostDispatch", st.hostDispatch}};
     for (const auto &[name, value] : fields)
@@ -274,8 +278,19 @@ Expected<std::vector<PipelineTask>> pipelineOrder(PipelineSchedule schedule,
 // Simulation
 //===----------------------------------------------------------------------===//
 
+double chunkedGradSyncExposed(double share, double exposedShare, int v,
+                              double spacing) {
+  double free = -std::numeric_limits<double>::infinity();
+  for (int j = 0; j < std::max(1, v); ++j) {
+    const double be = -double(v - 1 - j) * spacing;
+    free = std::max(free + share, be + exposedShare);
+  }
+  return std::max(0.0, free);
+}
+
 double pipelineSendTime(PipelineSchedule schedule, bool train, int64_t pp,
-                        int64_t m, double oneSend, double slack) {
+                        int64_t m, double oneSend, double slack,
+                        int virtualStages) {
   if (pp <= 1 || !(oneSend > 0))
     return 0;
   if (!train)
@@ -287,6 +302,14 @@ double pipelineSendTime(PipelineSchedule schedule, bool train, int64_t pp,
                       double(pp)
                 : 2 * oneSend * double(std::max<int64_t>(0, m - 2));
     t += std::max(0.0, waits - double(m - 1) * std::max(0.0, slack));
+  } else if (schedule == PipelineSchedule::Interleaved1F1B &&
+             virtualStages > 1) {
+    // The laps after the first: pp (v - 1) more hops each way. A stage
+    // faster than the slowest reaches each of its chunks early by its share
+    // of the slack, which hides part of the two hops around it.
+    const double v = virtualStages;
+    t += double(pp) * (v - 1) *
+         std::max(0.0, 2 * oneSend - std::max(0.0, slack) / v);
   }
   return t;
 }
@@ -374,6 +397,11 @@ Expected<SimResult> simulateStep(const SimInput &in) {
   std::vector<size_t> next(pp, 0);
   std::vector<double> computeFree(pp, 0), p2pFree(pp, 0);
   std::vector<double> lastStart(pp, 0), lastEnd(pp, 0);
+  // Per (stage, chunk): the last task that makes the chunk's weight
+  // gradients (its last B, or its last W under zero-bubble), which its
+  // share of the gradient sync may overlap.
+  std::vector<double> chunkGradStart(size_t(pp) * v, 0),
+      chunkGradEnd(size_t(pp) * v, 0);
   // Memory state: activations held and whether a backward runs.
   std::vector<int64_t> held(pp, 0);
   auto memPoint = [&](int s, double t, bool running) {
@@ -439,6 +467,10 @@ Expected<SimResult> simulateStep(const SimInput &in) {
         r.stageBusy[s] += dur;
         lastStart[s] = start;
         lastEnd[s] = end;
+        if (t.kind == (zb ? Kind::W : Kind::B)) {
+          chunkGradStart[size_t(s) * v + t.chunk] = start;
+          chunkGradEnd[size_t(s) * v + t.chunk] = end;
+        }
         SimOp op = t.kind == Kind::F   ? SimOp::Forward
                    : t.kind == Kind::B ? SimOp::Backward
                                        : SimOp::WeightGrad;
@@ -494,12 +526,30 @@ Expected<SimResult> simulateStep(const SimInput &in) {
     r.pipelineTime = std::max(r.pipelineTime, lastEnd[s]);
     double syncEnd = lastEnd[s];
     if (st.gradSync > 0) {
-      double hidden =
-          std::min(in.gradOverlap * st.gradSync, lastEnd[s] - lastStart[s]);
-      syncEnd = lastEnd[s] + st.gradSync - hidden;
-      lane(s, SimLane::DPComm)
-          .push_back({s, SimLane::DPComm, SimOp::GradSync, "grad sync", -1, -1,
-                      -1, syncEnd - st.gradSync, syncEnd});
+      // One sync per chunk, of its share of the stage's gradients, once the
+      // chunk's last weight-gradient task may let it start (Megatron-LM's
+      // buckets are per model chunk); they queue on the dp-comm lane.
+      std::vector<int> chunks(v);
+      for (int k = 0; k < v; ++k)
+        chunks[k] = k;
+      std::stable_sort(chunks.begin(), chunks.end(), [&](int a, int b) {
+        return chunkGradEnd[size_t(s) * v + a] <
+               chunkGradEnd[size_t(s) * v + b];
+      });
+      const double share = st.gradSync / v;
+      double laneFree = 0;
+      for (int k : chunks) {
+        const double bs = chunkGradStart[size_t(s) * v + k],
+                     be = chunkGradEnd[size_t(s) * v + k];
+        const double hidden = std::min(in.gradOverlap * share, be - bs);
+        const double end = std::max(laneFree + share, be + share - hidden);
+        laneFree = end;
+        lane(s, SimLane::DPComm)
+            .push_back({s, SimLane::DPComm, SimOp::GradSync,
+                        v > 1 ? "grad sync." + std::to_string(k) : "grad sync",
+                        -1, v > 1 ? k : -1, -1, end - share, end});
+      }
+      syncEnd = std::max(lastEnd[s], laneFree);
     }
     // The optimizer is a few multi-tensor kernels: issued once the host
     // has issued the rest, in no time of its own.
@@ -509,7 +559,15 @@ Expected<SimResult> simulateStep(const SimInput &in) {
       lane(s, SimLane::Compute)
           .push_back({s, SimLane::Compute, SimOp::Optimizer, "optimizer", -1,
                       -1, -1, optStart, optEnd});
-    r.stepTime = std::max(r.stepTime, optEnd);
+    // ZeRO's gather of the updated parameters, after the optimizer.
+    double gatherEnd = optEnd;
+    if (st.paramGather > 0) {
+      gatherEnd = std::max(optEnd, syncEnd) + st.paramGather;
+      lane(s, SimLane::DPComm)
+          .push_back({s, SimLane::DPComm, SimOp::ParamGather, "param gather", -1,
+                      -1, -1, gatherEnd - st.paramGather, gatherEnd});
+    }
+    r.stepTime = std::max(r.stepTime, gatherEnd);
   }
 
   // From the final points: a zero-length task leaves no spike behind.

@@ -36,9 +36,12 @@ struct SimStage {
   double activationBytes = 0; ///< kept per micro-batch per chunk
   double transientBytes = 0;  ///< extra working set while a backward runs
   /// Data-parallel gradient sync of the whole stage (all-reduce, or
-  /// reduce-scatter + all-gather), on the stage's dp-comm lane.
+  /// reduce-scatter under ZeRO), on the stage's dp-comm lane.
   double gradSync = 0;
   double optimizer = 0; ///< optimizer step, on the compute lane, at the end
+  /// ZeRO 1 and 2: the all-gather of the updated parameter shards, on the
+  /// dp-comm lane after the optimizer; the step ends with it.
+  double paramGather = 0;
   /// Seconds the host spends issuing this stage's step (its process's
   /// kernel launches). The host runs ahead of the device on its own lane,
   /// issuing the forwards, backwards and weight gradients in order, each
@@ -61,7 +64,9 @@ struct SimInput {
   /// Fraction in [0, 1] of a stage's gradSync that may hide behind its last
   /// weight-gradient task (the last B, or the last W under zero-bubble),
   /// as bucketed all-reduces do. With that task on [bs, be] the sync ends at
-  /// be + gradSync - min(gradOverlap * gradSync, be - bs).
+  /// be + gradSync - min(gradOverlap * gradSync, be - bs). Interleaved,
+  /// each chunk syncs gradSync / v so, after its own last B, and the chunks'
+  /// syncs queue on the dp-comm lane.
   double gradOverlap = 1.0;
 };
 
@@ -75,11 +80,12 @@ enum class SimOp {
   WeightGrad,
   Send,
   GradSync,
+  ParamGather, ///< ZeRO's gather of the updated parameters
   Optimizer,
   Issue ///< the host issuing a compute task's launches
 };
 /// "forward", "backward", "weight-grad", "send", "grad-sync",
-/// "optimizer", "issue".
+/// "param-gather", "optimizer", "issue".
 const char *opName(SimOp o);
 
 struct SimEvent {
@@ -152,14 +158,29 @@ Expected<std::vector<PipelineTask>> pipelineOrder(PipelineSchedule schedule,
 ///     hides: (m - 1) `slack`, where slack = t_max - mean_s t_s per
 ///     micro-batch (the mean cycle through the pipeline, mean t + 2 (pp-1)
 ///     oneSend / pp per micro-batch, only binds when it exceeds t_max);
+///   - interleaved with `v` chunks a stage, the first forward and the last
+///     backward pass through all pp v virtual stages: pp v - 1 hops each
+///     way, of which the pp (v - 1) beyond the first lap's can hide in the
+///     slack of the stages that wait for the slowest: pp (v - 1) max(0,
+///     2 oneSend - slack / v) on top of the 2 (pp - 1) hops;
 ///   - GPipe, interleaving and zero-bubble hide the steady-state sends.
-/// For GPipe and 1F1B it equals simulateStep's replay for equal stages and
-/// sends no longer than a stage's forward (checked in SimulatorTest).
-/// Interleaved, the replay of equal chunks waits pp v - 1 hops each way,
-/// but with unequal chunks (the LM head's) that count put the closed form
-/// 20% above the replay, so interleaving is charged pp - 1 hops too.
+/// For GPipe, 1F1B and interleaving it equals simulateStep's replay for
+/// equal stages and sends no longer than a stage's (a chunk's) forward;
+/// with one slower stage the interleaved form is within 1% of the replay
+/// (checked in SimulatorTest).
+/// The gradient sync a stage exposes after its last weight-gradient task,
+/// when its `v` model chunks sync their `share` each as the chunk's last
+/// backward ends (Megatron-LM's per-chunk buckets), the chunks' last
+/// backwards end `spacing` seconds apart, a share alone exposes
+/// `exposedShare` after its backward, and the shares queue on one lane:
+/// the recursion end_j = max(end_{j-1} + share, be_j + exposedShare) over
+/// be_j = -(v-1-j) spacing. For v = 1 it is `exposedShare`.
+double chunkedGradSyncExposed(double share, double exposedShare, int v,
+                              double spacing);
+
 double pipelineSendTime(PipelineSchedule schedule, bool train, int64_t pp,
-                        int64_t m, double oneSend, double slack = 0);
+                        int64_t m, double oneSend, double slack = 0,
+                        int virtualStages = 1);
 
 /// Simulates one step. Errors name the offending field: no stages, m < 1,
 /// v < 1, v > 1 without interleaving, interleaving with m % pp != 0, a

@@ -753,14 +753,15 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     double perMb = (train ? 2 : 1) * v;
     double one = c.comm(Collective::SendRecv, boundary, 2, ppStride);
     oneSend = one;
-    // Sends overlap the micro-batches' compute, but the fill and drain
-    // paths wait for every hop, and under 1F1B each steady-state backward
-    // waits for the next stage's gradient (pipelineSendTime, which matches
-    // the simulator's replay).
-    ppExposed = m * c.cost.exposedP2P(perMb * one, worstTrain) +
+    // Sends overlap the micro-batches' compute and their tensor- and
+    // context-parallel collectives (they run on a stream and link of their
+    // own), but the fill and drain paths wait for every hop, and under 1F1B
+    // each steady-state backward waits for the next stage's gradient
+    // (pipelineSendTime, which matches the simulator's replay).
+    ppExposed = m * c.cost.exposedP2P(perMb * one, worstTime) +
                 pipelineSendTime(train ? cfg.schedule : PipelineSchedule::GPipe,
                                  train, cfg.pp, m, one,
-                                 worstTime - sumTime / cfg.pp);
+                                 worstTime - sumTime / cfg.pp, int(v));
     record("pp send/recv (stage boundary)", Collective::SendRecv, 2, ppStride,
            boundary, perMb * m, ppExposed);
   }
@@ -798,7 +799,8 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       // t_B) - min(pp-1, m-1) t_W (the simulator's replay, exactly, for
       // t_W <= min(t_F, t_B)).
       double weightGrad =
-          worstFwd * c.cost.calibration().backwardFlopsRatio / 2;
+          weightGradSeconds(worstFwd, worstTrain - worstFwd,
+                            c.cost.calibration().backwardFlopsRatio);
       double inputGrad = std::max(0.0, perMb - worstFwd - weightGrad);
       double filled =
           cfg.pp > 1 ? std::min(1.0, (m - 1) / double(cfg.pp - 1)) : 1.0;
@@ -825,9 +827,24 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     double backward = worstTrain - worstFwd;
     int dp = replicas, stride = cfg.tp;
     const char *grp = cp > 1 ? "dp*cp" : "dp";
+    // Interleaved, each model chunk syncs its share of the gradients once
+    // its last backward ends; the last micro-batch's backward takes a lap
+    // through the pipeline between one chunk's and the next on the stage
+    // that finishes last (chunkedGradSyncExposed, as the simulator).
+    const int v = cfg.schedule == PipelineSchedule::Interleaved1F1B
+                      ? cfg.virtualStages
+                      : 1;
+    const double lap =
+        worstTrain > 0
+            ? sumTime * backward / worstTrain / v + cfg.pp * oneSend
+            : 0.0;
+    auto exposedSync = [&](double t) {
+      return chunkedGradSyncExposed(
+          t / v, c.cost.exposedGradSync(t / v, backward / v), v, lap);
+    };
     if (cfg.zeroStage == 0) {
       double t = c.comm(Collective::AllReduce, gradBytes, dp, stride);
-      double e = c.cost.exposedGradSync(t, backward);
+      double e = exposedSync(t);
       T.dpComm += e;
       record(std::string(grp) + " gradient all-reduce", Collective::AllReduce,
              dp, stride, gradBytes, 1, e);
@@ -853,7 +870,8 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       // stage 2 does under gradient accumulation, and dlopt applies it).
       double rsCalls = cfg.zeroStage >= 2 ? m : 1;
       double rs = c.comm(Collective::ReduceScatter, gradBytes, dp, stride);
-      double e = rsCalls * c.cost.exposedGradSync(rs, backward);
+      double e = cfg.zeroStage >= 2 ? rsCalls * c.cost.exposedGradSync(rs, backward)
+                                    : exposedSync(rs);
       T.dpComm += e;
       record(std::string(grp) + " gradient reduce-scatter",
              Collective::ReduceScatter, dp, stride, gradBytes, rsCalls, e);
@@ -919,9 +937,8 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     const double bwd = perMb * (worstTrain - worstFwd) / worstTrain * mean;
     const double wgt =
         cfg.schedule == PipelineSchedule::ZeroBubble
-            ? std::min(worstTrain - worstFwd,
-                       worstFwd * c.cost.calibration().backwardFlopsRatio /
-                           2) *
+            ? weightGradSeconds(worstFwd, worstTrain - worstFwd,
+                                c.cost.calibration().backwardFlopsRatio) *
                   mean
             : 0.0;
     drain += (cfg.pp - 1) * (oneSend + bwd - wgt) + wgt;
@@ -987,7 +1004,8 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
     SimStage s;
     s.forward = (f + comm * fwdShare + cpFwd) / v;
     s.backward = (t - f + comm * (1 - fwdShare) + cpAll - cpFwd) / v;
-    s.weightGrad = std::min(s.backward, f * cal.backwardFlopsRatio / 2 / v);
+    s.weightGrad =
+        weightGradSeconds(f / v, s.backward, cal.backwardFlopsRatio);
     auto mem = transformerStageMemory(c.spec, cfg, st, cal);
     if (mem) {
       s.staticBytes = mem->params + mem->grads + mem->optimizer +
@@ -1013,9 +1031,10 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
         s.gradSync =
             cfg.zeroStage == 0
                 ? c.comm(Collective::AllReduce, grads, replicas, cfg.tp)
-                : c.comm(Collective::ReduceScatter, grads, replicas, cfg.tp) +
-                      c.comm(Collective::AllGather, params * pBytes, replicas,
-                             cfg.tp);
+                : c.comm(Collective::ReduceScatter, grads, replicas, cfg.tp);
+        if (cfg.zeroStage > 0)
+          s.paramGather =
+              c.comm(Collective::AllGather, params * pBytes, replicas, cfg.tp);
       }
     }
     if (mem)

@@ -528,6 +528,59 @@ TEST(SimComm, GradSyncOverlap) {
   EXPECT_NEAR(rz.stepTime, rz.pipelineTime + 1.5 - 0.5, kEps);
 }
 
+TEST(SimComm, InterleavedChunksSyncAsTheirLastBackwardEnds) {
+  // pp = 2, v = 2, m = 2, F = 1, B = 2 a chunk, no sends. Stage 0's last
+  // chunk-1 B ends a lap before its last chunk-0 B: each chunk's half of
+  // the sync starts after its own last B, and they queue on one lane.
+  const int pp = 2, v = 2;
+  const int64_t m = 2;
+  auto run = [&](double sync, double overlap, double gather) {
+    SimInput in = uniform(PipelineSchedule::Interleaved1F1B, pp, m, v, 1, 2);
+    for (SimStage &st : in.stages) {
+      st.gradSync = sync;
+      st.paramGather = gather;
+    }
+    in.gradOverlap = overlap;
+    return simulate(in);
+  };
+  SimResult none = run(0, 0, 0);
+  // Stage 0: its last B's (chunk 1, then chunk 0) and when they end.
+  double b1 = 0, b0 = 0;
+  for (const SimEvent &e : none.events)
+    if (e.stage == 0 && e.op == SimOp::Backward && e.microBatch == m - 1)
+      (e.chunk == 1 ? b1 : b0) = e.end;
+  ASSERT_GT(b0, b1);
+  const double lap = b0 - b1;
+  // A short sync: chunk 1's half is done before chunk 0's B ends; only
+  // chunk 0's half shows, after its B.
+  SimResult shortSync = run(1, 0, 0);
+  EXPECT_NEAR(shortSync.stepTime - none.stepTime, 0.5, kEps);
+  int syncs = 0;
+  for (const SimEvent &e : shortSync.events)
+    if (e.op == SimOp::GradSync) {
+      ++syncs;
+      EXPECT_EQ(e.lane, SimLane::DPComm);
+      EXPECT_NEAR(e.end - e.start, 0.5, kEps);
+      EXPECT_EQ(e.name, "grad sync." + std::to_string(e.chunk));
+      if (e.stage == 0)
+        EXPECT_NEAR(e.start, e.chunk == 1 ? b1 : b0, kEps);
+    }
+  EXPECT_EQ(syncs, pp * v);
+  // A sync of more than two laps: chunk 0's half queues behind chunk 1's.
+  const double big = 2 * lap + 2;
+  SimResult longSync = run(big, 0, 0);
+  EXPECT_NEAR(longSync.stepTime, b1 + big, kEps);
+  // The closed form says the same.
+  EXPECT_NEAR(chunkedGradSyncExposed(0.5, 0.5, v, lap), 0.5, kEps);
+  EXPECT_NEAR(chunkedGradSyncExposed(big / 2, big / 2, v, lap), big - lap,
+              kEps);
+  // With overlap each half hides behind its own B (2 s) up to overlap x
+  // the half.
+  EXPECT_NEAR(run(1, 1, 0).stepTime, none.stepTime, kEps);
+  // ZeRO's parameter gather follows the optimizer, exposed.
+  EXPECT_NEAR(run(1, 1, 0.75).stepTime, none.stepTime + 0.75, kEps);
+}
+
 TEST(SimHost, AHostBoundStepTakesTheHostsTime) {
   // One stage, m = 4, F = 1, B = 2 (12 s of passes), optimizer 0.5. The
   // host issues every F and B for a share of hostDispatch in proportion to
@@ -603,6 +656,7 @@ TEST(SimTrace, ParsesWithMetadataAndCounts) {
   for (SimStage &st : in.stages) {
     st.gradSync = 1;
     st.optimizer = 0.25;
+    st.paramGather = 0.5;
   }
   SimResult r = simulate(in);
   std::string text = chromeTrace(r, "gpt \"tiny\"\n");
@@ -647,7 +701,8 @@ TEST(SimTrace, ParsesWithMetadataAndCounts) {
   EXPECT_EQ(counters, memPoints);
   EXPECT_EQ(byCat["forward"], 4u * 8 * 2);
   EXPECT_EQ(byCat["backward"], 4u * 8 * 2);
-  EXPECT_EQ(byCat["grad-sync"], 4u);
+  EXPECT_EQ(byCat["grad-sync"], 4u * 2); // one per chunk
+  EXPECT_EQ(byCat["param-gather"], 4u);
   EXPECT_EQ(byCat["optimizer"], 4u);
   // Every virtual-stage boundary sends each micro-batch both ways.
   EXPECT_EQ(byCat["send"], 2u * (4 * 2 - 1) * 8);
@@ -716,6 +771,7 @@ TEST(SimValidation, EveryError) {
       {"activationBytes", &SimStage::activationBytes},
       {"transientBytes", &SimStage::transientBytes},
       {"gradSync", &SimStage::gradSync},
+      {"paramGather", &SimStage::paramGather},
       {"optimizer", &SimStage::optimizer}};
   for (auto [name, field] : fields)
     for (double bad : {-1.0, std::nan(""), HUGE_VAL}) {
@@ -854,4 +910,52 @@ TEST(Simulator, SlowestStageHidesTheSteadyStateSends) {
               base + pipelineSendTime(in.schedule, true, pp, m, c, 0);
           EXPECT_GT(blind / r->pipelineTime, 1.015);
         }
+}
+
+TEST(SimClosedForm, InterleavedSendsWaitEveryLap) {
+  // Interleaved 1F1B's first forward and last backward pass through all
+  // pp v virtual stages. Equal stages: 2 (pp v - 1) sends, exactly as the
+  // replay, for sends up to a chunk's forward. One slower stage (the LM
+  // head's): the others' slack hides part of the laps after the first;
+  // within 3.5% of the replay, where charging 2 (pp v - 1) hops was 20%
+  // over and 2 (pp - 1) hops up to 24% under.
+  double worstUniform = 0, worstSlow = 0, worstOld = 0;
+  for (int pp : {2, 4, 8})
+    for (int v : {2, 3, 4, 6})
+      for (int64_t m : {int64_t(pp), int64_t(2 * pp), int64_t(4 * pp)})
+        for (double slow : {1.0, 1.05, 1.1, 1.3, 2.0})
+          for (double B : {1.0, 2.0})
+            for (int ci = 0; ci <= 8; ++ci) {
+              const double f = 1, c = ci * 0.125 * f / v;
+              SimInput in = uniform(PipelineSchedule::Interleaved1F1B, pp, m,
+                                    v, f / v, B / v);
+              in.stages.back().forward *= slow;
+              in.stages.back().backward *= slow;
+              in.p2p = c;
+              SimResult r = simulate(in);
+              const double tmax = slow * (f + B),
+                           sum = (pp - 1) * (f + B) + tmax;
+              const double compute = double(m) * tmax + (sum - tmax) / v;
+              const double closed =
+                  compute + pipelineSendTime(PipelineSchedule::Interleaved1F1B,
+                                             true, pp, m, c, tmax - sum / pp, v);
+              const double e = std::fabs(closed / r.pipelineTime - 1);
+              (slow == 1.0 ? worstUniform : worstSlow) =
+                  std::max(slow == 1.0 ? worstUniform : worstSlow, e);
+              worstOld = std::max(
+                  worstOld, std::fabs((compute + 2 * (pp - 1) * c) /
+                                          r.pipelineTime -
+                                      1));
+            }
+  EXPECT_LT(worstUniform, 1e-9);
+  EXPECT_LT(worstSlow, 0.035);
+  EXPECT_GT(worstOld, 0.2);
+  // By hand: pp = 4, v = 2, equal stages, one send of 1: 2 x 7 hops.
+  EXPECT_DOUBLE_EQ(
+      pipelineSendTime(PipelineSchedule::Interleaved1F1B, true, 4, 8, 1, 0, 2),
+      14);
+  // A slack of 2 v per micro-batch hides the laps after the first.
+  EXPECT_DOUBLE_EQ(
+      pipelineSendTime(PipelineSchedule::Interleaved1F1B, true, 4, 8, 1, 4, 2),
+      6);
 }
