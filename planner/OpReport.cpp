@@ -70,11 +70,7 @@ std::string formatOpTextReport(const OpPlanResult &p, const Cluster &cluster,
   Throughput d = derive(p, devices);
   std::string r;
   r += textTitle(p.training, g.modelName, cluster);
-  int nParams = int(p.params.size());
-  r += strf("model: %d ops (op-level plan), %s parameters in %d tensors, "
-            "dtype %s, compute %s\n",
-            p.numForwardOps, withCommas(g.totalParams).c_str(), nParams,
-            g.dtype.c_str(), precisionName(p.precision));
+  r += textModelLine(p.plan);
   if (p.training)
     r += strf("training step priced as forward x %.2f (%s)\n",
               1 + p.backwardRatio,
@@ -211,37 +207,37 @@ std::string formatOpTextReport(const OpPlanResult &p, const Cluster &cluster,
 
   r += textRanks(p.plan, cluster, o.maxRanks);
 
-  r += strf("\n== stages (%s) ==\n",
-            p.stagesByLayer ? "contiguous layer marks" : "contiguous ops");
+  std::vector<StageRow> stages;
   for (size_t s = 0; s < p.stages.size(); ++s) {
     const OpStage &x = p.stages[s];
+    StageRow row;
+    row.name = p.stages.size() > size_t(cfg.pp)
+                   ? strf("chunk %zu (stage %d)", s, x.stage)
+                   : strf("stage %zu", s);
     std::string layers;
     if (x.firstLayer >= 0)
       layers = x.firstLayer == x.lastLayer
                    ? strf(", layer %lld", (long long)x.firstLayer)
                    : strf(", layers %lld-%lld", (long long)x.firstLayer,
                           (long long)x.lastLayer);
-    std::string name = p.stages.size() > size_t(cfg.pp)
-                           ? strf("chunk %zu (stage %d)", s, x.stage)
-                           : strf("stage %zu", s);
-    r += strf("  %s: ops %d-%d (%d ops%s), %s per micro-batch", name.c_str(),
-              x.firstOp, x.lastOp, x.numOps, layers.c_str(),
-              seconds(x.timePerMicroBatch).c_str());
+    row.what = strf("ops %d-%d (%d ops%s)", x.firstOp, x.lastOp, x.numOps,
+                    layers.c_str());
+    row.timePerMicroBatch = x.timePerMicroBatch;
     if (s + 1 < p.stages.size())
-      r += strf(", sends %s", humanBytes(x.boundaryBytes).c_str());
-    r += "\n";
+      row.sendBytes = x.boundaryBytes;
+    stages.push_back(std::move(row));
   }
+  r += textStages(p.stagesByLayer ? " (contiguous layer marks)"
+                                  : " (contiguous ops)",
+                  stages);
 
   r += textCommunication(p.comms);
 
   const StepTime &t = p.best.time;
   r += textStepTime(p.plan, t, d.step, p.best.hostDispatch);
-  r += "\n== throughput ==\n";
-  r += strf("  %.4g samples/s\n", d.samples);
-  r += strf("  model %.3f TFLOP/s per GPU, MFU %.1f%% (%s peak %.1f TFLOP/s, "
-            "the graph's FLOPs%s)\n",
-            d.tflopsPerGpu / 1e12, 100 * d.mfu, precisionName(p.precision),
-            p.peakFlops / 1e12, p.training ? " with backward" : "");
+  r += textThroughput(d, 0, 3, p.precision, p.peakFlops,
+                      p.training ? "the graph's FLOPs with backward"
+                                 : "the graph's FLOPs");
 
   const MemoryBreakdown &m = p.best.memory;
   r += strf("\n== memory per device (stage %d, the largest) ==\n", m.stage);
@@ -362,9 +358,7 @@ std::string formatOpJsonReport(const OpPlanResult &p, const Cluster &cluster,
                     {"dp_comm", t.dpComm},  {"bubble", t.bubble},
                     {"host", t.host},       {"optimizer", t.optimizer},
                     {"host_dispatch", p.best.hostDispatch}};
-  r["throughput"] = {{"samples_per_s", d.samples},
-                     {"model_tflops_per_gpu", d.tflopsPerGpu / 1e12},
-                     {"mfu", d.mfu}};
+  r["throughput"] = jsonThroughput(d, 0);
   r["memory"] = jsonMemory(p.best.memory, p.best.capacity);
   r["alternatives"] = jsonAlternatives(p.alternatives, config);
   if (o.explain) {

@@ -85,15 +85,9 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
   const TrainingConfig &cfg = p.best.cfg;
   const int devices = cluster.numDevices();
   Throughput d = derive(p, devices);
-  const double tokens = d.samples * p.seq;
   std::string r;
   r += textTitle(p.training, g.modelName, cluster);
-  r += strf("model: %lld layers, hidden %lld, heads %lld, seq %lld, vocab "
-              "%lld, %.4g parameters, dtype %s, compute %s\n",
-              (long long)p.spec.numLayers, (long long)p.spec.hidden,
-              (long long)p.spec.heads, (long long)p.spec.seqLen,
-              (long long)p.spec.vocab, p.totalParams, g.dtype.c_str(),
-              precisionName(p.precision));
+  r += textModelLine(p.plan);
   r += strf("global batch %lld samples x %lld tokens\n\n",
               (long long)p.globalBatch, (long long)p.seq);
 
@@ -141,20 +135,23 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
 
   r += textRanks(p.plan, cluster, o.maxRanks);
 
-  r += "\n== stages ==\n";
+  std::vector<StageRow> stages;
   for (size_t s = 0; s < p.stageLayers.size(); ++s) {
-    std::string extra;
+    StageRow row;
+    row.name = strf("stage %zu", s);
+    row.what = strf("layers %s (%zu)", layerRange(p.stageLayers[s]).c_str(),
+                    p.stageLayers[s].size());
     if (s == 0 && g.group("pre"))
-      extra += " + pre";
+      row.what += " + pre";
     if (s + 1 == p.stageLayers.size() && g.group("post"))
-      extra += " + post";
-    if (s < p.stageGpus.size())
-      extra += strf(" on %s (%.0f GiB)", p.stageGpus[s].c_str(),
-                      p.stageCapacity[s] / kGiB);
-    r += strf("  stage %zu: layers %s (%zu)%s\n", s,
-                layerRange(p.stageLayers[s]).c_str(), p.stageLayers[s].size(),
-                extra.c_str());
+      row.what += " + post";
+    if (s < p.stageGpus.size()) {
+      row.gpu = p.stageGpus[s];
+      row.capacity = p.stageCapacity[s];
+    }
+    stages.push_back(std::move(row));
   }
+  r += textStages("", stages);
 
   r += textCommunication(p.comms);
 
@@ -182,12 +179,9 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
   } else {
     r += "  none: " + p.simError + "\n";
   }
-  r += "\n== throughput ==\n";
-  r += strf("  %.4g samples/s, %.4g tokens/s\n", d.samples, tokens);
-  r += strf("  model %.1f TFLOP/s per GPU, MFU %.1f%% (%s peak %.1f "
-              "TFLOP/s, %s FLOPs per token)\n",
-              d.tflopsPerGpu / 1e12, 100 * d.mfu, precisionName(p.precision),
-              p.peakFlops / 1e12, p.training ? "6*params" : "2*params");
+  r += textThroughput(d, double(p.seq), 1, p.precision, p.peakFlops,
+                      p.training ? "6*params FLOPs per token"
+                                 : "2*params FLOPs per token");
 
   const MemoryBreakdown &m = p.best.memory;
   r += strf("\n== memory per device (stage %d, %s) ==\n", m.stage,
@@ -207,7 +201,6 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
                              const GraphSummary &g, const ReportOptions &o) {
   const int devices = cluster.numDevices();
   Throughput d = derive(p, devices);
-  const double tokens = d.samples * p.seq;
   auto config = [](const Candidate &c) {
     json j;
     j["dp"] = c.cfg.dp;
@@ -263,10 +256,7 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
   jsonRanks(r, p.plan, cluster);
   r["communication"] = jsonCommunication(p.comms);
   r["step_time"] = time(p.best.time);
-  r["throughput"] = {{"samples_per_s", d.samples},
-                     {"tokens_per_s", tokens},
-                     {"model_tflops_per_gpu", d.tflopsPerGpu / 1e12},
-                     {"mfu", d.mfu}};
+  r["throughput"] = jsonThroughput(d, double(p.seq));
   r["memory"] = jsonMemory(p.best.memory, p.best.capacity);
   if (p.simulated) {
     json peaks = json::array();

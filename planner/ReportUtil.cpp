@@ -57,6 +57,64 @@ Throughput throughput(double stepTime, double globalBatch,
   return t;
 }
 
+std::string textModelLine(const Plan &plan) {
+  const ModelFingerprint &m = plan.model;
+  if (plan.kind == PlanKind::Transformer)
+    return strf("model: %lld layers, hidden %lld, heads %lld, seq %lld, "
+                "vocab %lld, %.4g parameters, dtype %s, compute %s\n",
+                (long long)m.layers, (long long)m.hidden, (long long)m.heads,
+                (long long)m.seq, (long long)m.vocab, m.params, m.dtype.c_str(),
+                m.precision.c_str());
+  int tensors = 0;
+  for (const PlannedArg &a : plan.args)
+    tensors += a.role == ArgNode::Role::Param;
+  return strf("model: %lld ops (op-level plan), %s parameters in %d tensors, "
+              "dtype %s, compute %s\n",
+              (long long)m.ops, withCommas(m.params).c_str(), tensors,
+              m.dtype.c_str(), m.precision.c_str());
+}
+
+std::string textStages(const std::string &qualifier,
+                       const std::vector<StageRow> &rows) {
+  std::string r = "\n== stages" + qualifier + " ==\n";
+  for (const StageRow &x : rows) {
+    r += "  " + x.name + ": " + x.what;
+    if (x.timePerMicroBatch >= 0)
+      r += ", " + seconds(x.timePerMicroBatch) + " per micro-batch";
+    if (x.sendBytes >= 0)
+      r += ", sends " + humanBytes(x.sendBytes);
+    if (!x.gpu.empty())
+      r += strf(" on %s (%.0f GiB)", x.gpu.c_str(), x.capacity / kGiB);
+    r += "\n";
+  }
+  return r;
+}
+
+std::string textThroughput(const Throughput &d, double tokensPerSample,
+                           int decimals, Precision precision, double peakFlops,
+                           const std::string &flopsNote) {
+  std::string r = "\n== throughput ==\n";
+  r += tokensPerSample > 0
+           ? strf("  %.4g samples/s, %.4g tokens/s\n", d.samples,
+                  d.samples * tokensPerSample)
+           : strf("  %.4g samples/s\n", d.samples);
+  r += strf("  model %.*f TFLOP/s per GPU, MFU %.1f%% (%s peak %.1f TFLOP/s, "
+            "%s)\n",
+            decimals, d.tflopsPerGpu / 1e12, 100 * d.mfu,
+            precisionName(precision), peakFlops / 1e12, flopsNote.c_str());
+  return r;
+}
+
+json jsonThroughput(const Throughput &d, double tokensPerSample) {
+  json j;
+  j["samples_per_s"] = d.samples;
+  if (tokensPerSample > 0)
+    j["tokens_per_s"] = d.samples * tokensPerSample;
+  j["model_tflops_per_gpu"] = d.tflopsPerGpu / 1e12;
+  j["mfu"] = d.mfu;
+  return j;
+}
+
 std::string textTitle(bool training, const std::string &model,
                       const Cluster &cluster) {
   return "dlopt dry run: " +

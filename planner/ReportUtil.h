@@ -62,6 +62,33 @@ std::string textPlanHead(const Plan &plan);
 /// the first `maxRanks` ranks, then the formula for the rest. Op-level
 /// plans (no cp axis in use) leave out the cp column.
 std::string textRanks(const Plan &plan, const Cluster &cluster, int maxRanks);
+/// "model: ..." from the plan's fingerprint: a transformer's dims, or an
+/// op-level graph's op count and parameter tensors; then the parameters,
+/// their dtype and the compute precision.
+std::string textModelLine(const Plan &plan);
+/// One line of "== stages ==": "  stage 1: layers 4-7 (4) + post on
+/// H100 (75 GiB)", "  chunk 2 (stage 0): ops 10-19 (10 ops), 1.2 ms per
+/// micro-batch, sends 4.00 KiB".
+struct StageRow {
+  std::string name; ///< "stage 1", "chunk 2 (stage 0)"
+  std::string what; ///< "layers 4-7 (4) + post", "ops 10-19 (10 ops)"
+  double timePerMicroBatch = -1; ///< printed when >= 0
+  double sendBytes = -1;         ///< to the next stage; printed when >= 0
+  std::string gpu;               ///< heterogeneous clusters: printed when set
+  double capacity = 0;           ///< bytes, with `gpu`
+};
+/// "\n== stages<qualifier> ==\n" and the rows.
+std::string textStages(const std::string &qualifier,
+                       const std::vector<StageRow> &rows);
+/// "== throughput ==": samples/s (and tokens/s for `tokensPerSample` >
+/// 0), model TFLOP/s per GPU with `decimals` digits, MFU against the
+/// precision's peak, and what the model FLOPs count (`flopsNote`).
+std::string textThroughput(const Throughput &d, double tokensPerSample,
+                           int decimals, Precision precision, double peakFlops,
+                           const std::string &flopsNote);
+/// {samples_per_s, tokens_per_s (tokensPerSample > 0),
+/// model_tflops_per_gpu, mfu}.
+json jsonThroughput(const Throughput &d, double tokensPerSample);
 /// "== step time ==", the total and the compute row.
 std::string textStepTimeHead(const StepTime &t, double step);
 /// "== communication per step (one rank) ==" and one line per collective.
