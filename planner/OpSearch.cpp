@@ -66,6 +66,7 @@ struct Solved {
   std::vector<int> chosen;          ///< strategy index (-1: not a node)
   std::vector<double> compute;      ///< per micro-batch (fwd + bwd)
   std::vector<double> mbComm;       ///< per micro-batch
+  std::vector<double> mbCalls;      ///< collectives per micro-batch
   std::vector<double> stepComm;     ///< per step (parameter gradients)
   std::vector<double> activation;   ///< stored bytes per micro-batch
   std::vector<double> workingSet;   ///< bytes of one op's operands + result
@@ -585,6 +586,7 @@ std::unique_ptr<Solved> solveFor(Ctx &c, int t, int dp, int64_t mbs,
   s->chosen.assign(nOps, -1);
   s->compute.assign(nOps, 0);
   s->mbComm.assign(nOps, 0);
+  s->mbCalls.assign(nOps, 0);
   s->stepComm.assign(nOps, 0);
   s->activation.assign(nOps, 0);
   s->workingSet.assign(nOps, 0);
@@ -611,9 +613,15 @@ std::unique_ptr<Solved> solveFor(Ctx &c, int t, int dp, int64_t mbs,
     double flops = op.flops * s->geo.scale(id);
     double fwd = c.forwardTime(*s, op, st, flops, opBytes(*s, op, st, t), t);
     s->compute[id] = c.stepTime(*s, op, st, fwd, t);
+    // Each collective is priced and counted (a launch of its own for the
+    // host, docs/cost-model.md section 8).
+    auto addMb = [&](double time) {
+      s->mbComm[id] += time;
+      s->mbCalls[id] += time > 0;
+    };
     for (const IntrinsicComm &ic : st.comms)
       if (train || !ic.backward)
-        s->mbComm[id] += c.pricer.time(ic.collective, ic.bytes, t, 1);
+        addMb(c.pricer.time(ic.collective, ic.bytes, t, 1));
     double work = s->geo.result(id).bytes /
                   (st.result.kind == Layout::S ? double(t) : 1.0);
     // Kept for the backward pass: what dlopt's own backward reads
@@ -638,12 +646,15 @@ std::unique_ptr<Solved> solveFor(Ctx &c, int t, int dp, int64_t mbs,
           continue;
         lu = s->resultLayout[ref.producer];
       }
-      s->mbComm[id] += c.pricer.time(reshard(lu, req, val.bytes, t), t);
+      addMb(c.pricer.time(reshard(lu, req, val.bytes, t), t));
       if (train && val.needsGrad) {
         double b = c.pricer.time(
             reshard(gradLayout(req, st.divisor), gradNeed(lu), val.bytes, t),
             t);
-        (isParam ? s->stepComm[id] : s->mbComm[id]) += b;
+        if (isParam)
+          s->stepComm[id] += b;
+        else
+          addMb(b);
       }
     }
     s->workingSet[id] = work;
@@ -737,6 +748,7 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
     double compute = 0, comm = 0, step = 0, act = 0, work = 0;
     double paramElems = 0, largestParam = 0;
     double ops = 0; ///< forward ops a micro-batch launches (no constants)
+    double calls = 0; ///< collectives a micro-batch launches
     std::set<int> params;
   };
   std::vector<StageSum> ss(pp);
@@ -747,6 +759,7 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
       x.ops += 1;
     x.compute += s.compute[id];
     x.comm += s.mbComm[id];
+    x.calls += s.mbCalls[id];
     x.step += s.stepComm[id];
     x.act += s.activation[id];
     x.work = std::max(x.work, s.workingSet[id]);
@@ -868,7 +881,8 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
 
   // Host dispatch: each process issues every kernel of its stage's
   // micro-batches (forward ops, backward_flops_ratio times as many
-  // backward); the stage with the most ops sets it. One process per
+  // backward, and each tensor-parallel collective); the stage with the
+  // most launches sets it. One process per
   // device between-graph; in-graph the node's processes contend (the
   // transformer search's in_graph_launch_contention). The host
   // runs ahead; what it adds is its chain past the devices' step: the
@@ -876,11 +890,12 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
   // the sends between them, then the optimizer (docs/cost-model.md,
   // section 8).
   {
-    double ops = 0;
+    double perMbLaunches = 0;
     for (const StageSum &x : ss)
-      ops = std::max(ops, x.ops);
-    const double launches =
-        m * ops * (train ? 1 + cal.backwardFlopsRatio : 1.0);
+      perMbLaunches =
+          std::max(perMbLaunches,
+                   x.ops * (train ? 1 + cal.backwardFlopsRatio : 1.0) + x.calls);
+    const double launches = m * perMbLaunches;
     cand.hostDispatch = hostDispatchSeconds(
         launches, c.opt.fix.layout.value_or(ProcessLayout::BetweenGraph),
         c.gpusPerNode, c.host, cal);

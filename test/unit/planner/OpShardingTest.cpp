@@ -686,6 +686,20 @@ TEST(OpSearch, MegatronPairingWinsForWideLayers) {
     // Sharded weights: a 1/t share of both matrices per device.
     for (const auto &[name, layout] : p->params)
       EXPECT_EQ(layout.kind, Layout::S) << name;
+    // The host issues every kernel and every collective of a micro-batch:
+    // the forward ops, backward_flops_ratio times as many backward, and
+    // each per-micro-batch collective (the all-reduces above).
+    double calls = 0;
+    for (const ReshardOp &r : p->reshards)
+      calls += !r.perStep;
+    ASSERT_GT(calls, 0);
+    const Calibration cal;
+    const double m = double(p->best.cfg.numMicroBatches);
+    EXPECT_NEAR(p->best.hostDispatch,
+                m * (p->numForwardOps * (1 + cal.backwardFlopsRatio) + calls) *
+                    cal.kernelLaunchSeconds,
+                1e-12)
+        << "t=" << t;
   }
   // The search without fixes shards the weights too.
   auto p = searchOpPlan(g, cl, CostModel(), bf16Training());
