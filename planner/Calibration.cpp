@@ -16,7 +16,7 @@
 namespace dlopt::planner {
 namespace {
 
-enum class Range { Efficiency, Positive, NonNegative, FractionBelowOne };
+enum class Range { Efficiency, Fraction, Positive, NonNegative, FractionBelowOne };
 
 /// One row per constant: the single table that parsing, printing,
 /// validation and the docs key list all read.
@@ -97,13 +97,14 @@ const Entry kEntries[] = {
      "NVLink SHARP (NVLS, NVLS tree): the share of the per-direction NVLink "
      "bandwidth reached on the busier direction"},
     {"grad_overlap_efficiency", &Calibration::gradOverlapEfficiency, 1,
-     Range::Efficiency, "fraction",
-     "share of backward compute that can hide gradient communication"},
+     Range::Fraction, "fraction",
+     "share of backward compute that can hide gradient communication (0: "
+     "none, as on the CPU backend, whose collectives block)"},
     {"p2p_overlap_efficiency", &Calibration::p2pOverlapEfficiency, 1,
-     Range::Efficiency, "fraction",
+     Range::Fraction, "fraction",
      "share of a micro-batch's compute that can hide pipeline send/recv"},
     {"cp_overlap_efficiency", &Calibration::cpOverlapEfficiency, 1,
-     Range::Efficiency, "fraction",
+     Range::Fraction, "fraction",
      "share of attention compute that hides the context-parallel K/V ring"},
     {"kernel_launch_us", &Calibration::kernelLaunchSeconds, 1e-6,
      Range::NonNegative, "us",
@@ -144,6 +145,10 @@ Status checkRange(const Entry &e, double v) {
   case Range::Efficiency:
     ok = ok && v > 0 && v <= 1;
     want = "a fraction in (0, 1]";
+    break;
+  case Range::Fraction:
+    ok = ok && v >= 0 && v <= 1;
+    want = "a fraction in [0, 1]";
     break;
   case Range::Positive:
     ok = ok && v > 0;

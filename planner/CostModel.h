@@ -178,9 +178,23 @@ public:
   /// Communication left on the critical path when `comm` overlaps with
   /// `overlappable` compute: max(0, comm - efficiency * overlappable).
   static double exposed(double comm, double overlappable, double efficiency);
-  /// Gradient sync overlapped with the backward pass.
-  double exposedGradSync(double comm, double backwardCompute) const {
-    return exposed(comm, backwardCompute, cal_.gradOverlapEfficiency);
+  /// Gradient sync of `comm` seconds for `gradBytes` of gradients,
+  /// overlapped with the backward pass in buckets of grad_bucket_mib: it
+  /// runs beside the backward at grad_overlap_efficiency of its speed, and
+  /// the last bucket, complete only when the backward ends, is exposed
+  /// whole: max(comm - efficiency * backward, lastBucketShare * comm).
+  double exposedGradSync(double comm, double backwardCompute,
+                         double gradBytes) const {
+    return std::max(exposed(comm, backwardCompute, cal_.gradOverlapEfficiency),
+                    lastBucketShare(gradBytes) * comm);
+  }
+  /// The share of `gradBytes` of gradients in the last bucket:
+  /// min(1, grad_bucket_mib / gradBytes); 0 without buckets (0 MiB) or
+  /// gradients.
+  double lastBucketShare(double gradBytes) const {
+    return cal_.gradBucketBytes > 0 && gradBytes > 0
+               ? std::min(1.0, cal_.gradBucketBytes / gradBytes)
+               : 0.0;
   }
   /// Pipeline send/recv overlapped with a micro-batch's compute.
   double exposedP2P(double comm, double microBatchCompute) const {

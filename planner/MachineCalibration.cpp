@@ -301,6 +301,12 @@ Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
   c.intraNodeBusEfficiency = 1.0;
   c.interNodeBusEfficiency = 1.0;
   c.collectiveLaunchLatency = 0.0;
+  // The CPU backend runs each rank's instructions in program order and its
+  // collectives, sends and receives block the rank's thread: nothing
+  // overlaps communication with compute.
+  c.gradOverlapEfficiency = 0.0;
+  c.p2pOverlapEfficiency = 0.0;
+  c.cpOverlapEfficiency = 0.0;
   // Host-side runtime state: CPU "devices" live in host memory, with no
   // CUDA context, cuBLAS workspace or NCCL buffers.
   c.runtimeReservedBytes = 0;

@@ -859,13 +859,15 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
       double e = 0;
       if (cfg.zeroStage == 0) {
         e = c.cost.exposedGradSync(
-            c.pricer.time(Collective::AllReduce, grads, dp, t), backward);
+            c.pricer.time(Collective::AllReduce, grads, dp, t), backward,
+            grads);
       } else {
         // ZeRO >= 2 keeps no whole gradient: each micro-batch's is
         // reduce-scattered as its backward pass makes it.
         e = (cfg.zeroStage >= 2 ? m : 1.0) *
             c.cost.exposedGradSync(
-                c.pricer.time(Collective::ReduceScatter, grads, dp, t), backward);
+                c.pricer.time(Collective::ReduceScatter, grads, dp, t),
+                backward, grads);
         double ag = c.pricer.time(Collective::AllGather, params, dp, t);
         double agBwd = c.pricer.time(Collective::AllGather,
                                      params * c.bwdReadFraction, dp, t);

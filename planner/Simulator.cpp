@@ -113,11 +113,16 @@ Status validate(const SimInput &in) {
         {"activationBytes", st.activationBytes},
         {"transientBytes", st.transientBytes},
         {"gradSync", st.gradSync},
+        {"gradLastBucket", st.gradLastBucket},
         {"paramGather", st.paramGather},
         {"optimizer", st.optimizer},
         {"hostDispatch", st.hostDispatch}};
     for (const auto &[name, value] : fields)
       DLOPT_RETURN_IF_ERROR(checkValue(value, where + name));
+    if (st.gradLastBucket > 1)
+      return Status::error(where + "gradLastBucket: expected a share in [0, "
+                                   "1], got " +
+                           std::to_string(st.gradLastBucket));
     if (st.weightGrad > st.backward)
       return Status::error(where + "weightGrad: expected at most backward (" +
                            std::to_string(st.backward) + "), got " +
@@ -541,8 +546,12 @@ Expected<SimResult> simulateStep(const SimInput &in) {
       for (int k : chunks) {
         const double bs = chunkGradStart[size_t(s) * v + k],
                      be = chunkGradEnd[size_t(s) * v + k];
-        const double hidden = std::min(in.gradOverlap * share, be - bs);
-        const double end = std::max(laneFree + share, be + share - hidden);
+        // Beside the task at gradOverlap of its speed; the last bucket
+        // only after it.
+        const double exposed =
+            std::max(share - in.gradOverlap * (be - bs),
+                     std::clamp(st.gradLastBucket, 0.0, 1.0) * share);
+        const double end = std::max(laneFree + share, be + exposed);
         laneFree = end;
         lane(s, SimLane::DPComm)
             .push_back({s, SimLane::DPComm, SimOp::GradSync,

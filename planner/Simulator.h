@@ -38,6 +38,9 @@ struct SimStage {
   /// Data-parallel gradient sync of the whole stage (all-reduce, or
   /// reduce-scatter under ZeRO), on the stage's dp-comm lane.
   double gradSync = 0;
+  /// The share (0-1) of gradSync in the last gradient bucket, which is
+  /// complete only when the last weight-gradient task ends.
+  double gradLastBucket = 0;
   double optimizer = 0; ///< optimizer step, on the compute lane, at the end
   /// ZeRO 1 and 2: the all-gather of the updated parameter shards, on the
   /// dp-comm lane after the optimizer; the step ends with it.
@@ -61,12 +64,14 @@ struct SimInput {
   /// the sender's p2p lane: they overlap compute and serialize with each
   /// other.
   double p2p = 0;
-  /// Fraction in [0, 1] of a stage's gradSync that may hide behind its last
+  /// The speed in [0, 1] at which a stage's gradSync runs beside its last
   /// weight-gradient task (the last B, or the last W under zero-bubble),
-  /// as bucketed all-reduces do. With that task on [bs, be] the sync ends at
-  /// be + gradSync - min(gradOverlap * gradSync, be - bs). Interleaved,
-  /// each chunk syncs gradSync / v so, after its own last B, and the chunks'
-  /// syncs queue on the dp-comm lane.
+  /// as bucketed all-reduces do; the last bucket (gradLastBucket) runs
+  /// after it. With that task on [bs, be] the sync ends at
+  /// be + max(gradSync - gradOverlap (be - bs), gradLastBucket gradSync),
+  /// as CostModel::exposedGradSync prices it. Interleaved, each chunk syncs
+  /// gradSync / v so, after its own last B, and the chunks' syncs queue on
+  /// the dp-comm lane.
   double gradOverlap = 1.0;
 };
 

@@ -840,7 +840,8 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
             : 0.0;
     auto exposedSync = [&](double t) {
       return chunkedGradSyncExposed(
-          t / v, c.cost.exposedGradSync(t / v, backward / v), v, lap);
+          t / v, c.cost.exposedGradSync(t / v, backward / v, gradBytes / v), v,
+          lap);
     };
     if (cfg.zeroStage == 0) {
       double t = c.comm(Collective::AllReduce, gradBytes, dp, stride);
@@ -870,8 +871,9 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       // stage 2 does under gradient accumulation, and dlopt applies it).
       double rsCalls = cfg.zeroStage >= 2 ? m : 1;
       double rs = c.comm(Collective::ReduceScatter, gradBytes, dp, stride);
-      double e = cfg.zeroStage >= 2 ? rsCalls * c.cost.exposedGradSync(rs, backward)
-                                    : exposedSync(rs);
+      double e = cfg.zeroStage >= 2
+                     ? rsCalls * c.cost.exposedGradSync(rs, backward, gradBytes)
+                     : exposedSync(rs);
       T.dpComm += e;
       record(std::string(grp) + " gradient reduce-scatter",
              Collective::ReduceScatter, dp, stride, gradBytes, rsCalls, e);
@@ -1032,6 +1034,7 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
             cfg.zeroStage == 0
                 ? c.comm(Collective::AllReduce, grads, replicas, cfg.tp)
                 : c.comm(Collective::ReduceScatter, grads, replicas, cfg.tp);
+        s.gradLastBucket = c.cost.lastBucketShare(grads / v);
         if (cfg.zeroStage > 0)
           s.paramGather =
               c.comm(Collective::AllGather, params * pBytes, replicas, cfg.tp);

@@ -664,6 +664,16 @@ TEST(Overlap, ExposedTime) {
   EXPECT_DOUBLE_EQ(CostModel::exposed(1, 8, 0.8), 0.0);
   EXPECT_DOUBLE_EQ(CostModel::exposed(5, -3, 0.8), 5.0);
   CostModel m; // grad overlap 0.8, p2p overlap 0.9
-  EXPECT_DOUBLE_EQ(m.exposedGradSync(10, 10), 2.0);
+  // 1 GiB of gradients in 25 MiB buckets: the last is 1/40.96 of the sync.
+  const double gib = double(1 << 30);
+  EXPECT_DOUBLE_EQ(m.exposedGradSync(10, 10, gib), 2.0);
+  EXPECT_DOUBLE_EQ(m.exposedGradSync(10, 20, gib), 10 * 25.0 / 1024);
+  // Gradients in one bucket: nothing hides.
+  EXPECT_DOUBLE_EQ(m.exposedGradSync(10, 20, 20.0 * (1 << 20)), 10.0);
+  EXPECT_DOUBLE_EQ(m.lastBucketShare(100.0 * (1 << 20)), 0.25);
+  EXPECT_DOUBLE_EQ(m.lastBucketShare(0), 0.0);
+  Calibration nb;
+  nb.gradBucketBytes = 0; // no buckets: no last-bucket floor
+  EXPECT_DOUBLE_EQ(CostModel(nb).exposedGradSync(10, 20, gib), 0.0);
   EXPECT_NEAR(m.exposedP2P(1.0, 1.0), 0.1, 1e-12);
 }

@@ -127,7 +127,20 @@ TEST(MachineCalibration, DerivesEfficienciesAgainstTheMeasuredPeak) {
   EXPECT_EQ(c.intraNodeBusEfficiency, 1.0);
   EXPECT_EQ(c.collectiveLaunchLatency, 0.0);
   EXPECT_EQ(c.runtimeReservedBytes, 0.0);
+  // The CPU backend's communication blocks its rank: nothing overlaps it.
+  EXPECT_EQ(c.gradOverlapEfficiency, 0.0);
+  EXPECT_EQ(c.p2pOverlapEfficiency, 0.0);
+  EXPECT_EQ(c.cpOverlapEfficiency, 0.0);
   EXPECT_TRUE(c.validate().isOk());
+  // Written and read back: 0 is a valid overlap, 1.5 is not.
+  auto back = parseCalibration(c.toJson(), "cal.json");
+  ASSERT_TRUE(back) << back.status().message();
+  EXPECT_EQ(back->gradOverlapEfficiency, 0.0);
+  auto bad = parseCalibration("{\"grad_overlap_efficiency\": 1.5}", "cal.json");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.status().message().find("a fraction in [0, 1]"),
+            std::string::npos)
+      << bad.status().message();
 }
 
 TEST(MachineCalibration, TheGemmGridBecomesTheGemmTable) {

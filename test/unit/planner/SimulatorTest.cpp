@@ -516,9 +516,20 @@ TEST(SimComm, GradSyncOverlap) {
   EXPECT_NEAR(step(0, 1), pipe + opt, kEps);
   EXPECT_NEAR(step(1.5, 0), pipe + 1.5 + opt, kEps); // fully exposed
   EXPECT_NEAR(step(1.5, 1), pipe + opt, kEps);       // hidden in the last B
-  EXPECT_NEAR(step(1.5, 0.5), pipe + 0.75 + opt, kEps);
+  // At half speed beside the B (2 s): 1 s of it done, 0.5 s left.
+  EXPECT_NEAR(step(1.5, 0.5), pipe + 0.5 + opt, kEps);
   EXPECT_NEAR(step(5, 1), pipe + (5 - b) + opt, kEps); // longer than the B
   EXPECT_LT(step(1.5, 1), step(1.5, 0));
+  // The last bucket (40% of the gradients) starts when the B ends.
+  {
+    SimInput in = uniform(PipelineSchedule::OneFOneB, pp, m, 1, f, b);
+    for (SimStage &st : in.stages) {
+      st.gradSync = 1.5;
+      st.gradLastBucket = 0.4;
+      st.optimizer = opt;
+    }
+    EXPECT_NEAR(simulate(in).stepTime, pipe + 0.6 + opt, kEps);
+  }
 
   // Under zero-bubble the last weight-gradient task is a W.
   SimInput z = uniform(PipelineSchedule::ZeroBubble, pp, m, 1, f, b, 0.5);
