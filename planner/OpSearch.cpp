@@ -863,11 +863,15 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
             grads);
       } else {
         // ZeRO >= 2 keeps no whole gradient: each micro-batch's is
-        // reduce-scattered as its backward pass makes it.
-        e = (cfg.zeroStage >= 2 ? m : 1.0) *
-            c.cost.exposedGradSync(
-                c.pricer.time(Collective::ReduceScatter, grads, dp, t),
-                backward, grads);
+        // reduce-scattered as its backward pass makes it; they queue on
+        // their own lane, so only the last shows unless they outlast the
+        // backwards (chunkedGradSyncExposed).
+        const double rs =
+            c.pricer.time(Collective::ReduceScatter, grads, dp, t);
+        const double last = c.cost.exposedGradSync(rs, backward, grads);
+        e = cfg.zeroStage >= 2
+                ? chunkedGradSyncExposed(rs, last, int(m), backward)
+                : last;
         double ag = c.pricer.time(Collective::AllGather, params, dp, t);
         double agBwd = c.pricer.time(Collective::AllGather,
                                      params * c.bwdReadFraction, dp, t);

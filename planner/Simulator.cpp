@@ -400,7 +400,7 @@ Expected<SimResult> simulateStep(const SimInput &in) {
   };
 
   std::vector<size_t> next(pp, 0);
-  std::vector<double> computeFree(pp, 0), p2pFree(pp, 0);
+  std::vector<double> computeFree(pp, 0), p2pFree(pp, 0), dpFree(pp, 0);
   std::vector<double> lastStart(pp, 0), lastEnd(pp, 0);
   // Per (stage, chunk): the last task that makes the chunk's weight
   // gradients (its last B, or its last W under zero-bubble), which its
@@ -482,6 +482,24 @@ Expected<SimResult> simulateStep(const SimInput &in) {
         lane(s, SimLane::Compute)
             .push_back(
                 {s, SimLane::Compute, op, name, t.mb, t.chunk, -1, start, end});
+        // ZeRO 2: this micro-batch's share of the chunk's gradients is
+        // reduce-scattered once its weight-gradient task ends, by the rule
+        // of the end-of-step sync below; the syncs queue on dp-comm.
+        const SimStage &cur = in.stages[s];
+        if (cur.gradSyncPerMicroBatch && cur.gradSync > 0 &&
+            t.kind == (zb ? Kind::W : Kind::B)) {
+          const double share = cur.gradSync / v;
+          const double exposed =
+              std::max(share - in.gradOverlap * (end - start),
+                       std::clamp(cur.gradLastBucket, 0.0, 1.0) * share);
+          dpFree[s] = std::max(dpFree[s] + share, end + exposed);
+          lane(s, SimLane::DPComm)
+              .push_back({s, SimLane::DPComm, SimOp::GradSync,
+                          "grad sync " + std::to_string(t.mb) +
+                              (v > 1 ? "." + std::to_string(t.chunk) : ""),
+                          t.mb, v > 1 ? t.chunk : -1, -1, dpFree[s] - share,
+                          dpFree[s]});
+        }
 
         switch (t.kind) {
         case Kind::F: {
@@ -529,8 +547,8 @@ Expected<SimResult> simulateStep(const SimInput &in) {
   for (int s = 0; s < pp; ++s) {
     const SimStage &st = in.stages[s];
     r.pipelineTime = std::max(r.pipelineTime, lastEnd[s]);
-    double syncEnd = lastEnd[s];
-    if (st.gradSync > 0) {
+    double syncEnd = std::max(lastEnd[s], dpFree[s]);
+    if (st.gradSync > 0 && !st.gradSyncPerMicroBatch) {
       // One sync per chunk, of its share of the stage's gradients, once the
       // chunk's last weight-gradient task may let it start (Megatron-LM's
       // buckets are per model chunk); they queue on the dp-comm lane.

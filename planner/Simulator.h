@@ -41,6 +41,10 @@ struct SimStage {
   /// The share (0-1) of gradSync in the last gradient bucket, which is
   /// complete only when the last weight-gradient task ends.
   double gradLastBucket = 0;
+  /// ZeRO 2: gradSync is one micro-batch's reduce-scatter, run after each
+  /// micro-batch's weight-gradient task of each chunk (gradSync / v a
+  /// chunk), not once at the end of the step.
+  bool gradSyncPerMicroBatch = false;
   double optimizer = 0; ///< optimizer step, on the compute lane, at the end
   /// ZeRO 1 and 2: the all-gather of the updated parameter shards, on the
   /// dp-comm lane after the optimizer; the step ends with it.
@@ -101,7 +105,7 @@ struct SimEvent {
   /// "send F3" / "send B3.1", "grad sync", "optimizer", "issue F3" /
   /// "issue optimizer" on the host lane.
   std::string name;
-  int64_t microBatch = -1; ///< -1 for grad sync and optimizer
+  int64_t microBatch = -1; ///< -1 for the step's syncs and optimizer
   int chunk = -1;          ///< model chunk on this stage; -1 as above
   int peer = -1;           ///< receiving stage of a Send, else -1
   double start = 0, end = 0;

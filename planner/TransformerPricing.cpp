@@ -838,9 +838,16 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
         worstTrain > 0
             ? sumTime * backward / worstTrain / v + cfg.pp * oneSend
             : 0.0;
+    // What a sync runs beside: the backward, or under zero-bubble its
+    // deferred weight-gradient part, which comes last (as the simulator).
+    const double window =
+        cfg.schedule == PipelineSchedule::ZeroBubble
+            ? weightGradSeconds(worstFwd, backward,
+                                c.cost.calibration().backwardFlopsRatio)
+            : backward;
     auto exposedSync = [&](double t) {
       return chunkedGradSyncExposed(
-          t / v, c.cost.exposedGradSync(t / v, backward / v, gradBytes / v), v,
+          t / v, c.cost.exposedGradSync(t / v, window / v, gradBytes / v), v,
           lap);
     };
     if (cfg.zeroStage == 0) {
@@ -871,9 +878,18 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       // stage 2 does under gradient accumulation, and dlopt applies it).
       double rsCalls = cfg.zeroStage >= 2 ? m : 1;
       double rs = c.comm(Collective::ReduceScatter, gradBytes, dp, stride);
-      double e = cfg.zeroStage >= 2
-                     ? rsCalls * c.cost.exposedGradSync(rs, backward, gradBytes)
-                     : exposedSync(rs);
+      // ZeRO 2: the micro-batches' reduce-scatters queue on their own
+      // lane, each after its backward (per chunk when interleaved; the
+      // backwards at least a backward apart), so only the last shows
+      // unless they outlast the passes (chunkedGradSyncExposed, as the
+      // simulator replays them).
+      double e =
+          cfg.zeroStage >= 2
+              ? chunkedGradSyncExposed(
+                    rs / v,
+                    c.cost.exposedGradSync(rs / v, window / v, gradBytes / v),
+                    int(m) * v, window / v)
+              : exposedSync(rs);
       T.dpComm += e;
       record(std::string(grp) + " gradient reduce-scatter",
              Collective::ReduceScatter, dp, stride, gradBytes, rsCalls, e);
@@ -1038,6 +1054,7 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
         if (cfg.zeroStage > 0)
           s.paramGather =
               c.comm(Collective::AllGather, params * pBytes, replicas, cfg.tp);
+        s.gradSyncPerMicroBatch = cfg.zeroStage == 2;
       }
     }
     if (mem)

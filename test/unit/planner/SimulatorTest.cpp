@@ -592,6 +592,37 @@ TEST(SimComm, InterleavedChunksSyncAsTheirLastBackwardEnds) {
   EXPECT_NEAR(run(1, 1, 0.75).stepTime, none.stepTime + 0.75, kEps);
 }
 
+TEST(SimComm, ZeroTwoReduceScattersEachMicroBatch) {
+  // One stage, 1F1B, m = 4, F = 1, B = 2: B_i ends at 3 (i + 1). Under
+  // ZeRO 2 each micro-batch's reduce-scatter follows its B on the dp-comm
+  // lane; they queue.
+  auto run = [](double rs) {
+    SimInput in = uniform(PipelineSchedule::OneFOneB, 1, 4, 1, 1, 2);
+    in.stages[0].gradSync = rs;
+    in.stages[0].gradSyncPerMicroBatch = true;
+    in.gradOverlap = 1;
+    return simulate(in);
+  };
+  // Short: each hides in its B.
+  SimResult hidden = run(1.5);
+  EXPECT_NEAR(hidden.stepTime, 12, kEps);
+  int syncs = 0;
+  for (const SimEvent &e : hidden.events)
+    if (e.op == SimOp::GradSync) {
+      EXPECT_EQ(e.name, "grad sync " + std::to_string(e.microBatch));
+      ++syncs;
+    }
+  EXPECT_EQ(syncs, 4);
+  // Comm-bound: 4 s each, 2 s hidden in its B; the lane ends at 17
+  // (5, 9, 13, 17), 5 s past the last B.
+  EXPECT_NEAR(run(4).stepTime, 17, kEps);
+  // The closed form with the backwards 3 s apart says the same; the
+  // search charges them a backward (2 s) apart, which errs on the slow
+  // side: 8 s.
+  EXPECT_NEAR(chunkedGradSyncExposed(4, 2, 4, 3), 5, kEps);
+  EXPECT_NEAR(chunkedGradSyncExposed(4, 2, 4, 2), 8, kEps);
+}
+
 TEST(SimHost, AHostBoundStepTakesTheHostsTime) {
   // One stage, m = 4, F = 1, B = 2 (12 s of passes), optimizer 0.5. The
   // host issues every F and B for a share of hostDispatch in proportion to
