@@ -67,6 +67,7 @@ struct Solved {
   std::vector<double> compute;      ///< per micro-batch (fwd + bwd)
   std::vector<double> mbComm;       ///< per micro-batch
   std::vector<double> mbCalls;      ///< collectives per micro-batch
+  std::vector<double> stepCalls;    ///< collectives per step
   std::vector<double> stepComm;     ///< per step (parameter gradients)
   std::vector<double> activation;   ///< stored bytes per micro-batch
   std::vector<double> workingSet;   ///< bytes of one op's operands + result
@@ -587,6 +588,7 @@ std::unique_ptr<Solved> solveFor(Ctx &c, int t, int dp, int64_t mbs,
   s->compute.assign(nOps, 0);
   s->mbComm.assign(nOps, 0);
   s->mbCalls.assign(nOps, 0);
+  s->stepCalls.assign(nOps, 0);
   s->stepComm.assign(nOps, 0);
   s->activation.assign(nOps, 0);
   s->workingSet.assign(nOps, 0);
@@ -651,9 +653,10 @@ std::unique_ptr<Solved> solveFor(Ctx &c, int t, int dp, int64_t mbs,
         double b = c.pricer.time(
             reshard(gradLayout(req, st.divisor), gradNeed(lu), val.bytes, t),
             t);
-        if (isParam)
+        if (isParam) {
           s->stepComm[id] += b;
-        else
+          s->stepCalls[id] += b > 0;
+        } else
           addMb(b);
       }
     }
@@ -749,6 +752,7 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
     double paramElems = 0, largestParam = 0;
     double ops = 0; ///< forward ops a micro-batch launches (no constants)
     double calls = 0; ///< collectives a micro-batch launches
+    double stepCalls = 0; ///< collectives launched once a step
     std::set<int> params;
   };
   std::vector<StageSum> ss(pp);
@@ -760,6 +764,7 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
     x.compute += s.compute[id];
     x.comm += s.mbComm[id];
     x.calls += s.mbCalls[id];
+    x.stepCalls += s.stepCalls[id];
     x.step += s.stepComm[id];
     x.act += s.activation[id];
     x.work = std::max(x.work, s.workingSet[id]);
@@ -896,12 +901,12 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
   // the sends between them, then the optimizer (docs/cost-model.md,
   // section 8).
   {
-    double perMbLaunches = 0;
+    double launches = 0;
     for (const StageSum &x : ss)
-      perMbLaunches =
-          std::max(perMbLaunches,
-                   x.ops * (train ? 1 + cal.backwardFlopsRatio : 1.0) + x.calls);
-    const double launches = m * perMbLaunches;
+      launches = std::max(
+          launches,
+          m * (x.ops * (train ? 1 + cal.backwardFlopsRatio : 1.0) + x.calls) +
+              x.stepCalls);
     cand.hostDispatch = hostDispatchSeconds(
         launches, c.opt.fix.layout.value_or(ProcessLayout::BetweenGraph),
         c.gpusPerNode, c.host, cal);

@@ -331,11 +331,12 @@ public:
     DLOPT_RETURN_IF_ERROR(call(what, MPI_Isend(pending->head, 2, MPI_INT64_T,
                                                process, headTag, comm_,
                                                &pending->reqs[0])));
-    DLOPT_RETURN_IF_ERROR(call(what, MPI_Isend(pending->data.data(),
-                                               int(bytes), MPI_BYTE, process,
-                                               dataTag, comm_,
-                                               &pending->reqs[1])));
+    // With the header in flight the buffers must outlive a failure here.
+    Status st = call(what, MPI_Isend(pending->data.data(), int(bytes),
+                                     MPI_BYTE, process, dataTag, comm_,
+                                     &pending->reqs[1]));
     sends_.push_back(std::move(pending));
+    DLOPT_RETURN_IF_ERROR(st);
     return Status::ok();
   }
 
@@ -596,7 +597,8 @@ protected:
   /// message into them, and once writing into a freed buffer corrupted the
   /// heap of a surviving process, which then crashed inside MPI_Testall.
   template <class T> T *scratch(size_t n) {
-    scratch_.emplace_back(new uint8_t[std::max<size_t>(1, n * sizeof(T))]);
+    scratch_.push_back(std::make_unique_for_overwrite<uint8_t[]>(
+        std::max<size_t>(1, n * sizeof(T))));
     return reinterpret_cast<T *>(scratch_.back().get());
   }
   /// Frees the scratch buffers made since it was built, unless the group
@@ -756,7 +758,12 @@ public:
     std::vector<MPI_Request> reqs;
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) {
-        ins[size_t(q)] = src + q * bytes;
+        // A copy: the output may be this very block (in place), and the
+        // reduction writes it while reading the inputs.
+        uint8_t *own = scratch<uint8_t>(size_t(bytes));
+        if (bytes)
+          std::memcpy(own, src + q * bytes, size_t(bytes));
+        ins[size_t(q)] = own;
         continue;
       }
       uint8_t *got = scratch<uint8_t>(size_t(bytes));

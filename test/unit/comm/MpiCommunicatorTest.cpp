@@ -402,6 +402,15 @@ TEST(Hybrid, CollectivesEqualTheRankOrderReduction) {
         ASSERT_TRUE(st.isOk()) << st.message();
         EXPECT_EQ(0, std::memcmp(block.data(), want.data() + me * count * es,
                                  block.size()));
+        // In place: the output is this rank's block of the input.
+        std::vector<uint8_t> inplace = all[size_t(me)];
+        st = c.reduceScatter(
+            hostIn(inplace.data(), count * n, t),
+            hostOut(inplace.data() + me * count * es, count, t), ReduceOp::Sum);
+        ASSERT_TRUE(st.isOk()) << st.message();
+        EXPECT_EQ(0, std::memcmp(inplace.data() + me * count * es,
+                                 want.data() + me * count * es, block.size()))
+            << "in-place reduce_scatter " << dtypeName(t) << " " << count;
         std::vector<uint8_t> gathered(size_t(count * n * es));
         st = c.allGather(hostIn(all[size_t(me)].data(), count, t),
                          hostOut(gathered.data(), count * n, t));

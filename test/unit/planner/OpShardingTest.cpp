@@ -660,6 +660,21 @@ std::map<std::string, std::string> strategiesOf(const OpPlanResult &p,
   return out;
 }
 
+/// The host time of issuing a one-stage plan's launches: every kernel and
+/// every collective of a micro-batch (the forward ops,
+/// backward_flops_ratio times as many backward, each per-micro-batch
+/// collective), m times, and each per-step collective once.
+double launchSeconds(const OpPlanResult &p) {
+  double calls = 0, stepCalls = 0;
+  for (const ReshardOp &r : p.reshards)
+    (r.perStep ? stepCalls : calls) += 1;
+  const Calibration cal;
+  const double m = double(p.best.cfg.numMicroBatches);
+  return (m * (p.numForwardOps * (1 + cal.backwardFlopsRatio) + calls) +
+          stepCalls) *
+         cal.kernelLaunchSeconds;
+}
+
 TEST(OpSearch, MegatronPairingWinsForWideLayers) {
   // Wide layers, few samples: column-parallel then row-parallel beats
   // replication and batch splitting (whose weight-gradient all-reduce is
@@ -686,20 +701,7 @@ TEST(OpSearch, MegatronPairingWinsForWideLayers) {
     // Sharded weights: a 1/t share of both matrices per device.
     for (const auto &[name, layout] : p->params)
       EXPECT_EQ(layout.kind, Layout::S) << name;
-    // The host issues every kernel and every collective of a micro-batch:
-    // the forward ops, backward_flops_ratio times as many backward, and
-    // each per-micro-batch collective (the all-reduces above).
-    double calls = 0;
-    for (const ReshardOp &r : p->reshards)
-      calls += !r.perStep;
-    ASSERT_GT(calls, 0);
-    const Calibration cal;
-    const double m = double(p->best.cfg.numMicroBatches);
-    EXPECT_NEAR(p->best.hostDispatch,
-                m * (p->numForwardOps * (1 + cal.backwardFlopsRatio) + calls) *
-                    cal.kernelLaunchSeconds,
-                1e-12)
-        << "t=" << t;
+    EXPECT_NEAR(p->best.hostDispatch, launchSeconds(*p), 1e-12) << "t=" << t;
   }
   // The search without fixes shards the weights too.
   auto p = searchOpPlan(g, cl, CostModel(), bf16Training());
@@ -724,6 +726,17 @@ TEST(OpSearch, DataParallelWinsForSmallModels) {
   EXPECT_EQ(p->best.cfg.pp, 1);
   for (const auto &[name, layout] : p->params)
     EXPECT_EQ(layout, Layout::rep()) << name;
+  // Batch-split over tp: the weight gradients are all-reduced over tp once
+  // a step, and the host issues each of those collectives too.
+  SearchOptions o = bf16Training();
+  o.fix.tp = 8;
+  auto split = searchOpPlan(g, cl, CostModel(), o);
+  ASSERT_TRUE(split) << split.status().message();
+  int perStep = 0;
+  for (const ReshardOp &r : split->reshards)
+    perStep += r.perStep;
+  EXPECT_GT(perStep, 0);
+  EXPECT_NEAR(split->best.hostDispatch, launchSeconds(*split), 1e-12);
 }
 
 TEST(OpSearch, MicroBatchesAreRowsNotCappedSequences) {
