@@ -79,14 +79,14 @@ Expected<LinkFit> fitAllReduce(const std::vector<AllReduceSample> &samples) {
   if (xy.size() < 2)
     return Status::error("all-reduce samples need at least 2 message sizes");
   LineFit f = fitLine(xy);
+  const auto [lo, hi] = std::minmax_element(
+      xy.begin(), xy.end(),
+      [](const auto &a, const auto &b) { return a.first < b.first; });
   if (f.slope <= 0) {
     // A small message slowed by the machine's load (a thread woken late)
     // can outweigh the rest in the weighted fit. The largest message and
     // the smallest still give the bandwidth, and the line through them the
     // latency.
-    auto [lo, hi] = std::minmax_element(
-        xy.begin(), xy.end(),
-        [](const auto &a, const auto &b) { return a.first < b.first; });
     f.slope = hi->first > lo->first
                   ? (hi->second - lo->second) / (hi->first - lo->first)
                   : 0;
@@ -95,8 +95,8 @@ Expected<LinkFit> fitAllReduce(const std::vector<AllReduceSample> &samples) {
   if (f.slope <= 0)
     return Status::error(
         "all-reduce time does not grow with the message size (" +
-        std::to_string(xy.front().second * 1e6) + " us at the smallest, " +
-        std::to_string(xy.back().second * 1e6) +
+        std::to_string(lo->second * 1e6) + " us at the smallest, " +
+        std::to_string(hi->second * 1e6) +
         " us at the largest): the machine was too busy to measure; run "
         "again when it is quieter");
   LinkFit l;

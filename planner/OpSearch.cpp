@@ -805,6 +805,9 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
     if (ss[st].compute + ss[st].comm > ss[w].compute + ss[w].comm)
       w = st;
   const double perMb = ss[w].compute + ss[w].comm;
+  double meanMb = 0; // the stages' mean time per micro-batch
+  for (const StageSum &x : ss)
+    meanMb += (x.compute + x.comm) / pp;
   StepTime &T = cand.time;
   T.compute = m * ss[w].compute;
   if (train) {
@@ -839,13 +842,12 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
     // the fill and drain paths and 1F1B's steady state wait for them as
     // the transformer search prices it (pipelineSendTime), with the mean
     // boundary's send and the slowest stage's slack.
-    double worst = 0, allSends = 0, meanMb = 0;
+    double worst = 0, allSends = 0;
     for (int st = 0; st < pp; ++st) {
       double sends = 0;
       for (int ch = st; ch < chunks - 1; ch += pp)
         sends += c.pricer.time(Collective::SendRecv, boundary[ch], 2, t * dp);
       allSends += sends;
-      meanMb += (ss[st].compute + ss[st].comm) / pp;
       worst = std::max(worst, m * c.cost.exposedP2P((train ? 2 : 1) * sends,
                                                     perMb));
     }
@@ -911,12 +913,8 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
         launches, c.opt.fix.layout.value_or(ProcessLayout::BetweenGraph),
         c.gpusPerNode, c.host, cal);
     double drain = T.optimizer;
-    if (train && pp > 1) {
-      double meanMb = 0;
-      for (const StageSum &x : ss)
-        meanMb += (x.compute + x.comm) / pp;
+    if (train && pp > 1)
       drain += (pp - 1) * meanMb * c.ratio / (1 + c.ratio) / V;
-    }
     T.host = std::max(0.0, cand.hostDispatch + drain - T.total());
   }
 

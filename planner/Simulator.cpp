@@ -283,6 +283,21 @@ Expected<std::vector<PipelineTask>> pipelineOrder(PipelineSchedule schedule,
 // Simulation
 //===----------------------------------------------------------------------===//
 
+namespace {
+
+/// When a gradient-sync share that may start beside the weight-gradient
+/// task on [bs, be] ends on a dp-comm lane free from `laneFree`: it runs
+/// beside the task at `overlap` of its speed, its last bucket (`lastBucket`
+/// of it) after the task (CostModel::exposedGradSync's rule).
+double syncShareEnd(double laneFree, double share, double bs, double be,
+                    double overlap, double lastBucket) {
+  const double exposed =
+      std::max(share - overlap * (be - bs), lastBucket * share);
+  return std::max(laneFree + share, be + exposed);
+}
+
+} // namespace
+
 double chunkedGradSyncExposed(double share, double exposedShare, int v,
                               double spacing) {
   double free = -std::numeric_limits<double>::infinity();
@@ -489,10 +504,8 @@ Expected<SimResult> simulateStep(const SimInput &in) {
         if (cur.gradSyncPerMicroBatch && cur.gradSync > 0 &&
             t.kind == (zb ? Kind::W : Kind::B)) {
           const double share = cur.gradSync / v;
-          const double exposed =
-              std::max(share - in.gradOverlap * (end - start),
-                       std::clamp(cur.gradLastBucket, 0.0, 1.0) * share);
-          dpFree[s] = std::max(dpFree[s] + share, end + exposed);
+          dpFree[s] = syncShareEnd(dpFree[s], share, start, end,
+                                   in.gradOverlap, cur.gradLastBucket);
           lane(s, SimLane::DPComm)
               .push_back({s, SimLane::DPComm, SimOp::GradSync,
                           "grad sync " + std::to_string(t.mb) +
@@ -564,12 +577,8 @@ Expected<SimResult> simulateStep(const SimInput &in) {
       for (int k : chunks) {
         const double bs = chunkGradStart[size_t(s) * v + k],
                      be = chunkGradEnd[size_t(s) * v + k];
-        // Beside the task at gradOverlap of its speed; the last bucket
-        // only after it.
-        const double exposed =
-            std::max(share - in.gradOverlap * (be - bs),
-                     std::clamp(st.gradLastBucket, 0.0, 1.0) * share);
-        const double end = std::max(laneFree + share, be + exposed);
+        const double end = syncShareEnd(laneFree, share, bs, be,
+                                        in.gradOverlap, st.gradLastBucket);
         laneFree = end;
         lane(s, SimLane::DPComm)
             .push_back({s, SimLane::DPComm, SimOp::GradSync,

@@ -623,6 +623,12 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       worstLayers = ranges.layers(st);
     }
   }
+  // The slowest stage's weight-gradient part of its backward (what
+  // zero-bubble defers): its bubble, the gradient sync's window and the
+  // host's drain read it.
+  const double worstWeightGrad =
+      weightGradSeconds(worstFwd, worstTrain - worstFwd,
+                        c.cost.calibration().backwardFlopsRatio);
 
   auto record = [&](const std::string &what, Collective coll, int size,
                     int stride, double bytes, double calls, double exposed) {
@@ -798,9 +804,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       // than stages only m - 1 deferred W's fill the cooldown: (pp-1)(t_F +
       // t_B) - min(pp-1, m-1) t_W (the simulator's replay, exactly, for
       // t_W <= min(t_F, t_B)).
-      double weightGrad =
-          weightGradSeconds(worstFwd, worstTrain - worstFwd,
-                            c.cost.calibration().backwardFlopsRatio);
+      const double weightGrad = worstWeightGrad;
       double inputGrad = std::max(0.0, perMb - worstFwd - weightGrad);
       double filled =
           cfg.pp > 1 ? std::min(1.0, (m - 1) / double(cfg.pp - 1)) : 1.0;
@@ -841,10 +845,8 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     // What a sync runs beside: the backward, or under zero-bubble its
     // deferred weight-gradient part, which comes last (as the simulator).
     const double window =
-        cfg.schedule == PipelineSchedule::ZeroBubble
-            ? weightGradSeconds(worstFwd, backward,
-                                c.cost.calibration().backwardFlopsRatio)
-            : backward;
+        cfg.schedule == PipelineSchedule::ZeroBubble ? worstWeightGrad
+                                                     : backward;
     auto exposedSync = [&](double t) {
       return chunkedGradSyncExposed(
           t / v, c.cost.exposedGradSync(t / v, window / v, gradBytes / v), v,
@@ -955,9 +957,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     const double bwd = perMb * (worstTrain - worstFwd) / worstTrain * mean;
     const double wgt =
         cfg.schedule == PipelineSchedule::ZeroBubble
-            ? weightGradSeconds(worstFwd, worstTrain - worstFwd,
-                                c.cost.calibration().backwardFlopsRatio) *
-                  mean
+            ? worstWeightGrad * mean
             : 0.0;
     drain += (cfg.pp - 1) * (oneSend + bwd - wgt) + wgt;
     // Under zero-bubble the last stage's last task is a weight gradient,
