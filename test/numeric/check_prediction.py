@@ -24,10 +24,13 @@ the retries, before it fails. The 2-vCPU hosts this runs on alternate
 between a fast and a slow state for seconds to more than a minute
 (cnn-small's step: 3.0-3.4 ms against 4.5-5.4 ms with the same binary,
 from a shell or from Python, with no steal time reported; in the slow
-state its memory-bound ops run about 2x slower and its convolutions 1.5x,
-while dlopt-calibrate's samples, small and repeated, still read the fast
-rates), and three or four attempts a minute apart could all fall into one
-slow stretch.
+state its memory-bound ops run about 2x slower and its convolutions 1.5x).
+A probe traced it to the last-level cache, which the VM shares: an add
+over 8 MiB drops from 110 to 70-80 GB/s in bursts while the same add in
+L2 and a register-only loop do not move. dlopt-calibrate times each
+sample by the median of its calls (not the fastest), so a stretch that
+lasts through the calibration is priced; a burst that falls on the run
+alone is what the retries are for.
 
 Usage: check_prediction.py --work-dir DIR [--bin DIR] [--bound 0.25]
 """

@@ -63,6 +63,10 @@ options:
   --threads N                  kernel pool threads, shared by the devices, as
                                dlopt-run --threads (default: every core)
   --name NAME                  the cluster's name (default calibrated)
+  --statistic median|min       each sample's time from its repeated calls:
+                               the median (default; what a step meets on
+                               this host, as dlopt-run reports the median
+                               step) or the fastest (the machine's peak)
   --quick                      fewer and smaller samples (about 5 s)
   -h, --help                   this text
 )";
@@ -87,9 +91,24 @@ int parseInt(const std::string &flag, const std::string &v, int lo, int hi) {
 /// and the memory bus), and the wall time of all of them is one device's.
 int gConcurrent = 1;
 
-/// Best wall time of `reps` calls after one warm-up call, `fn` running on
-/// gConcurrent threads at once.
-double best(int reps, const std::function<void()> &fn) {
+/// How a sample's repeated times become its time (--statistic): the
+/// median by default, the statistic dlopt-run reports for the step it
+/// predicts (the median step), so that a host whose caches or cores are
+/// shared with other work is calibrated at the rates a step meets there;
+/// or the fastest call, the machine's peak.
+bool gMedian = true;
+
+/// The time of a sample from its repeated times (gMedian).
+double summarize(std::vector<double> times) {
+  if (times.empty())
+    return 0;
+  std::sort(times.begin(), times.end());
+  return gMedian ? times[times.size() / 2] : times.front();
+}
+
+/// Wall time of `reps` calls after one warm-up call (summarize), `fn`
+/// running on gConcurrent threads at once.
+double timed(int reps, const std::function<void()> &fn) {
   auto once = [&] {
     if (gConcurrent == 1) {
       fn();
@@ -102,13 +121,13 @@ double best(int reps, const std::function<void()> &fn) {
       t.join();
   };
   once();
-  double b = 1e30;
+  std::vector<double> times;
   for (int i = 0; i < reps; ++i) {
     auto t0 = Clock::now();
     once();
-    b = std::min(b, std::chrono::duration<double>(Clock::now() - t0).count());
+    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  return b;
+  return summarize(std::move(times));
 }
 
 void check(const Status &s, const char *what) {
@@ -154,7 +173,7 @@ GemmSample timeGemm(DType t, int64_t m, int64_t n, int64_t k, int reps,
   std::atomic<int> next{0};
   std::atomic<size_t> call{0};
   GemmSample s{m, n, k, 0};
-  s.seconds = best(reps, [&] {
+  s.seconds = timed(reps, [&] {
     int me = next++ % gConcurrent;
     const size_t set = call++ % sets;
     TensorRef ins[2] = {{a.data() + set * size_t(m * k) * es, {t, {m, k}}},
@@ -191,7 +210,7 @@ planner::MachineSamples::ConvSample timeConv(int64_t o, int64_t c, int64_t n,
   for (int pass = 0; pass < 3; ++pass) {
     in.op = ops[pass];
     std::atomic<int> next{0};
-    *secs[pass] = best(reps, [&] {
+    *secs[pass] = timed(reps, [&] {
       const size_t me = size_t(next++ % gConcurrent);
       std::vector<TensorRef> ins, outs;
       if (pass == 0) {
@@ -211,7 +230,7 @@ planner::MachineSamples::ConvSample timeConv(int64_t o, int64_t c, int64_t n,
 }
 
 /// All-reduces of `bytes` over `ranks` in-process ranks (threads): the
-/// slowest rank's time, best of `reps`.
+/// slowest rank's time of each of `reps` calls, summarized.
 AllReduceSample timeInProcess(int ranks, int64_t bytes, int reps) {
   auto comms = createInProcessGroup(ranks);
   int64_t count = bytes / 4;
@@ -221,7 +240,7 @@ AllReduceSample timeInProcess(int ranks, int64_t bytes, int reps) {
     in[size_t(r)].assign(size_t(count), float(r + 1));
     out[size_t(r)].assign(size_t(count), 0.0f);
   }
-  double bestT = 1e30;
+  std::vector<double> times;
   for (int rep = 0; rep < reps + 1; ++rep) {
     std::vector<double> secs(static_cast<size_t>(ranks));
     std::vector<std::thread> th;
@@ -239,9 +258,9 @@ AllReduceSample timeInProcess(int ranks, int64_t bytes, int reps) {
     for (auto &t : th)
       t.join();
     if (rep > 0)
-      bestT = std::min(bestT, *std::max_element(secs.begin(), secs.end()));
+      times.push_back(*std::max_element(secs.begin(), secs.end()));
   }
-  return {ranks, double(bytes), bestT};
+  return {ranks, double(bytes), summarize(std::move(times))};
 }
 
 double hostMemoryBytes() {
@@ -340,6 +359,11 @@ int main(int argc, char **argv) {
         usageError("--name expects a non-empty name");
     } else if (a == "--quick") {
       quick = true;
+    } else if (a == "--statistic") {
+      const std::string v = value();
+      if (v != "median" && v != "min")
+        usageError("--statistic expects median or min, got '" + v + "'");
+      gMedian = v == "median";
     } else {
       usageError("unknown option '" + a + "'");
     }
@@ -368,7 +392,7 @@ int main(int argc, char **argv) {
         int64_t count = bytes / 4;
         std::vector<float> in(static_cast<size_t>(count), 1.0f),
             out(static_cast<size_t>(count));
-        double bestT = 1e30;
+        std::vector<double> times;
         for (int rep = 0; rep < (quick ? 3 : 6); ++rep) {
           check((*comm)->barrier(), "MPI barrier");
           auto t0 = Clock::now();
@@ -378,9 +402,10 @@ int main(int argc, char **argv) {
                 "MPI all-reduce");
           double t = std::chrono::duration<double>(Clock::now() - t0).count();
           if (rep > 0)
-            bestT = std::min(bestT, t);
+            times.push_back(t);
         }
-        s.mpi.push_back({info->worldSize, double(bytes), bestT});
+        s.mpi.push_back(
+            {info->worldSize, double(bytes), summarize(std::move(times))});
       }
     }
     if (worldRank != 0) {
@@ -474,7 +499,7 @@ int main(int argc, char **argv) {
     in.attrs["causal"] = AttrValue(int64_t(0));
     in.attrs["scale"] = AttrValue(0.125);
     TensorType tt{DType::F32, {b, h, sq, d}};
-    s.attentionSeconds = best(reps, [&] {
+    s.attentionSeconds = timed(reps, [&] {
       TensorRef ins[3] = {{q.data(), tt}, {q.data(), tt}, {q.data(), tt}};
       TensorRef outs[1] = {{o[size_t(next++ % gConcurrent)].data(), tt}};
       check(cpu::runKernel(in, ins, outs), "attention");
@@ -555,7 +580,7 @@ int main(int argc, char **argv) {
       in.loc = "dlopt-calibrate";
       in.attrs = st.attrs;
       const std::string op = st.op;
-      double secs = best(st.cached ? 4 * reps : reps, [&] {
+      double secs = timed(st.cached ? 4 * reps : reps, [&] {
         size_t me = size_t(next++ % gConcurrent);
         std::vector<TensorRef> ins = {{x[me].data(), st.in}};
         std::vector<TensorRef> outs = {{z[me].data(), st.out}};
@@ -599,7 +624,7 @@ int main(int argc, char **argv) {
         gi.op = op + "_grad";
       }
       std::atomic<int> gnext{0};
-      const double gsecs = best(4 * reps, [&] {
+      const double gsecs = timed(4 * reps, [&] {
         size_t me = size_t(gnext++ % gConcurrent);
         std::vector<TensorRef> ins = {{x[me].data(), st.in}};
         std::vector<TensorRef> outs = {{z[me].data(), st.in}};
@@ -675,7 +700,7 @@ int main(int argc, char **argv) {
     fused::encode(adamw, in);
     std::atomic<int> next{0};
     const TensorType vec{DType::F32, {n}}, scalar{DType::F32, {}};
-    s.optimizerSeconds = best(reps, [&] {
+    s.optimizerSeconds = timed(reps, [&] {
       size_t me = size_t(next++ % gConcurrent);
       TensorRef ins[6] = {{g[me].data(), vec}, {m[me].data(), vec},
                           {v[me].data(), vec}, {&c1, scalar},
@@ -693,7 +718,7 @@ int main(int argc, char **argv) {
     in.loc = "dlopt-calibrate";
     TensorType tt{DType::F32, {1}};
     const int calls = quick ? 2000 : 20000;
-    s.dispatchSeconds = best(reps, [&] {
+    s.dispatchSeconds = timed(reps, [&] {
                           float x = 1, y = 2, z = 0;
                           TensorRef ins[2] = {{&x, tt}, {&y, tt}};
                           TensorRef outs[1] = {{&z, tt}};
@@ -723,6 +748,10 @@ int main(int argc, char **argv) {
                  cal.status().message().c_str());
     return 1;
   }
+  std::printf("each sample: the %s of %d or more timed calls after a warm-up "
+              "(--statistic %s)\n",
+              gMedian ? "median" : "fastest", reps,
+              gMedian ? "median" : "min");
   for (const std::string &l : cal->lines)
     std::printf("%s\n", l.c_str());
   if (!writeText(calOut, cal->calibration.toJson()) ||
