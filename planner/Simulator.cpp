@@ -97,6 +97,8 @@ Status validate(const SimInput &in) {
         std::to_string(pp) + " stages x " + std::to_string(in.virtualStages) +
         " chunks is more than the 2^24 tasks the simulator accepts");
   DLOPT_RETURN_IF_ERROR(checkValue(in.p2p, "simulator: p2p"));
+  DLOPT_RETURN_IF_ERROR(
+      checkValue(in.embeddingSync, "simulator: embeddingSync"));
   if (!std::isfinite(in.gradOverlap) || in.gradOverlap < 0 ||
       in.gradOverlap > 1)
     return Status::error("simulator: gradOverlap: expected a value in [0, 1], "
@@ -556,11 +558,14 @@ Expected<SimResult> simulateStep(const SimInput &in) {
                            " order deadlocks");
   }
 
-  // Gradient sync, then the optimizer, per stage.
+  // Gradient sync per stage, then the tied embedding's, then the
+  // optimizer.
+  std::vector<double> syncEnds(size_t(pp), 0.0);
   for (int s = 0; s < pp; ++s) {
     const SimStage &st = in.stages[s];
     r.pipelineTime = std::max(r.pipelineTime, lastEnd[s]);
-    double syncEnd = std::max(lastEnd[s], dpFree[s]);
+    double &syncEnd = syncEnds[size_t(s)];
+    syncEnd = std::max(lastEnd[s], dpFree[s]);
     if (st.gradSync > 0 && !st.gradSyncPerMicroBatch) {
       // One sync per chunk, of its share of the stage's gradients, once the
       // chunk's last weight-gradient task may let it start (Megatron-LM's
@@ -587,6 +592,21 @@ Expected<SimResult> simulateStep(const SimInput &in) {
       }
       syncEnd = std::max(lastEnd[s], laneFree);
     }
+  }
+  if (in.embeddingSync > 0 && pp > 1) {
+    const double end =
+        std::max(syncEnds.front(), syncEnds.back()) + in.embeddingSync;
+    for (int s : {0, pp - 1}) {
+      syncEnds[size_t(s)] = end;
+      lane(s, SimLane::DPComm)
+          .push_back({s, SimLane::DPComm, SimOp::GradSync,
+                      "embedding grad sync", -1, -1, -1, end - in.embeddingSync,
+                      end});
+    }
+  }
+  for (int s = 0; s < pp; ++s) {
+    const SimStage &st = in.stages[s];
+    const double syncEnd = syncEnds[size_t(s)];
     // The optimizer is a few multi-tensor kernels: issued once the host
     // has issued the rest, in no time of its own.
     double optStart = std::max({computeFree[s], syncEnd, hostFree[s]});

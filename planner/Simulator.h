@@ -77,6 +77,11 @@ struct SimInput {
   /// gradSync / v so, after its own last B, and the chunks' syncs queue on
   /// the dp-comm lane.
   double gradOverlap = 1.0;
+  /// Tied embeddings with pp > 1: the all-reduce of the shared embedding's
+  /// gradient between the first and the last stage (Megatron-LM's embedding
+  /// group), once both have finished their passes and gradient syncs and
+  /// before either's optimizer step. 0: none.
+  double embeddingSync = 0;
 };
 
 enum class SimLane { Compute, P2P, DPComm, Host };

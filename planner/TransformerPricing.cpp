@@ -342,6 +342,25 @@ std::vector<int64_t> splitLayers(Ctx &c, const TrainingConfig &cfg,
                                c.identicalLayers);
 }
 
+/// Tied embeddings with pp > 1: the gradient of the shared embedding (the
+/// first stage's word embedding, the last stage's output matrix; split
+/// over tp) that the two stages sum, and the rank stride between them.
+double tiedEmbeddingGradBytes(const Ctx &c, const TrainingConfig &cfg) {
+  return double(c.spec.vocab) * c.spec.hidden / cfg.tp *
+         cfg.precision.gradReduceBytes;
+}
+
+int tiedEmbeddingStride(const TrainingConfig &cfg) {
+  return (cfg.pp - 1) * cfg.tp * cfg.cp * cfg.dp;
+}
+
+/// Its all-reduce between the two stages, after the pipeline flush and
+/// before the optimizer step (Megatron-LM's embedding group).
+double tiedEmbeddingSync(Ctx &c, const TrainingConfig &cfg) {
+  return c.comm(Collective::AllReduce, tiedEmbeddingGradBytes(c, cfg), 2,
+                tiedEmbeddingStride(cfg));
+}
+
 /// The optimizer step on a device holding `mem`: memory-bound over its
 /// optimizer shard, moving optimizerStepBytesPerParam per parameter (Adam
 /// with fp32 gradients, master and moments and a bf16 weight: 30), 10
@@ -600,6 +619,17 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   double worstTrain = 0, worstFwd = 0, worstOps = 0;
   double sumTime = 0, worstTime = 0;
   int64_t worstLayers = 0;
+  // Each stage's forward, input-gradient and weight-gradient time per
+  // micro-batch, its tensor-parallel collectives split between the
+  // forward and the backward by their calls (as the simulator's stages):
+  // the zero-bubble pipeline's fill and drain read them.
+  std::vector<double> stageFwd, stageInputGrad, stageWeightGrad;
+  const TpCalls trainTpCalls = tpCallsPerLayer(cfg, true);
+  const double tpFwdShare =
+      !train ? 1.0
+      : trainTpCalls.total() > 0
+          ? (cfg.sequenceParallel ? 4 : 2) / trainTpCalls.total()
+          : 0;
   for (int st = 0; st < cfg.pp; ++st) {
     const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp,
                                    pl ? pl->kind[st] : -1);
@@ -613,8 +643,14 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     if (st == cfg.pp - 1)
       ops += c.post.ops;
     double t = train ? sc.train : f;
-    const double withComm = t + double(ranges.layers(st)) * tpLayer;
+    const double stageTp = double(ranges.layers(st)) * tpLayer;
+    const double withComm = t + stageTp;
     sumTime += withComm;
+    const double w =
+        weightGradSeconds(f, t - f, c.cost.calibration().backwardFlopsRatio);
+    stageFwd.push_back(f + stageTp * tpFwdShare);
+    stageWeightGrad.push_back(train ? w : 0);
+    stageInputGrad.push_back(train ? withComm - stageFwd.back() - w : 0);
     if (withComm > worstTime) {
       worstTime = withComm;
       worstTrain = t;
@@ -804,13 +840,32 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       // than stages only m - 1 deferred W's fill the cooldown: (pp-1)(t_F +
       // t_B) - min(pp-1, m-1) t_W (the simulator's replay, exactly, for
       // t_W <= min(t_F, t_B)).
+      //
+      // Stages differ (the LM head's, a shorter first or last stage): the
+      // full cooldown above scales the slowest stage's composition by the
+      // others' time, which is that of equal stages. With one micro-batch
+      // the replay is a single path instead: every forward, then each
+      // stage's input gradient back to stage 0, the step ending with the
+      // weight gradient that finishes last, sum_s F_s + max_s(sum_{j>=s}
+      // B_j + W_s), of which the slowest stage's own time is not bubble.
+      // Between one micro-batch and pp, as the deferred W's fill more of
+      // the cooldown, the bubble goes linearly from that to the full
+      // cooldown's, as it does for equal stages (where the two ends are
+      // (pp-1)(t_F + t_B) and (pp-1)(t_F + t_B - t_W)).
       const double weightGrad = worstWeightGrad;
       double inputGrad = std::max(0.0, perMb - worstFwd - weightGrad);
-      double filled =
-          cfg.pp > 1 ? std::min(1.0, (m - 1) / double(cfg.pp - 1)) : 1.0;
-      T.bubble = stagesToFill *
-                 std::max(perMb - weightGrad * (1 + filled),
-                          std::max(worstFwd, inputGrad));
+      const double full =
+          stagesToFill *
+          std::max(perMb - 2 * weightGrad, std::max(worstFwd, inputGrad));
+      double onePath = 0, drain = 0, tail = 0;
+      for (int st = cfg.pp - 1; st >= 0; --st) {
+        onePath += stageFwd[size_t(st)];
+        drain += stageInputGrad[size_t(st)];
+        tail = std::max(tail, drain + stageWeightGrad[size_t(st)]);
+      }
+      const double single = std::max(0.0, onePath + tail - worstTime);
+      const double filled = std::min(1.0, (m - 1) / double(cfg.pp - 1));
+      T.bubble = single + filled * (full - single);
       break;
     }
     }
@@ -908,13 +963,11 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // summed between the two stages after the pipeline flush (Megatron-LM's
   // embedding group), before the optimizer step: not overlapped.
   if (train && cfg.pp > 1 && c.spec.tiedEmbeddings) {
-    double bytes = double(c.spec.vocab) * c.spec.hidden / cfg.tp *
-                   cfg.precision.gradReduceBytes;
-    int stride = (cfg.pp - 1) * cfg.tp * cp * cfg.dp;
-    double t = c.comm(Collective::AllReduce, bytes, 2, stride);
+    double bytes = tiedEmbeddingGradBytes(c, cfg);
+    double t = tiedEmbeddingSync(c, cfg);
     T.dpComm += t;
     record("embedding gradient all-reduce (first+last stage)",
-           Collective::AllReduce, 2, stride, bytes, 1, t);
+           Collective::AllReduce, 2, tiedEmbeddingStride(cfg), bytes, 1, t);
   }
 
   // The optimizer step after the gradient sync, on the stage that holds
@@ -1001,6 +1054,8 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
   in.gradOverlap = cal.gradOverlapEfficiency;
   if (cfg.pp > 1)
     in.p2p = c.comm(Collective::SendRecv, boundary, 2, cfg.tp * cp * cfg.dp);
+  if (cfg.pp > 1 && c.spec.tiedEmbeddings)
+    in.embeddingSync = tiedEmbeddingSync(c, cfg);
   const double tAct = activationBytesPerLayer(c.spec, cfg);
   const CpComm cc = cpComm(c, cfg, true);
   for (int st = 0; st < cfg.pp; ++st) {

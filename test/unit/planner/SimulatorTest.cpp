@@ -491,6 +491,46 @@ TEST(SimComm, SendsSerializeOnTheirLane) {
       EXPECT_NEAR(e.start, 1 + 3.0 * (e.microBatch + 1), kEps) << e.name;
 }
 
+TEST(SimComm, TiedEmbeddingSyncWaitsForBothEndStages) {
+  // 1F1B on 3 stages: stage 0 finishes last, at the pipeline's end. The
+  // embedding's all-reduce between stages 0 and 2 starts when both have
+  // finished their passes and gradient syncs, and both optimizers wait for
+  // it; stage 1's does not.
+  const int pp = 3;
+  const int64_t m = 4;
+  const double f = 1, b = 2, opt = 0.5, sync = 0.75, emb = 1.25;
+  const double pipe = (m + pp - 1) * (f + b);
+  SimInput in = uniform(PipelineSchedule::OneFOneB, pp, m, 1, f, b);
+  for (SimStage &st : in.stages) {
+    st.gradSync = sync;
+    st.optimizer = opt;
+  }
+  in.gradOverlap = 0;
+  in.embeddingSync = emb;
+  SimResult r = simulate(in);
+  EXPECT_NEAR(r.pipelineTime, pipe, kEps);
+  EXPECT_NEAR(r.stepTime, pipe + sync + emb + opt, kEps);
+  int syncs = 0;
+  for (const SimEvent &e : r.events) {
+    if (e.name == "embedding grad sync") {
+      ++syncs;
+      EXPECT_NE(e.stage, 1);
+      EXPECT_EQ(e.lane, SimLane::DPComm);
+      EXPECT_NEAR(e.start, pipe + sync, kEps);
+      EXPECT_NEAR(e.end, pipe + sync + emb, kEps);
+    }
+    if (e.op == SimOp::Optimizer && e.stage != 1)
+      EXPECT_NEAR(e.start, pipe + sync + emb, kEps) << e.stage;
+    if (e.op == SimOp::Optimizer && e.stage == 1)
+      EXPECT_LT(e.start, pipe + sync);
+  }
+  EXPECT_EQ(syncs, 2);
+  // One stage: nothing to sum between stages.
+  in = uniform(PipelineSchedule::OneFOneB, 1, m, 1, f, b);
+  in.embeddingSync = emb;
+  EXPECT_NEAR(simulate(in).stepTime, m * (f + b), kEps);
+}
+
 TEST(SimComm, GradSyncOverlap) {
   // 1F1B, uniform: stage 0 ends last; its last B lasts b = 2.
   const int pp = 3;
@@ -804,6 +844,14 @@ TEST(SimValidation, EveryError) {
   EXPECT_NE(errorOf(in).find("micro-batches (3) divisible by the pipeline "
                              "stages (2)"),
             std::string::npos);
+
+  for (double bad : {-1.0, std::nan(""), HUGE_VAL}) {
+    in = ok;
+    in.embeddingSync = bad;
+    std::string msg = errorOf(in);
+    EXPECT_NE(msg.find("embeddingSync"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("finite value >= 0"), std::string::npos) << msg;
+  }
 
   const std::pair<const char *, double SimStage::*> fields[] = {
       {"forward", &SimStage::forward},
