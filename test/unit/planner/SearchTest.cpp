@@ -1124,6 +1124,20 @@ TEST(Search, HostBoundAndLongSequencePlansAgreeWithTheReplay) {
     EXPECT_TRUE(issued);
   }
 }
+/// Plans with `fix` under `o` and expects the analytical step within
+/// `rel` of the replay's.
+void expectAgreesWithReplay(const GraphSummary &g, const Cluster &c,
+                            SearchOptions o, const std::string &fix,
+                            double rel) {
+  auto f = parseFix(fix);
+  ASSERT_TRUE(f) << f.status().message();
+  o.fix = *f;
+  auto p = searchPlan(g, c, CostModel(), o);
+  ASSERT_TRUE(p) << p.status().message();
+  ASSERT_TRUE(p->simulated) << p->simError;
+  EXPECT_REL(p->best.time.total(), p->simulated->stepTime, rel);
+}
+
 TEST(Search, UnevenPipelinesAgreeWithTheReplay) {
   // GPT-2 small (tied embeddings, 50257-word head) on 2 DGX H100s, tp=1:
   // the split puts most layers and the embedding on stage 0 and fewer with
@@ -1145,14 +1159,7 @@ TEST(Search, UnevenPipelinesAgreeWithTheReplay) {
                               schedule + ",pp=" + std::to_string(pp) +
                               ",mb=" + std::to_string(mb);
         SCOPED_TRACE(f);
-        SearchOptions o = opts(16 / pp * mb);
-        auto fix = parseFix(f);
-        ASSERT_TRUE(fix) << fix.status().message();
-        o.fix = *fix;
-        auto p = searchPlan(g, c, CostModel(), o);
-        ASSERT_TRUE(p) << p.status().message();
-        ASSERT_TRUE(p->simulated) << p->simError;
-        EXPECT_REL(p->best.time.total(), p->simulated->stepTime, 0.03);
+        expectAgreesWithReplay(g, c, opts(16 / pp * mb), f, 0.03);
       }
 }
 
@@ -1170,13 +1177,10 @@ TEST(Search, InterleavedPlansAgreeWithTheReplay) {
       SCOPED_TRACE("v=" + std::to_string(v) + " zero=" + std::to_string(zero));
       SearchOptions o = opts(128);
       o.precision = Precision::BF16;
-      auto fix = parseFix("tp=8,pp=8,mbs=1,mb=8,schedule=interleaved,v=" +
-                          std::to_string(v) + ",zero=" + std::to_string(zero));
-      ASSERT_TRUE(fix) << fix.status().message();
-      o.fix = *fix;
-      auto p = searchPlan(g, c, CostModel(), o);
-      ASSERT_TRUE(p) << p.status().message();
-      ASSERT_TRUE(p->simulated) << p->simError;
-      EXPECT_REL(p->best.time.total(), p->simulated->stepTime, 0.02);
+      expectAgreesWithReplay(g, c, o,
+                             "tp=8,pp=8,mbs=1,mb=8,schedule=interleaved,v=" +
+                                 std::to_string(v) +
+                                 ",zero=" + std::to_string(zero),
+                             0.02);
     }
 }
