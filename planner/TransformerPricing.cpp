@@ -342,23 +342,22 @@ std::vector<int64_t> splitLayers(Ctx &c, const TrainingConfig &cfg,
                                c.identicalLayers);
 }
 
-/// Tied embeddings with pp > 1: the gradient of the shared embedding (the
-/// first stage's word embedding, the last stage's output matrix; split
-/// over tp) that the two stages sum, and the rank stride between them.
-double tiedEmbeddingGradBytes(const Ctx &c, const TrainingConfig &cfg) {
-  return double(c.spec.vocab) * c.spec.hidden / cfg.tp *
-         cfg.precision.gradReduceBytes;
-}
-
-int tiedEmbeddingStride(const TrainingConfig &cfg) {
-  return (cfg.pp - 1) * cfg.tp * cfg.cp * cfg.dp;
-}
-
-/// Its all-reduce between the two stages, after the pipeline flush and
-/// before the optimizer step (Megatron-LM's embedding group).
-double tiedEmbeddingSync(Ctx &c, const TrainingConfig &cfg) {
-  return c.comm(Collective::AllReduce, tiedEmbeddingGradBytes(c, cfg), 2,
-                tiedEmbeddingStride(cfg));
+/// Tied embeddings with pp > 1: the all-reduce of the shared embedding's
+/// gradient (the first stage's word embedding, the last stage's output
+/// matrix; split over tp) between the two stages, after the pipeline flush
+/// and before the optimizer step (Megatron-LM's embedding group).
+struct TiedEmbeddingSync {
+  double bytes = 0;
+  int stride = 0; ///< ranks between the two stages' peers
+  double seconds = 0;
+};
+TiedEmbeddingSync tiedEmbeddingSync(Ctx &c, const TrainingConfig &cfg) {
+  TiedEmbeddingSync e;
+  e.bytes = double(c.spec.vocab) * c.spec.hidden / cfg.tp *
+            cfg.precision.gradReduceBytes;
+  e.stride = (cfg.pp - 1) * cfg.tp * cfg.cp * cfg.dp;
+  e.seconds = c.comm(Collective::AllReduce, e.bytes, 2, e.stride);
+  return e;
 }
 
 /// The optimizer step on a device holding `mem`: memory-bound over its
@@ -619,17 +618,13 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   double worstTrain = 0, worstFwd = 0, worstOps = 0;
   double sumTime = 0, worstTime = 0;
   int64_t worstLayers = 0;
-  // Each stage's forward, input-gradient and weight-gradient time per
-  // micro-batch, its tensor-parallel collectives split between the
-  // forward and the backward by their calls (as the simulator's stages):
-  // the zero-bubble pipeline's fill and drain read them.
-  std::vector<double> stageFwd, stageInputGrad, stageWeightGrad;
-  const TpCalls trainTpCalls = tpCallsPerLayer(cfg, true);
-  const double tpFwdShare =
-      !train ? 1.0
-      : trainTpCalls.total() > 0
-          ? (cfg.sequenceParallel ? 4 : 2) / trainTpCalls.total()
-          : 0;
+  // One micro-batch's path through a zero-bubble pipeline: with F_s, B_s
+  // and W_s stage s's forward, input-gradient and weight-gradient time
+  // (its tensor-parallel collectives split between forward and backward
+  // by their calls, as the simulator's stages), sum_s F_s + sum_s B_s +
+  // max_s(W_s - sum_{j<s} B_j), accumulated stage by stage.
+  const double tpFwdShare = tpForwardShare(cfg);
+  double pathFwd = 0, pathInputGrad = 0, pathLead = 0;
   for (int st = 0; st < cfg.pp; ++st) {
     const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp,
                                    pl ? pl->kind[st] : -1);
@@ -646,11 +641,14 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     const double stageTp = double(ranges.layers(st)) * tpLayer;
     const double withComm = t + stageTp;
     sumTime += withComm;
-    const double w =
-        weightGradSeconds(f, t - f, c.cost.calibration().backwardFlopsRatio);
-    stageFwd.push_back(f + stageTp * tpFwdShare);
-    stageWeightGrad.push_back(train ? w : 0);
-    stageInputGrad.push_back(train ? withComm - stageFwd.back() - w : 0);
+    if (train) {
+      const double fwd = f + stageTp * tpFwdShare;
+      const double w =
+          weightGradSeconds(f, t - f, c.cost.calibration().backwardFlopsRatio);
+      pathFwd += fwd;
+      pathLead = std::max(pathLead, w - pathInputGrad);
+      pathInputGrad += withComm - fwd - w;
+    }
     if (withComm > worstTime) {
       worstTime = withComm;
       worstTrain = t;
@@ -857,13 +855,8 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       const double full =
           stagesToFill *
           std::max(perMb - 2 * weightGrad, std::max(worstFwd, inputGrad));
-      double onePath = 0, drain = 0, tail = 0;
-      for (int st = cfg.pp - 1; st >= 0; --st) {
-        onePath += stageFwd[size_t(st)];
-        drain += stageInputGrad[size_t(st)];
-        tail = std::max(tail, drain + stageWeightGrad[size_t(st)]);
-      }
-      const double single = std::max(0.0, onePath + tail - worstTime);
+      const double single = std::max(
+          0.0, pathFwd + pathInputGrad + pathLead - worstTime);
       const double filled = std::min(1.0, (m - 1) / double(cfg.pp - 1));
       T.bubble = single + filled * (full - single);
       break;
@@ -963,11 +956,10 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // summed between the two stages after the pipeline flush (Megatron-LM's
   // embedding group), before the optimizer step: not overlapped.
   if (train && cfg.pp > 1 && c.spec.tiedEmbeddings) {
-    double bytes = tiedEmbeddingGradBytes(c, cfg);
-    double t = tiedEmbeddingSync(c, cfg);
-    T.dpComm += t;
+    const TiedEmbeddingSync e = tiedEmbeddingSync(c, cfg);
+    T.dpComm += e.seconds;
     record("embedding gradient all-reduce (first+last stage)",
-           Collective::AllReduce, 2, tiedEmbeddingStride(cfg), bytes, 1, t);
+           Collective::AllReduce, 2, e.stride, e.bytes, 1, e.seconds);
   }
 
   // The optimizer step after the gradient sync, on the stage that holds
@@ -1043,10 +1035,7 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
   const double boundary = double(cfg.microBatchSize) * c.spec.seqLen / cp *
                           c.spec.hidden * actBytes;
   const double tpLayer = c.tpCommPerLayer(cfg, boundary, true);
-  // The forward pass's share of the layer's collectives (2 or 4 of them).
-  const TpCalls tpCalls = tpCallsPerLayer(cfg, true);
-  const double fwdShare =
-      tpCalls.total() > 0 ? (cfg.sequenceParallel ? 4 : 2) / tpCalls.total() : 0;
+  const double fwdShare = tpForwardShare(cfg);
   SimInput in;
   in.schedule = cfg.schedule;
   in.virtualStages = int(v);
@@ -1055,7 +1044,7 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
   if (cfg.pp > 1)
     in.p2p = c.comm(Collective::SendRecv, boundary, 2, cfg.tp * cp * cfg.dp);
   if (cfg.pp > 1 && c.spec.tiedEmbeddings)
-    in.embeddingSync = tiedEmbeddingSync(c, cfg);
+    in.embeddingSync = tiedEmbeddingSync(c, cfg).seconds;
   const double tAct = activationBytesPerLayer(c.spec, cfg);
   const CpComm cc = cpComm(c, cfg, true);
   for (int st = 0; st < cfg.pp; ++st) {

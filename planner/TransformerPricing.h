@@ -156,6 +156,13 @@ inline TpCalls tpCallsPerLayer(const TrainingConfig &cfg, bool train) {
   return n;
 }
 
+/// The forward pass's share of a training layer's tensor-parallel
+/// collectives (2 of them, 4 under sequence parallelism); 0 without tp.
+inline double tpForwardShare(const TrainingConfig &cfg) {
+  const TpCalls n = tpCallsPerLayer(cfg, true);
+  return n.total() > 0 ? (cfg.sequenceParallel ? 4 : 2) / n.total() : 0;
+}
+
 struct Ctx {
   const GraphSummary &graph;
   const Cluster &cluster;
