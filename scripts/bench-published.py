@@ -172,8 +172,9 @@ def price(args, tmp, group, row):
 
 
 def summarize(label, errs):
+    """Prints one summary line; returns the median |d| (None: no runs)."""
     if not errs:
-        return
+        return None
     absd = sorted(abs(e) for e in errs)
     print("  %-28s %3d runs  median %+6.1f%%  median |d| %5.1f%%  "
           "worst %+6.1f%%  within 10%%: %d  within 20%%: %d" % (
@@ -182,6 +183,7 @@ def summarize(label, errs):
               100 * max(errs, key=abs),
               sum(1 for e in absd if e <= 0.10),
               sum(1 for e in absd if e <= 0.20)))
+    return statistics.median(absd)
 
 
 def main():
@@ -191,7 +193,18 @@ def main():
                                    "matches this regular expression")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", help="also write the rows and results here")
+    ap.add_argument("--require", action="append", default=[],
+                    metavar="GROUP=FRACTION",
+                    help="exit 1 unless GROUP's (or 'all') median |d| is at "
+                         "most FRACTION (a guard for the test suite)")
     args = ap.parse_args()
+    required = {}
+    for spec in args.require:
+        name, _, frac = spec.rpartition("=")
+        try:
+            required[name] = float(frac)
+        except ValueError:
+            ap.error("--require %s: expected GROUP=FRACTION" % spec)
 
     with open(os.path.join(DATA, "runs.json")) as f:
         groups = json.load(f)["groups"]
@@ -265,10 +278,20 @@ def main():
 
     print("\nSummary (step time):")
     every = []
+    medians = {}
     for name, errs in by_group.items():
-        summarize(name, errs)
+        medians[name] = summarize(name, errs)
         every += errs
-    summarize("all", every)
+    medians["all"] = summarize("all", every)
+    for name, limit in required.items():
+        got = medians.get(name)
+        if got is None:
+            print("\n--require %s: no priced run in that group" % name)
+            failed += 1
+        elif got > limit:
+            print("\n--require %s: median |d| %.1f%% is over %.1f%%"
+                  % (name, 100 * got, 100 * limit))
+            failed += 1
     if args.json:
         with open(args.json, "w") as f:
             json.dump([{"group": g["name"], "row": r, "result": res}
@@ -277,7 +300,8 @@ def main():
         print("\n%d run(s) that fit on the published cluster do not fit in "
               "dlopt's memory model" % unfit)
     if failed:
-        print("\n%d run(s) could not be priced" % failed)
+        print("\nFAIL: %d run(s) could not be priced or a --require failed"
+              % failed)
         return 1
     return 0
 
