@@ -268,7 +268,10 @@ def RecomputePass : Pass<"dlopt-recompute", "mlir::ModuleOp"> {
     outside the layer) and recomputes everything else the backward pass
     needs; `selective` recomputes only softmax, log_softmax and dropout
     results (the attention score/softmax/dropout part: with the fused
-    `dlopt.attention` the scores themselves are never stored).
+    `dlopt.attention` the scores themselves are never stored) and, in a
+    step partitioned over a `tp` mesh axis, the all-gathers over `tp` alone
+    of activations (sequence parallelism's norm outputs; not ZeRO-3's
+    parameter gathers): the backward pass gathers the kept shards again.
   }];
   let options = [
     Option<"entry", "entry", "std::string", /*default=*/"\"\"", "Entry function name">,

@@ -146,16 +146,17 @@ void forEachConfig(const SpaceRules &r, const FixSpec &fix,
                 if (!fix.recompute && !r.training &&
                     rc != RecomputePolicy::None)
                   continue;
-                if (!fix.recompute && rc == RecomputePolicy::Selective) {
-                  prune("recompute=selective: the same plan as none (fused "
-                        "attention stores no scores to re-run)");
-                  continue;
-                }
                 for (bool sp : {false, true}) {
                   if (sp && !r.sequenceParallel)
                     continue; // a fixed sp=1 is refused (unsupportedFixes)
                   if (fix.sp && *fix.sp != sp)
                     continue;
+                  if (!fix.recompute && rc == RecomputePolicy::Selective &&
+                      !sp) {
+                    prune("recompute=selective without sp: the same plan as "
+                          "none (fused attention stores no scores to re-run)");
+                    continue;
+                  }
                   if (sp && (tp == 1 || (r.seqLen / cp) % tp)) {
                     if (tp > 1)
                       prune("sp: tp does not divide the tokens per rank");

@@ -142,10 +142,13 @@ double activationBytesPerLayer(const TransformerSpec &spec,
   const double kvShare = double(spec.kv()) / double(spec.heads);
   const double w = double(spec.tpWidth()) / h;
   const double g = spec.gatedMlp ? 4 : 2;
-  // GEMM inputs: the two norm outputs (gathered over tp with SP), the
-  // attention output, the MLP's last input. The rest: the layer input and
-  // the residual (split with SP), q, k and v, the MLP's other values.
-  const double gemmInputs = 2 + 1 / t + w / t;
+  // GEMM inputs: the two norm outputs (gathered over tp with SP; their
+  // shards under selective recomputation, which gathers them again in the
+  // backward pass), the attention output, the MLP's last input. The rest:
+  // the layer input and the residual (split with SP), q, k and v, the MLP's
+  // other values.
+  const bool regather = sp && cfg.recompute == RecomputePolicy::Selective;
+  const double gemmInputs = (regather ? 2 / t : 2) + 1 / t + w / t;
   const double others =
       (sp ? 2 / t : 2) + (1 + 2 * kvShare * cp) / t + (g - 1) * w / t;
   return sbh * (eg * gemmInputs + e * others);
@@ -352,11 +355,16 @@ transformerStageMemoryWithLayers(const TransformerSpec &spec,
                      (s * b * h * (1 / spDiv + 1) + 2 * s * b * vLocal);
 
   // Working set of one layer's backward when its activations are
-  // recomputed (selective recomputation has nothing to re-run here).
+  // recomputed: all of them (full), or under sequence parallelism the two
+  // norm outputs that selective recomputation gathers again.
   if (cfg.recompute == RecomputePolicy::Full) {
     TrainingConfig noRecompute = cfg;
     noRecompute.recompute = RecomputePolicy::None;
     m.transient = activationBytesPerLayer(spec, noRecompute);
+  } else if (cfg.recompute == RecomputePolicy::Selective &&
+             cfg.sequenceParallel && cfg.tp > 1) {
+    const double eg = pr.gemmInputBytes > 0 ? pr.gemmInputBytes : e;
+    m.transient = 2 * eg * s * b * h;
   }
 
   // The end of the backward pass, when every gradient is held and the

@@ -147,13 +147,14 @@ struct TrainingConfig {
 ///     R = 4 without SP (the layer input, the residual after attention and
 ///     the two norm outputs, replicated over tp), 2 + 2/t with SP (the
 ///     norm outputs gathered over tp for the column-parallel matmuls, the
-///     two residuals split);
+///     two residuals split), 4/t with SP and selective recomputation (the
+///     norm outputs' shards: the backward pass gathers them again);
 ///     q and the attention output per rank, k and v gathered over cp;
 ///   full:             e s'bh (/t with SP), the layer input.
 /// The fused attention keeps no score matrix: its backward recomputes the
 /// probabilities from q and k. Selective recomputation re-runs softmax and
-/// dropout results, which these blocks do not have, so it keeps what none
-/// keeps. For GPT at t = cp = 1 this is 16 e sbh, Korthikanti et al.'s
+/// dropout results, which these blocks do not have, and under SP the tp
+/// all-gathers of the norm outputs; without SP it keeps what none keeps. For GPT at t = cp = 1 this is 16 e sbh, Korthikanti et al.'s
 /// 34 sbh less its two dropout masks and its 5as/h score term.
 double activationBytesPerLayer(const TransformerSpec &spec,
                                const TrainingConfig &cfg);

@@ -791,7 +791,8 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
                    ? cfg.virtualStages
                    : 1;
     double perMb = (train ? 2 : 1) * v;
-    double one = c.comm(Collective::SendRecv, boundary, 2, ppStride);
+    double one = c.comm(Collective::SendRecv, ppSendBytes(cfg, boundary), 2,
+                        ppStride);
     oneSend = one;
     // Sends overlap the micro-batches' compute and their tensor- and
     // context-parallel collectives (they run on a stream and link of their
@@ -803,7 +804,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
                                  train, cfg.pp, m, one,
                                  worstTime - sumTime / cfg.pp, int(v));
     record("pp send/recv (stage boundary)", Collective::SendRecv, 2, ppStride,
-           boundary, perMb * m, ppExposed);
+           ppSendBytes(cfg, boundary), perMb * m, ppExposed);
   }
 
   StepTime &T = cand.time;
@@ -1042,7 +1043,8 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
   in.microBatches = cfg.numMicroBatches;
   in.gradOverlap = cal.gradOverlapEfficiency;
   if (cfg.pp > 1)
-    in.p2p = c.comm(Collective::SendRecv, boundary, 2, cfg.tp * cp * cfg.dp);
+    in.p2p = c.comm(Collective::SendRecv, ppSendBytes(cfg, boundary), 2,
+                    cfg.tp * cp * cfg.dp);
   if (cfg.pp > 1 && c.spec.tiedEmbeddings)
     in.embeddingSync = tiedEmbeddingSync(c, cfg).seconds;
   const double tAct = activationBytesPerLayer(c.spec, cfg);

@@ -137,6 +137,8 @@ struct Shape {
 /// recomputation re-runs the forward collectives the backward pass needs,
 /// which are all but the one producing the layer's output (its input is
 /// kept): one all-reduce, or two all-gathers and one reduce-scatter.
+/// Selective recomputation under sequence parallelism re-runs the two
+/// all-gathers (of the norm outputs, whose shards it keeps).
 struct TpCalls {
   double allReduce = 0, allGather = 0, reduceScatter = 0;
   double total() const { return allReduce + allGather + reduceScatter; }
@@ -147,8 +149,9 @@ inline TpCalls tpCallsPerLayer(const TrainingConfig &cfg, bool train) {
     return n;
   double passes = train ? 2 : 1;
   bool full = train && cfg.recompute == RecomputePolicy::Full;
+  bool regather = train && cfg.recompute != RecomputePolicy::None;
   if (cfg.sequenceParallel) {
-    n.allGather = 2 * passes + (full ? 2 : 0);
+    n.allGather = 2 * passes + (regather ? 2 : 0);
     n.reduceScatter = 2 * passes + (full ? 1 : 0);
   } else {
     n.allReduce = 2 * passes + (full ? 1 : 0);
@@ -161,6 +164,14 @@ inline TpCalls tpCallsPerLayer(const TrainingConfig &cfg, bool train) {
 inline double tpForwardShare(const TrainingConfig &cfg) {
   const TpCalls n = tpCallsPerLayer(cfg, true);
   return n.total() > 0 ? (cfg.sequenceParallel ? 4 : 2) / n.total() : 0;
+}
+
+/// Bytes one rank sends across a pipeline stage boundary per micro-batch
+/// and direction: the [s/cp, b, h] activation (`boundary`), its sequence
+/// shard under sequence parallelism (dlopt-pipeline sends the shard and
+/// gathers it on the receiving stage).
+inline double ppSendBytes(const TrainingConfig &cfg, double boundary) {
+  return cfg.sequenceParallel && cfg.tp > 1 ? boundary / cfg.tp : boundary;
 }
 
 struct Ctx {

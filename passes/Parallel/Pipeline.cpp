@@ -306,6 +306,8 @@ LogicalResult PipelinePass::place(const std::map<int64_t, int64_t> &vsOfId) {
     int64_t v = vs.lookup(d);
     return isBackward(d) ? 2 * V - 1 - v : v;
   };
+  // Ops placed by their own id (a forward op) or their forward op's.
+  llvm::DenseSet<Operation *> anchored;
   for (Operation *op : ops) {
     if (isa<arith::ConstantOp>(op))
       continue;
@@ -314,6 +316,8 @@ LogicalResult PipelinePass::place(const std::map<int64_t, int64_t> &vsOfId) {
       if (auto id = op->getAttrOfType<IntegerAttr>(attr); id && !s)
         if (auto it = vsOfId.find(id.getInt()); it != vsOfId.end())
           s = it->second;
+    if (s)
+      anchored.insert(op);
     if (!s) {
       bool inMicroBatch = op->hasAttr(DLOptDialect::kMicroBatchAttr);
       Operation *best = nullptr;
@@ -345,6 +349,28 @@ LogicalResult PipelinePass::place(const std::map<int64_t, int64_t> &vsOfId) {
       vs[op] = *s;
     if (s && markedBackward(op))
       backward.insert(op);
+  }
+  // An all-gather placed with its operand whose readers all run on one
+  // other virtual stage, in the same pass, runs there instead: the shard
+  // crosses the stages, not the gathered value (the axis size times its
+  // bytes). Sequence parallelism's backward pass gathers each stage's
+  // input gradient for the previous stage's last matmuls so.
+  for (Operation *op : ops) {
+    if (!isa<shard::AllGatherOp>(op) || anchored.contains(op) ||
+        !vs.count(op) || op->use_empty())
+      continue;
+    std::optional<int64_t> target;
+    bool movable = true;
+    for (Operation *u : op->getUsers()) {
+      if (!anchored.contains(u) || isBackward(u) != isBackward(op) ||
+          (target && *target != vs.lookup(u))) {
+        movable = false;
+        break;
+      }
+      target = vs.lookup(u);
+    }
+    if (movable && *target != vs.lookup(op))
+      vs[op] = *target;
   }
 
   // Replicated ops and arguments: where they are read (a fixpoint, as an

@@ -177,6 +177,10 @@ CASES = [
     # included) re-runs before its backward pass.
     ("gpt.sgd.clip.dp2.tp2.sp.recompute", ["gpt", "--preset", "gpt-tiny", "--batch", "4", "--dropout", "0.1"],
      ["--optimizer", "sgd", "--lr", "0.1", "--clip-norm", "0.5"], "dp=2,tp=2,sp=1,recompute=full", "cpu:2"),
+    # Selective recomputation under sequence parallelism: the backward pass
+    # gathers the norm outputs' shards again instead of keeping the gathers.
+    ("gpt.sgd.clip.dp2.tp2.sp.selective", ["gpt", "--preset", "gpt-tiny", "--batch", "4", "--dropout", "0.1"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--clip-norm", "0.5"], "dp=2,tp=2,sp=1,recompute=selective", "cpu:2"),
     ("gpt.sgd.dp2.zero3.recompute", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
      ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9"], "dp=2,zero=3,recompute=full", "cpu:1"),
     ("llama.grads.tp2.cp2.recompute", ["llama", "--preset", "llama-tiny", "--batch", "4"], ["--autodiff"],
@@ -222,6 +226,9 @@ CASES = [
     ("llama.sgd.pp2.cp2.tp2.sp.zb", ["llama", "--preset", "llama-tiny", "--batch", "4"],
      ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--accumulate", "2"],
      "pp=2,dp=1,tp=2,cp=2,sp=1,schedule=zero-bubble", "cpu:4"),
+    ("llama.sgd.pp2.tp2.sp.selective", ["llama", "--preset", "llama-tiny", "--batch", "4"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--accumulate", "2"],
+     "pp=2,dp=1,tp=2,sp=1,recompute=selective,schedule=1f1b", "cpu:2"),
     ("gpt.sgd.pp2.dp2.zero3.selective", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
      ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--accumulate", "2"],
      "pp=2,dp=2,tp=1,zero=3,recompute=selective,schedule=1f1b", "cpu:2"),

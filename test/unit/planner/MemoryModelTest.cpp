@@ -173,9 +173,11 @@ TEST(Activations, WhatDloptKeepsPerLayer) {
   EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 11 * sbh);
   c.sequenceParallel = true; // 2 (2 + 2/8 + 12/8): norm outputs gathered
   EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 7.5 * sbh);
-  c.recompute = RecomputePolicy::Selective; // nothing to re-run: as none
-  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 7.5 * sbh);
-  c.sequenceParallel = false;
+  // Selective: the norm outputs' shards, gathered again in the backward
+  // pass: 2 (2/8 + 2/8 + 12/8).
+  c.recompute = RecomputePolicy::Selective;
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 4 * sbh);
+  c.sequenceParallel = false; // nothing to re-run without SP: as none
   EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 11 * sbh);
   c.recompute = RecomputePolicy::Full; // the layer input: 2sbh
   EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 2 * sbh);
@@ -267,11 +269,11 @@ TEST(Activations, Gpt3FirstStageBreakdownByHand) {
   Calibration cal;
   auto m = transformerStageMemory(s, c, 0, cal);
   ASSERT_TRUE(m) << errorOf(m);
-  // Selective (as none) + SP: 7.5 sbh = 188743680 per layer; 16
-  // micro-batches in flight x 6 layers.
-  EXPECT_DOUBLE_EQ(m->activations, 16 * 6 * 188743680.0);
-  // Selective recomputation re-runs nothing; the embedding table's
-  // gradient, formed
+  // Selective + SP: 4 sbh = 100663296 per layer (the norm outputs kept as
+  // shards); 16 micro-batches in flight x 6 layers.
+  EXPECT_DOUBLE_EQ(m->activations, 16 * 6 * 100663296.0);
+  // The two norm outputs gathered again during a layer's backward pass,
+  // 2 x 2sbh, are less than the embedding table's gradient, formed
   // whole beside the reduced one at the end of the backward pass, beside
   // the sum of the earlier micro-batches', and (the table is tied to the
   // last stage) beside the last stage's sum when it arrives
@@ -297,11 +299,11 @@ TEST(Activations, LastStageHoldsLogits) {
   TrainingConfig c = gpt3Config();
   auto m = transformerStageMemory(s, c, 15);
   ASSERT_TRUE(m);
-  // 1 micro-batch x 6 layers x 188743680, the final norm's input (split
+  // 1 micro-batch x 6 layers x 100663296, the final norm's input (split
   // by SP) and output (gathered), 2 sbh (1/8 + 1), and the logits and
   // their gradient, 2 x 2sbv (not split: 50257 does not divide by tp)
-  //   = 1132462080 + 56623104 + 4*2048*50257 (= 411705344).
-  EXPECT_DOUBLE_EQ(m->activations, 1132462080.0 + 56623104.0 + 411705344.0);
+  //   = 603979776 + 56623104 + 4*2048*50257 (= 411705344).
+  EXPECT_DOUBLE_EQ(m->activations, 603979776.0 + 56623104.0 + 411705344.0);
 }
 
 TEST(Activations, ScheduleAndRecomputeOrdering) {
@@ -316,8 +318,12 @@ TEST(Activations, ScheduleAndRecomputeOrdering) {
   none.recompute = RecomputePolicy::None;
   EXPECT_GT(act(gpipe), act(c));
   EXPECT_LT(act(full), act(c));
-  // Selective recomputation has nothing to re-run in these blocks.
-  EXPECT_EQ(act(none), act(c));
+  // Under SP, selective recomputation keeps the norm outputs' shards;
+  // without SP it has nothing to re-run in these blocks.
+  EXPECT_LT(act(c), act(none));
+  TrainingConfig noSp = c, noSpNone = none;
+  noSp.sequenceParallel = noSpNone.sequenceParallel = false;
+  EXPECT_EQ(act(noSp), act(noSpNone));
 }
 
 //===----------------------------------------------------------------------===//

@@ -460,6 +460,69 @@ TEST(Search, SequenceParallelSplitsReplicatedWork) {
               0.05 * off->best.time.tpComm);
 }
 
+TEST(Search, SelectiveRecomputeGathersTheNormOutputsAgainUnderSp) {
+  GraphSummary g = gpt(8, 4096, 32, 4096, 32000);
+  auto c = resolveCluster("dgx-a100:1");
+  ASSERT_TRUE(c);
+  SearchOptions o = opts(8);
+  o.fix = *parseFix("tp=8,pp=1,mbs=1,recompute=none,zero=1,sp=1");
+  auto none = searchPlan(g, *c, CostModel(), o);
+  o.fix = *parseFix("tp=8,pp=1,mbs=1,recompute=selective,zero=1,sp=1");
+  auto sel = searchPlan(g, *c, CostModel(), o);
+  ASSERT_TRUE(none && sel);
+  // Per layer it keeps the two norm outputs' shards (2/8 sbh each instead
+  // of the gathered sbh): 2 (2/8 + 2/8 + 12/8) = 4 sbh against
+  // 2 (2 + 2/8 + 12/8) = 7.5 sbh, bf16, s b h = 4096 * 4096.
+  const double sbh = 4096.0 * 4096;
+  EXPECT_NEAR(none->best.memory.activations - sel->best.memory.activations,
+              8 * 3.5 * sbh, 1.0);
+  // ... and gathers them again in the backward pass: 2 more all-gathers
+  // per layer on top of 8 collectives (2 all-gathers and 2 reduce-scatters
+  // each way) of the same bytes.
+  EXPECT_NEAR(sel->best.time.tpComm / none->best.time.tpComm, 10.0 / 8.0,
+              0.02);
+  EXPECT_DOUBLE_EQ(sel->best.time.compute, none->best.time.compute);
+  TrainingConfig cfg = sel->best.cfg;
+  EXPECT_DOUBLE_EQ(pricing::tpCallsPerLayer(cfg, true).allGather, 6);
+  EXPECT_DOUBLE_EQ(pricing::tpForwardShare(cfg), 4.0 / 10.0);
+  // The free search prices selective recomputation with SP, and prunes it
+  // without SP as the same plan as none.
+  o.fix = *parseFix("tp=8,pp=1,mbs=1,zero=1");
+  auto free = searchPlan(g, *c, CostModel(), o);
+  ASSERT_TRUE(free);
+  // none and full, each with sp 0 and 1, and selective with sp.
+  EXPECT_EQ(free->stats.enumerated, 5);
+  EXPECT_EQ(free->stats.pruned.count(
+                "recompute=selective without sp: the same plan as none (fused "
+                "attention stores no scores to re-run)"),
+            1u);
+}
+
+TEST(Search, SequenceParallelPipelinesSendTheShard) {
+  GraphSummary g = gpt(8, 4096, 32, 4096, 32000);
+  auto c = resolveCluster("dgx-a100:2");
+  ASSERT_TRUE(c);
+  SearchOptions o = opts(16);
+  auto sendBytes = [&](const char *fix) {
+    o.fix = *parseFix(fix);
+    auto r = searchPlan(g, *c, CostModel(), o);
+    EXPECT_TRUE(r) << fix;
+    for (const CommOp &op : r->comms)
+      if (op.collective == Collective::SendRecv)
+        return op.bytes;
+    return 0.0;
+  };
+  // One micro-batch's [s, b, h] bf16 activation, 4096 x 4 x 4096 x 2 B;
+  // under sequence parallelism each tp rank sends its 1/8 of the sequence.
+  const double full = 4096.0 * 4 * 4096 * 2;
+  EXPECT_DOUBLE_EQ(
+      sendBytes("tp=8,pp=2,mbs=4,schedule=1f1b,recompute=none,zero=0,sp=0"),
+      full);
+  EXPECT_DOUBLE_EQ(
+      sendBytes("tp=8,pp=2,mbs=4,schedule=1f1b,recompute=none,zero=0,sp=1"),
+      full / 8);
+}
+
 TEST(Search, VocabularyParallelCollectivesArePriced) {
   // What dlopt-partition inserts for a vocabulary-parallel embedding, LM
   // head and cross-entropy (docs/cost-model.md, section 7), per step.
