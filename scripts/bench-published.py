@@ -37,7 +37,22 @@ MPT = {
     "1b": (24, 2048, 16), "3b": (32, 2560, 20), "7b": (32, 4096, 32),
     "13b": (40, 5120, 40), "30b": (48, 7168, 56), "70b": (80, 8192, 64),
 }
-GPU_CLUSTER = {"a100_80gb": "dgx-a100", "h100_80gb": "dgx-h100"}
+GPU_CLUSTER = {"a100_80gb": "dgx-a100", "h100_80gb": "dgx-h100",
+               "a100_40gb": "dgx-a100-40gb"}
+
+# Clusters that are not presets, by name, as cluster files with N nodes:
+# the A100 40GB (40 GiB of HBM2 at 1555 GB/s) in DGX A100 nodes with the
+# same 1600 Gb/s of network per node as llm-foundry's 80GB nodes.
+CLUSTER_FILES = {
+    "dgx-a100-40gb": """name: dgx-a100-40gb
+nodes: %d
+gpus_per_node: 8
+gpu: {base: a100-sxm-80gb, name: A100-SXM-40GB, memory_gib: 40, memory_bandwidth_gb_s: 1555}
+intra_node: {topology: nvswitch, bidirectional_bandwidth_gb_s: 600, latency_us: 1}
+network: {nics: 8, nic_gbit_s: 200, latency_us: 5}
+host: {cpu_cores: 128, memory_gb: 1024}
+""",
+}
 
 
 def mpt_rows():
@@ -64,6 +79,13 @@ def mpt_rows():
                 continue
             if cells[0].startswith("---"):
                 continue
+            if len(cells) == len(header) + 1 and "Model TFLOP" not in header:
+                # The published A100 40GB table's header lacks the Model
+                # TFLOP column that its rows have, after HFU.
+                header.insert(header.index("HFU") + 1, "Model TFLOP")
+            if len(cells) != len(header):
+                sys.exit("llm-foundry.md: %d cells, %d columns: %s"
+                         % (len(cells), len(header), line))
             r = dict(zip(header, cells))
             layers, hidden, heads = MPT[r["Model"]]
             gpus = int(r["# GPUs"])
@@ -142,13 +164,25 @@ def generate(args, tmp, row):
     return None if rc == 0 else "dlopt-gen: " + err.strip()
 
 
+def cluster_arg(tmp, spec):
+    """A preset spec as is; NAME:N of CLUSTER_FILES as a file of N nodes."""
+    name, _, nodes = spec.partition(":")
+    if name not in CLUSTER_FILES:
+        return spec
+    path = os.path.join(tmp, "%s-%s.yaml" % (name, nodes or "1"))
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write(CLUSTER_FILES[name] % int(nodes or 1))
+    return path
+
+
 def price(args, tmp, group, row):
     model = model_path(tmp, row)
     rc, out, err = run([os.path.join(args.bin, "dlopt-compile"), model,
                         "--dry-run", "--train", "--format", "json",
                         "--precision", row.get("precision",
                                                group.get("precision", "bf16")),
-                        "--cluster", row["cluster"],
+                        "--cluster", cluster_arg(tmp, row["cluster"]),
                         "--global-batch", str(row["global_batch"]),
                         "--fix", row["fix"]])
     if rc != 0:
@@ -227,6 +261,7 @@ def main():
             concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         gen_errors = {}
         for g, r in work:
+            cluster_arg(tmp, r["cluster"])  # written before the threads
             e = generate(args, tmp, r)
             if e:
                 gen_errors[model_path(tmp, r)] = e
