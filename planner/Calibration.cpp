@@ -567,6 +567,8 @@ Expected<Calibration> parseCalibration(std::string_view text,
       return Status::error(where + it.key() + ": expected a finite value, " +
                            fmt(v) + " overflows once converted");
     c.*(entry->field) = v * entry->scale;
+    if (entry->field == &Calibration::attentionEfficiency)
+      c.attentionEfficiencyGiven = true;
   }
   return c;
 }

@@ -86,6 +86,9 @@ struct Calibration {
   /// is priced as its im2col GEMMs.
   std::vector<ConvTableRow> convTable;
   double attentionEfficiency = 0.60;   ///< attention_efficiency
+  /// attention_efficiency was given (a calibration file, dlopt-calibrate's
+  /// measurement): it then overrides the GPU's own (GpuSpec).
+  bool attentionEfficiencyGiven = false;
   double elementwiseEfficiency = 0.50; ///< elementwise_efficiency (FLOP side)
   double memoryBandwidthEfficiency = 0.90; ///< memory_bandwidth_efficiency
   double backwardFlopsRatio = 2.0;         ///< backward_flops_ratio (bwd / fwd)

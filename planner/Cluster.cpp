@@ -80,11 +80,21 @@ GpuSpec makeGpu(const char *name, double fp8, double bf16, double fp16,
 /// model sets aside runtime_reserved_gib, the NCCL buffers and the
 /// fragmentation allowance (docs/cost-model.md, "Workspace").
 constexpr double kMiB = 1024.0 * 1024.0;
-GpuSpec withMemoryMiB(GpuSpec g, double mib, int sms) {
+GpuSpec withMemoryMiB(GpuSpec g, double mib, int sms,
+                      double attentionEfficiency = 0) {
   g.memoryBytes = mib * kMiB;
   g.sms = sms;
+  g.attentionEfficiency = attentionEfficiency;
   return g;
 }
+
+// Fused attention, forward + backward, with FlashAttention-2-class kernels
+// (warp-level mma.sync: dlopt's, FlashAttention-2's, Triton's): about 0.60
+// of the A100's dense peak (Dao 2023: 50-73% forward, lower backward), and
+// at most 335 of the H100's 989 TFLOP/s (Dao 2023, H100 figure; the kernels
+// use neither Hopper's wgmma nor TMA, which FlashAttention-3 needs for its
+// ~75%, Shah et al. 2024). The H200 has the H100's SMs.
+constexpr double kAttentionAmpere = 0.60, kAttentionHopperFa2 = 0.34;
 
 const std::map<std::string, GpuSpec> &gpuTable() {
   static const std::map<std::string, GpuSpec> t = {
@@ -92,18 +102,18 @@ const std::map<std::string, GpuSpec> &gpuTable() {
       {"a100-sxm-80gb",
        withMemoryMiB(
            makeGpu("A100-SXM-80GB", 0, 312, 312, 156, 19.5, 80, 2000), 81920,
-           108)},
+           108, kAttentionAmpere)},
       // 81559 MiB and 143771 MiB: nvidia-smi on the H100 and H200 of
       // dlopt's GPU sessions (docs/gpu-runs), 132 SMs each (cudaDevAttr
       // MultiProcessorCount there); the A100 has 108.
       {"h100-sxm-80gb",
        withMemoryMiB(
            makeGpu("H100-SXM-80GB", 1979, 989, 989, 495, 67, 80, 3350), 81559,
-           132)},
+           132, kAttentionHopperFa2)},
       {"h200-sxm-141gb",
        withMemoryMiB(
            makeGpu("H200-SXM-141GB", 1979, 989, 989, 495, 67, 141, 4800),
-           143771, 132)},
+           143771, 132, kAttentionHopperFa2)},
       // A deliberately small "device" for tests on the CPU backend.
       {"cpu-device", makeGpu("CPU-device", 0, 0.025, 0.025, 0.05, 0.05, 4, 20)},
   };
@@ -418,6 +428,8 @@ std::string Cluster::toJson() const {
     gpu["memory_bandwidth_gb_s"] = g.gpu.memoryBandwidth / kG;
     if (g.gpu.sms > 0)
       gpu["sms"] = g.gpu.sms;
+    if (g.gpu.attentionEfficiency > 0)
+      gpu["attention_efficiency"] = g.gpu.attentionEfficiency;
     gj["gpu"] = gpu;
     // Links a group does not use (a node with one GPU, a single node) may
     // be unset; the reader takes them as absent, so omit them rather than
@@ -687,7 +699,7 @@ Expected<GpuSpec> parseGpu(const Reader &rd, const json &v,
   DLOPT_RETURN_IF_ERROR(
       rd.checkKeys(v, path,
                    {"name", "base", "peak_tflops", "memory_gb", "memory_gib",
-                    "memory_bandwidth_gb_s", "sms"}));
+                    "memory_bandwidth_gb_s", "sms", "attention_efficiency"}));
   GpuSpec g;
   bool hasBase = v.contains("base");
   if (hasBase) {
@@ -756,6 +768,16 @@ Expected<GpuSpec> parseGpu(const Reader &rd, const json &v,
     if (!n)
       return n.status();
     g.sms = *n;
+  }
+  if (v.contains("attention_efficiency")) {
+    std::string ap = Reader::child(path, "attention_efficiency");
+    auto d = rd.number(v["attention_efficiency"], ap, true);
+    if (!d)
+      return d.status();
+    if (*d > 1)
+      return rd.error(ap, "expected a fraction of the peak in (0, 1], got " +
+                              describe(v["attention_efficiency"]));
+    g.attentionEfficiency = *d;
   }
   return g;
 }

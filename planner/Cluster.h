@@ -47,6 +47,12 @@ struct GpuSpec {
   /// Streaming multiprocessors; 0 when unknown (GEMMs are then priced by
   /// size class instead of tile and wave quantization).
   int sms = 0;
+  /// Achieved / peak FLOP/s of fused attention (forward and backward) on
+  /// this GPU with the FlashAttention-2 class of kernels dlopt runs
+  /// (docs/cost-model.md, "Attention by GPU"); 0: the calibration's
+  /// attention_efficiency. A calibration file that sets
+  /// attention_efficiency overrides it.
+  double attentionEfficiency = 0;
 
   double peak(Precision p) const { return peakFlops[static_cast<int>(p)]; }
   void setPeak(Precision p, double v) { peakFlops[static_cast<int>(p)] = v; }

@@ -86,13 +86,16 @@ const char *recomputeName(RecomputePolicy r) {
 // Compute
 //===----------------------------------------------------------------------===//
 
-double CostModel::computeEfficiency(const OpCost &op) const {
+double CostModel::computeEfficiency(const OpCost &op,
+                                    const GpuSpec &gpu) const {
   switch (op.kind) {
   case OpKind::Matmul:
     return op.flops >= cal_.matmulSmallFlops ? cal_.matmulLargeEfficiency
                                              : cal_.matmulSmallEfficiency;
   case OpKind::Attention:
-    return cal_.attentionEfficiency;
+    return gpu.attentionEfficiency > 0 && !cal_.attentionEfficiencyGiven
+               ? gpu.attentionEfficiency
+               : cal_.attentionEfficiency;
   case OpKind::Elementwise:
     return cal_.elementwiseEfficiency;
   }
@@ -196,7 +199,8 @@ double CostModel::gemmEfficiency(const GemmShape &g, Precision precision,
       return eff;
   }
   if (gpu.sms <= 0 || !shaped)
-    return computeEfficiency(OpCost{OpKind::Matmul, precision, g.flops(), 0});
+    return computeEfficiency(OpCost{OpKind::Matmul, precision, g.flops(), 0},
+                             gpu);
   const double sms = gpu.sms;
   const double elem = precisionBytes(precision);
   const double step = 128.0 / elem; // K per main-loop step
@@ -295,7 +299,7 @@ CostModel::elementwiseTime(MemoryClass cls, double flops, double bytes,
 
 Expected<ComputeEstimate> CostModel::computeTime(const OpCost &op,
                                                  const GpuSpec &gpu) const {
-  return roofline(op, gpu, [&] { return computeEfficiency(op); });
+  return roofline(op, gpu, [&] { return computeEfficiency(op, gpu); });
 }
 
 Expected<ComputeEstimate>

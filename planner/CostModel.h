@@ -133,7 +133,7 @@ public:
                                         const GpuSpec &gpu) const;
 
   /// The efficiency applied to the op's FLOP side.
-  double computeEfficiency(const OpCost &op) const;
+  double computeEfficiency(const OpCost &op, const GpuSpec &gpu) const;
 
   /// The FLOP efficiency of a GEMM of this shape on `gpu` in `precision`:
   /// with the GPU's SM count known, tile and wave quantization and the

@@ -191,6 +191,7 @@ Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
   if (s.attentionSeconds > 0 && s.attentionFlops > 0) {
     attention = s.attentionFlops / s.attentionSeconds;
     c.attentionEfficiency = clampEff(attention / peak32);
+    c.attentionEfficiencyGiven = true;
     L.push_back(fmt("attention: %.1f GFLOP/s, efficiency %.3f of the peak",
                     attention * 1e-9, c.attentionEfficiency));
   }

@@ -280,6 +280,36 @@ gpu: {base: h100-sxm-80gb, sms: 0}
                         "test.yaml: gpu.sms: expected a positive integer, got 0"));
 }
 
+TEST(ClusterFile, AttentionEfficiency) {
+  // Presets carry the share of the peak their FlashAttention-2-class
+  // attention reaches; a file may override it.
+  EXPECT_DOUBLE_EQ(gpuPreset("a100-sxm-80gb")->attentionEfficiency, 0.60);
+  EXPECT_DOUBLE_EQ(gpuPreset("h100-sxm-80gb")->attentionEfficiency, 0.34);
+  EXPECT_DOUBLE_EQ(gpuPreset("h200-sxm-141gb")->attentionEfficiency, 0.34);
+  auto c = yaml(R"(
+nodes: 1
+gpus_per_node: 1
+gpu: {base: h100-sxm-80gb, attention_efficiency: 0.7}
+)");
+  ASSERT_TRUE(c) << c.status().message();
+  EXPECT_DOUBLE_EQ(c->groups[0].gpu.attentionEfficiency, 0.7);
+  auto back = jsonText(c->toJson());
+  ASSERT_TRUE(back) << back.status().message();
+  EXPECT_DOUBLE_EQ(back->groups[0].gpu.attentionEfficiency, 0.7);
+  EXPECT_TRUE(failsWith(yaml(R"(
+nodes: 1
+gpus_per_node: 1
+gpu: {base: h100-sxm-80gb, attention_efficiency: 1.5}
+)"),
+                        "test.yaml: gpu.attention_efficiency: expected a "
+                        "fraction of the peak in (0, 1], got a number (1.5)"));
+  EXPECT_FALSE(yaml(R"(
+nodes: 1
+gpus_per_node: 1
+gpu: {base: h100-sxm-80gb, attention_efficiency: 0}
+)"));
+}
+
 TEST(ClusterFile, NvlinkSharp) {
   // The H100 and H200 presets have it, the A100 preset not; a file says so
   // with intra_node.nvls, and a group over nodes has it only if all do.

@@ -145,6 +145,29 @@ TEST(Compute, EfficiencyPerKindAndPrecision) {
   auto att = m.computeTime({OpKind::Attention, Precision::FP16, 1e12, 0}, a100);
   ASSERT_TRUE(att);
   EXPECT_REL(att->time, 1e12 / (312e12 * 0.6), kRel);
+  // The H100 runs the same FlashAttention-2-class kernels at 0.34 of its
+  // 989 TFLOP/s (they cannot use wgmma): 1e12 / (989e12 * 0.34).
+  GpuSpec h100 = *gpuPreset("h100-sxm-80gb");
+  auto hatt = m.computeTime({OpKind::Attention, Precision::BF16, 1e12, 0}, h100);
+  ASSERT_TRUE(hatt);
+  EXPECT_REL(hatt->time, 1e12 / (989e12 * 0.34), kRel);
+  // A GPU without its own figure takes the calibration's; a calibration
+  // that gives attention_efficiency (a file, dlopt-calibrate) wins over
+  // the GPU's.
+  GpuSpec plain = h100;
+  plain.attentionEfficiency = 0;
+  EXPECT_REL(m.computeTime({OpKind::Attention, Precision::BF16, 1e12, 0}, plain)
+                 ->time,
+             1e12 / (989e12 * 0.6), kRel);
+  auto given = parseCalibration(R"({"attention_efficiency": 0.5})", "cal.json");
+  ASSERT_TRUE(given) << given.status().message();
+  EXPECT_TRUE(given->attentionEfficiencyGiven);
+  CostModel withGiven(*given);
+  EXPECT_REL(
+      withGiven.computeTime({OpKind::Attention, Precision::BF16, 1e12, 0}, h100)
+          ->time,
+      1e12 / (989e12 * 0.5), kRel);
+  EXPECT_FALSE(Calibration().attentionEfficiencyGiven);
   // fp32 on A100: 19.5 TFLOP/s.
   auto fp32 = m.computeTime({OpKind::Matmul, Precision::FP32, 1e12, 0}, a100);
   ASSERT_TRUE(fp32);
