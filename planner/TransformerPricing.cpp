@@ -625,6 +625,11 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // max_s(W_s - sum_{j<s} B_j), accumulated stage by stage.
   const double tpFwdShare = tpForwardShare(cfg);
   double pathFwd = 0, pathInputGrad = 0, pathLead = 0;
+  // Each stage's backward of one micro-batch (its collectives' share
+  // included): the window its gradient sync overlaps, and how much earlier
+  // than stage 0 it ends its last one (GPipe and 1F1B drain the last
+  // micro-batch's backward from the last stage to the first).
+  std::vector<double> stageBackward(cfg.pp, 0.0);
   for (int st = 0; st < cfg.pp; ++st) {
     const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp,
                                    pl ? pl->kind[st] : -1);
@@ -643,6 +648,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     sumTime += withComm;
     if (train) {
       const double fwd = f + stageTp * tpFwdShare;
+      stageBackward[st] = withComm - fwd;
       const double w =
           weightGradSeconds(f, t - f, c.cost.calibration().backwardFlopsRatio);
       pathFwd += fwd;
@@ -901,9 +907,39 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
           t / v, c.cost.exposedGradSync(t / v, window / v, gradBytes / v), v,
           lap);
     };
+    // GPipe with stages that differ: each stage syncs its own gradients
+    // behind its own last backward, and stage s ends that sum_{j<s} B_j
+    // before stage 0 does (the last backwards run back to back from the
+    // last stage to the first, nothing else queued), so the step waits for
+    // max_s(exposed_s - sum_{j<s} B_j), as the simulator replays it: the
+    // first stage, with the embedding's gradients behind a short backward,
+    // can be the one, not the slowest. ZeRO 0 and 1 (one sync per step).
+    // 1F1B with one micro-batch is GPipe; with more, a stage's cooldown
+    // backwards queue behind each other and the lags are longer than the
+    // sums, so it keeps the slowest stage's sync (0.5-1.2% from the
+    // replay on GPT-2 small's uneven 4-stage split, where this rule is
+    // 0.4-2.6% over).
+    const bool perStageSync =
+        cfg.pp > 1 && stageMems.size() == size_t(cfg.pp) &&
+        (cfg.schedule == PipelineSchedule::GPipe ||
+         (cfg.schedule == PipelineSchedule::OneFOneB && m == 1));
+    auto stageSyncs = [&](Collective coll, double fallback) {
+      if (!perStageSync)
+        return fallback;
+      double worst = 0, lead = 0;
+      for (int st = 0; st < cfg.pp; ++st) {
+        const double bytes =
+            stageMems[st].params / pBytes * cfg.precision.gradReduceBytes;
+        const double t = c.comm(coll, bytes, dp, stride);
+        worst = std::max(
+            worst, c.cost.exposedGradSync(t, stageBackward[st], bytes) - lead);
+        lead += stageBackward[st];
+      }
+      return worst;
+    };
     if (cfg.zeroStage == 0) {
       double t = c.comm(Collective::AllReduce, gradBytes, dp, stride);
-      double e = exposedSync(t);
+      double e = stageSyncs(Collective::AllReduce, exposedSync(t));
       T.dpComm += e;
       record(std::string(grp) + " gradient all-reduce", Collective::AllReduce,
              dp, stride, gradBytes, 1, e);
@@ -940,7 +976,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
                     rs / v,
                     c.cost.exposedGradSync(rs / v, window / v, gradBytes / v),
                     int(m) * v, window / v)
-              : exposedSync(rs);
+              : stageSyncs(Collective::ReduceScatter, exposedSync(rs));
       T.dpComm += e;
       record(std::string(grp) + " gradient reduce-scatter",
              Collective::ReduceScatter, dp, stride, gradBytes, rsCalls, e);
