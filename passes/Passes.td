@@ -269,9 +269,10 @@ def RecomputePass : Pass<"dlopt-recompute", "mlir::ModuleOp"> {
     needs; `selective` recomputes only softmax, log_softmax and dropout
     results (the attention score/softmax/dropout part: with the fused
     `dlopt.attention` the scores themselves are never stored) and, in a
-    step partitioned over a `tp` mesh axis, the all-gathers over `tp` alone
-    of activations (sequence parallelism's norm outputs; not ZeRO-3's
-    parameter gathers): the backward pass gathers the kept shards again.
+    partitioned step, the all-gathers of activations over the `tp` or the
+    `cp` mesh axis alone (sequence parallelism's norm outputs, context
+    parallelism's keys and values; not ZeRO-3's parameter gathers): the
+    backward pass gathers the kept shards again.
   }];
   let options = [
     Option<"entry", "entry", "std::string", /*default=*/"\"\"", "Entry function name">,

@@ -180,11 +180,12 @@ struct RecomputePass : dlopt::impl::RecomputePassBase<RecomputePass> {
       return signalPassFailure();
     if (policy == "none")
       return;
-    tpAxis = tpAxisOf(getOperation());
+    tpAxis = axisOf(getOperation(), "tp");
+    cpAxis = axisOf(getOperation(), "cp");
     recompute(*fn);
   }
 
-  int16_t tpAxis = -1;
+  int16_t tpAxis = -1, cpAxis = -1;
 
   static std::optional<int64_t> layerOf(Operation *op) {
     if (auto a = op->getAttrOfType<IntegerAttr>(DLOptDialect::kLayerAttr))
@@ -192,35 +193,42 @@ struct RecomputePass : dlopt::impl::RecomputePassBase<RecomputePass> {
     return std::nullopt;
   }
 
-  /// The mesh axis `tp` of a partitioned step's grid (dlopt.mesh), or -1.
-  static int16_t tpAxisOf(ModuleOp module) {
+  /// The mesh axis `name` of a partitioned step's grid (dlopt.mesh), or -1.
+  static int16_t axisOf(ModuleOp module, StringRef name) {
     auto mesh = module->getAttrOfType<DictionaryAttr>("dlopt.mesh");
     auto axes = mesh ? dyn_cast_or_null<ArrayAttr>(mesh.get("axes")) : ArrayAttr();
     if (!axes)
       return -1;
     for (auto [k, a] : llvm::enumerate(axes))
-      if (auto name = dyn_cast<StringAttr>(a); name && name.getValue() == "tp")
+      if (auto n = dyn_cast<StringAttr>(a); n && n.getValue() == name)
         return int16_t(k);
     return -1;
   }
 
   /// An activation gathered over tp alone (sequence parallelism's gathers
-  /// of the norm outputs for the column-parallel matmuls), not a ZeRO-3
-  /// parameter gather.
-  bool isTpActivationGather(Operation *op) const {
+  /// of the norm outputs for the column-parallel matmuls) or over cp alone
+  /// (context parallelism's keys and values for the attention), not a
+  /// ZeRO-3 parameter gather.
+  bool isActivationGather(Operation *op) const {
     auto g = dyn_cast<shard::AllGatherOp>(op);
-    return g && tpAxis >= 0 && !g->hasAttr(DLOptDialect::kZeroGatherAttr) &&
-           g.getGridAxes() == ArrayRef<int16_t>{tpAxis};
+    if (!g || g->hasAttr(DLOptDialect::kZeroGatherAttr))
+      return false;
+    ArrayRef<int16_t> axes = g.getGridAxes();
+    return axes.size() == 1 &&
+           ((tpAxis >= 0 && axes[0] == tpAxis) ||
+            (cpAxis >= 0 && axes[0] == cpAxis));
   }
 
   bool recomputable(Operation *op) {
     // Selective: the attention-core results (softmax, log-softmax, dropout)
-    // and, under sequence parallelism, the tp all-gathers of activations:
-    // the backward pass gathers the kept shard again, as Megatron-LM does,
-    // instead of holding the gathered copy from the forward.
+    // and the tp and cp all-gathers of activations (under sequence
+    // parallelism the norm outputs, under context parallelism the keys and
+    // values): the backward pass gathers the kept shard again, as
+    // Megatron-LM does, instead of holding the gathered copy from the
+    // forward.
     if (policy == "selective")
       return isa<dl::SoftmaxOp, dl::LogSoftmaxOp, dl::DropoutOp>(op) ||
-             isTpActivationGather(op);
+             isActivationGather(op);
     return true;
   }
 

@@ -152,9 +152,10 @@ void forEachConfig(const SpaceRules &r, const FixSpec &fix,
                   if (fix.sp && *fix.sp != sp)
                     continue;
                   if (!fix.recompute && rc == RecomputePolicy::Selective &&
-                      !sp) {
-                    prune("recompute=selective without sp: the same plan as "
-                          "none (fused attention stores no scores to re-run)");
+                      !sp && cp == 1) {
+                    prune("recompute=selective without sp or cp: the same "
+                          "plan as none (fused attention stores no scores to "
+                          "re-run, nothing is gathered to gather again)");
                     continue;
                   }
                   if (sp && (tp == 1 || (r.seqLen / cp) % tp)) {

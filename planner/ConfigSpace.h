@@ -47,8 +47,8 @@ struct SpaceRules {
   int64_t seqLen = 0, cpMinSeq = 0;
   /// Sequence parallelism (needs tp > 1 dividing the tokens per rank).
   bool sequenceParallel = false;
-  /// Recompute policies (selective without sp is pruned as the same plan as
-  /// none).
+  /// Recompute policies (selective without sp or cp is pruned as the same
+  /// plan as none).
   bool recompute = false;
   /// Every pipeline schedule (GPipe, 1F1B, interleaved with each v whose
   /// pp * v divides the units, zero-bubble); otherwise one: --fix's, else

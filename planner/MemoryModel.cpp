@@ -147,10 +147,15 @@ double activationBytesPerLayer(const TransformerSpec &spec,
   // backward pass), the attention output, the MLP's last input. The rest:
   // the layer input and the residual (split with SP), q, k and v, the MLP's
   // other values.
-  const bool regather = sp && cfg.recompute == RecomputePolicy::Selective;
+  // Selective recomputation keeps the shards of what tp and cp gather
+  // (the norm outputs under SP, the keys and values under cp) and gathers
+  // them again in the backward pass.
+  const bool selective = cfg.recompute == RecomputePolicy::Selective;
+  const bool regather = sp && selective;
   const double gemmInputs = (regather ? 2 / t : 2) + 1 / t + w / t;
-  const double others =
-      (sp ? 2 / t : 2) + (1 + 2 * kvShare * cp) / t + (g - 1) * w / t;
+  const double others = (sp ? 2 / t : 2) +
+                        (1 + 2 * kvShare * (selective ? 1 : cp)) / t +
+                        (g - 1) * w / t;
   return sbh * (eg * gemmInputs + e * others);
 }
 
@@ -361,10 +366,15 @@ transformerStageMemoryWithLayers(const TransformerSpec &spec,
     TrainingConfig noRecompute = cfg;
     noRecompute.recompute = RecomputePolicy::None;
     m.transient = activationBytesPerLayer(spec, noRecompute);
-  } else if (cfg.recompute == RecomputePolicy::Selective &&
-             cfg.sequenceParallel && cfg.tp > 1) {
+  } else if (cfg.recompute == RecomputePolicy::Selective) {
+    // The norm outputs gathered again over tp (SP), the keys and values
+    // over cp, during one layer's backward.
     const double eg = pr.gemmInputBytes > 0 ? pr.gemmInputBytes : e;
-    m.transient = 2 * eg * s * b * h;
+    const double kvShare = double(spec.kv()) / double(spec.heads);
+    if (cfg.sequenceParallel && cfg.tp > 1)
+      m.transient += 2 * eg * s * b * h;
+    if (cfg.cp > 1)
+      m.transient += 2 * e * s * b * h * kvShare * cfg.cp / t;
   }
 
   // The end of the backward pass, when every gradient is held and the

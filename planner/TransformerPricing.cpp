@@ -464,7 +464,8 @@ void chooseLayout(Ctx &c, Candidate &cand, double launchesPerStep,
 
 /// Context parallelism as dlopt-partition applies it, the all-gather form
 /// (docs/parallel.md): per layer every rank gathers the keys and values of
-/// the whole sequence before attention (again for a recomputed forward)
+/// the whole sequence before attention (again for a recomputed forward,
+/// and under selective recomputation, which keeps only the shards)
 /// and, backward, reduce-scatters their gradients back onto the sequence;
 /// the loss gathers the logits over cp (flattening [b, s] with s split has
 /// no block layout). None of it overlaps with compute. One micro-batch's
@@ -494,8 +495,10 @@ CpComm cpComm(Ctx &c, const TrainingConfig &cfg, bool train) {
   r.kvBytes = mbs * seqLen * c.spec.hidden * c.kvFraction / cfg.tp * actBytes;
   r.gather = c.comm(Collective::AllGather, r.kvBytes, cp, cfg.tp);
   r.scatter = c.comm(Collective::ReduceScatter, r.kvBytes, cp, cfg.tp);
+  // Full and selective recomputation gather the keys and values again for
+  // the backward pass.
   r.gathers =
-      2 * (1 + (train && cfg.recompute == RecomputePolicy::Full ? 1 : 0));
+      2 * (1 + (train && cfg.recompute != RecomputePolicy::None ? 1 : 0));
   r.scatters = train ? 2 : 0;
   if (c.spec.vocab > 0) {
     bool vocabParallel = cfg.tp > 1 && c.spec.vocab % cfg.tp == 0;

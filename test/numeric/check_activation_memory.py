@@ -37,6 +37,8 @@ CASES = [
     ("gpt.selective", GPT, "mbs=2,pp=1,dp=1,tp=2,sp=0,recompute=selective", "cpu:1"),
     ("gpt.tp2.sp.selective", GPT, "mbs=2,pp=1,dp=1,tp=2,sp=1,recompute=selective", "cpu:1"),
     ("llama.gqa.tp2.sp.selective", LLAMA, "mbs=2,pp=1,dp=1,tp=2,sp=1,recompute=selective", "cpu:1"),
+    ("gpt.cp2.selective", GPT, "mbs=2,pp=1,dp=1,cp=2,recompute=selective", "cpu:1"),
+    ("llama.gqa.cp2.tp2.sp.selective", LLAMA, "mbs=2,pp=1,dp=1,cp=2,tp=2,sp=1,recompute=selective", "cpu:2"),
     ("gpt.dropout", GPT + ["--dropout", "0.1"], "mbs=2,pp=1,dp=1,tp=1", "one"),
     ("gpt.bf16", GPT + ["--dtype", "bf16"], "mbs=2,pp=1,dp=1,tp=1", "one"),
     ("llama.gqa", LLAMA, "mbs=2,pp=1,dp=1,tp=1", "one"),

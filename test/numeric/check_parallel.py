@@ -226,6 +226,8 @@ CASES = [
     ("llama.sgd.pp2.cp2.tp2.sp.zb", ["llama", "--preset", "llama-tiny", "--batch", "4"],
      ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--accumulate", "2"],
      "pp=2,dp=1,tp=2,cp=2,sp=1,schedule=zero-bubble", "cpu:4"),
+    ("llama.grads.cp2.tp2.sp.selective", ["llama", "--preset", "llama-tiny", "--batch", "4"], ["--autodiff"],
+     "dp=1,tp=2,cp=2,sp=1,recompute=selective", "cpu:2"),
     ("llama.sgd.pp2.tp2.sp.selective", ["llama", "--preset", "llama-tiny", "--batch", "4"],
      ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--accumulate", "2"],
      "pp=2,dp=1,tp=2,sp=1,recompute=selective,schedule=1f1b", "cpu:2"),

@@ -410,17 +410,26 @@ TEST(Search, ContextParallelDividesActivationsAndGathersKeysAndValues) {
   auto two = searchPlan(g, *c, CostModel(), o);
   ASSERT_TRUE(one && two) << (one ? two.status().message()
                                   : one.status().message());
-  // Half the tokens per rank, except that each rank keeps k and v
-  // gathered over cp for the backward pass: per layer 2 (s/cp) b h/t
-  // elements more than half of cp=1's, 2 x 8192 x 4096 / 4 x 2 B, over 8
-  // layers and one micro-batch in flight.
+  // Half the tokens per rank: selective recomputation keeps each rank's
+  // own k and v and gathers them over cp again for the backward pass.
   EXPECT_DOUBLE_EQ(two->best.memory.activations,
-                   one->best.memory.activations / 2 +
-                       8 * 2 * 8192.0 * 4096 / 4 * 2);
+                   one->best.memory.activations / 2);
   EXPECT_EQ(one->best.time.cpComm, 0);
-  // As applied: per layer an all-gather of K and of V forward, their
-  // gradients reduce-scattered backward, one logits all-gather for the
-  // loss (the vocabulary divides by tp: a tp-th of it).
+  // Without recomputation each rank keeps k and v gathered over cp: per
+  // layer 2 (s/cp) b h/t elements more than half of cp=1's, 2 x 8192 x
+  // 4096 / 4 x 2 B, over 8 layers and one micro-batch in flight.
+  o.fix = *parseFix("tp=4,pp=1,cp=1,mbs=1,recompute=none,zero=1,sp=1");
+  auto oneNone = searchPlan(g, *c, CostModel(), o);
+  o.fix = *parseFix("tp=4,pp=1,cp=2,mbs=1,recompute=none,zero=1,sp=1");
+  auto twoNone = searchPlan(g, *c, CostModel(), o);
+  ASSERT_TRUE(oneNone && twoNone);
+  EXPECT_DOUBLE_EQ(twoNone->best.memory.activations,
+                   oneNone->best.memory.activations / 2 +
+                       8 * 2 * 8192.0 * 4096 / 4 * 2);
+  // As applied: per layer an all-gather of K and of V forward and again
+  // for the backward pass (selective), their gradients reduce-scattered
+  // backward, one logits all-gather for the loss (the vocabulary divides
+  // by tp: a tp-th of it).
   CommOp ag, rs, logits;
   for (const CommOp &op : two->comms) {
     if (op.what == "cp K/V all-gather (attention)") ag = op;
@@ -428,7 +437,7 @@ TEST(Search, ContextParallelDividesActivationsAndGathersKeysAndValues) {
     if (op.what == "cp logits all-gather (loss)") logits = op;
   }
   double m = double(two->best.cfg.numMicroBatches);
-  EXPECT_EQ(ag.calls, 2 * 8 * m);
+  EXPECT_EQ(ag.calls, 4 * 8 * m);
   EXPECT_EQ(rs.calls, 2 * 8 * m);
   EXPECT_EQ(ag.bytes, 16384.0 * 4096 / 4 * 2); // b=1, s, h/tp, bf16
   EXPECT_EQ(logits.bytes, 16384.0 * 32000 / 4 * 2);
@@ -493,8 +502,9 @@ TEST(Search, SelectiveRecomputeGathersTheNormOutputsAgainUnderSp) {
   // none and full, each with sp 0 and 1, and selective with sp.
   EXPECT_EQ(free->stats.enumerated, 5);
   EXPECT_EQ(free->stats.pruned.count(
-                "recompute=selective without sp: the same plan as none (fused "
-                "attention stores no scores to re-run)"),
+                "recompute=selective without sp or cp: the same plan as none "
+                "(fused attention stores no scores to re-run, nothing is "
+                "gathered to gather again)"),
             1u);
 }
 
