@@ -1,5 +1,6 @@
 // RUN: dlopt-opt %s --dlopt-autodiff --dlopt-partition="axes=tp sizes=2" --dlopt-recompute="policy=selective" | FileCheck %s
 // RUN: dlopt-opt %s --dlopt-autodiff --dlopt-partition="axes=tp sizes=2" --dlopt-recompute="policy=none" | FileCheck %s --check-prefix=NONE
+// RUN: dlopt-opt %S/Inputs/recompute-cp.mlir --dlopt-autodiff --dlopt-partition="axes=cp sizes=2" --dlopt-recompute="policy=selective" | FileCheck %s --check-prefix=CP
 
 // Selective recomputation under sequence parallelism: the layer keeps the
 // norm output's shard, and the backward pass gathers it again over tp
@@ -37,3 +38,12 @@ func.func @main(%x: tensor<2x8x8xf32> {dlopt.input = "x", dlopt.sharding = [[], 
   %l = dlopt.mean %sq dims = [0, 1, 2] : tensor<2x8x8xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// Context parallelism: the layer keeps its own keys and values, and the
+// backward pass gathers them over cp again for attention_grad
+// (Inputs/recompute-cp.mlir).
+// CP: %[[K:.+]] = dlopt.matmul
+// CP: %[[G:.+]] = shard.all_gather %[[K]] on @dlopt_mesh grid_axes = [0] gather_axis = 2 {dlopt.layer = 0 : i64}
+// CP: dlopt.attention %{{.+}}, %[[G]], %[[G]]
+// CP: %[[G2:.+]] = shard.all_gather %[[K]] on @dlopt_mesh grid_axes = [0] gather_axis = 2 {dlopt.layer = 0 : i64, dlopt.recompute}
+// CP: dlopt.attention_grad %{{.+}}, %[[G2]], %[[G2]]
