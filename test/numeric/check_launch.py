@@ -74,7 +74,8 @@ LAYOUT_CASES = [
     ("gpt.pp2.dp2.zero1.1f1b", GPT, "pp=2,dp=2,zero=1,schedule=1f1b"),
     ("gpt.dp2.zero3", GPT, "dp=2,zero=3"),
     ("gpt.dp2.cp2", GPT, "dp=2,cp=2"),
-    ("llama.pp2.tp2.interleaved", LLAMA, "pp=2,tp=2,schedule=interleaved,v=2"),
+    ("llama.pp2.tp2.sp.selective.interleaved", LLAMA,
+     "pp=2,tp=2,sp=1,recompute=selective,schedule=interleaved,v=2"),
     ("mlp.pp4.zero-bubble", MLP, "pp=4,schedule=zero-bubble"),
     ("mlp.pp2.dp2.zero2.gpipe", MLP, "pp=2,dp=2,zero=2,schedule=gpipe"),
 ]
