@@ -272,12 +272,15 @@ def RecomputePass : Pass<"dlopt-recompute", "mlir::ModuleOp"> {
     partitioned step, the all-gathers of activations over the `tp` or the
     `cp` mesh axis alone (sequence parallelism's norm outputs, context
     parallelism's keys and values; not ZeRO-3's parameter gathers): the
-    backward pass gathers the kept shards again.
+    backward pass gathers the kept shards again. `elementwise` recomputes
+    every op of the layer but its matmuls, attention and convolutions
+    (whose results are kept) and but collectives other than those gathers:
+    norms, activation functions, rope, adds, reshapes, dropout.
   }];
   let options = [
     Option<"entry", "entry", "std::string", /*default=*/"\"\"", "Entry function name">,
     Option<"policy", "policy", "std::string", /*default=*/"\"full\"",
-           "none, full or selective">
+           "none, selective, elementwise or full">
   ];
   let statistics = [
     Statistic<"numCloned", "cloned-ops", "Forward ops cloned for recomputation">

@@ -169,10 +169,12 @@ struct RecomputePass : dlopt::impl::RecomputePassBase<RecomputePass> {
   using RecomputePassBase::RecomputePassBase;
 
   void runOnOperation() override {
-    if (policy != "none" && policy != "full" && policy != "selective") {
+    if (policy != "none" && policy != "full" && policy != "selective" &&
+        policy != "elementwise") {
       getOperation().emitError() << "dlopt-recompute: unknown policy '"
                                  << std::string(policy)
-                                 << "', expected none, full or selective";
+                                 << "', expected none, selective, elementwise "
+                                    "or full";
       return signalPassFailure();
     }
     FailureOr<func::FuncOp> fn = findEntryFunction(getOperation(), entry);
@@ -229,6 +231,16 @@ struct RecomputePass : dlopt::impl::RecomputePassBase<RecomputePass> {
     if (policy == "selective")
       return isa<dl::SoftmaxOp, dl::LogSoftmaxOp, dl::DropoutOp>(op) ||
              isActivationGather(op);
+    // Elementwise: every op but the matmuls, attention and convolutions,
+    // whose results stay, and but the collectives that move data between
+    // ranks other than those gathers (reductions are not re-run).
+    if (policy == "elementwise") {
+      if (isa<dl::MatmulOp, dl::AttentionOp, dl::Conv2DOp, dl::SendRecvOp>(op))
+        return false;
+      if (op->getDialect() && isa<shard::ShardDialect>(op->getDialect()))
+        return isActivationGather(op) || isa<shard::AllSliceOp>(op);
+      return true;
+    }
     return true;
   }
 

@@ -78,6 +78,8 @@ const char *recomputeName(RecomputePolicy r) {
     return "selective";
   case RecomputePolicy::Full:
     return "full";
+  case RecomputePolicy::Elementwise:
+    return "elementwise";
   }
   return "?";
 }
@@ -330,12 +332,12 @@ CostModel::roofline(const OpCost &op, const GpuSpec &gpu,
 }
 
 double CostModel::trainingTime(double forward, RecomputePolicy policy,
-                               double selectiveForward) const {
+                               double rerunForward) const {
   double t = forward * (1.0 + cal_.backwardFlopsRatio);
   if (policy == RecomputePolicy::Full)
     t += forward;
-  else if (policy == RecomputePolicy::Selective)
-    t += selectiveForward;
+  else if (policy != RecomputePolicy::None)
+    t += rerunForward;
   return t;
 }
 

@@ -94,8 +94,12 @@ struct CommEstimate {
   LinkKind link = LinkKind::None;                ///< the bottleneck link
 };
 
-/// How activations are recomputed in the backward pass.
-enum class RecomputePolicy { None, Selective, Full };
+/// How activations are recomputed in the backward pass: nothing; the
+/// attention core's softmax and dropout results and what tp and cp gather
+/// (selective); every op of the layer but its matmuls and attention, whose
+/// results stay (elementwise: norms, activations, rope, adds, the gathers);
+/// every op of the layer (full).
+enum class RecomputePolicy { None, Selective, Full, Elementwise };
 const char *recomputeName(RecomputePolicy r);
 
 class CostModel {
@@ -161,10 +165,10 @@ public:
                                      const GpuSpec &gpu) const;
 
   /// Forward + backward (+ recomputed forward) time of a layer whose
-  /// forward takes `forward` seconds. `selectiveForward` is the part of the
-  /// forward that selective recompute re-executes (attention core).
+  /// forward takes `forward` seconds. `rerunForward` is the part of the
+  /// forward that selective or elementwise recomputation re-executes.
   double trainingTime(double forward, RecomputePolicy policy,
-                      double selectiveForward = 0) const;
+                      double rerunForward = 0) const;
 
   /// Time of `collective` over `group` with `bytes` as in nccl-tests: the
   /// buffer size per rank for all-reduce and broadcast, the full (gathered)

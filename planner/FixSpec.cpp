@@ -61,6 +61,8 @@ std::optional<RecomputePolicy> parseRecompute(std::string_view s) {
     return RecomputePolicy::Selective;
   if (s == "full")
     return RecomputePolicy::Full;
+  if (s == "elementwise")
+    return RecomputePolicy::Elementwise;
   return std::nullopt;
 }
 
@@ -131,7 +133,8 @@ Expected<FixSpec> parseFix(std::string_view text) {
       auto r = parseRecompute(v);
       if (!r)
         return Status::error("--fix: recompute '" + v +
-                             "' is not one of none, selective, full");
+                             "' is not one of none, selective, "
+                             "elementwise, full");
       f.recompute = r;
       continue;
     }

@@ -147,15 +147,20 @@ double activationBytesPerLayer(const TransformerSpec &spec,
   // backward pass), the attention output, the MLP's last input. The rest:
   // the layer input and the residual (split with SP), q, k and v, the MLP's
   // other values.
-  // Selective recomputation keeps the shards of what tp and cp gather
-  // (the norm outputs under SP, the keys and values under cp) and gathers
-  // them again in the backward pass.
-  const bool selective = cfg.recompute == RecomputePolicy::Selective;
+  // Selective and elementwise recomputation keep the shards of what tp
+  // and cp gather (the norm outputs under SP, the keys and values under cp)
+  // and gather them again in the backward pass. Elementwise keeps no norm
+  // output and, of the MLP, only its matmuls' outputs (the GELU's input;
+  // gate and up): g/2 of its values, the rest recomputed.
+  const bool elementwise = cfg.recompute == RecomputePolicy::Elementwise;
+  const bool selective =
+      cfg.recompute == RecomputePolicy::Selective || elementwise;
   const bool regather = sp && selective;
-  const double gemmInputs = (regather ? 2 / t : 2) + 1 / t + w / t;
+  const double normOutputs = elementwise ? 0 : regather ? 2 / t : 2;
+  const double gemmInputs = normOutputs + 1 / t + (elementwise ? 0 : w / t);
   const double others = (sp ? 2 / t : 2) +
                         (1 + 2 * kvShare * (selective ? 1 : cp)) / t +
-                        (g - 1) * w / t;
+                        (elementwise ? g / 2 : g - 1) * w / t;
   return sbh * (eg * gemmInputs + e * others);
 }
 
@@ -362,7 +367,10 @@ transformerStageMemoryWithLayers(const TransformerSpec &spec,
   // Working set of one layer's backward when its activations are
   // recomputed: all of them (full), or under sequence parallelism the two
   // norm outputs that selective recomputation gathers again.
-  if (cfg.recompute == RecomputePolicy::Full) {
+  if (cfg.recompute == RecomputePolicy::Full ||
+      cfg.recompute == RecomputePolicy::Elementwise) {
+    // What the layer's backward pass recomputes lives during it: at most
+    // the whole layer's (the "none" row).
     TrainingConfig noRecompute = cfg;
     noRecompute.recompute = RecomputePolicy::None;
     m.transient = activationBytesPerLayer(spec, noRecompute);

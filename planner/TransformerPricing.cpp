@@ -1155,7 +1155,23 @@ bool better(const Candidate &a, const Candidate &b) {
   double ta = a.time.total(), tb = b.time.total();
   if (ta != tb)
     return ta < tb;
-  // Equal time: the plan with more memory headroom.
+  // Equal time (recomputation hidden behind a host-bound step, say): the
+  // plan that recomputes less, then the one with more memory headroom.
+  auto rerun = [](RecomputePolicy r) {
+    switch (r) {
+    case RecomputePolicy::None:
+      return 0;
+    case RecomputePolicy::Selective:
+      return 1;
+    case RecomputePolicy::Elementwise:
+      return 2;
+    case RecomputePolicy::Full:
+      return 3;
+    }
+    return 3;
+  };
+  if (rerun(a.cfg.recompute) != rerun(b.cfg.recompute))
+    return rerun(a.cfg.recompute) < rerun(b.cfg.recompute);
   double ma = a.memory.total(), mb = b.memory.total();
   if (ma != mb)
     return ma < mb;

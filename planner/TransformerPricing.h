@@ -70,9 +70,11 @@ constexpr double kReplicatedFlopsPerElement = 20;
 
 /// Forward seconds selective recomputation re-runs per stage: it re-runs
 /// softmax and dropout results, which blocks with dlopt's fused attention
-/// (its backward recomputes the probabilities itself) do not have. It also
-/// keeps what `none` keeps (activationBytesPerLayer), so the free search
-/// skips it; `--fix recompute=selective` prices it as `none`.
+/// (its backward recomputes the probabilities itself) do not have, and the
+/// tp and cp gathers, which tpCallsPerLayer and cpComm count. Without sp
+/// or cp it keeps what `none` keeps (activationBytesPerLayer), so the free
+/// search skips it there. Elementwise recomputation re-runs the layers'
+/// memory-bound forward (LayerTimes::elementwisePrefix).
 constexpr double kSelectiveRerun = 0;
 
 /// Forward seconds of each layer (and pre/post) for one (mbs, tp, cp, sp).
@@ -87,6 +89,9 @@ struct LayerTimes {
   /// prefix sums per layer, and the pre and post groups'.
   std::vector<double> bwdGemmPrefix;
   double preBwdGemm = 0, postBwdGemm = 0;
+  /// Prefix sums per layer of the forward's memory-bound part (all but
+  /// the matmuls and attention): what elementwise recomputation re-runs.
+  std::vector<double> elementwisePrefix;
 
   /// One micro-batch through the layer ranges of a stage, with the pre
   /// group on the first stage and the post group on the last: its forward
@@ -98,10 +103,11 @@ struct LayerTimes {
   Stage stage(const std::vector<std::pair<int64_t, int64_t>> &ranges,
               bool first, bool last, const CostModel &cost,
               RecomputePolicy recompute) const {
-    double f = 0, bwdGemm = 0;
+    double f = 0, bwdGemm = 0, elementwise = 0;
     for (auto [a, b] : ranges) {
       f += prefix[b] - prefix[a];
       bwdGemm += bwdGemmPrefix[b] - bwdGemmPrefix[a];
+      elementwise += elementwisePrefix[b] - elementwisePrefix[a];
     }
     if (first) {
       f += pre;
@@ -111,7 +117,10 @@ struct LayerTimes {
       f += post;
       bwdGemm += postBwdGemm;
     }
-    return {f, cost.trainingTime(f, recompute, kSelectiveRerun) + bwdGemm};
+    const double rerun = recompute == RecomputePolicy::Elementwise
+                             ? elementwise
+                             : kSelectiveRerun;
+    return {f, cost.trainingTime(f, recompute, rerun) + bwdGemm};
   }
 };
 
@@ -341,21 +350,28 @@ struct Ctx {
                    int gpuKind) const {
     double att = roofline(OpKind::Attention, g.attFlops * scale / tp,
                           g.attBytes * scale / tp, gpuKind);
-    double repDiv = sp ? tp : 1;
     double mm = 0;
     if (g.gemms.empty())
       mm = roofline(OpKind::Matmul, g.mmFlops * scale / tp,
                     g.mmBytes * scale / tp, gpuKind);
     for (const GroupGemm &gm : g.gemms)
       mm += gemmTime(gm, scale, tp, gpuKind);
+    return mm + att + groupElementwiseTime(g, scale, tp, sp, gpuKind);
+  }
+
+  /// The memory-bound part of a group's forward (groupTime less its
+  /// matmuls and attention): its ops one by one where they are priced so,
+  /// else one roofline over the group's other FLOPs and bytes.
+  double groupElementwiseTime(const GroupCost &g, double scale, int tp,
+                              bool sp, int gpuKind) const {
     if (memoryOpsPriced(g)) {
       double ew = 0;
       for (const GroupCost::MemoryOp &o : g.memoryOps)
         ew += memoryOpTime(o, scale, tp, sp, gpuKind);
-      return mm + att + ew;
+      return ew;
     }
-    return mm + att +
-           roofline(OpKind::Elementwise,
+    double repDiv = sp ? tp : 1;
+    return roofline(OpKind::Elementwise,
                     (g.otFlops - g.repFlops) * scale / tp +
                         g.repFlops * scale / repDiv,
                     (g.otBytes - g.repBytes) * scale / tp +
@@ -379,8 +395,12 @@ struct Ctx {
     t.prefix.push_back(0);
     t.opsPrefix.push_back(0);
     t.bwdGemmPrefix.push_back(0);
+    t.elementwisePrefix.push_back(0);
     for (const GroupCost &g : layers) {
       double f = groupTime(g, scale, tp, sp, gpuKind);
+      t.elementwisePrefix.push_back(
+          t.elementwisePrefix.back() +
+          groupElementwiseTime(g, scale, tp, sp, gpuKind));
       t.fwd.push_back(f);
       t.prefix.push_back(t.prefix.back() + f);
       t.opsPrefix.push_back(t.opsPrefix.back() + g.ops);

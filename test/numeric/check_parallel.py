@@ -228,6 +228,15 @@ CASES = [
      "pp=2,dp=1,tp=2,cp=2,sp=1,schedule=zero-bubble", "cpu:4"),
     ("llama.grads.cp2.tp2.sp.selective", ["llama", "--preset", "llama-tiny", "--batch", "4"], ["--autodiff"],
      "dp=1,tp=2,cp=2,sp=1,recompute=selective", "cpu:2"),
+    # Elementwise recomputation: every op of a layer but its matmuls and
+    # attention re-runs before the layer's backward pass.
+    ("gpt.sgd.clip.dp2.tp2.sp.elementwise", ["gpt", "--preset", "gpt-tiny", "--batch", "4", "--dropout", "0.1"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--clip-norm", "0.5"], "dp=2,tp=2,sp=1,recompute=elementwise", "cpu:2"),
+    ("llama.grads.cp2.tp2.sp.elementwise", ["llama", "--preset", "llama-tiny", "--batch", "4"], ["--autodiff"],
+     "dp=1,tp=2,cp=2,sp=1,recompute=elementwise", "cpu:2"),
+    ("llama.sgd.pp2.tp2.elementwise", ["llama", "--preset", "llama-tiny", "--batch", "4"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--accumulate", "2"],
+     "pp=2,dp=1,tp=2,recompute=elementwise,schedule=1f1b", "cpu:2"),
     ("llama.sgd.pp2.tp2.sp.selective", ["llama", "--preset", "llama-tiny", "--batch", "4"],
      ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--accumulate", "2"],
      "pp=2,dp=1,tp=2,sp=1,recompute=selective,schedule=1f1b", "cpu:2"),

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Mixed precision (--precision bf16|fp16) and activation recomputation
-(--recompute none|selective|full) of `dlopt-compile --train`, end to end.
+(--recompute none|selective|elementwise|full) of `dlopt-compile --train`,
+end to end.
 
   ir.bf16.gpt        --emit=mlir of a 2-layer GPT at --precision bf16: every
                      matmul (forward and backward) is bf16; params, optimizer
@@ -34,9 +35,10 @@
                      progress line.
   recompute.memory   a 6-layer GPT (seq 128, dropout 0.1): planned scratch and
                      total memory (dlopt-compile summary, dlopt-run --dump) for
-                     none / selective / full; full < none, selective <= none.
+                     none / selective / elementwise / full; full <
+                     elementwise < none, selective <= none.
   recompute.bitwise  the 2-layer GPT with dropout 0.1, 20 AdamW steps at none,
-                     selective and full: bitwise-identical per-step
+                     selective, elementwise and full: bitwise-identical per-step
                      loss/grad_norm and final checkpoints.
   recompute.bitwise_bf16
                      the same at --precision bf16 (none vs full).
@@ -689,7 +691,7 @@ def mib(b):
 
 def recompute_memory(ctx):
     src = gen(ctx, GPT_DEEP, ctx.path("gpt6.mlir"))
-    f = {p: planned_memory(ctx, src, p) for p in ("none", "selective", "full")}
+    f = {p: planned_memory(ctx, src, p) for p in ("none", "selective", "elementwise", "full")}
     det = "6-layer GPT seq 128 dropout 0.1: " + "; ".join(
         "%s scratch %s total %s (%d instr, %d clones)" % (p, mib(v["scratch"]), mib(v["total"]), v["instr"],
                                                           v["clones"]) for p, v in f.items())
@@ -701,6 +703,8 @@ def recompute_memory(ctx):
         raise Failure("full does not plan less memory than none: " + det)
     if not (f["selective"]["scratch"] <= f["none"]["scratch"] and f["selective"]["total"] <= f["none"]["total"]):
         raise Failure("selective plans more memory than none: " + det)
+    if not (f["full"]["scratch"] < f["elementwise"]["scratch"] < f["none"]["scratch"]):
+        raise Failure("elementwise does not plan between full and none: " + det)
     return det + "; full/none total = %.2f" % (f["full"]["total"] / float(f["none"]["total"]))
 
 
@@ -730,7 +734,8 @@ def same_runs(runs, label):
 
 
 def recompute_bitwise(ctx):
-    runs = {p: train_gpt(ctx, "f32", p, dropout=True, steps=RC_STEPS) for p in ("none", "selective", "full")}
+    runs = {p: train_gpt(ctx, "f32", p, dropout=True, steps=RC_STEPS)
+            for p in ("none", "selective", "elementwise", "full")}
     instr = {p: int(re.search(r"(\d+) instructions", runs[p][2]).group(1)) for p in runs}
     if not instr["full"] > instr["none"]:
         raise Failure("full recompute plan is not larger than none (%s): nothing recomputed" % instr)

@@ -120,7 +120,8 @@ static cl::opt<double> bucketMbOpt(
     cl::init(25.0), cl::cat(trainCategory));
 
 static cl::opt<std::string> recomputeOpt(
-    "recompute", cl::desc("Activation recomputation: none, full or selective"),
+    "recompute", cl::desc("Activation recomputation: none, selective, "
+                          "elementwise or full"),
     cl::init("none"), cl::cat(trainCategory));
 static cl::opt<std::string> precisionOpt(
     "precision", cl::desc("Compute precision: f32, bf16 or fp16 (fp32 master "
@@ -1039,7 +1040,8 @@ int main(int argc, char **argv) {
       dryRun ? oneOf("precision", precisionOpt, {"f32", "bf16", "fp16", "fp8"})
              : oneOf("precision", precisionOpt, {"f32", "bf16", "fp16"});
   if (!precisionOk ||
-      !oneOf("recompute", recomputeOpt, {"none", "full", "selective"}) ||
+      !oneOf("recompute", recomputeOpt,
+             {"none", "full", "selective", "elementwise"}) ||
       !oneOf("optimizer", optName, {"sgd", "adam", "adamw"}) ||
       !oneOf("schedule", scheduleOpt, {"constant", "cosine", "linear"}))
     return 2;

@@ -177,6 +177,16 @@ TEST(Activations, WhatDloptKeepsPerLayer) {
   // pass: 2 (2/8 + 2/8 + 12/8).
   c.recompute = RecomputePolicy::Selective;
   EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 4 * sbh);
+  // Elementwise: no norm output, the MLP's first matmul output only (the
+  // GELU's input): 2 (2/8 + (1 + 1 + 2 + 4) / 8) = 2.5 sbh with SP.
+  c.recompute = RecomputePolicy::Elementwise;
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 2.5 * sbh);
+  c.sequenceParallel = false; // 2 (2 + 8/8): the two residuals replicated
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 6 * sbh);
+  c.tp = 1; // 2 (2 + 1 + 3 + 4) = 20 against none's 32
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 20 * sbh);
+  c.tp = 8;
+  c.recompute = RecomputePolicy::Selective;
   c.sequenceParallel = false; // nothing to re-run without SP: as none
   EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 11 * sbh);
   c.recompute = RecomputePolicy::Full; // the layer input: 2sbh

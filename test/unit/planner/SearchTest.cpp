@@ -374,15 +374,16 @@ TEST(Search, NotATransformer) {
 }
 
 TEST(Search, LongSequencesUseContextParallelism) {
-  // 64k tokens without tensor or pipeline parallelism: the activations of
-  // the 8 layers (32 sbh bytes each, about 4.3 GB at 32k) outgrow the
-  // device unless the sequence is split; cp must appear, and the
-  // invariants hold.
+  // 64k tokens without tensor or pipeline parallelism or recomputation:
+  // the activations of the 8 layers (32 sbh bytes each, about 4.3 GB at
+  // 32k) outgrow the device unless the sequence is split; cp must appear,
+  // and the invariants hold. (Left free, the search fits it with
+  // elementwise recomputation instead, 20 sbh a layer.)
   GraphSummary g = gpt(8, 4096, 32, 65536, 32000);
   auto c = resolveCluster("dgx-h100:2");
   ASSERT_TRUE(c);
   SearchOptions o = opts(16);
-  o.fix = *parseFix("tp=1,pp=1");
+  o.fix = *parseFix("tp=1,pp=1,recompute=none");
   auto p = searchPlan(g, *c, CostModel(), o);
   ASSERT_TRUE(p) << p.status().message();
   checkInvariants(*p, *c);
@@ -499,13 +500,42 @@ TEST(Search, SelectiveRecomputeGathersTheNormOutputsAgainUnderSp) {
   o.fix = *parseFix("tp=8,pp=1,mbs=1,zero=1");
   auto free = searchPlan(g, *c, CostModel(), o);
   ASSERT_TRUE(free);
-  // none and full, each with sp 0 and 1, and selective with sp.
-  EXPECT_EQ(free->stats.enumerated, 5);
+  // none, elementwise and full, each with sp 0 and 1, and selective with
+  // sp.
+  EXPECT_EQ(free->stats.enumerated, 7);
   EXPECT_EQ(free->stats.pruned.count(
                 "recompute=selective without sp or cp: the same plan as none "
                 "(fused attention stores no scores to re-run, nothing is "
                 "gathered to gather again)"),
             1u);
+}
+
+TEST(Search, ElementwiseRecomputeRerunsTheMemoryBoundForward) {
+  GraphSummary g = gpt(8, 4096, 32, 4096, 32000);
+  auto c = resolveCluster("dgx-a100:1");
+  ASSERT_TRUE(c);
+  SearchOptions o = opts(8);
+  auto plan = [&](const char *rc) {
+    o.fix = *parseFix(std::string("tp=8,pp=1,mbs=1,zero=1,sp=1,recompute=") +
+                      rc);
+    auto p = searchPlan(g, *c, CostModel(), o);
+    EXPECT_TRUE(p) << rc;
+    return p->best;
+  };
+  const Candidate none = plan("none"), ew = plan("elementwise"),
+                  full = plan("full");
+  // Per layer 2.5 sbh bytes kept instead of none's 7.5 (the norm outputs
+  // and the GELU output recomputed), s b h = 4096 * 4096, 8 layers, one
+  // micro-batch in flight; full keeps the layer input alone.
+  const double sbh = 4096.0 * 4096;
+  EXPECT_NEAR(none.memory.activations - ew.memory.activations, 8 * 5 * sbh,
+              1.0);
+  EXPECT_LT(full.memory.activations, ew.memory.activations);
+  // It re-runs the memory-bound forward only: more compute than none,
+  // much less than full, which re-runs the matmuls and attention too.
+  EXPECT_GT(ew.time.compute, none.time.compute);
+  EXPECT_LT(ew.time.compute - none.time.compute,
+            0.25 * (full.time.compute - none.time.compute));
 }
 
 TEST(Search, SequenceParallelPipelinesSendTheShard) {
@@ -944,6 +974,30 @@ TEST(Search, InterleavedChunksNeedNotDivideTheLayers) {
 
 // Issue 10: the --fix grammar refuses what it can see is contradictory, and
 // products of fixed values never overflow.
+TEST(FixGrammar, RecomputePolicies) {
+  for (const char *rc : {"none", "selective", "elementwise", "full"}) {
+    auto f = parseFix(std::string("recompute=") + rc);
+    ASSERT_TRUE(f) << rc;
+    EXPECT_STREQ(recomputeName(*f->recompute), rc);
+  }
+}
+
+TEST(Search, EqualTimesPreferLessRecomputation) {
+  // Recomputation hidden behind a host-bound step prices the same: the
+  // plan that recomputes less wins, though another keeps less memory.
+  Candidate none, ew;
+  none.time.compute = ew.time.compute = 1e-3;
+  none.cfg.recompute = RecomputePolicy::None;
+  ew.cfg.recompute = RecomputePolicy::Elementwise;
+  none.memory.activations = 2e9;
+  ew.memory.activations = 1e9;
+  EXPECT_TRUE(pricing::better(none, ew));
+  EXPECT_FALSE(pricing::better(ew, none));
+  // Otherwise the faster one, whatever it recomputes.
+  ew.time.compute = 0.9e-3;
+  EXPECT_TRUE(pricing::better(ew, none));
+}
+
 TEST(FixGrammar, RepeatsAndContradictions) {
   auto twice = parseFix("dp=1,tp=2,dp=2");
   ASSERT_FALSE(twice);
