@@ -70,6 +70,17 @@ bool dlopt::isOpIdentityAttr(StringRef name) {
          name == DLOptDialect::kMicroBatchAttr;
 }
 
+int dlopt::meshAxisIndex(ModuleOp module, StringRef name) {
+  auto mesh = module->getAttrOfType<DictionaryAttr>("dlopt.mesh");
+  auto axes = mesh ? dyn_cast_or_null<ArrayAttr>(mesh.get("axes")) : ArrayAttr();
+  if (!axes)
+    return -1;
+  for (auto [k, a] : llvm::enumerate(axes))
+    if (auto n = dyn_cast<StringAttr>(a); n && n.getValue() == name)
+      return int(k);
+  return -1;
+}
+
 DictionaryAttr dlopt::meshAttr(MLIRContext *ctx, ArrayRef<Attribute> axes,
                               ArrayRef<int64_t> shape) {
   return DictionaryAttr::get(

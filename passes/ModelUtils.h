@@ -33,6 +33,10 @@ mlir::DictionaryAttr meshAttr(mlir::MLIRContext *ctx,
                               llvm::ArrayRef<mlir::Attribute> axes,
                               llvm::ArrayRef<int64_t> shape);
 
+/// The index of mesh axis `name` in the module's `dlopt.mesh` (a
+/// collective's grid axis), or -1 when the module has no such axis.
+int meshAxisIndex(mlir::ModuleOp module, llvm::StringRef name);
+
 /// Records on every op in [begin, end) of one block that `from` derives
 /// from: `dlopt.fwd_id` = from's `dlopt.id` (or its `dlopt.fwd_id` when
 /// `from` is itself derived), and drops any `dlopt.id` a clone copied.

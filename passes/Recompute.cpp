@@ -182,29 +182,18 @@ struct RecomputePass : dlopt::impl::RecomputePassBase<RecomputePass> {
       return signalPassFailure();
     if (policy == "none")
       return;
-    tpAxis = axisOf(getOperation(), "tp");
-    cpAxis = axisOf(getOperation(), "cp");
+    tpAxis = meshAxisIndex(getOperation(), "tp");
+    cpAxis = meshAxisIndex(getOperation(), "cp");
     recompute(*fn);
   }
 
-  int16_t tpAxis = -1, cpAxis = -1;
+  /// The partitioned step's mesh axes tp and cp (meshAxisIndex), or -1.
+  int tpAxis = -1, cpAxis = -1;
 
   static std::optional<int64_t> layerOf(Operation *op) {
     if (auto a = op->getAttrOfType<IntegerAttr>(DLOptDialect::kLayerAttr))
       return a.getInt();
     return std::nullopt;
-  }
-
-  /// The mesh axis `name` of a partitioned step's grid (dlopt.mesh), or -1.
-  static int16_t axisOf(ModuleOp module, StringRef name) {
-    auto mesh = module->getAttrOfType<DictionaryAttr>("dlopt.mesh");
-    auto axes = mesh ? dyn_cast_or_null<ArrayAttr>(mesh.get("axes")) : ArrayAttr();
-    if (!axes)
-      return -1;
-    for (auto [k, a] : llvm::enumerate(axes))
-      if (auto n = dyn_cast<StringAttr>(a); n && n.getValue() == name)
-        return int16_t(k);
-    return -1;
   }
 
   /// An activation gathered over tp alone (sequence parallelism's gathers

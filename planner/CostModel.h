@@ -99,7 +99,9 @@ struct CommEstimate {
 /// (selective); every op of the layer but its matmuls and attention, whose
 /// results stay (elementwise: norms, activations, rope, adds, the gathers);
 /// every op of the layer (full).
-enum class RecomputePolicy { None, Selective, Full, Elementwise };
+/// In order of what they re-run, least first (the search's ties prefer
+/// the earlier).
+enum class RecomputePolicy { None, Selective, Elementwise, Full };
 const char *recomputeName(RecomputePolicy r);
 
 class CostModel {

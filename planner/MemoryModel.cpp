@@ -142,16 +142,14 @@ double activationBytesPerLayer(const TransformerSpec &spec,
   const double kvShare = double(spec.kv()) / double(spec.heads);
   const double w = double(spec.tpWidth()) / h;
   const double g = spec.gatedMlp ? 4 : 2;
-  // GEMM inputs: the two norm outputs (gathered over tp with SP; their
-  // shards under selective recomputation, which gathers them again in the
-  // backward pass), the attention output, the MLP's last input. The rest:
-  // the layer input and the residual (split with SP), q, k and v, the MLP's
-  // other values.
-  // Selective and elementwise recomputation keep the shards of what tp
-  // and cp gather (the norm outputs under SP, the keys and values under cp)
-  // and gather them again in the backward pass. Elementwise keeps no norm
-  // output and, of the MLP, only its matmuls' outputs (the GELU's input;
-  // gate and up): g/2 of its values, the rest recomputed.
+  // GEMM inputs: the two norm outputs (gathered over tp with SP), the
+  // attention output, the MLP's last input. The rest: the layer input and
+  // the residual (split with SP), q, k and v (k and v gathered over cp),
+  // the MLP's other values. Selective and elementwise recomputation keep
+  // the shards of what tp and cp gather and gather them again in the
+  // backward pass; elementwise keeps no norm output and, of the MLP, only
+  // its matmuls' outputs (the GELU's input; gate and up): g/2 of its
+  // values.
   const bool elementwise = cfg.recompute == RecomputePolicy::Elementwise;
   const bool selective =
       cfg.recompute == RecomputePolicy::Selective || elementwise;
@@ -365,12 +363,10 @@ transformerStageMemoryWithLayers(const TransformerSpec &spec,
                      (s * b * h * (1 / spDiv + 1) + 2 * s * b * vLocal);
 
   // Working set of one layer's backward when its activations are
-  // recomputed: all of them (full), or under sequence parallelism the two
-  // norm outputs that selective recomputation gathers again.
+  // recomputed: what it recomputes lives during it, at most the whole
+  // layer's (the "none" row) for full and elementwise recomputation.
   if (cfg.recompute == RecomputePolicy::Full ||
       cfg.recompute == RecomputePolicy::Elementwise) {
-    // What the layer's backward pass recomputes lives during it: at most
-    // the whole layer's (the "none" row).
     TrainingConfig noRecompute = cfg;
     noRecompute.recompute = RecomputePolicy::None;
     m.transient = activationBytesPerLayer(spec, noRecompute);

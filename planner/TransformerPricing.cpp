@@ -628,11 +628,17 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // max_s(W_s - sum_{j<s} B_j), accumulated stage by stage.
   const double tpFwdShare = tpForwardShare(cfg);
   double pathFwd = 0, pathInputGrad = 0, pathLead = 0;
-  // Each stage's backward of one micro-batch (its collectives' share
-  // included): the window its gradient sync overlaps, and how much earlier
-  // than stage 0 it ends its last one (GPipe and 1F1B drain the last
-  // micro-batch's backward from the last stage to the first).
-  std::vector<double> stageBackward(cfg.pp, 0.0);
+  // GPipe (and 1F1B with one micro-batch) prices each stage's gradient
+  // sync behind its own last backward (below), ZeRO 0 and 1: each stage's
+  // backward of one micro-batch, its collectives' share included, is kept
+  // for that only.
+  const bool perStageSync =
+      train && cfg.pp > 1 && cfg.zeroStage < 2 &&
+      (cfg.schedule == PipelineSchedule::GPipe ||
+       (cfg.schedule == PipelineSchedule::OneFOneB && m == 1));
+  std::vector<double> stageBackward;
+  if (perStageSync)
+    stageBackward.assign(cfg.pp, 0.0);
   for (int st = 0; st < cfg.pp; ++st) {
     const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp,
                                    pl ? pl->kind[st] : -1);
@@ -651,7 +657,8 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     sumTime += withComm;
     if (train) {
       const double fwd = f + stageTp * tpFwdShare;
-      stageBackward[st] = withComm - fwd;
+      if (perStageSync)
+        stageBackward[st] = withComm - fwd;
       const double w =
           weightGradSeconds(f, t - f, c.cost.calibration().backwardFlopsRatio);
       pathFwd += fwd;
@@ -922,12 +929,8 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     // sums, so it keeps the slowest stage's sync (0.5-1.2% from the
     // replay on GPT-2 small's uneven 4-stage split, where this rule is
     // 0.4-2.6% over).
-    const bool perStageSync =
-        cfg.pp > 1 && stageMems.size() == size_t(cfg.pp) &&
-        (cfg.schedule == PipelineSchedule::GPipe ||
-         (cfg.schedule == PipelineSchedule::OneFOneB && m == 1));
     auto stageSyncs = [&](Collective coll, double fallback) {
-      if (!perStageSync)
+      if (!perStageSync || stageMems.size() != size_t(cfg.pp))
         return fallback;
       double worst = 0, lead = 0;
       for (int st = 0; st < cfg.pp; ++st) {
@@ -1157,21 +1160,8 @@ bool better(const Candidate &a, const Candidate &b) {
     return ta < tb;
   // Equal time (recomputation hidden behind a host-bound step, say): the
   // plan that recomputes less, then the one with more memory headroom.
-  auto rerun = [](RecomputePolicy r) {
-    switch (r) {
-    case RecomputePolicy::None:
-      return 0;
-    case RecomputePolicy::Selective:
-      return 1;
-    case RecomputePolicy::Elementwise:
-      return 2;
-    case RecomputePolicy::Full:
-      return 3;
-    }
-    return 3;
-  };
-  if (rerun(a.cfg.recompute) != rerun(b.cfg.recompute))
-    return rerun(a.cfg.recompute) < rerun(b.cfg.recompute);
+  if (a.cfg.recompute != b.cfg.recompute)
+    return a.cfg.recompute < b.cfg.recompute;
   double ma = a.memory.total(), mb = b.memory.total();
   if (ma != mb)
     return ma < mb;
@@ -1179,7 +1169,7 @@ bool better(const Candidate &a, const Candidate &b) {
     return std::make_tuple(c.cfg.tp, c.cfg.pp, c.cfg.cp, c.cfg.dp,
                            c.cfg.sequenceParallel, c.cfg.microBatchSize,
                            int(c.cfg.schedule), c.cfg.virtualStages,
-                           c.cfg.zeroStage, int(c.cfg.recompute));
+                           c.cfg.zeroStage);
   };
   return k(a) < k(b);
 }

@@ -348,6 +348,13 @@ struct Ctx {
   /// replicated part divided by tp only under sequence parallelism.
   double groupTime(const GroupCost &g, double scale, int tp, bool sp,
                    int gpuKind) const {
+    return groupMatmulAttentionTime(g, scale, tp, gpuKind) +
+           groupElementwiseTime(g, scale, tp, sp, gpuKind);
+  }
+
+  /// A group's matmuls and attention for `scale` samples on a tp rank.
+  double groupMatmulAttentionTime(const GroupCost &g, double scale, int tp,
+                                  int gpuKind) const {
     double att = roofline(OpKind::Attention, g.attFlops * scale / tp,
                           g.attBytes * scale / tp, gpuKind);
     double mm = 0;
@@ -356,7 +363,7 @@ struct Ctx {
                     g.mmBytes * scale / tp, gpuKind);
     for (const GroupGemm &gm : g.gemms)
       mm += gemmTime(gm, scale, tp, gpuKind);
-    return mm + att + groupElementwiseTime(g, scale, tp, sp, gpuKind);
+    return mm + att;
   }
 
   /// The memory-bound part of a group's forward (groupTime less its
@@ -397,10 +404,9 @@ struct Ctx {
     t.bwdGemmPrefix.push_back(0);
     t.elementwisePrefix.push_back(0);
     for (const GroupCost &g : layers) {
-      double f = groupTime(g, scale, tp, sp, gpuKind);
-      t.elementwisePrefix.push_back(
-          t.elementwisePrefix.back() +
-          groupElementwiseTime(g, scale, tp, sp, gpuKind));
+      const double ew = groupElementwiseTime(g, scale, tp, sp, gpuKind);
+      const double f = groupMatmulAttentionTime(g, scale, tp, gpuKind) + ew;
+      t.elementwisePrefix.push_back(t.elementwisePrefix.back() + ew);
       t.fwd.push_back(f);
       t.prefix.push_back(t.prefix.back() + f);
       t.opsPrefix.push_back(t.opsPrefix.back() + g.ops);

@@ -119,12 +119,6 @@ def mpt_rows():
     return groups
 
 
-def seq_of(gen):
-    if "--seq" in gen:
-        return int(gen[gen.index("--seq") + 1])
-    return None
-
-
 def measured_step(rule, row, devices):
     """The published figure as seconds per step."""
     if rule == "step_seconds":
@@ -301,7 +295,7 @@ def main():
                   % (r["name"], res["params"], r["params"]))
             continue
         r = dict(r)
-        r["seq"] = res["model"]["seq"] or seq_of(r["gen"])
+        r["seq"] = res["model"]["seq"]
         r["model"] = res["model"]
         meas = measured_step(g["measured_rule"], r, res["devices"])
         d = res["step"] / meas - 1

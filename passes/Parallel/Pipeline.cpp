@@ -176,14 +176,9 @@ void PipelinePass::runOnOperation() {
     bad() << "expects a training step (after dlopt-optimizer)";
     return;
   }
-  if (module->getAttrOfType<DictionaryAttr>("dlopt.mesh")) {
-    auto axes = cast<ArrayAttr>(
-        module->getAttrOfType<DictionaryAttr>("dlopt.mesh").get("axes"));
-    for (Attribute a : axes)
-      if (cast<StringAttr>(a).getValue() == kAxis) {
-        bad() << "the module already has a '" << kAxis << "' mesh axis";
-        return;
-      }
+  if (meshAxisIndex(module, kAxis) >= 0) {
+    bad() << "the module already has a '" << kAxis << "' mesh axis";
+    return;
   }
   std::vector<std::vector<PipelineTask>> orders;
   for (int64_t s = 0; s < P; ++s) {

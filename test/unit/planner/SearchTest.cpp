@@ -73,6 +73,16 @@ SearchOptions opts(int64_t batch) {
   return o;
 }
 
+/// The search's plan under `--fix fix` (which must parse).
+Expected<PlanResult> planWithFix(const GraphSummary &g, const Cluster &c,
+                                 SearchOptions o, const std::string &fix) {
+  auto f = parseFix(fix);
+  if (!f)
+    return f.status();
+  o.fix = *f;
+  return searchPlan(g, c, CostModel(), o);
+}
+
 void checkInvariants(const PlanResult &p, const Cluster &c) {
   const TrainingConfig &cfg = p.best.cfg;
   EXPECT_EQ(cfg.dp * cfg.tp * cfg.pp * cfg.cp, c.numDevices());
@@ -419,10 +429,10 @@ TEST(Search, ContextParallelDividesActivationsAndGathersKeysAndValues) {
   // Without recomputation each rank keeps k and v gathered over cp: per
   // layer 2 (s/cp) b h/t elements more than half of cp=1's, 2 x 8192 x
   // 4096 / 4 x 2 B, over 8 layers and one micro-batch in flight.
-  o.fix = *parseFix("tp=4,pp=1,cp=1,mbs=1,recompute=none,zero=1,sp=1");
-  auto oneNone = searchPlan(g, *c, CostModel(), o);
-  o.fix = *parseFix("tp=4,pp=1,cp=2,mbs=1,recompute=none,zero=1,sp=1");
-  auto twoNone = searchPlan(g, *c, CostModel(), o);
+  auto oneNone =
+      planWithFix(g, *c, o, "tp=4,pp=1,cp=1,mbs=1,recompute=none,zero=1,sp=1");
+  auto twoNone =
+      planWithFix(g, *c, o, "tp=4,pp=1,cp=2,mbs=1,recompute=none,zero=1,sp=1");
   ASSERT_TRUE(oneNone && twoNone);
   EXPECT_DOUBLE_EQ(twoNone->best.memory.activations,
                    oneNone->best.memory.activations / 2 +
@@ -475,10 +485,10 @@ TEST(Search, SelectiveRecomputeGathersTheNormOutputsAgainUnderSp) {
   auto c = resolveCluster("dgx-a100:1");
   ASSERT_TRUE(c);
   SearchOptions o = opts(8);
-  o.fix = *parseFix("tp=8,pp=1,mbs=1,recompute=none,zero=1,sp=1");
-  auto none = searchPlan(g, *c, CostModel(), o);
-  o.fix = *parseFix("tp=8,pp=1,mbs=1,recompute=selective,zero=1,sp=1");
-  auto sel = searchPlan(g, *c, CostModel(), o);
+  auto none =
+      planWithFix(g, *c, o, "tp=8,pp=1,mbs=1,recompute=none,zero=1,sp=1");
+  auto sel =
+      planWithFix(g, *c, o, "tp=8,pp=1,mbs=1,recompute=selective,zero=1,sp=1");
   ASSERT_TRUE(none && sel);
   // Per layer it keeps the two norm outputs' shards (2/8 sbh each instead
   // of the gathered sbh): 2 (2/8 + 2/8 + 12/8) = 4 sbh against
@@ -497,8 +507,7 @@ TEST(Search, SelectiveRecomputeGathersTheNormOutputsAgainUnderSp) {
   EXPECT_DOUBLE_EQ(pricing::tpForwardShare(cfg), 4.0 / 10.0);
   // The free search prices selective recomputation with SP, and prunes it
   // without SP as the same plan as none.
-  o.fix = *parseFix("tp=8,pp=1,mbs=1,zero=1");
-  auto free = searchPlan(g, *c, CostModel(), o);
+  auto free = planWithFix(g, *c, o, "tp=8,pp=1,mbs=1,zero=1");
   ASSERT_TRUE(free);
   // none, elementwise and full, each with sp 0 and 1, and selective with
   // sp.
@@ -514,11 +523,9 @@ TEST(Search, ElementwiseRecomputeRerunsTheMemoryBoundForward) {
   GraphSummary g = gpt(8, 4096, 32, 4096, 32000);
   auto c = resolveCluster("dgx-a100:1");
   ASSERT_TRUE(c);
-  SearchOptions o = opts(8);
   auto plan = [&](const char *rc) {
-    o.fix = *parseFix(std::string("tp=8,pp=1,mbs=1,zero=1,sp=1,recompute=") +
-                      rc);
-    auto p = searchPlan(g, *c, CostModel(), o);
+    auto p = planWithFix(
+        g, *c, opts(8), std::string("tp=8,pp=1,mbs=1,zero=1,sp=1,recompute=") + rc);
     EXPECT_TRUE(p) << rc;
     return p->best;
   };
@@ -542,10 +549,8 @@ TEST(Search, SequenceParallelPipelinesSendTheShard) {
   GraphSummary g = gpt(8, 4096, 32, 4096, 32000);
   auto c = resolveCluster("dgx-a100:2");
   ASSERT_TRUE(c);
-  SearchOptions o = opts(16);
   auto sendBytes = [&](const char *fix) {
-    o.fix = *parseFix(fix);
-    auto r = searchPlan(g, *c, CostModel(), o);
+    auto r = planWithFix(g, *c, opts(16), fix);
     EXPECT_TRUE(r) << fix;
     for (const CommOp &op : r->comms)
       if (op.collective == Collective::SendRecv)
@@ -1256,10 +1261,7 @@ TEST(Search, HostBoundAndLongSequencePlansAgreeWithTheReplay) {
 void expectAgreesWithReplay(const GraphSummary &g, const Cluster &c,
                             SearchOptions o, const std::string &fix,
                             double rel) {
-  auto f = parseFix(fix);
-  ASSERT_TRUE(f) << f.status().message();
-  o.fix = *f;
-  auto p = searchPlan(g, c, CostModel(), o);
+  auto p = planWithFix(g, c, std::move(o), fix);
   ASSERT_TRUE(p) << p.status().message();
   ASSERT_TRUE(p->simulated) << p->simError;
   EXPECT_REL(p->best.time.total(), p->simulated->stepTime, rel);
