@@ -276,11 +276,17 @@ def RecomputePass : Pass<"dlopt-recompute", "mlir::ModuleOp"> {
     every op of the layer but its matmuls, attention and convolutions
     (whose results are kept) and but collectives other than those gathers:
     norms, activation functions, rope, adds, reshapes, dropout.
+    `alternate` recomputes that and, of each layer's matmuls in program
+    order, the second, the fourth and so on (torchtitan's per-op selective
+    activation checkpointing, which saves every other matmul's output);
+    a matmul whose output is reduced across ranks keeps its result. Both
+    re-run the ZeRO-3 parameter gathers that recomputed ops read, and the
+    backward pass reads those gathers instead of its own.
   }];
   let options = [
     Option<"entry", "entry", "std::string", /*default=*/"\"\"", "Entry function name">,
     Option<"policy", "policy", "std::string", /*default=*/"\"full\"",
-           "none, selective, elementwise or full">
+           "none, selective, elementwise, alternate or full">
   ];
   let statistics = [
     Statistic<"numCloned", "cloned-ops", "Forward ops cloned for recomputation">

@@ -129,7 +129,7 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
                                 llvm::cl::init("adamw")};
   Option<double> lr{*this, "lr", llvm::cl::desc("Learning rate"), llvm::cl::init(1e-3)};
   Option<std::string> recompute{*this, "recompute",
-                                llvm::cl::desc("none, selective, elementwise or full"),
+                                llvm::cl::desc("none, selective, elementwise, alternate or full"),
                                 llvm::cl::init("none")};
   Option<std::string> precision{*this, "precision",
                                 llvm::cl::desc("f32, bf16 or fp16"),

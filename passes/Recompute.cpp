@@ -7,6 +7,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/Shard/IR/ShardOps.h"
 #include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/SetVector.h"
 
@@ -170,11 +171,11 @@ struct RecomputePass : dlopt::impl::RecomputePassBase<RecomputePass> {
 
   void runOnOperation() override {
     if (policy != "none" && policy != "full" && policy != "selective" &&
-        policy != "elementwise") {
+        policy != "elementwise" && policy != "alternate") {
       getOperation().emitError() << "dlopt-recompute: unknown policy '"
                                  << std::string(policy)
-                                 << "', expected none, selective, elementwise "
-                                    "or full";
+                                 << "', expected none, selective, elementwise, "
+                                    "alternate or full";
       return signalPassFailure();
     }
     FailureOr<func::FuncOp> fn = findEntryFunction(getOperation(), entry);
@@ -189,6 +190,9 @@ struct RecomputePass : dlopt::impl::RecomputePassBase<RecomputePass> {
 
   /// The partitioned step's mesh axes tp and cp (meshAxisIndex), or -1.
   int tpAxis = -1, cpAxis = -1;
+  /// The matmuls `alternate` re-runs: of each layer's forward (per
+  /// micro-batch), in program order, the second, the fourth, ...
+  llvm::DenseSet<Operation *> rerunMatmuls;
 
   static std::optional<int64_t> layerOf(Operation *op) {
     if (auto a = op->getAttrOfType<IntegerAttr>(DLOptDialect::kLayerAttr))
@@ -223,11 +227,22 @@ struct RecomputePass : dlopt::impl::RecomputePassBase<RecomputePass> {
     // Elementwise: every op but the matmuls, attention and convolutions,
     // whose results stay, and but the collectives that move data between
     // ranks other than those gathers (reductions are not re-run).
-    if (policy == "elementwise") {
-      if (isa<dl::MatmulOp, dl::AttentionOp, dl::Conv2DOp, dl::SendRecvOp>(op))
+    // Alternate: the same and every second matmul of the layer
+    // (torchtitan's per-op selective checkpointing, which saves the
+    // outputs of the odd-numbered matmuls only). A ZeRO-3 parameter gather is re-run too when a recomputed op reads
+    // it (a norm's weight, a re-run matmul's), and the backward pass then
+    // reads that gather instead of its own: reading the forward's gather
+    // instead would hold every layer's gathered parameters from its
+    // forward to its backward pass, undoing ZeRO-3.
+    if (policy == "elementwise" || policy == "alternate") {
+      if (isa<dl::AttentionOp, dl::Conv2DOp, dl::SendRecvOp>(op))
         return false;
+      if (isa<dl::MatmulOp>(op))
+        return rerunMatmuls.contains(op);
       if (op->getDialect() && isa<shard::ShardDialect>(op->getDialect()))
-        return isActivationGather(op) || isa<shard::AllSliceOp>(op);
+        return isActivationGather(op) || isa<shard::AllSliceOp>(op) ||
+               (isa<shard::AllGatherOp>(op) &&
+                op->hasAttr(DLOptDialect::kZeroGatherAttr));
       return true;
     }
     return true;
@@ -252,6 +267,13 @@ struct RecomputePass : dlopt::impl::RecomputePassBase<RecomputePass> {
       else
         forward[key].push_back(&op);
     }
+    if (policy == "alternate")
+      for (auto &[key, ops] : forward) {
+        int64_t n = 0;
+        for (Operation *op : ops)
+          if (isa<dl::MatmulOp>(op) && ++n % 2 == 0)
+            rerunMatmuls.insert(op);
+      }
     for (auto &[key, ops] : forward) {
       Operation *insertAt = firstBackward.lookup(key);
       if (!insertAt)

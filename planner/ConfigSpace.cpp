@@ -138,7 +138,8 @@ void forEachConfig(const SpaceRules &r, const FixSpec &fix,
                 continue; // the same plan as zero=0
               for (RecomputePolicy rc :
                    {RecomputePolicy::None, RecomputePolicy::Selective,
-                    RecomputePolicy::Elementwise, RecomputePolicy::Full}) {
+                    RecomputePolicy::Elementwise, RecomputePolicy::Alternate,
+                    RecomputePolicy::Full}) {
                 if (!r.recompute && rc != RecomputePolicy::None)
                   continue; // a fixed policy is refused (unsupportedFixes)
                 if (fix.recompute && *fix.recompute != rc)

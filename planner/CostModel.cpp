@@ -80,6 +80,8 @@ const char *recomputeName(RecomputePolicy r) {
     return "full";
   case RecomputePolicy::Elementwise:
     return "elementwise";
+  case RecomputePolicy::Alternate:
+    return "alternate";
   }
   return "?";
 }

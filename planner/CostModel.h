@@ -98,10 +98,11 @@ struct CommEstimate {
 /// attention core's softmax and dropout results and what tp and cp gather
 /// (selective); every op of the layer but its matmuls and attention, whose
 /// results stay (elementwise: norms, activations, rope, adds, the gathers);
-/// every op of the layer (full).
+/// that and every second matmul of the layer (alternate: torchtitan's
+/// per-op selective checkpointing); every op of the layer (full).
 /// In order of what they re-run, least first (the search's ties prefer
 /// the earlier).
-enum class RecomputePolicy { None, Selective, Elementwise, Full };
+enum class RecomputePolicy { None, Selective, Elementwise, Alternate, Full };
 const char *recomputeName(RecomputePolicy r);
 
 class CostModel {

@@ -63,6 +63,8 @@ std::optional<RecomputePolicy> parseRecompute(std::string_view s) {
     return RecomputePolicy::Full;
   if (s == "elementwise")
     return RecomputePolicy::Elementwise;
+  if (s == "alternate")
+    return RecomputePolicy::Alternate;
   return std::nullopt;
 }
 
@@ -134,7 +136,7 @@ Expected<FixSpec> parseFix(std::string_view text) {
       if (!r)
         return Status::error("--fix: recompute '" + v +
                              "' is not one of none, selective, "
-                             "elementwise, full");
+                             "elementwise, alternate, full");
       f.recompute = r;
       continue;
     }

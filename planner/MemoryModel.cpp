@@ -149,16 +149,25 @@ double activationBytesPerLayer(const TransformerSpec &spec,
   // the shards of what tp and cp gather and gather them again in the
   // backward pass; elementwise keeps no norm output and, of the MLP, only
   // its matmuls' outputs (the GELU's input; gate and up): g/2 of its
-  // values.
-  const bool elementwise = cfg.recompute == RecomputePolicy::Elementwise;
+  // values. Alternate (dlopt-recompute) also re-runs the second, fourth
+  // and sixth matmuls of a pre-norm layer (q, k, v, out, gate or fc1, up
+  // or fc2, down): k, the attention's out projection unless tp reduces
+  // its output (then its reduced output stays), up (a GPT layer's fc2
+  // output is read by no backward op). It keeps the layer input, q, v,
+  // the attention output and the MLP's first matmul output.
+  const bool alternate = cfg.recompute == RecomputePolicy::Alternate;
+  const bool elementwise =
+      cfg.recompute == RecomputePolicy::Elementwise || alternate;
   const bool selective =
       cfg.recompute == RecomputePolicy::Selective || elementwise;
   const bool regather = sp && selective;
   const double normOutputs = elementwise ? 0 : regather ? 2 / t : 2;
   const double gemmInputs = normOutputs + 1 / t + (elementwise ? 0 : w / t);
-  const double others = (sp ? 2 / t : 2) +
-                        (1 + 2 * kvShare * (selective ? 1 : cp)) / t +
-                        (elementwise ? g / 2 : g - 1) * w / t;
+  const double residual = sp ? 1 / t : 1;
+  const double others =
+      alternate ? residual + (t > 1 ? residual : 0) + (1 + kvShare) / t + w / t
+                : 2 * residual + (1 + 2 * kvShare * (selective ? 1 : cp)) / t +
+                      (elementwise ? g / 2 : g - 1) * w / t;
   return sbh * (eg * gemmInputs + e * others);
 }
 
@@ -366,7 +375,8 @@ transformerStageMemoryWithLayers(const TransformerSpec &spec,
   // recomputed: what it recomputes lives during it, at most the whole
   // layer's (the "none" row) for full and elementwise recomputation.
   if (cfg.recompute == RecomputePolicy::Full ||
-      cfg.recompute == RecomputePolicy::Elementwise) {
+      cfg.recompute == RecomputePolicy::Elementwise ||
+      cfg.recompute == RecomputePolicy::Alternate) {
     TrainingConfig noRecompute = cfg;
     noRecompute.recompute = RecomputePolicy::None;
     m.transient = activationBytesPerLayer(spec, noRecompute);

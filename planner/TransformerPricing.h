@@ -92,6 +92,9 @@ struct LayerTimes {
   /// Prefix sums per layer of the forward's memory-bound part (all but
   /// the matmuls and attention): what elementwise recomputation re-runs.
   std::vector<double> elementwisePrefix;
+  /// Prefix sums per layer of the matmuls alternate recomputation re-runs
+  /// besides (Ctx::groupAlternateGemmTime).
+  std::vector<double> alternateGemmPrefix;
 
   /// One micro-batch through the layer ranges of a stage, with the pre
   /// group on the first stage and the post group on the last: its forward
@@ -103,11 +106,12 @@ struct LayerTimes {
   Stage stage(const std::vector<std::pair<int64_t, int64_t>> &ranges,
               bool first, bool last, const CostModel &cost,
               RecomputePolicy recompute) const {
-    double f = 0, bwdGemm = 0, elementwise = 0;
+    double f = 0, bwdGemm = 0, elementwise = 0, alternate = 0;
     for (auto [a, b] : ranges) {
       f += prefix[b] - prefix[a];
       bwdGemm += bwdGemmPrefix[b] - bwdGemmPrefix[a];
       elementwise += elementwisePrefix[b] - elementwisePrefix[a];
+      alternate += alternateGemmPrefix[b] - alternateGemmPrefix[a];
     }
     if (first) {
       f += pre;
@@ -117,9 +121,10 @@ struct LayerTimes {
       f += post;
       bwdGemm += postBwdGemm;
     }
-    const double rerun = recompute == RecomputePolicy::Elementwise
-                             ? elementwise
-                             : kSelectiveRerun;
+    const double rerun =
+        recompute == RecomputePolicy::Elementwise ? elementwise
+        : recompute == RecomputePolicy::Alternate ? elementwise + alternate
+                                                  : kSelectiveRerun;
     return {f, cost.trainingTime(f, recompute, rerun) + bwdGemm};
   }
 };
@@ -366,6 +371,25 @@ struct Ctx {
     return mm + att;
   }
 
+  /// The matmuls of a layer that alternate recomputation re-runs for
+  /// `scale` samples on a tp rank (dlopt-recompute's `alternate`): of its
+  /// matmuls in program order the second, fourth, ..., less the last (a
+  /// pre-norm layer's last matmul feeds only the residual add, whose
+  /// backward reads nothing) and, under tp, less the row-parallel ones,
+  /// whose reduced output is kept. A graph without an op list: half its
+  /// matmul time.
+  double groupAlternateGemmTime(const GroupCost &g, double scale, int tp,
+                                int gpuKind) const {
+    if (g.gemms.empty())
+      return 0.5 * roofline(OpKind::Matmul, g.mmFlops * scale / tp,
+                            g.mmBytes * scale / tp, gpuKind);
+    double t = 0;
+    for (size_t i = 1; i + 1 < g.gemms.size(); i += 2)
+      if (tp == 1 || g.gemms[i].split != GroupGemm::Split::K)
+        t += gemmTime(g.gemms[i], scale, tp, gpuKind);
+    return t;
+  }
+
   /// The memory-bound part of a group's forward (groupTime less its
   /// matmuls and attention): its ops one by one where they are priced so,
   /// else one roofline over the group's other FLOPs and bytes.
@@ -403,10 +427,14 @@ struct Ctx {
     t.opsPrefix.push_back(0);
     t.bwdGemmPrefix.push_back(0);
     t.elementwisePrefix.push_back(0);
+    t.alternateGemmPrefix.push_back(0);
     for (const GroupCost &g : layers) {
       const double ew = groupElementwiseTime(g, scale, tp, sp, gpuKind);
       const double f = groupMatmulAttentionTime(g, scale, tp, gpuKind) + ew;
       t.elementwisePrefix.push_back(t.elementwisePrefix.back() + ew);
+      t.alternateGemmPrefix.push_back(
+          t.alternateGemmPrefix.back() +
+          groupAlternateGemmTime(g, scale, tp, gpuKind));
       t.fwd.push_back(f);
       t.prefix.push_back(t.prefix.back() + f);
       t.opsPrefix.push_back(t.opsPrefix.back() + g.ops);

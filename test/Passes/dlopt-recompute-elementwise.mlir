@@ -16,7 +16,7 @@
 // CHECK-DAG: dlopt.matmul %[[G]], %{{.+}} {dlopt.backward, dlopt.layer = 0 : i64, transpose_a}
 // CHECK: return
 
-// BAD: dlopt-recompute: unknown policy 'cheap', expected none, selective, elementwise or full
+// BAD: dlopt-recompute: unknown policy 'cheap', expected none, selective, elementwise, alternate or full
 func.func @main(%x: tensor<2x8x8xf32> {dlopt.input = "x", dlopt.sharding = [[], ["tp"], []]},
                 %g: tensor<8xf32> {dlopt.param = "ln.weight"},
                 %w1: tensor<8x16xf32> {dlopt.param = "w1", dlopt.sharding = [[], ["tp"]]},

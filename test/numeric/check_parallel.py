@@ -237,6 +237,22 @@ CASES = [
     ("llama.sgd.pp2.tp2.elementwise", ["llama", "--preset", "llama-tiny", "--batch", "4"],
      ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--accumulate", "2"],
      "pp=2,dp=1,tp=2,recompute=elementwise,schedule=1f1b", "cpu:2"),
+    # ZeRO-3 with elementwise or alternate recomputation: the recomputed
+    # forward gathers the layer's parameters again and the backward pass
+    # reads that gather.
+    ("gpt.sgd.dp2.zero3.elementwise", ["gpt", "--preset", "gpt-tiny", "--batch", "4"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9"], "dp=2,zero=3,recompute=elementwise", "cpu:1"),
+    # Alternate recomputation: elementwise plus every second matmul of a
+    # layer (k, the out projection unless tp reduces it, up).
+    ("llama.adamw.dp2.zero3.alternate", ["llama", "--preset", "llama-tiny", "--batch", "4"],
+     ["--optimizer", "adamw", "--lr", "0.01", "--adam-eps", "1e-3"], "dp=2,zero=3,recompute=alternate", "cpu:1"),
+    ("gpt.sgd.clip.dp2.tp2.sp.alternate", ["gpt", "--preset", "gpt-tiny", "--batch", "4", "--dropout", "0.1"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--clip-norm", "0.5"], "dp=2,tp=2,sp=1,recompute=alternate", "cpu:2"),
+    ("llama.grads.cp2.tp2.sp.alternate", ["llama", "--preset", "llama-tiny", "--batch", "4"], ["--autodiff"],
+     "dp=1,tp=2,cp=2,sp=1,recompute=alternate", "cpu:2"),
+    ("llama.sgd.pp2.tp2.alternate", ["llama", "--preset", "llama-tiny", "--batch", "4"],
+     ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--accumulate", "2"],
+     "pp=2,dp=1,tp=2,recompute=alternate,schedule=1f1b", "cpu:2"),
     ("llama.sgd.pp2.tp2.sp.selective", ["llama", "--preset", "llama-tiny", "--batch", "4"],
      ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--accumulate", "2"],
      "pp=2,dp=1,tp=2,sp=1,recompute=selective,schedule=1f1b", "cpu:2"),

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Mixed precision (--precision bf16|fp16) and activation recomputation
-(--recompute none|selective|elementwise|full) of `dlopt-compile --train`,
+(--recompute none|selective|elementwise|alternate|full) of `dlopt-compile --train`,
 end to end.
 
   ir.bf16.gpt        --emit=mlir of a 2-layer GPT at --precision bf16: every
@@ -35,10 +35,12 @@ end to end.
                      progress line.
   recompute.memory   a 6-layer GPT (seq 128, dropout 0.1): planned scratch and
                      total memory (dlopt-compile summary, dlopt-run --dump) for
-                     none / selective / elementwise / full; full <
-                     elementwise < none, selective <= none.
+                     none / selective / elementwise / alternate / full;
+                     full < alternate < elementwise < none, selective <=
+                     none.
   recompute.bitwise  the 2-layer GPT with dropout 0.1, 20 AdamW steps at none,
-                     selective, elementwise and full: bitwise-identical per-step
+                     selective, elementwise, alternate and full:
+                     bitwise-identical per-step
                      loss/grad_norm and final checkpoints.
   recompute.bitwise_bf16
                      the same at --precision bf16 (none vs full).
@@ -691,7 +693,7 @@ def mib(b):
 
 def recompute_memory(ctx):
     src = gen(ctx, GPT_DEEP, ctx.path("gpt6.mlir"))
-    f = {p: planned_memory(ctx, src, p) for p in ("none", "selective", "elementwise", "full")}
+    f = {p: planned_memory(ctx, src, p) for p in ("none", "selective", "elementwise", "alternate", "full")}
     det = "6-layer GPT seq 128 dropout 0.1: " + "; ".join(
         "%s scratch %s total %s (%d instr, %d clones)" % (p, mib(v["scratch"]), mib(v["total"]), v["instr"],
                                                           v["clones"]) for p, v in f.items())
@@ -705,6 +707,8 @@ def recompute_memory(ctx):
         raise Failure("selective plans more memory than none: " + det)
     if not (f["full"]["scratch"] < f["elementwise"]["scratch"] < f["none"]["scratch"]):
         raise Failure("elementwise does not plan between full and none: " + det)
+    if not (f["full"]["scratch"] < f["alternate"]["scratch"] < f["elementwise"]["scratch"]):
+        raise Failure("alternate does not plan between full and elementwise: " + det)
     return det + "; full/none total = %.2f" % (f["full"]["total"] / float(f["none"]["total"]))
 
 
@@ -735,7 +739,7 @@ def same_runs(runs, label):
 
 def recompute_bitwise(ctx):
     runs = {p: train_gpt(ctx, "f32", p, dropout=True, steps=RC_STEPS)
-            for p in ("none", "selective", "elementwise", "full")}
+            for p in ("none", "selective", "elementwise", "alternate", "full")}
     instr = {p: int(re.search(r"(\d+) instructions", runs[p][2]).group(1)) for p in runs}
     if not instr["full"] > instr["none"]:
         raise Failure("full recompute plan is not larger than none (%s): nothing recomputed" % instr)

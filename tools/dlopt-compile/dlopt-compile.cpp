@@ -121,7 +121,7 @@ static cl::opt<double> bucketMbOpt(
 
 static cl::opt<std::string> recomputeOpt(
     "recompute", cl::desc("Activation recomputation: none, selective, "
-                          "elementwise or full"),
+                          "elementwise, alternate or full"),
     cl::init("none"), cl::cat(trainCategory));
 static cl::opt<std::string> precisionOpt(
     "precision", cl::desc("Compute precision: f32, bf16 or fp16 (fp32 master "
@@ -158,7 +158,7 @@ static cl::opt<std::string> fixOpt(
     "fix", cl::value_desc("k=v,..."),
     cl::desc("Pin planner choices: dp, tp, pp, cp, sp (0|1), mbs, mb, "
              "schedule (gpipe|1f1b|interleaved|zero-bubble), v, zero (0-3), "
-             "recompute (none|selective|full), layout "
+             "recompute (none|selective|elementwise|alternate|full), layout "
              "(in-graph|hybrid|between-graph)"),
     cl::cat(planCategory));
 static cl::opt<std::string> traceOpt(
@@ -1041,7 +1041,7 @@ int main(int argc, char **argv) {
              : oneOf("precision", precisionOpt, {"f32", "bf16", "fp16"});
   if (!precisionOk ||
       !oneOf("recompute", recomputeOpt,
-             {"none", "full", "selective", "elementwise"}) ||
+             {"none", "full", "selective", "elementwise", "alternate"}) ||
       !oneOf("optimizer", optName, {"sgd", "adam", "adamw"}) ||
       !oneOf("schedule", scheduleOpt, {"constant", "cosine", "linear"}))
     return 2;

@@ -185,7 +185,15 @@ TEST(Activations, WhatDloptKeepsPerLayer) {
   EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 6 * sbh);
   c.tp = 1; // 2 (2 + 1 + 3 + 4) = 20 against none's 32
   EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 20 * sbh);
-  c.tp = 8;
+  // Alternate: elementwise less k (the second matmul) and the attention's
+  // out projection (the fourth) unless tp reduces it; fc2 (the sixth)
+  // keeps nothing anyway. 2 (1 + (q, v) 2 + fc1 4 + attention output 1).
+  c.recompute = RecomputePolicy::Alternate;
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 16 * sbh);
+  c.tp = 8; // the reduced out projection stays: 2 (1 + 1 + (2 + 4 + 1)/8)
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 5.75 * sbh);
+  c.sequenceParallel = true; // 2 (1/8 + 1/8 + 7/8)
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 2.25 * sbh);
   c.recompute = RecomputePolicy::Selective;
   c.sequenceParallel = false; // nothing to re-run without SP: as none
   EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 11 * sbh);
@@ -250,6 +258,14 @@ TEST(Activations, GroupedKvHeadsGatedMlpAndContextParallelism) {
   // tp = 4 with SP: 2 (2 + 2/4 + (3 + 14)/4) = 2 x 6.75 per local sbh.
   c.tp = 4;
   c.sequenceParallel = true;
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 13.5 * sbh / 2);
+  // Alternate keeps the layer input, the reduced out projection, q, v, the
+  // attention output and gate (k and up re-run): 2 (1/4 + 1/4 + (1 +
+  // 8/32)/4 + 1/4 + 3.5/4) = 2 x 1.9375 per local sbh.
+  c.recompute = RecomputePolicy::Alternate;
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 3.875 * sbh / 2);
+  c.tp = 1; // and the out projection re-runs: 2 (1 + 1.25 + 1 + 3.5)
+  c.sequenceParallel = false;
   EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 13.5 * sbh / 2);
 }
 

@@ -509,9 +509,9 @@ TEST(Search, SelectiveRecomputeGathersTheNormOutputsAgainUnderSp) {
   // without SP as the same plan as none.
   auto free = planWithFix(g, *c, o, "tp=8,pp=1,mbs=1,zero=1");
   ASSERT_TRUE(free);
-  // none, elementwise and full, each with sp 0 and 1, and selective with
-  // sp.
-  EXPECT_EQ(free->stats.enumerated, 7);
+  // none, elementwise, alternate and full, each with sp 0 and 1, and
+  // selective with sp.
+  EXPECT_EQ(free->stats.enumerated, 9);
   EXPECT_EQ(free->stats.pruned.count(
                 "recompute=selective without sp or cp: the same plan as none "
                 "(fused attention stores no scores to re-run, nothing is "
@@ -543,6 +543,30 @@ TEST(Search, ElementwiseRecomputeRerunsTheMemoryBoundForward) {
   EXPECT_GT(ew.time.compute, none.time.compute);
   EXPECT_LT(ew.time.compute - none.time.compute,
             0.25 * (full.time.compute - none.time.compute));
+}
+
+TEST(Search, AlternateRecomputeRerunsEverySecondMatmul) {
+  GraphSummary g = gpt(8, 4096, 32, 4096, 32000);
+  auto c = resolveCluster("dgx-a100:1");
+  ASSERT_TRUE(c);
+  auto plan = [&](const char *rc) {
+    auto p = planWithFix(
+        g, *c, opts(8), std::string("tp=8,pp=1,mbs=1,zero=1,sp=1,recompute=") + rc);
+    EXPECT_TRUE(p) << rc;
+    return p->best;
+  };
+  const Candidate ew = plan("elementwise"), alt = plan("alternate"),
+                  full = plan("full");
+  // Per layer 2.25 sbh bytes kept instead of elementwise's 2.5 (k is
+  // re-run; tp reduces the out projection's output, which stays).
+  const double sbh = 4096.0 * 4096;
+  EXPECT_NEAR(ew.memory.activations - alt.memory.activations,
+              8 * 0.25 * sbh, 1.0);
+  EXPECT_LT(full.memory.activations, alt.memory.activations);
+  // This graph has no op list: half its matmuls re-run, between
+  // elementwise and full.
+  EXPECT_GT(alt.time.compute, ew.time.compute);
+  EXPECT_LT(alt.time.compute, full.time.compute);
 }
 
 TEST(Search, SequenceParallelPipelinesSendTheShard) {
@@ -980,7 +1004,7 @@ TEST(Search, InterleavedChunksNeedNotDivideTheLayers) {
 // Issue 10: the --fix grammar refuses what it can see is contradictory, and
 // products of fixed values never overflow.
 TEST(FixGrammar, RecomputePolicies) {
-  for (const char *rc : {"none", "selective", "elementwise", "full"}) {
+  for (const char *rc : {"none", "selective", "elementwise", "alternate", "full"}) {
     auto f = parseFix(std::string("recompute=") + rc);
     ASSERT_TRUE(f) << rc;
     EXPECT_STREQ(recomputeName(*f->recompute), rc);
@@ -1124,6 +1148,42 @@ TEST(Search, BackwardGemmsArePricedAtTheirOwnShapes) {
                  cost.gemmTime(wg, bytes, Precision::BF16, h100)->time -
                  2 * c.gemmTime(bm, 1, 1, -1),
              1e-9);
+}
+
+// Which matmuls alternate recomputation re-runs, from a layer's op list in
+// program order: the second, fourth, ..., not the last (its output feeds
+// only the residual add), and under tp not a row-parallel one (its output
+// is reduced across ranks and kept).
+TEST(Search, AlternateRecomputeChoosesTheMatmulsByPosition) {
+  H100Pricing h;
+  pricing::Ctx &c = h.c;
+  using Split = pricing::GroupGemm::Split;
+  auto gemm = [](double n, double k, Split split) {
+    pricing::GroupGemm gm;
+    gm.perSample = GemmShape{1024, n, k};
+    gm.split = split;
+    return gm;
+  };
+  // A Llama layer: q, k, v, out, gate, up, down.
+  const pricing::GroupGemm q = gemm(4096, 4096, Split::N),
+                           k = gemm(1024, 4096, Split::N),
+                           out = gemm(4096, 4096, Split::K),
+                           up = gemm(14336, 4096, Split::N),
+                           down = gemm(4096, 14336, Split::K);
+  pricing::GroupCost layer;
+  layer.gemms = {q, k, k, out, up, up, down};
+  EXPECT_REL(c.groupAlternateGemmTime(layer, 1, 1, -1),
+             c.gemmTime(k, 1, 1, -1) + c.gemmTime(out, 1, 1, -1) +
+                 c.gemmTime(up, 1, 1, -1),
+             1e-12);
+  EXPECT_REL(c.groupAlternateGemmTime(layer, 2, 4, -1),
+             c.gemmTime(k, 2, 4, -1) + c.gemmTime(up, 2, 4, -1), 1e-12);
+  // A GPT layer: q, k, v, out, fc1, fc2; fc2 is the last.
+  layer.gemms = {q, q, q, out, up, down};
+  EXPECT_REL(c.groupAlternateGemmTime(layer, 1, 1, -1),
+             c.gemmTime(q, 1, 1, -1) + c.gemmTime(out, 1, 1, -1), 1e-12);
+  EXPECT_REL(c.groupAlternateGemmTime(layer, 1, 2, -1), c.gemmTime(q, 1, 2, -1),
+             1e-12);
 }
 
 // Where the calibration measured op rates (op_gb_s), a layer's memory-bound
