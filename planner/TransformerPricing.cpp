@@ -618,7 +618,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // stage with the LM head can have the most compute and still be faster
   // than a stage of many layers with their collectives. `sumTime` and
   // `worstTime` are those per-stage times, collectives included.
-  double worstTrain = 0, worstFwd = 0, worstOps = 0;
+  double worstTrain = 0, worstFwd = 0, worstOps = 0, worstRerunOps = 0;
   double sumTime = 0, worstTime = 0;
   int64_t worstLayers = 0;
   // One micro-batch's path through a zero-bubble pipeline: with F_s, B_s
@@ -651,6 +651,14 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       ops += c.pre.ops;
     if (st == cfg.pp - 1)
       ops += c.post.ops;
+    // Kernels the recomputed forward launches again.
+    const double rerunOps =
+        cfg.recompute == RecomputePolicy::Full ? ops
+        : cfg.recompute == RecomputePolicy::Elementwise
+            ? ranges.sum(lt.elementwiseOpsPrefix, st)
+        : cfg.recompute == RecomputePolicy::Alternate
+            ? ranges.sum(lt.alternateOpsPrefix, st)
+            : 0.0;
     double t = train ? sc.train : f;
     const double stageTp = double(ranges.layers(st)) * tpLayer;
     const double withComm = t + stageTp;
@@ -670,6 +678,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       worstTrain = t;
       worstFwd = f;
       worstOps = ops;
+      worstRerunOps = rerunOps;
       worstLayers = ranges.layers(st);
     }
   }
@@ -1018,7 +1027,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // collectives, against the devices' step time.
   double kernelsPerMb =
       worstOps * (train ? 1 + c.cost.calibration().backwardFlopsRatio : 1) +
-      (cfg.recompute == RecomputePolicy::Full && train ? worstOps : 0) +
+      (train ? worstRerunOps : 0) +
       (cfg.tp > 1 ? tpCallsPerLayer(cfg, train).total() * worstLayers : 0) +
       (cp > 1 ? (cp - 1) * worstLayers * (train ? 3 : 1) : 0) +
       (cfg.pp > 1 ? (train ? 2 : 1) : 0);

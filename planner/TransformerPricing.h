@@ -95,6 +95,9 @@ struct LayerTimes {
   /// Prefix sums per layer of the matmuls alternate recomputation re-runs
   /// besides (Ctx::groupAlternateGemmTime).
   std::vector<double> alternateGemmPrefix;
+  /// Prefix sums per layer of the kernels elementwise and alternate
+  /// recomputation launch again (Ctx::rerunKernels), for host dispatch.
+  std::vector<double> elementwiseOpsPrefix, alternateOpsPrefix;
 
   /// One micro-batch through the layer ranges of a stage, with the pre
   /// group on the first stage and the post group on the last: its forward
@@ -390,6 +393,19 @@ struct Ctx {
     return t;
   }
 
+  /// Kernels of a layer's forward that elementwise recomputation (or, with
+  /// `alternate`, alternate recomputation) launches again: all but its
+  /// matmuls and attention, plus the matmuls groupAlternateGemmTime
+  /// counts.
+  static double rerunKernels(const GroupCost &g, int tp, bool alternate) {
+    double n = g.ops - double(g.gemms.size()) - (g.attFlops > 0 ? 1 : 0);
+    if (alternate)
+      for (size_t i = 1; i + 1 < g.gemms.size(); i += 2)
+        if (tp == 1 || g.gemms[i].split != GroupGemm::Split::K)
+          n += 1;
+    return std::max(0.0, n);
+  }
+
   /// The memory-bound part of a group's forward (groupTime less its
   /// matmuls and attention): its ops one by one where they are priced so,
   /// else one roofline over the group's other FLOPs and bytes.
@@ -428,7 +444,13 @@ struct Ctx {
     t.bwdGemmPrefix.push_back(0);
     t.elementwisePrefix.push_back(0);
     t.alternateGemmPrefix.push_back(0);
+    t.elementwiseOpsPrefix.push_back(0);
+    t.alternateOpsPrefix.push_back(0);
     for (const GroupCost &g : layers) {
+      t.elementwiseOpsPrefix.push_back(t.elementwiseOpsPrefix.back() +
+                                       rerunKernels(g, tp, false));
+      t.alternateOpsPrefix.push_back(t.alternateOpsPrefix.back() +
+                                     rerunKernels(g, tp, true));
       const double ew = groupElementwiseTime(g, scale, tp, sp, gpuKind);
       const double f = groupMatmulAttentionTime(g, scale, tp, gpuKind) + ew;
       t.elementwisePrefix.push_back(t.elementwisePrefix.back() + ew);
