@@ -1184,6 +1184,15 @@ TEST(Search, AlternateRecomputeChoosesTheMatmulsByPosition) {
              c.gemmTime(q, 1, 1, -1) + c.gemmTime(out, 1, 1, -1), 1e-12);
   EXPECT_REL(c.groupAlternateGemmTime(layer, 1, 2, -1), c.gemmTime(q, 1, 2, -1),
              1e-12);
+  // Host dispatch: of a Llama layer's 20 forward kernels, 7 matmuls and the
+  // attention, elementwise launches 12 again and alternate 15 (k, out and
+  // up besides; 14 under tp, whose reduced out projection stays).
+  layer.gemms = {q, k, k, out, up, up, down};
+  layer.ops = 20;
+  layer.attFlops = 1;
+  EXPECT_EQ(pricing::Ctx::rerunKernels(layer, 1, false), 12);
+  EXPECT_EQ(pricing::Ctx::rerunKernels(layer, 1, true), 15);
+  EXPECT_EQ(pricing::Ctx::rerunKernels(layer, 2, true), 14);
 }
 
 // Where the calibration measured op rates (op_gb_s), a layer's memory-bound
