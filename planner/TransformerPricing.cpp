@@ -637,6 +637,13 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       (cfg.schedule == PipelineSchedule::GPipe ||
        (cfg.schedule == PipelineSchedule::OneFOneB && m == 1));
   std::vector<double> stageBackward;
+  // ZeRO-3 gathers each stage's own layers' parameters behind that stage's
+  // compute: each stage's forward, training time, time with collectives
+  // and layers, for the per-stage pricing below.
+  struct StageTimes {
+    double fwd = 0, train = 0, withComm = 0, layers = 0;
+  };
+  std::vector<StageTimes> stageTimes;
   if (perStageSync)
     stageBackward.assign(cfg.pp, 0.0);
   for (int st = 0; st < cfg.pp; ++st) {
@@ -663,6 +670,8 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     const double stageTp = double(ranges.layers(st)) * tpLayer;
     const double withComm = t + stageTp;
     sumTime += withComm;
+    if (train && cfg.zeroStage == 3)
+      stageTimes.push_back({f, t, withComm, double(ranges.layers(st))});
     if (train) {
       const double fwd = f + stageTp * tpFwdShare;
       if (perStageSync)
@@ -959,14 +968,47 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       record(std::string(grp) + " gradient all-reduce", Collective::AllReduce,
              dp, stride, gradBytes, 1, e);
     } else if (cfg.zeroStage == 3) {
-      // Layer by layer (zero3Comm); every micro-batch gathers again. The
-      // shared backward exposure is charged to each in proportion.
-      const double L = double(std::max<int64_t>(1, worstLayers));
-      const Zero3Comm z = zero3Comm(c, paramBytes, gradBytes, L, worstFwd,
-                                    backward, dp, stride);
-      const double eAg = m * (z.forward + z.agShare * z.shared);
-      const double eRs = m * ((1 - z.agShare) * z.shared + z.rs1);
-      const double perLayerParams = paramBytes / L, perLayerGrads = gradBytes / L;
+      // Layer by layer (zero3Comm); every micro-batch gathers again. Each
+      // stage gathers its own layers' parameters behind its own compute
+      // (as the simulator's stages), and the step waits for the stage
+      // whose time with that exposure is the longest: a stage of more
+      // layers than the one with the most memory gathers larger layers
+      // behind the same per-layer compute. The shared backward exposure
+      // is charged to the gathers and reduce-scatters in proportion.
+      double L = double(std::max<int64_t>(1, worstLayers));
+      Zero3Comm z = zero3Comm(c, paramBytes, gradBytes, L, worstFwd, backward,
+                              dp, stride);
+      double exposed = m * (z.forward + z.shared + z.rs1);
+      double stageParamBytes = paramBytes;
+      if (stageMems.size() == size_t(cfg.pp) &&
+          stageTimes.size() == size_t(cfg.pp)) {
+        exposed = -std::numeric_limits<double>::infinity();
+        for (int st = 0; st < cfg.pp; ++st) {
+          const StageTimes &s = stageTimes[st];
+          const double params = stageMems[st].params / pBytes * replicas;
+          const double Ls = std::max(1.0, s.layers);
+          const Zero3Comm zs =
+              zero3Comm(c, params * pBytes,
+                        params * cfg.precision.gradReduceBytes, Ls, s.fwd,
+                        s.train - s.fwd, dp, stride);
+          const double e = m * (s.withComm - worstTime) +
+                           m * (zs.forward + zs.shared + zs.rs1);
+          if (e > exposed) {
+            exposed = e;
+            z = zs;
+            L = Ls;
+            stageParamBytes = params * pBytes;
+          }
+        }
+      }
+      exposed = std::max(0.0, exposed);
+      const double parts = z.forward + z.shared + z.rs1;
+      const double eAg =
+          parts > 0 ? exposed * (z.forward + z.agShare * z.shared) / parts : 0;
+      const double eRs = exposed - eAg;
+      const double perLayerParams = stageParamBytes / L,
+                   perLayerGrads = stageParamBytes / pBytes *
+                                   cfg.precision.gradReduceBytes / L;
       T.dpComm += eAg + eRs;
       zero3Calls = 3 * L * m;
       record(std::string(grp) + " gradient reduce-scatter (per layer)",
