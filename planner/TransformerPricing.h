@@ -285,20 +285,34 @@ struct Ctx {
            opt.bytes.activationBytes;
   }
 
-  /// Time of one matmul of a group for `scale` samples on a tp rank.
+  /// fp8 (Transformer Engine's recipe): the cast of one GEMM operand of
+  /// `elements` to fp8 with its transpose, the copy the other pass's GEMM
+  /// reads (TE's fused cast-transpose, with the amax): read 2 bytes, write
+  /// 1 + 1, a memory-bound stream. The forward casts each GEMM's input,
+  /// the backward its output gradient; weights are cast once per step
+  /// (MemoryModel's fp8 copy), not priced. 0 in other precisions.
+  double fp8CastTime(double elements, int gpuKind) const {
+    if (opt.precision != Precision::FP8 || elements <= 0)
+      return 0;
+    return elementwise(MemoryClass::Stream, elements, 4 * elements, gpuKind);
+  }
+
+  /// Time of one matmul of a group for `scale` samples on a tp rank (under
+  /// fp8 with its input's cast).
   double gemmTime(const GroupGemm &gm, double scale, int tp,
                   int gpuKind) const {
     GemmShape g = rankShape(gm, scale, tp);
     auto e = cost.gemmTime(g, gemmBytes(gm, g), opt.precision,
                            kindSpec(gpuKind));
-    return e ? e->time : 0;
+    return (e ? e->time : 0) + fp8CastTime(g.m * g.k * g.batch, gpuKind);
   }
 
   /// The backward of one matmul of a group for `scale` samples on a tp
   /// rank: the input gradient dy [m, n] x W^T [n, k] and the weight
   /// gradient x^T [k, m] x dy [m, n] (summed over every row of a shared
   /// weight), each priced at its own shape, less backward_flops_ratio
-  /// times the forward that trainingTime charges for it.
+  /// times the forward that trainingTime charges for it; under fp8 the
+  /// cast of dy in place of that ratio times the input's cast.
   double gemmBackwardExtra(const GroupGemm &gm, double scale, int tp,
                            int gpuKind) const {
     GemmShape g = rankShape(gm, scale, tp);
@@ -311,8 +325,10 @@ struct Ctx {
     auto w = cost.gemmTime(wgrad, bytes, opt.precision, gpu);
     if (!f || !d || !w)
       return 0;
-    return d->time + w->time -
-           cost.calibration().backwardFlopsRatio * f->time;
+    const double ratio = cost.calibration().backwardFlopsRatio;
+    return d->time + w->time - ratio * f->time +
+           fp8CastTime(g.m * g.n * g.batch, gpuKind) -
+           ratio * fp8CastTime(g.m * g.k * g.batch, gpuKind);
   }
 
   /// What a group's backward takes beyond backward_flops_ratio times its

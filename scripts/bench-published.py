@@ -100,19 +100,34 @@ def mpt_rows():
             cluster = GPU_CLUSTER[r["GPU"]]
             recompute = "full" if r["Activation Checkpointing"] == "True" \
                 else "none"
+            # FULL_SHARD gathers each layer's parameters for its forward
+            # and again for its backward (ZeRO-3); SHARD_GRAD_OP keeps them
+            # gathered from the forward to the end of the backward pass and
+            # shards the gradients and optimizer state (ZeRO-2).
+            zero = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}.get(
+                r["Sharding Strategy"])
+            if zero is None:
+                sys.exit("llm-foundry.md: unknown sharding strategy %r: %s"
+                         % (r["Sharding Strategy"], line))
+            precision = {"amp_bf16": "bf16", "bf16": "bf16",
+                         "amp_fp8": "fp8"}.get(r["Precision"])
+            if precision is None:
+                sys.exit("llm-foundry.md: unknown precision %r: %s"
+                         % (r["Precision"], line))
             group["rows"].append({
-                "name": "%s s%s %sx%s mbs%d%s" % (
+                "name": "%s s%s %sx%s mbs%d%s%s" % (
                     r["Model"], r["SeqLen (T)"], gpus, r["GPU"].split("_")[0],
-                    mbs, " ckpt" if recompute == "full" else ""),
+                    mbs, " ckpt" if recompute == "full" else "",
+                    " fp8" if precision == "fp8" else ""),
                 "gen": ["gpt", "--layers", str(layers), "--hidden",
                         str(hidden), "--heads", str(heads), "--seq",
                         r["SeqLen (T)"], "--vocab", "50368"],
                 "params": int(r["NumParams"]),
                 "cluster": "%s:%d" % (cluster, max(1, gpus // 8)),
                 "global_batch": batch,
-                "precision": "bf16",
-                "fix": "dp=%d,tp=1,pp=1,mbs=%d,zero=3,recompute=%s"
-                       % (gpus, mbs, recompute),
+                "precision": precision,
+                "fix": "dp=%d,tp=1,pp=1,mbs=%d,zero=%d,recompute=%s"
+                       % (gpus, mbs, zero, recompute),
                 "tokens_per_s": float(r["Throughput (T/s)"]),
                 "global_tokens": float(r["GlobalBatchSize (T)"]),
             })

@@ -1195,6 +1195,42 @@ TEST(Search, AlternateRecomputeChoosesTheMatmulsByPosition) {
   EXPECT_EQ(pricing::Ctx::rerunKernels(layer, 2, true), 14);
 }
 
+// fp8: each GEMM's input is cast to fp8 with its transpose in the forward
+// (read 2 bytes, write 1 + 1 per element), its output gradient in the
+// backward, as Transformer Engine's cast-transpose kernels: memory-bound
+// streams beside the fp8 GEMMs.
+TEST(Search, Fp8GemmsPayTheirOperandsCasts) {
+  H100Pricing h;
+  h.o.precision = Precision::FP8;
+  pricing::Ctx c{h.g, h.cl, h.cost, h.o};
+  c.gpu = *gpuPreset("h100-sxm-80gb");
+  pricing::GroupGemm gm;
+  gm.perSample = GemmShape{8192, 4096, 1024}; // [8192, 1024] x [1024, 4096]
+  const GemmShape g = gm.perSample;
+  auto raw = h.cost.gemmTime(g, c.gemmBytes(gm, g), Precision::FP8, c.gpu);
+  ASSERT_TRUE(raw);
+  auto cast = [&](double n) {
+    return h.cost.elementwiseTime(MemoryClass::Stream, n, 4 * n,
+                                  Precision::BF16, c.gpu)
+        ->time;
+  };
+  EXPECT_REL(c.gemmTime(gm, 1, 1, -1), raw->time + cast(8192.0 * 1024), 1e-12);
+  // The backward casts dy [8192, 4096] where trainingTime's ratio charged
+  // twice the input's cast.
+  auto d = h.cost.gemmTime(GemmShape{8192, 1024, 4096}, c.gemmBytes(gm, g),
+                           Precision::FP8, c.gpu);
+  auto w = h.cost.gemmTime(GemmShape{1024, 4096, 8192}, c.gemmBytes(gm, g),
+                           Precision::FP8, c.gpu);
+  const double ratio = h.cost.calibration().backwardFlopsRatio;
+  EXPECT_REL(c.gemmBackwardExtra(gm, 1, 1, -1),
+             d->time + w->time - ratio * raw->time + cast(8192.0 * 4096) -
+                 ratio * cast(8192.0 * 1024),
+             1e-12);
+  // bf16 casts nothing.
+  H100Pricing bf16;
+  EXPECT_EQ(bf16.c.fp8CastTime(1e6, -1), 0);
+}
+
 // Where the calibration measured op rates (op_gb_s), a layer's memory-bound
 // ops are priced one by one at their class's rate, each divided by tp
 // unless tensor parallelism replicates it (then by tp only under sequence
