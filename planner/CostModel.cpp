@@ -680,10 +680,13 @@ Expected<CommEstimate> CostModel::commTime(Collective c, double bytes,
   // Auto: the fastest applicable algorithm; ties keep the earlier one.
   std::vector<CommEstimate> cands;
   switch (c) {
+  // The algorithms NCCL implements, which dlopt's NCCL communicator gets
+  // (ncclAllReduce, ncclAllGather, ncclReduceScatter on the group): not the
+  // two-level hierarchical composition, which NCCL does not run (its ring
+  // is node-aware, its tree is the two-level all-reduce). Hierarchical
+  // stays available when asked for by name.
   case Collective::AllReduce:
     cands = {ring(c, bytes, g), tree(c, bytes, g)};
-    if (g.nodes > 1 && g.ranksPerNode > 1)
-      cands.push_back(hierarchical(c, bytes, g));
     if (nvlsApplies(c, g))
       cands.push_back(nvls(c, bytes, g));
     if (nvlsTreeApplies(c, g))
@@ -692,8 +695,6 @@ Expected<CommEstimate> CostModel::commTime(Collective c, double bytes,
   case Collective::AllGather:
   case Collective::ReduceScatter:
     cands = {ring(c, bytes, g)};
-    if (g.nodes > 1 && g.ranksPerNode > 1)
-      cands.push_back(hierarchical(c, bytes, g));
     if (nvlsApplies(c, g))
       cands.push_back(nvls(c, bytes, g));
     break;
