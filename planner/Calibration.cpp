@@ -100,6 +100,13 @@ const Entry kEntries[] = {
      Range::Fraction, "fraction",
      "share of backward compute that can hide gradient communication (0: "
      "none, as on the CPU backend, whose collectives block)"},
+    {"comm_ctas", &Calibration::commCtas, 1, Range::NonNegative, "SMs",
+     "SMs a collective's CTAs hold while it runs beside compute (one per "
+     "NCCL channel)"},
+    {"comm_hbm_ratio", &Calibration::commHbmRatio, 1, Range::NonNegative,
+     "ratio",
+     "HBM bytes a collective reads and writes per byte it moves over its "
+     "links, taken from memory-bound kernels running beside it"},
     {"p2p_overlap_efficiency", &Calibration::p2pOverlapEfficiency, 1,
      Range::Fraction, "fraction",
      "share of a micro-batch's compute that can hide pipeline send/recv"},

@@ -138,6 +138,13 @@ struct Calibration {
   // Overlap of communication with compute.
   double gradOverlapEfficiency = 0.80; ///< grad_overlap_efficiency
   double p2pOverlapEfficiency = 0.90;  ///< p2p_overlap_efficiency
+  /// What a collective running beside compute takes from it (ZeRO-3's
+  /// per-layer gathers and reduce-scatters): the SMs its CTAs hold (one
+  /// per NCCL channel; NCCL's maintainers: 16 on a DGX with 8 NICs, and 16
+  /// NVLS channels on Hopper), and HBM traffic of this many bytes per
+  /// byte it moves over its links ("at least 2x", NVIDIA/nccl#1428).
+  double commCtas = 16;    ///< comm_ctas
+  double commHbmRatio = 2; ///< comm_hbm_ratio
 
   // Context parallelism: share of the attention compute that hides the ring
   // exchange of K/V chunks (Megatron-LM overlaps each step's send/recv with

@@ -519,6 +519,10 @@ CpComm cpComm(Ctx &c, const TrainingConfig &cfg, bool train) {
 /// reduce-scatter follows the last backward (docs/cost-model.md, "ZeRO-3").
 struct Zero3Comm {
   double ag1 = 0, rs1 = 0; ///< one layer's gather and reduce-scatter
+  /// Compute lost to the collectives running beside it (Ctx::
+  /// overlapSlowdown), in the forward and the backward pass; included in
+  /// `forward` and `shared`.
+  double contentionForward = 0, contentionBackward = 0;
   double forward = 0;      ///< exposed in the forward pass
   double shared = 0;       ///< exposed in the backward by both, sharing links
   double agShare = 0;      ///< the gathers' share of `shared`
@@ -527,14 +531,31 @@ struct Zero3Comm {
 };
 
 Zero3Comm zero3Comm(Ctx &c, double paramBytes, double gradBytes, double L,
-                    double fwd, double bwd, int dp, int stride) {
+                    double fwd, double bwd, int dp, int stride,
+                    double gemmShare, int gpuKind) {
   Zero3Comm z;
   L = std::max(1.0, L);
   z.ag1 = c.comm(Collective::AllGather, paramBytes / L, dp, stride);
   z.rs1 = c.comm(Collective::ReduceScatter, gradBytes / L, dp, stride);
   const double eff = c.cost.calibration().gradOverlapEfficiency;
-  z.forward = z.ag1 + (L - 1) * CostModel::exposed(z.ag1, fwd / L, eff);
-  z.shared = L * CostModel::exposed(z.ag1 + z.rs1, bwd / L, eff);
+  // The part of each collective that runs beside the layers' compute slows
+  // that compute (overlapSlowdown, at the collective's own link rate).
+  const double share = (dp - 1.0) / dp;
+  auto lost = [&](double t, double bytes, double window) {
+    const double beside = std::min(t, eff * window);
+    return t > 0 ? beside * c.overlapSlowdown(gemmShare, share * bytes / t,
+                                              gpuKind)
+                 : 0.0;
+  };
+  const double agBytes = paramBytes / L, rsBytes = gradBytes / L;
+  z.contentionForward = (L - 1) * lost(z.ag1, agBytes, fwd / L);
+  // Backward: the next layer's gather and this layer's reduce-scatter, one
+  // after the other on the links, at their combined rate.
+  z.contentionBackward = L * lost(z.ag1 + z.rs1, agBytes + rsBytes, bwd / L);
+  z.forward = z.ag1 + (L - 1) * CostModel::exposed(z.ag1, fwd / L, eff) +
+              z.contentionForward;
+  z.shared = L * CostModel::exposed(z.ag1 + z.rs1, bwd / L, eff) +
+             z.contentionBackward;
   z.agShare = z.ag1 + z.rs1 > 0 ? z.ag1 / (z.ag1 + z.rs1) : 0;
   return z;
 }
@@ -618,7 +639,9 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // stage with the LM head can have the most compute and still be faster
   // than a stage of many layers with their collectives. `sumTime` and
   // `worstTime` are those per-stage times, collectives included.
-  double worstTrain = 0, worstFwd = 0, worstOps = 0, worstRerunOps = 0;
+  double worstTrain = 0, worstFwd = 0, worstOps = 0, worstRerunOps = 0,
+         worstGemmShare = 1;
+  int worstKind = -1;
   double sumTime = 0, worstTime = 0;
   int64_t worstLayers = 0;
   // One micro-batch's path through a zero-bubble pipeline: with F_s, B_s
@@ -641,7 +664,8 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // compute: each stage's forward, training time, time with collectives
   // and layers, for the per-stage pricing below.
   struct StageTimes {
-    double fwd = 0, train = 0, withComm = 0, layers = 0;
+    double fwd = 0, train = 0, withComm = 0, layers = 0, gemmShare = 1;
+    int kind = -1;
   };
   std::vector<StageTimes> stageTimes;
   if (perStageSync)
@@ -671,7 +695,8 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     const double withComm = t + stageTp;
     sumTime += withComm;
     if (train && cfg.zeroStage == 3)
-      stageTimes.push_back({f, t, withComm, double(ranges.layers(st))});
+      stageTimes.push_back({f, t, withComm, double(ranges.layers(st)),
+                            sc.gemmShare(), pl ? pl->kind[st] : -1});
     if (train) {
       const double fwd = f + stageTp * tpFwdShare;
       if (perStageSync)
@@ -688,6 +713,8 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       worstFwd = f;
       worstOps = ops;
       worstRerunOps = rerunOps;
+      worstGemmShare = sc.gemmShare();
+      worstKind = pl ? pl->kind[st] : -1;
       worstLayers = ranges.layers(st);
     }
   }
@@ -977,7 +1004,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       // is charged to the gathers and reduce-scatters in proportion.
       double L = double(std::max<int64_t>(1, worstLayers));
       Zero3Comm z = zero3Comm(c, paramBytes, gradBytes, L, worstFwd, backward,
-                              dp, stride);
+                              dp, stride, worstGemmShare, worstKind);
       double exposed = m * (z.forward + z.shared + z.rs1);
       double stageParamBytes = paramBytes;
       if (stageMems.size() == size_t(cfg.pp) &&
@@ -990,7 +1017,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
           const Zero3Comm zs =
               zero3Comm(c, params * pBytes,
                         params * cfg.precision.gradReduceBytes, Ls, s.fwd,
-                        s.train - s.fwd, dp, stride);
+                        s.train - s.fwd, dp, stride, s.gemmShare, s.kind);
           const double e = m * (s.withComm - worstTime) +
                            m * (zs.forward + zs.shared + zs.rs1);
           if (e > exposed) {
@@ -1180,8 +1207,9 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
       if (cfg.zeroStage == 3) {
         // Per layer and micro-batch, what the layers' compute cannot hide
         // (zero3Comm); no whole-stage sync at the end.
-        const Zero3Comm z = zero3Comm(c, params * pBytes, grads, layers, f,
-                                      t - f, replicas, cfg.tp);
+        const Zero3Comm z =
+            zero3Comm(c, params * pBytes, grads, layers, f, t - f, replicas,
+                      cfg.tp, sc.gemmShare(), kind);
         s.forward += z.forward / v;
         s.backward += z.backward() / v;
       } else {

@@ -105,6 +105,12 @@ struct LayerTimes {
   /// (CostModel::trainingTime plus the backward GEMMs' own shapes).
   struct Stage {
     double fwd = 0, train = 0;
+    /// The memory-bound part of `fwd` (all but matmuls and attention).
+    double elementwise = 0;
+    /// The share of the forward in matmuls and attention.
+    double gemmShare() const {
+      return fwd > 0 ? std::clamp(1 - elementwise / fwd, 0.0, 1.0) : 1.0;
+    }
   };
   Stage stage(const std::vector<std::pair<int64_t, int64_t>> &ranges,
               bool first, bool last, const CostModel &cost,
@@ -128,7 +134,7 @@ struct LayerTimes {
         recompute == RecomputePolicy::Elementwise ? elementwise
         : recompute == RecomputePolicy::Alternate ? elementwise + alternate
                                                   : kSelectiveRerun;
-    return {f, cost.trainingTime(f, recompute, rerun) + bwdGemm};
+    return {f, cost.trainingTime(f, recompute, rerun) + bwdGemm, elementwise};
   }
 };
 
@@ -407,6 +413,31 @@ struct Ctx {
       if (tp == 1 || g.gemms[i].split != GroupGemm::Split::K)
         t += gemmTime(g.gemms[i], scale, tp, gpuKind);
     return t;
+  }
+
+  /// Seconds of compute lost per second a collective moving
+  /// `linkBytesPerSecond` over its links runs beside it: its CTAs hold
+  /// comm_ctas of the SMs, which slows the matmuls and attention
+  /// (`gemmShare` of the compute) by C / (SMs - C); its HBM traffic,
+  /// comm_hbm_ratio times its link rate, takes that share u of the memory
+  /// bandwidth from the memory-bound rest, which slows by u / (1 - u)
+  /// (u at most 0.9). A compute slowed by x loses x / (1 + x) of each
+  /// second. 0 on a device without SMs (the CPU backend).
+  double overlapSlowdown(double gemmShare, double linkBytesPerSecond,
+                         int gpuKind) const {
+    const GpuSpec &g = kindSpec(gpuKind);
+    const Calibration &cal = cost.calibration();
+    if (g.sms <= 0)
+      return 0;
+    const double ctas = std::min(cal.commCtas, 0.5 * g.sms);
+    const double sm = ctas / (g.sms - ctas);
+    const double u =
+        g.memoryBandwidth > 0
+            ? std::min(0.9, cal.commHbmRatio * linkBytesPerSecond /
+                                g.memoryBandwidth)
+            : 0.0;
+    const double x = gemmShare * sm + (1 - gemmShare) * u / (1 - u);
+    return x / (1 + x);
   }
 
   /// Kernels of a layer's forward that elementwise recomputation (or, with

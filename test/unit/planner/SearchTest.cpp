@@ -1195,6 +1195,25 @@ TEST(Search, AlternateRecomputeChoosesTheMatmulsByPosition) {
   EXPECT_EQ(pricing::Ctx::rerunKernels(layer, 2, true), 14);
 }
 
+// A collective beside compute: its 16 CTAs slow the matmuls by 16 / (132 -
+// 16) on an H100, and its HBM traffic, twice its link rate, the rest by
+// u / (1 - u); the compute loses x / (1 + x) of each second.
+TEST(Search, CollectivesBesideComputeSlowIt) {
+  H100Pricing h;
+  const GpuSpec &gpu = h.c.gpu;
+  ASSERT_EQ(gpu.sms, 132);
+  const double u = 2 * 370e9 / gpu.memoryBandwidth;
+  const double x = 0.8 * 16.0 / 116 + 0.2 * u / (1 - u);
+  EXPECT_REL(h.c.overlapSlowdown(0.8, 370e9, -1), x / (1 + x), 1e-12);
+  // All matmuls: the SMs alone; a link rate past the HBM: u at most 0.9.
+  EXPECT_REL(h.c.overlapSlowdown(1, 370e9, -1), (16.0 / 116) / (1 + 16.0 / 116),
+             1e-12);
+  EXPECT_REL(h.c.overlapSlowdown(0, 1e14, -1), 9.0 / 10, 1e-12);
+  // No SMs (the CPU backend): nothing.
+  h.c.gpu = *gpuPreset("cpu-device");
+  EXPECT_EQ(h.c.overlapSlowdown(0.5, 1e9, -1), 0);
+}
+
 // fp8: each GEMM's input is cast to fp8 with its transpose in the forward
 // (read 2 bytes, write 1 + 1 per element), its output gradient in the
 // backward, as Transformer Engine's cast-transpose kernels: memory-bound
