@@ -16,7 +16,7 @@ SECONDS_EACH=${1:-30}
 shift || true
 BUILD_DIR=${SAN_BUILD_DIR:-build-sanitize}
 ALL_TARGETS=(executable npy safetensors checkpoint tokens cluster-yaml
-             cluster-json plan calibration fix mlir)
+             cluster-json plan calibration profile fix mlir)
 TARGETS=("$@")
 [ $# -gt 0 ] || TARGETS=("${ALL_TARGETS[@]}")
 
@@ -42,7 +42,7 @@ max_len() {
 }
 dict() {
   case $1 in
-    executable|safetensors|checkpoint|plan|calibration|cluster-json)
+    executable|safetensors|checkpoint|plan|calibration|profile|cluster-json)
       echo "test/fuzz/dict/json.dict" ;;
     cluster-yaml) echo "test/fuzz/dict/yaml.dict" ;;
     fix) echo "test/fuzz/dict/fix.dict" ;;

@@ -457,8 +457,13 @@ def run_session(args):
             if env.get("DLOPT_CUDA_GEMM_PAD") == "1":
                 variants.append((" DLOPT_CUDA_GEMM_PAD=0", {"DLOPT_CUDA_GEMM_PAD": "0"}))
             for variant, venv in variants:
+                # The default variant also writes the profile as JSON, which
+                # comes back in $OUT: `dlopt-calibrate --from-profile
+                # FILE --gpu PRESET` turns it into the calibration that
+                # prices dlopt's own kernels on this GPU.
+                pj = [] if variant else ["--profile-json", os.path.join(sess.out, "profile-%s.json" % m)]
                 rc, text = sess.run([tool("dlopt-run"), os.path.join(b, "bench", m + ".plan"), "--backend", "cuda",
-                                     "--steps", "4", "--vocab", "50257", "--profile"], "profile.log", 120,
+                                     "--steps", "4", "--vocab", "50257", "--profile"] + pj, "profile.log", 120,
                                     env=dict(env, **venv))
                 lines = text.strip().splitlines()
                 start = next((i for i, l in enumerate(lines) if l.startswith("profile")), max(0, len(lines) - 25))

@@ -101,6 +101,7 @@ def collect(out):
         "cluster-json": ['{"name": %s, "nodes": 1}', '{"x": %s}', "%s"],
         "plan": ['{"format": "dlopt-plan", "x": %s}', '{"format": %s}', "%s"],
         "calibration": ['{"attention_efficiency": %s}', "%s"],
+        "profile": ['{"format": "dlopt-profile", "instructions": %s}', "%s"],
         "executable": ['\2{"x": %s}', '\2{"values": %s}', "\2%s"],
     }
     docs["cluster-yaml"] = docs["cluster-json"]
@@ -282,6 +283,29 @@ def regenerate(bindir):
              for m in (16, 256) for n in (16, 256) for k in (16, 256)]
     write(os.path.join(CORPUS, "calibration", "gemm-table.json"),
           json.dumps({"matmul_small_efficiency": 0.3, "gemm_table": table}))
+    # A dlopt-run --profile-json of the tiny GPT's training step (cpu).
+    shutil.rmtree(os.path.join(CORPUS, "profile"), ignore_errors=True)
+    m = os.path.join(tmp, "p.mlir")
+    gen("gpt", "--preset", "gpt-tiny", "-o", m)
+    comp(m, "--train", "-o", os.path.join(tmp, "p.plan"))
+    run([os.path.join(bindir, "dlopt-run"), os.path.join(tmp, "p.plan"), "--steps", "2",
+         "--quiet", "--profile-json", os.path.join(tmp, "p.json")])
+    prof = json.load(open(os.path.join(tmp, "p.json")))
+    prof["instructions"] = prof["instructions"][:12]
+    write(os.path.join(CORPUS, "profile", "cpu-gpt-tiny.json"), json.dumps(prof, indent=1) + "\n")
+    # A hand-written cuda one: a GEMM with its shape and a causal attention.
+    cuda = {"format": "dlopt-profile", "version": 1, "backend": "cuda", "device_timed": True,
+            "runs": 2, "skipped": 1, "wall_seconds": 0.01, "issue_seconds": 0.001,
+            "instructions_per_run": 2, "instructions": [
+                {"index": 0, "op": "matmul", "calls": 2, "seconds": 0.002, "layer": 0,
+                 "results": ["1024x1024xbf16"], "operands": ["1024x512xbf16", "512x1024xbf16"],
+                 "flops": 1073741824, "bytes": 4194304,
+                 "gemm": {"m": 1024, "n": 1024, "k": 512, "batch": 1}, "loc": "m.mlir:1:1"},
+                {"index": 1, "op": "attention", "calls": 2, "seconds": 0.001, "layer": 0,
+                 "results": ["1x8x128x64xbf16"],
+                 "operands": ["1x8x128x64xbf16", "1x2x128x64xbf16", "1x2x128x64xbf16"],
+                 "flops": 33554432, "bytes": 393216, "causal": True, "loc": ""}]}
+    write(os.path.join(CORPUS, "profile", "cuda-small.json"), json.dumps(cuda, indent=1) + "\n")
     shutil.rmtree(tmp)
 
 

@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "planner/MachineCalibration.h"
+#include "planner/ProfileCalibration.h"
 #include "runtime/comm/InProcessCommunicator.h"
 #include "runtime/cpu/CpuKernels.h"
 #include "runtime/cpu/DnnlConv.h"
@@ -69,6 +70,13 @@ options:
                                step) or the fastest (the machine's peak)
   --quick                      fewer and smaller samples (about 5 s)
   -h, --help                   this text
+
+from profiles (measures nothing; writes the calibration only):
+  --from-profile FILE          a dlopt-run --profile-json file, taken on the
+                               device --gpu names (repeatable: several plans'
+                               profiles on the same device)
+  --gpu PRESET                 that device (a GPU preset of docs/cluster.md,
+                               e.g. h200-sxm-141gb, or cpu-device)
 )";
 
 [[noreturn]] void usageError(const std::string &msg) {
@@ -335,6 +343,8 @@ int main(int argc, char **argv) {
   MachineSamples s;
   int threads = 0;
   bool quick = false;
+  std::vector<std::string> profiles;
+  std::string gpuName, measuringFlag, clusterFlag;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -349,17 +359,27 @@ int main(int argc, char **argv) {
       calOut = value();
     } else if (a == "--cluster-out") {
       clusterOut = value();
+      clusterFlag = a;
+    } else if (a == "--from-profile") {
+      profiles.push_back(value());
+    } else if (a == "--gpu") {
+      gpuName = value();
     } else if (a == "--devices") {
       s.devices = parseInt(a, value(), 1, 4096);
+      measuringFlag = a;
     } else if (a == "--threads") {
       threads = parseInt(a, value(), 1, 4096);
+      measuringFlag = a;
     } else if (a == "--name") {
       s.name = value();
       if (s.name.empty())
         usageError("--name expects a non-empty name");
+      measuringFlag = a;
     } else if (a == "--quick") {
       quick = true;
+      measuringFlag = a;
     } else if (a == "--statistic") {
+      measuringFlag = a;
       const std::string v = value();
       if (v != "median" && v != "min")
         usageError("--statistic expects median or min, got '" + v + "'");
@@ -367,6 +387,46 @@ int main(int argc, char **argv) {
     } else {
       usageError("unknown option '" + a + "'");
     }
+  }
+  if (!profiles.empty() || !gpuName.empty()) {
+    if (profiles.empty())
+      usageError("--gpu names the device of --from-profile's profiles");
+    if (gpuName.empty())
+      usageError("--from-profile needs --gpu: the device the profiles were "
+                 "taken on");
+    if (!measuringFlag.empty())
+      usageError(measuringFlag + " does not apply to --from-profile, which "
+                 "measures nothing");
+    if (!clusterFlag.empty())
+      usageError("--cluster-out does not apply to --from-profile, which "
+                 "writes a calibration only");
+    auto gpu = planner::gpuPreset(gpuName);
+    if (!gpu)
+      usageError("--gpu: " + gpu.status().message());
+    if (!canWrite(calOut))
+      return 1;
+    std::vector<planner::ProfileSamples> samples;
+    for (const std::string &path : profiles) {
+      auto p = planner::loadProfile(path);
+      if (!p) {
+        std::fprintf(stderr, "dlopt-calibrate: error: %s\n",
+                     p.status().message().c_str());
+        return 1;
+      }
+      samples.push_back(p.take());
+    }
+    auto cal = planner::calibrateFromProfile(samples, *gpu);
+    if (!cal) {
+      std::fprintf(stderr, "dlopt-calibrate: error: %s\n",
+                   cal.status().message().c_str());
+      return 1;
+    }
+    for (const std::string &l : cal->lines)
+      std::printf("%s\n", l.c_str());
+    if (!writeText(calOut, cal->calibration.toJson()))
+      return 1;
+    std::printf("wrote %s\n", calOut.c_str());
+    return 0;
   }
   if (!canWrite(calOut) || !canWrite(clusterOut))
     return 1;

@@ -66,6 +66,9 @@ options:
                           kind and the slowest instructions at the end (cuda:
                           device time between events, no added synchronize;
                           cpu: wall time of each instruction)
+  --profile-json FILE     --profile, and write every instruction's time,
+                          calls, types, FLOPs and bytes as JSON to FILE
+                          (dlopt-calibrate --from-profile reads it)
   --help                  print this help and exit
 
 multi-rank executables (docs/launch.md):
@@ -108,6 +111,7 @@ struct Options {
   NameFiles inputs; // name, file
   uint64_t seed = 0;
   std::string outputDir, saveParamsDir, backend = "cpu";
+  std::string profileJson; ///< --profile-json: where to write the profile
   int threads = 0;
   int64_t repeat = 1; ///< forward runs; the time printed is their median
   int devicesPerProcess = 0; ///< 0: not given
@@ -334,7 +338,8 @@ Options parseArgs(int argc, char **argv) {
       "--vocab", "--log-every", "--metrics", "--eval-data",
       "--eval-data-input", "--eval-every", "--eval-batches",
       "--checkpoint-dir", "--checkpoint-every", "--resume",
-      "--devices-per-process", "--comm-timeout", "--repeat"};
+      "--devices-per-process", "--comm-timeout", "--repeat",
+      "--profile-json"};
   auto positive = [](const std::string &name, const std::string &value) {
     std::optional<uint64_t> v = parseUnsigned(value);
     if (!v || *v < 1 || *v > uint64_t(INT64_MAX))
@@ -397,7 +402,7 @@ Options parseArgs(int argc, char **argv) {
           name != "--output-dir" && name != "--save-params" &&
           name != "--backend" && name != "--threads" &&
           name != "--devices-per-process" && name != "--comm-timeout" &&
-          name != "--repeat")
+          name != "--repeat" && name != "--profile-json")
         opts.trainingFlags.push_back(name);
       if (name == "--input") {
         nameFile(name, value, opts.inputs);
@@ -471,6 +476,11 @@ Options parseArgs(int argc, char **argv) {
         if (value.empty())
           usageError("--save-params needs a directory");
         opts.saveParamsDir = value;
+      } else if (name == "--profile-json") {
+        if (value.empty())
+          usageError("--profile-json needs a file");
+        opts.profileJson = value;
+        opts.profile = true;
       } else if (name == "--backend") {
         bool ok = value == "cuda";
         std::string list;
@@ -634,6 +644,112 @@ void printProfile(Session &s) {
                 1e3 * ip[i].seconds / double(std::max<int64_t>(ip[i].calls, 1)),
                 types.c_str(), from.c_str(), in.loc.c_str());
   }
+}
+
+/// A JSON string literal of `s`.
+std::string jsonString(const std::string &s) {
+  std::string o = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += char(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      o += buf;
+    } else {
+      o += char(c);
+    }
+  }
+  return o + "\"";
+}
+
+/// Writes --profile-json: every profiled instruction's calls and seconds,
+/// its result and operand types, and the FLOPs and bytes of one call (a
+/// matmul's 2 m n k with its GEMM shape, a forward attention's 4 B H S T D
+/// as the planner counts it; every instruction's operand and result bytes),
+/// for dlopt-calibrate --from-profile (docs/dlopt-run.md).
+void writeProfileJson(Session &s, const std::string &path) {
+  const Executable &e = s.executable();
+  const Program &prog = s.program();
+  const std::vector<Session::OpProfile> &ip = s.instrProfile();
+  const Session::ProfileTotals &pt = s.profileTotals();
+  std::FILE *f = std::fopen(path.c_str(), "w");
+  if (!f)
+    error("--profile-json: cannot write " + path + ": " +
+          std::strerror(errno));
+  std::fprintf(f,
+               "{\"format\": \"dlopt-profile\", \"version\": 1, "
+               "\"backend\": %s, \"device_timed\": %s, \"runs\": %lld, "
+               "\"skipped\": %lld, \"wall_seconds\": %.9g, "
+               "\"issue_seconds\": %.9g, \"instructions_per_run\": %zu,\n"
+               " \"instructions\": [",
+               jsonString(s.backend().name()).c_str(),
+               pt.deviceTimed ? "true" : "false", (long long)pt.runs,
+               (long long)pt.skipped, pt.wallSeconds, pt.issueSeconds,
+               prog.instrs.size());
+  bool first = true;
+  auto types = [&](const std::vector<int32_t> &ids) {
+    std::string t = "[";
+    for (size_t j = 0; j < ids.size(); ++j)
+      t += (j ? ", " : "") + jsonString(e.values[size_t(ids[j])].type.str());
+    return t + "]";
+  };
+  for (size_t i = 0; i < ip.size() && i < prog.instrs.size(); ++i) {
+    if (ip[i].calls <= 0)
+      continue;
+    const Instr &in = prog.instrs[i];
+    double bytes = 0;
+    for (int32_t id : in.operands)
+      bytes += double(e.values[size_t(id)].type.byteSize());
+    for (int32_t id : in.results)
+      bytes += double(e.values[size_t(id)].type.byteSize());
+    double flops = 0;
+    std::string extra;
+    if (in.op == "matmul" && in.operands.size() >= 2 && !in.results.empty()) {
+      const TensorType &a = e.values[size_t(in.operands[0])].type;
+      const TensorType &b = e.values[size_t(in.operands[1])].type;
+      const TensorType &c = e.values[size_t(in.results[0])].type;
+      if (a.shape.size() >= 2 && c.shape.size() >= 2) {
+        const bool transA = in.getBool("transpose_a", false);
+        int64_t m = c.shape[c.shape.size() - 2];
+        const int64_t n = c.shape.back();
+        const int64_t k = transA ? a.shape[a.shape.size() - 2] : a.shape.back();
+        int64_t batch = m * n > 0 ? c.numElements() / (m * n) : 0;
+        // A weight without batch dims and an untransposed input: one tall
+        // GEMM of every row (as the CUDA backend runs a linear layer).
+        if (b.shape.size() == 2 && !transA) {
+          m *= batch;
+          batch = 1;
+        }
+        flops = 2.0 * double(c.numElements()) * double(k);
+        extra = ", \"gemm\": {\"m\": " + std::to_string(m) +
+                ", \"n\": " + std::to_string(n) +
+                ", \"k\": " + std::to_string(k) +
+                ", \"batch\": " + std::to_string(batch) + "}";
+      }
+    } else if (in.op == "attention" && in.operands.size() >= 2) {
+      const TensorType &q = e.values[size_t(in.operands[0])].type;
+      const TensorType &kt = e.values[size_t(in.operands[1])].type;
+      if (q.shape.size() == 4 && kt.shape.size() == 4)
+        flops = 4.0 * double(q.numElements()) * double(kt.shape[2]);
+      extra = std::string(", \"causal\": ") +
+              (in.getBool("causal", false) ? "true" : "false");
+    }
+    std::fprintf(f,
+                 "%s\n  {\"index\": %zu, \"op\": %s, \"calls\": %lld, "
+                 "\"seconds\": %.9g, \"layer\": %d, \"results\": %s, "
+                 "\"operands\": %s, \"flops\": %.9g, \"bytes\": %.9g%s, "
+                 "\"loc\": %s}",
+                 first ? "" : ",", i, jsonString(in.op).c_str(),
+                 (long long)ip[i].calls, ip[i].seconds, int(in.layer),
+                 types(in.results).c_str(), types(in.operands).c_str(), flops,
+                 bytes, extra.c_str(), jsonString(in.loc).c_str());
+    first = false;
+  }
+  std::fprintf(f, "\n]}\n");
+  if (std::fclose(f) != 0)
+    error("--profile-json: cannot write " + path);
 }
 
 /// Reads every param (collective in a multi-process World) and writes it,
@@ -876,8 +992,11 @@ int runTraining(const Options &opts, StepRunner &s, Session *session,
       printWorldMemory(*world, memLines);
     printPrediction(e, h, session ? session->memory().peakAllocatedBytes : 0);
   }
-  if (opts.profile && session)
+  if (opts.profile && session) {
     printProfile(*session);
+    if (!opts.profileJson.empty())
+      writeProfileJson(*session, opts.profileJson);
+  }
   return 0;
 }
 
@@ -1086,6 +1205,14 @@ int runMain(int argc, char **argv) {
   Expected<Executable> exe = readExecutable(opts.planPath);
   if (!exe)
     error(exe.status().message());
+  // An unwritable --profile-json fails before anything runs.
+  if (!opts.dump && !opts.profileJson.empty()) {
+    std::FILE *f = std::fopen(opts.profileJson.c_str(), "w");
+    if (!f)
+      error("--profile-json: cannot write " + opts.profileJson + ": " +
+            std::strerror(errno));
+    std::fclose(f);
+  }
   if (opts.dump) {
     std::fputs(dumpExecutable(*exe).c_str(), stdout);
     return 0;
@@ -1199,8 +1326,11 @@ int runMain(int argc, char **argv) {
       std::printf("wrote %zu param(s) to %s\n", e.params.size(),
                   opts.saveParamsDir.c_str());
   }
-  if (opts.profile)
+  if (opts.profile) {
     printProfile(s);
+    if (!opts.profileJson.empty())
+      writeProfileJson(s, opts.profileJson);
+  }
   return 0;
 }
 
