@@ -190,13 +190,15 @@ def cluster_arg(tmp, spec):
 
 def price(args, tmp, group, row):
     model = model_path(tmp, row)
+    reduce = row.get("grad_reduce", group.get("grad_reduce"))
     rc, out, err = run([os.path.join(args.bin, "dlopt-compile"), model,
                         "--dry-run", "--train", "--format", "json",
                         "--precision", row.get("precision",
                                                group.get("precision", "bf16")),
                         "--cluster", cluster_arg(tmp, row["cluster"]),
                         "--global-batch", str(row["global_batch"]),
-                        "--fix", row["fix"]])
+                        "--fix", row["fix"]] +
+                       (["--grad-reduce", reduce] if reduce else []))
     if rc != 0:
         last = (err.strip().splitlines() or ["exit %d" % rc])[-1]
         if "no plan fits in memory" in last:

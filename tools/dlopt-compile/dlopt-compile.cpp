@@ -201,6 +201,13 @@ static cl::opt<std::string> gradAccumOpt(
              "runs: 18 bytes per parameter with Adam; bf16 prices a "
              "framework that keeps 16-bit gradients, dry runs only)"),
     cl::init("fp32"), cl::cat(planCategory));
+static cl::opt<std::string> gradReduceOpt(
+    "grad-reduce", cl::value_desc("bf16|fp32"),
+    cl::desc("Mixed precision: the dtype data-parallel gradient syncs move "
+             "(default: the compute dtype, as dlopt runs; fp32 prices a "
+             "framework that reduces in fp32, such as FSDP with "
+             "reduce_dtype=float32; dry runs only)"),
+    cl::init(""), cl::cat(planCategory));
 
 static cl::opt<bool> quiet("quiet", cl::desc("Do not print the summary"),
                            cl::cat(category));
@@ -434,6 +441,22 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
   }
   if (so.precision != Precision::FP32 && gradAccumOpt == "bf16")
     so.bytes.gradBytes = 2;
+  if (gradReduceOpt.getNumOccurrences()) {
+    if (gradReduceOpt != "fp32" && gradReduceOpt != "bf16")
+      return fail("--grad-reduce=" + gradReduceOpt.getValue() +
+                      " is not one of bf16, fp32",
+                  2);
+    if (so.precision == Precision::FP32 && gradReduceOpt == "bf16")
+      return fail("--grad-reduce=bf16 needs a 16-bit compute precision "
+                  "(--precision bf16, fp16 or fp8)",
+                  2);
+    if (apply && gradReduceOpt == "fp32" && so.precision != Precision::FP32)
+      return fail("--grad-reduce=fp32 prices gradient syncs in fp32, but "
+                  "dlopt reduces gradients in the compute dtype: use it "
+                  "with --dry-run only",
+                  2);
+    so.bytes.gradReduceBytes = gradReduceOpt == "fp32" ? 4 : 2;
+  }
   // A plan file names its planner; otherwise transformers go to the layer
   // search and any other graph to the op-level one.
   const bool opLevel = loaded ? loaded->kind == PlanKind::OpLevel
@@ -1103,7 +1126,7 @@ int main(int argc, char **argv) {
   if (dryRun || formatOpt.getNumOccurrences() || explainOpt ||
       !traceOpt.empty() || (!calibrationOpt.empty() && !applying) ||
       topK.getNumOccurrences() || globalBatchOpt.getNumOccurrences() ||
-      gradAccumOpt != "fp32") {
+      gradAccumOpt != "fp32" || gradReduceOpt.getNumOccurrences()) {
     int rc = runDryRun(*module);
     phase("plan");
     return rc;
