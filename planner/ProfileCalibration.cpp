@@ -272,6 +272,15 @@ calibrateFromProfile(const std::vector<ProfileSamples> &profiles,
                                     : ""));
   if (gemmAll.measured > 0) {
     const double scale = gemmAll.predicted / gemmAll.measured;
+    const double before =
+        gpu.sms > 0 ? cal.gemmPeakEfficiency : cal.matmulLargeEfficiency;
+    if (before * scale > 1)
+      out.lines.push_back(
+          "note: the GEMMs ran " + fmt("%.3g", scale) +
+          "x faster than the model at efficiency " + fmt("%.2f", before) +
+          ", more than the device's peak allows: its peak understates this "
+          "device (give a cluster file with the measured peak, as "
+          "dlopt-calibrate writes on a CPU); the efficiency is clamped to 1");
     if (gpu.sms > 0) {
       cal.gemmPeakEfficiency =
           std::clamp(cal.gemmPeakEfficiency * scale, 1e-6, 1.0);

@@ -75,8 +75,9 @@ from profiles (measures nothing; writes the calibration only):
   --from-profile FILE          a dlopt-run --profile-json file, taken on the
                                device --gpu names (repeatable: several plans'
                                profiles on the same device)
-  --gpu PRESET                 that device (a GPU preset of docs/cluster.md,
-                               e.g. h200-sxm-141gb, or cpu-device)
+  --gpu PRESET|CLUSTER         that device: a GPU preset of docs/cluster.md
+                               (h200-sxm-141gb, cpu-device) or a cluster file
+                               (its first node group's device)
 )";
 
 [[noreturn]] void usageError(const std::string &msg) {
@@ -400,9 +401,17 @@ int main(int argc, char **argv) {
     if (!clusterFlag.empty())
       usageError("--cluster-out does not apply to --from-profile, which "
                  "writes a calibration only");
+    // A GPU preset, or a cluster file whose (first) device it is: the one
+    // dlopt-calibrate wrote for this machine, say.
     auto gpu = planner::gpuPreset(gpuName);
-    if (!gpu)
-      usageError("--gpu: " + gpu.status().message());
+    if (!gpu) {
+      auto cluster = planner::resolveCluster(gpuName);
+      if (!cluster || cluster->groups.empty())
+        usageError("--gpu: " + gpu.status().message() +
+                   (cluster ? "" : "; as a cluster: " +
+                                       cluster.status().message()));
+      gpu = cluster->groups.front().gpu;
+    }
     if (!canWrite(calOut))
       return 1;
     std::vector<planner::ProfileSamples> samples;
