@@ -1205,13 +1205,18 @@ int runMain(int argc, char **argv) {
   Expected<Executable> exe = readExecutable(opts.planPath);
   if (!exe)
     error(exe.status().message());
-  // An unwritable --profile-json fails before anything runs.
+  // An unwritable --profile-json fails before anything runs (without
+  // truncating an existing file, or leaving a new empty one behind).
   if (!opts.dump && !opts.profileJson.empty()) {
-    std::FILE *f = std::fopen(opts.profileJson.c_str(), "w");
+    std::error_code ec;
+    const bool existed = std::filesystem::exists(opts.profileJson, ec);
+    std::FILE *f = std::fopen(opts.profileJson.c_str(), "a");
     if (!f)
       error("--profile-json: cannot write " + opts.profileJson + ": " +
             std::strerror(errno));
     std::fclose(f);
+    if (!existed)
+      std::filesystem::remove(opts.profileJson, ec);
   }
   if (opts.dump) {
     std::fputs(dumpExecutable(*exe).c_str(), stdout);
