@@ -324,14 +324,22 @@ Status Cluster::validate() const {
     if (!anyPeak)
       return Status::error(p + "gpu.peak_tflops: no precision has a " +
                            "positive peak");
+    // A link no rank uses may be 0, but never infinite: the cluster is
+    // written back (toJson), where an overflowed value would not load.
     if (g.gpusPerNode > 1)
       DLOPT_RETURN_IF_ERROR(
           positive("intra_node.bandwidth_gb_s", g.intra.bandwidth));
+    else
+      DLOPT_RETURN_IF_ERROR(
+          nonNegative("intra_node.bandwidth_gb_s", g.intra.bandwidth));
     DLOPT_RETURN_IF_ERROR(
         nonNegative("intra_node.latency_us", g.intra.latency));
     if (numNodes() > 1)
       DLOPT_RETURN_IF_ERROR(
           positive("network.bandwidth_gb_s", g.network.bandwidth));
+    else
+      DLOPT_RETURN_IF_ERROR(
+          nonNegative("network.bandwidth_gb_s", g.network.bandwidth));
     DLOPT_RETURN_IF_ERROR(nonNegative("network.latency_us", g.network.latency));
   }
   return Status::ok();

@@ -83,10 +83,12 @@ Expected<ProfileSamples> parseProfile(std::string_view text,
                            (it == o.end() ? ", missing"
                                           : ", got " +
                                                 std::string(it->type_name())));
+    // Bounded so that every derived constant stays finite once written
+    // in the calibration file's units.
     double v = it->get<double>();
-    if (!std::isfinite(v) || v < 0)
+    if (!std::isfinite(v) || v < 0 || v > 1e18)
       return Status::error(where + at + key +
-                           ": expected a finite number >= 0, got " +
+                           ": expected a number in [0, 1e18], got " +
                            fmt("%g", v));
     return v;
   };

@@ -18,9 +18,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   for (const char *gpu : {"h100-sxm-80gb", "cpu-device"}) {
     auto c = calibrateFromProfile({*p}, *gpuPreset(gpu));
-    if (c)
-      FUZZ_EXPECT(c->calibration.validate().ok(),
+    if (c) {
+      FUZZ_EXPECT(c->calibration.validate().isOk(),
                   "a derived calibration out of its ranges");
+      // What dlopt-calibrate writes loads back.
+      FUZZ_EXPECT(parseCalibration(c->calibration.toJson(), "written").isOk(),
+                  "the derived calibration does not load back");
+    }
     else
       FUZZ_EXPECT(!c.status().message().empty(), "an error without a message");
   }

@@ -412,6 +412,27 @@ TEST(ClusterFileErrors, NegativeOrZeroBandwidth) {
                 "gpu.peak_tflops.bf16: expected a number >= 0, got -1"));
 }
 
+// Links no rank uses may not overflow either: the cluster is written back
+// (toJson), where an infinite value would not load (a libFuzzer finding,
+// 2026-11-29: 1e308 GB/s on one node became inf bytes/s, then null).
+TEST(ClusterFileErrors, UnusedLinksOverflowingAreRefused) {
+  EXPECT_TRUE(failsWith(
+      jsonText(R"({"nodes": 1, "gpus_per_node": 2, "gpu": "cpu-device",
+                   "intra_node": {"bandwidth_gb_s": 10},
+                   "network": {"bandwidth_gb_s": 1e308}})"),
+      "network.bandwidth_gb_s: expected a finite number >= 0, got inf"));
+  EXPECT_TRUE(failsWith(
+      jsonText(R"({"nodes": 2, "gpus_per_node": 1, "gpu": "cpu-device",
+                   "intra_node": {"bandwidth_gb_s": 1e308},
+                   "network": {"bandwidth_gb_s": 10}})"),
+      "intra_node.bandwidth_gb_s: expected a finite number >= 0, got inf"));
+  // A large but finite one loads and round-trips.
+  auto ok = jsonText(R"({"nodes": 1, "gpus_per_node": 1, "gpu": "cpu-device",
+                         "network": {"bandwidth_gb_s": 1e200}})");
+  ASSERT_TRUE(ok) << ok.status().message();
+  EXPECT_TRUE(parseCluster(ok->toJson(), ClusterFormat::Json, "again"));
+}
+
 TEST(ClusterFileErrors, WrongTypesAndUnknownNames) {
   std::string base = "gpus_per_node: 8\ngpu: h100-sxm-80gb\n"
                      "intra_node: {bandwidth_gb_s: 450}\n";

@@ -164,7 +164,10 @@ TEST(ProfileCalibration, RefusesMalformedProfilesNamingTheField) {
   expectError(head + "{}}", "instructions: expected an array");
   expectError(head + R"([{"op": "add", "calls": 1, "seconds": -1,
                           "flops": 0, "bytes": 0}]})",
-              "instructions[0].seconds: expected a finite number >= 0, got -1");
+              "instructions[0].seconds: expected a number in [0, 1e18], got -1");
+  expectError(head + R"([{"op": "add", "calls": 1, "seconds": 1e300,
+                          "flops": 0, "bytes": 0}]})",
+              "instructions[0].seconds: expected a number in [0, 1e18], got 1e+300");
   expectError(head + R"([{"op": "add", "calls": 1.5, "seconds": 1,
                           "flops": 0, "bytes": 0}]})",
               "instructions[0].calls: expected an integer, got 1.5");
