@@ -548,14 +548,18 @@ Zero3Comm zero3Comm(Ctx &c, double paramBytes, double gradBytes, double L,
                  : 0.0;
   };
   const double agBytes = paramBytes / L, rsBytes = gradBytes / L;
-  z.contentionForward = (L - 1) * lost(z.ag1, agBytes, fwd / L);
+  // A layer waits for the later of its slowed compute and its collective:
+  // what shows is the larger of the exposure and the compute lost.
+  const double exposedF = CostModel::exposed(z.ag1, fwd / L, eff),
+               lostF = lost(z.ag1, agBytes, fwd / L);
   // Backward: the next layer's gather and this layer's reduce-scatter, one
   // after the other on the links, at their combined rate.
-  z.contentionBackward = L * lost(z.ag1 + z.rs1, agBytes + rsBytes, bwd / L);
-  z.forward = z.ag1 + (L - 1) * CostModel::exposed(z.ag1, fwd / L, eff) +
-              z.contentionForward;
-  z.shared = L * CostModel::exposed(z.ag1 + z.rs1, bwd / L, eff) +
-             z.contentionBackward;
+  const double exposedB = CostModel::exposed(z.ag1 + z.rs1, bwd / L, eff),
+               lostB = lost(z.ag1 + z.rs1, agBytes + rsBytes, bwd / L);
+  z.contentionForward = (L - 1) * std::max(0.0, lostF - exposedF);
+  z.contentionBackward = L * std::max(0.0, lostB - exposedB);
+  z.forward = z.ag1 + (L - 1) * std::max(exposedF, lostF);
+  z.shared = L * std::max(exposedB, lostB);
   z.agShare = z.ag1 + z.rs1 > 0 ? z.ag1 / (z.ag1 + z.rs1) : 0;
   return z;
 }
