@@ -519,11 +519,9 @@ CpComm cpComm(Ctx &c, const TrainingConfig &cfg, bool train) {
 /// reduce-scatter follows the last backward (docs/cost-model.md, "ZeRO-3").
 struct Zero3Comm {
   double ag1 = 0, rs1 = 0; ///< one layer's gather and reduce-scatter
-  /// Compute lost to the collectives running beside it (Ctx::
-  /// overlapSlowdown), in the forward and the backward pass; included in
-  /// `forward` and `shared`.
-  double contentionForward = 0, contentionBackward = 0;
-  double forward = 0;      ///< exposed in the forward pass
+  /// Exposed in the forward pass: the exposure or, where larger, the
+  /// compute the collectives slow beside them (Ctx::overlapSlowdown).
+  double forward = 0;
   double shared = 0;       ///< exposed in the backward by both, sharing links
   double agShare = 0;      ///< the gathers' share of `shared`
   /// Exposed in the backward pass, the last reduce-scatter included.
@@ -556,8 +554,6 @@ Zero3Comm zero3Comm(Ctx &c, double paramBytes, double gradBytes, double L,
   // after the other on the links, at their combined rate.
   const double exposedB = CostModel::exposed(z.ag1 + z.rs1, bwd / L, eff),
                lostB = lost(z.ag1 + z.rs1, agBytes + rsBytes, bwd / L);
-  z.contentionForward = (L - 1) * std::max(0.0, lostF - exposedF);
-  z.contentionBackward = L * std::max(0.0, lostB - exposedB);
   z.forward = z.ag1 + (L - 1) * std::max(exposedF, lostF);
   z.shared = L * std::max(exposedB, lostB);
   z.agShare = z.ag1 + z.rs1 > 0 ? z.ag1 / (z.ag1 + z.rs1) : 0;
