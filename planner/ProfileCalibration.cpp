@@ -39,18 +39,6 @@ std::optional<Precision> precisionOfDtype(const std::string &d) {
   return std::nullopt;
 }
 
-/// Instructions that move data between ranks or run no kernel of their
-/// own: not memory-bound compute.
-bool isCommunication(const std::string &op) {
-  static const char *const kOps[] = {
-      "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
-      "send",       "recv",       "send_recv",      "all_slice",  "barrier"};
-  for (const char *o : kOps)
-    if (op == o)
-      return true;
-  return false;
-}
-
 bool isConvolution(const std::string &op) {
   return op.rfind("conv2d", 0) == 0;
 }
@@ -147,6 +135,13 @@ Expected<ProfileSamples> parseProfile(std::string_view text,
     if (op == in.end() || !op->is_string())
       return Status::error(where + at + "op: expected a string");
     r.op = op->get<std::string>();
+    auto comm = in.find("communication");
+    if (comm != in.end()) {
+      if (!comm->is_boolean())
+        return Status::error(where + at + "communication: expected true or "
+                                          "false");
+      r.communication = comm->get<bool>();
+    }
     auto calls = number(in, "calls", at);
     auto seconds = number(in, "seconds", at);
     auto flops = number(in, "flops", at);
@@ -256,7 +251,7 @@ calibrateFromProfile(const std::vector<ProfileSamples> &profiles,
         attention.flops += in.flops * calls;
         attention.calls += in.calls;
       } else if (in.op != "attention_grad" && !isConvolution(in.op) &&
-                 !isCommunication(in.op) && in.bytes > 0) {
+                 !in.communication && in.bytes > 0) {
         memorySeconds += in.seconds;
         memoryBytes += in.bytes * calls;
         memoryCalls += in.calls;
@@ -283,29 +278,23 @@ calibrateFromProfile(const std::vector<ProfileSamples> &profiles,
           ", more than the device's peak allows: its peak understates this "
           "device (give a cluster file with the measured peak, as "
           "dlopt-calibrate writes on a CPU); the efficiency is clamped to 1");
+    auto scaled = [&](double &efficiency) {
+      efficiency = std::clamp(efficiency * scale, 1e-6, 1.0);
+      return fmt("%.3f", efficiency);
+    };
+    std::string line = "GEMMs: " + std::to_string(gemmAll.calls) +
+                       " calls, " + fmt("%.3f", gemmAll.measured * 1e3) +
+                       " ms measured against " +
+                       fmt("%.3f", gemmAll.predicted * 1e3) + " ms by the ";
     if (gpu.sms > 0) {
-      cal.gemmPeakEfficiency =
-          std::clamp(cal.gemmPeakEfficiency * scale, 1e-6, 1.0);
-      out.lines.push_back(
-          "GEMMs: " + std::to_string(gemmAll.calls) + " calls, " +
-          fmt("%.3f", gemmAll.measured * 1e3) + " ms measured against " +
-          fmt("%.3f", gemmAll.predicted * 1e3) +
-          " ms by the shape model: gemm_peak_efficiency " +
-          fmt("%.3f", cal.gemmPeakEfficiency));
+      line += "shape model: gemm_peak_efficiency " +
+              scaled(cal.gemmPeakEfficiency);
     } else {
-      cal.matmulLargeEfficiency =
-          std::clamp(cal.matmulLargeEfficiency * scale, 1e-6, 1.0);
-      cal.matmulSmallEfficiency =
-          std::clamp(cal.matmulSmallEfficiency * scale, 1e-6, 1.0);
-      out.lines.push_back(
-          "GEMMs: " + std::to_string(gemmAll.calls) + " calls, " +
-          fmt("%.3f", gemmAll.measured * 1e3) + " ms measured against " +
-          fmt("%.3f", gemmAll.predicted * 1e3) +
-          " ms by the size classes: matmul_large_efficiency " +
-          fmt("%.3f", cal.matmulLargeEfficiency) +
-          ", matmul_small_efficiency " +
-          fmt("%.3f", cal.matmulSmallEfficiency));
+      line += "size classes: matmul_large_efficiency " +
+              scaled(cal.matmulLargeEfficiency);
+      line += ", matmul_small_efficiency " + scaled(cal.matmulSmallEfficiency);
     }
+    out.lines.push_back(line);
     for (const auto &[dtype, s] : gemms)
       out.lines.push_back("  " + dtype + ": " +
                         fmt("%.3g", s.flops / s.measured / 1e12) +

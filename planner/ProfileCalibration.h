@@ -27,10 +27,12 @@
 namespace dlopt::planner {
 
 /// One profiled instruction: its op, its first result's dtype ("bf16"),
-/// its calls and their seconds over the profiled runs, the FLOPs and bytes
-/// of one call, and a matmul's GEMM shape.
+/// whether it moves data between ranks (the runtime op table's mark), its
+/// calls and their seconds over the profiled runs, the FLOPs and bytes of
+/// one call, and a matmul's GEMM shape.
 struct ProfiledInstr {
   std::string op, dtype;
+  bool communication = false;
   int64_t calls = 0;
   double seconds = 0, flops = 0, bytes = 0;
   bool hasGemm = false;

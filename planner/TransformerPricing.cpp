@@ -1003,12 +1003,17 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       // behind the same per-layer compute. The shared backward exposure
       // is charged to the gathers and reduce-scatters in proportion.
       double L = double(std::max<int64_t>(1, worstLayers));
-      Zero3Comm z = zero3Comm(c, paramBytes, gradBytes, L, worstFwd, backward,
-                              dp, stride, worstGemmShare, worstKind);
-      double exposed = m * (z.forward + z.shared + z.rs1);
+      Zero3Comm z;
+      double exposed = 0;
       double stageParamBytes = paramBytes;
-      if (stageMems.size() == size_t(cfg.pp) &&
-          stageTimes.size() == size_t(cfg.pp)) {
+      if (stageMems.size() != size_t(cfg.pp) ||
+          stageTimes.size() != size_t(cfg.pp)) {
+        // No per-stage memory (a stage did not fit): the slowest stage's
+        // layers with the largest stage's parameters.
+        z = zero3Comm(c, paramBytes, gradBytes, L, worstFwd, backward, dp,
+                      stride, worstGemmShare, worstKind);
+        exposed = m * (z.forward + z.shared + z.rs1);
+      } else {
         exposed = -std::numeric_limits<double>::infinity();
         for (int st = 0; st < cfg.pp; ++st) {
           const StageTimes &s = stageTimes[st];

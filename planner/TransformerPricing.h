@@ -409,10 +409,20 @@ struct Ctx {
       return 0.5 * roofline(OpKind::Matmul, g.mmFlops * scale / tp,
                             g.mmBytes * scale / tp, gpuKind);
     double t = 0;
+    for (size_t i : alternateRerunGemms(g, tp))
+      t += gemmTime(g.gemms[i], scale, tp, gpuKind);
+    return t;
+  }
+
+  /// The indices into a layer's op list of the matmuls alternate
+  /// recomputation re-runs: the second, fourth, ..., not the last, and
+  /// under tp not a row-parallel one (groupAlternateGemmTime).
+  static std::vector<size_t> alternateRerunGemms(const GroupCost &g, int tp) {
+    std::vector<size_t> idx;
     for (size_t i = 1; i + 1 < g.gemms.size(); i += 2)
       if (tp == 1 || g.gemms[i].split != GroupGemm::Split::K)
-        t += gemmTime(g.gemms[i], scale, tp, gpuKind);
-    return t;
+        idx.push_back(i);
+    return idx;
   }
 
   /// Seconds of compute lost per second a collective moving
@@ -447,9 +457,7 @@ struct Ctx {
   static double rerunKernels(const GroupCost &g, int tp, bool alternate) {
     double n = g.ops - double(g.gemms.size()) - (g.attFlops > 0 ? 1 : 0);
     if (alternate)
-      for (size_t i = 1; i + 1 < g.gemms.size(); i += 2)
-        if (tp == 1 || g.gemms[i].split != GroupGemm::Split::K)
-          n += 1;
+      n += double(alternateRerunGemms(g, tp).size());
     return std::max(0.0, n);
   }
 

@@ -298,6 +298,7 @@ def regenerate(bindir):
             "runs": 2, "skipped": 1, "wall_seconds": 0.01, "issue_seconds": 0.001,
             "instructions_per_run": 2, "instructions": [
                 {"index": 0, "op": "matmul", "calls": 2, "seconds": 0.002, "layer": 0,
+                 "communication": False,
                  "results": ["1024x1024xbf16"], "operands": ["1024x512xbf16", "512x1024xbf16"],
                  "flops": 1073741824, "bytes": 4194304,
                  "gemm": {"m": 1024, "n": 1024, "k": 512, "batch": 1}, "loc": "m.mlir:1:1"},

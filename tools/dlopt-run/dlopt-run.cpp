@@ -20,6 +20,8 @@
 #include "runtime/exec/Trainer.h"
 #include "runtime/exec/World.h"
 #include "runtime/format/Executable.h"
+
+#include <nlohmann/json.hpp>
 #if DLOPT_HAVE_MPI
 #include "runtime/comm/MpiCommunicator.h"
 #endif
@@ -35,6 +37,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <string>
@@ -646,55 +649,25 @@ void printProfile(Session &s) {
   }
 }
 
-/// A JSON string literal of `s`.
-std::string jsonString(const std::string &s) {
-  std::string o = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      o += '\\';
-      o += char(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      o += buf;
-    } else {
-      o += char(c);
-    }
-  }
-  return o + "\"";
-}
-
 /// Writes --profile-json: every profiled instruction's calls and seconds,
-/// its result and operand types, and the FLOPs and bytes of one call (a
-/// matmul's 2 m n k with its GEMM shape, a forward attention's 4 B H S T D
-/// as the planner counts it; every instruction's operand and result bytes),
-/// for dlopt-calibrate --from-profile (docs/dlopt-run.md).
+/// its result and operand types, whether it communicates (the op table's
+/// mark), and the FLOPs and bytes of one call (a matmul's 2 m n k with its
+/// GEMM shape, a forward attention's 4 B H S T D as the planner counts it;
+/// every instruction's operand and result bytes), for dlopt-calibrate
+/// --from-profile (docs/dlopt-run.md).
 void writeProfileJson(Session &s, const std::string &path) {
+  using Json = nlohmann::ordered_json;
   const Executable &e = s.executable();
   const Program &prog = s.program();
   const std::vector<Session::OpProfile> &ip = s.instrProfile();
   const Session::ProfileTotals &pt = s.profileTotals();
-  std::FILE *f = std::fopen(path.c_str(), "w");
-  if (!f)
-    error("--profile-json: cannot write " + path + ": " +
-          std::strerror(errno));
-  std::fprintf(f,
-               "{\"format\": \"dlopt-profile\", \"version\": 1, "
-               "\"backend\": %s, \"device_timed\": %s, \"runs\": %lld, "
-               "\"skipped\": %lld, \"wall_seconds\": %.9g, "
-               "\"issue_seconds\": %.9g, \"instructions_per_run\": %zu,\n"
-               " \"instructions\": [",
-               jsonString(s.backend().name()).c_str(),
-               pt.deviceTimed ? "true" : "false", (long long)pt.runs,
-               (long long)pt.skipped, pt.wallSeconds, pt.issueSeconds,
-               prog.instrs.size());
-  bool first = true;
   auto types = [&](const std::vector<int32_t> &ids) {
-    std::string t = "[";
-    for (size_t j = 0; j < ids.size(); ++j)
-      t += (j ? ", " : "") + jsonString(e.values[size_t(ids[j])].type.str());
-    return t + "]";
+    Json t = Json::array();
+    for (int32_t id : ids)
+      t.push_back(e.values[size_t(id)].type.str());
+    return t;
   };
+  Json instrs = Json::array();
   for (size_t i = 0; i < ip.size() && i < prog.instrs.size(); ++i) {
     if (ip[i].calls <= 0)
       continue;
@@ -704,8 +677,16 @@ void writeProfileJson(Session &s, const std::string &path) {
       bytes += double(e.values[size_t(id)].type.byteSize());
     for (int32_t id : in.results)
       bytes += double(e.values[size_t(id)].type.byteSize());
-    double flops = 0;
-    std::string extra;
+    Json j = {{"index", i},
+              {"op", in.op},
+              {"calls", ip[i].calls},
+              {"seconds", ip[i].seconds},
+              {"layer", in.layer},
+              {"communication", isCommunicationOp(in.op)},
+              {"results", types(in.results)},
+              {"operands", types(in.operands)},
+              {"flops", 0.0},
+              {"bytes", bytes}};
     if (in.op == "matmul" && in.operands.size() >= 2 && !in.results.empty()) {
       const TensorType &a = e.values[size_t(in.operands[0])].type;
       const TensorType &b = e.values[size_t(in.operands[1])].type;
@@ -722,33 +703,33 @@ void writeProfileJson(Session &s, const std::string &path) {
           m *= batch;
           batch = 1;
         }
-        flops = 2.0 * double(c.numElements()) * double(k);
-        extra = ", \"gemm\": {\"m\": " + std::to_string(m) +
-                ", \"n\": " + std::to_string(n) +
-                ", \"k\": " + std::to_string(k) +
-                ", \"batch\": " + std::to_string(batch) + "}";
+        j["flops"] = 2.0 * double(c.numElements()) * double(k);
+        j["gemm"] = {{"m", m}, {"n", n}, {"k", k}, {"batch", batch}};
       }
     } else if (in.op == "attention" && in.operands.size() >= 2) {
       const TensorType &q = e.values[size_t(in.operands[0])].type;
       const TensorType &kt = e.values[size_t(in.operands[1])].type;
       if (q.shape.size() == 4 && kt.shape.size() == 4)
-        flops = 4.0 * double(q.numElements()) * double(kt.shape[2]);
-      extra = std::string(", \"causal\": ") +
-              (in.getBool("causal", false) ? "true" : "false");
+        j["flops"] = 4.0 * double(q.numElements()) * double(kt.shape[2]);
+      j["causal"] = in.getBool("causal", false);
     }
-    std::fprintf(f,
-                 "%s\n  {\"index\": %zu, \"op\": %s, \"calls\": %lld, "
-                 "\"seconds\": %.9g, \"layer\": %d, \"results\": %s, "
-                 "\"operands\": %s, \"flops\": %.9g, \"bytes\": %.9g%s, "
-                 "\"loc\": %s}",
-                 first ? "" : ",", i, jsonString(in.op).c_str(),
-                 (long long)ip[i].calls, ip[i].seconds, int(in.layer),
-                 types(in.results).c_str(), types(in.operands).c_str(), flops,
-                 bytes, extra.c_str(), jsonString(in.loc).c_str());
-    first = false;
+    j["loc"] = in.loc;
+    instrs.push_back(std::move(j));
   }
-  std::fprintf(f, "\n]}\n");
-  if (std::fclose(f) != 0)
+  Json doc = {{"format", "dlopt-profile"},
+              {"version", 1},
+              {"backend", s.backend().name()},
+              {"device_timed", pt.deviceTimed},
+              {"runs", pt.runs},
+              {"skipped", pt.skipped},
+              {"wall_seconds", pt.wallSeconds},
+              {"issue_seconds", pt.issueSeconds},
+              {"instructions_per_run", prog.instrs.size()},
+              {"instructions", std::move(instrs)}};
+  std::ofstream f(path);
+  // Invalid UTF-8 in a source location is replaced, never thrown on.
+  f << doc.dump(1, ' ', false, Json::error_handler_t::replace) << "\n";
+  if (!f)
     error("--profile-json: cannot write " + path);
 }
 

@@ -60,6 +60,7 @@ TEST(ProfileCalibration, RecoversTheKnownRates) {
   p.instrs.push_back(add);
   ProfiledInstr ar = add;
   ar.op = "all_reduce";
+  ar.communication = true; // the op table's mark, as dlopt-run writes it
   ar.seconds = 1;
   p.instrs.push_back(ar);
   ProfiledInstr grad = add;
@@ -126,7 +127,8 @@ TEST(ProfileCalibration, ParsesWhatDloptRunWrites) {
              "bytes": 6144, "gemm": {"m": 32, "n": 64, "k": 16, "batch": 1},
              "loc": "m.mlir:3:4"},
             {"index": 1, "op": "attention", "calls": 3, "seconds": 0.1,
-             "layer": 0, "results": ["1x2x8x4xf32"], "operands": [],
+             "layer": 0, "communication": false,
+             "results": ["1x2x8x4xf32"], "operands": [],
              "flops": 2048, "bytes": 512, "causal": true, "loc": ""}]})",
       "p.json");
   ASSERT_TRUE(p) << p.status().message();
@@ -141,6 +143,7 @@ TEST(ProfileCalibration, ParsesWhatDloptRunWrites) {
   EXPECT_EQ(p->instrs[0].gemm.k, 16);
   EXPECT_EQ(p->instrs[1].dtype, "f32");
   EXPECT_FALSE(p->instrs[1].hasGemm);
+  EXPECT_FALSE(p->instrs[1].communication);
 }
 
 TEST(ProfileCalibration, RefusesMalformedProfilesNamingTheField) {
@@ -178,6 +181,8 @@ TEST(ProfileCalibration, RefusesMalformedProfilesNamingTheField) {
                           "flops": 0, "bytes": 0, "gemm": {"m": 1}}]})",
               "instructions[0].gemm.n: expected a number, missing");
   expectError(head + R"([{"calls": 1}]})", "instructions[0].op: expected a string");
+  expectError(head + R"([{"op": "all_reduce", "communication": 1}]})",
+              "instructions[0].communication: expected true or false");
   expectError("{", "p.json: ");
 }
 
