@@ -117,6 +117,7 @@ Status validate(const SimInput &in) {
         {"gradSync", st.gradSync},
         {"gradLastBucket", st.gradLastBucket},
         {"paramGather", st.paramGather},
+        {"tpGradSync", st.tpGradSync},
         {"optimizer", st.optimizer},
         {"hostDispatch", st.hostDispatch}};
     for (const auto &[name, value] : fields)
@@ -306,6 +307,24 @@ double chunkedGradSyncExposed(double share, double exposedShare, int v,
   for (int j = 0; j < std::max(1, v); ++j) {
     const double be = -double(v - 1 - j) * spacing;
     free = std::max(free + share, be + exposedShare);
+  }
+  return std::max(0.0, free);
+}
+
+double queuedGradSyncExposed(double share, double exposedShare, int64_t count,
+                             double late, int64_t lateCount, double early) {
+  count = std::max<int64_t>(1, count);
+  // The backwards' ends, the last at 0: be_j = -(sum of the gaps after j).
+  double free = -std::numeric_limits<double>::infinity();
+  double start = 0;
+  for (int64_t k = 1; k < count; ++k)
+    start -= k <= lateCount ? late : early;
+  double be = start;
+  for (int64_t j = 0; j < count; ++j) {
+    free = std::max(free + share, be + exposedShare);
+    const int64_t gapsAfter = count - 1 - j; // gap j -> j+1 is number gapsAfter
+    if (j + 1 < count)
+      be += gapsAfter <= lateCount ? late : early;
   }
   return std::max(0.0, free);
 }
@@ -607,9 +626,18 @@ Expected<SimResult> simulateStep(const SimInput &in) {
   for (int s = 0; s < pp; ++s) {
     const SimStage &st = in.stages[s];
     const double syncEnd = syncEnds[size_t(s)];
+    // Sequence parallelism's tp all-reduce of weight gradients, once the
+    // passes are done.
+    double tpEnd = computeFree[s];
+    if (st.tpGradSync > 0) {
+      tpEnd = std::max(computeFree[s], hostFree[s]) + st.tpGradSync;
+      lane(s, SimLane::Compute)
+          .push_back({s, SimLane::Compute, SimOp::GradSync, "tp grad sync", -1,
+                      -1, -1, tpEnd - st.tpGradSync, tpEnd});
+    }
     // The optimizer is a few multi-tensor kernels: issued once the host
     // has issued the rest, in no time of its own.
-    double optStart = std::max({computeFree[s], syncEnd, hostFree[s]});
+    double optStart = std::max({tpEnd, syncEnd, hostFree[s]});
     double optEnd = optStart + st.optimizer;
     if (optEnd > optStart)
       lane(s, SimLane::Compute)

@@ -45,6 +45,11 @@ struct SimStage {
   /// micro-batch's weight-gradient task of each chunk (gradSync / v a
   /// chunk), not once at the end of the step.
   bool gradSyncPerMicroBatch = false;
+  /// Sequence parallelism: the tensor-parallel all-reduce of the stage's
+  /// weight gradients over sequence-split rows (norms, learned positions),
+  /// once per step on the compute lane after the stage's last task and
+  /// before its optimizer step.
+  double tpGradSync = 0;
   double optimizer = 0; ///< optimizer step, on the compute lane, at the end
   /// ZeRO 1 and 2: the all-gather of the updated parameter shards, on the
   /// dp-comm lane after the optimizer; the step ends with it.
@@ -191,6 +196,14 @@ Expected<std::vector<PipelineTask>> pipelineOrder(PipelineSchedule schedule,
 /// be_j = -(v-1-j) spacing. For v = 1 it is `exposedShare`.
 double chunkedGradSyncExposed(double share, double exposedShare, int v,
                               double spacing);
+/// The same for ZeRO 2's reduce-scatters of `count` micro-batches, each
+/// `share` seconds, started as its micro-batch's backward ends and exposing
+/// `exposedShare` alone, queued on one lane, when the last `lateCount`
+/// backwards end `late` seconds apart and the ones before `early` apart
+/// (1F1B's cooldown runs backwards back to back, its steady state one
+/// forward and one backward per micro-batch).
+double queuedGradSyncExposed(double share, double exposedShare, int64_t count,
+                             double late, int64_t lateCount, double early);
 
 double pipelineSendTime(PipelineSchedule schedule, bool train, int64_t pp,
                         int64_t m, double oneSend, double slack = 0,

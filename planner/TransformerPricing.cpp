@@ -397,7 +397,7 @@ double optimizerStepTime(const Ctx &c, const TrainingConfig &cfg,
 /// host memory.
 void chooseLayout(Ctx &c, Candidate &cand, double launchesPerStep,
                   double deviceTime, double drain, double issuedBeforeChain,
-                  double tail) {
+                  double tail, double firstTask, double firstStage) {
   const Calibration &cal = c.cost.calibration();
   const int G = c.gpusPerNode;
   const int nodes = c.cluster.numNodes();
@@ -416,7 +416,12 @@ void chooseLayout(Ctx &c, Candidate &cand, double launchesPerStep,
     o.fits = c.host.memoryBytes <= 0 || o.memory <= c.host.memoryBytes;
     const double issued =
         std::max(o.dispatch, o.dispatch * issuedBeforeChain + drain);
-    o.exposed = std::max(0.0, issued + tail - deviceTime);
+    // The step's first task (the first stage's first forward) ends no
+    // earlier than its process has issued it, its share of the stage's
+    // launches: everything after it waits that much.
+    const double lead =
+        firstStage > 0 ? firstTask * (o.dispatch / firstStage - 1) : 0.0;
+    o.exposed = std::max({0.0, issued + tail - deviceTime, lead});
     return o;
   };
   Option in = make(ProcessLayout::InGraph);
@@ -507,6 +512,91 @@ CpComm cpComm(Ctx &c, const TrainingConfig &cfg, bool train) {
     r.logits = c.comm(Collective::AllGather, r.logitBytes, cp, cfg.tp);
   }
   return r;
+}
+
+/// Vocabulary parallelism's collectives for one micro-batch on a stage
+/// (the embedding table and the LM head split on the vocabulary when tp
+/// divides it, planner/TransformerSharding.cpp, as dlopt-partition
+/// applies it), by pass. On the first stage the lookup's partial sum is
+/// all-reduced forward (reduce-scattered into the sequence-parallel region
+/// under sp, whose backward gathers the embedding's output gradient for
+/// the local scatter into the table's rows). On the last stage the head's
+/// input gradient is all-reduced backward (under sp the head's input is
+/// gathered forward and its gradient reduce-scattered), and cross-entropy
+/// reduces three float32 [rows, 1] vectors forward (row max, sum of
+/// exponentials, target logit) instead of gathering logits.
+struct VocabComm {
+  double fwd = 0, bwd = 0;
+};
+VocabComm vocabComm(Ctx &c, const TrainingConfig &cfg, double boundary,
+                    bool first, bool last, bool train) {
+  VocabComm v;
+  if (cfg.tp <= 1 || c.spec.vocab <= 0 || c.spec.vocab % cfg.tp != 0)
+    return v;
+  const bool sp = cfg.sequenceParallel;
+  if (!sp) {
+    const double one = c.comm(Collective::AllReduce, boundary, cfg.tp, 1);
+    if (first)
+      v.fwd += one;
+    if (last && train)
+      v.bwd += one;
+  } else {
+    const double ag = c.comm(Collective::AllGather, boundary, cfg.tp, 1);
+    const double rs = c.comm(Collective::ReduceScatter, boundary, cfg.tp, 1);
+    if (first) {
+      v.fwd += rs;
+      if (train)
+        v.bwd += ag;
+    }
+    if (last) {
+      v.fwd += ag;
+      if (train)
+        v.bwd += rs;
+    }
+  }
+  if (last) {
+    const double rowStats =
+        double(cfg.microBatchSize) * c.spec.seqLen / cfg.cp * 4;
+    v.fwd += 3 * c.comm(Collective::AllReduce, rowStats, cfg.tp, 1);
+  }
+  return v;
+}
+
+/// Sequence parallelism leaves the gradients of the weights applied to
+/// sequence-split rows partial over tp: one all-reduce each per step, on
+/// the stage that holds them, after its last backward. They are the
+/// norms' weights and biases and the learned positions, and the embedding
+/// table and LM head when tp does not divide the vocabulary (dlopt keeps
+/// them replicated then, so their gradients are whole tables; pad the
+/// vocabulary to a multiple of tp to avoid it). The row-parallel biases
+/// too are left out: a vector each.
+struct SpWeightGradSync {
+  double calls = 0, bytes = 0, seconds = 0;
+};
+SpWeightGradSync spWeightGradSync(Ctx &c, const TrainingConfig &cfg,
+                                  int64_t layers, bool first, bool last) {
+  SpWeightGradSync s;
+  const double h = c.spec.hidden * cfg.precision.gradReduceBytes;
+  s.calls = double(c.spec.normParamsPerLayer * layers +
+                   (last ? c.spec.normParamsPost : 0));
+  s.bytes = s.calls * h;
+  if (first && c.spec.learnedPositions) {
+    s.bytes += double(c.spec.seqLen) * h;
+    s.calls += 1;
+  }
+  if (c.spec.vocab > 0 && c.spec.vocab % cfg.tp != 0) {
+    // The embedding on the first stage, the head on the last: one table
+    // on a single stage when they are tied.
+    double tables = (first ? 1 : 0) + (last ? 1 : 0);
+    if (first && last && c.spec.tiedEmbeddings)
+      tables = 1;
+    s.bytes += tables * double(c.spec.vocab) * h;
+    s.calls += tables;
+  }
+  if (s.calls > 0)
+    s.seconds =
+        c.comm(Collective::AllReduce, s.bytes / s.calls, cfg.tp, 1) * s.calls;
+  return s;
 }
 
 /// ZeRO-3 moves parameters layer by layer, one layer prefetched
@@ -661,13 +751,27 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
        (cfg.schedule == PipelineSchedule::OneFOneB && m == 1));
   std::vector<double> stageBackward;
   // ZeRO-3 gathers each stage's own layers' parameters behind that stage's
-  // compute: each stage's forward, training time, time with collectives
-  // and layers, for the per-stage pricing below.
-  struct StageTimes {
-    double fwd = 0, train = 0, withComm = 0, layers = 0, gemmShare = 1;
-    int kind = -1;
-  };
-  std::vector<StageTimes> stageTimes;
+  // own compute, every micro-batch (zero3Comm). What its layers cannot
+  // hide lengthens each of the stage's passes, as the simulator replays
+  // it, so it is part of the stage's time with collectives: the slowest
+  // stage, the pipeline's fill and drain and zero-bubble's path all see
+  // it. `worstZero3` is the slowest stage's, per micro-batch.
+  const int replicas = cfg.dp * cp;
+  const bool zero3Stages = train && cfg.zeroStage == 3 && replicas > 1 &&
+                           stageMems.size() == size_t(cfg.pp);
+  Zero3Comm worstZero3;
+  double worstZero3Params = 0;
+  VocabComm worstVocab;
+  // The slowest stage's context-parallel collectives per micro-batch, and
+  // its forward pass with its collectives.
+  double worstCp = 0, worstFwdPass = 0;
+  const CpComm cpc = cp > 1 ? cpComm(c, cfg, train) : CpComm{};
+  // The first stage's first forward (one chunk's) and its time per
+  // micro-batch, for the host's lead (chooseLayout).
+  double firstTask = 0, firstStage = 0;
+  const double chunks = cfg.schedule == PipelineSchedule::Interleaved1F1B
+                            ? cfg.virtualStages
+                            : 1;
   if (perStageSync)
     stageBackward.assign(cfg.pp, 0.0);
   for (int st = 0; st < cfg.pp; ++st) {
@@ -691,14 +795,40 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
             ? ranges.sum(lt.alternateOpsPrefix, st)
             : 0.0;
     double t = train ? sc.train : f;
-    const double stageTp = double(ranges.layers(st)) * tpLayer;
-    const double withComm = t + stageTp;
+    // The stage's tensor-parallel collectives: its layers', and the
+    // vocabulary-parallel embedding's or head's where it holds them.
+    const VocabComm vc =
+        vocabComm(c, cfg, boundary, st == 0, st == cfg.pp - 1, train);
+    const double stageTp =
+        double(ranges.layers(st)) * tpLayer + vc.fwd + vc.bwd;
+    const double stageTpFwd =
+        double(ranges.layers(st)) * tpLayer * tpFwdShare + vc.fwd;
+    // Context parallelism's (cpComm), the loss's on the last stage.
+    const double cpAll =
+        cp > 1 ? cpc.total(double(ranges.layers(st)), st == cfg.pp - 1) : 0.0;
+    const double cpFwd =
+        cp > 1 ? cpc.forward(double(ranges.layers(st)), st == cfg.pp - 1)
+               : 0.0;
+    Zero3Comm z3;
+    double z3Params = 0;
+    if (zero3Stages) {
+      const double pBytes = cfg.precision.paramBytes;
+      z3Params = stageMems[st].params / pBytes * replicas;
+      z3 = zero3Comm(c, z3Params * pBytes,
+                     z3Params * cfg.precision.gradReduceBytes,
+                     double(ranges.layers(st)), f, t - f, replicas, cfg.tp,
+                     sc.gemmShare(), pl ? pl->kind[st] : -1);
+    }
+    const double withComm =
+        t + stageTp + cpAll + z3.forward + z3.backward();
+    const double fwdPass = f + stageTpFwd + cpFwd + z3.forward;
     sumTime += withComm;
-    if (train && cfg.zeroStage == 3)
-      stageTimes.push_back({f, t, withComm, double(ranges.layers(st)),
-                            sc.gemmShare(), pl ? pl->kind[st] : -1});
+    if (st == 0) {
+      firstTask = fwdPass / chunks;
+      firstStage = withComm;
+    }
     if (train) {
-      const double fwd = f + stageTp * tpFwdShare;
+      const double fwd = fwdPass;
       if (perStageSync)
         stageBackward[st] = withComm - fwd;
       const double w =
@@ -716,8 +846,15 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       worstGemmShare = sc.gemmShare();
       worstKind = pl ? pl->kind[st] : -1;
       worstLayers = ranges.layers(st);
+      worstZero3 = z3;
+      worstZero3Params = z3Params;
+      worstVocab = vc;
+      worstCp = cpAll;
+      worstFwdPass = fwdPass;
     }
   }
+  const double worstZero3Fwd = worstZero3.forward,
+               zero3PerMb = worstZero3.forward + worstZero3.backward();
   // The slowest stage's weight-gradient part of its backward (what
   // zero-bubble defers): its bubble, the gradient sync's window and the
   // host's drain read it.
@@ -739,7 +876,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // backward, recomputed forward), on the critical path. Under sequence
   // parallelism each becomes an all-gather plus a reduce-scatter of the
   // same activation (Korthikanti et al. 2022): the same ring volume.
-  double tpPerMb = 0;
+  double tpPerMb = 0, tpPerStep = 0;
   if (cfg.tp > 1) {
     TpCalls n = tpCallsPerLayer(cfg, train);
     if (!sp) {
@@ -770,69 +907,66 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     // exponentials, target logit) instead of gathering logits. On the
     // stages that hold the embedding or the head; priced on the critical
     // path.
+    // Vocabulary parallelism (vocabComm): the embedding's collectives on
+    // the first stage, the head's and cross-entropy's on the last. The
+    // slowest stage's are on the step's critical path; the others' are in
+    // their stages' passes, so in the fill and drain. Listed for the whole
+    // model, their exposure the slowest stage's share.
     if (c.spec.vocab > 0 && c.spec.vocab % cfg.tp == 0) {
+      const VocabComm all = vocabComm(c, cfg, boundary, true, true, train);
+      const double share =
+          all.fwd + all.bwd > 0
+              ? (worstVocab.fwd + worstVocab.bwd) / (all.fwd + all.bwd)
+              : 0.0;
       double vcalls = (train ? 2 : 1) * m;
-      double vPerMb = 0;
       if (!sp) {
         double one = c.comm(Collective::AllReduce, boundary, cfg.tp, 1);
-        vPerMb = (train ? 2 : 1) * one;
         record("tp all-reduce (vocab-parallel embedding, LM head)",
-               Collective::AllReduce, cfg.tp, 1, boundary, vcalls, vPerMb * m);
+               Collective::AllReduce, cfg.tp, 1, boundary, vcalls,
+               share * (train ? 2 : 1) * one * m);
       } else {
         double ag = c.comm(Collective::AllGather, boundary, cfg.tp, 1);
         double rs = c.comm(Collective::ReduceScatter, boundary, cfg.tp, 1);
-        vPerMb = (train ? 2 : 1) * (ag + rs);
         record("tp all-gather (vocab-parallel LM head, embedding grad)",
                Collective::AllGather, cfg.tp, 1, boundary, vcalls,
-               (train ? 2 : 1) * ag * m);
+               share * (train ? 2 : 1) * ag * m);
         record("tp reduce-scatter (vocab-parallel embedding, LM head grad)",
                Collective::ReduceScatter, cfg.tp, 1, boundary, vcalls,
-               (train ? 2 : 1) * rs * m);
+               share * (train ? 2 : 1) * rs * m);
       }
       double rowStats = double(cfg.microBatchSize) * c.spec.seqLen / cp * 4;
       double ce = c.comm(Collective::AllReduce, rowStats, cfg.tp, 1);
-      vPerMb += 3 * ce;
       record("tp all-reduce (vocab-parallel cross-entropy)",
-             Collective::AllReduce, cfg.tp, 1, rowStats, 3 * m, 3 * ce * m);
-      tpPerMb += vPerMb;
+             Collective::AllReduce, cfg.tp, 1, rowStats, 3 * m,
+             share * 3 * ce * m);
+      tpPerMb += worstVocab.fwd + worstVocab.bwd;
     }
-    // Sequence parallelism leaves the gradients of the weights applied to
-    // sequence-split rows partial over tp: one all-reduce each per step
-    // (the norms' weights and biases, learned positions; the row-parallel
-    // biases too, which are left out: a vector each).
+    // Sequence parallelism: each stage all-reduces its weight gradients
+    // over sequence-split rows once per step, after its last backward
+    // (spWeightGradSync); the step waits for the longest. Not part of any
+    // pass, so not of the pipeline's fill and drain either.
     if (sp && train) {
-      double h = c.spec.hidden * cfg.precision.gradReduceBytes;
-      double calls = double(c.spec.normParamsPerLayer * worstLayers +
-                            c.spec.normParamsPost);
-      double bytes = calls * h;
-      if (c.spec.learnedPositions) {
-        bytes += double(c.spec.seqLen) * h;
-        calls += 1;
+      SpWeightGradSync worst;
+      for (int st = 0; st < cfg.pp; ++st) {
+        const SpWeightGradSync s = spWeightGradSync(
+            c, cfg, ranges.layers(st), st == 0, st == cfg.pp - 1);
+        if (s.seconds > worst.seconds)
+          worst = s;
       }
-      // A vocabulary that tp does not divide keeps the embedding and the
-      // LM head replicated: their gradients over sequence-split rows are
-      // whole tables, all-reduced over tp (pad the vocabulary to a
-      // multiple of tp to avoid it).
-      if (c.spec.vocab > 0 && c.spec.vocab % cfg.tp != 0) {
-        double tables = c.spec.tiedEmbeddings ? 1 : 2;
-        bytes += tables * double(c.spec.vocab) * h;
-        calls += tables;
-      }
-      double time =
-          calls > 0 ? c.comm(Collective::AllReduce, bytes / calls, cfg.tp, 1) * calls : 0;
-      if (calls > 0)
+      if (worst.calls > 0)
         record("tp all-reduce (sequence-parallel weight gradients)",
-             Collective::AllReduce, cfg.tp, 1, bytes / calls, calls, time);
-      tpPerMb += time / m;
+               Collective::AllReduce, cfg.tp, 1, worst.bytes / worst.calls,
+               worst.calls, worst.seconds);
+      tpPerStep = worst.seconds;
     }
   }
 
   // Context parallelism (cpComm), every micro-batch on the worst stage.
   double cpPerMb = 0;
   if (cp > 1) {
-    const CpComm cc = cpComm(c, cfg, train);
+    const CpComm &cc = cpc;
     const double L = double(worstLayers);
-    cpPerMb = cc.total(L, cc.logits > 0);
+    cpPerMb = worstCp;
     record("cp K/V all-gather (attention)", Collective::AllGather, cp, cfg.tp,
            cc.kvBytes, cc.gathers * L * m, cc.gathers * L * cc.gather * m);
     record("cp K/V gradient reduce-scatter (attention)",
@@ -869,9 +1003,9 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   }
 
   StepTime &T = cand.time;
-  double perMb = worstTrain + tpPerMb + cpPerMb;
+  double perMb = worstTrain + tpPerMb + cpPerMb + zero3PerMb;
   T.compute = m * worstTrain;
-  T.tpComm = m * tpPerMb;
+  T.tpComm = m * tpPerMb + tpPerStep;
   T.cpComm = m * cpPerMb;
   T.ppComm = ppExposed;
   if (cfg.pp > 1) {
@@ -913,10 +1047,11 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       // cooldown's, as it does for equal stages (where the two ends are
       // (pp-1)(t_F + t_B) and (pp-1)(t_F + t_B - t_W)).
       const double weightGrad = worstWeightGrad;
-      double inputGrad = std::max(0.0, perMb - worstFwd - weightGrad);
+      const double fwdPass = worstFwd + worstZero3Fwd;
+      double inputGrad = std::max(0.0, perMb - fwdPass - weightGrad);
       const double full =
           stagesToFill *
-          std::max(perMb - 2 * weightGrad, std::max(worstFwd, inputGrad));
+          std::max(perMb - 2 * weightGrad, std::max(fwdPass, inputGrad));
       const double single = std::max(
           0.0, pathFwd + pathInputGrad + pathLead - worstTime);
       const double filled = std::min(1.0, (m - 1) / double(cfg.pp - 1));
@@ -930,7 +1065,6 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // same parameters (all-reduce, or reduce-scatter plus a parameter
   // all-gather under ZeRO), overlapped with the last micro-batch's
   // backward; ZeRO-3 gathers parameters for every forward and backward.
-  const int replicas = cfg.dp * cp;
   double zero3Calls = 0;
   if (train && replicas > 1) {
     double pBytes = cfg.precision.paramBytes;
@@ -938,7 +1072,9 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
                             (cfg.zeroStage == 3 ? replicas : 1);
     double gradBytes = paramsOnDevice * cfg.precision.gradReduceBytes;
     double paramBytes = paramsOnDevice * pBytes;
-    double backward = worstTrain - worstFwd;
+    // The slowest stage's backward pass with its collectives: what a
+    // gradient sync runs beside (as the simulator's backward task).
+    const double backward = std::max(0.0, worstTime - worstFwdPass);
     int dp = replicas, stride = cfg.tp;
     const char *grp = cp > 1 ? "dp*cp" : "dp";
     // Interleaved, each model chunk syncs its share of the gradients once
@@ -949,8 +1085,8 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
                       ? cfg.virtualStages
                       : 1;
     const double lap =
-        worstTrain > 0
-            ? sumTime * backward / worstTrain / v + cfg.pp * oneSend
+        worstTime > 0
+            ? sumTime * backward / worstTime / v + cfg.pp * oneSend
             : 0.0;
     // What a sync runs beside: the backward, or under zero-bubble its
     // deferred weight-gradient part, which comes last (as the simulator).
@@ -996,43 +1132,22 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
              dp, stride, gradBytes, 1, e);
     } else if (cfg.zeroStage == 3) {
       // Layer by layer (zero3Comm); every micro-batch gathers again. Each
-      // stage gathers its own layers' parameters behind its own compute
-      // (as the simulator's stages), and the step waits for the stage
-      // whose time with that exposure is the longest: a stage of more
-      // layers than the one with the most memory gathers larger layers
-      // behind the same per-layer compute. The shared backward exposure
-      // is charged to the gathers and reduce-scatters in proportion.
+      // stage's exposure is already in its passes (above), so this is the
+      // slowest stage's, m times; the pipeline's fill and drain carry the
+      // other stages'. The shared backward exposure is charged to the
+      // gathers and reduce-scatters in proportion.
       double L = double(std::max<int64_t>(1, worstLayers));
-      Zero3Comm z;
-      double exposed = 0;
-      double stageParamBytes = paramBytes;
-      if (stageMems.size() != size_t(cfg.pp) ||
-          stageTimes.size() != size_t(cfg.pp)) {
+      Zero3Comm z = worstZero3;
+      double stageParamBytes = worstZero3Params * pBytes;
+      if (!zero3Stages) {
         // No per-stage memory (a stage did not fit): the slowest stage's
-        // layers with the largest stage's parameters.
-        z = zero3Comm(c, paramBytes, gradBytes, L, worstFwd, backward, dp,
-                      stride, worstGemmShare, worstKind);
-        exposed = m * (z.forward + z.shared + z.rs1);
-      } else {
-        exposed = -std::numeric_limits<double>::infinity();
-        for (int st = 0; st < cfg.pp; ++st) {
-          const StageTimes &s = stageTimes[st];
-          const double params = stageMems[st].params / pBytes * replicas;
-          const double Ls = std::max(1.0, s.layers);
-          const Zero3Comm zs =
-              zero3Comm(c, params * pBytes,
-                        params * cfg.precision.gradReduceBytes, Ls, s.fwd,
-                        s.train - s.fwd, dp, stride, s.gemmShare, s.kind);
-          const double e = m * (s.withComm - worstTime) +
-                           m * (zs.forward + zs.shared + zs.rs1);
-          if (e > exposed) {
-            exposed = e;
-            z = zs;
-            L = Ls;
-            stageParamBytes = params * pBytes;
-          }
-        }
+        // layers with the largest stage's parameters, added to the step.
+        z = zero3Comm(c, paramBytes, gradBytes, L, worstFwd,
+                      worstTrain - worstFwd, dp, stride, worstGemmShare,
+                      worstKind);
+        stageParamBytes = paramBytes;
       }
+      double exposed = m * (z.forward + z.shared + z.rs1);
       exposed = std::max(0.0, exposed);
       const double parts = z.forward + z.shared + z.rs1;
       const double eAg =
@@ -1057,15 +1172,23 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       // ZeRO 2: the micro-batches' reduce-scatters queue on their own
       // lane, each after its backward (per chunk when interleaved; the
       // backwards at least a backward apart), so only the last shows
-      // unless they outlast the passes (chunkedGradSyncExposed, as the
-      // simulator replays them).
+      // unless they outlast the passes (as the simulator replays them).
+      // Without interleaving the slowest stage's backwards end a backward
+      // apart in GPipe's and in the cooldown of 1F1B and zero-bubble (its
+      // last pp - 1), and one micro-batch's forward and backward apart in
+      // their steady state (queuedGradSyncExposed).
+      const double rsExposed =
+          c.cost.exposedGradSync(rs / v, window / v, gradBytes / v);
+      const bool steady = cfg.schedule != PipelineSchedule::GPipe;
       double e =
-          cfg.zeroStage >= 2
-              ? chunkedGradSyncExposed(
-                    rs / v,
-                    c.cost.exposedGradSync(rs / v, window / v, gradBytes / v),
-                    int(m) * v, window / v)
-              : stageSyncs(Collective::ReduceScatter, exposedSync(rs));
+          cfg.zeroStage < 2
+              ? stageSyncs(Collective::ReduceScatter, exposedSync(rs))
+          : v > 1
+              ? chunkedGradSyncExposed(rs / v, rsExposed, int(m) * v,
+                                       window / v)
+              : queuedGradSyncExposed(rs, rsExposed, int64_t(m), backward,
+                                      steady ? cfg.pp - 1 : int64_t(m),
+                                      steady ? perMb : backward);
       T.dpComm += e;
       record(std::string(grp) + " gradient reduce-scatter",
              Collective::ReduceScatter, dp, stride, gradBytes, rsCalls, e);
@@ -1137,7 +1260,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       issuedBeforeChain = 1 - wgt / mean / (m * worstTrain);
   }
   chooseLayout(c, cand, kernelsPerMb * m + zero3Calls, T.total(), drain,
-               issuedBeforeChain, tail);
+               issuedBeforeChain, tail, firstTask, m * firstStage);
 }
 
 /// The simulator's view of a priced candidate: per stage, one micro-batch's
@@ -1185,14 +1308,18 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
     // Communication on the critical path of every pass, split between the
     // forward and the rest (backward, recomputed forward) by their calls.
     double comm = tpLayer * layers;
+    // The vocabulary-parallel embedding's and head's (vocabComm).
+    const VocabComm vc =
+        vocabComm(c, cfg, boundary, st == 0, st == cfg.pp - 1, true);
     // Context parallelism's collectives (the loss's on the last stage),
     // which overlap nothing, as in the analytical step.
     const bool loss = st == cfg.pp - 1;
     const double cpFwd = cc.forward(layers, loss),
                  cpAll = cc.total(layers, loss);
     SimStage s;
-    s.forward = (f + comm * fwdShare + cpFwd) / v;
-    s.backward = (t - f + comm * (1 - fwdShare) + cpAll - cpFwd) / v;
+    s.forward = (f + comm * fwdShare + vc.fwd + cpFwd) / v;
+    s.backward =
+        (t - f + comm * (1 - fwdShare) + vc.bwd + cpAll - cpFwd) / v;
     s.weightGrad =
         weightGradSeconds(f / v, s.backward, cal.backwardFlopsRatio);
     auto mem = transformerStageMemory(c.spec, cfg, st, cal);
@@ -1229,6 +1356,10 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
         s.gradSyncPerMicroBatch = cfg.zeroStage == 2;
       }
     }
+    if (sp)
+      s.tpGradSync = spWeightGradSync(c, cfg, ranges.layers(st), st == 0,
+                                      st == cfg.pp - 1)
+                         .seconds;
     if (mem)
       s.optimizer = optimizerStepTime(c, cfg, *mem, kind);
     // The process issuing this stage's launches (chooseLayout).

@@ -652,9 +652,14 @@ std::vector<int64_t> splitLayers(Ctx &c, const TrainingConfig &cfg,
 /// Seconds of the optimizer step of the slowest stage.
 double optimizerStepTime(const Ctx &c, const TrainingConfig &cfg,
                          const MemoryBreakdown &mem, int gpuKind);
-/// Picks the process layout of a candidate from its launches and time.
+/// Picks the process layout of a candidate from its launches and time,
+/// and prices the host's exposure: its launches plus the pipeline's
+/// `drain` after the share `issuedBeforeChain` of them, then `tail`,
+/// against `deviceTime`, or the wait for the issue of the step's first
+/// task (`firstTask` device seconds of the first stage's `firstStage`).
 void chooseLayout(Ctx &c, Candidate &cand, double launchesPerStep,
-                  double deviceTime);
+                  double deviceTime, double drain, double issuedBeforeChain,
+                  double tail, double firstTask, double firstStage);
 /// Prices `cand`: memory, step time, and (when `comms`) its collectives.
 void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms);
 /// The simulator's input for a priced candidate.

@@ -862,6 +862,7 @@ TEST(SimValidation, EveryError) {
       {"transientBytes", &SimStage::transientBytes},
       {"gradSync", &SimStage::gradSync},
       {"paramGather", &SimStage::paramGather},
+      {"tpGradSync", &SimStage::tpGradSync},
       {"optimizer", &SimStage::optimizer}};
   for (auto [name, field] : fields)
     for (double bad : {-1.0, std::nan(""), HUGE_VAL}) {
