@@ -189,11 +189,16 @@ public:
   /// overlapped with the backward pass in buckets of grad_bucket_mib: it
   /// runs beside the backward at grad_overlap_efficiency of its speed, and
   /// the last bucket, complete only when the backward ends, is exposed
-  /// whole: max(comm - efficiency * backward, lastBucketShare * comm).
+  /// whole: max(comm - efficiency * backward, lastBucketShare * comm). What
+  /// runs beside the backward slows it: `lostPerSecond` of each second of
+  /// overlap (contention for SMs and memory bandwidth), which shows when
+  /// it is larger than the exposure.
   double exposedGradSync(double comm, double backwardCompute,
-                         double gradBytes) const {
-    return std::max(exposed(comm, backwardCompute, cal_.gradOverlapEfficiency),
-                    lastBucketShare(gradBytes) * comm);
+                         double gradBytes, double lostPerSecond = 0) const {
+    const double e = cal_.gradOverlapEfficiency;
+    return std::max(
+        {exposed(comm, backwardCompute, e), lastBucketShare(gradBytes) * comm,
+         std::min(comm, e * backwardCompute) * lostPerSecond});
   }
   /// The share of `gradBytes` of gradients in the last bucket:
   /// min(1, grad_bucket_mib / gradBytes); 0 without buckets (0 MiB) or

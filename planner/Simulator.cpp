@@ -126,6 +126,11 @@ Status validate(const SimInput &in) {
       return Status::error(where + "gradLastBucket: expected a share in [0, "
                                    "1], got " +
                            std::to_string(st.gradLastBucket));
+    if (!std::isfinite(st.gradSyncLoss) || st.gradSyncLoss < 0 ||
+        st.gradSyncLoss >= 1)
+      return Status::error(where + "gradSyncLoss: expected a share in [0, "
+                                   "1), got " +
+                           std::to_string(st.gradSyncLoss));
     if (st.weightGrad > st.backward)
       return Status::error(where + "weightGrad: expected at most backward (" +
                            std::to_string(st.backward) + "), got " +
@@ -293,9 +298,10 @@ namespace {
 /// beside the task at `overlap` of its speed, its last bucket (`lastBucket`
 /// of it) after the task (CostModel::exposedGradSync's rule).
 double syncShareEnd(double laneFree, double share, double bs, double be,
-                    double overlap, double lastBucket) {
+                    double overlap, double lastBucket, double loss) {
   const double exposed =
-      std::max(share - overlap * (be - bs), lastBucket * share);
+      std::max({share - overlap * (be - bs), lastBucket * share,
+                std::min(share, overlap * (be - bs)) * loss});
   return std::max(laneFree + share, be + exposed);
 }
 
@@ -526,7 +532,8 @@ Expected<SimResult> simulateStep(const SimInput &in) {
             t.kind == (zb ? Kind::W : Kind::B)) {
           const double share = cur.gradSync / v;
           dpFree[s] = syncShareEnd(dpFree[s], share, start, end,
-                                   in.gradOverlap, cur.gradLastBucket);
+                                   in.gradOverlap, cur.gradLastBucket,
+                                   cur.gradSyncLoss);
           lane(s, SimLane::DPComm)
               .push_back({s, SimLane::DPComm, SimOp::GradSync,
                           "grad sync " + std::to_string(t.mb) +
@@ -601,8 +608,9 @@ Expected<SimResult> simulateStep(const SimInput &in) {
       for (int k : chunks) {
         const double bs = chunkGradStart[size_t(s) * v + k],
                      be = chunkGradEnd[size_t(s) * v + k];
-        const double end = syncShareEnd(laneFree, share, bs, be,
-                                        in.gradOverlap, st.gradLastBucket);
+        const double end =
+            syncShareEnd(laneFree, share, bs, be, in.gradOverlap,
+                         st.gradLastBucket, st.gradSyncLoss);
         laneFree = end;
         lane(s, SimLane::DPComm)
             .push_back({s, SimLane::DPComm, SimOp::GradSync,

@@ -41,6 +41,10 @@ struct SimStage {
   /// The share (0-1) of gradSync in the last gradient bucket, which is
   /// complete only when the last weight-gradient task ends.
   double gradLastBucket = 0;
+  /// Seconds of compute lost per second the gradient sync runs beside a
+  /// task (0-1: its SMs and memory traffic, Ctx::overlapSlowdown): the
+  /// task waits for the larger of the sync's exposure and what it lost.
+  double gradSyncLoss = 0;
   /// ZeRO 2: gradSync is one micro-batch's reduce-scatter, run after each
   /// micro-batch's weight-gradient task of each chunk (gradSync / v a
   /// chunk), not once at the end of the step.
@@ -77,8 +81,9 @@ struct SimInput {
   /// weight-gradient task (the last B, or the last W under zero-bubble),
   /// as bucketed all-reduces do; the last bucket (gradLastBucket) runs
   /// after it. With that task on [bs, be] the sync ends at
-  /// be + max(gradSync - gradOverlap (be - bs), gradLastBucket gradSync),
-  /// as CostModel::exposedGradSync prices it. Interleaved, each chunk syncs
+  /// be + max(gradSync - gradOverlap (be - bs), gradLastBucket gradSync,
+  /// min(gradSync, gradOverlap (be - bs)) gradSyncLoss), as
+  /// CostModel::exposedGradSync prices it. Interleaved, each chunk syncs
   /// gradSync / v so, after its own last B, and the chunks' syncs queue on
   /// the dp-comm lane.
   double gradOverlap = 1.0;

@@ -1093,10 +1093,23 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     const double window =
         cfg.schedule == PipelineSchedule::ZeroBubble ? worstWeightGrad
                                                      : backward;
-    auto exposedSync = [&](double t) {
+    // What a sync takes from the backward it runs beside (contention for
+    // SMs and memory bandwidth, overlapSlowdown at the sync's own link
+    // rate: (n-1)/n of its bytes per second each way for a reduce-scatter,
+    // twice that for an all-reduce), as for ZeRO-3's collectives.
+    auto syncLoss = [&](Collective coll, double t, double bytes) {
+      if (!(t > 0))
+        return 0.0;
+      const double moved =
+          (coll == Collective::AllReduce ? 2.0 : 1.0) * (dp - 1.0) / dp;
+      return c.overlapSlowdown(worstGemmShare, moved * bytes / t, worstKind);
+    };
+    auto exposedSync = [&](Collective coll, double t) {
       return chunkedGradSyncExposed(
-          t / v, c.cost.exposedGradSync(t / v, window / v, gradBytes / v), v,
-          lap);
+          t / v,
+          c.cost.exposedGradSync(t / v, window / v, gradBytes / v,
+                                 syncLoss(coll, t, gradBytes)),
+          v, lap);
     };
     // GPipe with stages that differ: each stage syncs its own gradients
     // behind its own last backward, and stage s ends that sum_{j<s} B_j
@@ -1118,15 +1131,18 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
         const double bytes =
             stageMems[st].params / pBytes * cfg.precision.gradReduceBytes;
         const double t = c.comm(coll, bytes, dp, stride);
-        worst = std::max(
-            worst, c.cost.exposedGradSync(t, stageBackward[st], bytes) - lead);
+        worst = std::max(worst,
+                         c.cost.exposedGradSync(t, stageBackward[st], bytes,
+                                                syncLoss(coll, t, bytes)) -
+                             lead);
         lead += stageBackward[st];
       }
       return worst;
     };
     if (cfg.zeroStage == 0) {
       double t = c.comm(Collective::AllReduce, gradBytes, dp, stride);
-      double e = stageSyncs(Collective::AllReduce, exposedSync(t));
+      double e = stageSyncs(Collective::AllReduce,
+                            exposedSync(Collective::AllReduce, t));
       T.dpComm += e;
       record(std::string(grp) + " gradient all-reduce", Collective::AllReduce,
              dp, stride, gradBytes, 1, e);
@@ -1178,11 +1194,14 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       // last pp - 1), and one micro-batch's forward and backward apart in
       // their steady state (queuedGradSyncExposed).
       const double rsExposed =
-          c.cost.exposedGradSync(rs / v, window / v, gradBytes / v);
+          c.cost.exposedGradSync(rs / v, window / v, gradBytes / v,
+                                 syncLoss(Collective::ReduceScatter, rs,
+                                          gradBytes));
       const bool steady = cfg.schedule != PipelineSchedule::GPipe;
       double e =
           cfg.zeroStage < 2
-              ? stageSyncs(Collective::ReduceScatter, exposedSync(rs))
+              ? stageSyncs(Collective::ReduceScatter,
+                           exposedSync(Collective::ReduceScatter, rs))
           : v > 1
               ? chunkedGradSyncExposed(rs / v, rsExposed, int(m) * v,
                                        window / v)
@@ -1350,6 +1369,14 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
                 ? c.comm(Collective::AllReduce, grads, replicas, cfg.tp)
                 : c.comm(Collective::ReduceScatter, grads, replicas, cfg.tp);
         s.gradLastBucket = c.cost.lastBucketShare(grads / v);
+        // What the sync takes from the task it runs beside (price's
+        // syncLoss).
+        const double moved = (cfg.zeroStage == 0 ? 2.0 : 1.0) *
+                             (replicas - 1.0) / replicas;
+        s.gradSyncLoss =
+            s.gradSync > 0 ? c.overlapSlowdown(sc.gemmShare(),
+                                               moved * grads / s.gradSync, kind)
+                           : 0.0;
         if (cfg.zeroStage > 0)
           s.paramGather =
               c.comm(Collective::AllGather, params * pBytes, replicas, cfg.tp);

@@ -698,5 +698,13 @@ TEST(Overlap, ExposedTime) {
   Calibration nb;
   nb.gradBucketBytes = 0; // no buckets: no last-bucket floor
   EXPECT_DOUBLE_EQ(CostModel(nb).exposedGradSync(10, 20, gib), 0.0);
+  // Contention: a sync hidden beside the backward still takes
+  // lostPerSecond of each second it runs there from the compute; the
+  // larger of that and the exposure shows.
+  EXPECT_DOUBLE_EQ(CostModel(nb).exposedGradSync(10, 20, gib, 0.12), 1.2);
+  EXPECT_DOUBLE_EQ(m.exposedGradSync(10, 20, gib, 0.12), 1.2);
+  // Only the part beside the backward (0.8 x 5 s) loses; 6 s is exposed.
+  EXPECT_DOUBLE_EQ(m.exposedGradSync(10, 5, gib, 0.12), 6.0);
+  EXPECT_DOUBLE_EQ(CostModel(nb).exposedGradSync(10, 100, gib, 0.5), 5.0);
   EXPECT_NEAR(m.exposedP2P(1.0, 1.0), 0.1, 1e-12);
 }

@@ -570,6 +570,20 @@ TEST(SimComm, GradSyncOverlap) {
     }
     EXPECT_NEAR(simulate(in).stepTime, pipe + 0.6 + opt, kEps);
   }
+  // Contention: the sync hidden in the last B (1.5 s beside it) takes 0.2
+  // of each of those seconds from it, 0.3 s, which shows; at 0.1, 0.15 s
+  // is less than the last bucket's 0.6 s.
+  for (double loss : {0.2, 0.1}) {
+    SimInput in = uniform(PipelineSchedule::OneFOneB, pp, m, 1, f, b);
+    for (SimStage &st : in.stages) {
+      st.gradSync = 1.5;
+      st.gradLastBucket = loss == 0.2 ? 0.0 : 0.4;
+      st.gradSyncLoss = loss;
+      st.optimizer = opt;
+    }
+    EXPECT_NEAR(simulate(in).stepTime, pipe + (loss == 0.2 ? 0.3 : 0.6) + opt,
+                kEps);
+  }
 
   // Under zero-bubble the last weight-gradient task is a W.
   SimInput z = uniform(PipelineSchedule::ZeroBubble, pp, m, 1, f, b, 0.5);
@@ -874,6 +888,14 @@ TEST(SimValidation, EveryError) {
       EXPECT_NE(msg.find("finite value >= 0"), std::string::npos) << msg;
     }
 
+  for (double bad : {-0.1, 1.0, std::nan("")}) {
+    in = ok;
+    in.stages[1].gradSyncLoss = bad;
+    EXPECT_NE(errorOf(in).find("stage 1 gradSyncLoss: expected a share in "
+                               "[0, 1)"),
+              std::string::npos)
+        << errorOf(in);
+  }
   in = ok;
   in.p2p = -0.5;
   EXPECT_NE(errorOf(in).find("p2p: expected a finite value"),
