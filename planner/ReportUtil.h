@@ -1,7 +1,7 @@
 //===- ReportUtil.h - Pieces the two dry-run reports share ----------------===//
 //
 // Internal to the planner's reports (Report.cpp for transformer plans,
-// OpSearch.cpp for op-level plans): number formatting and the report
+// OpReport.cpp for op-level plans): number formatting and the report
 // sections both print the same way (communication, step-time rows, memory,
 // alternatives, search statistics), as text and as plan-file JSON. Not a
 // public header: it uses nlohmann/json, which the public headers do not.
