@@ -203,8 +203,8 @@ double chunkedGradSyncExposed(double share, double exposedShare, int v,
                               double spacing);
 /// The same for ZeRO 2's reduce-scatters of `count` micro-batches, each
 /// `share` seconds, started as its micro-batch's backward ends and exposing
-/// `exposedShare` alone, queued on one lane, when the last `lateCount`
-/// backwards end `late` seconds apart and the ones before `early` apart
+/// `exposedShare` alone, queued on one lane, when the last `lateCount` gaps
+/// between backwards' ends are `late` seconds and the ones before `early`
 /// (1F1B's cooldown runs backwards back to back, its steady state one
 /// forward and one backward per micro-batch).
 double queuedGradSyncExposed(double share, double exposedShare, int64_t count,

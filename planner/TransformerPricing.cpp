@@ -745,11 +745,20 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // sync behind its own last backward (below), ZeRO 0 and 1: each stage's
   // backward of one micro-batch, its collectives' share included, is kept
   // for that only.
+  // Zero-bubble with one micro-batch the same, behind each stage's weight
+  // gradient (its last task), the stages ending their input gradients
+  // back to back from the last to the first.
+  const bool zbSingle =
+      cfg.schedule == PipelineSchedule::ZeroBubble && m == 1;
   const bool perStageSync =
       train && cfg.pp > 1 && cfg.zeroStage < 2 &&
       (cfg.schedule == PipelineSchedule::GPipe ||
-       (cfg.schedule == PipelineSchedule::OneFOneB && m == 1));
-  std::vector<double> stageBackward;
+       (cfg.schedule == PipelineSchedule::OneFOneB && m == 1) || zbSingle);
+  // Per stage: what its sync runs beside (its last backward, or under
+  // zero-bubble its weight gradient), and the part of its last backward
+  // that precedes the next stage up's (all of it; the input gradient under
+  // zero-bubble).
+  std::vector<double> stageBackward, stageChain;
   // ZeRO-3 gathers each stage's own layers' parameters behind that stage's
   // own compute, every micro-batch (zero3Comm). What its layers cannot
   // hide lengthens each of the stage's passes, as the simulator replays
@@ -757,6 +766,10 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // stage, the pipeline's fill and drain and zero-bubble's path all see
   // it. `worstZero3` is the slowest stage's, per micro-batch.
   const int replicas = cfg.dp * cp;
+  // The gradient syncs before the optimizer step that the step exposes
+  // (data-parallel and tied-embedding); sequence parallelism's all-reduce
+  // of weight gradients runs beside them.
+  double preOptimizerSyncs = 0;
   const bool zero3Stages = train && cfg.zeroStage == 3 && replicas > 1 &&
                            stageMems.size() == size_t(cfg.pp);
   Zero3Comm worstZero3;
@@ -765,6 +778,11 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // The slowest stage's context-parallel collectives per micro-batch, and
   // its forward pass with its collectives.
   double worstCp = 0, worstFwdPass = 0;
+  int worstStage = 0;
+  // Each stage's share of matmuls and attention and its GPU kind, for the
+  // contention of its gradient sync (stageSyncs).
+  std::vector<double> stageGemmShare;
+  std::vector<int> stageKind;
   const CpComm cpc = cp > 1 ? cpComm(c, cfg, train) : CpComm{};
   // The first stage's first forward (one chunk's) and its time per
   // micro-batch, for the host's lead (chooseLayout).
@@ -772,8 +790,10 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   const double chunks = cfg.schedule == PipelineSchedule::Interleaved1F1B
                             ? cfg.virtualStages
                             : 1;
-  if (perStageSync)
+  if (perStageSync) {
     stageBackward.assign(cfg.pp, 0.0);
+    stageChain.assign(cfg.pp, 0.0);
+  }
   for (int st = 0; st < cfg.pp; ++st) {
     const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp,
                                    pl ? pl->kind[st] : -1);
@@ -802,7 +822,8 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     const double stageTp =
         double(ranges.layers(st)) * tpLayer + vc.fwd + vc.bwd;
     const double stageTpFwd =
-        double(ranges.layers(st)) * tpLayer * tpFwdShare + vc.fwd;
+        double(ranges.layers(st)) * tpLayer * (train ? tpFwdShare : 1.0) +
+        vc.fwd;
     // Context parallelism's (cpComm), the loss's on the last stage.
     const double cpAll =
         cp > 1 ? cpc.total(double(ranges.layers(st)), st == cfg.pp - 1) : 0.0;
@@ -823,16 +844,20 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
         t + stageTp + cpAll + z3.forward + z3.backward();
     const double fwdPass = f + stageTpFwd + cpFwd + z3.forward;
     sumTime += withComm;
+    stageGemmShare.push_back(sc.gemmShare());
+    stageKind.push_back(pl ? pl->kind[st] : -1);
     if (st == 0) {
       firstTask = fwdPass / chunks;
       firstStage = withComm;
     }
     if (train) {
       const double fwd = fwdPass;
-      if (perStageSync)
-        stageBackward[st] = withComm - fwd;
       const double w =
           weightGradSeconds(f, t - f, c.cost.calibration().backwardFlopsRatio);
+      if (perStageSync) {
+        stageBackward[st] = zbSingle ? w : withComm - fwd;
+        stageChain[st] = zbSingle ? withComm - fwd - w : withComm - fwd;
+      }
       pathFwd += fwd;
       pathLead = std::max(pathLead, w - pathInputGrad);
       pathInputGrad += withComm - fwd - w;
@@ -851,10 +876,10 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       worstVocab = vc;
       worstCp = cpAll;
       worstFwdPass = fwdPass;
+      worstStage = st;
     }
   }
-  const double worstZero3Fwd = worstZero3.forward,
-               zero3PerMb = worstZero3.forward + worstZero3.backward();
+  const double zero3PerMb = worstZero3.forward + worstZero3.backward();
   // The slowest stage's weight-gradient part of its backward (what
   // zero-bubble defers): its bubble, the gradient sync's window and the
   // host's drain read it.
@@ -877,6 +902,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // parallelism each becomes an all-gather plus a reduce-scatter of the
   // same activation (Korthikanti et al. 2022): the same ring volume.
   double tpPerMb = 0, tpPerStep = 0;
+  size_t spRow = size_t(-1); // its line in `comms`, exposure set below
   if (cfg.tp > 1) {
     TpCalls n = tpCallsPerLayer(cfg, train);
     if (!sp) {
@@ -896,17 +922,6 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
              n.reduceScatter * worstLayers * m,
              n.reduceScatter * worstLayers * rs * m);
     }
-    // Vocabulary parallelism (the embedding table and the LM head split on
-    // the vocabulary, planner/TransformerSharding.cpp), as dlopt-partition
-    // applies it: the lookup's partial sum is all-reduced (reduce-scattered
-    // into the sequence-parallel region), the head's input gathered under
-    // sp; backward, the head's input gradient is all-reduced
-    // (reduce-scattered) and, under sp, the embedding's output gradient
-    // gathered for the local scatter into the table's rows. Cross-entropy
-    // reduces three float32 [rows, 1] vectors (row max, sum of
-    // exponentials, target logit) instead of gathering logits. On the
-    // stages that hold the embedding or the head; priced on the critical
-    // path.
     // Vocabulary parallelism (vocabComm): the embedding's collectives on
     // the first stage, the head's and cross-entropy's on the last. The
     // slowest stage's are on the step's critical path; the others' are in
@@ -953,10 +968,12 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
         if (s.seconds > worst.seconds)
           worst = s;
       }
-      if (worst.calls > 0)
+      if (worst.calls > 0 && comms) {
+        spRow = comms->size();
         record("tp all-reduce (sequence-parallel weight gradients)",
                Collective::AllReduce, cfg.tp, 1, worst.bytes / worst.calls,
                worst.calls, worst.seconds);
+      }
       tpPerStep = worst.seconds;
     }
   }
@@ -972,9 +989,12 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     record("cp K/V gradient reduce-scatter (attention)",
            Collective::ReduceScatter, cp, cfg.tp, cc.kvBytes,
            cc.scatters * L * m, cc.scatters * L * cc.scatter * m);
+    // The loss's gather is on the last stage; exposed here only when that
+    // is the slowest.
     if (cc.logits > 0)
       record("cp logits all-gather (loss)", Collective::AllGather, cp, cfg.tp,
-             cc.logitBytes, m, cc.logits * m);
+             cc.logitBytes, m,
+             worstStage == cfg.pp - 1 ? cc.logits * m : 0.0);
   }
 
   // Pipeline send/recv: activations forward, gradients backward, v times
@@ -1005,7 +1025,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   StepTime &T = cand.time;
   double perMb = worstTrain + tpPerMb + cpPerMb + zero3PerMb;
   T.compute = m * worstTrain;
-  T.tpComm = m * tpPerMb + tpPerStep;
+  T.tpComm = m * tpPerMb; // + what tpPerStep's all-reduce exposes, below
   T.cpComm = m * cpPerMb;
   T.ppComm = ppExposed;
   if (cfg.pp > 1) {
@@ -1047,7 +1067,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       // cooldown's, as it does for equal stages (where the two ends are
       // (pp-1)(t_F + t_B) and (pp-1)(t_F + t_B - t_W)).
       const double weightGrad = worstWeightGrad;
-      const double fwdPass = worstFwd + worstZero3Fwd;
+      const double fwdPass = worstFwdPass;
       double inputGrad = std::max(0.0, perMb - fwdPass - weightGrad);
       const double full =
           stagesToFill *
@@ -1097,18 +1117,20 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     // SMs and memory bandwidth, overlapSlowdown at the sync's own link
     // rate: (n-1)/n of its bytes per second each way for a reduce-scatter,
     // twice that for an all-reduce), as for ZeRO-3's collectives.
-    auto syncLoss = [&](Collective coll, double t, double bytes) {
+    auto syncLoss = [&](Collective coll, double t, double bytes,
+                        double gemmShare, int kind) {
       if (!(t > 0))
         return 0.0;
       const double moved =
           (coll == Collective::AllReduce ? 2.0 : 1.0) * (dp - 1.0) / dp;
-      return c.overlapSlowdown(worstGemmShare, moved * bytes / t, worstKind);
+      return c.overlapSlowdown(gemmShare, moved * bytes / t, kind);
     };
     auto exposedSync = [&](Collective coll, double t) {
       return chunkedGradSyncExposed(
           t / v,
           c.cost.exposedGradSync(t / v, window / v, gradBytes / v,
-                                 syncLoss(coll, t, gradBytes)),
+                                 syncLoss(coll, t, gradBytes, worstGemmShare,
+                                          worstKind)),
           v, lap);
     };
     // GPipe with stages that differ: each stage syncs its own gradients
@@ -1126,16 +1148,25 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     auto stageSyncs = [&](Collective coll, double fallback) {
       if (!perStageSync || stageMems.size() != size_t(cfg.pp))
         return fallback;
-      double worst = 0, lead = 0;
+      // Stage s ends its last task `lead` before stage 0 does: the chain
+      // of last backwards (input gradients) from it to stage 0, and under
+      // zero-bubble the difference of their weight gradients. A stage
+      // that ends after stage 0 is taken as ending with it.
+      double worst = 0, chain = 0;
       for (int st = 0; st < cfg.pp; ++st) {
         const double bytes =
             stageMems[st].params / pBytes * cfg.precision.gradReduceBytes;
         const double t = c.comm(coll, bytes, dp, stride);
-        worst = std::max(worst,
-                         c.cost.exposedGradSync(t, stageBackward[st], bytes,
-                                                syncLoss(coll, t, bytes)) -
-                             lead);
-        lead += stageBackward[st];
+        const double lead = std::max(
+            0.0, chain + (zbSingle ? stageBackward[0] - stageBackward[st]
+                                   : 0.0));
+        worst = std::max(
+            worst, c.cost.exposedGradSync(
+                       t, stageBackward[st], bytes,
+                       syncLoss(coll, t, bytes, stageGemmShare[st],
+                                stageKind[st])) -
+                       lead);
+        chain += stageChain[st];
       }
       return worst;
     };
@@ -1144,6 +1175,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       double e = stageSyncs(Collective::AllReduce,
                             exposedSync(Collective::AllReduce, t));
       T.dpComm += e;
+      preOptimizerSyncs += e;
       record(std::string(grp) + " gradient all-reduce", Collective::AllReduce,
              dp, stride, gradBytes, 1, e);
     } else if (cfg.zeroStage == 3) {
@@ -1196,7 +1228,8 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       const double rsExposed =
           c.cost.exposedGradSync(rs / v, window / v, gradBytes / v,
                                  syncLoss(Collective::ReduceScatter, rs,
-                                          gradBytes));
+                                          gradBytes, worstGemmShare,
+                                          worstKind));
       const bool steady = cfg.schedule != PipelineSchedule::GPipe;
       double e =
           cfg.zeroStage < 2
@@ -1206,9 +1239,11 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
               ? chunkedGradSyncExposed(rs / v, rsExposed, int(m) * v,
                                        window / v)
               : queuedGradSyncExposed(rs, rsExposed, int64_t(m), backward,
-                                      steady ? cfg.pp - 1 : int64_t(m),
+                                      steady ? cfg.pp - 1 - worstStage
+                                             : int64_t(m),
                                       steady ? perMb : backward);
       T.dpComm += e;
+      preOptimizerSyncs += e;
       record(std::string(grp) + " gradient reduce-scatter",
              Collective::ReduceScatter, dp, stride, gradBytes, rsCalls, e);
       // Updated parameters, gathered before the next forward.
@@ -1226,9 +1261,18 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   if (train && cfg.pp > 1 && c.spec.tiedEmbeddings) {
     const TiedEmbeddingSync e = tiedEmbeddingSync(c, cfg);
     T.dpComm += e.seconds;
+    preOptimizerSyncs += e.seconds;
     record("embedding gradient all-reduce (first+last stage)",
            Collective::AllReduce, 2, e.stride, e.bytes, 1, e.seconds);
   }
+
+  // Sequence parallelism's all-reduce of weight gradients runs on the
+  // compute stream after each stage's last backward, beside the gradient
+  // syncs on their own: what outlasts them shows (as the simulator).
+  const double tpExposedPerStep = std::max(0.0, tpPerStep - preOptimizerSyncs);
+  T.tpComm += tpExposedPerStep;
+  if (comms && spRow < comms->size())
+    (*comms)[spRow].exposed = tpExposedPerStep;
 
   // The optimizer step after the gradient sync, on the stage that holds
   // the most optimizer state (the stages step in parallel).
@@ -1258,13 +1302,14 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // optimizer step (ZeRO-3's exposure is inside the passes). The
   // simulator's host lane shows the same chain.
   double drain = 0, issuedBeforeChain = 1;
-  const double tail = T.optimizer + (cfg.zeroStage < 3 ? T.dpComm : 0.0);
+  const double tail = T.optimizer + tpExposedPerStep +
+                      (cfg.zeroStage < 3 ? T.dpComm : 0.0);
   if (train && cfg.pp > 1 && worstTrain > 0) {
     const double v = cfg.schedule == PipelineSchedule::Interleaved1F1B
                          ? cfg.virtualStages
                          : 1;
-    const double passComm =
-        T.tpComm + T.cpComm + (cfg.zeroStage == 3 ? T.dpComm : 0.0);
+    const double passComm = m * tpPerMb + T.cpComm +
+                            (cfg.zeroStage == 3 ? T.dpComm : 0.0);
     const double perMb = worstTrain + passComm / m;
     const double mean = sumTime / cfg.pp / worstTime / v; // of the worst
     const double bwd = perMb * (worstTrain - worstFwd) / worstTrain * mean;
