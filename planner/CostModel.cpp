@@ -343,6 +343,22 @@ double CostModel::trainingTime(double forward, RecomputePolicy policy,
   return t;
 }
 
+double CostModel::overlapLoss(double gemmShare, double linkBytesPerSecond,
+                              const GpuSpec &g) const {
+  if (g.sms <= 0)
+    return 0;
+  const double ctas = std::min(cal_.commCtas, 0.5 * g.sms);
+  const double sm = ctas / (g.sms - ctas);
+  const double u =
+      g.memoryBandwidth > 0
+          ? std::min(0.9, cal_.commHbmRatio * std::max(0.0, linkBytesPerSecond) /
+                              g.memoryBandwidth)
+          : 0.0;
+  const double share = std::clamp(gemmShare, 0.0, 1.0);
+  const double x = share * sm + (1 - share) * u / (1 - u);
+  return x / (1 + x);
+}
+
 double CostModel::exposed(double comm, double overlappable, double efficiency) {
   return std::max(0.0, comm - efficiency * std::max(0.0, overlappable));
 }

@@ -208,6 +208,16 @@ public:
                ? std::min(1.0, cal_.gradBucketBytes / gradBytes)
                : 0.0;
   }
+  /// Seconds of compute lost per second a collective moving
+  /// `linkBytesPerSecond` over its links runs beside it on `gpu`: its CTAs
+  /// hold comm_ctas of the SMs (at most half), which slows the matmuls and
+  /// attention (`gemmShare` of the compute) by C / (SMs - C); its HBM
+  /// traffic, comm_hbm_ratio times its link rate, takes that share u of the
+  /// memory bandwidth from the memory-bound rest, which slows by u / (1 - u)
+  /// (u at most 0.9). A compute slowed by x loses x / (1 + x) of each
+  /// second. 0 on a device without SMs (the CPU backend).
+  double overlapLoss(double gemmShare, double linkBytesPerSecond,
+                     const GpuSpec &gpu) const;
   /// Pipeline send/recv overlapped with a micro-batch's compute.
   double exposedP2P(double comm, double microBatchCompute) const {
     return exposed(comm, microBatchCompute, cal_.p2pOverlapEfficiency);

@@ -312,6 +312,7 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
 
   struct StageSum {
     double compute = 0, comm = 0, step = 0, act = 0, work = 0;
+    double gemm = 0; ///< the matmuls', convolutions' and attention's compute
     double paramElems = 0, largestParam = 0;
     double ops = 0; ///< forward ops a micro-batch launches (no constants)
     double calls = 0; ///< collectives a micro-batch launches
@@ -325,6 +326,10 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
     if (c.g.ops[id].kind != OpClass::Constant)
       x.ops += 1;
     x.compute += s.compute[id];
+    const OpClass k = c.g.ops[id].kind;
+    if (k == OpClass::Matmul || k == OpClass::Conv2D ||
+        k == OpClass::Attention)
+      x.gemm += s.compute[id];
     x.comm += s.mbComm[id];
     x.calls += s.mbCalls[id];
     x.stepCalls += s.stepCalls[id];
@@ -426,11 +431,22 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
       double grads = x.paramElems * cfg.precision.gradBytes;
       double params = x.paramElems * cfg.precision.paramBytes;
       double backward = x.compute * c.ratio / (1 + c.ratio);
+      // What a sync takes from the backward it runs beside (contention for
+      // SMs and memory bandwidth at its link rate, CostModel::overlapLoss),
+      // as the transformer search prices it.
+      const double gemmShare = x.compute > 0 ? x.gemm / x.compute : 1.0;
+      auto loss = [&](Collective coll, double time) {
+        const double moved =
+            (coll == Collective::AllReduce ? 2.0 : 1.0) * (dp - 1.0) / dp;
+        return time > 0 ? c.cost.overlapLoss(gemmShare, moved * grads / time,
+                                             c.gpu)
+                        : 0.0;
+      };
       double e = 0;
       if (cfg.zeroStage == 0) {
-        e = c.cost.exposedGradSync(
-            c.pricer.time(Collective::AllReduce, grads, dp, t), backward,
-            grads);
+        const double ar = c.pricer.time(Collective::AllReduce, grads, dp, t);
+        e = c.cost.exposedGradSync(ar, backward, grads,
+                                   loss(Collective::AllReduce, ar));
       } else {
         // ZeRO >= 2 keeps no whole gradient: each micro-batch's is
         // reduce-scattered as its backward pass makes it; they queue on
@@ -438,7 +454,8 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
         // backwards (chunkedGradSyncExposed).
         const double rs =
             c.pricer.time(Collective::ReduceScatter, grads, dp, t);
-        const double last = c.cost.exposedGradSync(rs, backward, grads);
+        const double last = c.cost.exposedGradSync(
+            rs, backward, grads, loss(Collective::ReduceScatter, rs));
         e = cfg.zeroStage >= 2
                 ? chunkedGradSyncExposed(rs, last, int(m), backward)
                 : last;

@@ -426,28 +426,11 @@ struct Ctx {
   }
 
   /// Seconds of compute lost per second a collective moving
-  /// `linkBytesPerSecond` over its links runs beside it: its CTAs hold
-  /// comm_ctas of the SMs, which slows the matmuls and attention
-  /// (`gemmShare` of the compute) by C / (SMs - C); its HBM traffic,
-  /// comm_hbm_ratio times its link rate, takes that share u of the memory
-  /// bandwidth from the memory-bound rest, which slows by u / (1 - u)
-  /// (u at most 0.9). A compute slowed by x loses x / (1 + x) of each
-  /// second. 0 on a device without SMs (the CPU backend).
+  /// `linkBytesPerSecond` runs beside it on GPU kind `gpuKind`
+  /// (CostModel::overlapLoss).
   double overlapSlowdown(double gemmShare, double linkBytesPerSecond,
                          int gpuKind) const {
-    const GpuSpec &g = kindSpec(gpuKind);
-    const Calibration &cal = cost.calibration();
-    if (g.sms <= 0)
-      return 0;
-    const double ctas = std::min(cal.commCtas, 0.5 * g.sms);
-    const double sm = ctas / (g.sms - ctas);
-    const double u =
-        g.memoryBandwidth > 0
-            ? std::min(0.9, cal.commHbmRatio * linkBytesPerSecond /
-                                g.memoryBandwidth)
-            : 0.0;
-    const double x = gemmShare * sm + (1 - gemmShare) * u / (1 - u);
-    return x / (1 + x);
+    return cost.overlapLoss(gemmShare, linkBytesPerSecond, kindSpec(gpuKind));
   }
 
   /// Kernels of a layer's forward that elementwise recomputation (or, with

@@ -681,6 +681,25 @@ TEST_F(CommTest, MoreBandwidthIsNeverSlower) {
 // Overlap
 //===----------------------------------------------------------------------===//
 
+TEST(Overlap, CollectiveBesideComputeSlowsIt) {
+  // An H100 (132 SMs, 3.35 TB/s): NCCL's 16 CTAs slow the matmuls by
+  // 16/116; a collective at 370 GB/s each way moves 2 x 370 GB/s of HBM,
+  // u of the bandwidth, which slows the memory-bound rest by u / (1 - u).
+  // A compute slowed by x loses x / (1 + x) of each second.
+  CostModel m;
+  const GpuSpec h100 = *gpuPreset("h100-sxm-80gb");
+  const double u = 2 * 370e9 / h100.memoryBandwidth;
+  const double x = 0.8 * 16.0 / 116 + 0.2 * u / (1 - u);
+  EXPECT_NEAR(m.overlapLoss(0.8, 370e9, h100), x / (1 + x), 1e-12);
+  EXPECT_NEAR(m.overlapLoss(1, 370e9, h100), (16.0 / 116) / (1 + 16.0 / 116),
+              1e-12);
+  EXPECT_NEAR(m.overlapLoss(0, 1e14, h100), 0.9, 1e-12); // u at most 0.9
+  // A share outside [0, 1] is clamped; a device without SMs loses nothing.
+  EXPECT_NEAR(m.overlapLoss(2, 370e9, h100), m.overlapLoss(1, 370e9, h100),
+              1e-15);
+  EXPECT_EQ(m.overlapLoss(0.5, 1e9, *gpuPreset("cpu-device")), 0);
+}
+
 TEST(Overlap, ExposedTime) {
   // max(0, comm - eff * overlappable)
   EXPECT_DOUBLE_EQ(CostModel::exposed(10, 8, 0.8), 10 - 6.4);

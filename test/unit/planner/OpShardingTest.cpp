@@ -709,6 +709,37 @@ TEST(OpSearch, MegatronPairingWinsForWideLayers) {
   EXPECT_GT(p->best.cfg.tp, 1);
 }
 
+TEST(OpSearch, GradientSyncSlowsTheBackwardItHides) {
+  // 537M parameters over dp=8 on a DGX A100: the gradients' all-reduce
+  // hides behind the backward but takes from it what its SMs and
+  // HBM traffic take (CostModel::overlapLoss), as in the transformer
+  // search: the exposure is min(S, e B) x loss, more than the last bucket.
+  // Without contention (comm_ctas and comm_hbm_ratio 0) only the last
+  // bucket shows.
+  GraphSummary g = mlp2(65536, 16384, 16384);
+  Cluster cl = preset("dgx-a100");
+  SearchOptions o = bf16Training();
+  o.fix.dp = 8;
+  o.fix.zero = 0;
+  auto exposedSync = [&](const CostModel &m) {
+    auto p = searchOpPlan(g, cl, m, o);
+    EXPECT_TRUE(p) << p.status().message();
+    double e = -1;
+    for (const CommOp &c : p ? p->comms : std::vector<CommOp>{})
+      if (c.collective == Collective::AllReduce)
+        e = c.exposed;
+    return std::make_pair(e, p ? p->best.time.total() : 0.0);
+  };
+  Calibration quiet;
+  quiet.commCtas = 0;
+  quiet.commHbmRatio = 0;
+  auto [with, stepWith] = exposedSync(CostModel());
+  auto [without, stepWithout] = exposedSync(CostModel(quiet));
+  ASSERT_GE(without, 0);
+  EXPECT_GT(with, 1.5 * without);
+  EXPECT_NEAR(stepWith - stepWithout, with - without, 1e-9);
+}
+
 TEST(OpSearch, DataParallelWinsForSmallModels) {
   // 2M parameters, 100 GFLOP per step: splitting the batch is worth it, the
   // weights are cheap to replicate and their gradients cheap to reduce.
