@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -37,6 +38,23 @@ std::optional<Precision> precisionOfDtype(const std::string &d) {
   if (d == "f32")
     return Precision::FP32;
   return std::nullopt;
+}
+
+/// A gradient kernel of a memory-bound op ("layer_norm_grad").
+bool isGradient(const std::string &op) {
+  return op.size() > 5 && op.compare(op.size() - 5, 5, "_grad") == 0;
+}
+
+/// Whether the planner prices `op` one by one at its memory class's rate,
+/// so that its measured rate is that class's: not the runtime's fusions
+/// (fused_elementwise: several of the planner's ops, and the optimizer's
+/// multi-tensor update, which optimizer_gb_s prices), views (reshape), or
+/// generated constants (iota).
+bool pricedOneByOne(const std::string &op) {
+  return op.rfind("fused", 0) != 0 && op != "reshape" && op != "iota" &&
+         op != "constant" && op.find("adam") == std::string::npos &&
+         op.find("sgd") == std::string::npos &&
+         op.find("optimizer") == std::string::npos;
 }
 
 bool isConvolution(const std::string &op) {
@@ -207,6 +225,15 @@ calibrateFromProfile(const std::vector<ProfileSamples> &profiles,
   Sum gemmAll, attention;
   double memoryBytes = 0, memorySeconds = 0;
   int64_t memoryCalls = 0;
+  // Per memory class (memoryClassOf): the forward ops' bytes and seconds,
+  // and the seconds of the forwards and of the gradients of the ops whose
+  // gradient kernel ran too, for op_gb_s and op_backward_ratio.
+  struct ClassSum {
+    double bytes = 0, seconds = 0;
+    int64_t calls = 0;
+  };
+  std::array<ClassSum, kNumMemoryClasses> classFwd{};
+  std::map<std::string, double> opSeconds; // per op name, all calls
   double issue = 0, issued = 0;
   bool anyTimed = false, anyHostTimed = false;
   for (const ProfileSamples &p : profiles) {
@@ -255,6 +282,15 @@ calibrateFromProfile(const std::vector<ProfileSamples> &profiles,
         memorySeconds += in.seconds;
         memoryBytes += in.bytes * calls;
         memoryCalls += in.calls;
+        if (pricedOneByOne(in.op)) {
+          opSeconds[in.op] += in.seconds;
+          if (!isGradient(in.op)) {
+            ClassSum &c = classFwd[size_t(memoryClassOf(in.op))];
+            c.bytes += in.bytes * calls;
+            c.seconds += in.seconds;
+            c.calls += in.calls;
+          }
+        }
       }
     }
   }
@@ -335,6 +371,40 @@ calibrateFromProfile(const std::vector<ProfileSamples> &profiles,
                         "memory_bandwidth_efficiency " +
                         fmt("%.3f", cal.memoryBandwidthEfficiency));
   }
+  // The memory-bound ops the planner prices one by one, by class: their
+  // rate (op_gb_s) and, where an op's gradient kernel ran too, the
+  // gradients' time over their forwards' (op_backward_ratio).
+  std::array<double, kNumMemoryClasses> gradSeconds{}, pairedFwdSeconds{};
+  for (const auto &[op, seconds] : opSeconds) {
+    if (!isGradient(op))
+      continue;
+    const std::string fwd = op.substr(0, op.size() - 5);
+    auto it = opSeconds.find(fwd);
+    if (it == opSeconds.end() || !(it->second > 0))
+      continue;
+    const size_t c = size_t(memoryClassOf(fwd));
+    gradSeconds[c] += seconds;
+    pairedFwdSeconds[c] += it->second;
+  }
+  std::string classes;
+  for (size_t c = 0; c < kNumMemoryClasses; ++c) {
+    const double rate = classFwd[c].bytes / classFwd[c].seconds;
+    if (!(classFwd[c].seconds > 0) || !(rate > 0) || !std::isfinite(rate))
+      continue;
+    cal.opBandwidth[c] = rate;
+    classes += std::string(classes.empty() ? "" : ", ") +
+               memoryClassName(MemoryClass(c)) + " " +
+               fmt("%.3g", cal.opBandwidth[c] / 1e9) + " GB/s (" +
+               std::to_string(classFwd[c].calls) + " calls";
+    if (pairedFwdSeconds[c] > 0 && gradSeconds[c] > 0) {
+      cal.opBackwardRatio[c] =
+          std::clamp(gradSeconds[c] / pairedFwdSeconds[c], 0.01, 100.0);
+      classes += ", backward " + fmt("%.2f", cal.opBackwardRatio[c]) + "x";
+    }
+    classes += ")";
+  }
+  if (!classes.empty())
+    out.lines.push_back("memory-bound ops by class: op_gb_s " + classes);
   if (issued > 0) {
     cal.kernelLaunchSeconds = issue / issued;
     out.lines.push_back("host issue: " +

@@ -66,7 +66,11 @@ struct ProfileCalibration {
 /// forward attentions' FLOPs per second over the dtype's peak (the GPU's
 /// own where none ran); memory_bandwidth_efficiency: the bytes per second
 /// of every instruction but matmuls, attention, convolutions and
-/// communication over the memory bandwidth; kernel_launch_us: the host's
+/// communication over the memory bandwidth; op_gb_s and op_backward_ratio
+/// per memory class: the forward bytes per second of the ops the planner
+/// prices one by one (not fusions, views, constants or the optimizer's
+/// update) and their gradient kernels' time over their forwards' where
+/// both ran; kernel_launch_us: the host's
 /// issue time per instruction, from device-timed profiles only. Each
 /// efficiency is clamped to (0, 1]. An error when no profile has a timed
 /// instruction.

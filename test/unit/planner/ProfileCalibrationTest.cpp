@@ -81,6 +81,60 @@ TEST(ProfileCalibration, RecoversTheKnownRates) {
   EXPECT_TRUE(said);
 }
 
+TEST(ProfileCalibration, RatesMemoryBoundOpsByClass) {
+  // The ops the planner prices one by one give their class's rate
+  // (op_gb_s, forwards only) and, where the gradient kernel ran too, the
+  // gradients' time over their forwards' (op_backward_ratio). Fusions,
+  // views and the optimizer's update are the runtime's, not the planner's
+  // ops, and do not count; nor does communication.
+  const GpuSpec h100 = *gpuPreset("h100-sxm-80gb");
+  ProfileSamples p = cudaProfile();
+  auto op = [&](const char *name, int64_t calls, double bytes,
+                double seconds) {
+    ProfiledInstr in;
+    in.op = name;
+    in.dtype = "bf16";
+    in.calls = calls;
+    in.bytes = bytes;
+    in.seconds = seconds;
+    p.instrs.push_back(in);
+  };
+  op("layer_norm", 4, 1e8, 4e-4);      // 1 TB/s
+  op("rms_norm", 2, 1e8, 1e-4);        // 2 TB/s
+  op("layer_norm_grad", 4, 2e8, 1.2e-3); // 3x its forward's time
+  op("add", 10, 1e8, 5e-4);            // 2 TB/s
+  op("transpose", 10, 1e8, 1e-3);      // 1 TB/s
+  op("gelu_grad", 2, 1e8, 1e-4);       // no gelu ran: no ratio, no rate
+  op("fused_elementwise", 10, 1e9, 1); // not counted by class
+  op("reshape", 10, 1e9, 1e-9);
+  op("fused_adamw", 1, 1e9, 1);
+  ProfiledInstr ar;
+  ar.op = "all_reduce";
+  ar.communication = true;
+  ar.calls = 1;
+  ar.bytes = 1e8;
+  ar.seconds = 1;
+  p.instrs.push_back(ar);
+  auto c = calibrateFromProfile({p}, h100);
+  ASSERT_TRUE(c) << c.status().message();
+  const Calibration &k = c->calibration;
+  // norm: 6e8 bytes in 5e-4 s; stream: 2e9 bytes in 1.5e-3 s.
+  EXPECT_NEAR(k.opBandwidth[size_t(MemoryClass::Norm)], 6e8 / 5e-4, 1);
+  EXPECT_NEAR(k.opBandwidth[size_t(MemoryClass::Stream)], 2e9 / 1.5e-3, 1);
+  EXPECT_EQ(k.opBandwidth[size_t(MemoryClass::Transcendental)], 0);
+  EXPECT_EQ(k.opBandwidth[size_t(MemoryClass::Softmax)], 0);
+  // layer_norm_grad over layer_norm (rms_norm has no gradient here).
+  EXPECT_NEAR(k.opBackwardRatio[size_t(MemoryClass::Norm)], 3.0, 1e-9);
+  EXPECT_EQ(k.opBackwardRatio[size_t(MemoryClass::Transcendental)], 0);
+  EXPECT_EQ(k.opBackwardRatio[size_t(MemoryClass::Stream)], 0);
+  bool said = false;
+  for (const std::string &l : c->lines)
+    said |= l.find("op_gb_s stream 1.33e+03 GB/s (20 calls), norm 1.2e+03 "
+                   "GB/s (6 calls, backward 3.00x)") != std::string::npos;
+  EXPECT_TRUE(said);
+  EXPECT_TRUE(k.validate().ok()) << k.validate().message();
+}
+
 TEST(ProfileCalibration, KeepsWhatWasNotMeasured) {
   // No attention ran: the GPU's own efficiency (0.34 on an H100) is kept,
   // not the generic default; nothing else timed keeps its default.
