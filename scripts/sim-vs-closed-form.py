@@ -16,10 +16,13 @@ that the planner refuses (interleaved with micro-batches not a multiple
 of the stages, say) are counted, not priced.
 
 It is a benchmark: it prints figures and fails only when dlopt-gen or
-dlopt-compile fails for another reason than memory or an impossible fix.
+dlopt-compile fails for another reason than memory or an impossible fix,
+or when a --max-median / --max-apart guard is not met (the test suite's
+test/e2e/sim-vs-closed-form.test).
 
 Usage: scripts/sim-vs-closed-form.py [--bin build/bin] [--seed N]
            [--plans N] [--worst K] [--json FILE]
+           [--max-median FRACTION] [--max-apart FRACTION]
 """
 
 import argparse
@@ -86,7 +89,15 @@ def main():
     ap.add_argument("--worst", type=int, default=10,
                     help="list this many of the largest differences")
     ap.add_argument("--json", help="also write every plan's result here")
+    ap.add_argument("--max-median", type=float,
+                    help="exit 1 unless the median |d| is at most this")
+    ap.add_argument("--max-apart", type=float,
+                    help="exit 1 if any plan's |d| is more than this")
     args = ap.parse_args()
+    for name, v in (("--max-median", args.max_median),
+                    ("--max-apart", args.max_apart)):
+        if v is not None and not (v >= 0):
+            ap.error("%s: expected a fraction >= 0, got %s" % (name, v))
     rng = random.Random(args.seed)
     results, unfit, refused = [], 0, 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -152,6 +163,16 @@ def main():
     for r in sorted(results, key=lambda r: -abs(r["d"]))[:args.worst]:
         print("  %+6.1f%%  %-10s %-12s --fix %s" % (
             100 * r["d"], r["model"], r["cluster"], r["fix"]))
+    failed = []
+    if args.max_median is not None and \
+            statistics.median(absd) > args.max_median:
+        failed.append("median |d| %.2f%% over %.2f%%" % (
+            100 * statistics.median(absd), 100 * args.max_median))
+    if args.max_apart is not None and absd[-1] > args.max_apart:
+        failed.append("a plan %.1f%% apart, over %.1f%%" % (
+            100 * absd[-1], 100 * args.max_apart))
+    if failed:
+        sys.exit("sim-vs-closed-form: FAIL: " + "; ".join(failed))
 
 
 if __name__ == "__main__":
