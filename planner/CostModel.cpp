@@ -359,6 +359,16 @@ double CostModel::overlapLoss(double gemmShare, double linkBytesPerSecond,
   return x / (1 + x);
 }
 
+double CostModel::syncLoss(Collective collective, double bytes, int ranks,
+                           double seconds, double gemmShare,
+                           const GpuSpec &gpu) const {
+  if (!(seconds > 0) || ranks <= 1)
+    return 0;
+  const double moved = (collective == Collective::AllReduce ? 2.0 : 1.0) *
+                       (ranks - 1.0) / ranks;
+  return overlapLoss(gemmShare, moved * bytes / seconds, gpu);
+}
+
 double CostModel::exposed(double comm, double overlappable, double efficiency) {
   return std::max(0.0, comm - efficiency * std::max(0.0, overlappable));
 }

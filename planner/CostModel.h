@@ -218,6 +218,12 @@ public:
   /// second. 0 on a device without SMs (the CPU backend).
   double overlapLoss(double gemmShare, double linkBytesPerSecond,
                      const GpuSpec &gpu) const;
+  /// overlapLoss of a gradient sync `collective` of `bytes` over `ranks`
+  /// taking `seconds`, at its own link rate: (n-1)/n of its bytes per
+  /// second each way for a reduce-scatter or all-gather, twice that for an
+  /// all-reduce. 0 when it takes no time.
+  double syncLoss(Collective collective, double bytes, int ranks,
+                  double seconds, double gemmShare, const GpuSpec &gpu) const;
   /// Pipeline send/recv overlapped with a micro-batch's compute.
   double exposedP2P(double comm, double microBatchCompute) const {
     return exposed(comm, microBatchCompute, cal_.p2pOverlapEfficiency);

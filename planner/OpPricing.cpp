@@ -436,11 +436,7 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
       // as the transformer search prices it.
       const double gemmShare = x.compute > 0 ? x.gemm / x.compute : 1.0;
       auto loss = [&](Collective coll, double time) {
-        const double moved =
-            (coll == Collective::AllReduce ? 2.0 : 1.0) * (dp - 1.0) / dp;
-        return time > 0 ? c.cost.overlapLoss(gemmShare, moved * grads / time,
-                                             c.gpu)
-                        : 0.0;
+        return c.cost.syncLoss(coll, grads, dp, time, gemmShare, c.gpu);
       };
       double e = 0;
       if (cfg.zeroStage == 0) {

@@ -1067,11 +1067,10 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       // cooldown's, as it does for equal stages (where the two ends are
       // (pp-1)(t_F + t_B) and (pp-1)(t_F + t_B - t_W)).
       const double weightGrad = worstWeightGrad;
-      const double fwdPass = worstFwdPass;
-      double inputGrad = std::max(0.0, perMb - fwdPass - weightGrad);
+      double inputGrad = std::max(0.0, perMb - worstFwdPass - weightGrad);
       const double full =
-          stagesToFill *
-          std::max(perMb - 2 * weightGrad, std::max(fwdPass, inputGrad));
+          stagesToFill * std::max(perMb - 2 * weightGrad,
+                                  std::max(worstFwdPass, inputGrad));
       const double single = std::max(
           0.0, pathFwd + pathInputGrad + pathLead - worstTime);
       const double filled = std::min(1.0, (m - 1) / double(cfg.pp - 1));
@@ -1114,16 +1113,11 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
         cfg.schedule == PipelineSchedule::ZeroBubble ? worstWeightGrad
                                                      : backward;
     // What a sync takes from the backward it runs beside (contention for
-    // SMs and memory bandwidth, overlapSlowdown at the sync's own link
-    // rate: (n-1)/n of its bytes per second each way for a reduce-scatter,
-    // twice that for an all-reduce), as for ZeRO-3's collectives.
+    // SMs and memory bandwidth, CostModel::syncLoss), as for ZeRO-3's
+    // collectives.
     auto syncLoss = [&](Collective coll, double t, double bytes,
                         double gemmShare, int kind) {
-      if (!(t > 0))
-        return 0.0;
-      const double moved =
-          (coll == Collective::AllReduce ? 2.0 : 1.0) * (dp - 1.0) / dp;
-      return c.overlapSlowdown(gemmShare, moved * bytes / t, kind);
+      return c.cost.syncLoss(coll, bytes, dp, t, gemmShare, c.kindSpec(kind));
     };
     auto exposedSync = [&](Collective coll, double t) {
       return chunkedGradSyncExposed(
@@ -1195,8 +1189,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
                       worstKind);
         stageParamBytes = paramBytes;
       }
-      double exposed = m * (z.forward + z.shared + z.rs1);
-      exposed = std::max(0.0, exposed);
+      const double exposed = m * (z.forward + z.shared + z.rs1);
       const double parts = z.forward + z.shared + z.rs1;
       const double eAg =
           parts > 0 ? exposed * (z.forward + z.agShare * z.shared) / parts : 0;
@@ -1414,14 +1407,11 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
                 ? c.comm(Collective::AllReduce, grads, replicas, cfg.tp)
                 : c.comm(Collective::ReduceScatter, grads, replicas, cfg.tp);
         s.gradLastBucket = c.cost.lastBucketShare(grads / v);
-        // What the sync takes from the task it runs beside (price's
-        // syncLoss).
-        const double moved = (cfg.zeroStage == 0 ? 2.0 : 1.0) *
-                             (replicas - 1.0) / replicas;
-        s.gradSyncLoss =
-            s.gradSync > 0 ? c.overlapSlowdown(sc.gemmShare(),
-                                               moved * grads / s.gradSync, kind)
-                           : 0.0;
+        // What the sync takes from the task it runs beside.
+        s.gradSyncLoss = c.cost.syncLoss(
+            cfg.zeroStage == 0 ? Collective::AllReduce
+                               : Collective::ReduceScatter,
+            grads, replicas, s.gradSync, sc.gemmShare(), c.kindSpec(kind));
         if (cfg.zeroStage > 0)
           s.paramGather =
               c.comm(Collective::AllGather, params * pBytes, replicas, cfg.tp);

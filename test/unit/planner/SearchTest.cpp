@@ -1386,6 +1386,26 @@ void expectAgreesWithReplay(const GraphSummary &g, const Cluster &c,
   EXPECT_REL(p->best.time.total(), p->simulated->stepTime, rel);
 }
 
+/// A bf16 training plan: its cluster, global batch and --fix.
+struct ReplayCase {
+  const char *cluster;
+  int64_t batch;
+  const char *fix;
+};
+
+/// expectAgreesWithReplay for each case.
+template <size_t N>
+void expectCasesAgreeWithReplay(const GraphSummary &g,
+                                const ReplayCase (&cases)[N], double rel) {
+  for (const ReplayCase &k : cases) {
+    SCOPED_TRACE(std::string(k.cluster) + " " + k.fix);
+    SearchOptions o = opts(k.batch);
+    o.training = true;
+    o.precision = Precision::BF16;
+    expectAgreesWithReplay(g, *resolveCluster(k.cluster), o, k.fix, rel);
+  }
+}
+
 TEST(Search, UnevenPipelinesAgreeWithTheReplay) {
   // GPT-2 small (tied embeddings, 50257-word head) on 2 DGX H100s, tp=1:
   // the split puts most layers and the embedding on stage 0 and fewer with
@@ -1443,11 +1463,7 @@ TEST(Search, ZeroThreeExposureFillsThePipeline) {
   // micro-batches and gathers the compute cannot hide, 15-27% under the
   // replay on these GPT-3 6.7B plans (this test failed).
   GraphSummary g = gpt(32, 4096, 32, 2048, 50257);
-  struct Case {
-    const char *cluster;
-    int64_t batch;
-    const char *fix;
-  } cases[] = {
+  const ReplayCase cases[] = {
       {"dgx-h100:8", 4,
        "dp=2,tp=8,pp=4,mbs=2,mb=1,schedule=zero-bubble,zero=3,"
        "recompute=full"},
@@ -1460,13 +1476,7 @@ TEST(Search, ZeroThreeExposureFillsThePipeline) {
       {"dgx-h100:8", 64,
        "dp=32,tp=1,pp=2,mbs=2,mb=1,schedule=gpipe,zero=3,recompute=selective"},
   };
-  for (const Case &k : cases) {
-    SCOPED_TRACE(std::string(k.cluster) + " " + k.fix);
-    SearchOptions o = opts(k.batch);
-    o.training = true;
-    o.precision = Precision::BF16;
-    expectAgreesWithReplay(g, *resolveCluster(k.cluster), o, k.fix, 0.03);
-  }
+  expectCasesAgreeWithReplay(g, cases, 0.03);
 }
 
 TEST(Search, GradientSyncTailsAgreeWithTheReplay) {
@@ -1480,23 +1490,13 @@ TEST(Search, GradientSyncTailsAgreeWithTheReplay) {
   // stream beside the data-parallel sync, so only what outlasts it shows
   // (the closed form had added both: 6.6% over here; this case failed).
   GraphSummary g = gpt(24, 2048, 16, 2048, 50257);
-  struct Case {
-    const char *cluster;
-    int64_t batch;
-    const char *fix;
-  } cases[] = {
+  const ReplayCase cases[] = {
       {"dgx-a100:16", 16,
        "dp=4,tp=8,pp=4,mbs=4,mb=1,schedule=zero-bubble,zero=0,"
        "recompute=elementwise"},
       {"dgx-h100:4", 8, "dp=8,tp=4,pp=1,mbs=1,mb=1,zero=0,sp=1"},
   };
-  for (const Case &k : cases) {
-    SCOPED_TRACE(std::string(k.cluster) + " " + k.fix);
-    SearchOptions o = opts(k.batch);
-    o.training = true;
-    o.precision = Precision::BF16;
-    expectAgreesWithReplay(g, *resolveCluster(k.cluster), o, k.fix, 0.02);
-  }
+  expectCasesAgreeWithReplay(g, cases, 0.02);
 }
 
 TEST(Search, InterleavedPlansAgreeWithTheReplay) {
