@@ -16,7 +16,14 @@
 namespace dlopt::planner {
 namespace {
 
-enum class Range { Efficiency, Fraction, Positive, NonNegative, FractionBelowOne };
+enum class Range {
+  Efficiency,
+  Fraction,
+  Positive,
+  NonNegative,
+  FractionBelowOne,
+  Flag
+};
 
 /// One row per constant: the single table that parsing, printing,
 /// validation and the docs key list all read.
@@ -91,7 +98,15 @@ const Entry kEntries[] = {
      "NCCL bus bandwidth / network bandwidth across nodes"},
     {"collective_launch_latency_us", &Calibration::collectiveLaunchLatency,
      1e-6, Range::NonNegative, "us",
-     "fixed cost of one collective call (launch, setup)"},
+     "fixed cost of one collective call (launch, setup) where "
+     "nccl_protocols is 0, and of all-to-all, send/recv and the "
+     "hierarchical composition"},
+    {"nccl_protocols", &Calibration::ncclProtocols, 1, Range::Flag, "flag",
+     "1: ring, tree and NVLS are priced with NCCL's protocols (LL, LL128, "
+     "Simple: their base and per-step latencies and bandwidth shares, NCCL "
+     "2.28's tuning model), the fastest for each message; 0: one protocol, "
+     "collective_launch_latency_us plus the links' latency a step (a "
+     "communicator that is not NCCL, such as the CPU backend's)"},
     {"nvls_efficiency", &Calibration::nvlsEfficiency, 1, Range::Efficiency,
      "fraction",
      "NVLink SHARP (NVLS, NVLS tree): the share of the per-direction NVLink "
@@ -168,6 +183,10 @@ Status checkRange(const Entry &e, double v) {
   case Range::FractionBelowOne:
     ok = ok && v >= 0 && v < 1;
     want = "a fraction in [0, 1)";
+    break;
+  case Range::Flag:
+    ok = ok && (v == 0 || v == 1);
+    want = "0 or 1";
     break;
   }
   if (ok)

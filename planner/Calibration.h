@@ -130,6 +130,11 @@ struct Calibration {
   double intraNodeBusEfficiency = 0.80;  ///< intra_node_bus_efficiency
   double interNodeBusEfficiency = 0.85;  ///< inter_node_bus_efficiency
   double collectiveLaunchLatency = 8e-6; ///< collective_launch_latency_us
+  /// nccl_protocols: 1 prices ring, tree and NVLS with NCCL's three
+  /// protocols (docs/cost-model.md, "NCCL's protocols"); 0 with one
+  /// protocol of collective_launch_latency_us plus a link hop a step.
+  double ncclProtocols = 1; ///< nccl_protocols (0 or 1)
+  bool ncclProtocolModel() const { return ncclProtocols != 0; }
   /// NVLink SHARP: the share of the per-direction NVLink bandwidth the
   /// NVLS kernels reach on their busier direction (docs/cost-model.md,
   /// "NVLS").

@@ -2,6 +2,7 @@
 #include "planner/CostModel.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -54,6 +55,20 @@ const char *algorithmName(CommAlgorithm a) {
     return "nvls";
   case CommAlgorithm::NvlsTree:
     return "nvls-tree";
+  }
+  return "?";
+}
+
+const char *protocolName(CommProtocol p) {
+  switch (p) {
+  case CommProtocol::None:
+    return "none";
+  case CommProtocol::LL:
+    return "LL";
+  case CommProtocol::LL128:
+    return "LL128";
+  case CommProtocol::Simple:
+    return "Simple";
   }
   return "?";
 }
@@ -455,18 +470,106 @@ CommEstimate finish(CommEstimate e) {
 
 } // namespace
 
+namespace {
+
+/// NCCL's tuning model of its protocols: NCCL 2.28, src/graph/tuning.cc
+/// (ncclTunerConstantsDefaults, ncclTopoTuneModel, ncclTopoGetAlgoTime).
+/// Latencies in microseconds; docs/cost-model.md, "NCCL's protocols".
+struct NcclProtocol {
+  CommProtocol protocol;
+  double ringBase, treeBase;     ///< baseLatencies[Ring], [Tree]
+  double ringNvlink, treeNvlink; ///< hwLatencies[NVLINK][Ring], [Tree]
+  double ringNet, treeNet;       ///< hwLatencies[NET][Ring], [Tree]
+  double netOverhead; ///< a multi-node ring's floor on its intra steps
+  double ringBw;      ///< the ring's share of the bus bandwidth
+  /// The tree all-reduce's share after NCCL's 0.92: on one node, on more.
+  double treeBwOneNode, treeBwNodes;
+  /// treeCorrectionFactor: the tree all-reduce's bandwidth at 64 B x 2^i.
+  std::array<double, 23> treeCorrection;
+};
+
+constexpr NcclProtocol kNcclProtocols[] = {
+    {CommProtocol::LL, 6.6, 6.8, 0.6, 0.6, 2.7, 5.0, 1.0, 0.5, 1 / 3.8,
+     1 / 3.8, {1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5,
+               .4,  .4,  .5,  .6,  .7, .8, .9, 1.0, 1.0, 1.0, 1.0}},
+    {CommProtocol::LL128, 14.0, 14.0, 1.9, 1.25, 4.0, 8.5, 1.0, 0.92,
+     7.0 / 9.0, 120.0 / 128.0,
+     {1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6,
+      .6,  .6,  .6,  .6,  .8,  .9, .9, .9, .9, 1.0, 1.0}},
+    {CommProtocol::Simple, 8.4, 8.4, 3.4, 4.0, 14.0, 14.0, 3.0, 1.0, 1.0, 1.0,
+     {.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5,
+      .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9}},
+};
+constexpr double kUsec = 1e-6;
+/// hwLatencies[NVLINK][NVLS][Simple]: NCCL's whole latency of an NVLS
+/// collective (its base latency is 0).
+constexpr double kNvlsLatency = 25 * kUsec;
+/// hwLatencies[NET][NVLSTree][Simple]: each tree level across nodes.
+constexpr double kNvlsTreeNetLatency = 20.9 * kUsec;
+/// A multi-node Simple ring all-reduce's latency (the "plateau effect of
+/// ring" for compute capability 8.0 and up).
+constexpr double kRingPlateau = 1.4;
+
+/// Steps of a ring collective (n ranks) and of them those that cross a
+/// node boundary (m nodes): NCCL's nsteps and nInterSteps.
+std::pair<double, double> ringSteps(Collective c, int n, int m) {
+  const double rounds = c == Collective::AllReduce ? 2.0 : 1.0;
+  return {rounds * (n - 1), m > 1 ? rounds * (m - 1) : 0.0};
+}
+
+/// floor(log2(bytes / 64)) as NCCL indexes its tree correction; -1 below.
+int treeSizeIndex(double bytes) {
+  if (!(bytes >= 64))
+    return -1;
+  return static_cast<int>(std::floor(std::log2(bytes / 64)));
+}
+
+} // namespace
+
 CommEstimate CostModel::ring(Collective c, double bytes,
                              const CommGroup &g) const {
   Links l = links(g, cal_);
   auto [bw, link] = flatBandwidth(l);
+  double lat, band;
+  ringTerms(c, l.n, bytes, flatLatency(l), bw, lat, band);
   CommEstimate e;
   e.algorithm = CommAlgorithm::Ring;
   e.link = link;
-  double lat, band;
-  ringTerms(c, l.n, bytes, flatLatency(l), bw, lat, band);
-  e.latencyTerm = cal_.collectiveLaunchLatency + lat;
-  e.bandwidthTerm = band;
-  return finish(e);
+  if (!cal_.ncclProtocolModel()) {
+    e.latencyTerm = cal_.collectiveLaunchLatency + lat;
+    e.bandwidthTerm = band;
+    return finish(e);
+  }
+  // NCCL's ring: its base latency, then each step inside a node at the
+  // NVLink step latency (no less than the network's post overhead when the
+  // ring spans nodes) and each step across a node boundary at the network
+  // step latency (the tree's when a node holds one rank); a link hop slower
+  // than NCCL's figure takes its own latency. The bandwidth term at the
+  // protocol's share of the bus bandwidth. The fastest protocol wins.
+  const auto [steps, interSteps] = ringSteps(c, l.n, l.m);
+  bool first = true;
+  for (const NcclProtocol &p : kNcclProtocols) {
+    double intraStep = std::max(l.intraLat, p.ringNvlink * kUsec);
+    if (l.m > 1)
+      intraStep = std::max(intraStep, p.netOverhead * kUsec);
+    const double interStep =
+        std::max(l.interLat, (l.k == 1 ? p.treeNet : p.ringNet) * kUsec);
+    double latency = p.ringBase * kUsec +
+                     (steps - interSteps) * intraStep + interSteps * interStep;
+    if (p.protocol == CommProtocol::Simple && l.m > 1 &&
+        c == Collective::AllReduce &&
+        bytes / (std::max(1.0, cal_.commCtas) * l.n) >= 64)
+      latency *= kRingPlateau;
+    CommEstimate cand = e;
+    cand.protocol = p.protocol;
+    cand.latencyTerm = latency;
+    cand.bandwidthTerm = band / p.ringBw;
+    cand = finish(cand);
+    if (first || cand.time < e.time)
+      e = cand;
+    first = false;
+  }
+  return e;
 }
 
 CommEstimate CostModel::tree(Collective c, double bytes,
@@ -476,15 +579,44 @@ CommEstimate CostModel::tree(Collective c, double bytes,
   // a pipelined reduce up plus broadcast down: 2 S / B; broadcast S / B.
   Links l = links(g, cal_);
   auto [bw, link] = flatBandwidth(l);
-  double depth = (l.k - 1) * l.intraLat +
-                 std::ceil(std::log2(static_cast<double>(l.m))) * l.interLat;
+  const double hops = std::ceil(std::log2(static_cast<double>(l.m)));
   double passes = c == Collective::AllReduce ? 2.0 : 1.0;
   CommEstimate e;
   e.algorithm = CommAlgorithm::Tree;
   e.link = link;
-  e.latencyTerm = cal_.collectiveLaunchLatency + passes * depth;
-  e.bandwidthTerm = passes * bytes / bw;
-  return finish(e);
+  if (!cal_.ncclProtocolModel()) {
+    double depth = (l.k - 1) * l.intraLat + hops * l.interLat;
+    e.latencyTerm = cal_.collectiveLaunchLatency + passes * depth;
+    e.bandwidthTerm = passes * bytes / bw;
+    return finish(e);
+  }
+  // NCCL's tree with each protocol: its base latency, the depth at the
+  // tree's step latencies, and for all-reduce 0.92 of the bus bandwidth
+  // times the protocol's share and NCCL's correction for mid sizes.
+  const int sizeIndex = treeSizeIndex(bytes);
+  bool first = true;
+  for (const NcclProtocol &p : kNcclProtocols) {
+    const double depth =
+        (l.k - 1) * std::max(l.intraLat, p.treeNvlink * kUsec) +
+        hops * std::max(l.interLat, p.treeNet * kUsec);
+    double share = 1;
+    if (p.protocol != CommProtocol::Simple)
+      share = l.m == 1 ? p.treeBwOneNode : p.treeBwNodes;
+    if (c == Collective::AllReduce) {
+      share *= 0.92;
+      if (sizeIndex >= 0 && sizeIndex < 23)
+        share *= p.treeCorrection[sizeIndex];
+    }
+    CommEstimate cand = e;
+    cand.protocol = p.protocol;
+    cand.latencyTerm = p.treeBase * kUsec + passes * depth;
+    cand.bandwidthTerm = passes * bytes / (bw * share);
+    cand = finish(cand);
+    if (first || cand.time < e.time)
+      e = cand;
+    first = false;
+  }
+  return e;
 }
 
 CommEstimate CostModel::hierarchical(Collective c, double bytes,
@@ -588,13 +720,14 @@ CommEstimate CostModel::nvls(Collective c, double bytes,
   e.algorithm = CommAlgorithm::Nvls;
   e.link = LinkKind::IntraNode;
   const double bw = g.intra.bandwidth * cal_.nvlsEfficiency;
-  if (c == Collective::AllReduce) {
-    e.latencyTerm = cal_.collectiveLaunchLatency + 2 * g.intra.latency;
-    e.bandwidthTerm = double(n + 1) / n * bytes / bw;
-  } else {
-    e.latencyTerm = cal_.collectiveLaunchLatency + g.intra.latency;
-    e.bandwidthTerm = bytes / bw;
+  const double trips = c == Collective::AllReduce ? 2.0 : 1.0;
+  e.latencyTerm = cal_.collectiveLaunchLatency + trips * g.intra.latency;
+  if (cal_.ncclProtocolModel()) { // NCCL's whole NVLS latency (Simple)
+    e.protocol = CommProtocol::Simple;
+    e.latencyTerm = std::max(kNvlsLatency, trips * g.intra.latency);
   }
+  e.bandwidthTerm =
+      (c == Collective::AllReduce ? double(n + 1) / n : 1.0) * bytes / bw;
   return finish(e);
 }
 
@@ -616,9 +749,14 @@ CommEstimate CostModel::nvlsTree(double bytes, const CommGroup &g) const {
   CommEstimate e;
   e.algorithm = CommAlgorithm::NvlsTree;
   e.link = inter > intra ? LinkKind::Network : LinkKind::IntraNode;
+  const double levels = std::ceil(std::log2(static_cast<double>(l.m)));
   e.latencyTerm =
-      cal_.collectiveLaunchLatency + 2 * l.intraLat +
-      2 * std::ceil(std::log2(static_cast<double>(l.m))) * l.interLat;
+      cal_.collectiveLaunchLatency + 2 * l.intraLat + 2 * levels * l.interLat;
+  if (cal_.ncclProtocolModel()) { // NCCL: NVLS's, then two passes a level
+    e.protocol = CommProtocol::Simple;
+    e.latencyTerm = std::max(kNvlsLatency, 2 * l.intraLat) +
+                    2 * levels * std::max(kNvlsTreeNetLatency, l.interLat);
+  }
   e.bandwidthTerm = std::max(intra, inter);
   return finish(e);
 }

@@ -82,6 +82,14 @@ enum class CommAlgorithm {
 };
 const char *algorithmName(CommAlgorithm a);
 
+/// NCCL's protocols (docs/cost-model.md, "NCCL's protocols"): LL (8-byte
+/// flag-and-data lines: lowest latency, half the bandwidth), LL128
+/// (128-byte lines), Simple (bulk copies behind a fence and a flag: full
+/// bandwidth, the largest latency a step). None: an algorithm priced
+/// without them (nccl_protocols 0, all-to-all, send/recv, hierarchical).
+enum class CommProtocol { None, LL, LL128, Simple };
+const char *protocolName(CommProtocol p);
+
 /// Which physical link carried the bandwidth term.
 enum class LinkKind { None, IntraNode, Network };
 const char *linkName(LinkKind l);
@@ -91,6 +99,7 @@ struct CommEstimate {
   double latencyTerm = 0;   ///< launch + steps * alpha
   double bandwidthTerm = 0; ///< bytes moved / effective bandwidth
   CommAlgorithm algorithm = CommAlgorithm::Ring; ///< the one used
+  CommProtocol protocol = CommProtocol::None;    ///< NCCL's, when priced
   LinkKind link = LinkKind::None;                ///< the bottleneck link
 };
 

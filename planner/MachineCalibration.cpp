@@ -298,10 +298,13 @@ Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
     L.push_back(fmt("per-op dispatch: %.2f us", s.dispatchSeconds * 1e6));
   }
   // Communication: the link figures go to the cluster, so the efficiencies
-  // are 1 and the fixed cost per call is inside the per-step latency.
+  // are 1 and the fixed cost per call is inside the per-step latency. The
+  // fit is one protocol's alpha-beta terms of the measured communicator,
+  // not NCCL's three.
   c.intraNodeBusEfficiency = 1.0;
   c.interNodeBusEfficiency = 1.0;
   c.collectiveLaunchLatency = 0.0;
+  c.ncclProtocols = 0;
   // The CPU backend runs each rank's instructions in program order and its
   // collectives, sends and receives block the rank's thread: nothing
   // overlaps communication with compute.

@@ -66,6 +66,9 @@ TEST(Calibration, Errors) {
   expectError(R"({"attention_efficiency": 0})", "got 0");
   expectError(R"({"collective_launch_latency_us": -1})",
               "collective_launch_latency_us: expected a number >= 0, got -1");
+  expectError(R"({"nccl_protocols": 0.5})",
+              "nccl_protocols: expected 0 or 1, got 0.5");
+  expectError(R"({"nccl_protocols": 2})", "expected 0 or 1, got 2");
   expectError(R"({"backward_flops_ratio": 0})",
               "backward_flops_ratio: expected a positive number");
   expectError(R"({"fragmentation_fraction": 1})", "[0, 1)");
