@@ -863,7 +863,11 @@ Expected<CommEstimate> CostModel::commTime(Collective c, double bytes,
       cands.push_back(nvls(c, bytes, g));
     break;
   case Collective::Broadcast:
-    cands = {ring(c, bytes, g), tree(c, bytes, g)};
+    // NCCL broadcasts over its ring only; the tree stays for the
+    // one-protocol model (and by name).
+    cands = {ring(c, bytes, g)};
+    if (!cal_.ncclProtocolModel())
+      cands.push_back(tree(c, bytes, g));
     break;
   case Collective::AllToAll:
   case Collective::SendRecv:

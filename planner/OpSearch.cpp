@@ -603,10 +603,11 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
       return;
     LinkKind link = LinkKind::None;
     CommAlgorithm algo = CommAlgorithm::Ring;
-    double time =
-        calls * c.pricer.time(coll, bytes, size, stride, &link, &algo);
+    CommProtocol proto = CommProtocol::None;
+    double time = calls * c.pricer.time(coll, bytes, size, stride, &link,
+                                        &algo, &proto);
     res.comms.push_back({what, coll, size, bytes, calls, link, time, exposed,
-                         algorithmName(algo)});
+                         algorithmName(algo), protocolName(proto)});
   };
   if (t > 1 && !res.reshards.empty()) {
     // Summed: the per-op list is in `reshards`.
@@ -624,6 +625,7 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
     op.time = tpTotal;
     op.exposed = res.best.time.tpComm;
     op.algorithm = "mixed";
+    op.protocol = "mixed";
     res.comms.push_back(op);
   }
   // Chunk ranges (one per stage, or v per stage interleaved) and their

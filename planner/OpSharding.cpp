@@ -92,7 +92,8 @@ Reshard reshard(Layout from, Layout to, double fullBytes, int t) {
 }
 
 double CommPricer::time(Collective c, double bytes, int size, int stride,
-                        LinkKind *link, CommAlgorithm *algorithm) const {
+                        LinkKind *link, CommAlgorithm *algorithm,
+                        CommProtocol *protocol) const {
   if (size <= 1 || bytes <= 0)
     return 0;
   const Expected<CommGroup> *g = nullptr;
@@ -113,6 +114,8 @@ double CommPricer::time(Collective c, double bytes, int size, int stride,
     *link = e->link;
   if (algorithm)
     *algorithm = e->algorithm;
+  if (protocol)
+    *protocol = e->protocol;
   return e->time;
 }
 

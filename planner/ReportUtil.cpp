@@ -132,13 +132,18 @@ std::string textCommunication(const std::vector<CommOp> &comms) {
   std::string r = "\n== communication per step (one rank) ==\n";
   if (comms.empty())
     r += "  none\n";
-  for (const CommOp &c : comms)
-    r += strf("  %-40s %-14s group %-5d %10s x %-8.0f link %-10s %-12s "
+  for (const CommOp &c : comms) {
+    // The algorithm, then NCCL's protocol where one was priced.
+    std::string how = c.algorithm;
+    if (c.protocol != "none" && c.protocol != "mixed")
+      how += " " + c.protocol;
+    r += strf("  %-40s %-14s group %-5d %10s x %-8.0f link %-10s %-16s "
               "total %s, exposed %s\n",
               c.what.c_str(), collectiveName(c.collective), c.groupSize,
               humanBytes(c.bytes).c_str(), c.calls, linkName(c.link),
-              c.algorithm.c_str(), seconds(c.time).c_str(),
+              how.c_str(), seconds(c.time).c_str(),
               seconds(c.exposed).c_str());
+  }
   return r;
 }
 
@@ -317,6 +322,7 @@ json jsonCommunication(const std::vector<CommOp> &comms) {
                    {"calls", c.calls},
                    {"link", linkName(c.link)},
                    {"algorithm", c.algorithm},
+                   {"protocol", c.protocol},
                    {"time", c.time},
                    {"exposed", c.exposed}});
   return out;

@@ -144,6 +144,9 @@ struct CommOp {
   /// The algorithm the cost model picked ("ring", "nvls-tree", ...), or
   /// "mixed" for a line that sums several collectives.
   std::string algorithm = "ring";
+  /// NCCL's protocol the cost model picked ("LL", "LL128", "Simple"),
+  /// "none" where it prices one protocol, "mixed" with "mixed" above.
+  std::string protocol = "none";
 };
 
 struct Alternative {

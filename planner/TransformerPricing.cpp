@@ -893,9 +893,11 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       return;
     LinkKind link = LinkKind::None;
     CommAlgorithm algo = CommAlgorithm::Ring;
-    double time = calls * c.comm(coll, bytes, size, stride, &link, &algo);
+    CommProtocol proto = CommProtocol::None;
+    double time =
+        calls * c.comm(coll, bytes, size, stride, &link, &algo, &proto);
     comms->push_back({what, coll, size, bytes, calls, link, time, exposed,
-                      algorithmName(algo)});
+                      algorithmName(algo), protocolName(proto)});
   };
   // Tensor parallelism: 2 all-reduces per layer per pass (forward,
   // backward, recomputed forward), on the critical path. Under sequence

@@ -571,7 +571,8 @@ struct Ctx {
   }
 
   double comm(Collective c, double bytes, int size, int stride,
-              LinkKind *link = nullptr, CommAlgorithm *algorithm = nullptr) {
+              LinkKind *link = nullptr, CommAlgorithm *algorithm = nullptr,
+              CommProtocol *protocol = nullptr) {
     if (size <= 1 || bytes <= 0)
       return 0;
     const auto &g = group(size, stride);
@@ -584,6 +585,8 @@ struct Ctx {
       *link = e->link;
     if (algorithm)
       *algorithm = e->algorithm;
+    if (protocol)
+      *protocol = e->protocol;
     return e->time;
   }
 };

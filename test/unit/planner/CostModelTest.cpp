@@ -632,12 +632,14 @@ TEST_F(CommTest, NcclProtocolsOfARingInsideANode) {
   // All-gather, 16 MiB: 7 steps. LL128: 14 + 7 x 1.9 = 27.3 us, 7/8 S at
   // 331.2 GB/s; Simple: 8.4 + 7 x 3.4 = 32.2 us at 360.
   const double s16 = 16 << 20;
+  // LL128 is the faster (71.6 us against 73.0).
   auto ag = comm(Collective::AllGather, s16, node);
-  const double ll128 = 27.3e-6 + 0.875 * s16 / (360e9 * 0.92);
-  const double simple = 32.2e-6 + 0.875 * s16 / 360e9;
-  EXPECT_REL(ag.time, std::min(ll128, simple), kRel);
-  EXPECT_EQ(ag.protocol,
-            ll128 < simple ? CommProtocol::LL128 : CommProtocol::Simple);
+  EXPECT_EQ(ag.protocol, CommProtocol::LL128);
+  EXPECT_REL(ag.time, 27.3e-6 + 0.875 * s16 / (360e9 * 0.92), kRel);
+  EXPECT_LT(ag.time, 32.2e-6 + 0.875 * s16 / 360e9);
+  // Broadcast: NCCL's ring only (the tree is offered by name).
+  EXPECT_EQ(comm(Collective::Broadcast, 1e3, node).algorithm,
+            CommAlgorithm::Ring);
   // Against one protocol at 8 us + 1 us a step, mid-size messages take
   // longer: the per-step cost NCCL's own model gives its protocols.
   Calibration one;
@@ -666,6 +668,32 @@ TEST_F(CommTest, NcclProtocolsAcrossNodes) {
   CommGroup dp = group(16, 8);
   auto flat = comm(Collective::AllReduce, 1e9, dp, CommAlgorithm::Ring);
   EXPECT_REL(flat.latencyTerm, 1.4 * (8.4e-6 + 30 * 14e-6), kRel);
+  // LL128 tells the tree's figure (8.5 us) from the ring's (4.0): at 10 MB
+  // it is the fastest protocol of that ring, 14 + 30 x 8.5 us.
+  auto ll128 = comm(Collective::AllReduce, 1e7, dp, CommAlgorithm::Ring);
+  EXPECT_EQ(ll128.protocol, CommProtocol::LL128);
+  EXPECT_REL(ll128.latencyTerm, 14e-6 + 30 * 8.5e-6, kRel);
+  // The plateau needs S / (channels x n) >= 64 bytes, comm_ctas channels:
+  // with 10^7 of them, 1 GB over 16 ranks is 6.25 bytes a channel's rank.
+  Calibration manyChannels;
+  manyChannels.commCtas = 1e7;
+  auto flatter = *CostModel(manyChannels).commTime(Collective::AllReduce, 1e9,
+                                                   dp, CommAlgorithm::Ring);
+  EXPECT_EQ(flatter.protocol, CommProtocol::Simple);
+  EXPECT_REL(flatter.latencyTerm, 8.4e-6 + 30 * 14e-6, kRel);
+  // The floor of a multi-node ring's NVLink steps (NCCL's network post
+  // overhead, 1 us): LL's 0.6 us step becomes 1 us with a 0.1 us hop; its
+  // network steps take the 5 us hop, above the ring's 2.7 us.
+  CommGroup fast = two;
+  fast.intra.latency = 0.1e-6;
+  auto floored = comm(Collective::AllReduce, 1e3, fast, CommAlgorithm::Ring);
+  EXPECT_EQ(floored.protocol, CommProtocol::LL);
+  EXPECT_REL(floored.latencyTerm, 6.6e-6 + 28 * 1e-6 + 2 * 5e-6, kRel);
+  // On one node there is no floor: 0.6 us a step.
+  CommGroup fastNode = group(8, 1);
+  fastNode.intra.latency = 0.1e-6;
+  auto inNode = comm(Collective::AllReduce, 1e3, fastNode, CommAlgorithm::Ring);
+  EXPECT_REL(inNode.latencyTerm, 6.6e-6 + 14 * 0.6e-6, kRel);
   // The tree at 1 MB: depth ceil(log2 16) = 4 network levels. NCCL's
   // correction at 1 MB (index floor(log2(1e6 / 64)) = 13) and 0.92 of the
   // bus bandwidth; LL128 (120/128 of it, correction 0.6) is the fastest:
