@@ -153,7 +153,7 @@ void forEachConfig(const SpaceRules &r, const FixSpec &fix,
                   if (fix.sp && *fix.sp != sp)
                     continue;
                   if (!fix.recompute && rc == RecomputePolicy::Selective &&
-                      !sp && cp == 1) {
+                      !sp && cp == 1 && !r.bytes.unfusedAttention) {
                     prune("recompute=selective without sp or cp: the same "
                           "plan as none (fused attention stores no scores to "
                           "re-run, nothing is gathered to gather again)");

@@ -48,7 +48,7 @@ struct SpaceRules {
   /// Sequence parallelism (needs tp > 1 dividing the tokens per rank).
   bool sequenceParallel = false;
   /// Recompute policies (selective without sp or cp is pruned as the same
-  /// plan as none).
+  /// plan as none, unless attention is unfused: then it drops the scores).
   bool recompute = false;
   /// Every pipeline schedule (GPipe, 1F1B, interleaved with each v whose
   /// pp * v divides the units, zero-bubble); otherwise one: --fix's, else

@@ -168,7 +168,36 @@ double activationBytesPerLayer(const TransformerSpec &spec,
       alternate ? residual + (t > 1 ? residual : 0) + (1 + kvShare) / t + w / t
                 : 2 * residual + (1 + 2 * kvShare * (selective ? 1 : cp)) / t +
                       (elementwise ? g / 2 : g - 1) * w / t;
-  return sbh * (eg * gemmInputs + e * others);
+  return sbh * (eg * gemmInputs + e * others) +
+         attentionScoreElements(spec, cfg) *
+             attentionScoreBytesKept(spec, cfg);
+}
+
+double attentionScoreElements(const TransformerSpec &spec,
+                              const TrainingConfig &cfg) {
+  if (!cfg.precision.unfusedAttention)
+    return 0;
+  const double cp = std::max(1, cfg.cp);
+  return double(cfg.microBatchSize) * double(spec.heads) / cfg.tp *
+         (double(spec.seqLen) / cp) * double(spec.seqLen);
+}
+
+double attentionScoreBytesKept(const TransformerSpec &spec,
+                               const TrainingConfig &cfg) {
+  if (!cfg.precision.unfusedAttention)
+    return 0;
+  const double e = cfg.precision.activationBytes;
+  switch (cfg.recompute) {
+  case RecomputePolicy::None:
+    return e + (spec.dropout ? 1 + e : 0);
+  case RecomputePolicy::Elementwise:
+  case RecomputePolicy::Alternate:
+    return e;
+  case RecomputePolicy::Selective:
+  case RecomputePolicy::Full:
+    return 0;
+  }
+  return 0;
 }
 
 double microBatchesInFlight(const TrainingConfig &cfg, int stage) {
@@ -389,7 +418,16 @@ transformerStageMemoryWithLayers(const TransformerSpec &spec,
       m.transient += 2 * eg * s * b * h;
     if (cfg.cp > 1)
       m.transient += 2 * e * s * b * h * kvShare * cfg.cp / t;
+    // Unfused attention: the probabilities (and the dropout's mask and
+    // output) recomputed for one layer's backward.
+    TrainingConfig noRecompute = cfg;
+    noRecompute.recompute = RecomputePolicy::None;
+    m.transient += attentionScoreElements(spec, cfg) *
+                   attentionScoreBytesKept(spec, noRecompute);
   }
+  // Unfused attention's backward: the gradients of the probabilities and
+  // of the scores, one layer's at a time.
+  m.transient += 2 * e * attentionScoreElements(spec, cfg);
 
   // The end of the backward pass, when every gradient is held and the
   // embedding table's is being formed (dlopt's autodiff builds it whole):

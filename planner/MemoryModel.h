@@ -50,6 +50,13 @@ struct PrecisionConfig {
   /// a scale and its inverse per scaled tensor (a GEMM's input, weight and
   /// output gradient); 0 without fp8.
   double fp8AmaxHistory = 0;
+  /// Attention as unfused kernels (dlopt-compile --attention-kernel
+  /// unfused, dry runs only): the scores Q K^T are materialized, a fused
+  /// scale-mask-softmax and, when the model has dropout, a dropout of the
+  /// probabilities run over them, and P V is a second batched GEMM, as in
+  /// Megatron-LM before FlashAttention. false: dlopt's fused kernels, which
+  /// keep no score matrix (docs/cost-model.md, "Unfused attention").
+  bool unfusedAttention = false;
 };
 
 /// Bytes of model state on one device.
@@ -100,6 +107,9 @@ struct TransformerSpec {
   /// A gated MLP (SwiGLU: gate, up, their product): its backward keeps four
   /// [s, b, tpWidth] values per layer where a GELU MLP keeps two.
   bool gatedMlp = false;
+  /// The model has dropout ops (dlopt-gen --dropout): unfused attention
+  /// drops its probabilities too (Megatron-LM's attention_dropout).
+  bool dropout = false;
 
   int64_t ffn() const { return ffnHidden ? ffnHidden : 4 * hidden; }
   int64_t tpWidth() const { return ffnShardWidth ? ffnShardWidth : ffn(); }
@@ -157,6 +167,21 @@ struct TrainingConfig {
 /// all-gathers of the norm outputs; without SP it keeps what none keeps. For GPT at t = cp = 1 this is 16 e sbh, Korthikanti et al.'s
 /// 34 sbh less its two dropout masks and its 5as/h score term.
 double activationBytesPerLayer(const TransformerSpec &spec,
+                               const TrainingConfig &cfg);
+
+/// Unfused attention (PrecisionConfig::unfusedAttention): the score
+/// elements of one layer on one rank for one micro-batch, b (a/t) (s/cp) s
+/// (the whole matrix: a causal mask is applied to it, not skipped); 0 with
+/// fused attention.
+double attentionScoreElements(const TransformerSpec &spec,
+                              const TrainingConfig &cfg);
+/// Bytes per score element one layer keeps for its backward under `cfg`'s
+/// recomputation (Korthikanti et al.'s 5as/h term at e = 2 with dropout):
+/// none keeps the probabilities (e) and, with dropout, the mask (1) and the
+/// dropped probabilities (e); elementwise and alternate recomputation keep
+/// the scores (e) and re-run softmax and dropout; selective and full keep
+/// none. 0 with fused attention.
+double attentionScoreBytesKept(const TransformerSpec &spec,
                                const TrainingConfig &cfg);
 
 /// Micro-batches whose activations stage `stage` holds at its peak, in units

@@ -343,6 +343,11 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
   auto t0 = Clock::now();
   DLOPT_RETURN_IF_ERROR(cluster.validate());
   DLOPT_RETURN_IF_ERROR(validateSearchOptions(opt));
+  if (opt.bytes.unfusedAttention)
+    return Status::error(
+        "unfused attention (--attention-kernel unfused) is priced by the "
+        "transformer search only (models with layer marks); the op-level "
+        "search prices dlopt's fused attention");
   OpPlanResult res;
   OpSearchStats &st = res.stats;
   Ctx c{g, cluster, cost, opt, CommPricer(cluster, cost), {}, 0, true, 2, 4,

@@ -88,6 +88,9 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
   std::string r;
   r += textTitle(p.training, g.modelName, cluster);
   r += textModelLine(p.plan);
+  if (cfg.precision.unfusedAttention)
+    r += "attention priced as unfused kernels: scores materialized "
+         "(--attention-kernel unfused, a planning option)\n";
   r += strf("global batch %lld samples x %lld tokens\n\n",
               (long long)p.globalBatch, (long long)p.seq);
 
@@ -214,6 +217,8 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
     j["virtual_stages"] = c.cfg.virtualStages;
     j["zero_stage"] = c.cfg.zeroStage;
     j["recompute"] = recomputeName(c.cfg.recompute);
+    j["attention_kernel"] =
+        c.cfg.precision.unfusedAttention ? "unfused" : "fused";
     j["layout"] = c.process.layout == ProcessLayout::InGraph ? "in-graph"
                                                              : "between-graph";
     if (!c.cfg.stageLayerCounts.empty()) // heterogeneous clusters
@@ -230,7 +235,10 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
   // The plan (what --plan reads back), then the report (never read).
   json j = planJson(p.plan);
   json r;
-  r["model"] = {{"ffn", p.spec.ffn()}, {"dtype", g.dtype}};
+  r["model"] = {{"ffn", p.spec.ffn()},
+                {"dtype", g.dtype},
+                {"attention_kernel",
+                 p.best.cfg.precision.unfusedAttention ? "unfused" : "fused"}};
   r["processes"] = {
       {"layout", layoutName(p.best.process.layout, cluster.numNodes())},
       {"per_node", p.best.process.processesPerNode},

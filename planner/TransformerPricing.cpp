@@ -63,6 +63,9 @@ Expected<TransformerSpec> transformerSpecOf(const GraphSummary &g) {
       }
     }
   }
+  for (const OpNode &op : g.ops)
+    if (op.op == "dlopt.dropout")
+      s.dropout = true;
   DLOPT_RETURN_IF_ERROR(s.validate());
   return s;
 }

@@ -70,7 +70,8 @@ constexpr double kReplicatedFlopsPerElement = 20;
 
 /// Forward seconds selective recomputation re-runs per stage: it re-runs
 /// softmax and dropout results, which blocks with dlopt's fused attention
-/// (its backward recomputes the probabilities itself) do not have, and the
+/// (its backward recomputes the probabilities itself) do not have (under
+/// unfused attention, LayerTimes::selectivePrefix), and the
 /// tp and cp gathers, which tpCallsPerLayer and cpComm count. Without sp
 /// or cp it keeps what `none` keeps (activationBytesPerLayer), so the free
 /// search skips it there. Elementwise recomputation re-runs the layers'
@@ -98,6 +99,10 @@ struct LayerTimes {
   /// Prefix sums per layer of the kernels elementwise and alternate
   /// recomputation launch again (Ctx::rerunKernels), for host dispatch.
   std::vector<double> elementwiseOpsPrefix, alternateOpsPrefix;
+  /// Prefix sums per layer of what selective recomputation re-runs: under
+  /// unfused attention its core but P V (Korthikanti et al.); 0 with fused
+  /// attention (kSelectiveRerun).
+  std::vector<double> selectivePrefix;
 
   /// One micro-batch through the layer ranges of a stage, with the pre
   /// group on the first stage and the post group on the last: its forward
@@ -115,9 +120,11 @@ struct LayerTimes {
   Stage stage(const std::vector<std::pair<int64_t, int64_t>> &ranges,
               bool first, bool last, const CostModel &cost,
               RecomputePolicy recompute) const {
-    double f = 0, bwdGemm = 0, elementwise = 0, alternate = 0;
+    double f = 0, bwdGemm = 0, elementwise = 0, alternate = 0, selective = 0;
     for (auto [a, b] : ranges) {
       f += prefix[b] - prefix[a];
+      if (!selectivePrefix.empty())
+        selective += selectivePrefix[b] - selectivePrefix[a];
       bwdGemm += bwdGemmPrefix[b] - bwdGemmPrefix[a];
       elementwise += elementwisePrefix[b] - elementwisePrefix[a];
       alternate += alternateGemmPrefix[b] - alternateGemmPrefix[a];
@@ -133,7 +140,7 @@ struct LayerTimes {
     const double rerun =
         recompute == RecomputePolicy::Elementwise ? elementwise
         : recompute == RecomputePolicy::Alternate ? elementwise + alternate
-                                                  : kSelectiveRerun;
+                                                  : kSelectiveRerun + selective;
     return {f, cost.trainingTime(f, recompute, rerun) + bwdGemm, elementwise};
   }
 };
@@ -337,6 +344,60 @@ struct Ctx {
            ratio * fp8CastTime(g.m * g.k * g.batch, gpuKind);
   }
 
+  /// Unfused attention (PrecisionConfig::unfusedAttention) of one layer for
+  /// `scale` samples (each s/cp queries against s keys) on a tp rank, with
+  /// n = scale (a/t) s^2 score elements of e bytes (docs/cost-model.md,
+  /// "Unfused attention"):
+  ///   forward   Q K^T (batch scale a/t, s x s x d), a fused
+  ///             scale-mask-softmax (read and write the scores, the softmax
+  ///             class), dropout of the probabilities when the model has
+  ///             dropout (read, write, a 1-byte mask; a stream), P V (s x d
+  ///             x s); each GEMM moves its operands and result once
+  ///   backward  dP = dO V^T and dV = P^T dO, the dropout's backward (read
+  ///             the gradient and the mask, write), the softmax's (read the
+  ///             probabilities and their gradient, write), dQ = dS K and dK
+  ///             = dS^T Q.
+  struct UnfusedAttention {
+    double gemms = 0;  ///< the forward's two GEMMs
+    double memory = 0; ///< the forward's softmax and dropout
+    double core = 0;   ///< what selective recomputation re-runs: all but P V
+    double backward = 0;
+  };
+  UnfusedAttention unfusedAttention(double scale, int tp, int gpuKind) const {
+    UnfusedAttention u;
+    if (spec.heads <= 0 || spec.seqLen <= 0 || spec.hidden <= 0)
+      return u;
+    const double s = double(spec.seqLen), d = double(spec.hidden) / spec.heads;
+    const double batch = scale * double(spec.heads) / tp;
+    const double e = opt.bytes.activationBytes;
+    const double n = batch * s * s;
+    const GpuSpec &gpu = kindSpec(gpuKind);
+    const Precision pr = precisionOf(OpKind::Attention);
+    auto gemm = [&](double m, double nn, double k) {
+      GemmShape g{m, nn, k, batch};
+      auto t = cost.gemmTime(g, (m * k + k * nn + m * nn) * batch * e, pr, gpu);
+      return t ? t->time : 0.0;
+    };
+    const double scores = gemm(s, s, d); // Q K^T; dP = dO V^T likewise
+    const double context = gemm(s, d, s); // P V; dV, dQ, dK likewise
+    const double softmax = elementwise(MemoryClass::Softmax, 5 * n, 2 * e * n,
+                                       gpuKind);
+    const double dropout =
+        spec.dropout
+            ? elementwise(MemoryClass::Stream, 2 * n, (2 * e + 1) * n, gpuKind)
+            : 0;
+    u.gemms = scores + context;
+    u.memory = softmax + dropout;
+    u.core = scores + u.memory;
+    const double softmaxGrad =
+        elementwise(MemoryClass::Softmax, 3 * n, 3 * e * n, gpuKind);
+    u.backward = scores + 3 * context + dropout + softmaxGrad;
+    return u;
+  }
+  bool unfused(const GroupCost &g) const {
+    return opt.bytes.unfusedAttention && g.attFlops > 0;
+  }
+
   /// What a group's backward takes beyond backward_flops_ratio times its
   /// forward: its GEMMs at their own shapes (gemmBackwardExtra) and, where
   /// its memory-bound ops are priced one by one (memoryOpsPriced), each
@@ -346,6 +407,11 @@ struct Ctx {
     double x = 0;
     for (const GroupGemm &gm : g.gemms)
       x += gemmBackwardExtra(gm, scale, tp, gpuKind);
+    if (unfused(g)) {
+      const UnfusedAttention u = unfusedAttention(scale, tp, gpuKind);
+      x += u.backward -
+           cost.calibration().backwardFlopsRatio * (u.gemms + u.memory);
+    }
     if (memoryOpsPriced(g)) {
       const Calibration &cal = cost.calibration();
       for (const GroupCost::MemoryOp &o : g.memoryOps) {
@@ -385,8 +451,9 @@ struct Ctx {
   /// A group's matmuls and attention for `scale` samples on a tp rank.
   double groupMatmulAttentionTime(const GroupCost &g, double scale, int tp,
                                   int gpuKind) const {
-    double att = roofline(OpKind::Attention, g.attFlops * scale / tp,
-                          g.attBytes * scale / tp, gpuKind);
+    double att = unfused(g) ? unfusedAttention(scale, tp, gpuKind).gemms
+                            : roofline(OpKind::Attention, g.attFlops * scale / tp,
+                                       g.attBytes * scale / tp, gpuKind);
     double mm = 0;
     if (g.gemms.empty())
       mm = roofline(OpKind::Matmul, g.mmFlops * scale / tp,
@@ -449,19 +516,22 @@ struct Ctx {
   /// else one roofline over the group's other FLOPs and bytes.
   double groupElementwiseTime(const GroupCost &g, double scale, int tp,
                               bool sp, int gpuKind) const {
+    // Unfused attention's softmax and dropout over the scores.
+    const double scores =
+        unfused(g) ? unfusedAttention(scale, tp, gpuKind).memory : 0;
     if (memoryOpsPriced(g)) {
-      double ew = 0;
+      double ew = scores;
       for (const GroupCost::MemoryOp &o : g.memoryOps)
         ew += memoryOpTime(o, scale, tp, sp, gpuKind);
       return ew;
     }
     double repDiv = sp ? tp : 1;
-    return roofline(OpKind::Elementwise,
-                    (g.otFlops - g.repFlops) * scale / tp +
-                        g.repFlops * scale / repDiv,
-                    (g.otBytes - g.repBytes) * scale / tp +
-                        g.repBytes * scale / repDiv,
-                    gpuKind);
+    return scores + roofline(OpKind::Elementwise,
+                             (g.otFlops - g.repFlops) * scale / tp +
+                                 g.repFlops * scale / repDiv,
+                             (g.otBytes - g.repBytes) * scale / tp +
+                                 g.repBytes * scale / repDiv,
+                             gpuKind);
   }
 
   /// Per-layer forward times of one micro-batch on GPU kind `gpuKind` (-1:
@@ -484,7 +554,11 @@ struct Ctx {
     t.alternateGemmPrefix.push_back(0);
     t.elementwiseOpsPrefix.push_back(0);
     t.alternateOpsPrefix.push_back(0);
+    t.selectivePrefix.push_back(0);
     for (const GroupCost &g : layers) {
+      t.selectivePrefix.push_back(
+          t.selectivePrefix.back() +
+          (unfused(g) ? unfusedAttention(scale, tp, gpuKind).core : 0));
       t.elementwiseOpsPrefix.push_back(t.elementwiseOpsPrefix.back() +
                                        rerunKernels(g, tp, false));
       t.alternateOpsPrefix.push_back(t.alternateOpsPrefix.back() +

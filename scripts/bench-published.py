@@ -191,6 +191,7 @@ def cluster_arg(tmp, spec):
 def price(args, tmp, group, row):
     model = model_path(tmp, row)
     reduce = row.get("grad_reduce", group.get("grad_reduce"))
+    attention = row.get("attention_kernel", group.get("attention_kernel"))
     rc, out, err = run([os.path.join(args.bin, "dlopt-compile"), model,
                         "--dry-run", "--train", "--format", "json",
                         "--precision", row.get("precision",
@@ -198,7 +199,8 @@ def price(args, tmp, group, row):
                         "--cluster", cluster_arg(tmp, row["cluster"]),
                         "--global-batch", str(row["global_batch"]),
                         "--fix", row["fix"]] +
-                       (["--grad-reduce", reduce] if reduce else []))
+                       (["--grad-reduce", reduce] if reduce else []) +
+                       (["--attention-kernel", attention] if attention else []))
     if rc != 0:
         last = (err.strip().splitlines() or ["exit %d" % rc])[-1]
         if "no plan fits in memory" in last:

@@ -201,6 +201,13 @@ static cl::opt<std::string> gradAccumOpt(
              "runs: 18 bytes per parameter with Adam; bf16 prices a "
              "framework that keeps 16-bit gradients, dry runs only)"),
     cl::init("fp32"), cl::cat(planCategory));
+static cl::opt<std::string> attentionKernelOpt(
+    "attention-kernel", cl::value_desc("fused|unfused"),
+    cl::desc("How attention is priced: fused (default: dlopt's kernels, no "
+             "score matrix kept) or unfused (Q K^T materialized, softmax and "
+             "dropout over it, P V: Megatron-LM before FlashAttention, "
+             "PyTorch's math attention; dry runs only)"),
+    cl::init("fused"), cl::cat(planCategory));
 static cl::opt<std::string> gradReduceOpt(
     "grad-reduce", cl::value_desc("bf16|fp32"),
     cl::desc("Mixed precision: the dtype data-parallel gradient syncs move "
@@ -457,6 +464,12 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
                   2);
     so.bytes.gradReduceBytes = gradReduceOpt == "fp32" ? 4 : 2;
   }
+  if (attentionKernelOpt != "fused" && attentionKernelOpt != "unfused")
+    return fail("--attention-kernel=" + attentionKernelOpt.getValue() +
+                    " is not one of fused, unfused",
+                2);
+  // Dry runs only (main refuses it otherwise).
+  so.bytes.unfusedAttention = attentionKernelOpt == "unfused";
   // A plan file names its planner; otherwise transformers go to the layer
   // search and any other graph to the op-level one.
   const bool opLevel = loaded ? loaded->kind == PlanKind::OpLevel
@@ -1052,6 +1065,12 @@ int main(int argc, char **argv) {
     llvm::errs() << "\n";
     return false;
   };
+  if (attentionKernelOpt == "unfused" && !dryRun) {
+    llvm::errs() << "dlopt-compile: error: --attention-kernel=unfused prices "
+                    "materialized attention scores, but dlopt's backends run "
+                    "fused attention: use it with --dry-run only\n";
+    return 2;
+  }
   if (precisionOpt == "fp8" && !dryRun) {
     llvm::errs() << "dlopt-compile: error: --precision fp8 is a planning "
                     "precision: dlopt's backends have no fp8 kernels (use it "

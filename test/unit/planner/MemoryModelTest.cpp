@@ -160,6 +160,50 @@ TEST(Transformer, Gpt3StateBytesPerDeviceByHand) {
 // Activations: what dlopt's autodiff keeps per layer
 //===----------------------------------------------------------------------===//
 
+// Unfused attention (Megatron-LM before FlashAttention) keeps the
+// probabilities, the dropout's mask and its output: Korthikanti et al.'s
+// 5as/h term of 34 + 5as/h (bytes per sbh at 2-byte activations).
+TEST(Activations, UnfusedAttentionKeepsTheScores) {
+  TransformerSpec s = gpt3();
+  s.dropout = true;
+  TrainingConfig c;
+  c.precision.unfusedAttention = true;
+  const double sbh = 25165824;
+  // a s / h = 96 x 2048 / 12288 = 16: 5 x 16 = 80 sbh more than fused.
+  EXPECT_DOUBLE_EQ(attentionScoreElements(s, c), 96.0 * 2048 * 2048);
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), (32 + 80) * sbh);
+  // tp = 8 splits the heads: 80 / 8.
+  c.tp = 8;
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), (11 + 10) * sbh);
+  // Without dropout only the probabilities (2 bytes): 32 / 8.
+  s.dropout = false;
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), (11 + 4) * sbh);
+  s.dropout = true;
+  // Selective recomputation re-runs them (Korthikanti et al.): as fused.
+  c.recompute = RecomputePolicy::Selective;
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 11 * sbh);
+  // Elementwise keeps the scores (a matmul's output), 2 bytes: 32 / 8.
+  c.recompute = RecomputePolicy::Elementwise;
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), (6 + 4) * sbh);
+  // Full keeps the layer input only; one layer's recomputed scores (5
+  // bytes each) and their two gradients (2 + 2) are the transient.
+  c.recompute = RecomputePolicy::Full;
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 2 * sbh);
+  c.numMicroBatches = 1;
+  s.vocab = 8; // no embedding gradient above one layer's working set
+  auto fused = transformerStageMemory(s, [&] {
+    TrainingConfig f = c;
+    f.precision.unfusedAttention = false;
+    return f;
+  }(), 0);
+  auto unfused = transformerStageMemory(s, c, 0);
+  ASSERT_TRUE(fused && unfused);
+  EXPECT_DOUBLE_EQ(unfused->activations, fused->activations);
+  const double n = 96.0 / 8 * 2048 * 2048;
+  EXPECT_DOUBLE_EQ(fused->transient, 11 * sbh);
+  EXPECT_DOUBLE_EQ(unfused->transient, 11 * sbh + 9 * n);
+}
+
 TEST(Activations, WhatDloptKeepsPerLayer) {
   TransformerSpec s = gpt3();
   TrainingConfig c;

@@ -1145,6 +1145,42 @@ TEST(Search, BackwardGemmsArePricedAtTheirOwnShapes) {
              1e-9);
 }
 
+// Unfused attention (--attention-kernel unfused) of one layer: Q K^T and P V
+// as batched GEMMs at their own shapes, a softmax (read and write) and a
+// dropout (read, write, a 1-byte mask) over the s^2 scores; its backward
+// dP and dV, the dropout's and the softmax's backward (read two, write
+// one), dQ and dK.
+TEST(Search, UnfusedAttentionIsPricedKernelByKernel) {
+  H100Pricing h;
+  pricing::Ctx &c = h.c;
+  c.spec.heads = 16;
+  c.spec.hidden = 2048;
+  c.spec.seqLen = 1024;
+  c.spec.dropout = true;
+  h.o.bytes.unfusedAttention = true;
+  // 2 samples on a tp = 2 rank: 2 x 8 heads of 1024 x 1024 scores, d = 128.
+  const auto u = c.unfusedAttention(2, 2, -1);
+  const GpuSpec h100 = *gpuPreset("h100-sxm-80gb");
+  const double batch = 16, s = 1024, d = 128, n = batch * s * s;
+  auto gemm = [&](double m, double nn, double k) {
+    return h.cost
+        .gemmTime(GemmShape{m, nn, k, batch}, (m * k + k * nn + m * nn) * batch * 2,
+                  Precision::BF16, h100)
+        ->time;
+  };
+  // Memory-bound at the H100's 3.35 TB/s x 0.9: 4 n bytes and 5 n bytes.
+  const double softmax = 4 * n / (3.35e12 * 0.9), dropout = 5 * n / (3.35e12 * 0.9);
+  EXPECT_REL(u.gemms, gemm(s, s, d) + gemm(s, d, s), 1e-12);
+  EXPECT_REL(u.memory, softmax + dropout, 1e-9);
+  EXPECT_REL(u.core, gemm(s, s, d) + softmax + dropout, 1e-9);
+  EXPECT_REL(u.backward,
+             gemm(s, s, d) + 3 * gemm(s, d, s) + dropout + 6 * n / (3.35e12 * 0.9),
+             1e-9);
+  // Without dropout only the softmax's passes.
+  c.spec.dropout = false;
+  EXPECT_REL(c.unfusedAttention(2, 2, -1).memory, softmax, 1e-9);
+}
+
 // Which matmuls alternate recomputation re-runs, from a layer's op list in
 // program order: the second, fourth, ..., not the last (its output feeds
 // only the residual add), and under tp not a row-parallel one (its output
