@@ -58,6 +58,10 @@ void forEachConfig(const SpaceRules &r, const FixSpec &fix,
       } else if (cp > 1 && r.seqLen % (2 * int64_t(cp))) {
         prune("2*cp does not divide the sequence");
         continue;
+      } else if (cp > 1 && r.bytes.unfusedAttention) {
+        prune("cp > 1 with unfused attention (ring attention runs fused "
+              "kernels; no materialized-score form is priced)");
+        continue;
       }
       for (int64_t pp64 : divisorsOf(r.devices / tp / cp)) {
         const int pp = int(pp64);

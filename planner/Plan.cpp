@@ -134,6 +134,7 @@ Plan planFromConfig(PlanKind kind, const GraphSummary &g,
   m.updateOps = int64_t(g.ops.size()) - m.backwardOps - m.ops;
   m.dtype = g.dtype;
   m.precision = precisionName(precision);
+  m.unfusedAttention = cfg.precision.unfusedAttention;
   if (kind == PlanKind::Transformer) {
     m.layers = g.numLayers;
     m.hidden = g.hidden;
@@ -205,6 +206,8 @@ report::json planJson(const Plan &p) {
                 {"update_ops", p.model.updateOps},
                 {"dtype", p.model.dtype},
                 {"precision", p.model.precision}};
+  if (p.model.unfusedAttention)
+    model["attention_kernel"] = "unfused";
   if (p.kind == PlanKind::Transformer) {
     model["layers"] = p.model.layers;
     model["hidden"] = p.model.hidden;
@@ -444,6 +447,14 @@ Status parseModel(const Reader &rd, const rjson &j, Plan &p) {
   if (!parsePrecision(f.precision))
     return rd.error("model.precision",
                     "unknown precision \"" + f.precision + "\"");
+  if (m->contains("attention_kernel")) {
+    std::string k;
+    PLAN_ASSIGN(k, rd.string(*m, mo, "attention_kernel"));
+    if (k != "fused" && k != "unfused")
+      return rd.error("model.attention_kernel",
+                      "expected \"fused\" or \"unfused\", got \"" + k + "\"");
+    f.unfusedAttention = k == "unfused";
+  }
   if (p.kind == PlanKind::Transformer) {
     PLAN_ASSIGN(f.layers, rd.integer(*m, mo, "layers", 1));
     PLAN_ASSIGN(f.hidden, rd.integer(*m, mo, "hidden", 1));

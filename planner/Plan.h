@@ -101,6 +101,10 @@ struct ModelFingerprint {
   int64_t backwardOps = 0, updateOps = 0;
   std::string dtype;     ///< the params' element type
   std::string precision; ///< compute precision: "bf16", ...
+  /// Priced with unfused attention (dlopt-compile --attention-kernel
+  /// unfused, a dry-run setting); written as model.attention_kernel only
+  /// when set.
+  bool unfusedAttention = false;
   // Transformers only (0 otherwise).
   int64_t layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0;
 };

@@ -816,6 +816,8 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
             ? ranges.sum(lt.elementwiseOpsPrefix, st)
         : cfg.recompute == RecomputePolicy::Alternate
             ? ranges.sum(lt.alternateOpsPrefix, st)
+        : cfg.recompute == RecomputePolicy::Selective
+            ? ranges.sum(lt.selectiveOpsPrefix, st)
             : 0.0;
     double t = train ? sc.train : f;
     // The stage's tensor-parallel collectives: its layers', and the

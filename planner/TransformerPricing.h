@@ -74,7 +74,7 @@ constexpr double kReplicatedFlopsPerElement = 20;
 /// unfused attention, LayerTimes::selectivePrefix), and the
 /// tp and cp gathers, which tpCallsPerLayer and cpComm count. Without sp
 /// or cp it keeps what `none` keeps (activationBytesPerLayer), so the free
-/// search skips it there. Elementwise recomputation re-runs the layers'
+/// search skips it there unless attention is unfused. Elementwise recomputation re-runs the layers'
 /// memory-bound forward (LayerTimes::elementwisePrefix).
 constexpr double kSelectiveRerun = 0;
 
@@ -100,9 +100,12 @@ struct LayerTimes {
   /// recomputation launch again (Ctx::rerunKernels), for host dispatch.
   std::vector<double> elementwiseOpsPrefix, alternateOpsPrefix;
   /// Prefix sums per layer of what selective recomputation re-runs: under
-  /// unfused attention its core but P V (Korthikanti et al.); 0 with fused
-  /// attention (kSelectiveRerun).
+  /// unfused attention its whole core, Q K^T through P V (Korthikanti et
+  /// al.); 0 with fused attention (kSelectiveRerun).
   std::vector<double> selectivePrefix;
+  /// Prefix sums per layer of the kernels selective recomputation launches
+  /// again (unfused attention's core; 0 with fused attention).
+  std::vector<double> selectiveOpsPrefix;
 
   /// One micro-batch through the layer ranges of a stage, with the pre
   /// group on the first stage and the post group on the last: its forward
@@ -360,7 +363,7 @@ struct Ctx {
   struct UnfusedAttention {
     double gemms = 0;  ///< the forward's two GEMMs
     double memory = 0; ///< the forward's softmax and dropout
-    double core = 0;   ///< what selective recomputation re-runs: all but P V
+    double core = 0;   ///< what selective recomputation re-runs: all of it
     double backward = 0;
   };
   UnfusedAttention unfusedAttention(double scale, int tp, int gpuKind) const {
@@ -388,7 +391,9 @@ struct Ctx {
             : 0;
     u.gemms = scores + context;
     u.memory = softmax + dropout;
-    u.core = scores + u.memory;
+    // Megatron-LM checkpoints the whole core attention (Q K^T through the
+    // P V product; Korthikanti et al. 2022, section 4.2).
+    u.core = u.gemms + u.memory;
     const double softmaxGrad =
         elementwise(MemoryClass::Softmax, 3 * n, 3 * e * n, gpuKind);
     u.backward = scores + 3 * context + dropout + softmaxGrad;
@@ -555,14 +560,25 @@ struct Ctx {
     t.elementwiseOpsPrefix.push_back(0);
     t.alternateOpsPrefix.push_back(0);
     t.selectivePrefix.push_back(0);
+    t.selectiveOpsPrefix.push_back(0);
     for (const GroupCost &g : layers) {
+      // Unfused attention launches Q K^T, the softmax, the dropout (with
+      // dropout) and P V where the fused kernel is one launch; elementwise
+      // recomputation launches its softmax and dropout again, selective
+      // all of them.
+      const double memoryKernels = unfused(g) ? (spec.dropout ? 2 : 1) : 0;
+      const double coreKernels = unfused(g) ? 2 + memoryKernels : 0;
       t.selectivePrefix.push_back(
           t.selectivePrefix.back() +
           (unfused(g) ? unfusedAttention(scale, tp, gpuKind).core : 0));
+      t.selectiveOpsPrefix.push_back(t.selectiveOpsPrefix.back() +
+                                     coreKernels);
       t.elementwiseOpsPrefix.push_back(t.elementwiseOpsPrefix.back() +
-                                       rerunKernels(g, tp, false));
+                                       rerunKernels(g, tp, false) +
+                                       memoryKernels);
       t.alternateOpsPrefix.push_back(t.alternateOpsPrefix.back() +
-                                     rerunKernels(g, tp, true));
+                                     rerunKernels(g, tp, true) +
+                                     memoryKernels);
       const double ew = groupElementwiseTime(g, scale, tp, sp, gpuKind);
       const double f = groupMatmulAttentionTime(g, scale, tp, gpuKind) + ew;
       t.elementwisePrefix.push_back(t.elementwisePrefix.back() + ew);
@@ -571,7 +587,8 @@ struct Ctx {
           groupAlternateGemmTime(g, scale, tp, gpuKind));
       t.fwd.push_back(f);
       t.prefix.push_back(t.prefix.back() + f);
-      t.opsPrefix.push_back(t.opsPrefix.back() + g.ops);
+      t.opsPrefix.push_back(t.opsPrefix.back() + g.ops +
+                            (coreKernels > 0 ? coreKernels - 1 : 0));
       t.bwdGemmPrefix.push_back(t.bwdGemmPrefix.back() +
                                 groupBackwardExtra(g, scale, tp, sp, gpuKind));
     }

@@ -468,8 +468,13 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
     return fail("--attention-kernel=" + attentionKernelOpt.getValue() +
                     " is not one of fused, unfused",
                 2);
-  // Dry runs only (main refuses it otherwise).
-  so.bytes.unfusedAttention = attentionKernelOpt == "unfused";
+  // Dry runs only (main refuses the option otherwise): the option, else a
+  // re-priced plan file's setting; a plan being applied runs (and is
+  // priced with) dlopt's fused attention.
+  so.bytes.unfusedAttention =
+      attentionKernelOpt.getNumOccurrences()
+          ? attentionKernelOpt == "unfused"
+          : loaded && !apply && loaded->model.unfusedAttention;
   // A plan file names its planner; otherwise transformers go to the layer
   // search and any other graph to the op-level one.
   const bool opLevel = loaded ? loaded->kind == PlanKind::OpLevel

@@ -1,5 +1,6 @@
 //===- SearchTest.cpp - Invariants of the plan search ---------------------===//
 #include "planner/Search.h"
+#include "planner/ConfigSpace.h"
 #include "planner/Report.h"
 #include "planner/SearchUtil.h"
 #include "planner/TransformerPricing.h"
@@ -1172,13 +1173,95 @@ TEST(Search, UnfusedAttentionIsPricedKernelByKernel) {
   const double softmax = 4 * n / (3.35e12 * 0.9), dropout = 5 * n / (3.35e12 * 0.9);
   EXPECT_REL(u.gemms, gemm(s, s, d) + gemm(s, d, s), 1e-12);
   EXPECT_REL(u.memory, softmax + dropout, 1e-9);
-  EXPECT_REL(u.core, gemm(s, s, d) + softmax + dropout, 1e-9);
+  EXPECT_REL(u.core, u.gemms + u.memory, 1e-12); // Q K^T through P V
   EXPECT_REL(u.backward,
              gemm(s, s, d) + 3 * gemm(s, d, s) + dropout + 6 * n / (3.35e12 * 0.9),
              1e-9);
   // Without dropout only the softmax's passes.
   c.spec.dropout = false;
   EXPECT_REL(c.unfusedAttention(2, 2, -1).memory, softmax, 1e-9);
+}
+
+// The unfused kernels replace the fused attention's roofline in a layer's
+// forward, its backward is theirs in place of backward_flops_ratio times
+// the forward, and selective recomputation re-runs the whole core (Q K^T
+// through P V), 4 kernels with dropout.
+TEST(Search, UnfusedAttentionReplacesTheFusedKernelInALayer) {
+  pricing::GroupCost layer;
+  layer.attFlops = 4.0 * 16 * 1024 * 1024 * 128; // 4 H S T D, one sample
+  layer.attBytes = 4.0 * 1024 * 2048 * 2;
+  layer.mmFlops = 2.0 * 1024 * 2048 * 8192;
+  layer.mmBytes = 2.0 * (1024 * 2048 + 2048 * 8192 + 1024 * 8192);
+  layer.otFlops = 20.0 * 1024 * 2048;
+  layer.otBytes = 30.0 * 1024 * 2048;
+  layer.ops = 10;
+  H100Pricing fused, unfused;
+  for (H100Pricing *h : {&fused, &unfused}) {
+    h->c.spec.heads = 16;
+    h->c.spec.hidden = 2048;
+    h->c.spec.seqLen = 1024;
+    h->c.spec.dropout = true;
+    h->c.layers = {layer};
+  }
+  unfused.o.bytes.unfusedAttention = true;
+  const auto &tf = fused.c.times(2, 2, 1, false);
+  const auto &tu = unfused.c.times(2, 2, 1, false);
+  const auto u = unfused.c.unfusedAttention(2, 2, -1);
+  const double att = fused.c.roofline(OpKind::Attention, layer.attFlops, layer.attBytes);
+  EXPECT_REL(tu.fwd[0], tf.fwd[0] - att + u.gemms + u.memory, 1e-9);
+  const double ratio = fused.cost.calibration().backwardFlopsRatio;
+  auto train = [](const pricing::LayerTimes &t, RecomputePolicy r) {
+    return t.stage({{0, 1}}, false, false, CostModel(), r).train;
+  };
+  EXPECT_REL(train(tu, RecomputePolicy::None),
+             train(tf, RecomputePolicy::None) - att * (1 + ratio) + u.gemms +
+                 u.memory + u.backward,
+             1e-9);
+  EXPECT_REL(train(tu, RecomputePolicy::Selective) - train(tu, RecomputePolicy::None),
+             u.gemms + u.memory, 1e-9);
+  EXPECT_EQ(train(tf, RecomputePolicy::Selective), train(tf, RecomputePolicy::None));
+  // Elementwise recomputation re-runs the softmax and the dropout too.
+  EXPECT_REL(train(tu, RecomputePolicy::Elementwise) - train(tf, RecomputePolicy::Elementwise),
+             -att * (1 + ratio) + u.gemms + 2 * u.memory + u.backward, 1e-9);
+  // Kernels: Q K^T, softmax, dropout, P V where fused attention is one.
+  EXPECT_EQ(tu.opsPrefix[1] - tf.opsPrefix[1], 3);
+  EXPECT_EQ(tu.selectiveOpsPrefix[1], 4);
+  EXPECT_EQ(tu.elementwiseOpsPrefix[1] - tf.elementwiseOpsPrefix[1], 2);
+}
+
+// With unfused attention selective recomputation drops the probabilities,
+// so the search tries it without sp or cp; context parallelism is not
+// priced for materialized scores and is pruned.
+TEST(Search, UnfusedAttentionSearchesSelectiveAndPrunesCp) {
+  SpaceRules r;
+  r.devices = 8;
+  r.gpusPerNode = 8;
+  r.globalBatch = 8;
+  r.numUnits = 4;
+  r.seqLen = 8192;
+  r.cpMinSeq = 4096;
+  r.contextParallel = true;
+  r.sequenceParallel = true;
+  r.recompute = true;
+  r.tpRule = [](int) { return std::string(); };
+  auto count = [&](bool unfusedAttention) {
+    r.bytes.unfusedAttention = unfusedAttention;
+    std::map<std::string, int64_t> pruned;
+    int selectiveNoSp = 0, cp = 0;
+    forEachConfig(r, FixSpec{}, pruned, [&](const TrainingConfig &cfg) {
+      selectiveNoSp += cfg.recompute == RecomputePolicy::Selective &&
+                       !cfg.sequenceParallel && cfg.cp == 1;
+      cp += cfg.cp > 1;
+      EXPECT_EQ(cfg.precision.unfusedAttention, unfusedAttention);
+    });
+    return std::make_pair(selectiveNoSp, cp);
+  };
+  auto [selF, cpF] = count(false);
+  auto [selU, cpU] = count(true);
+  EXPECT_EQ(selF, 0);
+  EXPECT_GT(selU, 0);
+  EXPECT_GT(cpF, 0);
+  EXPECT_EQ(cpU, 0);
 }
 
 // Which matmuls alternate recomputation re-runs, from a layer's op list in
