@@ -257,6 +257,8 @@ def regenerate(bindir):
                          "--global-batch", "64"],
         "gpt-hetero": [m("gpt-tiny.mlir"), "--train", "--cluster", hetero,
                        "--global-batch", "64", "--fix", "pp=2,tp=1"],
+        "gpt-unfused": [m("gpt-tiny.mlir"), "--train", "--cluster", "dgx-a100:1",
+                        "--global-batch", "64", "--attention-kernel", "unfused"],
         "mlp-ops": [m("mlp.mlir"), "--train", "--cluster", "dgx-a100:1"],
         "cnn-ops": [m("cnn.mlir"), "--train", "--cluster", "cpu"],
     }
