@@ -23,6 +23,7 @@ test/e2e/sim-vs-closed-form.test).
 Usage: scripts/sim-vs-closed-form.py [--bin build/bin] [--seed N]
            [--plans N] [--worst K] [--json FILE]
            [--max-median FRACTION] [--max-apart FRACTION]
+           [--attention-kernel fused|unfused]
 """
 
 import argparse
@@ -41,7 +42,7 @@ SCHEDULES = ["gpipe", "1f1b", "interleaved", "zero-bubble"]
 RECOMPUTE = ["none", "selective", "elementwise", "alternate", "full"]
 
 
-def draw(rng):
+def draw(rng, cp_allowed=True):
     """One plan: (model, cluster, global batch, fix), or None."""
     model = rng.choice(sorted(MODELS))
     layers = MODELS[model]
@@ -51,6 +52,8 @@ def draw(rng):
     tp = rng.choice([1, 2, 4, 8])
     pp = rng.choice([1, 2, 4, 8])
     cp = rng.choice([1, 1, 1, 2])
+    if not cp_allowed:
+        cp = 1
     if tp * pp > gpus:
         return None
     if tp * pp * cp > gpus:
@@ -93,6 +96,11 @@ def main():
                     help="exit 1 unless the median |d| is at most this")
     ap.add_argument("--max-apart", type=float,
                     help="exit 1 if any plan's |d| is more than this")
+    ap.add_argument("--attention-kernel", choices=["fused", "unfused"],
+                    default="fused",
+                    help="price attention as dlopt's fused kernels or as "
+                    "unfused ones (dlopt-compile --attention-kernel; no cp "
+                    "is drawn with unfused)")
     args = ap.parse_args()
     for name, v in (("--max-median", args.max_median),
                     ("--max-apart", args.max_apart)):
@@ -110,7 +118,7 @@ def main():
                 sys.exit("sim-vs-closed-form: dlopt-gen %s: %s" %
                          (name, p.stderr.strip()))
         for _ in range(args.plans):
-            plan = draw(rng)
+            plan = draw(rng, args.attention_kernel == "fused")
             if plan is None:
                 continue
             model, cluster, gb, fix = plan
@@ -118,7 +126,8 @@ def main():
                 [os.path.join(args.bin, "dlopt-compile"),
                  os.path.join(tmp, model + ".mlir"), "--dry-run", "--train",
                  "--format", "json", "--precision", "bf16", "--cluster",
-                 cluster, "--global-batch", str(gb), "--fix", fix],
+                 cluster, "--global-batch", str(gb), "--fix", fix,
+                 "--attention-kernel", args.attention_kernel],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 universal_newlines=True)
             if p.returncode != 0:
