@@ -488,18 +488,17 @@ struct NcclProtocol {
   std::array<double, 23> treeCorrection;
 };
 
+// clang-format off
 constexpr NcclProtocol kNcclProtocols[] = {
-    {CommProtocol::LL, 6.6, 6.8, 0.6, 0.6, 2.7, 5.0, 1.0, 0.5, 1 / 3.8,
-     1 / 3.8, {1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5,
-               .4,  .4,  .5,  .6,  .7, .8, .9, 1.0, 1.0, 1.0, 1.0}},
-    {CommProtocol::LL128, 14.0, 14.0, 1.9, 1.25, 4.0, 8.5, 1.0, 0.92,
-     7.0 / 9.0, 120.0 / 128.0,
-     {1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6,
-      .6,  .6,  .6,  .6,  .8,  .9, .9, .9, .9, 1.0, 1.0}},
-    {CommProtocol::Simple, 8.4, 8.4, 3.4, 4.0, 14.0, 14.0, 3.0, 1.0, 1.0, 1.0,
-     {.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5,
-      .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9}},
+    // protocol            base ring, tree  NVLink ring, tree  net ring, tree  overhead  ring bw  tree bw: one node, more
+    {CommProtocol::LL,     6.6,  6.8,       0.6, 0.6,          2.7, 5.0,       1.0,      0.5,     1 / 3.8, 1 / 3.8,
+     {1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0}},
+    {CommProtocol::LL128,  14.0, 14.0,      1.9, 1.25,         4.0, 8.5,       1.0,      0.92,    7.0 / 9.0, 120.0 / 128.0,
+     {1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0}},
+    {CommProtocol::Simple, 8.4,  8.4,       3.4, 4.0,          14.0, 14.0,     3.0,      1.0,     1.0, 1.0,
+     {.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9}},
 };
+// clang-format on
 constexpr double kUsec = 1e-6;
 /// hwLatencies[NVLINK][NVLS][Simple]: NCCL's whole latency of an NVLS
 /// collective (its base latency is 0).
@@ -554,8 +553,8 @@ CommEstimate CostModel::ring(Collective c, double bytes,
       intraStep = std::max(intraStep, p.netOverhead * kUsec);
     const double interStep =
         std::max(l.interLat, (l.k == 1 ? p.treeNet : p.ringNet) * kUsec);
-    double latency = p.ringBase * kUsec +
-                     (steps - interSteps) * intraStep + interSteps * interStep;
+    double latency = p.ringBase * kUsec + (steps - interSteps) * intraStep +
+                     interSteps * interStep;
     if (p.protocol == CommProtocol::Simple && l.m > 1 &&
         c == Collective::AllReduce &&
         bytes / (std::max(1.0, cal_.commCtas) * l.n) >= 64)

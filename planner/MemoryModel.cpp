@@ -169,8 +169,7 @@ double activationBytesPerLayer(const TransformerSpec &spec,
                 : 2 * residual + (1 + 2 * kvShare * (selective ? 1 : cp)) / t +
                       (elementwise ? g / 2 : g - 1) * w / t;
   return sbh * (eg * gemmInputs + e * others) +
-         attentionScoreElements(spec, cfg) *
-             attentionScoreBytesKept(spec, cfg);
+         attentionScoreElements(spec, cfg) * attentionScoreBytesKept(spec, cfg);
 }
 
 double attentionScoreElements(const TransformerSpec &spec,

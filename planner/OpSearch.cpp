@@ -609,8 +609,8 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
     LinkKind link = LinkKind::None;
     CommAlgorithm algo = CommAlgorithm::Ring;
     CommProtocol proto = CommProtocol::None;
-    double time = calls * c.pricer.time(coll, bytes, size, stride, &link,
-                                        &algo, &proto);
+    double time =
+        calls * c.pricer.time(coll, bytes, size, stride, &link, &algo, &proto);
     res.comms.push_back({what, coll, size, bytes, calls, link, time, exposed,
                          algorithmName(algo), protocolName(proto)});
   };

@@ -140,8 +140,7 @@ public:
   /// size 1 or no bytes. `link` gets the bottleneck link and `algorithm`
   /// the algorithm the cost model picked, `protocol` NCCL's protocol.
   double time(Collective c, double bytes, int size, int stride,
-              LinkKind *link = nullptr,
-              CommAlgorithm *algorithm = nullptr,
+              LinkKind *link = nullptr, CommAlgorithm *algorithm = nullptr,
               CommProtocol *protocol = nullptr) const;
   double time(const Reshard &r, int t, LinkKind *link = nullptr) const {
     return r.needed ? time(r.collective, r.bytes, t, 1, link) : 0;

@@ -141,8 +141,7 @@ std::string textCommunication(const std::vector<CommOp> &comms) {
               "total %s, exposed %s\n",
               c.what.c_str(), collectiveName(c.collective), c.groupSize,
               humanBytes(c.bytes).c_str(), c.calls, linkName(c.link),
-              how.c_str(), seconds(c.time).c_str(),
-              seconds(c.exposed).c_str());
+              how.c_str(), seconds(c.time).c_str(), seconds(c.exposed).c_str());
   }
   return r;
 }

@@ -810,15 +810,14 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     if (st == cfg.pp - 1)
       ops += c.post.ops;
     // Kernels the recomputed forward launches again.
-    const double rerunOps =
-        cfg.recompute == RecomputePolicy::Full ? ops
-        : cfg.recompute == RecomputePolicy::Elementwise
-            ? ranges.sum(lt.elementwiseOpsPrefix, st)
-        : cfg.recompute == RecomputePolicy::Alternate
-            ? ranges.sum(lt.alternateOpsPrefix, st)
-        : cfg.recompute == RecomputePolicy::Selective
-            ? ranges.sum(lt.selectiveOpsPrefix, st)
-            : 0.0;
+    const double rerunOps = cfg.recompute == RecomputePolicy::Full ? ops
+                            : cfg.recompute == RecomputePolicy::Elementwise
+                                ? ranges.sum(lt.elementwiseOpsPrefix, st)
+                            : cfg.recompute == RecomputePolicy::Alternate
+                                ? ranges.sum(lt.alternateOpsPrefix, st)
+                            : cfg.recompute == RecomputePolicy::Selective
+                                ? ranges.sum(lt.selectiveOpsPrefix, st)
+                                : 0.0;
     double t = train ? sc.train : f;
     // The stage's tensor-parallel collectives: its layers', and the
     // vocabulary-parallel embedding's or head's where it holds them.

@@ -74,8 +74,9 @@ constexpr double kReplicatedFlopsPerElement = 20;
 /// unfused attention, LayerTimes::selectivePrefix), and the
 /// tp and cp gathers, which tpCallsPerLayer and cpComm count. Without sp
 /// or cp it keeps what `none` keeps (activationBytesPerLayer), so the free
-/// search skips it there unless attention is unfused. Elementwise recomputation re-runs the layers'
-/// memory-bound forward (LayerTimes::elementwisePrefix).
+/// search skips it there unless attention is unfused. Elementwise
+/// recomputation re-runs the layers' memory-bound forward
+/// (LayerTimes::elementwisePrefix).
 constexpr double kSelectiveRerun = 0;
 
 /// Forward seconds of each layer (and pre/post) for one (mbs, tp, cp, sp).
@@ -140,10 +141,10 @@ struct LayerTimes {
       f += post;
       bwdGemm += postBwdGemm;
     }
-    const double rerun =
-        recompute == RecomputePolicy::Elementwise ? elementwise
-        : recompute == RecomputePolicy::Alternate ? elementwise + alternate
-                                                  : kSelectiveRerun + selective;
+    const double rerun = recompute == RecomputePolicy::Elementwise ? elementwise
+                         : recompute == RecomputePolicy::Alternate
+                             ? elementwise + alternate
+                             : kSelectiveRerun + selective;
     return {f, cost.trainingTime(f, recompute, rerun) + bwdGemm, elementwise};
   }
 };
@@ -381,10 +382,10 @@ struct Ctx {
       auto t = cost.gemmTime(g, (m * k + k * nn + m * nn) * batch * e, pr, gpu);
       return t ? t->time : 0.0;
     };
-    const double scores = gemm(s, s, d); // Q K^T; dP = dO V^T likewise
+    const double scores = gemm(s, s, d);  // Q K^T; dP = dO V^T likewise
     const double context = gemm(s, d, s); // P V; dV, dQ, dK likewise
-    const double softmax = elementwise(MemoryClass::Softmax, 5 * n, 2 * e * n,
-                                       gpuKind);
+    const double softmax =
+        elementwise(MemoryClass::Softmax, 5 * n, 2 * e * n, gpuKind);
     const double dropout =
         spec.dropout
             ? elementwise(MemoryClass::Stream, 2 * n, (2 * e + 1) * n, gpuKind)
@@ -456,9 +457,10 @@ struct Ctx {
   /// A group's matmuls and attention for `scale` samples on a tp rank.
   double groupMatmulAttentionTime(const GroupCost &g, double scale, int tp,
                                   int gpuKind) const {
-    double att = unfused(g) ? unfusedAttention(scale, tp, gpuKind).gemms
-                            : roofline(OpKind::Attention, g.attFlops * scale / tp,
-                                       g.attBytes * scale / tp, gpuKind);
+    double att = unfused(g)
+                     ? unfusedAttention(scale, tp, gpuKind).gemms
+                     : roofline(OpKind::Attention, g.attFlops * scale / tp,
+                                g.attBytes * scale / tp, gpuKind);
     double mm = 0;
     if (g.gemms.empty())
       mm = roofline(OpKind::Matmul, g.mmFlops * scale / tp,
@@ -571,14 +573,12 @@ struct Ctx {
       t.selectivePrefix.push_back(
           t.selectivePrefix.back() +
           (unfused(g) ? unfusedAttention(scale, tp, gpuKind).core : 0));
-      t.selectiveOpsPrefix.push_back(t.selectiveOpsPrefix.back() +
-                                     coreKernels);
+      t.selectiveOpsPrefix.push_back(t.selectiveOpsPrefix.back() + coreKernels);
       t.elementwiseOpsPrefix.push_back(t.elementwiseOpsPrefix.back() +
                                        rerunKernels(g, tp, false) +
                                        memoryKernels);
       t.alternateOpsPrefix.push_back(t.alternateOpsPrefix.back() +
-                                     rerunKernels(g, tp, true) +
-                                     memoryKernels);
+                                     rerunKernels(g, tp, true) + memoryKernels);
       const double ew = groupElementwiseTime(g, scale, tp, sp, gpuKind);
       const double f = groupMatmulAttentionTime(g, scale, tp, gpuKind) + ew;
       t.elementwisePrefix.push_back(t.elementwisePrefix.back() + ew);

@@ -644,8 +644,8 @@ TEST_F(CommTest, NcclProtocolsOfARingInsideANode) {
   // longer: the per-step cost NCCL's own model gives its protocols.
   Calibration one;
   one.ncclProtocols = 0;
-  auto before = *CostModel(one).commTime(Collective::AllReduce, 16 << 20,
-                                          node, CommAlgorithm::Ring);
+  auto before = *CostModel(one).commTime(Collective::AllReduce, 16 << 20, node,
+                                         CommAlgorithm::Ring);
   auto after = comm(Collective::AllReduce, 16 << 20, node, CommAlgorithm::Ring);
   EXPECT_GT(after.time, before.time * 1.1);
   EXPECT_EQ(before.protocol, CommProtocol::None);
@@ -677,8 +677,9 @@ TEST_F(CommTest, NcclProtocolsAcrossNodes) {
   // with 10^7 of them, 1 GB over 16 ranks is 6.25 bytes a channel's rank.
   Calibration manyChannels;
   manyChannels.commCtas = 1e7;
-  auto flatter = *CostModel(manyChannels).commTime(Collective::AllReduce, 1e9,
-                                                   dp, CommAlgorithm::Ring);
+  auto flatter =
+      *CostModel(manyChannels)
+           .commTime(Collective::AllReduce, 1e9, dp, CommAlgorithm::Ring);
   EXPECT_EQ(flatter.protocol, CommProtocol::Simple);
   EXPECT_REL(flatter.latencyTerm, 8.4e-6 + 30 * 14e-6, kRel);
   // The floor of a multi-node ring's NVLink steps (NCCL's network post
@@ -720,8 +721,8 @@ TEST_F(CommTest, NcclProtocolsOfNvls) {
   EXPECT_EQ(small.algorithm, CommAlgorithm::Ring);
   EXPECT_EQ(small.protocol, CommProtocol::LL);
   // NVLS tree over 2 nodes: 25 us, then 2 x 1 level x 20.9 us.
-  auto t = comm(Collective::AllReduce, 1e9, group(16, 1),
-                CommAlgorithm::NvlsTree);
+  auto t =
+      comm(Collective::AllReduce, 1e9, group(16, 1), CommAlgorithm::NvlsTree);
   EXPECT_REL(t.latencyTerm, 25e-6 + 2 * 20.9e-6, kRel);
   EXPECT_EQ(comm(Collective::AllReduce, 1e9, group(16, 1)).algorithm,
             CommAlgorithm::NvlsTree);
@@ -742,8 +743,8 @@ TEST_F(CommTest, NcclProtocolsAgainstMeasuredSweeps) {
       {64 << 20, 199.2}, {256 << 20, 221.4}, {1 << 30, 230.1}};
   for (auto [bytes, measured] : oci) {
     auto busbw = [&](const CostModel &m) {
-      return 1.75 * bytes / m.commTime(Collective::AllReduce, bytes, node)
-                                ->time / 1e9;
+      return 1.75 * bytes /
+             m.commTime(Collective::AllReduce, bytes, node)->time / 1e9;
     };
     double now = busbw(model), before = busbw(CostModel(one));
     EXPECT_LE(std::abs(now - measured), std::abs(before - measured) + 1e-9)

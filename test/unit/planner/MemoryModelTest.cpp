@@ -191,11 +191,14 @@ TEST(Activations, UnfusedAttentionKeepsTheScores) {
   EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), 2 * sbh);
   c.numMicroBatches = 1;
   s.vocab = 8; // no embedding gradient above one layer's working set
-  auto fused = transformerStageMemory(s, [&] {
-    TrainingConfig f = c;
-    f.precision.unfusedAttention = false;
-    return f;
-  }(), 0);
+  auto fused = transformerStageMemory(
+      s,
+      [&] {
+        TrainingConfig f = c;
+        f.precision.unfusedAttention = false;
+        return f;
+      }(),
+      0);
   auto unfused = transformerStageMemory(s, c, 0);
   ASSERT_TRUE(fused && unfused);
   EXPECT_DOUBLE_EQ(unfused->activations, fused->activations);

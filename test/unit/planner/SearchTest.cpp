@@ -1165,17 +1165,19 @@ TEST(Search, UnfusedAttentionIsPricedKernelByKernel) {
   const double batch = 16, s = 1024, d = 128, n = batch * s * s;
   auto gemm = [&](double m, double nn, double k) {
     return h.cost
-        .gemmTime(GemmShape{m, nn, k, batch}, (m * k + k * nn + m * nn) * batch * 2,
-                  Precision::BF16, h100)
+        .gemmTime(GemmShape{m, nn, k, batch},
+                  (m * k + k * nn + m * nn) * batch * 2, Precision::BF16, h100)
         ->time;
   };
   // Memory-bound at the H100's 3.35 TB/s x 0.9: 4 n bytes and 5 n bytes.
-  const double softmax = 4 * n / (3.35e12 * 0.9), dropout = 5 * n / (3.35e12 * 0.9);
+  const double softmax = 4 * n / (3.35e12 * 0.9),
+               dropout = 5 * n / (3.35e12 * 0.9);
   EXPECT_REL(u.gemms, gemm(s, s, d) + gemm(s, d, s), 1e-12);
   EXPECT_REL(u.memory, softmax + dropout, 1e-9);
   EXPECT_REL(u.core, u.gemms + u.memory, 1e-12); // Q K^T through P V
   EXPECT_REL(u.backward,
-             gemm(s, s, d) + 3 * gemm(s, d, s) + dropout + 6 * n / (3.35e12 * 0.9),
+             gemm(s, s, d) + 3 * gemm(s, d, s) + dropout +
+                 6 * n / (3.35e12 * 0.9),
              1e-9);
   // Without dropout only the softmax's passes.
   c.spec.dropout = false;
@@ -1207,7 +1209,8 @@ TEST(Search, UnfusedAttentionReplacesTheFusedKernelInALayer) {
   const auto &tf = fused.c.times(2, 2, 1, false);
   const auto &tu = unfused.c.times(2, 2, 1, false);
   const auto u = unfused.c.unfusedAttention(2, 2, -1);
-  const double att = fused.c.roofline(OpKind::Attention, layer.attFlops, layer.attBytes);
+  const double att =
+      fused.c.roofline(OpKind::Attention, layer.attFlops, layer.attBytes);
   EXPECT_REL(tu.fwd[0], tf.fwd[0] - att + u.gemms + u.memory, 1e-9);
   const double ratio = fused.cost.calibration().backwardFlopsRatio;
   auto train = [](const pricing::LayerTimes &t, RecomputePolicy r) {
@@ -1217,11 +1220,14 @@ TEST(Search, UnfusedAttentionReplacesTheFusedKernelInALayer) {
              train(tf, RecomputePolicy::None) - att * (1 + ratio) + u.gemms +
                  u.memory + u.backward,
              1e-9);
-  EXPECT_REL(train(tu, RecomputePolicy::Selective) - train(tu, RecomputePolicy::None),
+  EXPECT_REL(train(tu, RecomputePolicy::Selective) -
+                 train(tu, RecomputePolicy::None),
              u.gemms + u.memory, 1e-9);
-  EXPECT_EQ(train(tf, RecomputePolicy::Selective), train(tf, RecomputePolicy::None));
+  EXPECT_EQ(train(tf, RecomputePolicy::Selective),
+            train(tf, RecomputePolicy::None));
   // Elementwise recomputation re-runs the softmax and the dropout too.
-  EXPECT_REL(train(tu, RecomputePolicy::Elementwise) - train(tf, RecomputePolicy::Elementwise),
+  EXPECT_REL(train(tu, RecomputePolicy::Elementwise) -
+                 train(tf, RecomputePolicy::Elementwise),
              -att * (1 + ratio) + u.gemms + 2 * u.memory + u.backward, 1e-9);
   // Kernels: Q K^T, softmax, dropout, P V where fused attention is one.
   EXPECT_EQ(tu.opsPrefix[1] - tf.opsPrefix[1], 3);
