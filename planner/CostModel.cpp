@@ -55,6 +55,8 @@ const char *algorithmName(CommAlgorithm a) {
     return "nvls";
   case CommAlgorithm::NvlsTree:
     return "nvls-tree";
+  case CommAlgorithm::Pat:
+    return "pat";
   }
   return "?";
 }
@@ -508,6 +510,13 @@ constexpr double kNvlsTreeNetLatency = 20.9 * kUsec;
 /// A multi-node Simple ring all-reduce's latency (the "plateau effect of
 /// ring" for compute capability 8.0 and up).
 constexpr double kRingPlateau = 1.4;
+/// PAT: baseLatencies[PAT][Simple], hwLatencies[NET][Tree][Simple] / 3.5
+/// a level, 2.8 us a rank, 0.75 of the bus bandwidth.
+constexpr double kPatBase = 8.0 * kUsec;
+constexpr double kPatNetStep = 14.0 * kUsec; // a slower hop takes its own
+constexpr double kPatLevelDiv = 3.5;
+constexpr double kPatPerRank = 2.8 * kUsec;
+constexpr double kPatBandwidthShare = 0.75;
 
 /// Steps of a ring collective (n ranks) and of them those that cross a
 /// node boundary (m nodes): NCCL's nsteps and nInterSteps.
@@ -703,6 +712,12 @@ bool nvlsApplies(Collective c, const CommGroup &g) {
 bool nvlsTreeApplies(Collective c, const CommGroup &g) {
   return c == Collective::AllReduce && g.nodes > 1 && nvlsFabric(g);
 }
+/// NCCL's PAT (2.23 and up): all-gather and reduce-scatter over several
+/// nodes with one rank on each (ncclPatEnable), in NCCL's protocol model.
+bool patApplies(Collective c, const CommGroup &g, const Calibration &cal) {
+  return (c == Collective::AllGather || c == Collective::ReduceScatter) &&
+         g.nodes > 1 && g.ranksPerNode == 1 && cal.ncclProtocolModel();
+}
 } // namespace
 
 CommEstimate CostModel::nvls(Collective c, double bytes,
@@ -760,6 +775,27 @@ CommEstimate CostModel::nvlsTree(double bytes, const CommGroup &g) const {
   return finish(e);
 }
 
+CommEstimate CostModel::pat(double bytes, const CommGroup &g) const {
+  // NCCL's PAT ("parallel aggregated trees"): a logarithmic schedule of
+  // exchanges, Simple protocol only. NCCL's tuning model: base 8 us,
+  // floor(log2 m) levels at a third and a half of the tree's network step
+  // (14 us / 3.5) and, still, 2.8 us a rank; 0.75 of the bus bandwidth over
+  // the whole gathered size (its time is S / (0.75 B), where the ring's is
+  // (n-1)/n S / B).
+  Links l = links(g, cal_);
+  auto [bw, link] = flatBandwidth(l);
+  const double levels = std::floor(std::log2(static_cast<double>(l.m)));
+  CommEstimate e;
+  e.algorithm = CommAlgorithm::Pat;
+  e.protocol = CommProtocol::Simple;
+  e.link = link;
+  e.latencyTerm = kPatBase +
+                  levels * std::max(l.interLat, kPatNetStep) / kPatLevelDiv +
+                  l.n * kPatPerRank;
+  e.bandwidthTerm = bytes / (kPatBandwidthShare * bw);
+  return finish(e);
+}
+
 Expected<CommEstimate> CostModel::commTime(Collective c, double bytes,
                                            const CommGroup &g,
                                            CommAlgorithm algo) const {
@@ -799,6 +835,9 @@ Expected<CommEstimate> CostModel::commTime(Collective c, double bytes,
   case CommAlgorithm::NvlsTree:
     ok = c == Collective::AllReduce;
     break;
+  case CommAlgorithm::Pat:
+    ok = c == Collective::AllGather || c == Collective::ReduceScatter;
+    break;
   }
   if (!ok)
     return Status::error(what + ": the " + algorithmName(algo) +
@@ -837,6 +876,12 @@ Expected<CommEstimate> CostModel::commTime(Collective c, double bytes,
                                   "(intra_node.nvls), 2 or more ranks on a "
                                   "node");
     return nvlsTree(bytes, g);
+  case CommAlgorithm::Pat:
+    if (!patApplies(c, g, cal_))
+      return Status::error(what + ": PAT needs one rank on each of several "
+                                  "nodes and NCCL's protocols "
+                                  "(nccl_protocols 1)");
+    return pat(bytes, g);
   case CommAlgorithm::Auto:
     break;
   }
@@ -860,6 +905,8 @@ Expected<CommEstimate> CostModel::commTime(Collective c, double bytes,
     cands = {ring(c, bytes, g)};
     if (nvlsApplies(c, g))
       cands.push_back(nvls(c, bytes, g));
+    if (patApplies(c, g, cal_))
+      cands.push_back(pat(bytes, g));
     break;
   case Collective::Broadcast:
     // NCCL broadcasts over its ring only; the tree stays for the

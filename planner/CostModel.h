@@ -77,8 +77,9 @@ enum class CommAlgorithm {
   Tree,
   Hierarchical,
   Direct,
-  Nvls,    ///< NVLink SHARP inside one node
-  NvlsTree ///< NVLS inside each node, a tree across nodes (all-reduce)
+  Nvls,     ///< NVLink SHARP inside one node
+  NvlsTree, ///< NVLS inside each node, a tree across nodes (all-reduce)
+  Pat       ///< NCCL's PAT: all-gather, reduce-scatter, one rank a node
 };
 const char *algorithmName(CommAlgorithm a);
 
@@ -255,6 +256,9 @@ private:
   CommEstimate nvls(Collective c, double bytes, const CommGroup &g) const;
   /// NCCL's NVLSTree all-reduce over several nodes (nvlsTreeApplies()).
   CommEstimate nvlsTree(double bytes, const CommGroup &g) const;
+  /// NCCL's PAT all-gather or reduce-scatter over one rank a node
+  /// (patApplies()).
+  CommEstimate pat(double bytes, const CommGroup &g) const;
 
   Calibration cal_;
 };

@@ -728,6 +728,41 @@ TEST_F(CommTest, NcclProtocolsOfNvls) {
             CommAlgorithm::NvlsTree);
 }
 
+TEST_F(CommTest, PatAllGatherOverOneRankANode) {
+  // 16 nodes, one rank each (42.5 GB/s): PAT's 8 us + floor(log2 16) x 4
+  // us + 16 x 2.8 us = 68.8 us, and S / (0.75 B).
+  CommGroup dp = group(16, 8);
+  for (Collective c : {Collective::AllGather, Collective::ReduceScatter}) {
+    auto p = comm(c, 1e6, dp, CommAlgorithm::Pat);
+    EXPECT_EQ(p.algorithm, CommAlgorithm::Pat);
+    EXPECT_EQ(p.protocol, CommProtocol::Simple);
+    EXPECT_REL(p.latencyTerm, 68.8e-6, kRel);
+    EXPECT_REL(p.bandwidthTerm, 1e6 / (0.75 * 42.5e9), kRel);
+    // 1 MB: PAT (100.2 us) beats the ring's best, LL: 6.6 + 15 x 5 us and
+    // 15/16 S at half the bandwidth (125.7 us).
+    auto r = comm(c, 1e6, dp, CommAlgorithm::Ring);
+    EXPECT_EQ(r.protocol, CommProtocol::LL);
+    EXPECT_REL(r.time, 81.6e-6 + 0.9375e6 / 21.25e9, kRel);
+    EXPECT_EQ(comm(c, 1e6, dp).algorithm, CommAlgorithm::Pat);
+    // 1 GB: the ring (15/16 S at all of the bandwidth) beats PAT's 0.75.
+    EXPECT_EQ(comm(c, 1e9, dp).algorithm, CommAlgorithm::Ring);
+  }
+  // Not with several ranks on a node, nor for all-reduce, nor without
+  // NCCL's protocols.
+  EXPECT_NE(comm(Collective::AllGather, 1e6, group(16, 1)).algorithm,
+            CommAlgorithm::Pat);
+  auto many = model.commTime(Collective::AllGather, 1e6, group(16, 1),
+                             CommAlgorithm::Pat);
+  ASSERT_FALSE(many);
+  EXPECT_NE(many.status().message().find("PAT needs one rank on each"),
+            std::string::npos);
+  EXPECT_FALSE(
+      model.commTime(Collective::AllReduce, 1e6, dp, CommAlgorithm::Pat));
+  onePerCall();
+  EXPECT_EQ(comm(Collective::AllGather, 1e6, dp).algorithm,
+            CommAlgorithm::Ring);
+}
+
 TEST_F(CommTest, NcclProtocolsAgainstMeasuredSweeps) {
   // nccl-tests all_reduce_perf bus bandwidth on one 8-GPU node
   // (docs/cost-model.md, "Against measured sweeps"): the protocols bring
