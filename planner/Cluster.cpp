@@ -126,6 +126,7 @@ struct PresetDef {
   IntraNodeLink intra;
   NetworkLink network;
   HostSpec host;
+  bool nccl = true; ///< Cluster::ncclCollectives
 };
 
 const std::map<std::string, PresetDef> &presetTable() {
@@ -155,7 +156,8 @@ const std::map<std::string, PresetDef> &presetTable() {
         2,
         {IntraTopology::NVSwitch, 10 * kG, 5 * kUs},
         {1.25 * kG, 50 * kUs},
-        {2, 24 * kG}}},
+        {2, 24 * kG},
+        /*nccl=*/false}},
   };
   return t;
 }
@@ -231,6 +233,7 @@ Expected<Cluster> clusterPreset(std::string_view name, int nodes) {
   g.network = p.network;
   g.host = p.host;
   c.groups.push_back(g);
+  c.ncclCollectives = p.nccl;
   return c;
 }
 
@@ -364,6 +367,7 @@ Expected<CommGroup> Cluster::commGroup(const std::vector<int> &ranks) const {
   CommGroup cg;
   cg.size = static_cast<int>(ranks.size());
   cg.nodes = static_cast<int>(perNode.size());
+  cg.nccl = ncclCollectives;
   bool first = true;
   for (auto [node, count] : perNode) {
     const NodeGroup &g = groups[nodeGroup[node]];
@@ -461,6 +465,8 @@ std::string Cluster::toJson() const {
     nodes.push_back(gj);
   }
   j["nodes"] = nodes;
+  if (!ncclCollectives)
+    j["communicator"] = "cpu";
   // Names come from files; the readers refuse invalid UTF-8, but never let
   // a programmatic name make dump() throw.
   return j.dump(2, ' ', false, json::error_handler_t::replace);
@@ -973,12 +979,20 @@ Expected<NodeGroup> parseGroup(const Reader &rd, const json &top,
 Expected<Cluster> parseTree(const Reader &rd, const json &top,
                             std::string_view source) {
   DLOPT_RETURN_IF_ERROR(rd.expectObject(top, ""));
-  DLOPT_RETURN_IF_ERROR(rd.checkKeys(
-      top, "",
-      {"name", "nodes", "gpus_per_node", "gpu", "intra_node", "network",
-       "host"}));
+  DLOPT_RETURN_IF_ERROR(
+      rd.checkKeys(top, "",
+                   {"name", "nodes", "gpus_per_node", "gpu", "intra_node",
+                    "network", "host", "communicator"}));
   Cluster c;
   c.name = std::string(source);
+  if (top.contains("communicator")) {
+    const json &v = top["communicator"];
+    if (!v.is_string() ||
+        (v.get<std::string>() != "nccl" && v.get<std::string>() != "cpu"))
+      return rd.error("communicator",
+                      "expected \"nccl\" or \"cpu\", got " + describe(v));
+    c.ncclCollectives = v.get<std::string>() == "nccl";
+  }
   if (top.contains("name")) {
     if (!top["name"].is_string())
       return rd.error("name",

@@ -114,12 +114,21 @@ struct CommGroup {
   /// communicate at once, as in data-parallel groups of 3D parallelism).
   double interBandwidthPerRank = 0;
   double interLatency = 0;
+  /// The collectives run on NCCL (Cluster::ncclCollectives): NCCL's
+  /// algorithms and protocols apply.
+  bool nccl = true;
   bool spansNodes() const { return nodes > 1; }
 };
 
 struct Cluster {
   std::string name;
   std::vector<NodeGroup> groups;
+  /// The communicator the collectives run on (cluster files'
+  /// `communicator`): NCCL (`nccl`, the default), whose algorithms and
+  /// protocols the cost model prices, or dlopt's CPU backend (`cpu`:
+  /// in-process threads and MPI), priced with the links' alpha-beta terms
+  /// alone (docs/cluster.md).
+  bool ncclCollectives = true;
 
   int numNodes() const;
   int numDevices() const;

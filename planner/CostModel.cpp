@@ -474,6 +474,12 @@ CommEstimate finish(CommEstimate e) {
 
 namespace {
 
+/// Whether NCCL's protocols price a collective over `g`: the calibration's
+/// nccl_protocols and a cluster whose collectives run on NCCL.
+bool ncclProtocols(const Calibration &cal, const CommGroup &g) {
+  return cal.ncclProtocolModel() && g.nccl;
+}
+
 /// NCCL's tuning model of its protocols: NCCL 2.28, src/graph/tuning.cc
 /// (ncclTunerConstantsDefaults, ncclTopoTuneModel, ncclTopoGetAlgoTime).
 /// Latencies in microseconds; docs/cost-model.md, "NCCL's protocols".
@@ -543,7 +549,7 @@ CommEstimate CostModel::ring(Collective c, double bytes,
   CommEstimate e;
   e.algorithm = CommAlgorithm::Ring;
   e.link = link;
-  if (!cal_.ncclProtocolModel()) {
+  if (!ncclProtocols(cal_, g)) {
     e.latencyTerm = cal_.collectiveLaunchLatency + lat;
     e.bandwidthTerm = band;
     return finish(e);
@@ -592,7 +598,7 @@ CommEstimate CostModel::tree(Collective c, double bytes,
   CommEstimate e;
   e.algorithm = CommAlgorithm::Tree;
   e.link = link;
-  if (!cal_.ncclProtocolModel()) {
+  if (!ncclProtocols(cal_, g)) {
     double depth = (l.k - 1) * l.intraLat + hops * l.interLat;
     e.latencyTerm = cal_.collectiveLaunchLatency + passes * depth;
     e.bandwidthTerm = passes * bytes / bw;
@@ -716,7 +722,7 @@ bool nvlsTreeApplies(Collective c, const CommGroup &g) {
 /// nodes with one rank on each (ncclPatEnable), in NCCL's protocol model.
 bool patApplies(Collective c, const CommGroup &g, const Calibration &cal) {
   return (c == Collective::AllGather || c == Collective::ReduceScatter) &&
-         g.nodes > 1 && g.ranksPerNode == 1 && cal.ncclProtocolModel();
+         g.nodes > 1 && g.ranksPerNode == 1 && ncclProtocols(cal, g);
 }
 } // namespace
 
@@ -736,7 +742,7 @@ CommEstimate CostModel::nvls(Collective c, double bytes,
   const double bw = g.intra.bandwidth * cal_.nvlsEfficiency;
   const double trips = c == Collective::AllReduce ? 2.0 : 1.0;
   e.latencyTerm = cal_.collectiveLaunchLatency + trips * g.intra.latency;
-  if (cal_.ncclProtocolModel()) { // NCCL's whole NVLS latency (Simple)
+  if (ncclProtocols(cal_, g)) { // NCCL's whole NVLS latency (Simple)
     e.protocol = CommProtocol::Simple;
     e.latencyTerm = std::max(kNvlsLatency, trips * g.intra.latency);
   }
@@ -766,7 +772,7 @@ CommEstimate CostModel::nvlsTree(double bytes, const CommGroup &g) const {
   const double levels = std::ceil(std::log2(static_cast<double>(l.m)));
   e.latencyTerm =
       cal_.collectiveLaunchLatency + 2 * l.intraLat + 2 * levels * l.interLat;
-  if (cal_.ncclProtocolModel()) { // NCCL: NVLS's, then two passes a level
+  if (ncclProtocols(cal_, g)) { // NCCL: NVLS's, then two passes a level
     e.protocol = CommProtocol::Simple;
     e.latencyTerm = std::max(kNvlsLatency, 2 * l.intraLat) +
                     2 * levels * std::max(kNvlsTreeNetLatency, l.interLat);
@@ -880,7 +886,7 @@ Expected<CommEstimate> CostModel::commTime(Collective c, double bytes,
     if (!patApplies(c, g, cal_))
       return Status::error(what + ": PAT needs one rank on each of several "
                                   "nodes and NCCL's protocols "
-                                  "(nccl_protocols 1)");
+                                  "(nccl_protocols 1, communicator nccl)");
     return pat(bytes, g);
   case CommAlgorithm::Auto:
     break;
@@ -912,7 +918,7 @@ Expected<CommEstimate> CostModel::commTime(Collective c, double bytes,
     // NCCL broadcasts over its ring only; the tree stays for the
     // one-protocol model (and by name).
     cands = {ring(c, bytes, g)};
-    if (!cal_.ncclProtocolModel())
+    if (!ncclProtocols(cal_, g))
       cands.push_back(tree(c, bytes, g));
     break;
   case Collective::AllToAll:

@@ -333,6 +333,8 @@ Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
       (bandwidth > 0 ? bandwidth : 20e9) * 1e-9;
   nlohmann::ordered_json cl;
   cl["name"] = s.name;
+  // dlopt's CPU backend communicators (threads, MPI), not NCCL.
+  cl["communicator"] = "cpu";
   cl["nodes"] = 1;
   cl["gpus_per_node"] = s.devices;
   cl["gpu"] = gpu;

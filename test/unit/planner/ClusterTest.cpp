@@ -109,6 +109,32 @@ TEST(ClusterPreset, CpuPresetIsSmall) {
   EXPECT_LT(c->groups[0].gpu.peak(Precision::FP32), 1e12);
 }
 
+// The communicator the collectives run on: NCCL on the GPU presets and by
+// default, dlopt's CPU backend on the cpu preset; a file may say either,
+// and the JSON form keeps it.
+TEST(ClusterFile, Communicator) {
+  EXPECT_TRUE(resolveCluster("dgx-a100")->ncclCollectives);
+  auto cpu = resolveCluster("cpu");
+  ASSERT_TRUE(cpu);
+  EXPECT_FALSE(cpu->ncclCollectives);
+  EXPECT_FALSE(cpu->stridedGroup(2, 1)->nccl);
+  auto back = jsonText(cpu->toJson());
+  ASSERT_TRUE(back) << back.status().message();
+  EXPECT_FALSE(back->ncclCollectives);
+  EXPECT_EQ(resolveCluster("dgx-h100")->toJson().find("communicator"),
+            std::string::npos);
+  auto nccl = yaml(std::string(kHomogeneousYaml) + "communicator: nccl\n");
+  ASSERT_TRUE(nccl) << nccl.status().message();
+  EXPECT_TRUE(nccl->ncclCollectives);
+  EXPECT_TRUE(nccl->stridedGroup(8, 1)->nccl);
+  auto own = yaml(std::string(kHomogeneousYaml) + "communicator: cpu\n");
+  ASSERT_TRUE(own) << own.status().message();
+  EXPECT_FALSE(own->stridedGroup(8, 1)->nccl);
+  EXPECT_TRUE(
+      failsWith(yaml(std::string(kHomogeneousYaml) + "communicator: gloo\n"),
+                "communicator: expected \"nccl\" or \"cpu\", got"));
+}
+
 TEST(ClusterPreset, Shorthand) {
   auto c = resolveCluster("dgx-h100:16");
   ASSERT_TRUE(c) << c.status().message();

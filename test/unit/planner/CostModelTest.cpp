@@ -728,6 +728,22 @@ TEST_F(CommTest, NcclProtocolsOfNvls) {
             CommAlgorithm::NvlsTree);
 }
 
+// A cluster whose collectives do not run on NCCL (the cpu preset,
+// `communicator: cpu`) is priced with the one-protocol terms whatever the
+// calibration says.
+TEST_F(CommTest, NonNcclCommunicatorsTakeTheOneProtocolTerms) {
+  CommGroup node = group(8, 1);
+  node.nccl = false;
+  auto e = comm(Collective::AllReduce, 1e9, node, CommAlgorithm::Ring);
+  EXPECT_EQ(e.protocol, CommProtocol::None);
+  EXPECT_REL(e.latencyTerm, 8e-6 + 14 * 1e-6, kRel);
+  EXPECT_EQ(comm(Collective::AllReduce, 1e9, node).protocol,
+            CommProtocol::None);
+  CommGroup dp = group(16, 8);
+  dp.nccl = false;
+  EXPECT_NE(comm(Collective::AllGather, 1e6, dp).algorithm, CommAlgorithm::Pat);
+}
+
 TEST_F(CommTest, PatAllGatherOverOneRankANode) {
   // 16 nodes, one rank each (42.5 GB/s): PAT's 8 us + floor(log2 16) x 4
   // us + 16 x 2.8 us = 68.8 us, and S / (0.75 B).
