@@ -287,6 +287,13 @@ std::vector<int64_t> minMaxContiguousSplit(
 
 namespace pricing {
 
+/// What a stage of `layers` layers holding `paramBytes` of parameters
+/// exposes of ZeRO-3's per-layer gathers and reduce-scatters beside its
+/// forward `fwd` and backward `bwd` (zero3Comm: forward plus backward).
+double zero3StageExposure(Ctx &c, const TrainingConfig &cfg, double paramBytes,
+                          double layers, double fwd, double bwd,
+                          double gemmShare, int gpuKind);
+
 /// Layers per stage on a heterogeneous cluster: the contiguous split that
 /// minimizes the slowest stage's time per micro-batch (compute on the
 /// stage's own GPU kind plus its tensor-parallel communication) with every
@@ -302,16 +309,39 @@ std::vector<int64_t> splitLayers(Ctx &c, const TrainingConfig &cfg,
   std::vector<const LayerTimes *> lt;
   for (int st = 0; st < pp; ++st)
     lt.push_back(&c.times(cfg.microBatchSize, cfg.tp, cfg.cp, sp, pl.kind[st]));
+  // Under ZeRO-3 a stage also exposes its layers' parameter gathers and
+  // gradient reduce-scatters (zero3Comm), which grow with its layers as
+  // its compute does but do not hide behind the pre and post groups'
+  // compute in the same way: a split for compute alone can leave the
+  // stages with the most layers the slowest by far. The parameters of a
+  // stage of n layers are affine in n (stageMemory's).
+  const int replicas = cfg.dp * std::max(1, cfg.cp);
+  const bool zero3 = train && cfg.zeroStage == 3 && replicas > 1;
+  std::vector<double> param1(pp, 0), paramSlope(pp, 0);
+  if (zero3)
+    for (int st = 0; st < pp; ++st) {
+      auto m1 = stageMemory(c, cfg, st, 1), m2 = stageMemory(c, cfg, st, 2);
+      if (m1 && m2) {
+        param1[st] = m1->params * replicas;
+        paramSlope[st] = (m2->params - m1->params) * replicas;
+      }
+    }
   auto stageTime = [&](int st, int64_t a, int64_t b) {
     const LayerTimes::Stage t =
         lt[st]->stage({{a, b}}, st == 0, st == pp - 1, c.cost, cfg.recompute);
-    return (train ? t.train : t.fwd) + double(b - a) * tpLayer;
+    double x = (train ? t.train : t.fwd) + double(b - a) * tpLayer;
+    if (zero3 && b > a)
+      x += zero3StageExposure(
+          c, cfg, param1[st] + double(b - a - 1) * paramSlope[st],
+          double(b - a), t.fwd, t.train - t.fwd, t.gemmShare(), pl.kind[st]);
+    return x;
   };
-  // The split for time alone depends on no memory setting (ZeRO, schedule,
-  // dp), so it is shared by many candidates; it is kept when every stage
-  // fits.
+  // The split for time alone depends on no memory setting (ZeRO 0-2,
+  // schedule), so it is shared by many candidates; it is kept when every
+  // stage fits. Under ZeRO-3 it depends on the replicas too.
   auto key = std::make_tuple(cfg.microBatchSize, cfg.tp, cfg.cp, sp,
-                             int(cfg.recompute), pp, placementKey);
+                             int(cfg.recompute), pp, placementKey,
+                             zero3 ? replicas : 0);
   auto it = c.splitCache.find(key);
   if (it == c.splitCache.end())
     it = c.splitCache
@@ -651,6 +681,17 @@ Zero3Comm zero3Comm(Ctx &c, double paramBytes, double gradBytes, double L,
   z.shared = L * std::max(exposedB, lostB);
   z.agShare = z.ag1 + z.rs1 > 0 ? z.ag1 / (z.ag1 + z.rs1) : 0;
   return z;
+}
+
+double zero3StageExposure(Ctx &c, const TrainingConfig &cfg, double paramBytes,
+                          double layers, double fwd, double bwd,
+                          double gemmShare, int gpuKind) {
+  const Zero3Comm z = zero3Comm(c, paramBytes,
+                                paramBytes / cfg.precision.paramBytes *
+                                    cfg.precision.gradReduceBytes,
+                                layers, fwd, bwd, cfg.dp * std::max(1, cfg.cp),
+                                cfg.tp, gemmShare, gpuKind);
+  return z.forward + z.backward();
 }
 
 /// Prices one candidate: memory and step time. Records the collectives when

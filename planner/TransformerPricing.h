@@ -229,8 +229,9 @@ struct Ctx {
   std::vector<int> groupFirstRank{};
   std::map<std::pair<int, int>, StagePlacement> placementCache{};
   /// Layer splits for time alone, by (mbs, tp, cp, sp, recompute, pp,
-  /// placement: stage ranks on a heterogeneous cluster, else 0).
-  std::map<std::tuple<int64_t, int, int, bool, int, int, int>,
+  /// placement: stage ranks on a heterogeneous cluster, else 0, and the
+  /// ZeRO-3 replicas whose per-layer collectives a stage exposes, else 0).
+  std::map<std::tuple<int64_t, int, int, bool, int, int, int, int>,
            std::vector<int64_t>>
       splitCache{};
   double modelBatch = 1;
