@@ -531,6 +531,23 @@ std::pair<double, double> ringSteps(Collective c, int n, int m) {
   return {rounds * (n - 1), m > 1 ? rounds * (m - 1) : 0.0};
 }
 
+/// The fastest of NCCL's protocols for an algorithm: `price(p, e)` sets
+/// the latency and bandwidth terms of `base` under protocol `p`.
+template <class Price>
+CommEstimate fastestProtocol(const CommEstimate &base, Price price) {
+  CommEstimate best = base;
+  best.time = std::numeric_limits<double>::infinity();
+  for (const NcclProtocol &p : kNcclProtocols) {
+    CommEstimate cand = base;
+    cand.protocol = p.protocol;
+    price(p, cand);
+    cand = finish(cand);
+    if (cand.time < best.time)
+      best = cand;
+  }
+  return best;
+}
+
 /// floor(log2(bytes / 64)) as NCCL indexes its tree correction; -1 below.
 int treeSizeIndex(double bytes) {
   if (!(bytes >= 64))
@@ -561,29 +578,20 @@ CommEstimate CostModel::ring(Collective c, double bytes,
   // than NCCL's figure takes its own latency. The bandwidth term at the
   // protocol's share of the bus bandwidth. The fastest protocol wins.
   const auto [steps, interSteps] = ringSteps(c, l.n, l.m);
-  bool first = true;
-  for (const NcclProtocol &p : kNcclProtocols) {
+  return fastestProtocol(e, [&](const NcclProtocol &p, CommEstimate &cand) {
     double intraStep = std::max(l.intraLat, p.ringNvlink * kUsec);
     if (l.m > 1)
       intraStep = std::max(intraStep, p.netOverhead * kUsec);
     const double interStep =
         std::max(l.interLat, (l.k == 1 ? p.treeNet : p.ringNet) * kUsec);
-    double latency = p.ringBase * kUsec + (steps - interSteps) * intraStep +
-                     interSteps * interStep;
+    cand.latencyTerm = p.ringBase * kUsec + (steps - interSteps) * intraStep +
+                       interSteps * interStep;
     if (p.protocol == CommProtocol::Simple && l.m > 1 &&
         c == Collective::AllReduce &&
         bytes / (std::max(1.0, cal_.commCtas) * l.n) >= 64)
-      latency *= kRingPlateau;
-    CommEstimate cand = e;
-    cand.protocol = p.protocol;
-    cand.latencyTerm = latency;
+      cand.latencyTerm *= kRingPlateau;
     cand.bandwidthTerm = band / p.ringBw;
-    cand = finish(cand);
-    if (first || cand.time < e.time)
-      e = cand;
-    first = false;
-  }
-  return e;
+  });
 }
 
 CommEstimate CostModel::tree(Collective c, double bytes,
@@ -608,8 +616,7 @@ CommEstimate CostModel::tree(Collective c, double bytes,
   // tree's step latencies, and for all-reduce 0.92 of the bus bandwidth
   // times the protocol's share and NCCL's correction for mid sizes.
   const int sizeIndex = treeSizeIndex(bytes);
-  bool first = true;
-  for (const NcclProtocol &p : kNcclProtocols) {
+  return fastestProtocol(e, [&](const NcclProtocol &p, CommEstimate &cand) {
     const double depth =
         (l.k - 1) * std::max(l.intraLat, p.treeNvlink * kUsec) +
         hops * std::max(l.interLat, p.treeNet * kUsec);
@@ -621,16 +628,9 @@ CommEstimate CostModel::tree(Collective c, double bytes,
       if (sizeIndex >= 0 && sizeIndex < 23)
         share *= p.treeCorrection[sizeIndex];
     }
-    CommEstimate cand = e;
-    cand.protocol = p.protocol;
     cand.latencyTerm = p.treeBase * kUsec + passes * depth;
     cand.bandwidthTerm = passes * bytes / (bw * share);
-    cand = finish(cand);
-    if (first || cand.time < e.time)
-      e = cand;
-    first = false;
-  }
-  return e;
+  });
 }
 
 CommEstimate CostModel::hierarchical(Collective c, double bytes,

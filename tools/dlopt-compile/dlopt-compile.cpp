@@ -464,13 +464,9 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
                   2);
     so.bytes.gradReduceBytes = gradReduceOpt == "fp32" ? 4 : 2;
   }
-  if (attentionKernelOpt != "fused" && attentionKernelOpt != "unfused")
-    return fail("--attention-kernel=" + attentionKernelOpt.getValue() +
-                    " is not one of fused, unfused",
-                2);
-  // Dry runs only (main refuses the option otherwise): the option, else a
-  // re-priced plan file's setting; a plan being applied runs (and is
-  // priced with) dlopt's fused attention.
+  // The option (main checked it: fused or unfused, unfused in dry runs
+  // only), else a re-priced plan file's setting; a plan being applied runs
+  // (and is priced with) dlopt's fused attention.
   so.bytes.unfusedAttention =
       attentionKernelOpt.getNumOccurrences()
           ? attentionKernelOpt == "unfused"
@@ -1070,6 +1066,12 @@ int main(int argc, char **argv) {
     llvm::errs() << "\n";
     return false;
   };
+  // Checked in every mode, so a misspelt value is never ignored.
+  if (attentionKernelOpt != "fused" && attentionKernelOpt != "unfused") {
+    llvm::errs() << "dlopt-compile: error: --attention-kernel="
+                 << attentionKernelOpt << " is not one of fused, unfused\n";
+    return 2;
+  }
   if (attentionKernelOpt == "unfused" && !dryRun) {
     llvm::errs() << "dlopt-compile: error: --attention-kernel=unfused prices "
                     "materialized attention scores, but dlopt's backends run "
