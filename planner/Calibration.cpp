@@ -326,6 +326,159 @@ Expected<std::vector<ConvTableRow>> parseConvTable(const nlohmann::json &v) {
       checkConvTable);
 }
 
+constexpr const char *kCollectiveTableKey = "collective_table";
+constexpr size_t kMaxCollectiveRows = 65536;
+constexpr double kMaxCollectiveRanks = double(1 << 20);
+constexpr double kMaxCollectiveBytes = double(int64_t(1) << 50);
+constexpr double kMaxCollectiveUs = 1e9; // 1000 s
+
+/// collective_table: every row's fields in range, each (collective,
+/// ranks, nodes, ranks_per_node, bytes) once.
+Status checkCollectiveTable(const std::vector<CollectiveTableRow> &rows) {
+  if (rows.size() > kMaxCollectiveRows)
+    return Status::error(std::string(kCollectiveTableKey) +
+                         ": expected at most " +
+                         std::to_string(kMaxCollectiveRows) + " rows, got " +
+                         std::to_string(rows.size()));
+  std::set<std::tuple<int, int, int, int, double>> seen;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const CollectiveTableRow &r = rows[i];
+    const std::string at = gridRowWhere(kCollectiveTableKey, i);
+    if (!collectiveTableName(r.collective))
+      return Status::error(at + ": send/recv is not a collective the table "
+                                "holds");
+    if (r.ranks < 2 || r.ranks > kMaxCollectiveRanks)
+      return Status::error(at + ": expected ranks in [2, 2^20], got " +
+                           std::to_string(r.ranks));
+    if (r.nodes < 1 || r.nodes > r.ranks)
+      return Status::error(
+          at + ": expected nodes in [1, ranks=" + std::to_string(r.ranks) +
+          "], got " + std::to_string(r.nodes));
+    if (r.ranksPerNode < 1 || r.ranksPerNode > r.ranks ||
+        int64_t(r.ranksPerNode) * r.nodes < r.ranks ||
+        r.ranksPerNode + (r.nodes - 1) > r.ranks)
+      return Status::error(
+          at + ": ranks_per_node " + std::to_string(r.ranksPerNode) +
+          " cannot place " + std::to_string(r.ranks) + " ranks on " +
+          std::to_string(r.nodes) + " nodes (the most ranks on one node)");
+    if (!std::isfinite(r.bytes) || r.bytes < 1 ||
+        r.bytes > kMaxCollectiveBytes || r.bytes != std::floor(r.bytes))
+      return Status::error(at +
+                           ": expected bytes a whole number in [1, "
+                           "2^50], got " +
+                           fmt(r.bytes));
+    if (!std::isfinite(r.seconds) || !(r.seconds > 0) ||
+        r.seconds > kMaxCollectiveUs * 1e-6)
+      return Status::error(at + ": expected us in (0, 1e9], got " +
+                           fmt(r.seconds * 1e6));
+    if (!seen.insert(
+                 {int(r.collective), r.ranks, r.nodes, r.ranksPerNode, r.bytes})
+             .second)
+      return Status::error(at + ": " + collectiveTableName(r.collective) +
+                           " over " + std::to_string(r.ranks) + " ranks (" +
+                           std::to_string(r.nodes) + " nodes, " +
+                           std::to_string(r.ranksPerNode) + " a node) at " +
+                           fmt(r.bytes) + " bytes appears twice");
+  }
+  return Status::ok();
+}
+
+/// A collective_table row's integer field: a whole number.
+Expected<double> collectiveRowNumber(const nlohmann::json &r, const char *key,
+                                     const std::string &at) {
+  auto it = r.find(key);
+  if (it == r.end())
+    return Status::error(at + ": expected the field '" + key + "'");
+  if (!it->is_number())
+    return Status::error(at + ": " + key + ": expected a number, got " +
+                         std::string(it->type_name()));
+  return it->get<double>();
+}
+
+Expected<std::vector<CollectiveTableRow>>
+parseCollectiveTable(const nlohmann::json &v) {
+  const std::string key = kCollectiveTableKey;
+  if (!v.is_array())
+    return Status::error(key +
+                         ": expected an array of rows {collective, "
+                         "ranks, nodes, ranks_per_node, bytes, us}, "
+                         "got " +
+                         std::string(v.type_name()));
+  if (v.size() > kMaxCollectiveRows)
+    return Status::error(key + ": expected at most " +
+                         std::to_string(kMaxCollectiveRows) + " rows, got " +
+                         std::to_string(v.size()));
+  std::vector<CollectiveTableRow> rows;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const nlohmann::json &r = v[i];
+    const std::string at = gridRowWhere(kCollectiveTableKey, i);
+    if (!r.is_object())
+      return Status::error(at +
+                           ": expected an object {collective, ranks, "
+                           "nodes, ranks_per_node, bytes, us}, got " +
+                           r.dump().substr(0, 80));
+    for (auto it = r.begin(); it != r.end(); ++it) {
+      static const char *const known[] = {"collective",     "ranks", "nodes",
+                                          "ranks_per_node", "bytes", "us"};
+      if (std::find_if(std::begin(known), std::end(known), [&](const char *k) {
+            return it.key() == k;
+          }) == std::end(known))
+        return Status::error(at + ": unknown field '" + it.key() +
+                             "' (known: collective, ranks, nodes, "
+                             "ranks_per_node, bytes, us)");
+    }
+    CollectiveTableRow row;
+    auto name = r.find("collective");
+    if (name == r.end() || !name->is_string())
+      return Status::error(at + ": expected 'collective', a string");
+    if (!collectiveFromTableName(name->get<std::string>(), row.collective))
+      return Status::error(at +
+                           ": collective: expected all_reduce, "
+                           "all_gather, reduce_scatter, alltoall or "
+                           "broadcast, got '" +
+                           name->get<std::string>().substr(0, 40) + "'");
+    double x[5];
+    const char *const fields[] = {"ranks", "nodes", "ranks_per_node", "bytes",
+                                  "us"};
+    for (int f = 0; f < 5; ++f) {
+      auto n = collectiveRowNumber(r, fields[f], at);
+      if (!n)
+        return n.status();
+      x[f] = *n;
+    }
+    for (int f = 0; f < 3; ++f)
+      if (!std::isfinite(x[f]) || x[f] != std::floor(x[f]) || x[f] < 0 ||
+          x[f] > kMaxCollectiveRanks)
+        return Status::error(at + ": " + fields[f] +
+                             ": expected a whole number in [1, 2^20], got " +
+                             fmt(x[f]));
+    row.ranks = int(x[0]);
+    row.nodes = int(x[1]);
+    row.ranksPerNode = int(x[2]);
+    row.bytes = x[3];
+    row.seconds = x[4] * 1e-6;
+    rows.push_back(row);
+  }
+  DLOPT_RETURN_IF_ERROR(checkCollectiveTable(rows));
+  return rows;
+}
+
+nlohmann::ordered_json
+collectiveRows(const std::vector<CollectiveTableRow> &table) {
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (const CollectiveTableRow &r : table) {
+    nlohmann::ordered_json o;
+    o["collective"] = collectiveTableName(r.collective);
+    o["ranks"] = r.ranks;
+    o["nodes"] = r.nodes;
+    o["ranks_per_node"] = r.ranksPerNode;
+    o["bytes"] = int64_t(r.bytes);
+    o["us"] = std::round(r.seconds * 1e12) / 1e6; // to the picosecond
+    rows.push_back(o);
+  }
+  return rows;
+}
+
 constexpr const char *kOpRateKey = "op_gb_s";
 constexpr const char *kOpBackwardKey = "op_backward_ratio";
 constexpr const char *kOpRowKey = "op_row_ns";
@@ -393,6 +546,35 @@ parsePerClass(const char *key, const nlohmann::json &v,
 }
 
 } // namespace
+
+const char *collectiveTableName(Collective c) {
+  switch (c) {
+  case Collective::AllReduce:
+    return "all_reduce";
+  case Collective::AllGather:
+    return "all_gather";
+  case Collective::ReduceScatter:
+    return "reduce_scatter";
+  case Collective::AllToAll:
+    return "alltoall";
+  case Collective::Broadcast:
+    return "broadcast";
+  case Collective::SendRecv:
+    break;
+  }
+  return nullptr;
+}
+
+bool collectiveFromTableName(std::string_view name, Collective &c) {
+  for (Collective k :
+       {Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter,
+        Collective::AllToAll, Collective::Broadcast})
+    if (name == collectiveTableName(k)) {
+      c = k;
+      return true;
+    }
+  return false;
+}
 
 const char *memoryClassName(MemoryClass c) {
   switch (c) {
@@ -466,6 +648,7 @@ Status Calibration::validate() const {
   for (const PerClassKey &k : kPerClassKeys)
     DLOPT_RETURN_IF_ERROR(checkPerClass(k.name, this->*k.field, k.scale));
   DLOPT_RETURN_IF_ERROR(checkGemmTable(gemmTable));
+  DLOPT_RETURN_IF_ERROR(checkCollectiveTable(collectiveTable));
   return checkConvTable(convTable);
 }
 
@@ -486,6 +669,8 @@ std::string Calibration::toJson() const {
                       r.gradInput / kGFlops, r.gradFilter / kGFlops});
     j[kConvTableKey] = rows;
   }
+  if (!collectiveTable.empty())
+    j[kCollectiveTableKey] = collectiveRows(collectiveTable);
   for (const PerClassKey &k : kPerClassKeys) {
     const std::array<double, kNumMemoryClasses> &values = this->*k.field;
     nlohmann::ordered_json byClass;
@@ -495,6 +680,12 @@ std::string Calibration::toJson() const {
     if (!byClass.empty()) // measured for some class
       j[k.name] = byClass;
   }
+  return j.dump(2);
+}
+
+std::string Calibration::collectiveTableJson() const {
+  nlohmann::ordered_json j;
+  j[kCollectiveTableKey] = collectiveRows(collectiveTable);
   return j.dump(2);
 }
 
@@ -512,6 +703,12 @@ const std::vector<CalibrationKey> &calibrationKeys() {
                  "(m, n, k: the forward's im2col GEMM), for devices without "
                  "an SM count (absent: convolutions priced as their im2col "
                  "GEMMs)"});
+    k.push_back({kCollectiveTableKey,
+                 "rows {collective, ranks, nodes, ranks_per_node, bytes, us}",
+                 "collectives measured on the cluster (dlopt-calibrate "
+                 "--nccl-tests): a collective over a group of the same "
+                 "ranks, nodes and ranks a node is priced from them, "
+                 "interpolated in bytes (absent: the model)"});
     k.push_back({kOpRateKey, "object of GB/s by op class",
                  "bytes read + written per second of memory-bound ops with "
                  "their data in the cache, by class: stream, transcendental, "
@@ -551,6 +748,13 @@ Expected<Calibration> parseCalibration(std::string_view text,
       c.gemmTable = rows.take();
       continue;
     }
+    if (it.key() == kCollectiveTableKey) {
+      auto rows = parseCollectiveTable(it.value());
+      if (!rows)
+        return Status::error(where + rows.status().message());
+      c.collectiveTable = rows.take();
+      continue;
+    }
     if (it.key() == kConvTableKey) {
       auto rows = parseConvTable(it.value());
       if (!rows)
@@ -578,7 +782,8 @@ Expected<Calibration> parseCalibration(std::string_view text,
       std::string known;
       for (const Entry &e : kEntries)
         known += std::string(known.empty() ? "" : ", ") + e.name;
-      known += std::string(", ") + kGemmTableKey + ", " + kConvTableKey;
+      known += std::string(", ") + kGemmTableKey + ", " + kConvTableKey + ", " +
+               kCollectiveTableKey;
       for (const PerClassKey &k : kPerClassKeys)
         known += std::string(", ") + k.name;
       return Status::error(where + "unknown calibration key '" + it.key() +

@@ -34,6 +34,32 @@ struct ConvTableRow {
   double forward = 0, gradInput = 0, gradFilter = 0; ///< FLOP/s
 };
 
+enum class Collective {
+  AllReduce,
+  AllGather,
+  ReduceScatter,
+  AllToAll,
+  Broadcast,
+  SendRecv
+};
+
+/// One measured collective of a collective_table (nccl-tests' figures,
+/// read by `dlopt-calibrate --nccl-tests`): `collective` over `ranks` ranks
+/// on `nodes` nodes with at most `ranksPerNode` on one, moving `bytes` as
+/// nccl-tests counts them (CostModel::commTime's convention), took
+/// `seconds`.
+struct CollectiveTableRow {
+  Collective collective = Collective::AllReduce;
+  int ranks = 0, nodes = 0, ranksPerNode = 0;
+  double bytes = 0, seconds = 0;
+};
+/// The collective_table name of a collective, nccl-tests' spelling without
+/// "_perf": all_reduce, all_gather, reduce_scatter, alltoall, broadcast;
+/// nullptr for send/recv, which the table does not hold.
+const char *collectiveTableName(Collective c);
+/// The collective of a collective_table name; false for other names.
+bool collectiveFromTableName(std::string_view name, Collective &c);
+
 /// What limits a memory-bound op where the calibration measured op rates
 /// (op_gb_s; dlopt-calibrate times one op of each class on a CPU): plain
 /// streams (adds, ReLU, copies, casts, reductions), transcendental
@@ -85,6 +111,11 @@ struct Calibration {
   /// run at their im2col GEMMs' speed (oneDNN's do not). Empty: a conv2d
   /// is priced as its im2col GEMMs.
   std::vector<ConvTableRow> convTable;
+  /// collective_table: collectives measured on the cluster (nccl-tests'
+  /// sweeps); a collective over a group of the same ranks, nodes and ranks
+  /// per node is priced from them (docs/cost-model.md, "Measured
+  /// collectives"), others by the model. Empty: the model everywhere.
+  std::vector<CollectiveTableRow> collectiveTable;
   double attentionEfficiency = 0.60;   ///< attention_efficiency
   /// attention_efficiency was given (a calibration file, dlopt-calibrate's
   /// measurement): it then overrides the GPU's own (GpuSpec).
@@ -172,6 +203,10 @@ struct Calibration {
   Status validate() const;
   /// Writes every constant, in file units, as a JSON object.
   std::string toJson() const;
+  /// Writes only the collective_table, as a JSON object: a file to give
+  /// with --calibration after (or without) another, which it leaves as it
+  /// is.
+  std::string collectiveTableJson() const;
 };
 
 /// One calibration key: its JSON name, unit and meaning (for docs and errors).

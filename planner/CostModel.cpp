@@ -57,6 +57,8 @@ const char *algorithmName(CommAlgorithm a) {
     return "nvls-tree";
   case CommAlgorithm::Pat:
     return "pat";
+  case CommAlgorithm::Measured:
+    return "measured";
   }
   return "?";
 }
@@ -802,6 +804,49 @@ CommEstimate CostModel::pat(double bytes, const CommGroup &g) const {
   return finish(e);
 }
 
+CostModel::CostModel(Calibration calibration) : cal_(std::move(calibration)) {
+  for (const CollectiveTableRow &r : cal_.collectiveTable)
+    measuredCurves_[{int(r.collective), r.ranks, r.nodes, r.ranksPerNode}]
+        .push_back({r.bytes, r.seconds});
+  for (auto &[key, curve] : measuredCurves_) {
+    std::sort(curve.begin(), curve.end());
+    // A message never costs more than a larger one measured: the running
+    // minimum from the largest down.
+    for (size_t i = curve.size() - 1; i-- > 0;)
+      curve[i].second = std::min(curve[i].second, curve[i + 1].second);
+  }
+}
+
+std::optional<CommEstimate> CostModel::measured(Collective c, double bytes,
+                                                const CommGroup &g) const {
+  auto it = measuredCurves_.find({int(c), g.size, g.nodes, g.ranksPerNode});
+  if (it == measuredCurves_.end())
+    return std::nullopt;
+  const std::vector<std::pair<double, double>> &curve = it->second;
+  double t;
+  if (bytes <= curve.front().first) {
+    t = curve.front().second;
+  } else if (bytes >= curve.back().first) {
+    t = curve.back().second * (bytes / curve.back().first);
+  } else {
+    auto hi = std::lower_bound(curve.begin(), curve.end(), bytes,
+                               [](const std::pair<double, double> &p,
+                                  double b) { return p.first < b; });
+    auto lo = hi - 1;
+    const double f = (bytes - lo->first) / (hi->first - lo->first);
+    t = lo->second + f * (hi->second - lo->second);
+  }
+  CommEstimate e;
+  e.algorithm = CommAlgorithm::Measured;
+  e.link = g.spansNodes() ? LinkKind::Network : LinkKind::IntraNode;
+  // The smallest message's time stands for the fixed cost, the rest for
+  // the bytes.
+  e.latencyTerm = std::min(t, curve.front().second);
+  e.bandwidthTerm = t - e.latencyTerm;
+  e.time = t;
+  return e;
+}
+
 Expected<CommEstimate> CostModel::commTime(Collective c, double bytes,
                                            const CommGroup &g,
                                            CommAlgorithm algo) const {
@@ -843,6 +888,9 @@ Expected<CommEstimate> CostModel::commTime(Collective c, double bytes,
     break;
   case CommAlgorithm::Pat:
     ok = c == Collective::AllGather || c == Collective::ReduceScatter;
+    break;
+  case CommAlgorithm::Measured:
+    ok = collectiveTableName(c) != nullptr;
     break;
   }
   if (!ok)
@@ -888,9 +936,20 @@ Expected<CommEstimate> CostModel::commTime(Collective c, double bytes,
                                   "nodes and NCCL's protocols "
                                   "(nccl_protocols 1, communicator nccl)");
     return pat(bytes, g);
+  case CommAlgorithm::Measured:
+    if (auto m = measured(c, bytes, g))
+      return *m;
+    return Status::error(what + " (" + std::to_string(g.nodes) + " nodes, " +
+                         std::to_string(g.ranksPerNode) +
+                         " a node): the calibration's collective_table "
+                         "measured no such group");
   case CommAlgorithm::Auto:
     break;
   }
+  // A measurement of this collective over a group of this shape is what
+  // it costs on this cluster.
+  if (auto m = measured(c, bytes, g))
+    return *m;
   // Auto: the fastest applicable algorithm; ties keep the earlier one.
   std::vector<CommEstimate> cands;
   switch (c) {

@@ -12,7 +12,9 @@
 #include "planner/Cluster.h"
 
 #include <functional>
+#include <map>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 namespace dlopt::planner {
@@ -61,14 +63,8 @@ struct ComputeEstimate {
   bool memoryBound() const { return memoryTime > computeTime; }
 };
 
-enum class Collective {
-  AllReduce,
-  AllGather,
-  ReduceScatter,
-  AllToAll,
-  Broadcast,
-  SendRecv
-};
+/// collectiveName: "all-reduce", "all-gather", ... (Collective is in
+/// Calibration.h, whose collective_table names it).
 const char *collectiveName(Collective c);
 
 enum class CommAlgorithm {
@@ -79,7 +75,10 @@ enum class CommAlgorithm {
   Direct,
   Nvls,     ///< NVLink SHARP inside one node
   NvlsTree, ///< NVLS inside each node, a tree across nodes (all-reduce)
-  Pat       ///< NCCL's PAT: all-gather, reduce-scatter, one rank a node
+  Pat,      ///< NCCL's PAT: all-gather, reduce-scatter, one rank a node
+  /// The calibration's collective_table: measured on a group of this
+  /// shape (docs/cost-model.md, "Measured collectives").
+  Measured
 };
 const char *algorithmName(CommAlgorithm a);
 
@@ -117,8 +116,7 @@ const char *recomputeName(RecomputePolicy r);
 
 class CostModel {
 public:
-  explicit CostModel(Calibration calibration = {})
-      : cal_(std::move(calibration)) {}
+  explicit CostModel(Calibration calibration = {});
   const Calibration &calibration() const { return cal_; }
 
   /// The optimizer update moving `bytes` (read + written) with `flops`: an
@@ -186,8 +184,11 @@ public:
   /// Time of `collective` over `group` with `bytes` as in nccl-tests: the
   /// buffer size per rank for all-reduce and broadcast, the full (gathered)
   /// size for all-gather and reduce-scatter, the send buffer per rank for
-  /// all-to-all, the message for send/recv. Auto picks the fastest algorithm
-  /// that applies. Algorithms that do not apply to a collective are errors.
+  /// all-to-all, the message for send/recv. Auto takes the calibration's
+  /// measurement where its collective_table has the collective over a
+  /// group of this shape (measured()), else the fastest algorithm that
+  /// applies. Algorithms that do not apply to a collective are errors
+  /// (Measured where the table has no such group).
   Expected<CommEstimate>
   commTime(Collective collective, double bytes, const CommGroup &group,
            CommAlgorithm algorithm = CommAlgorithm::Auto) const;
@@ -239,6 +240,16 @@ public:
     return exposed(comm, microBatchCompute, cal_.p2pOverlapEfficiency);
   }
 
+  /// The collective_table's figure for `collective` of `bytes` over a
+  /// group of g's size, nodes and ranks a node; nullopt when the table has
+  /// none. Between two measured sizes the time is interpolated linearly
+  /// in bytes; below the smallest it is the smallest's time; above the
+  /// largest, the largest's bandwidth (time in proportion to bytes). The
+  /// measurements are first made non-decreasing in bytes: a size never
+  /// costs more than a larger one measured (it could be sent padded).
+  std::optional<CommEstimate> measured(Collective collective, double bytes,
+                                       const CommGroup &g) const;
+
 private:
   /// max(flops / (peak * efficiency()), bytes / usable bandwidth), with
   /// the errors of computeTime; efficiency() is asked only when there are
@@ -261,6 +272,11 @@ private:
   CommEstimate pat(double bytes, const CommGroup &g) const;
 
   Calibration cal_;
+  /// collective_table by (collective, ranks, nodes, ranks a node): its
+  /// (bytes, seconds) sorted by bytes, seconds non-decreasing.
+  std::map<std::tuple<int, int, int, int>,
+           std::vector<std::pair<double, double>>>
+      measuredCurves_;
 };
 
 } // namespace dlopt::planner

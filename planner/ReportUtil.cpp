@@ -143,6 +143,31 @@ std::string textCommunication(const std::vector<CommOp> &comms) {
               humanBytes(c.bytes).c_str(), c.calls, linkName(c.link),
               how.c_str(), seconds(c.time).c_str(), seconds(c.exposed).c_str());
   }
+  // A collective_table that covers some of the plan's collectives: say
+  // which ones the model priced instead, since a measured figure beside a
+  // modelled one can tip the choice between them.
+  std::vector<std::string> modelled;
+  bool anyMeasured = false;
+  for (const CommOp &c : comms) {
+    if (c.algorithm == "measured") {
+      anyMeasured = true;
+      continue;
+    }
+    if (c.algorithm == "mixed" || c.collective == Collective::SendRecv)
+      continue;
+    std::string k =
+        strf("%s over %d", collectiveName(c.collective), c.groupSize);
+    if (std::find(modelled.begin(), modelled.end(), k) == modelled.end())
+      modelled.push_back(k);
+  }
+  if (anyMeasured && !modelled.empty()) {
+    std::string list;
+    for (const std::string &k : modelled)
+      list += (list.empty() ? "" : ", ") + k;
+    r += "  note: 'measured' lines come from the calibration's "
+         "collective_table; it has no measurement of " +
+         list + " ranks in such a group, which the model prices\n";
+  }
   return r;
 }
 

@@ -16,7 +16,7 @@ SECONDS_EACH=${1:-30}
 shift || true
 BUILD_DIR=${SAN_BUILD_DIR:-build-sanitize}
 ALL_TARGETS=(executable npy safetensors checkpoint tokens cluster-yaml
-             cluster-json plan calibration profile fix mlir)
+             cluster-json plan calibration profile nccl-tests fix mlir)
 TARGETS=("$@")
 [ $# -gt 0 ] || TARGETS=("${ALL_TARGETS[@]}")
 
@@ -46,6 +46,7 @@ dict() {
       echo "test/fuzz/dict/json.dict" ;;
     cluster-yaml) echo "test/fuzz/dict/yaml.dict" ;;
     fix) echo "test/fuzz/dict/fix.dict" ;;
+    nccl-tests) echo "test/fuzz/dict/nccl-tests.dict" ;;
     mlir) echo "$work/seeds/mlir.dict" ;;
   esac
 }

@@ -125,6 +125,13 @@ def collect(out):
           b"'shape': (281474976710656, 281474976710656, 281474976710656), }"
           .ljust(129, b" ")[:128] + b"\n")
 
+    # nccl-tests outputs of the dlopt-calibrate tests, with the first
+    # byte the target reads (4: broadcast's 5 -> none named; 0: all_reduce).
+    for i, path in enumerate(files_under("test/tools/dlopt-calibrate/Inputs", (".txt",))):
+        text = open(path, "rb").read()
+        write(os.path.join(out, "nccl-tests", "input-%d" % i), b"\5" + text)
+        write(os.path.join(out, "nccl-tests", "input-%d-named" % i), b"\0" + text)
+
     # --fix values of the tool tests.
     fixes = set()
     for path in files_under("test", (".test",)):
@@ -285,6 +292,13 @@ def regenerate(bindir):
              for m in (16, 256) for n in (16, 256) for k in (16, 256)]
     write(os.path.join(CORPUS, "calibration", "gemm-table.json"),
           json.dumps({"matmul_small_efficiency": 0.3, "gemm_table": table}))
+    # A collective_table, as dlopt-calibrate --nccl-tests writes one.
+    write(os.path.join(CORPUS, "calibration", "collective-table.json"),
+          json.dumps({"collective_table": [
+              {"collective": c, "ranks": 8, "nodes": 1, "ranks_per_node": 8,
+               "bytes": b, "us": us}
+              for c in ("all_reduce", "all_gather")
+              for b, us in ((1048576, 27.39), (16777216, 123.78))]}, indent=1))
     # A dlopt-run --profile-json of the tiny GPT's training step (cpu).
     shutil.rmtree(os.path.join(CORPUS, "profile"), ignore_errors=True)
     m = os.path.join(tmp, "p.mlir")

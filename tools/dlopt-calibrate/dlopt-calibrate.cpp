@@ -11,11 +11,13 @@
 //===----------------------------------------------------------------------===//
 
 #include "planner/MachineCalibration.h"
+#include "planner/NcclTests.h"
 #include "planner/ProfileCalibration.h"
 #include "runtime/comm/InProcessCommunicator.h"
 #include "runtime/cpu/CpuKernels.h"
 #include "runtime/cpu/DnnlConv.h"
 #include "runtime/format/FusedProgram.h"
+#include "runtime/support/FileRead.h"
 #ifdef DLOPT_HAVE_MPI
 #include "runtime/comm/MpiCommunicator.h"
 #endif
@@ -25,14 +27,17 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unistd.h>
 #include <vector>
 
@@ -78,6 +83,21 @@ from profiles (measures nothing; writes the calibration only):
   --gpu PRESET|CLUSTER         that device: a GPU preset of docs/cluster.md
                                (h200-sxm-141gb, cpu-device) or a cluster file
                                (its first node group's device)
+
+from nccl-tests (measures nothing; writes the calibration only; with
+--from-profile, into the same file):
+  --nccl-tests [COLLECTIVE=]FILE
+                               the output of all_reduce_perf, all_gather_perf,
+                               reduce_scatter_perf, alltoall_perf or
+                               broadcast_perf (repeatable; one or more tests
+                               a file); its collective_table prices those
+                               collectives over groups of the measured shape.
+                               COLLECTIVE (all_reduce, ...) names it where
+                               neither the output (nccl-tests < 2.17) nor the
+                               file name does
+  --compare CLUSTER            print the model's figure on CLUSTER (a preset
+                               such as dgx-h100:2, or a cluster file) beside
+                               each measured one
 )";
 
 [[noreturn]] void usageError(const std::string &msg) {
@@ -339,13 +359,173 @@ bool writeText(const std::string &path, const std::string &text) {
 
 } // namespace
 
+/// "1 MiB", "64 KiB", "1000 B".
+std::string sizeName(double bytes) {
+  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (u < 4 && bytes >= 1024 && std::fmod(bytes, 1024) == 0) {
+    bytes /= 1024;
+    ++u;
+  }
+  char b[48];
+  std::snprintf(b, sizeof b, "%.0f %s", bytes, units[u]);
+  return b;
+}
+
+/// A group of `ranks` ranks on `nodes` nodes with `perNode` on the first
+/// (and as many as fit on the others) in `cluster`, for --compare.
+planner::Expected<planner::CommGroup>
+groupOfShape(const planner::Cluster &cluster, int ranks, int nodes,
+             int perNode) {
+  std::vector<std::vector<int>> byNode(cluster.numNodes());
+  for (int r = 0; r < cluster.numDevices(); ++r) {
+    auto loc = cluster.locate(r);
+    if (!loc)
+      return loc.status();
+    byNode[loc->node].push_back(r);
+  }
+  if (nodes > int(byNode.size()))
+    return rt::Status::error("the cluster has " +
+                             std::to_string(byNode.size()) +
+                             " nodes, the "
+                             "group spans " +
+                             std::to_string(nodes));
+  std::vector<int> chosen;
+  int left = ranks;
+  for (int k = 0; k < nodes; ++k) {
+    // At most perNode here, and at least one for each node after it.
+    const int take = std::min(perNode, left - (nodes - 1 - k));
+    if (take > int(byNode[k].size()))
+      return rt::Status::error(
+          "node " + std::to_string(k) + " of the cluster has " +
+          std::to_string(byNode[k].size()) + " devices, the group puts " +
+          std::to_string(take) + " there");
+    chosen.insert(chosen.end(), byNode[k].begin(), byNode[k].begin() + take);
+    left -= take;
+  }
+  return cluster.commGroup(chosen);
+}
+
+/// --nccl-tests: reads each file, prints its sweeps (beside the model's
+/// figures on `compare` when given), and returns their rows. Exit code 1
+/// on an unreadable file or output, 2 on a bad COLLECTIVE= prefix.
+std::vector<planner::CollectiveTableRow>
+importNcclTests(const std::vector<std::string> &specs,
+                const std::string &compare) {
+  auto fail = [](const std::string &msg) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "dlopt-calibrate: error: %s\n", msg.c_str());
+    std::exit(1);
+  };
+  std::optional<planner::Cluster> cluster;
+  if (!compare.empty()) {
+    auto c = planner::resolveCluster(compare);
+    if (!c)
+      usageError("--compare: " + c.status().message());
+    cluster = c.take();
+  }
+  const planner::CostModel model; // the default calibration's figures
+  std::vector<planner::CollectiveTableRow> rows;
+  std::map<std::tuple<int, int, int, int, double>, std::string> from;
+  for (const std::string &spec : specs) {
+    std::string path = spec;
+    std::optional<planner::Collective> named;
+    const size_t eq = spec.find('=');
+    if (eq != std::string::npos) {
+      planner::Collective c;
+      if (planner::collectiveFromTableName(spec.substr(0, eq), c)) {
+        named = c;
+        path = spec.substr(eq + 1);
+      } else if (spec.substr(0, eq).find('/') == std::string::npos &&
+                 !std::ifstream(spec).good()) {
+        usageError("--nccl-tests: '" + spec.substr(0, eq) +
+                   "' is not all_reduce, all_gather, reduce_scatter, "
+                   "alltoall or broadcast");
+      }
+    }
+    if (!named)
+      named = planner::collectiveOfNcclTestsName(path);
+    auto text = rt::readTextFileLimited(path, "nccl-tests output");
+    if (!text)
+      fail(text.status().message());
+    auto sweeps = planner::parseNcclTests(*text, path, named);
+    if (!sweeps)
+      fail(sweeps.status().message());
+    for (const planner::NcclTestsSweep &w : *sweeps) {
+      const char *name = planner::collectiveTableName(w.collective);
+      std::printf("nccl-tests: %s over %d ranks (%d node%s, %d a node)%s%s, "
+                  "%zu sizes %s to %s (%s:%d)\n",
+                  name, w.ranks, w.nodes, w.nodes == 1 ? "" : "s",
+                  w.ranksPerNode, w.device.empty() ? "" : ", ",
+                  w.device.c_str(), w.rows.size(),
+                  sizeName(w.rows.front().bytes).c_str(),
+                  sizeName(w.rows.back().bytes).c_str(), path.c_str(), w.line);
+      std::optional<planner::CommGroup> g;
+      if (cluster) {
+        auto gr = groupOfShape(*cluster, w.ranks, w.nodes, w.ranksPerNode);
+        if (gr)
+          g = *gr;
+        else
+          std::printf("  (--compare: %s)\n", gr.status().message().c_str());
+      }
+      // nccl-tests' bus bandwidth: bytes / time times the collective's
+      // factor over n ranks.
+      const int n = w.ranks;
+      const double factor =
+          w.collective == planner::Collective::AllReduce   ? 2.0 * (n - 1) / n
+          : w.collective == planner::Collective::Broadcast ? 1.0
+                                                           : double(n - 1) / n;
+      if (g)
+        std::printf("  %10s %12s %10s %12s %10s %-16s %14s\n", "size",
+                    "measured", "busbw", "model", "busbw", "(algorithm)",
+                    "measured/model");
+      else
+        std::printf("  %10s %12s %10s\n", "size", "measured", "busbw");
+      for (const planner::CollectiveTableRow &r : w.rows) {
+        const auto key = std::make_tuple(int(r.collective), r.ranks, r.nodes,
+                                         r.ranksPerNode, r.bytes);
+        auto [it, fresh] = from.emplace(key, path);
+        if (!fresh)
+          fail(path + ": " + name + " over " + std::to_string(r.ranks) +
+               " ranks (" + std::to_string(r.nodes) + " node" +
+               (r.nodes == 1 ? "" : "s") + ", " +
+               std::to_string(r.ranksPerNode) + " a node) at " +
+               sizeName(r.bytes) + " was measured already, in " + it->second);
+        rows.push_back(r);
+        const double busbw = r.bytes * factor / r.seconds / 1e9;
+        if (!g) {
+          std::printf("  %10s %9.2f us %5.1f GB/s\n", sizeName(r.bytes).c_str(),
+                      r.seconds * 1e6, busbw);
+          continue;
+        }
+        auto e = model.commTime(r.collective, r.bytes, *g);
+        if (!e) {
+          std::printf("  %10s %9.2f us %5.1f GB/s   (model: %s)\n",
+                      sizeName(r.bytes).c_str(), r.seconds * 1e6, busbw,
+                      e.status().message().c_str());
+          continue;
+        }
+        std::string how = planner::algorithmName(e->algorithm);
+        if (e->protocol != planner::CommProtocol::None)
+          how += std::string(" ") + planner::protocolName(e->protocol);
+        std::printf("  %10s %9.2f us %5.1f GB/s %9.2f us %5.1f GB/s %-16s "
+                    "%13.2fx\n",
+                    sizeName(r.bytes).c_str(), r.seconds * 1e6, busbw,
+                    e->time * 1e6, r.bytes * factor / e->time / 1e9,
+                    ("(" + how + ")").c_str(), r.seconds / e->time);
+      }
+    }
+  }
+  return rows;
+}
+
 int main(int argc, char **argv) {
   std::string calOut = "calibration.json", clusterOut = "cluster.json";
   MachineSamples s;
   int threads = 0;
   bool quick = false;
-  std::vector<std::string> profiles;
-  std::string gpuName, measuringFlag, clusterFlag;
+  std::vector<std::string> profiles, ncclTests;
+  std::string gpuName, measuringFlag, clusterFlag, compare;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -365,6 +545,10 @@ int main(int argc, char **argv) {
       profiles.push_back(value());
     } else if (a == "--gpu") {
       gpuName = value();
+    } else if (a == "--nccl-tests") {
+      ncclTests.push_back(value());
+    } else if (a == "--compare") {
+      compare = value();
     } else if (a == "--devices") {
       s.devices = parseInt(a, value(), 1, 4096);
       measuringFlag = a;
@@ -388,6 +572,35 @@ int main(int argc, char **argv) {
     } else {
       usageError("unknown option '" + a + "'");
     }
+  }
+  if (!compare.empty() && ncclTests.empty())
+    usageError("--compare prints the model beside --nccl-tests' figures; "
+               "give --nccl-tests FILE");
+  if (!ncclTests.empty() && profiles.empty()) {
+    if (!gpuName.empty())
+      usageError("--gpu names the device of --from-profile's profiles");
+    if (!measuringFlag.empty())
+      usageError(measuringFlag + " does not apply to --nccl-tests, which "
+                                 "measures nothing");
+    if (!clusterFlag.empty())
+      usageError("--cluster-out does not apply to --nccl-tests, which "
+                 "writes a calibration only");
+    if (!canWrite(calOut))
+      return 1;
+    planner::Calibration cal;
+    cal.collectiveTable = importNcclTests(ncclTests, compare);
+    if (auto st = cal.validate(); !st.isOk()) {
+      std::fprintf(stderr, "dlopt-calibrate: error: %s\n",
+                   st.message().c_str());
+      return 1;
+    }
+    // Only the table: the file goes with --calibration beside (after)
+    // another, whose constants it leaves alone.
+    if (!writeText(calOut, cal.collectiveTableJson()))
+      return 1;
+    std::printf("wrote %s (collective_table: %zu rows)\n", calOut.c_str(),
+                cal.collectiveTable.size());
+    return 0;
   }
   if (!profiles.empty() || !gpuName.empty()) {
     if (profiles.empty())
@@ -432,6 +645,14 @@ int main(int argc, char **argv) {
     }
     for (const std::string &l : cal->lines)
       std::printf("%s\n", l.c_str());
+    if (!ncclTests.empty()) {
+      cal->calibration.collectiveTable = importNcclTests(ncclTests, compare);
+      if (auto st = cal->calibration.validate(); !st.isOk()) {
+        std::fprintf(stderr, "dlopt-calibrate: error: %s\n",
+                     st.message().c_str());
+        return 1;
+      }
+    }
     if (!writeText(calOut, cal->calibration.toJson()))
       return 1;
     std::printf("wrote %s\n", calOut.c_str());

@@ -184,10 +184,11 @@ static cl::opt<int> topK("top-k", cl::desc("Alternatives to show (default 3)"),
 static cl::opt<bool> explainOpt(
     "explain", cl::desc("Show the search: candidates priced and pruned, why"),
     cl::cat(planCategory));
-static cl::opt<std::string> calibrationOpt(
+static cl::list<std::string> calibrationOpt(
     "calibration", cl::value_desc("file"),
     cl::desc("JSON calibration constants over the defaults "
-             "(docs/cost-model.md)"),
+             "(docs/cost-model.md); repeatable, each file over the ones "
+             "before it"),
     cl::cat(planCategory));
 static cl::opt<int64_t> globalBatchOpt(
     "global-batch",
@@ -316,8 +317,8 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
                   2);
   }
   Calibration cal;
-  if (!calibrationOpt.empty()) {
-    auto c = loadCalibration(calibrationOpt);
+  for (const std::string &path : calibrationOpt) {
+    auto c = loadCalibration(path, cal);
     if (!c)
       return fail(c.status().message());
     cal = *c;
