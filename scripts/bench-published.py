@@ -200,7 +200,8 @@ def price(args, tmp, group, row):
                         "--global-batch", str(row["global_batch"]),
                         "--fix", row["fix"]] +
                        (["--grad-reduce", reduce] if reduce else []) +
-                       (["--attention-kernel", attention] if attention else []))
+                       (["--attention-kernel", attention] if attention else []) +
+                       [a for c in args.calibration for a in ("--calibration", c)])
     if rc != 0:
         last = (err.strip().splitlines() or ["exit %d" % rc])[-1]
         if "no plan fits in memory" in last:
@@ -242,6 +243,10 @@ def main():
     ap.add_argument("--only", help="price only rows whose group or name "
                                    "matches this regular expression")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--calibration", action="append", default=[],
+                    help="price with this calibration file too (repeatable, "
+                         "as dlopt-compile's; e.g. a collective_table of "
+                         "dlopt-calibrate --nccl-tests)")
     ap.add_argument("--json", help="also write the rows and results here")
     ap.add_argument("--require", action="append", default=[],
                     metavar="GROUP=FRACTION",
