@@ -367,10 +367,17 @@ Status checkCollectiveTable(const std::vector<CollectiveTableRow> &rows) {
                            ": expected bytes a whole number in [1, "
                            "2^50], got " +
                            fmt(r.bytes));
-    if (!std::isfinite(r.seconds) || !(r.seconds > 0) ||
+    // At least a nanosecond: the file keeps picoseconds.
+    if (!std::isfinite(r.seconds) || !(r.seconds >= 1e-9) ||
         r.seconds > kMaxCollectiveUs * 1e-6)
-      return Status::error(at + ": expected us in (0, 1e9], got " +
+      return Status::error(at + ": expected us in [0.001, 1e9], got " +
                            fmt(r.seconds * 1e6));
+    if (r.device.size() > 200 ||
+        std::any_of(r.device.begin(), r.device.end(), [](char ch) {
+          return (unsigned char)ch < 0x20 || ch == 0x7f;
+        }))
+      return Status::error(at + ": expected a device name of at most 200 "
+                                "printable characters");
     if (!seen.insert(
                  {int(r.collective), r.ranks, r.nodes, r.ranksPerNode, r.bytes})
              .second)
@@ -419,13 +426,14 @@ parseCollectiveTable(const nlohmann::json &v) {
                            r.dump().substr(0, 80));
     for (auto it = r.begin(); it != r.end(); ++it) {
       static const char *const known[] = {"collective",     "ranks", "nodes",
-                                          "ranks_per_node", "bytes", "us"};
+                                          "ranks_per_node", "bytes", "us",
+                                          "device"};
       if (std::find_if(std::begin(known), std::end(known), [&](const char *k) {
             return it.key() == k;
           }) == std::end(known))
         return Status::error(at + ": unknown field '" + it.key() +
                              "' (known: collective, ranks, nodes, "
-                             "ranks_per_node, bytes, us)");
+                             "ranks_per_node, bytes, us, device)");
     }
     CollectiveTableRow row;
     auto name = r.find("collective");
@@ -452,6 +460,12 @@ parseCollectiveTable(const nlohmann::json &v) {
         return Status::error(at + ": " + fields[f] +
                              ": expected a whole number in [1, 2^20], got " +
                              fmt(x[f]));
+    if (auto dev = r.find("device"); dev != r.end()) {
+      if (!dev->is_string())
+        return Status::error(at + ": device: expected a string, got " +
+                             std::string(dev->type_name()));
+      row.device = dev->get<std::string>();
+    }
     row.ranks = int(x[0]);
     row.nodes = int(x[1]);
     row.ranksPerNode = int(x[2]);
@@ -474,6 +488,8 @@ collectiveRows(const std::vector<CollectiveTableRow> &table) {
     o["ranks_per_node"] = r.ranksPerNode;
     o["bytes"] = int64_t(r.bytes);
     o["us"] = std::round(r.seconds * 1e12) / 1e6; // to the picosecond
+    if (!r.device.empty())
+      o["device"] = r.device;
     rows.push_back(o);
   }
   return rows;
@@ -704,7 +720,8 @@ const std::vector<CalibrationKey> &calibrationKeys() {
                  "an SM count (absent: convolutions priced as their im2col "
                  "GEMMs)"});
     k.push_back({kCollectiveTableKey,
-                 "rows {collective, ranks, nodes, ranks_per_node, bytes, us}",
+                 "rows {collective, ranks, nodes, ranks_per_node, bytes, us, "
+                 "device}",
                  "collectives measured on the cluster (dlopt-calibrate "
                  "--nccl-tests): a collective over a group of the same "
                  "ranks, nodes and ranks a node is priced from them, "

@@ -52,6 +52,10 @@ struct CollectiveTableRow {
   Collective collective = Collective::AllReduce;
   int ranks = 0, nodes = 0, ranksPerNode = 0;
   double bytes = 0, seconds = 0;
+  /// The device it was measured on, as nccl-tests names it ("NVIDIA H100
+  /// 80GB HBM3"); empty when not known. Reports compare it with the
+  /// cluster's.
+  std::string device;
 };
 /// The collective_table name of a collective, nccl-tests' spelling without
 /// "_perf": all_reduce, all_gather, reduce_scatter, alltoall, broadcast;

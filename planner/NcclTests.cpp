@@ -35,9 +35,14 @@ bool allDigits(std::string_view s) {
          });
 }
 
-/// A finite number that is the whole token.
+/// A finite decimal number (digits, a point, an exponent) that is the
+/// whole token: not hex, inf or nan.
 std::optional<double> number(std::string_view s) {
-  if (s.empty() || s.size() > 40)
+  if (s.empty() || s.size() > 40 ||
+      !std::all_of(s.begin(), s.end(), [](char c) {
+        return std::isdigit(static_cast<unsigned char>(c)) || c == '.' ||
+               c == 'e' || c == 'E' || c == '+' || c == '-';
+      }))
     return std::nullopt;
   std::string str(s);
   char *end = nullptr;
@@ -77,17 +82,45 @@ double busFactor(Collective c, int n) {
   return 1.0;
 }
 
+/// The line without a launcher's prefix: `srun -l`'s "12: " and `mpirun
+/// --tag-output`'s "[1,0]<stdout>:".
+std::string_view unprefixed(std::string_view line) {
+  size_t i = 0;
+  while (i < line.size() && line[i] == ' ')
+    ++i;
+  size_t j = i;
+  while (j < line.size() && std::isdigit(static_cast<unsigned char>(line[j])))
+    ++j;
+  if (j > i && j < line.size() && line[j] == ':')
+    return line.substr(j + 1);
+  if (i < line.size() && line[i] == '[') {
+    const size_t close = line.find("]<std", i);
+    if (close != std::string_view::npos) {
+      const size_t colon = line.find(">:", close);
+      if (colon != std::string_view::npos)
+        return line.substr(colon + 2);
+    }
+  }
+  return line;
+}
+
 constexpr size_t kMaxRanks = size_t(1) << 20;
+
+struct RankEntry {
+  std::string host;
+  int64_t group = 0;
+};
 
 struct Section {
   int line = 0;
   std::optional<Collective> collective;
-  std::string program; ///< from "Collective test starting"
-  std::map<int64_t, std::string> hostOfRank;
+  std::string program; ///< from "Collective test starting", or empty
+  std::map<int64_t, RankEntry> ranks;
   std::string device;
   std::vector<std::pair<double, double>> rows; ///< bytes, seconds
   std::set<double> sizes;
-  bool checkedFactor = false;
+  // Rank 0's group, settled at the first row.
+  int n = 0, nodes = 0, perNode = 0, groups = 0;
 };
 
 } // namespace
@@ -96,29 +129,56 @@ std::optional<Collective> collectiveOfNcclTestsName(std::string_view name) {
   const size_t slash = name.find_last_of('/');
   if (slash != std::string_view::npos)
     name = name.substr(slash + 1);
-  std::string flat;
-  for (char c : name)
-    if (c != '_' && c != '-')
-      flat += char(std::tolower(static_cast<unsigned char>(c)));
+  std::vector<std::string> words;
+  std::string w;
+  for (char c : name) {
+    if (std::isalnum(static_cast<unsigned char>(c))) {
+      w += char(std::tolower(static_cast<unsigned char>(c)));
+    } else if (!w.empty()) {
+      words.push_back(w);
+      w.clear();
+    }
+  }
+  if (!w.empty())
+    words.push_back(w);
   const std::pair<const char *, Collective> known[] = {
+      {"all reduce", Collective::AllReduce},
       {"allreduce", Collective::AllReduce},
+      {"all gather", Collective::AllGather},
       {"allgather", Collective::AllGather},
+      {"reduce scatter", Collective::ReduceScatter},
       {"reducescatter", Collective::ReduceScatter},
       {"alltoall", Collective::AllToAll},
+      {"all to all", Collective::AllToAll},
       {"broadcast", Collective::Broadcast}};
-  std::optional<Collective> found;
-  for (const auto &[k, c] : known)
-    if (flat.find(k) != std::string::npos) {
-      if (found)
-        return std::nullopt; // two names: ambiguous
-      found = c;
+  std::set<Collective> found;
+  for (size_t i = 0; i < words.size(); ++i)
+    for (const auto &[k, c] : known) {
+      // k's words at i.
+      std::string_view rest = k;
+      size_t j = i;
+      bool match = true;
+      while (!rest.empty()) {
+        const size_t sp = rest.find(' ');
+        std::string_view part = rest.substr(0, sp);
+        if (j >= words.size() || words[j] != part) {
+          match = false;
+          break;
+        }
+        ++j;
+        rest = sp == std::string_view::npos ? "" : rest.substr(sp + 1);
+      }
+      if (match)
+        found.insert(c);
     }
-  return found;
+  if (found.size() != 1)
+    return std::nullopt;
+  return *found.begin();
 }
 
 Expected<std::vector<NcclTestsSweep>>
 parseNcclTests(std::string_view text, std::string_view source,
-               std::optional<Collective> fallback) {
+               const NcclTestsNames &names) {
   const std::string src(source);
   std::vector<NcclTestsSweep> out;
   std::optional<Section> cur;
@@ -126,6 +186,11 @@ parseNcclTests(std::string_view text, std::string_view source,
   std::string pendingProgram;
   int lineNo = 0;
   auto at = [&](int line) { return src + ":" + std::to_string(line) + ": "; };
+  const char *kNoMpi = " (under mpirun, nccl-tests built without MPI=1 "
+                       "runs a test of its own in each process)";
+  const char *kSecond = ": did that test fail, or did several processes "
+                        "each run a test of their own (nccl-tests built "
+                        "without MPI=1 under mpirun)?";
 
   auto finish = [&]() -> Status {
     if (!cur)
@@ -137,13 +202,10 @@ parseNcclTests(std::string_view text, std::string_view source,
                                         "result rows (did it fail?)");
     NcclTestsSweep sw;
     sw.collective = *s.collective;
-    sw.ranks = int(s.hostOfRank.size());
-    std::map<std::string, int> perHost;
-    for (const auto &[rank, host] : s.hostOfRank)
-      ++perHost[host];
-    sw.nodes = int(perHost.size());
-    for (const auto &[host, n] : perHost)
-      sw.ranksPerNode = std::max(sw.ranksPerNode, n);
+    sw.ranks = s.n;
+    sw.nodes = s.nodes;
+    sw.ranksPerNode = s.perNode;
+    sw.groups = s.groups;
     sw.device = s.device;
     sw.line = s.line;
     std::sort(s.rows.begin(), s.rows.end());
@@ -155,19 +217,81 @@ parseNcclTests(std::string_view text, std::string_view source,
       r.ranksPerNode = sw.ranksPerNode;
       r.bytes = bytes;
       r.seconds = seconds;
+      r.device = sw.device;
       sw.rows.push_back(r);
     }
+    // The same measurement twice in one file: every process printed its
+    // own test, or two runs were concatenated.
+    for (const NcclTestsSweep &o : out)
+      if (o.collective == sw.collective && o.ranks == sw.ranks &&
+          o.nodes == sw.nodes && o.ranksPerNode == sw.ranksPerNode)
+        for (const CollectiveTableRow &a : o.rows)
+          for (const CollectiveTableRow &b : sw.rows)
+            if (a.bytes == b.bytes)
+              return Status::error(
+                  at(sw.line) + "this test measures " +
+                  collectiveTableName(sw.collective) +
+                  " over the group of "
+                  "the test at line " +
+                  std::to_string(o.line) + " at the same size (" + g3(a.bytes) +
+                  " bytes): two runs in one file (split it)" + kNoMpi);
     out.push_back(std::move(sw));
     return Status::ok();
   };
   auto begin = [&](int line) -> Status {
+    if (cur && cur->rows.empty())
+      return Status::error(at(line) +
+                           "a second test header before the rows of the "
+                           "test at line " +
+                           std::to_string(cur->line) + kSecond);
     DLOPT_RETURN_IF_ERROR(finish());
     cur.emplace();
     cur->line = line;
-    cur->collective = pending ? pending : fallback;
     cur->program = pendingProgram;
+    if (pending) {
+      if (names.prefix && *names.prefix != *pending)
+        return Status::error(at(line) + "the output is " + pendingProgram +
+                             "'s, but the file was named " +
+                             collectiveTableName(*names.prefix) + "=");
+      cur->collective = pending;
+    } else {
+      cur->collective = names.prefix ? names.prefix : names.fileName;
+    }
     pending.reset();
     pendingProgram.clear();
+    return Status::ok();
+  };
+  // Rank 0's group, once the rank list is complete (at the first row).
+  auto settle = [&](Section &s) -> Status {
+    if (s.n > 0)
+      return Status::ok();
+    const int64_t total = int64_t(s.ranks.size());
+    const int64_t maxRank = s.ranks.rbegin()->first;
+    if (maxRank != total - 1)
+      return Status::error(at(s.line) + "expected ranks 0 to " +
+                           std::to_string(total - 1) + ", got rank " +
+                           std::to_string(maxRank));
+    const int64_t group0 = s.ranks.at(0).group;
+    std::map<std::string, int> perHost;
+    std::set<int64_t> groups;
+    for (const auto &[rank, e] : s.ranks) {
+      groups.insert(e.group);
+      if (e.group == group0) {
+        ++s.n;
+        ++perHost[e.host];
+      }
+    }
+    s.groups = int(groups.size());
+    s.nodes = int(perHost.size());
+    for (const auto &[host, k] : perHost)
+      s.perNode = std::max(s.perNode, k);
+    if (s.n < 2)
+      return Status::error(at(s.line) +
+                           "a test over one rank measures no "
+                           "communication" +
+                           (s.groups > 1 ? std::string(" (rank 0's group "
+                                                       "has one rank)")
+                                         : std::string(kNoMpi)));
     return Status::ok();
   };
 
@@ -176,7 +300,7 @@ parseNcclTests(std::string_view text, std::string_view source,
     size_t eol = text.find('\n', pos);
     if (eol == std::string_view::npos)
       eol = text.size();
-    std::string_view line = text.substr(pos, eol - pos);
+    std::string_view line = unprefixed(text.substr(pos, eol - pos));
     pos = eol + 1;
     ++lineNo;
     std::vector<std::string_view> t = tokens(line);
@@ -193,9 +317,8 @@ parseNcclTests(std::string_view text, std::string_view source,
       if (t.size() >= 4 && t[0] == "Collective" && t[1] == "test" &&
           t[2] == "starting:") {
         std::string_view prog = t[3];
-        std::string_view name = prog;
-        if (name.size() > 5 && name.substr(name.size() - 5) == "_perf")
-          name = name.substr(0, name.size() - 5);
+        // X_perf, or X_perf_mpi and other NAME_SUFFIX builds.
+        std::string_view name = prog.substr(0, prog.find("_perf"));
         Collective c;
         if (!collectiveFromTableName(name, c))
           return Status::error(
@@ -203,6 +326,11 @@ parseNcclTests(std::string_view text, std::string_view source,
               "' measures no collective dlopt prices (all_reduce_perf, "
               "all_gather_perf, reduce_scatter_perf, alltoall_perf, "
               "broadcast_perf)");
+        if (cur && cur->rows.empty() && !cur->ranks.empty())
+          return Status::error(at(lineNo) +
+                               "a second test header before the rows of the "
+                               "test at line " +
+                               std::to_string(cur->line) + kSecond);
         DLOPT_RETURN_IF_ERROR(finish());
         pending = c;
         pendingProgram = std::string(prog);
@@ -222,6 +350,23 @@ parseNcclTests(std::string_view text, std::string_view source,
                              "the test reports wrong values "
                              "(" +
                              shown(line) + ")");
+      if (t[0] == "size" && t.size() >= 3 && t[1] == "count") {
+        // The column titles: the format this reader knows.
+        const bool cputime =
+            std::find(t.begin(), t.end(), "cputime") != t.end();
+        const bool wrong = std::find(t.begin(), t.end(), "#wrong") != t.end();
+        if (cputime)
+          return Status::error(at(lineNo) + "the output has CPU times "
+                                            "(nccl-tests -C 1); run it "
+                                            "without -C");
+        if (!wrong)
+          return Status::error(at(lineNo) +
+                               "expected the columns of nccl-tests 2.13 and "
+                               "later ('size count type redop root time algbw "
+                               "busbw #wrong ...'), got '" +
+                               shown(line) + "'");
+        continue;
+      }
       if (t[0] == "Rank" && t.size() >= 2 && allDigits(t[1])) {
         if (!cur)
           DLOPT_RETURN_IF_ERROR(begin(lineNo));
@@ -230,39 +375,41 @@ parseNcclTests(std::string_view text, std::string_view source,
                                "a rank listed after the test's rows");
         const int64_t rank =
             std::strtoll(std::string(t[1]).c_str(), nullptr, 10);
-        std::string host;
+        RankEntry e;
         size_t devAt = t.size();
+        if (t.size() >= 4 && t[2] == "Group" && allDigits(t[3]))
+          e.group = std::strtoll(std::string(t[3]).c_str(), nullptr, 10);
         for (size_t i = 2; i + 1 < t.size(); ++i) {
-          if (t[i] == "on" && host.empty())
-            host = std::string(t[i + 1]);
+          if (t[i] == "on" && e.host.empty())
+            e.host = std::string(t[i + 1]);
           if (t[i] == "device") {
             devAt = i;
             break;
           }
         }
-        if (host.empty())
+        if (e.host.empty())
           return Status::error(at(lineNo) +
                                "expected '# Rank N ... on HOST device D', "
                                "got '" +
                                shown(line) + "'");
-        if (cur->hostOfRank.size() >= kMaxRanks)
+        if (cur->ranks.size() >= kMaxRanks)
           return Status::error(at(lineNo) + "more than 2^20 ranks");
-        if (!cur->hostOfRank.emplace(rank, host).second)
-          return Status::error(
-              at(lineNo) + "rank " + std::to_string(rank) +
-              " is listed twice: every process ran its own test (nccl-tests "
-              "built without MPI=1 under mpirun?)");
+        if (!cur->ranks.emplace(rank, e).second)
+          return Status::error(at(lineNo) + "rank " + std::to_string(rank) +
+                               " is listed twice: every process ran its own "
+                               "test" +
+                               kNoMpi);
         if (rank == 0 && devAt + 2 < t.size()) {
           // "device 0 [0000:04:00] NVIDIA H100 80GB HBM3"
           size_t k = devAt + 2;
           if (t[k].front() == '[')
             ++k;
-          for (; k < t.size(); ++k)
-            cur->device += (cur->device.empty() ? "" : " ") + std::string(t[k]);
+          for (; k < t.size() && cur->device.size() < 120; ++k)
+            cur->device += (cur->device.empty() ? "" : " ") + shown(t[k]);
         }
         continue;
       }
-      continue; // other header lines: options, column titles, summaries
+      continue; // other header lines: options, summaries
     }
     if (!allDigits(t[0]))
       continue; // a launcher's or the library's message
@@ -272,7 +419,7 @@ parseNcclTests(std::string_view text, std::string_view source,
       return Status::error(at(lineNo) + "a result row before the test's "
                                         "header ('# nThread ...') and rank "
                                         "list");
-    if (cur->hostOfRank.empty())
+    if (cur->ranks.empty())
       return Status::error(at(lineNo) + "a result row before the test's "
                                         "rank list ('#  Rank 0 ... on HOST "
                                         "device 0 ...')");
@@ -285,17 +432,10 @@ parseNcclTests(std::string_view text, std::string_view source,
       return Status::error(
           at(lineNo) + "which collective is this? The output has no '# "
                        "Collective test starting: X_perf' line (nccl-tests "
-                       "before 2.17) and the file name does not say: name it "
-                       "as --nccl-tests all_reduce=FILE");
-    const int n = int(cur->hostOfRank.size());
-    if (n < 2)
-      return Status::error(at(lineNo) + "a test over one rank measures no "
-                                        "communication");
-    const int64_t maxRank = cur->hostOfRank.rbegin()->first;
-    if (maxRank != n - 1)
-      return Status::error(at(cur->line) + "expected ranks 0 to " +
-                           std::to_string(n - 1) + ", got rank " +
-                           std::to_string(maxRank));
+                       "before 2.16.7) and the file name does not say: name "
+                       "it as --nccl-tests all_reduce=FILE");
+    DLOPT_RETURN_IF_ERROR(settle(*cur));
+    const int n = cur->n;
     const std::optional<double> size = number(t[0]);
     const std::optional<double> time = number(t[5]);
     const std::optional<double> algbw = number(t[6]);
@@ -318,34 +458,36 @@ parseNcclTests(std::string_view text, std::string_view source,
                            "expected a size up to 2^50 bytes, "
                            "got " +
                            shown(t[0]));
-    if (!(*time > 0))
-      return Status::error(at(lineNo) + "expected a time > 0 us, got " +
+    if (!(*time >= 0.01))
+      return Status::error(at(lineNo) +
+                           "expected a time of at least 0.01 "
+                           "us, got " +
                            shown(t[5]));
-    // The columns agree with one another where their two decimals carry
-    // the figures: algbw is size / time, busbw the collective's factor
-    // over n ranks times algbw.
-    if (*algbw >= 1.0) {
-      const double algFromTime = *size / (*time * 1e3);
-      if (std::abs(algFromTime / *algbw - 1) > 0.03)
-        return Status::error(at(lineNo) + "algbw " + shown(t[6]) +
-                             " GB/s is not size / time (" + g3(algFromTime) +
-                             " GB/s): the columns are not nccl-tests' size, "
-                             "count, type, redop, root, time (us), algbw, "
-                             "busbw");
-      const double want = busFactor(*cur->collective, n);
-      const double got = *busbw / *algbw;
-      if (std::abs(got / want - 1) > 0.03)
-        return Status::error(at(lineNo) + "busbw / algbw is " + g3(got) +
-                             ", expected " + g3(want) + " for " +
-                             collectiveTableName(*cur->collective) + " over " +
-                             std::to_string(n) + " ranks: is this " +
-                             collectiveTableName(*cur->collective) +
-                             "_perf's output, and the rank list the test's?");
-    }
+    // The columns agree with one another, to their printed digits: algbw
+    // (two decimals) is size / time (time to at least three digits: 1%);
+    // busbw is the collective's factor over the group times algbw.
+    const double algFromTime = *size / (*time * 1e3);
+    if (std::abs(algFromTime - *algbw) > 0.0051 + 0.01 * *algbw)
+      return Status::error(at(lineNo) + "algbw " + shown(t[6]) +
+                           " GB/s is not size / time (" + g3(algFromTime) +
+                           " GB/s): the columns are not nccl-tests' size, "
+                           "count, type, redop, root, time (us), algbw, "
+                           "busbw");
+    const double want = busFactor(*cur->collective, n);
+    if (std::abs(*busbw - want * *algbw) > 0.0051 * (1 + want))
+      return Status::error(at(lineNo) + "busbw / algbw is " +
+                           g3(*busbw / *algbw) + ", expected " + g3(want) +
+                           " for " + collectiveTableName(*cur->collective) +
+                           " over " + std::to_string(n) + " ranks: is this " +
+                           collectiveTableName(*cur->collective) +
+                           "_perf's output, and the rank list the test's?");
     if (!cur->sizes.insert(*size).second)
-      return Status::error(at(lineNo) + "size " + shown(t[0]) +
-                           " appears twice in the test starting at line " +
-                           std::to_string(cur->line));
+      return Status::error(
+          at(lineNo) + "size " + shown(t[0]) +
+          " appears twice in the test starting at line " +
+          std::to_string(cur->line) +
+          " (several data types, operations or roots in one test: -d all, "
+          "-o all, -r -1 or -N; run one of each)");
     cur->rows.push_back({*size, *time * 1e-6});
   }
   DLOPT_RETURN_IF_ERROR(finish());

@@ -27,30 +27,49 @@ namespace dlopt::planner {
 /// One nccl-tests test: a sweep of one collective over one group.
 struct NcclTestsSweep {
   Collective collective = Collective::AllReduce;
+  /// The group rank 0 timed: the ranks of its Group (NCCL_TESTS_SPLIT
+  /// runs several groups at once; the timings are rank 0's group's).
   int ranks = 0, nodes = 0, ranksPerNode = 0;
+  int groups = 1;     ///< groups the test's ranks formed
   std::string device; ///< rank 0's device, as nccl-tests names it
   int line = 0;       ///< where the test's header is (1-based)
   /// Its rows, sizes increasing; seconds are the out-of-place times.
   std::vector<CollectiveTableRow> rows;
 };
 
+/// What names the collective where the output may not.
+struct NcclTestsNames {
+  /// --nccl-tests COLLECTIVE=FILE: used where a test has no "# Collective
+  /// test starting" line, and an error where it has one of another
+  /// collective.
+  std::optional<Collective> prefix;
+  /// collectiveOfNcclTestsName(the file's name): used where neither the
+  /// test nor the prefix names one.
+  std::optional<Collective> fileName;
+};
+
 /// Reads the output of one or more nccl-tests runs (rank 0's standard
-/// output, other lines such as launcher warnings in between are skipped).
-/// The collective of each test comes from its "# Collective test starting:
-/// X_perf" line (nccl-tests 2.17 and later), else from `collective`; the
-/// group from its "#  Rank ... on HOST device ..." lines. Errors name
-/// `source` and the line: a test without a rank list or rows, a rank
-/// listed twice, a size twice, a row whose columns do not parse, a row
-/// with wrong values (#wrong not 0 or N/A), a bus bandwidth that is not
-/// the collective's over those ranks (the wrong collective, or a rank list
-/// that is not the test's), a collective dlopt does not price.
+/// output of nccl-tests 2.13 or later; launcher and NCCL messages in
+/// between are skipped, and `srun -l` and `mpirun --tag-output` line
+/// prefixes taken off). The collective of each test comes from its "#
+/// Collective test starting: X_perf" line (nccl-tests 2.16.7 and later),
+/// else from `names`; the group from its "#  Rank ... on HOST device ..."
+/// lines. Errors name `source` and the line: a test without a rank list
+/// or rows, a rank listed twice or several tests' headers before rows
+/// (each process ran its own test: nccl-tests without MPI=1), a size
+/// twice, a row whose columns do not parse or do not agree (algbw is size
+/// / time; busbw is the collective's factor over the group times algbw),
+/// a row with wrong values (#wrong not 0 or N/A), output of another format
+/// (before 2.13, or -C's CPU times), a collective dlopt does not price, a
+/// prefix that contradicts the output.
 Expected<std::vector<NcclTestsSweep>>
 parseNcclTests(std::string_view text, std::string_view source,
-               std::optional<Collective> collective = std::nullopt);
+               const NcclTestsNames &names = {});
 
-/// The collective of an nccl-tests program or file name: the first of
-/// all_reduce, all_gather, reduce_scatter, alltoall, broadcast it contains
-/// (reduce_scatter before the others it contains); nullopt for none.
+/// The collective a file or program name names, from its base name's
+/// words: all_reduce or allreduce, all_gather, reduce_scatter, alltoall
+/// or all_to_all, broadcast (any case, words split at anything but
+/// letters and digits); nullopt for none or more than one.
 std::optional<Collective> collectiveOfNcclTestsName(std::string_view name);
 
 } // namespace dlopt::planner

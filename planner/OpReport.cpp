@@ -231,7 +231,7 @@ std::string formatOpTextReport(const OpPlanResult &p, const Cluster &cluster,
                                   : " (contiguous ops)",
                   stages);
 
-  r += textCommunication(p.comms);
+  r += textCommunication(p.comms, o.calibration, &cluster);
 
   const StepTime &t = p.best.time;
   r += textStepTime(p.plan, t, d.step, p.best.hostDispatch);

@@ -156,7 +156,7 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
   }
   r += textStages("", stages);
 
-  r += textCommunication(p.comms);
+  r += textCommunication(p.comms, o.calibration, &cluster);
 
   const StepTime &t = p.best.time;
   r += textStepTime(p.plan, t, d.step, proc.hostDispatch);

@@ -21,6 +21,9 @@ struct ReportOptions {
   /// The executable the launch line runs (dlopt-compile's -o, else the
   /// model's name with .exe).
   std::string executable = "model.exe";
+  /// The calibration the plan was priced with: the communication table
+  /// says what its collective_table covered (nullptr: nothing said).
+  const Calibration *calibration = nullptr;
 };
 
 /// The standard mesh (planner/Mesh.h) of a configuration:

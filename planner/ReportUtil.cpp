@@ -2,8 +2,11 @@
 #include "planner/ReportUtil.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdarg>
 #include <cstdio>
+#include <set>
+#include <tuple>
 
 namespace dlopt::planner::report {
 
@@ -128,7 +131,9 @@ std::string textStepTimeHead(const StepTime &t, double step) {
          textTimeRow("compute", t.compute, step);
 }
 
-std::string textCommunication(const std::vector<CommOp> &comms) {
+std::string textCommunication(const std::vector<CommOp> &comms,
+                              const Calibration *calibration,
+                              const Cluster *cluster) {
   std::string r = "\n== communication per step (one rank) ==\n";
   if (comms.empty())
     r += "  none\n";
@@ -143,30 +148,75 @@ std::string textCommunication(const std::vector<CommOp> &comms) {
               humanBytes(c.bytes).c_str(), c.calls, linkName(c.link),
               how.c_str(), seconds(c.time).c_str(), seconds(c.exposed).c_str());
   }
-  // A collective_table that covers some of the plan's collectives: say
-  // which ones the model priced instead, since a measured figure beside a
-  // modelled one can tip the choice between them.
+  if (!calibration || calibration->collectiveTable.empty())
+    return r;
+  // What the calibration's collective_table covered: a measured figure
+  // beside a modelled one can tip the choice between them.
+  const std::vector<CollectiveTableRow> &table = calibration->collectiveTable;
+  std::set<std::tuple<int, int, int, int>> shapes;
+  std::vector<std::string> devices;
+  for (const CollectiveTableRow &t : table) {
+    shapes.insert({int(t.collective), t.ranks, t.nodes, t.ranksPerNode});
+    if (!t.device.empty() &&
+        std::find(devices.begin(), devices.end(), t.device) == devices.end())
+      devices.push_back(t.device);
+  }
+  int measuredLines = 0;
   std::vector<std::string> modelled;
-  bool anyMeasured = false;
   for (const CommOp &c : comms) {
     if (c.algorithm == "measured") {
-      anyMeasured = true;
+      ++measuredLines;
       continue;
     }
     if (c.algorithm == "mixed" || c.collective == Collective::SendRecv)
       continue;
     std::string k =
-        strf("%s over %d", collectiveName(c.collective), c.groupSize);
+        strf("%s over %d ranks", collectiveName(c.collective), c.groupSize);
     if (std::find(modelled.begin(), modelled.end(), k) == modelled.end())
       modelled.push_back(k);
   }
-  if (anyMeasured && !modelled.empty()) {
-    std::string list;
-    for (const std::string &k : modelled)
-      list += (list.empty() ? "" : ", ") + k;
-    r += "  note: 'measured' lines come from the calibration's "
-         "collective_table; it has no measurement of " +
-         list + " ranks in such a group, which the model prices\n";
+  auto list = [](const std::vector<std::string> &v) {
+    std::string s;
+    for (const std::string &x : v)
+      s += (s.empty() ? "" : ", ") + x;
+    return s;
+  };
+  r += strf("  collective_table: %zu measured collective%s and group "
+            "shape%s (%zu rows)%s%s; %d of these lines priced from it\n",
+            shapes.size(), shapes.size() == 1 ? "" : "s",
+            shapes.size() == 1 ? "" : "s", table.size(),
+            devices.empty() ? "" : ", measured on ", list(devices).c_str(),
+            measuredLines);
+  if (!modelled.empty())
+    r += "  priced by the model, with no measurement of their group's "
+         "shape: " +
+         list(modelled) + "\n";
+  // The device a table was measured on against the cluster's: a family
+  // token of the cluster's GPU name ("H100" of "H100-SXM-80GB") that no
+  // measured device's name contains.
+  if (cluster && !devices.empty()) {
+    std::set<std::string> mismatched;
+    for (const NodeGroup &g : cluster->groups) {
+      std::string family = g.gpu.name.substr(0, g.gpu.name.find('-'));
+      std::string lower;
+      for (char ch : family)
+        lower += char(std::tolower(static_cast<unsigned char>(ch)));
+      bool seen = false;
+      for (const std::string &d : devices) {
+        std::string dl;
+        for (char ch : d)
+          dl += char(std::tolower(static_cast<unsigned char>(ch)));
+        seen = seen || (!lower.empty() && dl.find(lower) != std::string::npos);
+      }
+      if (!seen)
+        mismatched.insert(g.gpu.name);
+    }
+    if (!mismatched.empty())
+      r +=
+          "  warning: the collective_table was measured on " + list(devices) +
+          ", this cluster's devices are " +
+          list(std::vector<std::string>(mismatched.begin(), mismatched.end())) +
+          "\n";
   }
   return r;
 }

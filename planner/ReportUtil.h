@@ -91,8 +91,12 @@ std::string textThroughput(const Throughput &d, double tokensPerSample,
 json jsonThroughput(const Throughput &d, double tokensPerSample);
 /// "== step time ==", the total and the compute row.
 std::string textStepTimeHead(const StepTime &t, double step);
-/// "== communication per step (one rank) ==" and one line per collective.
-std::string textCommunication(const std::vector<CommOp> &comms);
+/// "== communication per step (one rank) ==" and one line per collective;
+/// with a calibration whose collective_table is not empty, a note on what
+/// it covered (and the devices it was measured on against `cluster`'s).
+std::string textCommunication(const std::vector<CommOp> &comms,
+                              const Calibration *calibration = nullptr,
+                              const Cluster *cluster = nullptr);
 /// "  host dispatch    ...": the exposed host time and the launches' total.
 std::string textHostRow(const StepTime &t, double step, double dispatch);
 /// "== step time ==": the total, compute, exposed communication by axis

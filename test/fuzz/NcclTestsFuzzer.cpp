@@ -1,10 +1,10 @@
 //===- NcclTestsFuzzer.cpp - Fuzzes the nccl-tests output reader ----------===//
 //
 // parseNcclTests (dlopt-calibrate --nccl-tests FILE): the text nccl-tests'
-// programs print. The first byte picks the collective a COLLECTIVE= prefix
-// would name (or none). What it reads must make a valid collective_table
-// that survives the calibration file's round trip, and the cost model must
-// price from it.
+// programs print. The first byte picks the collectives a COLLECTIVE=
+// prefix and the file's name would name (or none). What it reads must make a
+// valid collective_table that survives the calibration file's round trip, and
+// the cost model must price from it.
 //
 //===----------------------------------------------------------------------===//
 #include "planner/CostModel.h"
@@ -19,11 +19,15 @@ using namespace dlopt::planner;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size == 0)
     return 0;
-  std::optional<Collective> named;
-  if (data[0] % 6 < 5)
-    named = Collective(data[0] % 6);
+  // The first byte: a prefix's collective (low 3 bits, 0-4; 5-7 none)
+  // and a file name's (next 3 bits).
+  NcclTestsNames names;
+  if (data[0] % 8 < 5)
+    names.prefix = Collective(data[0] % 8);
+  if ((data[0] >> 3) % 8 < 5)
+    names.fileName = Collective((data[0] >> 3) % 8);
   auto sweeps =
-      parseNcclTests(dlopt::fuzz::textOf(data + 1, size - 1), "fuzz", named);
+      parseNcclTests(dlopt::fuzz::textOf(data + 1, size - 1), "fuzz", names);
   if (!sweeps) {
     FUZZ_EXPECT(!sweeps.status().message().empty(),
                 "an error without a message");

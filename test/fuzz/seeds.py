@@ -126,10 +126,11 @@ def collect(out):
           .ljust(129, b" ")[:128] + b"\n")
 
     # nccl-tests outputs of the dlopt-calibrate tests, with the first
-    # byte the target reads (4: broadcast's 5 -> none named; 0: all_reduce).
+    # byte the target reads (0x3f: no collective named; 0x00: all_reduce
+    # by a prefix and by the file name).
     for i, path in enumerate(files_under("test/tools/dlopt-calibrate/Inputs", (".txt",))):
         text = open(path, "rb").read()
-        write(os.path.join(out, "nccl-tests", "input-%d" % i), b"\5" + text)
+        write(os.path.join(out, "nccl-tests", "input-%d" % i), b"\x3f" + text)
         write(os.path.join(out, "nccl-tests", "input-%d-named" % i), b"\0" + text)
 
     # --fix values of the tool tests.

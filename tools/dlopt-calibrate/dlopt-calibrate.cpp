@@ -89,12 +89,13 @@ from nccl-tests (measures nothing; writes the calibration only; with
   --nccl-tests [COLLECTIVE=]FILE
                                the output of all_reduce_perf, all_gather_perf,
                                reduce_scatter_perf, alltoall_perf or
-                               broadcast_perf (repeatable; one or more tests
-                               a file); its collective_table prices those
-                               collectives over groups of the measured shape.
-                               COLLECTIVE (all_reduce, ...) names it where
-                               neither the output (nccl-tests < 2.17) nor the
-                               file name does
+                               broadcast_perf, nccl-tests 2.13 or later
+                               (repeatable; one or more tests a file); its
+                               collective_table prices those collectives over
+                               groups of the measured shape. COLLECTIVE
+                               (all_reduce, ...) names it where the output
+                               does not (before 2.16.7), over the file's
+                               name; -o defaults to collectives.json
   --compare CLUSTER            print the model's figure on CLUSTER (a preset
                                such as dgx-h100:2, or a cluster file) beside
                                each measured one
@@ -429,12 +430,12 @@ importNcclTests(const std::vector<std::string> &specs,
   std::map<std::tuple<int, int, int, int, double>, std::string> from;
   for (const std::string &spec : specs) {
     std::string path = spec;
-    std::optional<planner::Collective> named;
+    planner::NcclTestsNames names;
     const size_t eq = spec.find('=');
     if (eq != std::string::npos) {
       planner::Collective c;
       if (planner::collectiveFromTableName(spec.substr(0, eq), c)) {
-        named = c;
+        names.prefix = c;
         path = spec.substr(eq + 1);
       } else if (spec.substr(0, eq).find('/') == std::string::npos &&
                  !std::ifstream(spec).good()) {
@@ -443,21 +444,24 @@ importNcclTests(const std::vector<std::string> &specs,
                    "alltoall or broadcast");
       }
     }
-    if (!named)
-      named = planner::collectiveOfNcclTestsName(path);
+    names.fileName = planner::collectiveOfNcclTestsName(path);
     auto text = rt::readTextFileLimited(path, "nccl-tests output");
     if (!text)
       fail(text.status().message());
-    auto sweeps = planner::parseNcclTests(*text, path, named);
+    auto sweeps = planner::parseNcclTests(*text, path, names);
     if (!sweeps)
       fail(sweeps.status().message());
     for (const planner::NcclTestsSweep &w : *sweeps) {
       const char *name = planner::collectiveTableName(w.collective);
-      std::printf("nccl-tests: %s over %d ranks (%d node%s, %d a node)%s%s, "
+      const std::string ofGroups =
+          w.groups > 1
+              ? "; rank 0's group of the test's " + std::to_string(w.groups)
+              : std::string();
+      std::printf("nccl-tests: %s over %d ranks (%d node%s, %d a node%s)%s%s, "
                   "%zu sizes %s to %s (%s:%d)\n",
                   name, w.ranks, w.nodes, w.nodes == 1 ? "" : "s",
-                  w.ranksPerNode, w.device.empty() ? "" : ", ",
-                  w.device.c_str(), w.rows.size(),
+                  w.ranksPerNode, ofGroups.c_str(),
+                  w.device.empty() ? "" : ", ", w.device.c_str(), w.rows.size(),
                   sizeName(w.rows.front().bytes).c_str(),
                   sizeName(w.rows.back().bytes).c_str(), path.c_str(), w.line);
       std::optional<planner::CommGroup> g;
@@ -526,6 +530,7 @@ int main(int argc, char **argv) {
   bool quick = false;
   std::vector<std::string> profiles, ncclTests;
   std::string gpuName, measuringFlag, clusterFlag, compare;
+  bool calOutGiven = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -538,6 +543,7 @@ int main(int argc, char **argv) {
       return 0;
     } else if (a == "-o" || a == "--calibration-out") {
       calOut = value();
+      calOutGiven = true;
     } else if (a == "--cluster-out") {
       clusterOut = value();
       clusterFlag = a;
@@ -577,6 +583,10 @@ int main(int argc, char **argv) {
     usageError("--compare prints the model beside --nccl-tests' figures; "
                "give --nccl-tests FILE");
   if (!ncclTests.empty() && profiles.empty()) {
+    // A file of the table alone: not calibration.json, which may hold
+    // this machine's constants.
+    if (!calOutGiven)
+      calOut = "collectives.json";
     if (!gpuName.empty())
       usageError("--gpu names the device of --from-profile's profiles");
     if (!measuringFlag.empty())

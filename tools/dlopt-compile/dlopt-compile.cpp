@@ -506,6 +506,7 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
     ReportOptions ro;
     ro.explain = explainOpt;
     ro.executable = executableName();
+    ro.calibration = &cal;
     llvm::outs() << (formatOpt == Format::Json
                          ? formatOpJsonReport(*opPlan, *cluster, *graph, ro)
                          : formatOpTextReport(*opPlan, *cluster, *graph, ro));
@@ -548,6 +549,7 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
   ReportOptions ro;
   ro.explain = explainOpt;
   ro.executable = executableName();
+  ro.calibration = &cal;
   llvm::outs() << (formatOpt == Format::Json
                        ? formatJsonReport(*plan, *cluster, *graph, ro)
                        : formatTextReport(*plan, *cluster, *graph, ro));

@@ -106,7 +106,9 @@ TEST(NcclTests, NodesAndRanksANodeFromTheRankList) {
   EXPECT_EQ((*two)[1].ranks, 2);
 }
 
-TEST(NcclTests, TheCollectiveFromTheFileNameWithoutAHeader) {
+TEST(NcclTests, TheCollectiveFromAPrefixOrTheFileNameWithoutAHeader) {
+  // nccl-tests before 2.16.7: no "Collective test starting" line, and
+  // rank lines without a Group ("#   Rank  0 Pid ... [0x10] ...").
   const std::string text = fixture("a100-all_reduce.txt");
   auto none = parseNcclTests(text, "a100");
   ASSERT_FALSE(none);
@@ -116,17 +118,126 @@ TEST(NcclTests, TheCollectiveFromTheFileNameWithoutAHeader) {
   auto named = collectiveOfNcclTestsName("logs/a100-all_reduce.txt");
   ASSERT_TRUE(named);
   EXPECT_EQ(*named, Collective::AllReduce);
-  auto s = parseNcclTests(text, "a100", named);
+  NcclTestsNames byFile;
+  byFile.fileName = named;
+  auto s = parseNcclTests(text, "a100", byFile);
   ASSERT_TRUE(s) << s.status().message();
   EXPECT_EQ((*s)[0].rows.size(), 6u);
+  EXPECT_EQ((*s)[0].ranks, 8);
   EXPECT_EQ((*s)[0].device, "NVIDIA A100-SXM4-40GB");
-  // Named as the wrong collective, the bus bandwidth gives it away.
-  auto wrong = parseNcclTests(text, "a100", Collective::AllGather);
+  EXPECT_EQ((*s)[0].rows[0].device, "NVIDIA A100-SXM4-40GB");
+  // A prefix wins over the file name; named wrongly, the bus bandwidth
+  // gives an all-reduce away.
+  NcclTestsNames wrongPrefix = byFile;
+  wrongPrefix.prefix = Collective::AllGather;
+  auto wrong = parseNcclTests(text, "a100", wrongPrefix);
   ASSERT_FALSE(wrong);
   EXPECT_NE(wrong.status().message().find("busbw / algbw is 1.75"),
             std::string::npos)
       << wrong.status().message();
   EXPECT_NE(wrong.status().message().find("expected 0.875"), std::string::npos);
+  // Where the output names its collective, a prefix of another is an
+  // error, and the same one is fine.
+  const std::string h100 = fixture("h100-all_reduce.txt");
+  NcclTestsNames ag;
+  ag.prefix = Collective::AllGather;
+  auto conflict = parseNcclTests(h100, "h100", ag);
+  ASSERT_FALSE(conflict);
+  EXPECT_NE(conflict.status().message().find(
+                "the output is all_reduce_perf's, but the file was named "
+                "all_gather="),
+            std::string::npos)
+      << conflict.status().message();
+  NcclTestsNames ar;
+  ar.prefix = Collective::AllReduce;
+  EXPECT_TRUE(parseNcclTests(h100, "h100", ar));
+  // The file name does not override the output's own name.
+  NcclTestsNames file;
+  file.fileName = Collective::Broadcast;
+  auto h = parseNcclTests(h100, "h100", file);
+  ASSERT_TRUE(h) << h.status().message();
+  EXPECT_EQ((*h)[0].collective, Collective::AllReduce);
+}
+
+TEST(NcclTests, FactorsOfEveryCollective) {
+  // 4 ranks: all_reduce 1.5, all_gather/reduce_scatter/alltoall 0.75,
+  // broadcast 1. Each output passes under its own name and fails under
+  // one of another factor.
+  struct Case {
+    std::string prog;
+    Collective c;
+    const char *busbw;
+  };
+  const Case cases[] = {
+      {"all_reduce_perf", Collective::AllReduce, "15.73"},
+      {"all_gather_perf", Collective::AllGather, "7.86"},
+      {"reduce_scatter_perf", Collective::ReduceScatter, "7.86"},
+      {"alltoall_perf", Collective::AllToAll, "7.86"},
+      {"broadcast_perf", Collective::Broadcast, "10.49"},
+  };
+  for (const Case &k : cases) {
+    // 1 MiB in 100 us: algbw 10.49 GB/s.
+    const std::string row = std::string("1048576 262144 float sum 0 100.0 "
+                                        "10.49 ") +
+                            k.busbw + " 0 100.0 10.49 " + k.busbw + " 0\n";
+    auto s = parseNcclTests(output(k.prog, {{"a", 4}}, row), "f");
+    ASSERT_TRUE(s) << k.prog << ": " << s.status().message();
+    EXPECT_EQ((*s)[0].collective, k.c);
+    const std::string other =
+        k.c == Collective::AllReduce ? "broadcast_perf" : "all_reduce_perf";
+    EXPECT_FALSE(parseNcclTests(output(other, {{"a", 4}}, row), "f"))
+        << k.prog << " as " << other;
+  }
+  // A NAME_SUFFIX build: all_reduce_perf_mpi.
+  auto mpi = parseNcclTests(
+      output("all_reduce_perf_mpi", {{"a", 4}},
+             "1048576 262144 float sum -1 100.0 10.49 15.73 0 100 10.49 "
+             "15.73 0\n"),
+      "f");
+  ASSERT_TRUE(mpi) << mpi.status().message();
+  EXPECT_EQ((*mpi)[0].collective, Collective::AllReduce);
+}
+
+TEST(NcclTests, RankZerosGroupOfASplitRun) {
+  // NCCL_TESTS_SPLIT: 4 ranks in 2 groups of 2 (0, 2 and 1, 3), on two
+  // hosts; the timings are rank 0's group's: 2 ranks on 2 nodes.
+  std::string s = "# Collective test starting: all_reduce_perf\n"
+                  "# nThread 1 nGpus 1\n";
+  for (int r = 0; r < 4; ++r)
+    s += "#  Rank  " + std::to_string(r) + " Group  " + std::to_string(r % 2) +
+         " Pid 1 on " + (r < 2 ? "a" : "b") + " device " +
+         std::to_string(r % 2) + " [0000:01:00] X\n";
+  // 2 ranks: busbw = algbw.
+  s += "1048576 262144 float sum -1 100.0 10.49 10.49 0 100 10.49 10.49 0\n";
+  auto w = parseNcclTests(s, "split");
+  ASSERT_TRUE(w) << w.status().message();
+  EXPECT_EQ((*w)[0].ranks, 2);
+  EXPECT_EQ((*w)[0].nodes, 2);
+  EXPECT_EQ((*w)[0].ranksPerNode, 1);
+  EXPECT_EQ((*w)[0].groups, 2);
+}
+
+TEST(NcclTests, LauncherPrefixesAndSizeZero) {
+  std::string text = output("all_gather_perf", {{"a", 2}},
+                            "0 0 float none -1 5.00 0.00 0.00 0 5.0 0 0 0\n"
+                            "65536 8192 float none -1 10.00 6.55 3.28 0 "
+                            "10.0 6.55 3.28 0\n");
+  // srun -l and mpirun --tag-output put a prefix before every line.
+  std::string srun, tagged;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t eol = text.find('\n', pos);
+    std::string line = text.substr(pos, eol - pos);
+    srun += "0: " + line + "\n";
+    tagged += "[1,0]<stdout>:" + line + "\n";
+    pos = eol + 1;
+  }
+  for (const std::string &t : {text, srun, tagged}) {
+    auto s = parseNcclTests(t, "f");
+    ASSERT_TRUE(s) << s.status().message() << "\n" << t;
+    ASSERT_EQ((*s)[0].rows.size(), 1u); // size 0 moved nothing
+    EXPECT_EQ((*s)[0].rows[0].bytes, 65536);
+  }
 }
 
 TEST(NcclTests, CollectiveOfAName) {
@@ -137,9 +248,12 @@ TEST(NcclTests, CollectiveOfAName) {
   EXPECT_EQ(collectiveOfNcclTestsName("/x/alltoall/rs-reduce_scatter.log"),
             Collective::ReduceScatter); // the base name only
   EXPECT_EQ(collectiveOfNcclTestsName("alltoall_perf"), Collective::AllToAll);
+  EXPECT_EQ(collectiveOfNcclTestsName("all-to-all.txt"), Collective::AllToAll);
   EXPECT_EQ(collectiveOfNcclTestsName("broadcast.out"), Collective::Broadcast);
   EXPECT_FALSE(collectiveOfNcclTestsName("nccl.log"));
   EXPECT_FALSE(collectiveOfNcclTestsName("all_reduce_vs_all_gather.log"));
+  EXPECT_FALSE(collectiveOfNcclTestsName("small_gather.log"));
+  EXPECT_FALSE(collectiveOfNcclTestsName("alltoallv_perf.log"));
 }
 
 TEST(NcclTests, RefusesWhatIsNotAMeasurement) {
@@ -170,7 +284,7 @@ TEST(NcclTests, RefusesWhatIsNotAMeasurement) {
        "expected 'size count type"},
       {output("all_reduce_perf", {{"a", 2}},
               "1024 256 float sum -1 0 0.10 0.10 0 10.0 0.10 0.10 0\n"),
-       "expected a time > 0"},
+       "expected a time of at least 0.01 us"},
       {output("all_reduce_perf", {{"a", 2}},
               "1024 256 float sum -1 10.0 0.10 0.10 0 10.0 0.10 0.10 0\n"
               "1024 256 float sum -1 11.0 0.09 0.09 0 10.0 0.10 0.10 0\n"),
@@ -190,7 +304,8 @@ TEST(NcclTests, RefusesWhatIsNotAMeasurement) {
       {"# nThread 1\n#  Rank 0 Group 0 Pid 1 on a device 0 [0] X\n"
        "#  Rank 2 Group 0 Pid 1 on a device 1 [0] X\n"
        "# Collective test starting: all_reduce_perf\n",
-       "has no result rows"},
+       "a second test header before the rows of the test at line 1: did "
+       "that test fail"},
       {"# Collective test starting: all_reduce_perf\n# nThread 1\n"
        "#  Rank 0 Group 0 Pid 1 on a device 0 [0] X\n"
        "#  Rank 2 Group 0 Pid 1 on a device 1 [0] X\n"
@@ -198,6 +313,56 @@ TEST(NcclTests, RefusesWhatIsNotAMeasurement) {
        "expected ranks 0 to 1, got rank 2"},
       {"# nThread 1\n#  Rank 0 Group 0 Pid 1\n", "expected '# Rank N ... on "
                                                  "HOST"},
+      // Hex, inf and tiny times; the columns checked both ways.
+      {output("all_reduce_perf", {{"a", 2}},
+              "1024 256 float sum -1 0x1p3 0.10 0.10 0 10.0 0.10 0.10 0\n"),
+       "expected numbers for size, time"},
+      {output("all_reduce_perf", {{"a", 2}},
+              "1024 256 float sum -1 inf 0.10 0.10 0 10.0 0.10 0.10 0\n"),
+       "expected numbers for size, time"},
+      {output("all_reduce_perf", {{"a", 2}},
+              "1024 256 float sum -1 1e-7 0.10 0.10 0 10.0 0.10 0.10 0\n"),
+       "expected a time of at least 0.01 us"},
+      {output("all_reduce_perf", {{"a", 2}},
+              "1048576 262144 float sum -1 0.05 0.00 0.00 0 1 0 0 0\n"),
+       "is not size / time"},
+      // One rank off in a list of 8: all_gather's 7/8 against 6/7.
+      {output("all_gather_perf", {{"a", 7}},
+              "1048576 262144 float none -1 100.0 10.49 9.18 0 100 0 0 0\n"),
+       "busbw / algbw is 0.875, expected 0.857"},
+      {output("all_reduce_perf", {{"a", 2}},
+              "1024 256 float sum -1 10.0 0.10 0.10 0 10.0 0.10 0.10 0\n"
+              "#  Rank 2 Group 0 Pid 1 on a device 2 [0] X\n"),
+       "a rank listed after the test's rows"},
+      // Formats this reader does not know.
+      {"# nThread 1\n#  Rank 0 Pid 1 on a device 0 [0x1] X\n"
+       "#  Rank 1 Pid 1 on a device 1 [0x1] X\n"
+       "#       size         count      type   redop     time   algbw   "
+       "busbw  error     time   algbw   busbw  error\n",
+       "expected the columns of nccl-tests 2.13 and later"},
+      {"# nThread 1\n#  Rank 0 Pid 1 on a device 0 [0x1] X\n"
+       "# size count type redop root cputime algbw busbw #wrong\n",
+       "CPU times (nccl-tests -C 1)"},
+      // Processes without MPI: each prints a test of its own.
+      {"# Collective test starting: all_reduce_perf\n# nThread 1\n"
+       "#  Rank 0 Group 0 Pid 1 on a device 0 [0] X\n"
+       "# Collective test starting: all_reduce_perf\n# nThread 1\n"
+       "#  Rank 0 Group 0 Pid 2 on a device 1 [0] X\n",
+       "a second test header before the rows of the test at line 2"},
+      // ... interleaved line by line.
+      {"# nThread 1 nGpus 1\n# nThread 1 nGpus 1\n# Using devices\n"
+       "#  Rank 0 Group 0 Pid 1 on a device 0 [0] X\n"
+       "#  Rank 0 Group 0 Pid 2 on b device 0 [0] X\n",
+       "f.log:2: a second test header before the rows of the test at line 1"},
+      {output("all_reduce_perf", {{"a", 2}},
+              "1024 256 float sum -1 10.0 0.10 0.10 0 10.0 0.10 0.10 0\n") +
+           output("all_reduce_perf", {{"a", 2}},
+                  "1024 256 float sum -1 10.0 0.10 0.10 0 10 0.10 0.10 0\n"),
+       "at the same size (1.02e+03 bytes): two runs in one file"},
+      {output("all_reduce_perf", {{"a", 2}},
+              "1024 256 float sum -1 10.0 0.10 0.10 0 10.0 0.10 0.10 0\n"
+              "1024 256 half sum -1 11.0 0.09 0.09 0 10.0 0.10 0.10 0\n"),
+       "-d all, -o all, -r -1 or -N"},
   };
   for (const Case &c : cases) {
     auto s = parseNcclTests(c.text, "f.log");
@@ -214,7 +379,7 @@ TEST(NcclTests, CollectiveTableJson) {
   Calibration c;
   c.collectiveTable = {
       {Collective::AllReduce, 8, 1, 8, 1048576, 27.39e-6},
-      {Collective::ReduceScatter, 16, 2, 8, 4096, 40e-6},
+      {Collective::ReduceScatter, 16, 2, 8, 4096, 40e-6, "NVIDIA H100"},
   };
   ASSERT_TRUE(c.validate().isOk());
   auto back = parseCalibration(c.toJson(), "rt");
@@ -227,6 +392,8 @@ TEST(NcclTests, CollectiveTableJson) {
   EXPECT_EQ(r.ranksPerNode, 8);
   EXPECT_EQ(r.bytes, 4096);
   EXPECT_DOUBLE_EQ(r.seconds, 40e-6);
+  EXPECT_EQ(r.device, "NVIDIA H100");
+  EXPECT_EQ(back->collectiveTable[0].device, "");
 
   auto row = [](const std::string &fields) {
     return "{\"collective_table\": [{" + fields + "}]}";
@@ -239,6 +406,11 @@ TEST(NcclTests, CollectiveTableJson) {
       {"{\"collective_table\": 3}", "expected an array"},
       {"{\"collective_table\": [3]}", "row 0: expected an object"},
       {row(ok + ", \"busbw\": 3"), "unknown field 'busbw'"},
+      {row(ok + ", \"device\": 3"), "device: expected a string"},
+      {row(ok + ", \"device\": \"a\\nb\""), "printable characters"},
+      {row("\"collective\": \"all_reduce\", \"ranks\": 8, \"nodes\": 1, "
+           "\"ranks_per_node\": 8, \"bytes\": 1, \"us\": 0.0001"),
+       "expected us in [0.001, 1e9]"},
       {row("\"collective\": \"send_recv\", \"ranks\": 2, \"nodes\": 1, "
            "\"ranks_per_node\": 2, \"bytes\": 1, \"us\": 1"),
        "collective: expected all_reduce"},
@@ -265,7 +437,7 @@ TEST(NcclTests, CollectiveTableJson) {
        "expected bytes a whole number"},
       {row("\"collective\": \"all_reduce\", \"ranks\": 8, \"nodes\": 1, "
            "\"ranks_per_node\": 8, \"bytes\": 1, \"us\": 0"),
-       "expected us in (0, 1e9]"},
+       "expected us in [0.001, 1e9]"},
       {row("\"collective\": \"all_reduce\", \"ranks\": 8, \"nodes\": 1, "
            "\"ranks_per_node\": 8, \"bytes\": 1, \"us\": \"3\""),
        "us: expected a number"},
