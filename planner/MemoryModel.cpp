@@ -169,7 +169,32 @@ double activationBytesPerLayer(const TransformerSpec &spec,
                 : 2 * residual + (1 + 2 * kvShare * (selective ? 1 : cp)) / t +
                       (elementwise ? g / 2 : g - 1) * w / t;
   return sbh * (eg * gemmInputs + e * others) +
-         attentionScoreElements(spec, cfg) * attentionScoreBytesKept(spec, cfg);
+         attentionScoreElements(spec, cfg) *
+             attentionScoreBytesKept(spec, cfg) +
+         eagerNormRopeBytesKept(spec, cfg);
+}
+
+double eagerNormRopeBytesKept(const TransformerSpec &spec,
+                              const TrainingConfig &cfg) {
+  // Only what none and selective keep: elementwise, alternate and full
+  // recomputation run the norms and rotations again in the backward pass
+  // (torchtitan's selective op policy saves matmul and attention outputs).
+  if (!cfg.precision.eagerNormRope ||
+      (cfg.recompute != RecomputePolicy::None &&
+       cfg.recompute != RecomputePolicy::Selective))
+    return 0;
+  const double cp = std::max(1, cfg.cp);
+  const double sbh =
+      spec.seqLen / cp * cfg.microBatchSize * double(spec.hidden);
+  const double e = cfg.precision.activationBytes;
+  // Each RMS norm keeps x.float() (pow's and the mul's input; x itself when
+  // activations are fp32, which the layer keeps anyway) and the normalized
+  // value cast back (the weight's mul's input). A rotation keeps nothing:
+  // its mul's other operand, the frequencies, needs no gradient, so
+  // autograd does not save its input.
+  const double perNorm = (e != 4 ? 4 : 0) + e;
+  return spec.rmsNorm ? sbh * 2 * perNorm / (cfg.sequenceParallel ? cfg.tp : 1)
+                      : 0;
 }
 
 double attentionScoreElements(const TransformerSpec &spec,

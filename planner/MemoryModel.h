@@ -57,6 +57,13 @@ struct PrecisionConfig {
   /// Megatron-LM before FlashAttention. false: dlopt's fused kernels, which
   /// keep no score matrix (docs/cost-model.md, "Unfused attention").
   bool unfusedAttention = false;
+  /// RMS norms and rotary embeddings as eager PyTorch runs them
+  /// (dlopt-compile --norm-rope-kernels eager, dry runs only): one kernel
+  /// per op of their Python code, in fp32 (torchtitan's RMSNorm and
+  /// apply_rotary_emb without torch.compile), where dlopt runs one fused
+  /// kernel each (docs/cost-model.md, "Eager norms and rotary
+  /// embeddings").
+  bool eagerNormRope = false;
 };
 
 /// Bytes of model state on one device.
@@ -110,6 +117,10 @@ struct TransformerSpec {
   /// The model has dropout ops (dlopt-gen --dropout): unfused attention
   /// drops its probabilities too (Megatron-LM's attention_dropout).
   bool dropout = false;
+  /// The layers' norms are RMS norms (dlopt.rms_norm), and q and k are
+  /// rotated (dlopt.rope): what --norm-rope-kernels eager prices as eager
+  /// PyTorch's op sequences.
+  bool rmsNorm = false, rope = false;
 
   int64_t ffn() const { return ffnHidden ? ffnHidden : 4 * hidden; }
   int64_t tpWidth() const { return ffnShardWidth ? ffnShardWidth : ffn(); }
@@ -168,6 +179,16 @@ struct TrainingConfig {
 /// 34 sbh less its two dropout masks and its 5as/h score term.
 double activationBytesPerLayer(const TransformerSpec &spec,
                                const TrainingConfig &cfg);
+
+/// Eager norms and rotary embeddings (PrecisionConfig::eagerNormRope):
+/// the bytes a layer keeps beyond dlopt's fused kernels' under none and
+/// selective recomputation, per micro-batch: each of its two RMS norms'
+/// x.float() (not when activations are fp32) and normalized value cast
+/// back, 2 (4 + e) s b h / (sp ? t : 1) (2 e s b h with fp32
+/// activations); 0 otherwise, and for models without RMS norms (a
+/// rotation keeps nothing more).
+double eagerNormRopeBytesKept(const TransformerSpec &spec,
+                              const TrainingConfig &cfg);
 
 /// Unfused attention (PrecisionConfig::unfusedAttention): the score
 /// elements of one layer on one rank for one micro-batch, b (a/t) (s/cp) s

@@ -348,6 +348,11 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
         "unfused attention (--attention-kernel unfused) is priced by the "
         "transformer search only (models with layer marks); the op-level "
         "search prices dlopt's fused attention");
+  if (opt.bytes.eagerNormRope)
+    return Status::error(
+        "eager norms and rotary embeddings (--norm-rope-kernels eager) are "
+        "priced by the transformer search only (models with layer marks); "
+        "the op-level search prices dlopt's fused kernels");
   OpPlanResult res;
   OpSearchStats &st = res.stats;
   Ctx c{g, cluster, cost, opt, CommPricer(cluster, cost), {}, 0, true, 2, 4,

@@ -135,6 +135,7 @@ Plan planFromConfig(PlanKind kind, const GraphSummary &g,
   m.dtype = g.dtype;
   m.precision = precisionName(precision);
   m.unfusedAttention = cfg.precision.unfusedAttention;
+  m.eagerNormRope = cfg.precision.eagerNormRope;
   if (kind == PlanKind::Transformer) {
     m.layers = g.numLayers;
     m.hidden = g.hidden;
@@ -208,6 +209,8 @@ report::json planJson(const Plan &p) {
                 {"precision", p.model.precision}};
   if (p.model.unfusedAttention)
     model["attention_kernel"] = "unfused";
+  if (p.model.eagerNormRope)
+    model["norm_rope_kernels"] = "eager";
   if (p.kind == PlanKind::Transformer) {
     model["layers"] = p.model.layers;
     model["hidden"] = p.model.hidden;
@@ -454,6 +457,14 @@ Status parseModel(const Reader &rd, const rjson &j, Plan &p) {
       return rd.error("model.attention_kernel",
                       "expected \"fused\" or \"unfused\", got \"" + k + "\"");
     f.unfusedAttention = k == "unfused";
+  }
+  if (m->contains("norm_rope_kernels")) {
+    std::string k;
+    PLAN_ASSIGN(k, rd.string(*m, mo, "norm_rope_kernels"));
+    if (k != "fused" && k != "eager")
+      return rd.error("model.norm_rope_kernels",
+                      "expected \"fused\" or \"eager\", got \"" + k + "\"");
+    f.eagerNormRope = k == "eager";
   }
   if (p.kind == PlanKind::Transformer) {
     PLAN_ASSIGN(f.layers, rd.integer(*m, mo, "layers", 1));

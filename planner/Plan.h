@@ -105,6 +105,10 @@ struct ModelFingerprint {
   /// unfused, a dry-run setting); written as model.attention_kernel only
   /// when set.
   bool unfusedAttention = false;
+  /// Priced with eager PyTorch's norms and rotary embeddings
+  /// (dlopt-compile --norm-rope-kernels eager, a dry-run setting); written
+  /// as model.norm_rope_kernels only when set.
+  bool eagerNormRope = false;
   // Transformers only (0 otherwise).
   int64_t layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0;
 };

@@ -91,6 +91,9 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
   if (cfg.precision.unfusedAttention)
     r += "attention priced as unfused kernels: scores materialized "
          "(--attention-kernel unfused, a planning option)\n";
+  if (cfg.precision.eagerNormRope)
+    r += "RMS norms and rotary embeddings priced as eager PyTorch's kernels "
+         "(--norm-rope-kernels eager, a planning option)\n";
   r += strf("global batch %lld samples x %lld tokens\n\n",
               (long long)p.globalBatch, (long long)p.seq);
 
@@ -238,7 +241,9 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
   r["model"] = {{"ffn", p.spec.ffn()},
                 {"dtype", g.dtype},
                 {"attention_kernel",
-                 p.best.cfg.precision.unfusedAttention ? "unfused" : "fused"}};
+                 p.best.cfg.precision.unfusedAttention ? "unfused" : "fused"},
+                {"norm_rope_kernels",
+                 p.best.cfg.precision.eagerNormRope ? "eager" : "fused"}};
   r["processes"] = {
       {"layout", layoutName(p.best.process.layout, cluster.numNodes())},
       {"per_node", p.best.process.processesPerNode},

@@ -215,9 +215,22 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
           GroupCost &grp = li != layerIndex.end() ? c.layers[li->second]
                            : seenLayer             ? c.post
                                                    : c.pre;
-          grp.memoryOps.push_back({memoryClassOf(n.op),
-                                   n.flops / c.modelBatch,
-                                   n.bytes / c.modelBatch * toActivation, rep});
+          double bytes = n.bytes / c.modelBatch * toActivation;
+          if (const auto eager =
+                  opt.bytes.eagerNormRope
+                      ? eagerNormRopeKernels(n, opt.bytes.activationBytes)
+                      : std::nullopt) {
+            // Eager PyTorch's op sequence in place of the fused kernel: its
+            // bytes, and its kernels beyond the one counted.
+            const double more = eager->bytes / c.modelBatch - bytes;
+            bytes += more;
+            grp.otBytes += more;
+            grp.ops += eager->kernels - 1;
+            if (rep)
+              repBytes[li->second] += more;
+          }
+          grp.memoryOps.push_back(
+              {memoryClassOf(n.op), n.flops / c.modelBatch, bytes, rep});
         }
         continue;
       }

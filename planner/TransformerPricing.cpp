@@ -63,9 +63,11 @@ Expected<TransformerSpec> transformerSpecOf(const GraphSummary &g) {
       }
     }
   }
-  for (const OpNode &op : g.ops)
-    if (op.op == "dlopt.dropout")
-      s.dropout = true;
+  for (const OpNode &op : g.ops) {
+    s.dropout |= op.op == "dlopt.dropout";
+    s.rmsNorm |= op.op == "dlopt.rms_norm" && op.layer >= 0;
+    s.rope |= op.op == "dlopt.rope" && op.layer >= 0;
+  }
   DLOPT_RETURN_IF_ERROR(s.validate());
   return s;
 }
@@ -74,6 +76,35 @@ namespace pricing {
 
 /// First layer index of each stage (contiguous, the first L mod pp stages
 /// one layer longer, as MemoryModel's layersOnStage).
+std::optional<EagerKernels> eagerNormRopeKernels(const OpNode &n, double e) {
+  const bool norm = n.op == "dlopt.rms_norm", rope = n.op == "dlopt.rope";
+  if ((!norm && !rope) || n.shape.empty())
+    return std::nullopt;
+  double elems = 1;
+  for (int64_t d : n.shape)
+    elems *= double(d);
+  const double last = double(n.shape.back());
+  const double rows = elems / std::max(1.0, last);
+  const bool casts = e != 4; // .float() and .type_as() of fp32 are no-ops
+  const double cast = casts ? e + 4 : 0;
+  EagerKernels k;
+  if (norm) {
+    // pow, mean (a value a row), add eps and rsqrt (on those), the mul
+    // by the rsqrt (which reads it again a row), the weight's mul.
+    k.bytes =
+        elems * (cast + 8 + 4 + 8 + cast + 2 * e) + rows * 4 * 5 + last * e;
+    k.kernels = 6 + (casts ? 2 : 0);
+  } else {
+    // The frequencies: [s, d/2] complex64, broadcast over batch and heads
+    // (dims 0 and 1 of [b, heads, s, d]).
+    const double freqs =
+        n.shape.size() >= 2 ? n.shape[n.shape.size() - 2] * last * 4 : 0;
+    k.bytes = elems * (cast + 8 + cast) + freqs;
+    k.kernels = 1 + (casts ? 2 : 0);
+  }
+  return k;
+}
+
 std::vector<int64_t> stageStarts(int64_t layers, int pp) {
   std::vector<int64_t> starts;
   int64_t at = 0;

@@ -683,6 +683,26 @@ struct Ctx {
   }
 };
 
+/// What eager PyTorch runs for a dlopt.rms_norm or dlopt.rope op
+/// (PrecisionConfig::eagerNormRope): torchtitan's RMSNorm, x * rsqrt(mean(
+/// x.float()^2) + eps) cast back and times the weight, and its
+/// apply_rotary_emb, x.float() as complex pairs times the frequencies,
+/// cast back: one kernel per op, in fp32 (docs/cost-model.md, "Eager norms
+/// and rotary embeddings"). Per element of the result, with activations
+/// of `e` bytes (the casts are no-ops when e is 4):
+///   RMS norm: cast (e + 4), pow 8, mean 4, mul 8, cast (4 + e), weight
+///             mul 2e: 4e + 28 bytes; 8 kernels (with mean's add and
+///             rsqrt on one value a row)
+///   rope:     cast (e + 4), complex mul 8, cast (4 + e): 2e + 16 bytes;
+///             3 kernels
+/// Its bytes are for the whole op (every element, plus a row's values and
+/// the weight or the frequencies); nullopt for other ops.
+struct EagerKernels {
+  double bytes = 0;
+  double kernels = 0;
+};
+std::optional<EagerKernels> eagerNormRopeKernels(const OpNode &n, double e);
+
 /// First layer index of each stage (contiguous, the first L mod pp stages
 /// one layer longer, as MemoryModel's layersOnStage).
 std::vector<int64_t> stageStarts(int64_t layers, int pp);

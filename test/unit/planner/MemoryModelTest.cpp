@@ -163,6 +163,42 @@ TEST(Transformer, Gpt3StateBytesPerDeviceByHand) {
 // Unfused attention (Megatron-LM before FlashAttention) keeps the
 // probabilities, the dropout's mask and its output: Korthikanti et al.'s
 // 5as/h term of 34 + 5as/h (bytes per sbh at 2-byte activations).
+// Eager PyTorch's RMS norms keep x.float() and the normalized value cast
+// back (2 (4 + e) s b h per layer over the fused kernels'), under none and
+// selective only; rotations keep nothing more.
+TEST(Activations, EagerNormsKeepTheirFp32Copies) {
+  TransformerSpec s = gpt3();
+  TrainingConfig c;
+  const double sbh = 25165824; // 2048 x 12288
+  const double fused = activationBytesPerLayer(s, c);
+  c.precision.eagerNormRope = true;
+  // A model without RMS norms: nothing more.
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), fused);
+  s.rmsNorm = true;
+  s.rope = true;
+  EXPECT_DOUBLE_EQ(eagerNormRopeBytesKept(s, c), 2 * (4 + 2) * sbh);
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), fused + 12 * sbh);
+  // fp32 activations: .float() is x itself, only the normalized value.
+  c.precision.activationBytes = 4;
+  EXPECT_DOUBLE_EQ(eagerNormRopeBytesKept(s, c), 2 * 4 * sbh);
+  c.precision.activationBytes = 2;
+  // Sequence parallelism splits them over tp.
+  c.tp = 8;
+  c.sequenceParallel = true;
+  EXPECT_DOUBLE_EQ(eagerNormRopeBytesKept(s, c), 12 * sbh / 8);
+  c.sequenceParallel = false;
+  EXPECT_DOUBLE_EQ(eagerNormRopeBytesKept(s, c), 12 * sbh);
+  c.recompute = RecomputePolicy::Selective;
+  EXPECT_DOUBLE_EQ(eagerNormRopeBytesKept(s, c), 12 * sbh);
+  // Recomputed norms keep nothing.
+  for (RecomputePolicy r :
+       {RecomputePolicy::Elementwise, RecomputePolicy::Alternate,
+        RecomputePolicy::Full}) {
+    c.recompute = r;
+    EXPECT_DOUBLE_EQ(eagerNormRopeBytesKept(s, c), 0);
+  }
+}
+
 TEST(Activations, UnfusedAttentionKeepsTheScores) {
   TransformerSpec s = gpt3();
   s.dropout = true;

@@ -1151,6 +1151,43 @@ TEST(Search, BackwardGemmsArePricedAtTheirOwnShapes) {
 // dropout (read, write, a 1-byte mask) over the s^2 scores; its backward
 // dP and dV, the dropout's and the softmax's backward (read two, write
 // one), dQ and dK.
+// Eager PyTorch's RMS norm and rotary embedding, op by op
+// (torchtitan's RMSNorm and apply_rotary_emb), hand-counted.
+TEST(Search, EagerNormRopeKernels) {
+  OpNode norm;
+  norm.op = "dlopt.rms_norm";
+  norm.shape = {2, 1024, 4096}; // b s h
+  const double n = 2.0 * 1024 * 4096, rows = 2.0 * 1024;
+  using pricing::eagerNormRopeKernels;
+  auto k = eagerNormRopeKernels(norm, 2);
+  ASSERT_TRUE(k);
+  // cast 6, pow 8, mean 4, mul 8, cast 6, weight mul 4 bytes an element;
+  // mean's result, its add and rsqrt, and the mul's read of it: 5 x 4
+  // bytes a row; the weight once.
+  EXPECT_DOUBLE_EQ(k->bytes, 36 * n + 20 * rows + 4096 * 2);
+  EXPECT_DOUBLE_EQ(k->kernels, 8);
+  // fp32 activations: no casts.
+  k = eagerNormRopeKernels(norm, 4);
+  EXPECT_DOUBLE_EQ(k->bytes, (8 + 4 + 8 + 8) * n + 20 * rows + 4096 * 4);
+  EXPECT_DOUBLE_EQ(k->kernels, 6);
+  OpNode rope;
+  rope.op = "dlopt.rope";
+  rope.shape = {2, 32, 1024, 128}; // b heads s d
+  const double m = 2.0 * 32 * 1024 * 128;
+  k = eagerNormRopeKernels(rope, 2);
+  ASSERT_TRUE(k);
+  // cast 6, complex mul 8, cast 6; the [s, d/2] complex64 frequencies.
+  EXPECT_DOUBLE_EQ(k->bytes, 20 * m + 1024 * 128 * 4);
+  EXPECT_DOUBLE_EQ(k->kernels, 3);
+  k = eagerNormRopeKernels(rope, 4);
+  EXPECT_DOUBLE_EQ(k->bytes, 8 * m + 1024 * 128 * 4);
+  EXPECT_DOUBLE_EQ(k->kernels, 1);
+  // Other ops, and a layer norm (PyTorch's is one fused kernel): none.
+  OpNode ln = norm;
+  ln.op = "dlopt.layer_norm";
+  EXPECT_FALSE(eagerNormRopeKernels(ln, 2));
+}
+
 TEST(Search, UnfusedAttentionIsPricedKernelByKernel) {
   H100Pricing h;
   pricing::Ctx &c = h.c;
