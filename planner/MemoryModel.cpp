@@ -171,30 +171,51 @@ double activationBytesPerLayer(const TransformerSpec &spec,
   return sbh * (eg * gemmInputs + e * others) +
          attentionScoreElements(spec, cfg) *
              attentionScoreBytesKept(spec, cfg) +
-         eagerNormRopeBytesKept(spec, cfg);
+         eagerNormBytesKept(spec, cfg);
 }
 
-double eagerNormRopeBytesKept(const TransformerSpec &spec,
-                              const TrainingConfig &cfg) {
+std::string eagerKernelsName(bool norm, bool rope) {
+  if (norm && rope)
+    return "norm,rope";
+  return norm ? "norm" : rope ? "rope" : "none";
+}
+
+bool parseEagerKernels(std::string_view s, bool &norm, bool &rope) {
+  norm = rope = false;
+  if (s == "none")
+    return true;
+  if (s.empty())
+    return false;
+  while (true) {
+    const size_t comma = s.find(',');
+    const std::string_view item = s.substr(0, comma);
+    bool &flag = item == "norm" ? norm : rope;
+    if ((item != "norm" && item != "rope") || flag)
+      return false;
+    flag = true;
+    if (comma == std::string_view::npos)
+      return true;
+    s = s.substr(comma + 1);
+  }
+}
+
+double eagerNormBytesKept(const TransformerSpec &spec,
+                          const TrainingConfig &cfg) {
   // Only what none and selective keep: elementwise, alternate and full
-  // recomputation run the norms and rotations again in the backward pass
-  // (torchtitan's selective op policy saves matmul and attention outputs).
-  if (!cfg.precision.eagerNormRope ||
+  // recomputation run the norms again in the backward pass (torchtitan's
+  // selective op policy saves matmul and attention outputs).
+  if (!cfg.precision.eagerNorm || !spec.rmsNorm ||
       (cfg.recompute != RecomputePolicy::None &&
        cfg.recompute != RecomputePolicy::Selective))
     return 0;
   const double cp = std::max(1, cfg.cp);
   const double sbh =
       spec.seqLen / cp * cfg.microBatchSize * double(spec.hidden);
-  const double e = cfg.precision.activationBytes;
-  // Each RMS norm keeps x.float() (pow's and the mul's input; x itself when
-  // activations are fp32, which the layer keeps anyway) and the normalized
-  // value cast back (the weight's mul's input). A rotation keeps nothing:
-  // its mul's other operand, the frequencies, needs no gradient, so
-  // autograd does not save its input.
-  const double perNorm = (e != 4 ? 4 : 0) + e;
-  return spec.rmsNorm ? sbh * 2 * perNorm / (cfg.sequenceParallel ? cfg.tp : 1)
-                      : 0;
+  // Each RMS norm keeps x.float() (pow's and the mul's input), which takes
+  // the place of the fused norm's input x (the layer's input and residual,
+  // kept as e bytes): 4 - e more; and the normalized value cast back (the
+  // weight's mul's input), e: 4 bytes an element a norm.
+  return sbh * 2 * 4 / (cfg.sequenceParallel ? cfg.tp : 1);
 }
 
 double attentionScoreElements(const TransformerSpec &spec,
@@ -423,6 +444,11 @@ transformerStageMemoryWithLayers(const TransformerSpec &spec,
   if (last)
     m.activations += microBatchesInFlight(cfg, cfg.pp - 1) * e *
                      (s * b * h * (1 / spDiv + 1) + 2 * s * b * vLocal);
+  // An eager final RMS norm keeps its fp32 copies too (4 bytes an element
+  // more, eagerNormBytesKept), whatever the layers recompute.
+  if (last && pr.eagerNorm && spec.rmsNorm)
+    m.activations +=
+        microBatchesInFlight(cfg, cfg.pp - 1) * 4 * s * b * h / spDiv;
 
   // Working set of one layer's backward when its activations are
   // recomputed: what it recomputes lives during it, at most the whole

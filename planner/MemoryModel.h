@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace dlopt::planner {
@@ -57,14 +58,21 @@ struct PrecisionConfig {
   /// Megatron-LM before FlashAttention. false: dlopt's fused kernels, which
   /// keep no score matrix (docs/cost-model.md, "Unfused attention").
   bool unfusedAttention = false;
-  /// RMS norms and rotary embeddings as eager PyTorch runs them
-  /// (dlopt-compile --norm-rope-kernels eager, dry runs only): one kernel
-  /// per op of their Python code, in fp32 (torchtitan's RMSNorm and
-  /// apply_rotary_emb without torch.compile), where dlopt runs one fused
-  /// kernel each (docs/cost-model.md, "Eager norms and rotary
+  /// RMS norms (eagerNorm) and rotary embeddings (eagerRope) as eager
+  /// PyTorch runs them (dlopt-compile --eager-kernels norm,rope, dry runs
+  /// only): one kernel per op of their Python code, in fp32 (torchtitan's
+  /// RMSNorm and apply_rotary_emb without torch.compile), where dlopt runs
+  /// one fused kernel each (docs/cost-model.md, "Eager norms and rotary
   /// embeddings").
-  bool eagerNormRope = false;
+  bool eagerNorm = false, eagerRope = false;
 };
+
+/// The --eager-kernels list of PrecisionConfig::eagerNorm and eagerRope:
+/// "norm", "rope", "norm,rope", or "none".
+std::string eagerKernelsName(bool norm, bool rope);
+/// Parses a comma-separated list of norm and rope (each at most once), or
+/// "none"; false for anything else.
+bool parseEagerKernels(std::string_view s, bool &norm, bool &rope);
 
 /// Bytes of model state on one device.
 struct StateMemory {
@@ -118,7 +126,7 @@ struct TransformerSpec {
   /// drops its probabilities too (Megatron-LM's attention_dropout).
   bool dropout = false;
   /// The layers' norms are RMS norms (dlopt.rms_norm), and q and k are
-  /// rotated (dlopt.rope): what --norm-rope-kernels eager prices as eager
+  /// rotated (dlopt.rope): what --eager-kernels can price as eager
   /// PyTorch's op sequences.
   bool rmsNorm = false, rope = false;
 
@@ -180,15 +188,15 @@ struct TrainingConfig {
 double activationBytesPerLayer(const TransformerSpec &spec,
                                const TrainingConfig &cfg);
 
-/// Eager norms and rotary embeddings (PrecisionConfig::eagerNormRope):
-/// the bytes a layer keeps beyond dlopt's fused kernels' under none and
-/// selective recomputation, per micro-batch: each of its two RMS norms'
-/// x.float() (not when activations are fp32) and normalized value cast
-/// back, 2 (4 + e) s b h / (sp ? t : 1) (2 e s b h with fp32
-/// activations); 0 otherwise, and for models without RMS norms (a
-/// rotation keeps nothing more).
-double eagerNormRopeBytesKept(const TransformerSpec &spec,
-                              const TrainingConfig &cfg);
+/// Eager RMS norms (PrecisionConfig::eagerNorm): the bytes a layer keeps
+/// beyond dlopt's fused kernels' under none and selective recomputation,
+/// per micro-batch. Autograd keeps each of the two norms' x.float() (in
+/// place of x, which the fused norm keeps: 4 - e more) and its normalized
+/// value cast back (e): 8 s b h / (sp ? t : 1) at any e. 0 otherwise, and
+/// for models without RMS norms; eager rotations keep nothing more (the
+/// frequencies need no gradient, so autograd keeps neither input).
+double eagerNormBytesKept(const TransformerSpec &spec,
+                          const TrainingConfig &cfg);
 
 /// Unfused attention (PrecisionConfig::unfusedAttention): the score
 /// elements of one layer on one rank for one micro-batch, b (a/t) (s/cp) s

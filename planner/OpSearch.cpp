@@ -348,11 +348,11 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
         "unfused attention (--attention-kernel unfused) is priced by the "
         "transformer search only (models with layer marks); the op-level "
         "search prices dlopt's fused attention");
-  if (opt.bytes.eagerNormRope)
+  if (opt.bytes.eagerNorm || opt.bytes.eagerRope)
     return Status::error(
-        "eager norms and rotary embeddings (--norm-rope-kernels eager) are "
-        "priced by the transformer search only (models with layer marks); "
-        "the op-level search prices dlopt's fused kernels");
+        "eager norms and rotary embeddings (--eager-kernels) are priced by "
+        "the transformer search only (models with layer marks); the "
+        "op-level search prices dlopt's fused kernels");
   OpPlanResult res;
   OpSearchStats &st = res.stats;
   Ctx c{g, cluster, cost, opt, CommPricer(cluster, cost), {}, 0, true, 2, 4,

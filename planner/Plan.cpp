@@ -135,7 +135,8 @@ Plan planFromConfig(PlanKind kind, const GraphSummary &g,
   m.dtype = g.dtype;
   m.precision = precisionName(precision);
   m.unfusedAttention = cfg.precision.unfusedAttention;
-  m.eagerNormRope = cfg.precision.eagerNormRope;
+  m.eagerNorm = cfg.precision.eagerNorm;
+  m.eagerRope = cfg.precision.eagerRope;
   if (kind == PlanKind::Transformer) {
     m.layers = g.numLayers;
     m.hidden = g.hidden;
@@ -209,8 +210,9 @@ report::json planJson(const Plan &p) {
                 {"precision", p.model.precision}};
   if (p.model.unfusedAttention)
     model["attention_kernel"] = "unfused";
-  if (p.model.eagerNormRope)
-    model["norm_rope_kernels"] = "eager";
+  if (p.model.eagerNorm || p.model.eagerRope)
+    model["eager_kernels"] =
+        eagerKernelsName(p.model.eagerNorm, p.model.eagerRope);
   if (p.kind == PlanKind::Transformer) {
     model["layers"] = p.model.layers;
     model["hidden"] = p.model.hidden;
@@ -458,13 +460,13 @@ Status parseModel(const Reader &rd, const rjson &j, Plan &p) {
                       "expected \"fused\" or \"unfused\", got \"" + k + "\"");
     f.unfusedAttention = k == "unfused";
   }
-  if (m->contains("norm_rope_kernels")) {
+  if (m->contains("eager_kernels")) {
     std::string k;
-    PLAN_ASSIGN(k, rd.string(*m, mo, "norm_rope_kernels"));
-    if (k != "fused" && k != "eager")
-      return rd.error("model.norm_rope_kernels",
-                      "expected \"fused\" or \"eager\", got \"" + k + "\"");
-    f.eagerNormRope = k == "eager";
+    PLAN_ASSIGN(k, rd.string(*m, mo, "eager_kernels"));
+    if (!parseEagerKernels(k, f.eagerNorm, f.eagerRope))
+      return rd.error("model.eager_kernels",
+                      "expected \"norm\", \"rope\" or \"norm,rope\", got \"" +
+                          k.substr(0, 40) + "\"");
   }
   if (p.kind == PlanKind::Transformer) {
     PLAN_ASSIGN(f.layers, rd.integer(*m, mo, "layers", 1));

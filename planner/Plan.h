@@ -105,10 +105,10 @@ struct ModelFingerprint {
   /// unfused, a dry-run setting); written as model.attention_kernel only
   /// when set.
   bool unfusedAttention = false;
-  /// Priced with eager PyTorch's norms and rotary embeddings
-  /// (dlopt-compile --norm-rope-kernels eager, a dry-run setting); written
-  /// as model.norm_rope_kernels only when set.
-  bool eagerNormRope = false;
+  /// Priced with eager PyTorch's RMS norms and rotary embeddings
+  /// (dlopt-compile --eager-kernels norm,rope, a dry-run setting); written
+  /// as model.eager_kernels ("norm", "rope" or "norm,rope") only when set.
+  bool eagerNorm = false, eagerRope = false;
   // Transformers only (0 otherwise).
   int64_t layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0;
 };

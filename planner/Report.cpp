@@ -91,9 +91,14 @@ std::string formatTextReport(const PlanResult &p, const Cluster &cluster,
   if (cfg.precision.unfusedAttention)
     r += "attention priced as unfused kernels: scores materialized "
          "(--attention-kernel unfused, a planning option)\n";
-  if (cfg.precision.eagerNormRope)
-    r += "RMS norms and rotary embeddings priced as eager PyTorch's kernels "
-         "(--norm-rope-kernels eager, a planning option)\n";
+  if (cfg.precision.eagerNorm || cfg.precision.eagerRope)
+    r += std::string(cfg.precision.eagerNorm && cfg.precision.eagerRope
+                         ? "RMS norms and rotary embeddings"
+                     : cfg.precision.eagerNorm ? "RMS norms"
+                                               : "rotary embeddings") +
+         " priced as eager PyTorch's kernels (--eager-kernels " +
+         eagerKernelsName(cfg.precision.eagerNorm, cfg.precision.eagerRope) +
+         ", a planning option)\n";
   r += strf("global batch %lld samples x %lld tokens\n\n",
               (long long)p.globalBatch, (long long)p.seq);
 
@@ -222,6 +227,8 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
     j["recompute"] = recomputeName(c.cfg.recompute);
     j["attention_kernel"] =
         c.cfg.precision.unfusedAttention ? "unfused" : "fused";
+    j["eager_kernels"] =
+        eagerKernelsName(c.cfg.precision.eagerNorm, c.cfg.precision.eagerRope);
     j["layout"] = c.process.layout == ProcessLayout::InGraph ? "in-graph"
                                                              : "between-graph";
     if (!c.cfg.stageLayerCounts.empty()) // heterogeneous clusters
@@ -238,12 +245,13 @@ std::string formatJsonReport(const PlanResult &p, const Cluster &cluster,
   // The plan (what --plan reads back), then the report (never read).
   json j = planJson(p.plan);
   json r;
-  r["model"] = {{"ffn", p.spec.ffn()},
-                {"dtype", g.dtype},
-                {"attention_kernel",
-                 p.best.cfg.precision.unfusedAttention ? "unfused" : "fused"},
-                {"norm_rope_kernels",
-                 p.best.cfg.precision.eagerNormRope ? "eager" : "fused"}};
+  r["model"] = {
+      {"ffn", p.spec.ffn()},
+      {"dtype", g.dtype},
+      {"attention_kernel",
+       p.best.cfg.precision.unfusedAttention ? "unfused" : "fused"},
+      {"eager_kernels", eagerKernelsName(p.best.cfg.precision.eagerNorm,
+                                         p.best.cfg.precision.eagerRope)}};
   r["processes"] = {
       {"layout", layoutName(p.best.process.layout, cluster.numNodes())},
       {"per_node", p.best.process.processesPerNode},

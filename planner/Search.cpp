@@ -125,6 +125,15 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
 
   Ctx c{graph, cluster, cost, opt};
   c.spec = *specOr;
+  // An eager sequence the model has no op for would price nothing.
+  if (opt.bytes.eagerNorm && !c.spec.rmsNorm)
+    return Status::error("--eager-kernels norm: the model's layers have no "
+                         "RMS norm (dlopt.rms_norm) to price as eager "
+                         "PyTorch's (its layer norm is one fused kernel "
+                         "there too)");
+  if (opt.bytes.eagerRope && !c.spec.rope)
+    return Status::error("--eager-kernels rope: the model's layers have no "
+                         "rotary embedding (dlopt.rope)");
   c.capacity = cluster.minDeviceMemory();
   // The slowest GPU kind sets the pace of a uniform plan.
   auto gpu = pacingGpu(cluster, opt.precision);
@@ -216,21 +225,35 @@ Expected<PlanResult> searchPlan(const GraphSummary &graph,
                            : seenLayer             ? c.post
                                                    : c.pre;
           double bytes = n.bytes / c.modelBatch * toActivation;
-          if (const auto eager =
-                  opt.bytes.eagerNormRope
-                      ? eagerNormRopeKernels(n, opt.bytes.activationBytes)
-                      : std::nullopt) {
-            // Eager PyTorch's op sequence in place of the fused kernel: its
-            // bytes, and its kernels beyond the one counted.
+          const bool eagerOp =
+              (opt.bytes.eagerNorm && n.op == "dlopt.rms_norm") ||
+              (opt.bytes.eagerRope && n.op == "dlopt.rope");
+          const auto eager = eagerOp
+                                 ? eagerKernels(n, opt.bytes.activationBytes)
+                                 : std::nullopt;
+          GroupCost::MemoryOp mo{memoryClassOf(n.op), n.flops / c.modelBatch,
+                                 bytes, rep};
+          if (eager) {
+            // Eager PyTorch's op sequence in place of the fused kernel:
+            // plain elementwise kernels and reductions (the stream class),
+            // its bytes, its kernels beyond the one counted, and autograd's
+            // backward in place of the ratio.
             const double more = eager->bytes / c.modelBatch - bytes;
-            bytes += more;
+            const double bwdExtra = eager->backwardBytes / c.modelBatch -
+                                    cost.calibration().backwardFlopsRatio *
+                                        eager->bytes / c.modelBatch;
+            mo.cls = MemoryClass::Stream;
+            mo.bytes += more;
+            mo.backwardBytes = eager->backwardBytes / c.modelBatch;
             grp.otBytes += more;
             grp.ops += eager->kernels - 1;
-            if (rep)
+            grp.eagerBackwardExtraBytes += bwdExtra;
+            if (rep) {
               repBytes[li->second] += more;
+              grp.eagerBackwardExtraRepBytes += bwdExtra;
+            }
           }
-          grp.memoryOps.push_back(
-              {memoryClassOf(n.op), n.flops / c.modelBatch, bytes, rep});
+          grp.memoryOps.push_back(mo);
         }
         continue;
       }

@@ -74,9 +74,7 @@ Expected<TransformerSpec> transformerSpecOf(const GraphSummary &g) {
 
 namespace pricing {
 
-/// First layer index of each stage (contiguous, the first L mod pp stages
-/// one layer longer, as MemoryModel's layersOnStage).
-std::optional<EagerKernels> eagerNormRopeKernels(const OpNode &n, double e) {
+std::optional<EagerKernels> eagerKernels(const OpNode &n, double e) {
   const bool norm = n.op == "dlopt.rms_norm", rope = n.op == "dlopt.rope";
   if ((!norm && !rope) || n.shape.empty())
     return std::nullopt;
@@ -86,25 +84,29 @@ std::optional<EagerKernels> eagerNormRopeKernels(const OpNode &n, double e) {
   const double last = double(n.shape.back());
   const double rows = elems / std::max(1.0, last);
   const bool casts = e != 4; // .float() and .type_as() of fp32 are no-ops
-  const double cast = casts ? e + 4 : 0;
+  const double f = 4, cast = casts ? e + f : 0;
   EagerKernels k;
   if (norm) {
-    // pow, mean (a value a row), add eps and rsqrt (on those), the mul
-    // by the rsqrt (which reads it again a row), the weight's mul.
-    k.bytes =
-        elems * (cast + 8 + 4 + 8 + cast + 2 * e) + rows * 4 * 5 + last * e;
+    k.bytes = elems * (cast + 2 * f + f + 2 * f + cast + 2 * e) + rows * 24 +
+              last * e;
     k.kernels = 6 + (casts ? 2 : 0);
+    k.backwardBytes =
+        elems * (6 * e + cast + 6 * f + f + 7 * f + 3 * f + cast) + rows * 24 +
+        last * (e + f);
+    k.backwardKernels = 13 + (casts ? 2 : 0);
   } else {
     // The frequencies: [s, d/2] complex64, broadcast over batch and heads
     // (dims 0 and 1 of [b, heads, s, d]).
     const double freqs =
         n.shape.size() >= 2 ? n.shape[n.shape.size() - 2] * last * 4 : 0;
-    k.bytes = elems * (cast + 8 + cast) + freqs;
-    k.kernels = 1 + (casts ? 2 : 0);
+    k.bytes = k.backwardBytes = elems * (cast + 2 * f + cast) + freqs;
+    k.kernels = k.backwardKernels = 1 + (casts ? 2 : 0);
   }
   return k;
 }
 
+/// First layer index of each stage (contiguous, the first L mod pp stages
+/// one layer longer, as MemoryModel's layersOnStage).
 std::vector<int64_t> stageStarts(int64_t layers, int pp) {
   std::vector<int64_t> starts;
   int64_t at = 0;

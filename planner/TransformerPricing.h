@@ -56,8 +56,15 @@ struct GroupCost {
     MemoryClass cls = MemoryClass::Stream;
     double flops = 0, bytes = 0;
     bool replicated = false;
+    /// An eager op sequence's (eagerKernels) backward bytes, which price
+    /// its backward in place of the ratio; 0 for other ops.
+    double backwardBytes = 0;
   };
   std::vector<MemoryOp> memoryOps;
+  /// Eager norms and rotary embeddings (eagerKernels): their backward
+  /// bytes beyond backward_flops_ratio times their forward bytes, per
+  /// sample, all and the part tensor parallelism replicates.
+  double eagerBackwardExtraBytes = 0, eagerBackwardExtraRepBytes = 0;
 };
 
 /// Passes over an [s, h] activation one layer makes outside its matmuls and
@@ -419,14 +426,33 @@ struct Ctx {
       x += u.backward -
            cost.calibration().backwardFlopsRatio * (u.gemms + u.memory);
     }
+    const Calibration &cal = cost.calibration();
     if (memoryOpsPriced(g)) {
-      const Calibration &cal = cost.calibration();
       for (const GroupCost::MemoryOp &o : g.memoryOps) {
+        if (o.backwardBytes > 0) {
+          // An eager sequence: autograd's backward kernels.
+          GroupCost::MemoryOp b = o;
+          b.bytes = o.backwardBytes;
+          b.flops = 0;
+          x += memoryOpTime(b, scale, tp, sp, gpuKind) -
+               cal.backwardFlopsRatio * memoryOpTime(o, scale, tp, sp, gpuKind);
+          continue;
+        }
         const double r = cal.opBackwardRatio[size_t(o.cls)];
         if (r > 0)
           x += memoryOpTime(o, scale, tp, sp, gpuKind) *
                (r - cal.backwardFlopsRatio);
       }
+    } else if (g.eagerBackwardExtraBytes != 0) {
+      // The extra can be negative (an eager rotation's backward moves what
+      // its forward does, less than twice it): time per byte, signed.
+      const double bytes =
+          (g.eagerBackwardExtraBytes - g.eagerBackwardExtraRepBytes) * scale /
+              tp +
+          g.eagerBackwardExtraRepBytes * scale / (sp ? tp : 1);
+      const double perByte =
+          roofline(OpKind::Elementwise, 0, 1e9, gpuKind) / 1e9;
+      x += bytes * perByte;
     }
     return x;
   }
@@ -684,24 +710,30 @@ struct Ctx {
 };
 
 /// What eager PyTorch runs for a dlopt.rms_norm or dlopt.rope op
-/// (PrecisionConfig::eagerNormRope): torchtitan's RMSNorm, x * rsqrt(mean(
-/// x.float()^2) + eps) cast back and times the weight, and its
+/// (PrecisionConfig::eagerNorm, eagerRope): torchtitan's RMSNorm, x *
+/// rsqrt(mean(x.float()^2) + eps) cast back and times the weight, and its
 /// apply_rotary_emb, x.float() as complex pairs times the frequencies,
-/// cast back: one kernel per op, in fp32 (docs/cost-model.md, "Eager norms
-/// and rotary embeddings"). Per element of the result, with activations
-/// of `e` bytes (the casts are no-ops when e is 4):
-///   RMS norm: cast (e + 4), pow 8, mean 4, mul 8, cast (4 + e), weight
-///             mul 2e: 4e + 28 bytes; 8 kernels (with mean's add and
-///             rsqrt on one value a row)
-///   rope:     cast (e + 4), complex mul 8, cast (4 + e): 2e + 16 bytes;
-///             3 kernels
-/// Its bytes are for the whole op (every element, plus a row's values and
-/// the weight or the frequencies); nullopt for other ops.
+/// cast back, forward and autograd's backward: one kernel per op, in fp32
+/// (docs/cost-model.md, "Eager norms and rotary embeddings"). Per element
+/// of the result, with activations of `e` bytes and f = 4 (the casts are
+/// no-ops when e is 4):
+///   RMS norm forward: cast (e + f), pow 2f, mean f, mul 2f, cast (f + e),
+///     weight mul 2e: 4e + 28 bytes; 8 kernels (6 without the casts)
+///   RMS norm backward: weight mul's 6e (both gradients, the weight's a
+///     reduction), cast (e + f), the mul's 6f, mean's f, pow's 7f, the
+///     sum of the two gradients 3f, cast (f + e): 92 bytes at e = 2 or 4;
+///     15 kernels (13)
+///   rope forward: cast (e + f), complex mul 2f, cast (f + e): 2e + 16;
+///     3 kernels (1)
+///   rope backward: the same with the conjugate frequencies: 2e + 16; 3
+/// Row-sized traffic (mean's result, its add and rsqrt, the mul's read:
+/// 24 bytes a row forward, the same backward), the weight and the
+/// frequencies are added once. nullopt for other ops.
 struct EagerKernels {
-  double bytes = 0;
-  double kernels = 0;
+  double bytes = 0, kernels = 0;                 ///< forward
+  double backwardBytes = 0, backwardKernels = 0; ///< autograd's backward
 };
-std::optional<EagerKernels> eagerNormRopeKernels(const OpNode &n, double e);
+std::optional<EagerKernels> eagerKernels(const OpNode &n, double e);
 
 /// First layer index of each stage (contiguous, the first L mod pp stages
 /// one layer longer, as MemoryModel's layersOnStage).

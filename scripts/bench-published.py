@@ -192,7 +192,7 @@ def price(args, tmp, group, row):
     model = model_path(tmp, row)
     reduce = row.get("grad_reduce", group.get("grad_reduce"))
     attention = row.get("attention_kernel", group.get("attention_kernel"))
-    norm_rope = row.get("norm_rope_kernels", group.get("norm_rope_kernels"))
+    eager = row.get("eager_kernels", group.get("eager_kernels"))
     rc, out, err = run([os.path.join(args.bin, "dlopt-compile"), model,
                         "--dry-run", "--train", "--format", "json",
                         "--precision", row.get("precision",
@@ -202,7 +202,7 @@ def price(args, tmp, group, row):
                         "--fix", row["fix"]] +
                        (["--grad-reduce", reduce] if reduce else []) +
                        (["--attention-kernel", attention] if attention else []) +
-                       (["--norm-rope-kernels", norm_rope] if norm_rope else []) +
+                       (["--eager-kernels", eager] if eager else []) +
                        [a for c in args.calibration for a in ("--calibration", c)])
     if rc != 0:
         last = (err.strip().splitlines() or ["exit %d" % rc])[-1]

@@ -209,13 +209,13 @@ static cl::opt<std::string> attentionKernelOpt(
              "dropout over it, P V: Megatron-LM before FlashAttention, "
              "PyTorch's math attention; dry runs only)"),
     cl::init("fused"), cl::cat(planCategory));
-static cl::opt<std::string> normRopeKernelsOpt(
-    "norm-rope-kernels", cl::value_desc("fused|eager"),
-    cl::desc("How RMS norms and rotary embeddings are priced: fused "
-             "(default: dlopt's one kernel each) or eager (eager PyTorch's "
-             "op sequence in fp32, one kernel per op: torchtitan without "
-             "torch.compile; dry runs only)"),
-    cl::init("fused"), cl::cat(planCategory));
+static cl::opt<std::string> eagerKernelsOpt(
+    "eager-kernels", cl::value_desc("norm,rope|norm|rope|none"),
+    cl::desc("Price these as eager PyTorch's op sequences in fp32, one "
+             "kernel per op (torchtitan without torch.compile: norm its "
+             "RMSNorm, rope its rotary embedding), not dlopt's one fused "
+             "kernel each (default none; dry runs only)"),
+    cl::init("none"), cl::cat(planCategory));
 static cl::opt<std::string> gradReduceOpt(
     "grad-reduce", cl::value_desc("bf16|fp32"),
     cl::desc("Mixed precision: the dtype data-parallel gradient syncs move "
@@ -479,10 +479,13 @@ static int runDryRun(ModuleOp module, dlopt::planner::Plan *apply = nullptr,
       attentionKernelOpt.getNumOccurrences()
           ? attentionKernelOpt == "unfused"
           : loaded && !apply && loaded->model.unfusedAttention;
-  so.bytes.eagerNormRope =
-      normRopeKernelsOpt.getNumOccurrences()
-          ? normRopeKernelsOpt == "eager"
-          : loaded && !apply && loaded->model.eagerNormRope;
+  // The option (main checked it), else a re-priced plan file's setting.
+  if (eagerKernelsOpt.getNumOccurrences()) {
+    parseEagerKernels(eagerKernelsOpt, so.bytes.eagerNorm, so.bytes.eagerRope);
+  } else if (loaded && !apply) {
+    so.bytes.eagerNorm = loaded->model.eagerNorm;
+    so.bytes.eagerRope = loaded->model.eagerRope;
+  }
   // A plan file names its planner; otherwise transformers go to the layer
   // search and any other graph to the op-level one.
   const bool opLevel = loaded ? loaded->kind == PlanKind::OpLevel
@@ -1092,17 +1095,21 @@ int main(int argc, char **argv) {
                     "fused attention: use it with --dry-run only\n";
     return 2;
   }
-  if (normRopeKernelsOpt != "fused" && normRopeKernelsOpt != "eager") {
-    llvm::errs() << "dlopt-compile: error: --norm-rope-kernels="
-                 << normRopeKernelsOpt << " is not one of fused, eager\n";
-    return 2;
-  }
-  if (normRopeKernelsOpt == "eager" && !dryRun) {
-    llvm::errs() << "dlopt-compile: error: --norm-rope-kernels=eager prices "
-                    "eager PyTorch's norms and rotary embeddings, but "
-                    "dlopt's backends run fused kernels: use it with "
-                    "--dry-run only\n";
-    return 2;
+  {
+    bool norm = false, rope = false;
+    if (!dlopt::planner::parseEagerKernels(eagerKernelsOpt, norm, rope)) {
+      llvm::errs() << "dlopt-compile: error: --eager-kernels="
+                   << eagerKernelsOpt
+                   << " is not a list of norm and rope (or none)\n";
+      return 2;
+    }
+    if ((norm || rope) && !dryRun) {
+      llvm::errs() << "dlopt-compile: error: --eager-kernels="
+                   << eagerKernelsOpt
+                   << " prices eager PyTorch's kernels, but dlopt's backends "
+                      "run fused kernels: use it with --dry-run only\n";
+      return 2;
+    }
   }
   if (precisionOpt == "fp8" && !dryRun) {
     llvm::errs() << "dlopt-compile: error: --precision fp8 is a planning "

@@ -160,45 +160,69 @@ TEST(Transformer, Gpt3StateBytesPerDeviceByHand) {
 // Activations: what dlopt's autodiff keeps per layer
 //===----------------------------------------------------------------------===//
 
-// Unfused attention (Megatron-LM before FlashAttention) keeps the
-// probabilities, the dropout's mask and its output: Korthikanti et al.'s
-// 5as/h term of 34 + 5as/h (bytes per sbh at 2-byte activations).
-// Eager PyTorch's RMS norms keep x.float() and the normalized value cast
-// back (2 (4 + e) s b h per layer over the fused kernels'), under none and
-// selective only; rotations keep nothing more.
+// Eager PyTorch's RMS norms keep x.float() in place of x and the
+// normalized value cast back: 4 bytes an element a norm more than the
+// fused kernel's at any activation width, 8 s b h a layer; under none and
+// selective only, and only with norm among the eager kernels.
 TEST(Activations, EagerNormsKeepTheirFp32Copies) {
   TransformerSpec s = gpt3();
   TrainingConfig c;
   const double sbh = 25165824; // 2048 x 12288
   const double fused = activationBytesPerLayer(s, c);
-  c.precision.eagerNormRope = true;
+  c.precision.eagerNorm = true;
   // A model without RMS norms: nothing more.
   EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), fused);
   s.rmsNorm = true;
   s.rope = true;
-  EXPECT_DOUBLE_EQ(eagerNormRopeBytesKept(s, c), 2 * (4 + 2) * sbh);
-  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), fused + 12 * sbh);
-  // fp32 activations: .float() is x itself, only the normalized value.
+  EXPECT_DOUBLE_EQ(eagerNormBytesKept(s, c), 8 * sbh);
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), fused + 8 * sbh);
+  // fp32 activations: the same 4 bytes (the normalized value; x.float()
+  // is x).
   c.precision.activationBytes = 4;
-  EXPECT_DOUBLE_EQ(eagerNormRopeBytesKept(s, c), 2 * 4 * sbh);
+  EXPECT_DOUBLE_EQ(eagerNormBytesKept(s, c), 8 * sbh);
   c.precision.activationBytes = 2;
+  // Eager rotations keep nothing more.
+  c.precision.eagerNorm = false;
+  c.precision.eagerRope = true;
+  EXPECT_DOUBLE_EQ(eagerNormBytesKept(s, c), 0);
+  EXPECT_DOUBLE_EQ(activationBytesPerLayer(s, c), fused);
+  c.precision.eagerNorm = true;
   // Sequence parallelism splits them over tp.
   c.tp = 8;
   c.sequenceParallel = true;
-  EXPECT_DOUBLE_EQ(eagerNormRopeBytesKept(s, c), 12 * sbh / 8);
+  EXPECT_DOUBLE_EQ(eagerNormBytesKept(s, c), 8 * sbh / 8);
   c.sequenceParallel = false;
-  EXPECT_DOUBLE_EQ(eagerNormRopeBytesKept(s, c), 12 * sbh);
+  EXPECT_DOUBLE_EQ(eagerNormBytesKept(s, c), 8 * sbh);
   c.recompute = RecomputePolicy::Selective;
-  EXPECT_DOUBLE_EQ(eagerNormRopeBytesKept(s, c), 12 * sbh);
+  EXPECT_DOUBLE_EQ(eagerNormBytesKept(s, c), 8 * sbh);
   // Recomputed norms keep nothing.
   for (RecomputePolicy r :
        {RecomputePolicy::Elementwise, RecomputePolicy::Alternate,
         RecomputePolicy::Full}) {
     c.recompute = r;
-    EXPECT_DOUBLE_EQ(eagerNormRopeBytesKept(s, c), 0);
+    EXPECT_DOUBLE_EQ(eagerNormBytesKept(s, c), 0);
   }
 }
 
+TEST(Activations, EagerKernelsList) {
+  bool n = true, r = true;
+  EXPECT_TRUE(parseEagerKernels("none", n, r));
+  EXPECT_FALSE(n || r);
+  EXPECT_TRUE(parseEagerKernels("rope,norm", n, r));
+  EXPECT_TRUE(n && r);
+  EXPECT_TRUE(parseEagerKernels("rope", n, r));
+  EXPECT_TRUE(!n && r);
+  for (const char *bad : {"", "norm,", ",rope", "norm,norm", "eager", "all",
+                          "norm,rope,norm", "none,norm"})
+    EXPECT_FALSE(parseEagerKernels(bad, n, r)) << bad;
+  EXPECT_EQ(eagerKernelsName(true, true), "norm,rope");
+  EXPECT_EQ(eagerKernelsName(false, true), "rope");
+  EXPECT_EQ(eagerKernelsName(false, false), "none");
+}
+
+// Unfused attention (Megatron-LM before FlashAttention) keeps the
+// probabilities, the dropout's mask and its output: Korthikanti et al.'s
+// 5as/h term of 34 + 5as/h (bytes per sbh at 2-byte activations).
 TEST(Activations, UnfusedAttentionKeepsTheScores) {
   TransformerSpec s = gpt3();
   s.dropout = true;

@@ -1152,40 +1152,52 @@ TEST(Search, BackwardGemmsArePricedAtTheirOwnShapes) {
 // dP and dV, the dropout's and the softmax's backward (read two, write
 // one), dQ and dK.
 // Eager PyTorch's RMS norm and rotary embedding, op by op
-// (torchtitan's RMSNorm and apply_rotary_emb), hand-counted.
-TEST(Search, EagerNormRopeKernels) {
+// (torchtitan's RMSNorm and apply_rotary_emb, and autograd's backward of
+// each op), hand-counted.
+TEST(Search, EagerKernels) {
+  using pricing::eagerKernels;
   OpNode norm;
   norm.op = "dlopt.rms_norm";
   norm.shape = {2, 1024, 4096}; // b s h
   const double n = 2.0 * 1024 * 4096, rows = 2.0 * 1024;
-  using pricing::eagerNormRopeKernels;
-  auto k = eagerNormRopeKernels(norm, 2);
+  auto k = eagerKernels(norm, 2);
   ASSERT_TRUE(k);
-  // cast 6, pow 8, mean 4, mul 8, cast 6, weight mul 4 bytes an element;
-  // mean's result, its add and rsqrt, and the mul's read of it: 5 x 4
-  // bytes a row; the weight once.
-  EXPECT_DOUBLE_EQ(k->bytes, 36 * n + 20 * rows + 4096 * 2);
+  // Forward: cast 6, pow 8, mean 4, mul 8, cast 6, weight mul 4 bytes an
+  // element; mean's result (4), its add and rsqrt (8 each), the mul's
+  // read (4) a row; the weight once.
+  EXPECT_DOUBLE_EQ(k->bytes, 36 * n + 24 * rows + 4096 * 2);
   EXPECT_DOUBLE_EQ(k->kernels, 8);
+  // Backward: the weight's mul (grad x w: 4; grad x o, summed: 6 + 2),
+  // cast 6, the mul's (grad x r: 8; grad x x, summed: 12 + 4), mean's 4,
+  // pow's (x^1: 8, x 2: 8, grad x: 12), the two gradients' sum 12, cast
+  // 6: 92 bytes; the weight's gradient in both widths.
+  EXPECT_DOUBLE_EQ(k->backwardBytes, 92 * n + 24 * rows + 4096 * 6);
+  EXPECT_DOUBLE_EQ(k->backwardKernels, 15);
   // fp32 activations: no casts.
-  k = eagerNormRopeKernels(norm, 4);
-  EXPECT_DOUBLE_EQ(k->bytes, (8 + 4 + 8 + 8) * n + 20 * rows + 4096 * 4);
+  k = eagerKernels(norm, 4);
+  EXPECT_DOUBLE_EQ(k->bytes, (8 + 4 + 8 + 8) * n + 24 * rows + 4096 * 4);
   EXPECT_DOUBLE_EQ(k->kernels, 6);
+  EXPECT_DOUBLE_EQ(k->backwardBytes, 92 * n + 24 * rows + 4096 * 8);
+  EXPECT_DOUBLE_EQ(k->backwardKernels, 13);
   OpNode rope;
   rope.op = "dlopt.rope";
   rope.shape = {2, 32, 1024, 128}; // b heads s d
   const double m = 2.0 * 32 * 1024 * 128;
-  k = eagerNormRopeKernels(rope, 2);
+  k = eagerKernels(rope, 2);
   ASSERT_TRUE(k);
   // cast 6, complex mul 8, cast 6; the [s, d/2] complex64 frequencies.
+  // The backward is the same kernels with the conjugate.
   EXPECT_DOUBLE_EQ(k->bytes, 20 * m + 1024 * 128 * 4);
   EXPECT_DOUBLE_EQ(k->kernels, 3);
-  k = eagerNormRopeKernels(rope, 4);
+  EXPECT_DOUBLE_EQ(k->backwardBytes, k->bytes);
+  EXPECT_DOUBLE_EQ(k->backwardKernels, 3);
+  k = eagerKernels(rope, 4);
   EXPECT_DOUBLE_EQ(k->bytes, 8 * m + 1024 * 128 * 4);
   EXPECT_DOUBLE_EQ(k->kernels, 1);
   // Other ops, and a layer norm (PyTorch's is one fused kernel): none.
   OpNode ln = norm;
   ln.op = "dlopt.layer_norm";
-  EXPECT_FALSE(eagerNormRopeKernels(ln, 2));
+  EXPECT_FALSE(eagerKernels(ln, 2));
 }
 
 TEST(Search, UnfusedAttentionIsPricedKernelByKernel) {
