@@ -1200,6 +1200,66 @@ TEST(Search, EagerKernels) {
   EXPECT_FALSE(eagerKernels(ln, 2));
 }
 
+// --eager-kernels through the search: each layer's RMS norm and rotary
+// embedding (an op list beside the hand-built groups) add, forward and
+// backward, their eager bytes less the fused op's (1 + ratio) times, at the
+// H100's memory bandwidth; the compute of one device's step moves by
+// exactly that.
+TEST(Search, EagerKernelsInTheLayerPricing) {
+  const int64_t layers = 2, h = 1024, heads = 8, s = 1024, d = h / heads;
+  GraphSummary g = gpt(layers, h, heads, s, 1024);
+  for (int64_t l = 0; l < layers; ++l) {
+    OpNode norm;
+    norm.id = int(g.ops.size());
+    norm.op = "dlopt.rms_norm";
+    norm.kind = OpClass::Norm;
+    norm.shape = {1, s, h};
+    norm.elemBytes = 2;
+    norm.bytes = 2.0 * 2 * s * h + 2 * h; // x, y, the weight
+    norm.flops = 4.0 * s * h;
+    norm.layer = l;
+    g.ops.push_back(norm);
+    OpNode rope = norm;
+    rope.id = int(g.ops.size());
+    rope.op = "dlopt.rope";
+    rope.kind = OpClass::Rope;
+    rope.shape = {1, heads, s, d};
+    rope.bytes = 2.0 * 2 * s * h;
+    g.ops.push_back(rope);
+  }
+  Cluster one = *resolveCluster("dgx-h100:1");
+  one.groups[0].gpusPerNode = 1;
+  SearchOptions o = opts(1);
+  auto price = [&](bool norm, bool rope) {
+    SearchOptions x = o;
+    x.bytes.eagerNorm = norm;
+    x.bytes.eagerRope = rope;
+    auto p = planWithFix(g, one, x, "tp=1,pp=1,mbs=1,zero=0,recompute=none");
+    EXPECT_TRUE(p) << p.status().message();
+    return p ? p->best : Candidate{};
+  };
+  const Candidate fused = price(false, false), both = price(true, true),
+                  ropeOnly = price(false, true);
+  const double tau = 1 / (3.35e12 * 0.9); // seconds a byte
+  const double ratio = Calibration{}.backwardFlopsRatio;
+  auto delta = [&](const OpNode &n) {
+    const auto e = pricing::eagerKernels(n, 2);
+    return (e->bytes + e->backwardBytes - (1 + ratio) * n.bytes) * tau;
+  };
+  const double dNorm = delta(g.ops[0]), dRope = delta(g.ops[1]);
+  EXPECT_REL(both.time.compute - fused.time.compute, layers * (dNorm + dRope),
+             1e-6);
+  EXPECT_REL(ropeOnly.time.compute - fused.time.compute, layers * dRope, 1e-6);
+  EXPECT_GT(dNorm, 0);
+  EXPECT_GT(dRope, 0);
+  // Memory: 8 s h a layer for the norms (none), 4 s h for the final norm
+  // on the last stage, which this graph's post group has no norm op for,
+  // but the spec says the model's norms are RMS norms.
+  EXPECT_DOUBLE_EQ(both.memory.activations - fused.memory.activations,
+                   layers * 8.0 * s * h + 4.0 * s * h);
+  EXPECT_DOUBLE_EQ(ropeOnly.memory.activations, fused.memory.activations);
+}
+
 TEST(Search, UnfusedAttentionIsPricedKernelByKernel) {
   H100Pricing h;
   pricing::Ctx &c = h.c;
