@@ -99,6 +99,10 @@ from nccl-tests (measures nothing; writes the calibration only; with
   --compare CLUSTER            print the model's figure on CLUSTER (a preset
                                such as dgx-h100:2, or a cluster file) beside
                                each measured one
+  --compare-calibration FILE   price --compare's figures with these
+                               constants (a calibration file; its
+                               collective_table is left out: the model is
+                               compared) instead of the defaults
 )";
 
 [[noreturn]] void usageError(const std::string &msg) {
@@ -412,7 +416,8 @@ groupOfShape(const planner::Cluster &cluster, int ranks, int nodes,
 /// on an unreadable file or output, 2 on a bad COLLECTIVE= prefix.
 std::vector<planner::CollectiveTableRow>
 importNcclTests(const std::vector<std::string> &specs,
-                const std::string &compare) {
+                const std::string &compare,
+                const std::string &compareCalibration) {
   auto fail = [](const std::string &msg) {
     std::fflush(stdout);
     std::fprintf(stderr, "dlopt-calibrate: error: %s\n", msg.c_str());
@@ -425,7 +430,17 @@ importNcclTests(const std::vector<std::string> &specs,
       usageError("--compare: " + c.status().message());
     cluster = c.take();
   }
-  const planner::CostModel model; // the default calibration's figures
+  // The model's figures: the default constants, or the file's without its
+  // own measurements.
+  planner::Calibration constants;
+  if (!compareCalibration.empty()) {
+    auto c = planner::loadCalibration(compareCalibration);
+    if (!c)
+      fail("--compare-calibration: " + c.status().message());
+    constants = c.take();
+    constants.collectiveTable.clear();
+  }
+  const planner::CostModel model(constants);
   std::vector<planner::CollectiveTableRow> rows;
   std::map<std::tuple<int, int, int, int, double>, std::string> from;
   for (const std::string &spec : specs) {
@@ -529,7 +544,7 @@ int main(int argc, char **argv) {
   int threads = 0;
   bool quick = false;
   std::vector<std::string> profiles, ncclTests;
-  std::string gpuName, measuringFlag, clusterFlag, compare;
+  std::string gpuName, measuringFlag, clusterFlag, compare, compareCalibration;
   bool calOutGiven = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -555,6 +570,8 @@ int main(int argc, char **argv) {
       ncclTests.push_back(value());
     } else if (a == "--compare") {
       compare = value();
+    } else if (a == "--compare-calibration") {
+      compareCalibration = value();
     } else if (a == "--devices") {
       s.devices = parseInt(a, value(), 1, 4096);
       measuringFlag = a;
@@ -579,6 +596,9 @@ int main(int argc, char **argv) {
       usageError("unknown option '" + a + "'");
     }
   }
+  if (!compareCalibration.empty() && compare.empty())
+    usageError("--compare-calibration prices --compare's figures; give "
+               "--compare CLUSTER");
   if (!compare.empty() && ncclTests.empty())
     usageError("--compare prints the model beside --nccl-tests' figures; "
                "give --nccl-tests FILE");
@@ -598,7 +618,8 @@ int main(int argc, char **argv) {
     if (!canWrite(calOut))
       return 1;
     planner::Calibration cal;
-    cal.collectiveTable = importNcclTests(ncclTests, compare);
+    cal.collectiveTable =
+        importNcclTests(ncclTests, compare, compareCalibration);
     if (auto st = cal.validate(); !st.isOk()) {
       std::fprintf(stderr, "dlopt-calibrate: error: %s\n",
                    st.message().c_str());
@@ -656,7 +677,8 @@ int main(int argc, char **argv) {
     for (const std::string &l : cal->lines)
       std::printf("%s\n", l.c_str());
     if (!ncclTests.empty()) {
-      cal->calibration.collectiveTable = importNcclTests(ncclTests, compare);
+      cal->calibration.collectiveTable =
+          importNcclTests(ncclTests, compare, compareCalibration);
       if (auto st = cal->calibration.validate(); !st.isOk()) {
         std::fprintf(stderr, "dlopt-calibrate: error: %s\n",
                      st.message().c_str());
