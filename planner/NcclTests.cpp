@@ -114,7 +114,6 @@ struct RankEntry {
 struct Section {
   int line = 0;
   std::optional<Collective> collective;
-  std::string program; ///< from "Collective test starting", or empty
   std::map<int64_t, RankEntry> ranks;
   std::string device;
   std::vector<std::pair<double, double>> rows; ///< bytes, seconds
@@ -247,7 +246,6 @@ parseNcclTests(std::string_view text, std::string_view source,
     DLOPT_RETURN_IF_ERROR(finish());
     cur.emplace();
     cur->line = line;
-    cur->program = pendingProgram;
     if (pending) {
       if (names.prefix && *names.prefix != *pending)
         return Status::error(at(line) + "the output is " + pendingProgram +

@@ -195,19 +195,21 @@ std::string textCommunication(const std::vector<CommOp> &comms,
   // token of the cluster's GPU name ("H100" of "H100-SXM-80GB") that no
   // measured device's name contains.
   if (cluster && !devices.empty()) {
+    auto lowered = [](std::string s) {
+      for (char &ch : s)
+        ch = char(std::tolower(static_cast<unsigned char>(ch)));
+      return s;
+    };
     std::set<std::string> mismatched;
     for (const NodeGroup &g : cluster->groups) {
-      std::string family = g.gpu.name.substr(0, g.gpu.name.find('-'));
-      std::string lower;
-      for (char ch : family)
-        lower += char(std::tolower(static_cast<unsigned char>(ch)));
-      bool seen = false;
-      for (const std::string &d : devices) {
-        std::string dl;
-        for (char ch : d)
-          dl += char(std::tolower(static_cast<unsigned char>(ch)));
-        seen = seen || (!lower.empty() && dl.find(lower) != std::string::npos);
-      }
+      const std::string family =
+          lowered(g.gpu.name.substr(0, g.gpu.name.find('-')));
+      const bool seen =
+          !family.empty() &&
+          std::any_of(devices.begin(), devices.end(),
+                      [&](const std::string &d) {
+                        return lowered(d).find(family) != std::string::npos;
+                      });
       if (!seen)
         mismatched.insert(g.gpu.name);
     }

@@ -412,8 +412,9 @@ groupOfShape(const planner::Cluster &cluster, int ranks, int nodes,
 }
 
 /// --nccl-tests: reads each file, prints its sweeps (beside the model's
-/// figures on `compare` when given), and returns their rows. Exit code 1
-/// on an unreadable file or output, 2 on a bad COLLECTIVE= prefix.
+/// figures on `compare` when given), and returns their rows, a valid
+/// collective_table. Exit code 1 on an unreadable file or output, or rows
+/// the table refuses; 2 on a bad COLLECTIVE= prefix.
 std::vector<planner::CollectiveTableRow>
 importNcclTests(const std::vector<std::string> &specs,
                 const std::string &compare,
@@ -535,6 +536,10 @@ importNcclTests(const std::vector<std::string> &specs,
       }
     }
   }
+  planner::Calibration table;
+  table.collectiveTable = rows;
+  if (auto st = table.validate(); !st.isOk())
+    fail(st.message());
   return rows;
 }
 
@@ -602,6 +607,15 @@ int main(int argc, char **argv) {
   if (!compare.empty() && ncclTests.empty())
     usageError("--compare prints the model beside --nccl-tests' figures; "
                "give --nccl-tests FILE");
+  // The modes that measure nothing and write a calibration only.
+  auto calibrationOnly = [&](const std::string &mode) {
+    if (!measuringFlag.empty())
+      usageError(measuringFlag + " does not apply to " + mode +
+                 ", which measures nothing");
+    if (!clusterFlag.empty())
+      usageError("--cluster-out does not apply to " + mode +
+                 ", which writes a calibration only");
+  };
   if (!ncclTests.empty() && profiles.empty()) {
     // A file of the table alone: not calibration.json, which may hold
     // this machine's constants.
@@ -609,22 +623,12 @@ int main(int argc, char **argv) {
       calOut = "collectives.json";
     if (!gpuName.empty())
       usageError("--gpu names the device of --from-profile's profiles");
-    if (!measuringFlag.empty())
-      usageError(measuringFlag + " does not apply to --nccl-tests, which "
-                                 "measures nothing");
-    if (!clusterFlag.empty())
-      usageError("--cluster-out does not apply to --nccl-tests, which "
-                 "writes a calibration only");
+    calibrationOnly("--nccl-tests");
     if (!canWrite(calOut))
       return 1;
     planner::Calibration cal;
     cal.collectiveTable =
         importNcclTests(ncclTests, compare, compareCalibration);
-    if (auto st = cal.validate(); !st.isOk()) {
-      std::fprintf(stderr, "dlopt-calibrate: error: %s\n",
-                   st.message().c_str());
-      return 1;
-    }
     // Only the table: the file goes with --calibration beside (after)
     // another, whose constants it leaves alone.
     if (!writeText(calOut, cal.collectiveTableJson()))
@@ -639,12 +643,7 @@ int main(int argc, char **argv) {
     if (gpuName.empty())
       usageError("--from-profile needs --gpu: the device the profiles were "
                  "taken on");
-    if (!measuringFlag.empty())
-      usageError(measuringFlag + " does not apply to --from-profile, which "
-                 "measures nothing");
-    if (!clusterFlag.empty())
-      usageError("--cluster-out does not apply to --from-profile, which "
-                 "writes a calibration only");
+    calibrationOnly("--from-profile");
     // A GPU preset, or a cluster file whose (first) device it is: the one
     // dlopt-calibrate wrote for this machine, say.
     auto gpu = planner::gpuPreset(gpuName);
@@ -679,11 +678,6 @@ int main(int argc, char **argv) {
     if (!ncclTests.empty()) {
       cal->calibration.collectiveTable =
           importNcclTests(ncclTests, compare, compareCalibration);
-      if (auto st = cal->calibration.validate(); !st.isOk()) {
-        std::fprintf(stderr, "dlopt-calibrate: error: %s\n",
-                     st.message().c_str());
-        return 1;
-      }
     }
     if (!writeText(calOut, cal->calibration.toJson()))
       return 1;
