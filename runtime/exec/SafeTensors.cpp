@@ -70,6 +70,10 @@ Status parseHeader(const Json &doc, uint64_t dataSize, std::vector<Entry> &out,
       }
       continue;
     }
+    // The writer refuses these names too, so every file read can be
+    // written back (the safetensors fuzz target's round trip).
+    if (name.empty())
+      return Status::error("header: a tensor has an empty name");
     std::string where = "tensor '" + name + "': ";
     if (!v.is_object())
       return Status::error(where + "expected an object");

@@ -300,6 +300,12 @@ TEST(SafeTensors, RejectsCorruptFiles) {
             "tensor 'a': shape must hold non-negative integers");
   EXPECT_EQ(err(withHeader("{\"__metadata__\":{\"k\":1}}", 0)),
             "header: __metadata__.k must be a string, got number");
+  // The writer refuses an empty name, so the reader does too (a file it
+  // accepted could not be written back).
+  EXPECT_EQ(err(withHeader("{\"\":{\"dtype\":\"F32\",\"shape\":[1],"
+                           "\"data_offsets\":[0,4]}}",
+                           4)),
+            "header: a tensor has an empty name");
 }
 
 //===----------------------------------------------------------------------===//
