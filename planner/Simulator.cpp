@@ -335,6 +335,79 @@ double queuedGradSyncExposed(double share, double exposedShare, int64_t count,
   return std::max(0.0, free);
 }
 
+double pipelineMakespan(PipelineSchedule schedule,
+                        const std::vector<double> &fwd,
+                        const std::vector<double> &all,
+                        const std::vector<double> &weightGrad, int64_t m,
+                        std::vector<double> *finish) {
+  const int64_t pp = int64_t(fwd.size());
+  const bool zb = schedule == PipelineSchedule::ZeroBubble;
+  if ((schedule != PipelineSchedule::OneFOneB && !zb) || pp < 1 || m < 1 ||
+      int64_t(all.size()) != pp || (zb && int64_t(weightGrad.size()) != pp) ||
+      pp * m > kMaxMakespanTasks)
+    return -1;
+  std::vector<std::vector<Task>> orders(static_cast<size_t>(pp));
+  for (int64_t s = 0; s < pp; ++s)
+    orders[size_t(s)] =
+        zb ? zeroBubbleOrder(pp, s, m) : oneFOneBOrder(pp, s, m);
+  auto at = [&](int64_t s, int64_t j) { return size_t(s * m + j); };
+  // Finish times of each stage's forward and (input-gradient) backward of
+  // each micro-batch; kUnset until run.
+  std::vector<double> doneF(size_t(pp * m), -1), doneB(size_t(pp * m), -1);
+  std::vector<size_t> next(size_t(pp), 0);
+  std::vector<double> clock(size_t(pp), 0);
+  size_t left = 0;
+  for (const auto &o : orders)
+    left += o.size();
+  // Runs what is ready on stage s, in its order; false if nothing was.
+  auto advance = [&](int64_t s) {
+    bool ran = false;
+    const auto &o = orders[size_t(s)];
+    const double wg = zb ? weightGrad[size_t(s)] : 0.0;
+    const double f = fwd[size_t(s)];
+    const double b = std::max(0.0, all[size_t(s)] - f - wg);
+    while (next[size_t(s)] < o.size()) {
+      const Task &t = o[next[size_t(s)]];
+      double ready = 0, length = 0;
+      if (t.kind == Kind::F) {
+        ready = s == 0 ? 0.0 : doneF[at(s - 1, t.mb)];
+        length = f;
+      } else if (t.kind == Kind::B) {
+        ready = s == pp - 1 ? doneF[at(s, t.mb)] : doneB[at(s + 1, t.mb)];
+        length = b;
+      } else {
+        ready = doneB[at(s, t.mb)];
+        length = wg;
+      }
+      if (ready < 0)
+        break;
+      const double end = std::max(clock[size_t(s)], ready) + length;
+      clock[size_t(s)] = end;
+      if (t.kind == Kind::F)
+        doneF[at(s, t.mb)] = end;
+      else if (t.kind == Kind::B)
+        doneB[at(s, t.mb)] = end;
+      ++next[size_t(s)];
+      --left;
+      ran = true;
+    }
+    return ran;
+  };
+  // Forwards flow up the stages and backwards down: sweep both ways.
+  while (left > 0) {
+    bool ran = false;
+    for (int64_t s = 0; s < pp; ++s)
+      ran |= advance(s);
+    for (int64_t s = pp - 1; s >= 0; --s)
+      ran |= advance(s);
+    if (!ran)
+      return -1; // cannot happen for these orders; keep the closed form
+  }
+  if (finish)
+    *finish = clock;
+  return *std::max_element(clock.begin(), clock.end());
+}
+
 double pipelineSendTime(PipelineSchedule schedule, bool train, int64_t pp,
                         int64_t m, double oneSend, double slack,
                         int virtualStages) {

@@ -827,15 +827,28 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // back to back from the last to the first.
   const bool zbSingle =
       cfg.schedule == PipelineSchedule::ZeroBubble && m == 1;
-  const bool perStageSync =
-      train && cfg.pp > 1 && cfg.zeroStage < 2 &&
+  // 1F1B and zero-bubble with more micro-batches do the same where their
+  // schedule is run on the stages' times (pipelineMakespan, below), which
+  // gives each stage's end: `stageLead` is how long before the step's
+  // pipeline phase ends each stage ends its last task.
+  const bool zb = cfg.schedule == PipelineSchedule::ZeroBubble;
+  const bool perStageShape = train && cfg.pp > 1 && cfg.zeroStage < 2 &&
+                             (cfg.schedule == PipelineSchedule::GPipe ||
+                              cfg.schedule == PipelineSchedule::OneFOneB || zb);
+  const bool perStageSyncClosed =
+      perStageShape &&
       (cfg.schedule == PipelineSchedule::GPipe ||
        (cfg.schedule == PipelineSchedule::OneFOneB && m == 1) || zbSingle);
+  std::vector<double> stageLead;
   // Per stage: what its sync runs beside (its last backward, or under
   // zero-bubble its weight gradient), and the part of its last backward
   // that precedes the next stage up's (all of it; the input gradient under
   // zero-bubble).
   std::vector<double> stageBackward, stageChain;
+  // Each stage's forward pass, whole time and weight-gradient part per
+  // micro-batch, collectives included, for the schedules' per-stage
+  // bounds (pipelineBound).
+  std::vector<double> stageFwdPass, stageAll, stageWeightGrad;
   // ZeRO-3 gathers each stage's own layers' parameters behind that stage's
   // own compute, every micro-batch (zero3Comm). What its layers cannot
   // hide lengthens each of the stage's passes, as the simulator replays
@@ -867,7 +880,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   const double chunks = cfg.schedule == PipelineSchedule::Interleaved1F1B
                             ? cfg.virtualStages
                             : 1;
-  if (perStageSync) {
+  if (perStageShape) {
     stageBackward.assign(cfg.pp, 0.0);
     stageChain.assign(cfg.pp, 0.0);
   }
@@ -922,6 +935,12 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
         t + stageTp + cpAll + z3.forward + z3.backward();
     const double fwdPass = f + stageTpFwd + cpFwd + z3.forward;
     sumTime += withComm;
+    stageFwdPass.push_back(fwdPass);
+    stageAll.push_back(withComm);
+    stageWeightGrad.push_back(
+        train ? weightGradSeconds(f, t - f,
+                                  c.cost.calibration().backwardFlopsRatio)
+              : 0.0);
     stageGemmShare.push_back(sc.gemmShare());
     stageKind.push_back(pl ? pl->kind[st] : -1);
     if (st == 0) {
@@ -932,9 +951,9 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       const double fwd = fwdPass;
       const double w =
           weightGradSeconds(f, t - f, c.cost.calibration().backwardFlopsRatio);
-      if (perStageSync) {
-        stageBackward[st] = zbSingle ? w : withComm - fwd;
-        stageChain[st] = zbSingle ? withComm - fwd - w : withComm - fwd;
+      if (perStageShape) {
+        stageBackward[st] = zb ? w : withComm - fwd;
+        stageChain[st] = zb ? withComm - fwd - w : withComm - fwd;
       }
       pathFwd += fwd;
       pathLead = std::max(pathLead, w - pathInputGrad);
@@ -1119,9 +1138,27 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     double fill = stagesToFill * perMb;
     switch (train ? cfg.schedule : PipelineSchedule::GPipe) {
     case PipelineSchedule::GPipe:
-    case PipelineSchedule::OneFOneB:
       T.bubble = fill;
       break;
+    case PipelineSchedule::OneFOneB: {
+      // The fill above charges every other stage's time once, as if the
+      // slowest stage waited for all of them. It does when it is the last;
+      // an earlier one runs its warm-up forwards while the first
+      // micro-batch goes round the later stages, and waits for the last
+      // one's round trip before its last backwards. The schedule run on
+      // the stages' times (pipelineMakespan) has both, in the slowest
+      // stage's units of perMb.
+      std::vector<double> finish;
+      const double span = pipelineMakespan(
+          PipelineSchedule::OneFOneB, stageFwdPass, stageAll, {}, m, &finish);
+      if (span >= 0 && perStageShape)
+        for (double f : finish)
+          stageLead.push_back(span - f);
+      T.bubble = span >= 0 && worstTime > 0
+                     ? std::max(0.0, span - m * worstTime) * perMb / worstTime
+                     : fill;
+      break;
+    }
     case PipelineSchedule::Interleaved1F1B:
       T.bubble = fill / cfg.virtualStages;
       break;
@@ -1155,6 +1192,15 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
           0.0, pathFwd + pathInputGrad + pathLead - worstTime);
       const double filled = std::min(1.0, (m - 1) / double(cfg.pp - 1));
       T.bubble = single + filled * (full - single);
+      std::vector<double> finish;
+      const double span =
+          pipelineMakespan(PipelineSchedule::ZeroBubble, stageFwdPass, stageAll,
+                           stageWeightGrad, m, &finish);
+      if (span >= 0 && worstTime > 0)
+        T.bubble = std::max(0.0, span - m * worstTime) * perMb / worstTime;
+      if (span >= 0 && perStageShape)
+        for (double f : finish)
+          stageLead.push_back(span - f);
       break;
     }
     }
@@ -1220,7 +1266,8 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     // replay on GPT-2 small's uneven 4-stage split, where this rule is
     // 0.4-2.6% over).
     auto stageSyncs = [&](Collective coll, double fallback) {
-      if (!perStageSync || stageMems.size() != size_t(cfg.pp))
+      if (!(perStageSyncClosed || !stageLead.empty()) ||
+          stageMems.size() != size_t(cfg.pp))
         return fallback;
       // Stage s ends its last task `lead` before stage 0 does: the chain
       // of last backwards (input gradients) from it to stage 0, and under
@@ -1231,9 +1278,12 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
         const double bytes =
             stageMems[st].params / pBytes * cfg.precision.gradReduceBytes;
         const double t = c.comm(coll, bytes, dp, stride);
-        const double lead = std::max(
-            0.0, chain + (zbSingle ? stageBackward[0] - stageBackward[st]
-                                   : 0.0));
+        const double lead =
+            !stageLead.empty()
+                ? stageLead[st]
+                : std::max(0.0, chain + (zbSingle ? stageBackward[0] -
+                                                        stageBackward[st]
+                                                  : 0.0));
         worst = std::max(
             worst, c.cost.exposedGradSync(
                        t, stageBackward[st], bytes,

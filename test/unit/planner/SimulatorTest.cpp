@@ -988,6 +988,75 @@ TEST(Simulator, SendsInClosedFormMatchTheReplay) {
   EXPECT_DOUBLE_EQ(pipelineSendTime(PipelineSchedule::GPipe, false, 4, 8, 1), 3);
   EXPECT_DOUBLE_EQ(pipelineSendTime(PipelineSchedule::OneFOneB, true, 1, 8, 1), 0);
 }
+TEST(Simulator, MakespanOfStagesThatDifferIsTheReplay) {
+  // By hand: 1F1B, 4 stages (F, B) = (1, 2) except a slower stage 1 (1.5,
+  // 3), 8 micro-batches. Stage 1 runs 3 forwards by 5.5, but micro-batch
+  // 0's backward comes back from stages 2 and 3 only at 1 + 1.5 + 6 = 8.5;
+  // then 5 forwards and 8 backwards, 40, and stage 0's last backward, 42.
+  // The closed form the search used before, sum t + (m - 1) t_max, says 45:
+  // it made every stage after the slowest one wait as if it were the last.
+  EXPECT_DOUBLE_EQ(pipelineMakespan(PipelineSchedule::OneFOneB, {1, 1.5, 1, 1},
+                                    {3, 4.5, 3, 3}, {}, 8),
+                   42);
+  // Equal stages: (m + pp - 1)(F + B); zero-bubble with W <= min(F, B):
+  // (pp - 1)(F + B - W) + m (F + B) at m >= pp.
+  EXPECT_DOUBLE_EQ(
+      pipelineMakespan(PipelineSchedule::OneFOneB, {1, 1, 1}, {3, 3, 3}, {}, 5),
+      21);
+  EXPECT_DOUBLE_EQ(pipelineMakespan(PipelineSchedule::ZeroBubble, {1, 1, 1},
+                                    {3, 3, 3}, {1, 1, 1}, 5),
+                   2 * (1 + 1 - 1) + 5 * 3);
+  // Other schedules, mismatched sizes and too many tasks: no figure.
+  EXPECT_LT(pipelineMakespan(PipelineSchedule::GPipe, {1}, {3}, {}, 2), 0);
+  EXPECT_LT(pipelineMakespan(PipelineSchedule::OneFOneB, {1, 1}, {3}, {}, 2),
+            0);
+  EXPECT_LT(pipelineMakespan(PipelineSchedule::ZeroBubble, {1}, {3}, {}, 2), 0);
+  EXPECT_LT(pipelineMakespan(
+                PipelineSchedule::OneFOneB, std::vector<double>(64, 1.0),
+                std::vector<double>(64, 3.0), {}, kMaxMakespanTasks / 64 + 1),
+            0);
+  // Against the replay (no sends, no collectives): stages of random
+  // forwards, backwards and weight gradients, 2-8 stages, 1 to 3 pp
+  // micro-batches; each stage's end too.
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> u(0.5, 2.0);
+  for (PipelineSchedule sched :
+       {PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble})
+    for (int pp : {2, 3, 4, 8})
+      for (int m : {1, 2, pp - 1, pp, pp + 1, 3 * pp})
+        for (int draw = 0; draw < 4; ++draw) {
+          if (m < 1)
+            continue;
+          SimInput in;
+          in.schedule = sched;
+          in.microBatches = m;
+          std::vector<double> fwd, all, wg;
+          for (int s = 0; s < pp; ++s) {
+            SimStage st;
+            st.forward = u(rng);
+            st.backward = 2 * u(rng);
+            if (sched == PipelineSchedule::ZeroBubble)
+              st.weightGrad = st.backward * 0.5 * u(rng) / 2;
+            in.stages.push_back(st);
+            fwd.push_back(st.forward);
+            all.push_back(st.forward + st.backward);
+            wg.push_back(st.weightGrad);
+          }
+          auto r = simulateStep(in);
+          ASSERT_TRUE(r) << r.status().message();
+          std::vector<double> finish;
+          const double span = pipelineMakespan(
+              sched, fwd, all,
+              sched == PipelineSchedule::ZeroBubble ? wg
+                                                    : std::vector<double>{},
+              m, &finish);
+          EXPECT_NEAR(span, r->pipelineTime, 1e-9 * r->pipelineTime)
+              << "schedule " << int(sched) << " pp " << pp << " m " << m;
+          ASSERT_EQ(finish.size(), size_t(pp));
+          EXPECT_DOUBLE_EQ(*std::max_element(finish.begin(), finish.end()),
+                           span);
+        }
+}
 TEST(Simulator, SlowestStageHidesTheSteadyStateSends) {
   // A slower last stage (the LM head's) gives the others slack: the mean
   // cycle through the pipeline, mean t + 2 (pp-1) c / pp per micro-batch,
