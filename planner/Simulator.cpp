@@ -342,14 +342,16 @@ double pipelineMakespan(PipelineSchedule schedule,
                         std::vector<double> *finish) {
   const int64_t pp = int64_t(fwd.size());
   const bool zb = schedule == PipelineSchedule::ZeroBubble;
-  if ((schedule != PipelineSchedule::OneFOneB && !zb) || pp < 1 || m < 1 ||
+  if (schedule == PipelineSchedule::Interleaved1F1B || pp < 1 || m < 1 ||
       int64_t(all.size()) != pp || (zb && int64_t(weightGrad.size()) != pp) ||
       pp * m > kMaxMakespanTasks)
     return -1;
   std::vector<std::vector<Task>> orders(static_cast<size_t>(pp));
   for (int64_t s = 0; s < pp; ++s)
-    orders[size_t(s)] =
-        zb ? zeroBubbleOrder(pp, s, m) : oneFOneBOrder(pp, s, m);
+    orders[size_t(s)] = zb ? zeroBubbleOrder(pp, s, m)
+                        : schedule == PipelineSchedule::GPipe
+                            ? gpipeOrder(m)
+                            : oneFOneBOrder(pp, s, m);
   auto at = [&](int64_t s, int64_t j) { return size_t(s * m + j); };
   // Finish times of each stage's forward and (input-gradient) backward of
   // each micro-batch; kUnset until run.

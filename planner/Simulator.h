@@ -214,13 +214,13 @@ double pipelineSendTime(PipelineSchedule schedule, bool train, int64_t pp,
                         int64_t m, double oneSend, double slack = 0,
                         int virtualStages = 1);
 
-/// The step of a 1F1B or zero-bubble pipeline without sends, from each
+/// The step of a GPipe, 1F1B or zero-bubble pipeline without sends, from each
 /// stage's forward `fwd[s]`, whole time `all[s]` and (zero-bubble)
 /// weight-gradient part `weightGrad[s]` per micro-batch, over `m`
 /// micro-batches: the finish of the last task when every stage runs its
 /// order (the simulator's) as soon as each task's input is ready
 /// (docs/simulator.md, "Stages that differ"). Returns a negative value
-/// for other schedules and where pp * m exceeds `kMaxMakespanTasks`
+/// for interleaving and where pp * m exceeds `kMaxMakespanTasks`
 /// (the caller keeps its closed form). `finish`, when given, receives
 /// each stage's end of its last task.
 constexpr int64_t kMaxMakespanTasks = 1 << 14;

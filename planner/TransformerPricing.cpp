@@ -1138,19 +1138,20 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     double fill = stagesToFill * perMb;
     switch (train ? cfg.schedule : PipelineSchedule::GPipe) {
     case PipelineSchedule::GPipe:
-      T.bubble = fill;
-      break;
     case PipelineSchedule::OneFOneB: {
       // The fill above charges every other stage's time once, as if the
-      // slowest stage waited for all of them. It does when it is the last;
-      // an earlier one runs its warm-up forwards while the first
-      // micro-batch goes round the later stages, and waits for the last
-      // one's round trip before its last backwards. The schedule run on
-      // the stages' times (pipelineMakespan) has both, in the slowest
-      // stage's units of perMb.
+      // slowest stage waited for all of them. Under 1F1B it does when it
+      // is the last; an earlier one runs its warm-up forwards while the
+      // first micro-batch goes round the later stages, and waits for the
+      // last one's round trip before its last backwards. Under GPipe the
+      // forwards and the backwards each go at their slowest stage's pace,
+      // which need not be the same stage. The schedule run on the stages'
+      // times (pipelineMakespan) has all of it, in the slowest stage's
+      // units of perMb. Forward only, the fill is exact.
       std::vector<double> finish;
-      const double span = pipelineMakespan(
-          PipelineSchedule::OneFOneB, stageFwdPass, stageAll, {}, m, &finish);
+      const double span = train ? pipelineMakespan(cfg.schedule, stageFwdPass,
+                                                   stageAll, {}, m, &finish)
+                                : -1.0;
       if (span >= 0 && perStageShape)
         for (double f : finish)
           stageLead.push_back(span - f);

@@ -1006,8 +1006,17 @@ TEST(Simulator, MakespanOfStagesThatDifferIsTheReplay) {
   EXPECT_DOUBLE_EQ(pipelineMakespan(PipelineSchedule::ZeroBubble, {1, 1, 1},
                                     {3, 3, 3}, {1, 1, 1}, 5),
                    2 * (1 + 1 - 1) + 5 * 3);
-  // Other schedules, mismatched sizes and too many tasks: no figure.
-  EXPECT_LT(pipelineMakespan(PipelineSchedule::GPipe, {1}, {3}, {}, 2), 0);
+  // GPipe: the forwards at stage 0's pace (1.5 from stage 1 on), the
+  // backwards at stage 1's (3): sum F + (m - 1) max F + sum B + (m - 1)
+  // max B, where sum t + (m - 1) max t would say the same only if one
+  // stage were the slowest both ways. Stages (2, 1) forward and (2, 3)
+  // backward, 4 micro-batches: 3 + 6 + 5 + 9 = 23 (the old form: 8 + 3 x
+  // 4 = 20).
+  EXPECT_DOUBLE_EQ(
+      pipelineMakespan(PipelineSchedule::GPipe, {2, 1}, {4, 4}, {}, 4), 23);
+  // Interleaving, mismatched sizes and too many tasks: no figure.
+  EXPECT_LT(
+      pipelineMakespan(PipelineSchedule::Interleaved1F1B, {1}, {3}, {}, 2), 0);
   EXPECT_LT(pipelineMakespan(PipelineSchedule::OneFOneB, {1, 1}, {3}, {}, 2),
             0);
   EXPECT_LT(pipelineMakespan(PipelineSchedule::ZeroBubble, {1}, {3}, {}, 2), 0);
@@ -1021,7 +1030,8 @@ TEST(Simulator, MakespanOfStagesThatDifferIsTheReplay) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<double> u(0.5, 2.0);
   for (PipelineSchedule sched :
-       {PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble})
+       {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB,
+        PipelineSchedule::ZeroBubble})
     for (int pp : {2, 3, 4, 8})
       for (int m : {1, 2, pp - 1, pp, pp + 1, 3 * pp})
         for (int draw = 0; draw < 4; ++draw) {
