@@ -405,6 +405,34 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
       T.bubble = (pp - 1) * std::max(perMb - weightGrad * (1 + filled),
                                      std::max(fwd, inputGrad));
     }
+    // Stages that differ (the op split's are rarely equal): the forward
+    // pipeline waits one pass through every stage but the slowest, and
+    // training's schedule is run on the stages' own times, as the
+    // transformer search does (pipelineMakespan, docs/simulator.md,
+    // "Stages that differ"); the formulas above stay for interleaving and
+    // above its size limit.
+    if (V == 1) {
+      std::vector<double> fwd, all, wg;
+      double sum = 0;
+      for (const StageSum &x : ss) {
+        const double t = x.compute + x.comm;
+        const double f = train ? t / (1 + c.ratio) : t;
+        sum += t;
+        all.push_back(t);
+        fwd.push_back(f);
+        wg.push_back(train ? weightGradSeconds(f, t - f, c.ratio) : 0.0);
+      }
+      if (!train) {
+        T.bubble = std::max(0.0, sum - perMb);
+      } else {
+        const bool zb = cfg.schedule == PipelineSchedule::ZeroBubble;
+        const double span =
+            pipelineMakespan(cfg.schedule, fwd, all,
+                             zb ? wg : std::vector<double>{}, int64_t(m));
+        if (span >= 0)
+          T.bubble = std::max(0.0, span - m * perMb);
+      }
+    }
     // Each stage sends over the boundaries of its chunks (and, backward,
     // their gradients back), overlapped with its micro-batch's compute;
     // the fill and drain paths and 1F1B's steady state wait for them as

@@ -865,6 +865,41 @@ TEST(OpSearch, InterleavedStagesRunChunksInTurn) {
   EXPECT_LT(p->best.time.bubble, 0.75 * q->best.time.bubble);
 }
 
+TEST(OpSearch, UnevenStagesFillWithTheOthersTime) {
+  // Three marked layers of 4, 4 and 1 units of work on two stages: the
+  // split is {0} and {1, 2}, 4 against 5. A micro-batch passes once
+  // through the faster stage while the slower runs all m, so GPipe's (and
+  // forward-only) bubble is the faster stage's time per micro-batch, not
+  // (pp - 1) times the slower's, which the op search charged until
+  // 2026-11-30 (docs/simulator.md, "Stages that differ").
+  Builder b(16);
+  ValueRef h = b.input("x", {16, 1024});
+  h = b.unary("dlopt.relu", b.matmul(h, b.param("w0", {1024, 4096})));
+  h = b.unary("dlopt.relu", b.matmul(h, b.param("w1", {4096, 1024})));
+  h = b.unary("dlopt.relu", b.matmul(h, b.param("w2", {1024, 1024})));
+  b.op("dlopt.mse", OpClass::Loss, {}, {h, b.input("y", {16, 1024})});
+  for (OpNode &op : b.g.ops)
+    op.layer = std::min(op.id / 2, 2);
+  for (bool train : {false, true}) {
+    SCOPED_TRACE(train ? "training" : "forward only");
+    SearchOptions o = train ? bf16Training(64) : SearchOptions{};
+    if (!train)
+      o.globalBatch = 64;
+    o.fix.pp = 2;
+    o.fix.tp = 1;
+    o.fix.numMicroBatches = 4;
+    o.fix.schedule = PipelineSchedule::GPipe;
+    auto p = searchOpPlan(b.g, preset("dgx-a100"), CostModel(), o);
+    ASSERT_TRUE(p) << p.status().message();
+    ASSERT_EQ(p->stages.size(), 2u);
+    const double t0 = p->stages[0].timePerMicroBatch,
+                 t1 = p->stages[1].timePerMicroBatch;
+    EXPECT_GT(std::max(t0, t1), 1.05 * std::min(t0, t1));
+    EXPECT_NEAR(p->best.time.bubble, std::min(t0, t1),
+                1e-9 + 1e-6 * std::min(t0, t1));
+  }
+}
+
 TEST(OpSearch, OneDeviceAndForwardOnly) {
   auto one = parseCluster("nodes: 1\ngpus_per_node: 1\ngpu: a100-sxm-80gb\n",
                           ClusterFormat::Yaml, "one.yaml");
