@@ -346,16 +346,47 @@ double pipelineMakespan(PipelineSchedule schedule,
       int64_t(all.size()) != pp || (zb && int64_t(weightGrad.size()) != pp) ||
       pp * m > kMaxMakespanTasks)
     return -1;
-  std::vector<std::vector<Task>> orders(static_cast<size_t>(pp));
-  for (int64_t s = 0; s < pp; ++s)
-    orders[size_t(s)] = zb ? zeroBubbleOrder(pp, s, m)
-                        : schedule == PipelineSchedule::GPipe
-                            ? gpipeOrder(m)
-                            : oneFOneBOrder(pp, s, m);
+  // Times the replay would refuse (simulateStep's validate): negative or
+  // not finite, a forward longer than the whole, a weight gradient longer
+  // than the backward.
+  for (int64_t s = 0; s < pp; ++s) {
+    const double f = fwd[size_t(s)], a = all[size_t(s)];
+    const double w = zb ? weightGrad[size_t(s)] : 0.0;
+    if (!std::isfinite(f) || !std::isfinite(a) || !std::isfinite(w) || f < 0 ||
+        w < 0 || a < f || w > a - f)
+      return -1;
+  }
+  // The orders depend on (schedule, pp, m) alone, which a search prices
+  // many candidates with: the last few are kept per thread.
+  struct CachedOrders {
+    PipelineSchedule schedule;
+    int64_t pp, m;
+    std::vector<std::vector<Task>> orders;
+  };
+  thread_local std::vector<CachedOrders> cache;
+  const std::vector<std::vector<Task>> *ordersPtr = nullptr;
+  for (const CachedOrders &c : cache)
+    if (c.schedule == schedule && c.pp == pp && c.m == m)
+      ordersPtr = &c.orders;
+  if (!ordersPtr) {
+    if (cache.size() >= 16)
+      cache.erase(cache.begin());
+    CachedOrders c{schedule, pp, m, {}};
+    c.orders.resize(size_t(pp));
+    for (int64_t s = 0; s < pp; ++s)
+      c.orders[size_t(s)] = zb ? zeroBubbleOrder(pp, s, m)
+                            : schedule == PipelineSchedule::GPipe
+                                ? gpipeOrder(m)
+                                : oneFOneBOrder(pp, s, m);
+    cache.push_back(std::move(c));
+    ordersPtr = &cache.back().orders;
+  }
+  const std::vector<std::vector<Task>> &orders = *ordersPtr;
   auto at = [&](int64_t s, int64_t j) { return size_t(s * m + j); };
   // Finish times of each stage's forward and (input-gradient) backward of
   // each micro-batch; kUnset until run.
-  std::vector<double> doneF(size_t(pp * m), -1), doneB(size_t(pp * m), -1);
+  std::vector<double> doneF(size_t(pp * m), kUnset),
+      doneB(size_t(pp * m), kUnset);
   std::vector<size_t> next(size_t(pp), 0);
   std::vector<double> clock(size_t(pp), 0);
   size_t left = 0;
@@ -381,7 +412,7 @@ double pipelineMakespan(PipelineSchedule schedule,
         ready = doneB[at(s, t.mb)];
         length = wg;
       }
-      if (ready < 0)
+      if (ready == kUnset)
         break;
       const double end = std::max(clock[size_t(s)], ready) + length;
       clock[size_t(s)] = end;

@@ -214,16 +214,21 @@ double pipelineSendTime(PipelineSchedule schedule, bool train, int64_t pp,
                         int64_t m, double oneSend, double slack = 0,
                         int virtualStages = 1);
 
-/// The step of a GPipe, 1F1B or zero-bubble pipeline without sends, from each
-/// stage's forward `fwd[s]`, whole time `all[s]` and (zero-bubble)
+/// Above this many (stage, micro-batch) pairs pipelineMakespan gives no
+/// figure (about 0.1 ms of work at the limit).
+constexpr int64_t kMaxMakespanTasks = 1 << 14;
+
+/// The step of a GPipe, 1F1B or zero-bubble pipeline without sends, from
+/// each stage's forward `fwd[s]`, whole time `all[s]` and (zero-bubble)
 /// weight-gradient part `weightGrad[s]` per micro-batch, over `m`
 /// micro-batches: the finish of the last task when every stage runs its
 /// order (the simulator's) as soon as each task's input is ready
-/// (docs/simulator.md, "Stages that differ"). Returns a negative value
-/// for interleaving and where pp * m exceeds `kMaxMakespanTasks`
-/// (the caller keeps its closed form). `finish`, when given, receives
-/// each stage's end of its last task.
-constexpr int64_t kMaxMakespanTasks = 1 << 14;
+/// (docs/simulator.md, "Stages that differ"). `finish`, when given,
+/// receives each stage's end of its last task. Returns a negative value
+/// (the caller keeps its closed form) for interleaving, where pp * m
+/// exceeds `kMaxMakespanTasks`, for sizes that do not match and for times
+/// the replay refuses (negative or not finite, a forward longer than the
+/// whole, a weight gradient longer than the backward).
 double pipelineMakespan(PipelineSchedule schedule,
                         const std::vector<double> &fwd,
                         const std::vector<double> &all,

@@ -846,8 +846,8 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // zero-bubble).
   std::vector<double> stageBackward, stageChain;
   // Each stage's forward pass, whole time and weight-gradient part per
-  // micro-batch, collectives included, for the schedules' per-stage
-  // bounds (pipelineBound).
+  // micro-batch, collectives included (as the simulator's stages), for
+  // the schedule run on them (pipelineMakespan).
   std::vector<double> stageFwdPass, stageAll, stageWeightGrad;
   // ZeRO-3 gathers each stage's own layers' parameters behind that stage's
   // own compute, every micro-batch (zero3Comm). What its layers cannot
@@ -938,9 +938,11 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     stageFwdPass.push_back(fwdPass);
     stageAll.push_back(withComm);
     stageWeightGrad.push_back(
-        train ? weightGradSeconds(f, t - f,
-                                  c.cost.calibration().backwardFlopsRatio)
-              : 0.0);
+        train
+            ? std::clamp(weightGradSeconds(
+                             f, t - f, c.cost.calibration().backwardFlopsRatio),
+                         0.0, std::max(0.0, withComm - fwdPass))
+            : 0.0);
     stageGemmShare.push_back(sc.gemmShare());
     stageKind.push_back(pl ? pl->kind[st] : -1);
     if (st == 0) {
@@ -1254,26 +1256,29 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
                                           worstKind)),
           v, lap);
     };
-    // GPipe with stages that differ: each stage syncs its own gradients
-    // behind its own last backward, and stage s ends that sum_{j<s} B_j
-    // before stage 0 does (the last backwards run back to back from the
-    // last stage to the first, nothing else queued), so the step waits for
-    // max_s(exposed_s - sum_{j<s} B_j), as the simulator replays it: the
-    // first stage, with the embedding's gradients behind a short backward,
-    // can be the one, not the slowest. ZeRO 0 and 1 (one sync per step).
-    // 1F1B with one micro-batch is GPipe; with more, a stage's cooldown
-    // backwards queue behind each other and the lags are longer than the
-    // sums, so it keeps the slowest stage's sync (0.5-1.2% from the
-    // replay on GPT-2 small's uneven 4-stage split, where this rule is
-    // 0.4-2.6% over).
+    // Stages that differ: each stage syncs its own gradients behind its
+    // own last task (the backward; zero-bubble's weight gradient) and
+    // ends that task lead_s before the last stage to finish does, so the
+    // step waits for max_s(exposed_s - lead_s), as the simulator replays
+    // it: the first stage, with the embedding's gradients behind a short
+    // backward, can be the one, not the slowest. ZeRO 0 and 1 (one sync
+    // per step). lead_s comes from the schedule run on the stages' times
+    // (stageLead, GPipe, 1F1B and zero-bubble). Where there is none (more
+    // than kMaxMakespanTasks), GPipe, 1F1B with one micro-batch and
+    // zero-bubble with one take the chain of last backwards, sum_{j<s}
+    // B_j (the last backwards run back to back from the last stage to the
+    // first, nothing else queued), and the others the slowest stage's
+    // sync (their cooldown backwards queue behind each other, and the
+    // lags are longer than the sums).
     auto stageSyncs = [&](Collective coll, double fallback) {
       if (!(perStageSyncClosed || !stageLead.empty()) ||
           stageMems.size() != size_t(cfg.pp))
         return fallback;
-      // Stage s ends its last task `lead` before stage 0 does: the chain
-      // of last backwards (input gradients) from it to stage 0, and under
-      // zero-bubble the difference of their weight gradients. A stage
-      // that ends after stage 0 is taken as ending with it.
+      // Stage s ends its last task `lead` before the last stage to finish
+      // does: from the schedule's run, or else the chain of last
+      // backwards (input gradients) from it to stage 0, and under
+      // zero-bubble the difference of their weight gradients (a stage
+      // that ends after stage 0 taken as ending with it).
       double worst = 0, chain = 0;
       for (int st = 0; st < cfg.pp; ++st) {
         const double bytes =

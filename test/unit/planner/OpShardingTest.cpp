@@ -1,7 +1,9 @@
 //===- OpShardingTest.cpp - Op-level rules, resharding, ILP, stages -------===//
-#include "planner/OpSearch.h"
 #include "planner/OpSharding.h"
+#include "planner/OpSearch.h"
 #include "planner/Plan.h"
+#include "planner/SearchUtil.h"
+#include "planner/Simulator.h"
 
 #include "TestUtil.h"
 
@@ -897,6 +899,51 @@ TEST(OpSearch, UnevenStagesFillWithTheOthersTime) {
     EXPECT_GT(std::max(t0, t1), 1.05 * std::min(t0, t1));
     EXPECT_NEAR(p->best.time.bubble, std::min(t0, t1),
                 1e-9 + 1e-6 * std::min(t0, t1));
+  }
+}
+
+TEST(OpSearch, SlowestStageFirstHidesTheOthersUnder1F1B) {
+  // Layers of 4, 1 and 1 units of work on two stages: {0} against {1, 2},
+  // the slower stage first. Under 1F1B it runs its second forward while
+  // the first micro-batch goes through stage 1 and back, so the bubble is
+  // the schedule run on the two stages' times (forward and backward split
+  // by the graph's backward ratio) less m times the slower one, below
+  // the (pp - 1) t_max charged until 2026-11-30; zero-bubble the same
+  // with half of each backward deferred.
+  Builder b(16);
+  ValueRef h = b.input("x", {16, 1024});
+  h = b.unary("dlopt.relu", b.matmul(h, b.param("w0", {1024, 4096})));
+  h = b.unary("dlopt.relu", b.matmul(h, b.param("w1", {4096, 256})));
+  h = b.unary("dlopt.relu", b.matmul(h, b.param("w2", {256, 4096})));
+  b.op("dlopt.mse", OpClass::Loss, {}, {h, b.input("y", {16, 4096})});
+  for (OpNode &op : b.g.ops)
+    op.layer = std::min(op.id / 2, 2);
+  for (PipelineSchedule sched :
+       {PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble}) {
+    SCOPED_TRACE(int(sched));
+    SearchOptions o = bf16Training(64);
+    o.fix.pp = 2;
+    o.fix.tp = 1;
+    o.fix.numMicroBatches = 4;
+    o.fix.schedule = sched;
+    auto p = searchOpPlan(b.g, preset("dgx-a100"), CostModel(), o);
+    ASSERT_TRUE(p) << p.status().message();
+    ASSERT_EQ(p->stages.size(), 2u);
+    std::vector<double> all, fwd, wg;
+    for (const OpStage &st : p->stages) {
+      all.push_back(st.timePerMicroBatch);
+      fwd.push_back(st.timePerMicroBatch / (1 + p->backwardRatio));
+      wg.push_back(weightGradSeconds(fwd.back(), all.back() - fwd.back(),
+                                     p->backwardRatio));
+    }
+    ASSERT_GT(all[0], 1.3 * all[1]);
+    const double span = pipelineMakespan(
+        sched, fwd, all,
+        sched == PipelineSchedule::ZeroBubble ? wg : std::vector<double>{}, 4);
+    ASSERT_GT(span, 0);
+    EXPECT_NEAR(p->best.time.bubble, span - 4 * all[0], 1e-6 * span);
+    if (sched == PipelineSchedule::OneFOneB)
+      EXPECT_LT(p->best.time.bubble, 0.9 * all[0]);
   }
 }
 

@@ -1020,6 +1020,15 @@ TEST(Simulator, MakespanOfStagesThatDifferIsTheReplay) {
   EXPECT_LT(pipelineMakespan(PipelineSchedule::OneFOneB, {1, 1}, {3}, {}, 2),
             0);
   EXPECT_LT(pipelineMakespan(PipelineSchedule::ZeroBubble, {1}, {3}, {}, 2), 0);
+  // Times the replay refuses: a weight gradient longer than the
+  // backward, a negative or non-finite time.
+  EXPECT_LT(
+      pipelineMakespan(PipelineSchedule::ZeroBubble, {1, 1}, {2, 2}, {3, 3}, 2),
+      0);
+  EXPECT_LT(
+      pipelineMakespan(PipelineSchedule::OneFOneB, {1, -1}, {3, 3}, {}, 2), 0);
+  EXPECT_LT(pipelineMakespan(PipelineSchedule::GPipe, {1, NAN}, {3, 3}, {}, 2),
+            0);
   EXPECT_LT(pipelineMakespan(
                 PipelineSchedule::OneFOneB, std::vector<double>(64, 1.0),
                 std::vector<double>(64, 3.0), {}, kMaxMakespanTasks / 64 + 1),
@@ -1065,6 +1074,20 @@ TEST(Simulator, MakespanOfStagesThatDifferIsTheReplay) {
           ASSERT_EQ(finish.size(), size_t(pp));
           EXPECT_DOUBLE_EQ(*std::max_element(finish.begin(), finish.end()),
                            span);
+          // Each stage's end, which the search's per-stage gradient syncs
+          // read: the replay's last forward, backward or weight gradient
+          // on that stage.
+          std::vector<double> last(size_t(pp), 0.0);
+          for (const SimEvent &e : r->events)
+            if (e.lane == SimLane::Compute &&
+                (e.op == SimOp::Forward || e.op == SimOp::Backward ||
+                 e.op == SimOp::WeightGrad))
+              last[size_t(e.stage)] = std::max(last[size_t(e.stage)], e.end);
+          for (int s = 0; s < pp; ++s)
+            EXPECT_NEAR(finish[size_t(s)], last[size_t(s)],
+                        1e-9 * r->pipelineTime)
+                << "schedule " << int(sched) << " pp " << pp << " m " << m
+                << " stage " << s;
         }
 }
 TEST(Simulator, SlowestStageHidesTheSteadyStateSends) {
