@@ -339,7 +339,8 @@ double pipelineMakespan(PipelineSchedule schedule,
                         const std::vector<double> &fwd,
                         const std::vector<double> &all,
                         const std::vector<double> &weightGrad, int64_t m,
-                        std::vector<double> *finish) {
+                        std::vector<double> *finish,
+                        std::vector<std::vector<double>> *gradEnds) {
   const int64_t pp = int64_t(fwd.size());
   const bool zb = schedule == PipelineSchedule::ZeroBubble;
   if (schedule == PipelineSchedule::Interleaved1F1B || pp < 1 || m < 1 ||
@@ -389,6 +390,8 @@ double pipelineMakespan(PipelineSchedule schedule,
       doneB(size_t(pp * m), kUnset);
   std::vector<size_t> next(size_t(pp), 0);
   std::vector<double> clock(size_t(pp), 0);
+  if (gradEnds)
+    gradEnds->assign(size_t(pp), {});
   size_t left = 0;
   for (const auto &o : orders)
     left += o.size();
@@ -420,6 +423,8 @@ double pipelineMakespan(PipelineSchedule schedule,
         doneF[at(s, t.mb)] = end;
       else if (t.kind == Kind::B)
         doneB[at(s, t.mb)] = end;
+      if (gradEnds && t.kind == (zb ? Kind::W : Kind::B))
+        (*gradEnds)[size_t(s)].push_back(end);
       ++next[size_t(s)];
       --left;
       ran = true;

@@ -224,16 +224,19 @@ constexpr int64_t kMaxMakespanTasks = 1 << 14;
 /// micro-batches: the finish of the last task when every stage runs its
 /// order (the simulator's) as soon as each task's input is ready
 /// (docs/simulator.md, "Stages that differ"). `finish`, when given,
-/// receives each stage's end of its last task. Returns a negative value
-/// (the caller keeps its closed form) for interleaving, where pp * m
-/// exceeds `kMaxMakespanTasks`, for sizes that do not match and for times
-/// the replay refuses (negative or not finite, a forward longer than the
-/// whole, a weight gradient longer than the backward).
+/// receives each stage's end of its last task, and `gradEnds` each
+/// stage's ends of the tasks that complete a micro-batch's gradients (its
+/// backwards; zero-bubble's weight gradients), in the order it runs them.
+/// Returns a negative value (the caller keeps its closed form) for
+/// interleaving, where pp * m exceeds `kMaxMakespanTasks`, for sizes that do
+/// not match and for times the replay refuses (negative or not finite, a
+/// forward longer than the whole, a weight gradient longer than the backward).
 double pipelineMakespan(PipelineSchedule schedule,
                         const std::vector<double> &fwd,
                         const std::vector<double> &all,
                         const std::vector<double> &weightGrad, int64_t m,
-                        std::vector<double> *finish = nullptr);
+                        std::vector<double> *finish = nullptr,
+                        std::vector<std::vector<double>> *gradEnds = nullptr);
 
 /// Simulates one step. Errors name the offending field: no stages, m < 1,
 /// v < 1, v > 1 without interleaving, interleaving with m % pp != 0, a

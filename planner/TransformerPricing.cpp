@@ -840,6 +840,15 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       (cfg.schedule == PipelineSchedule::GPipe ||
        (cfg.schedule == PipelineSchedule::OneFOneB && m == 1) || zbSingle);
   std::vector<double> stageLead;
+  // ZeRO 2 reduce-scatters each micro-batch's gradients after the task
+  // that completes them, queued on one lane per stage: with the schedule's
+  // run, from each stage's own task ends (`stageGradEnds`, before the
+  // pipeline phase ends by `pipeSpan`).
+  const bool zero2Queue = train && cfg.pp > 1 && cfg.zeroStage == 2 &&
+                          (cfg.schedule == PipelineSchedule::GPipe ||
+                           cfg.schedule == PipelineSchedule::OneFOneB || zb);
+  std::vector<std::vector<double>> stageGradEnds;
+  double pipeSpan = -1;
   // Per stage: what its sync runs beside (its last backward, or under
   // zero-bubble its weight gradient), and the part of its last backward
   // that precedes the next stage up's (all of it; the input gradient under
@@ -880,7 +889,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   const double chunks = cfg.schedule == PipelineSchedule::Interleaved1F1B
                             ? cfg.virtualStages
                             : 1;
-  if (perStageShape) {
+  if (perStageShape || zero2Queue) {
     stageBackward.assign(cfg.pp, 0.0);
     stageChain.assign(cfg.pp, 0.0);
   }
@@ -953,7 +962,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       const double fwd = fwdPass;
       const double w =
           weightGradSeconds(f, t - f, c.cost.calibration().backwardFlopsRatio);
-      if (perStageShape) {
+      if (perStageShape || zero2Queue) {
         stageBackward[st] = zb ? w : withComm - fwd;
         stageChain[st] = zb ? withComm - fwd - w : withComm - fwd;
       }
@@ -1151,9 +1160,12 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       // times (pipelineMakespan) has all of it, in the slowest stage's
       // units of perMb. Forward only, the fill is exact.
       std::vector<double> finish;
-      const double span = train ? pipelineMakespan(cfg.schedule, stageFwdPass,
-                                                   stageAll, {}, m, &finish)
-                                : -1.0;
+      const double span =
+          train
+              ? pipelineMakespan(cfg.schedule, stageFwdPass, stageAll, {}, m,
+                                 &finish, zero2Queue ? &stageGradEnds : nullptr)
+              : -1.0;
+      pipeSpan = span;
       if (span >= 0 && perStageShape)
         for (double f : finish)
           stageLead.push_back(span - f);
@@ -1196,9 +1208,10 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       const double filled = std::min(1.0, (m - 1) / double(cfg.pp - 1));
       T.bubble = single + filled * (full - single);
       std::vector<double> finish;
-      const double span =
-          pipelineMakespan(PipelineSchedule::ZeroBubble, stageFwdPass, stageAll,
-                           stageWeightGrad, m, &finish);
+      const double span = pipelineMakespan(
+          PipelineSchedule::ZeroBubble, stageFwdPass, stageAll, stageWeightGrad,
+          m, &finish, zero2Queue ? &stageGradEnds : nullptr);
+      pipeSpan = span;
       if (span >= 0 && worstTime > 0)
         T.bubble = std::max(0.0, span - m * worstTime) * perMb / worstTime;
       if (span >= 0 && perStageShape)
@@ -1371,6 +1384,28 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
                                       steady ? cfg.pp - 1 - worstStage
                                              : int64_t(m),
                                       steady ? perMb : backward);
+      if (cfg.zeroStage == 2 && pipeSpan >= 0 &&
+          stageGradEnds.size() == size_t(cfg.pp) &&
+          stageMems.size() == size_t(cfg.pp)) {
+        // Each stage's own queue, from its own tasks' ends in the
+        // schedule's run (the simulator's rule): the step waits for the
+        // stage whose last reduce-scatter ends latest after the pipeline.
+        double latest = 0;
+        for (int st = 0; st < cfg.pp; ++st) {
+          const double bytes =
+              stageMems[st].params / pBytes * cfg.precision.gradReduceBytes;
+          const double t = c.comm(Collective::ReduceScatter, bytes, dp, stride);
+          const double alone = c.cost.exposedGradSync(
+              t, stageBackward[st], bytes,
+              syncLoss(Collective::ReduceScatter, t, bytes, stageGemmShare[st],
+                       stageKind[st]));
+          double free = -std::numeric_limits<double>::infinity();
+          for (double be : stageGradEnds[st])
+            free = std::max(free + t, be + alone);
+          latest = std::max(latest, free - pipeSpan);
+        }
+        e = latest;
+      }
       T.dpComm += e;
       preOptimizerSyncs += e;
       record(std::string(grp) + " gradient reduce-scatter",
