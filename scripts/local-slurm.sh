@@ -32,6 +32,14 @@ stop
 host=$(hostname -s)
 cpus=$(nproc)
 mem=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / 2 ))
+# Two free TCP ports for slurmctld and slurmd, so that a second local
+# cluster (another checkout's test run, a site's own Slurm) does not take
+# them ("Address already in use", and the node never becomes idle).
+ports=$(python3 -c 'import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("", 0))
+print(" ".join(str(x.getsockname()[1]) for x in s))' 2>/dev/null || echo "16817 16818")
+read -r ctldPort slurmdPort <<< "$ports"
 mkdir -p "$dir/state" "$dir/spool" "$dir/munge"
 rm -rf "${dir:?}/state/"*
 chown munge:munge "$dir/munge"
@@ -51,8 +59,8 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SlurmUser=root
 SlurmdUser=root
-SlurmctldPort=16817
-SlurmdPort=16818
+SlurmctldPort=$ctldPort
+SlurmdPort=$slurmdPort
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
 SlurmctldLogFile=$dir/slurmctld.log
