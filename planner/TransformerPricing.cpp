@@ -849,6 +849,12 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
                            cfg.schedule == PipelineSchedule::OneFOneB || zb);
   std::vector<std::vector<double>> stageGradEnds;
   double pipeSpan = -1;
+  // Interleaved, ZeRO 0 and 1: each stage syncs its chunks' shares behind
+  // its own chunks' backwards too (stageSyncs).
+  const bool interleavedStages =
+      train && cfg.pp > 1 && cfg.zeroStage < 2 &&
+      cfg.schedule == PipelineSchedule::Interleaved1F1B &&
+      cfg.virtualStages > 1;
   // Per stage: what its sync runs beside (its last backward, or under
   // zero-bubble its weight gradient), and the part of its last backward
   // that precedes the next stage up's (all of it; the input gradient under
@@ -889,7 +895,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   const double chunks = cfg.schedule == PipelineSchedule::Interleaved1F1B
                             ? cfg.virtualStages
                             : 1;
-  if (perStageShape || zero2Queue) {
+  if (perStageShape || zero2Queue || interleavedStages) {
     stageBackward.assign(cfg.pp, 0.0);
     stageChain.assign(cfg.pp, 0.0);
   }
@@ -962,7 +968,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       const double fwd = fwdPass;
       const double w =
           weightGradSeconds(f, t - f, c.cost.calibration().backwardFlopsRatio);
-      if (perStageShape || zero2Queue) {
+      if (perStageShape || zero2Queue || interleavedStages) {
         stageBackward[st] = zb ? w : withComm - fwd;
         stageChain[st] = zb ? withComm - fwd - w : withComm - fwd;
       }
@@ -1284,6 +1290,28 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     // sync (their cooldown backwards queue behind each other, and the
     // lags are longer than the sums).
     auto stageSyncs = [&](Collective coll, double fallback) {
+      if (interleavedStages && stageMems.size() == size_t(cfg.pp)) {
+        // Each stage's chunks sync their shares of its own gradients
+        // behind its own chunks' last backwards, a lap apart
+        // (chunkedGradSyncExposed), and the stages end their last
+        // (chunk 0) backwards one chunk's backward apart from the last
+        // stage down to stage 0, which ends last: the first stage, with
+        // the embedding's gradients behind a shorter backward, can be the
+        // one, not the slowest.
+        double worst = 0, chain = 0;
+        for (int st = 0; st < cfg.pp; ++st) {
+          const double bytes =
+              stageMems[st].params / pBytes * cfg.precision.gradReduceBytes;
+          const double t = c.comm(coll, bytes, dp, stride);
+          const double alone = c.cost.exposedGradSync(
+              t / v, stageBackward[st] / v, bytes / v,
+              syncLoss(coll, t, bytes, stageGemmShare[st], stageKind[st]));
+          worst = std::max(worst, chunkedGradSyncExposed(t / v, alone, v, lap) -
+                                      chain);
+          chain += stageChain[st] / v;
+        }
+        return worst;
+      }
       if (!(perStageSyncClosed || !stageLead.empty()) ||
           stageMems.size() != size_t(cfg.pp))
         return fallback;
