@@ -392,25 +392,13 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
     step = std::max(step, x.step);
   T.tpComm = m * ss[w].comm + step;
   if (pp > 1) {
-    T.bubble = (pp - 1) * perMb / V;
-    if (train && cfg.schedule == PipelineSchedule::ZeroBubble) {
-      // ZB-H1, as the transformer search prices it (docs/cost-model.md):
-      // the deferred weight-gradient passes (half the backward) fill the
-      // cooldown, down to (pp-1) max(t_F, t_B); with fewer micro-batches
-      // than stages only m - 1 of them do.
-      double fwd = ss[w].compute / (1 + c.ratio);
-      double weightGrad = weightGradSeconds(fwd, perMb - fwd, c.ratio);
-      double inputGrad = std::max(0.0, perMb - fwd - weightGrad);
-      double filled = std::min(1.0, (m - 1) / double(pp - 1));
-      T.bubble = (pp - 1) * std::max(perMb - weightGrad * (1 + filled),
-                                     std::max(fwd, inputGrad));
-    }
     // Stages that differ (the op split's are rarely equal): the forward
     // pipeline waits one pass through every stage but the slowest, and
     // training's schedule is run on the stages' own times, as the
     // transformer search does (pipelineMakespan, docs/simulator.md,
-    // "Stages that differ"); the formulas above stay for interleaving and
-    // above its size limit.
+    // "Stages that differ"); the closed forms below stand for interleaving
+    // and above its size limit.
+    double bubble = -1;
     if (V == 1) {
       std::vector<double> fwd, all, wg;
       double sum = 0;
@@ -423,15 +411,31 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
         wg.push_back(train ? weightGradSeconds(f, t - f, c.ratio) : 0.0);
       }
       if (!train) {
-        T.bubble = std::max(0.0, sum - perMb);
+        bubble = std::max(0.0, sum - perMb);
       } else {
         const bool zb = cfg.schedule == PipelineSchedule::ZeroBubble;
         const double span =
             pipelineMakespan(cfg.schedule, fwd, all,
                              zb ? wg : std::vector<double>{}, int64_t(m));
         if (span >= 0)
-          T.bubble = std::max(0.0, span - m * perMb);
+          bubble = std::max(0.0, span - m * perMb);
       }
+    }
+    if (bubble >= 0) {
+      T.bubble = bubble;
+    } else if (train && cfg.schedule == PipelineSchedule::ZeroBubble) {
+      // ZB-H1, as the transformer search prices it (docs/cost-model.md):
+      // the deferred weight-gradient passes (half the backward) fill the
+      // cooldown, down to (pp-1) max(t_F, t_B); with fewer micro-batches
+      // than stages only m - 1 of them do.
+      double fwd = ss[w].compute / (1 + c.ratio);
+      double weightGrad = weightGradSeconds(fwd, perMb - fwd, c.ratio);
+      double inputGrad = std::max(0.0, perMb - fwd - weightGrad);
+      double filled = std::min(1.0, (m - 1) / double(pp - 1));
+      T.bubble = (pp - 1) * std::max(perMb - weightGrad * (1 + filled),
+                                     std::max(fwd, inputGrad));
+    } else {
+      T.bubble = (pp - 1) * perMb / V;
     }
     // Each stage sends over the boundaries of its chunks (and, backward,
     // their gradients back), overlapped with its micro-batch's compute;

@@ -855,15 +855,20 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       train && cfg.pp > 1 && cfg.zeroStage < 2 &&
       cfg.schedule == PipelineSchedule::Interleaved1F1B &&
       cfg.virtualStages > 1;
+  // Each stage's forward pass, whole time and weight-gradient part per
+  // micro-batch, collectives included (as the simulator's stages), for
+  // the schedule run on them (pipelineMakespan) and the stages' syncs.
+  std::vector<double> stageFwdPass, stageAll, stageWeightGrad;
   // Per stage: what its sync runs beside (its last backward, or under
   // zero-bubble its weight gradient), and the part of its last backward
   // that precedes the next stage up's (all of it; the input gradient under
   // zero-bubble).
-  std::vector<double> stageBackward, stageChain;
-  // Each stage's forward pass, whole time and weight-gradient part per
-  // micro-batch, collectives included (as the simulator's stages), for
-  // the schedule run on them (pipelineMakespan).
-  std::vector<double> stageFwdPass, stageAll, stageWeightGrad;
+  auto stageBackward = [&](int st) {
+    return zb ? stageWeightGrad[st] : stageAll[st] - stageFwdPass[st];
+  };
+  auto stageChain = [&](int st) {
+    return stageAll[st] - stageFwdPass[st] - (zb ? stageWeightGrad[st] : 0.0);
+  };
   // ZeRO-3 gathers each stage's own layers' parameters behind that stage's
   // own compute, every micro-batch (zero3Comm). What its layers cannot
   // hide lengthens each of the stage's passes, as the simulator replays
@@ -892,13 +897,8 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // The first stage's first forward (one chunk's) and its time per
   // micro-batch, for the host's lead (chooseLayout).
   double firstTask = 0, firstStage = 0;
-  const double chunks = cfg.schedule == PipelineSchedule::Interleaved1F1B
-                            ? cfg.virtualStages
-                            : 1;
-  if (perStageShape || zero2Queue || interleavedStages) {
-    stageBackward.assign(cfg.pp, 0.0);
-    stageChain.assign(cfg.pp, 0.0);
-  }
+  const double chunks =
+      cfg.schedule == PipelineSchedule::Interleaved1F1B ? cfg.virtualStages : 1;
   for (int st = 0; st < cfg.pp; ++st) {
     const LayerTimes &lt = c.times(cfg.microBatchSize, cfg.tp, cp, sp,
                                    pl ? pl->kind[st] : -1);
@@ -952,12 +952,13 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     sumTime += withComm;
     stageFwdPass.push_back(fwdPass);
     stageAll.push_back(withComm);
-    stageWeightGrad.push_back(
-        train
-            ? std::clamp(weightGradSeconds(
-                             f, t - f, c.cost.calibration().backwardFlopsRatio),
-                         0.0, std::max(0.0, withComm - fwdPass))
-            : 0.0);
+    // At most the backward's compute (weightGradSeconds), so at most the
+    // backward with its collectives, as the simulator requires.
+    const double w =
+        train ? weightGradSeconds(f, t - f,
+                                  c.cost.calibration().backwardFlopsRatio)
+              : 0.0;
+    stageWeightGrad.push_back(w);
     stageGemmShare.push_back(sc.gemmShare());
     stageKind.push_back(pl ? pl->kind[st] : -1);
     if (st == 0) {
@@ -966,12 +967,6 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     }
     if (train) {
       const double fwd = fwdPass;
-      const double w =
-          weightGradSeconds(f, t - f, c.cost.calibration().backwardFlopsRatio);
-      if (perStageShape || zero2Queue || interleavedStages) {
-        stageBackward[st] = zb ? w : withComm - fwd;
-        stageChain[st] = zb ? withComm - fwd - w : withComm - fwd;
-      }
       pathFwd += fwd;
       pathLead = std::max(pathLead, w - pathInputGrad);
       pathInputGrad += withComm - fwd - w;
@@ -1153,37 +1148,46 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     const double stagesToFill =
         worstTime > 0 ? (sumTime - worstTime) / worstTime : cfg.pp - 1;
     double fill = stagesToFill * perMb;
+    // The fill charges every other stage's time once, as if the slowest
+    // stage waited for all of them. Under 1F1B it does when it is the
+    // last; an earlier one runs its warm-up forwards while the first
+    // micro-batch goes round the later stages, and waits for the last
+    // one's round trip before its last backwards. Under GPipe the forwards
+    // and the backwards each go at their slowest stage's pace, which need
+    // not be the same stage; zero-bubble's deferred weight gradients fill
+    // what they can. Training under these schedules runs them on the
+    // stages' times (pipelineMakespan), which gives the bubble in the
+    // slowest stage's units of perMb, each stage's end (stageLead) and its
+    // gradient-completing tasks' ends (stageGradEnds, for ZeRO 2); the
+    // closed forms below stand where it gives none. Forward only, the fill
+    // is exact.
+    double spanBubble = -1;
+    if (train && cfg.schedule != PipelineSchedule::Interleaved1F1B) {
+      std::vector<double> finish;
+      pipeSpan =
+          pipelineMakespan(cfg.schedule, stageFwdPass, stageAll,
+                           zb ? stageWeightGrad : std::vector<double>{}, m,
+                           &finish, zero2Queue ? &stageGradEnds : nullptr);
+      if (pipeSpan >= 0 && perStageShape)
+        for (double f : finish)
+          stageLead.push_back(pipeSpan - f);
+      if (pipeSpan >= 0 && worstTime > 0)
+        spanBubble =
+            std::max(0.0, pipeSpan - m * worstTime) * perMb / worstTime;
+    }
     switch (train ? cfg.schedule : PipelineSchedule::GPipe) {
     case PipelineSchedule::GPipe:
-    case PipelineSchedule::OneFOneB: {
-      // The fill above charges every other stage's time once, as if the
-      // slowest stage waited for all of them. Under 1F1B it does when it
-      // is the last; an earlier one runs its warm-up forwards while the
-      // first micro-batch goes round the later stages, and waits for the
-      // last one's round trip before its last backwards. Under GPipe the
-      // forwards and the backwards each go at their slowest stage's pace,
-      // which need not be the same stage. The schedule run on the stages'
-      // times (pipelineMakespan) has all of it, in the slowest stage's
-      // units of perMb. Forward only, the fill is exact.
-      std::vector<double> finish;
-      const double span =
-          train
-              ? pipelineMakespan(cfg.schedule, stageFwdPass, stageAll, {}, m,
-                                 &finish, zero2Queue ? &stageGradEnds : nullptr)
-              : -1.0;
-      pipeSpan = span;
-      if (span >= 0 && perStageShape)
-        for (double f : finish)
-          stageLead.push_back(span - f);
-      T.bubble = span >= 0 && worstTime > 0
-                     ? std::max(0.0, span - m * worstTime) * perMb / worstTime
-                     : fill;
+    case PipelineSchedule::OneFOneB:
+      T.bubble = spanBubble >= 0 ? spanBubble : fill;
       break;
-    }
     case PipelineSchedule::Interleaved1F1B:
       T.bubble = fill / cfg.virtualStages;
       break;
     case PipelineSchedule::ZeroBubble: {
+      if (spanBubble >= 0) {
+        T.bubble = spanBubble;
+        break;
+      }
       // ZB-H1 (Qi et al. 2023): deferred weight-gradient passes fill the
       // cooldown, leaving (pp-1) * (t_F + t_B - t_W) where t_B is the
       // input-gradient part (t_B + t_W = the backward), i.e. the 1F1B
@@ -1213,16 +1217,6 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
           0.0, pathFwd + pathInputGrad + pathLead - worstTime);
       const double filled = std::min(1.0, (m - 1) / double(cfg.pp - 1));
       T.bubble = single + filled * (full - single);
-      std::vector<double> finish;
-      const double span = pipelineMakespan(
-          PipelineSchedule::ZeroBubble, stageFwdPass, stageAll, stageWeightGrad,
-          m, &finish, zero2Queue ? &stageGradEnds : nullptr);
-      pipeSpan = span;
-      if (span >= 0 && worstTime > 0)
-        T.bubble = std::max(0.0, span - m * worstTime) * perMb / worstTime;
-      if (span >= 0 && perStageShape)
-        for (double f : finish)
-          stageLead.push_back(span - f);
       break;
     }
     }
@@ -1289,6 +1283,22 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     // first, nothing else queued), and the others the slowest stage's
     // sync (their cooldown backwards queue behind each other, and the
     // lags are longer than the sums).
+    // Stage st's own gradients synced in `parts` equal shares (its model
+    // chunks when interleaved): one share's time and what of it shows
+    // after the backward it runs beside.
+    struct StageShare {
+      double time, exposed;
+    };
+    auto stageShare = [&](Collective coll, int st, double parts) {
+      const double bytes =
+          stageMems[st].params / pBytes * cfg.precision.gradReduceBytes;
+      const double t = c.comm(coll, bytes, dp, stride);
+      return StageShare{
+          t / parts,
+          c.cost.exposedGradSync(
+              t / parts, stageBackward(st) / parts, bytes / parts,
+              syncLoss(coll, t, bytes, stageGemmShare[st], stageKind[st]))};
+    };
     auto stageSyncs = [&](Collective coll, double fallback) {
       if (interleavedStages && stageMems.size() == size_t(cfg.pp)) {
         // Each stage's chunks sync their shares of its own gradients
@@ -1300,15 +1310,11 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
         // one, not the slowest.
         double worst = 0, chain = 0;
         for (int st = 0; st < cfg.pp; ++st) {
-          const double bytes =
-              stageMems[st].params / pBytes * cfg.precision.gradReduceBytes;
-          const double t = c.comm(coll, bytes, dp, stride);
-          const double alone = c.cost.exposedGradSync(
-              t / v, stageBackward[st] / v, bytes / v,
-              syncLoss(coll, t, bytes, stageGemmShare[st], stageKind[st]));
-          worst = std::max(worst, chunkedGradSyncExposed(t / v, alone, v, lap) -
-                                      chain);
-          chain += stageChain[st] / v;
+          const StageShare sh = stageShare(coll, st, v);
+          worst = std::max(worst,
+                           chunkedGradSyncExposed(sh.time, sh.exposed, v, lap) -
+                               chain);
+          chain += stageChain(st) / v;
         }
         return worst;
       }
@@ -1322,22 +1328,14 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       // that ends after stage 0 taken as ending with it).
       double worst = 0, chain = 0;
       for (int st = 0; st < cfg.pp; ++st) {
-        const double bytes =
-            stageMems[st].params / pBytes * cfg.precision.gradReduceBytes;
-        const double t = c.comm(coll, bytes, dp, stride);
         const double lead =
             !stageLead.empty()
                 ? stageLead[st]
-                : std::max(0.0, chain + (zbSingle ? stageBackward[0] -
-                                                        stageBackward[st]
+                : std::max(0.0, chain + (zbSingle ? stageBackward(0) -
+                                                        stageBackward(st)
                                                   : 0.0));
-        worst = std::max(
-            worst, c.cost.exposedGradSync(
-                       t, stageBackward[st], bytes,
-                       syncLoss(coll, t, bytes, stageGemmShare[st],
-                                stageKind[st])) -
-                       lead);
-        chain += stageChain[st];
+        worst = std::max(worst, stageShare(coll, st, 1).exposed - lead);
+        chain += stageChain(st);
       }
       return worst;
     };
@@ -1395,44 +1393,34 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       // apart in GPipe's and in the cooldown of 1F1B and zero-bubble (its
       // last pp - 1), and one micro-batch's forward and backward apart in
       // their steady state (queuedGradSyncExposed).
-      const double rsExposed =
-          c.cost.exposedGradSync(rs / v, window / v, gradBytes / v,
-                                 syncLoss(Collective::ReduceScatter, rs,
-                                          gradBytes, worstGemmShare,
-                                          worstKind));
-      const bool steady = cfg.schedule != PipelineSchedule::GPipe;
-      double e =
-          cfg.zeroStage < 2
-              ? stageSyncs(Collective::ReduceScatter,
-                           exposedSync(Collective::ReduceScatter, rs))
-          : v > 1
-              ? chunkedGradSyncExposed(rs / v, rsExposed, int(m) * v,
-                                       window / v)
-              : queuedGradSyncExposed(rs, rsExposed, int64_t(m), backward,
-                                      steady ? cfg.pp - 1 - worstStage
-                                             : int64_t(m),
-                                      steady ? perMb : backward);
-      if (cfg.zeroStage == 2 && pipeSpan >= 0 &&
-          stageGradEnds.size() == size_t(cfg.pp) &&
-          stageMems.size() == size_t(cfg.pp)) {
+      double e = 0;
+      if (cfg.zeroStage < 2) {
+        e = stageSyncs(Collective::ReduceScatter,
+                       exposedSync(Collective::ReduceScatter, rs));
+      } else if (pipeSpan >= 0 && stageGradEnds.size() == size_t(cfg.pp) &&
+                 stageMems.size() == size_t(cfg.pp)) {
         // Each stage's own queue, from its own tasks' ends in the
         // schedule's run (the simulator's rule): the step waits for the
         // stage whose last reduce-scatter ends latest after the pipeline.
-        double latest = 0;
         for (int st = 0; st < cfg.pp; ++st) {
-          const double bytes =
-              stageMems[st].params / pBytes * cfg.precision.gradReduceBytes;
-          const double t = c.comm(Collective::ReduceScatter, bytes, dp, stride);
-          const double alone = c.cost.exposedGradSync(
-              t, stageBackward[st], bytes,
-              syncLoss(Collective::ReduceScatter, t, bytes, stageGemmShare[st],
-                       stageKind[st]));
+          const StageShare sh = stageShare(Collective::ReduceScatter, st, 1);
           double free = -std::numeric_limits<double>::infinity();
           for (double be : stageGradEnds[st])
-            free = std::max(free + t, be + alone);
-          latest = std::max(latest, free - pipeSpan);
+            free = std::max(free + sh.time, be + sh.exposed);
+          e = std::max(e, free - pipeSpan);
         }
-        e = latest;
+      } else {
+        const bool steady = cfg.schedule != PipelineSchedule::GPipe;
+        const double rsExposed = c.cost.exposedGradSync(
+            rs / v, window / v, gradBytes / v,
+            syncLoss(Collective::ReduceScatter, rs, gradBytes, worstGemmShare,
+                     worstKind));
+        e = v > 1 ? chunkedGradSyncExposed(rs / v, rsExposed, int(m) * v,
+                                           window / v)
+                  : queuedGradSyncExposed(rs, rsExposed, int64_t(m), backward,
+                                          steady ? cfg.pp - 1 - worstStage
+                                                 : int64_t(m),
+                                          steady ? perMb : backward);
       }
       T.dpComm += e;
       preOptimizerSyncs += e;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <random>
 #include <set>
@@ -867,6 +868,35 @@ TEST(OpSearch, InterleavedStagesRunChunksInTurn) {
   EXPECT_LT(p->best.time.bubble, 0.75 * q->best.time.bubble);
 }
 
+/// Three marked layers, relu(x W_l), from 1024 wide through `widths`, and
+/// an MSE loss against an input as wide as the last.
+Builder markedChain(const std::array<int64_t, 3> &widths) {
+  Builder b(16);
+  ValueRef h = b.input("x", {16, 1024});
+  int64_t in = 1024;
+  for (size_t l = 0; l < widths.size(); ++l) {
+    h = b.unary("dlopt.relu",
+                b.matmul(h, b.param("w" + std::to_string(l), {in, widths[l]})));
+    in = widths[l];
+  }
+  b.op("dlopt.mse", OpClass::Loss, {}, {h, b.input("y", {16, in})});
+  for (OpNode &op : b.g.ops)
+    op.layer = std::min(op.id / 2, 2);
+  return b;
+}
+
+/// A two-stage plan of `b` with `schedule` and 4 micro-batches.
+Expected<OpPlanResult> twoStages(const Builder &b, PipelineSchedule schedule,
+                                 bool train) {
+  SearchOptions o = train ? bf16Training(64) : SearchOptions{};
+  o.globalBatch = 64;
+  o.fix.pp = 2;
+  o.fix.tp = 1;
+  o.fix.numMicroBatches = 4;
+  o.fix.schedule = schedule;
+  return searchOpPlan(b.g, preset("dgx-a100"), CostModel(), o);
+}
+
 TEST(OpSearch, UnevenStagesFillWithTheOthersTime) {
   // Three marked layers of 4, 4 and 1 units of work on two stages: the
   // split is {0} and {1, 2}, 4 against 5. A micro-batch passes once
@@ -874,24 +904,10 @@ TEST(OpSearch, UnevenStagesFillWithTheOthersTime) {
   // forward-only) bubble is the faster stage's time per micro-batch, not
   // (pp - 1) times the slower's, which the op search charged until
   // 2026-11-30 (docs/simulator.md, "Stages that differ").
-  Builder b(16);
-  ValueRef h = b.input("x", {16, 1024});
-  h = b.unary("dlopt.relu", b.matmul(h, b.param("w0", {1024, 4096})));
-  h = b.unary("dlopt.relu", b.matmul(h, b.param("w1", {4096, 1024})));
-  h = b.unary("dlopt.relu", b.matmul(h, b.param("w2", {1024, 1024})));
-  b.op("dlopt.mse", OpClass::Loss, {}, {h, b.input("y", {16, 1024})});
-  for (OpNode &op : b.g.ops)
-    op.layer = std::min(op.id / 2, 2);
+  const Builder b = markedChain({4096, 1024, 1024});
   for (bool train : {false, true}) {
     SCOPED_TRACE(train ? "training" : "forward only");
-    SearchOptions o = train ? bf16Training(64) : SearchOptions{};
-    if (!train)
-      o.globalBatch = 64;
-    o.fix.pp = 2;
-    o.fix.tp = 1;
-    o.fix.numMicroBatches = 4;
-    o.fix.schedule = PipelineSchedule::GPipe;
-    auto p = searchOpPlan(b.g, preset("dgx-a100"), CostModel(), o);
+    auto p = twoStages(b, PipelineSchedule::GPipe, train);
     ASSERT_TRUE(p) << p.status().message();
     ASSERT_EQ(p->stages.size(), 2u);
     const double t0 = p->stages[0].timePerMicroBatch,
@@ -910,23 +926,11 @@ TEST(OpSearch, SlowestStageFirstHidesTheOthersUnder1F1B) {
   // by the graph's backward ratio) less m times the slower one, below
   // the (pp - 1) t_max charged until 2026-11-30; zero-bubble the same
   // with half of each backward deferred.
-  Builder b(16);
-  ValueRef h = b.input("x", {16, 1024});
-  h = b.unary("dlopt.relu", b.matmul(h, b.param("w0", {1024, 4096})));
-  h = b.unary("dlopt.relu", b.matmul(h, b.param("w1", {4096, 256})));
-  h = b.unary("dlopt.relu", b.matmul(h, b.param("w2", {256, 4096})));
-  b.op("dlopt.mse", OpClass::Loss, {}, {h, b.input("y", {16, 4096})});
-  for (OpNode &op : b.g.ops)
-    op.layer = std::min(op.id / 2, 2);
+  const Builder b = markedChain({4096, 256, 4096});
   for (PipelineSchedule sched :
        {PipelineSchedule::OneFOneB, PipelineSchedule::ZeroBubble}) {
     SCOPED_TRACE(int(sched));
-    SearchOptions o = bf16Training(64);
-    o.fix.pp = 2;
-    o.fix.tp = 1;
-    o.fix.numMicroBatches = 4;
-    o.fix.schedule = sched;
-    auto p = searchOpPlan(b.g, preset("dgx-a100"), CostModel(), o);
+    auto p = twoStages(b, sched, true);
     ASSERT_TRUE(p) << p.status().message();
     ASSERT_EQ(p->stages.size(), 2u);
     std::vector<double> all, fwd, wg;

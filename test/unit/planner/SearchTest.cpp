@@ -1640,6 +1640,23 @@ void expectCasesAgreeWithReplay(const GraphSummary &g,
   }
 }
 
+/// GPipe, 1F1B and zero-bubble on 2 and 4 stages with 1, 2, 4 and 8
+/// micro-batches (tp=1, one sample each, dp = 16 / pp) under ZeRO `zero`:
+/// each plan's analytical step within `rel` of its replay.
+void expectScheduleGridAgreesWithReplay(const GraphSummary &g, const Cluster &c,
+                                        int zero, double rel) {
+  for (const char *schedule : {"1f1b", "gpipe", "zero-bubble"})
+    for (int pp : {2, 4})
+      for (int mb : {1, 2, 4, 8}) {
+        const std::string f = "tp=1,mbs=1,zero=" + std::to_string(zero) +
+                              ",schedule=" + schedule +
+                              ",pp=" + std::to_string(pp) +
+                              ",mb=" + std::to_string(mb);
+        SCOPED_TRACE(f);
+        expectAgreesWithReplay(g, c, opts(16 / pp * mb), f, rel);
+      }
+}
+
 TEST(Search, UnevenPipelinesAgreeWithTheReplay) {
   // GPT-2 small (tied embeddings, 50257-word head) on 2 DGX H100s, tp=1:
   // the split puts most layers and the embedding on stage 0 and fewer with
@@ -1659,17 +1676,8 @@ TEST(Search, UnevenPipelinesAgreeWithTheReplay) {
   // the first and last stages (1F1B and GPipe 2-5% apart), and the
   // zero-bubble bubble scaled the slowest stage's composition by the
   // others' time (8-15% apart with fewer micro-batches than stages).
-  GraphSummary g = gpt(12, 768, 12, 1024, 50257);
-  Cluster c = *resolveCluster("dgx-h100:2");
-  for (const char *schedule : {"1f1b", "gpipe", "zero-bubble"})
-    for (int pp : {2, 4})
-      for (int mb : {1, 2, 4, 8}) {
-        const std::string f = std::string("tp=1,mbs=1,zero=0,schedule=") +
-                              schedule + ",pp=" + std::to_string(pp) +
-                              ",mb=" + std::to_string(mb);
-        SCOPED_TRACE(f);
-        expectAgreesWithReplay(g, c, opts(16 / pp * mb), f, 0.015);
-      }
+  expectScheduleGridAgreesWithReplay(gpt(12, 768, 12, 1024, 50257),
+                                     *resolveCluster("dgx-h100:2"), 0, 0.015);
 }
 
 TEST(Search, ZeroTwoPipelinesQueueEachStagesReduceScatters) {
@@ -1685,17 +1693,8 @@ TEST(Search, ZeroTwoPipelinesQueueEachStagesReduceScatters) {
   // count, is in this hand-built summary's step after the pipeline, not in
   // the queue, and was there before: dlopt-gen's gpt2-small with zero=2,
   // GPipe, pp=2 agrees with its replay exactly (7.536 ms both).
-  GraphSummary g = gpt(12, 768, 12, 1024, 50257);
-  Cluster c = *resolveCluster("dgx-h100:2");
-  for (const char *schedule : {"1f1b", "gpipe", "zero-bubble"})
-    for (int pp : {2, 4})
-      for (int mb : {1, 2, 4, 8}) {
-        const std::string f = std::string("tp=1,mbs=1,zero=2,schedule=") +
-                              schedule + ",pp=" + std::to_string(pp) +
-                              ",mb=" + std::to_string(mb);
-        SCOPED_TRACE(f);
-        expectAgreesWithReplay(g, c, opts(16 / pp * mb), f, 0.025);
-      }
+  expectScheduleGridAgreesWithReplay(gpt(12, 768, 12, 1024, 50257),
+                                     *resolveCluster("dgx-h100:2"), 2, 0.025);
 }
 
 TEST(Search, InterleavedStagesSyncBehindTheirOwnChunks) {
