@@ -81,10 +81,12 @@ GpuSpec makeGpu(const char *name, double fp8, double bf16, double fp16,
 /// fragmentation allowance (docs/cost-model.md, "Workspace").
 constexpr double kMiB = 1024.0 * 1024.0;
 GpuSpec withMemoryMiB(GpuSpec g, double mib, int sms,
-                      double attentionEfficiency = 0) {
+                      double attentionEfficiency = 0,
+                      bool persistentGemms = false) {
   g.memoryBytes = mib * kMiB;
   g.sms = sms;
   g.attentionEfficiency = attentionEfficiency;
+  g.persistentGemms = persistentGemms;
   return g;
 }
 
@@ -96,24 +98,28 @@ GpuSpec withMemoryMiB(GpuSpec g, double mib, int sms,
 // ~75%, Shah et al. 2024). The H200 has the H100's SMs.
 constexpr double kAttentionAmpere = 0.60, kAttentionHopperFa2 = 0.34;
 
+// cuBLAS's Hopper GEMMs are persistent kernels (one CTA per SM, a static
+// tile schedule: pytorch/pytorch#143988, #144974; NVIDIA/cutlass#2471);
+// its Ampere GEMMs launch one CTA per output tile.
+constexpr bool kPersistentHopper = true;
+
 const std::map<std::string, GpuSpec> &gpuTable() {
   static const std::map<std::string, GpuSpec> t = {
       // 81920 MiB: NVIDIA's A100 80GB data sheet (80 GiB).
       {"a100-sxm-80gb",
-       withMemoryMiB(
-           makeGpu("A100-SXM-80GB", 0, 312, 312, 156, 19.5, 80, 2000), 81920,
-           108, kAttentionAmpere)},
+       withMemoryMiB(makeGpu("A100-SXM-80GB", 0, 312, 312, 156, 19.5, 80, 2000),
+                     81920, 108, kAttentionAmpere)},
       // 81559 MiB and 143771 MiB: nvidia-smi on the H100 and H200 of
       // dlopt's GPU sessions (docs/gpu-runs), 132 SMs each (cudaDevAttr
       // MultiProcessorCount there); the A100 has 108.
       {"h100-sxm-80gb",
        withMemoryMiB(
            makeGpu("H100-SXM-80GB", 1979, 989, 989, 495, 67, 80, 3350), 81559,
-           132, kAttentionHopperFa2)},
+           132, kAttentionHopperFa2, kPersistentHopper)},
       {"h200-sxm-141gb",
        withMemoryMiB(
            makeGpu("H200-SXM-141GB", 1979, 989, 989, 495, 67, 141, 4800),
-           143771, 132, kAttentionHopperFa2)},
+           143771, 132, kAttentionHopperFa2, kPersistentHopper)},
       // A deliberately small "device" for tests on the CPU backend.
       {"cpu-device", makeGpu("CPU-device", 0, 0.025, 0.025, 0.05, 0.05, 4, 20)},
   };
@@ -442,6 +448,8 @@ std::string Cluster::toJson() const {
       gpu["sms"] = g.gpu.sms;
     if (g.gpu.attentionEfficiency > 0)
       gpu["attention_efficiency"] = g.gpu.attentionEfficiency;
+    if (g.gpu.persistentGemms)
+      gpu["persistent_gemms"] = true;
     gj["gpu"] = gpu;
     // Links a group does not use (a node with one GPU, a single node) may
     // be unset; the reader takes them as absent, so omit them rather than
@@ -713,7 +721,8 @@ Expected<GpuSpec> parseGpu(const Reader &rd, const json &v,
   DLOPT_RETURN_IF_ERROR(
       rd.checkKeys(v, path,
                    {"name", "base", "peak_tflops", "memory_gb", "memory_gib",
-                    "memory_bandwidth_gb_s", "sms", "attention_efficiency"}));
+                    "memory_bandwidth_gb_s", "sms", "attention_efficiency",
+                    "persistent_gemms"}));
   GpuSpec g;
   bool hasBase = v.contains("base");
   if (hasBase) {
@@ -792,6 +801,13 @@ Expected<GpuSpec> parseGpu(const Reader &rd, const json &v,
       return rd.error(ap, "expected a fraction of the peak in (0, 1], got " +
                               describe(v["attention_efficiency"]));
     g.attentionEfficiency = *d;
+  }
+  if (v.contains("persistent_gemms")) {
+    const json &b = v["persistent_gemms"];
+    if (!b.is_boolean())
+      return rd.error(Reader::child(path, "persistent_gemms"),
+                      "expected true or false, got " + describe(b));
+    g.persistentGemms = b.get<bool>();
   }
   return g;
 }

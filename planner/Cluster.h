@@ -53,6 +53,11 @@ struct GpuSpec {
   /// attention_efficiency. A calibration file that sets
   /// attention_efficiency overrides it.
   double attentionEfficiency = 0;
+  /// The GEMM library's kernels are persistent with a static tile
+  /// schedule: one CTA per SM, each working through its share of the tiles
+  /// (cuBLAS on Hopper). Beside a collective whose CTAs hold some SMs, such
+  /// a GEMM runs in two waves, twice its time (CostModel::overlapLoss).
+  bool persistentGemms = false;
 
   double peak(Precision p) const { return peakFlops[static_cast<int>(p)]; }
   void setPeak(Precision p, double v) { peakFlops[static_cast<int>(p)] = v; }

@@ -362,30 +362,37 @@ double CostModel::trainingTime(double forward, RecomputePolicy policy,
   return t;
 }
 
-double CostModel::overlapLoss(double gemmShare, double linkBytesPerSecond,
+double CostModel::overlapLoss(ComputeMix mix, double linkBytesPerSecond,
                               const GpuSpec &g) const {
   if (g.sms <= 0)
     return 0;
   const double ctas = std::min(cal_.commCtas, 0.5 * g.sms);
   const double sm = ctas / (g.sms - ctas);
+  // A persistent GEMM sizes its grid to every SM: with C of them held, its
+  // last C CTAs wait for the first wave's SMs and it takes twice its time
+  // (pytorch/pytorch#143988: H100 matmuls 2x as long beside FSDP's NCCL
+  // kernels).
+  const double persistent = g.persistentGemms && ctas > 0 ? 1.0 : sm;
   const double u =
       g.memoryBandwidth > 0
           ? std::min(0.9, cal_.commHbmRatio * std::max(0.0, linkBytesPerSecond) /
                               g.memoryBandwidth)
           : 0.0;
-  const double share = std::clamp(gemmShare, 0.0, 1.0);
-  const double x = share * sm + (1 - share) * u / (1 - u);
+  const double gemm = std::clamp(mix.gemm, 0.0, 1.0);
+  const double matmul = std::clamp(mix.matmul, 0.0, gemm);
+  const double x =
+      matmul * persistent + (gemm - matmul) * sm + (1 - gemm) * u / (1 - u);
   return x / (1 + x);
 }
 
 double CostModel::syncLoss(Collective collective, double bytes, int ranks,
-                           double seconds, double gemmShare,
+                           double seconds, ComputeMix mix,
                            const GpuSpec &gpu) const {
   if (!(seconds > 0) || ranks <= 1)
     return 0;
   const double moved = (collective == Collective::AllReduce ? 2.0 : 1.0) *
                        (ranks - 1.0) / ranks;
-  return overlapLoss(gemmShare, moved * bytes / seconds, gpu);
+  return overlapLoss(mix, moved * bytes / seconds, gpu);
 }
 
 double CostModel::exposed(double comm, double overlappable, double efficiency) {

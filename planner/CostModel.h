@@ -114,6 +114,16 @@ struct CommEstimate {
 enum class RecomputePolicy { None, Selective, Elementwise, Alternate, Full };
 const char *recomputeName(RecomputePolicy r);
 
+/// What a window of compute is made of, as shares of its time, for what a
+/// collective running beside it takes from it (CostModel::overlapLoss).
+struct ComputeMix {
+  /// Matmuls, convolutions and attention: the kernels bound by the SMs.
+  double gemm = 1;
+  /// Of those, the GEMM library's matmuls (cuBLAS), whose kernels are
+  /// persistent on GPUs with GpuSpec::persistentGemms; at most `gemm`.
+  double matmul = 1;
+};
+
 class CostModel {
 public:
   explicit CostModel(Calibration calibration = {});
@@ -221,20 +231,23 @@ public:
   }
   /// Seconds of compute lost per second a collective moving
   /// `linkBytesPerSecond` over its links runs beside it on `gpu`: its CTAs
-  /// hold comm_ctas of the SMs (at most half), which slows the matmuls and
-  /// attention (`gemmShare` of the compute) by C / (SMs - C); its HBM
-  /// traffic, comm_hbm_ratio times its link rate, takes that share u of the
-  /// memory bandwidth from the memory-bound rest, which slows by u / (1 - u)
-  /// (u at most 0.9). A compute slowed by x loses x / (1 + x) of each
-  /// second. 0 on a device without SMs (the CPU backend).
-  double overlapLoss(double gemmShare, double linkBytesPerSecond,
+  /// hold C = comm_ctas of the SMs (at most half), which slows the SM-bound
+  /// kernels (`mix.gemm` of the compute) by C / (SMs - C); on a GPU whose
+  /// GEMM library runs persistent kernels (GpuSpec::persistentGemms), its
+  /// matmuls (`mix.matmul`) launch one CTA per SM and run their last C
+  /// CTAs as a second wave, in twice their time (slowed by 1). Its HBM
+  /// traffic, comm_hbm_ratio times its link rate, takes that share u of
+  /// the memory bandwidth from the memory-bound rest, which slows by
+  /// u / (1 - u) (u at most 0.9). A compute slowed by x loses x / (1 + x)
+  /// of each second. 0 on a device without SMs (the CPU backend).
+  double overlapLoss(ComputeMix mix, double linkBytesPerSecond,
                      const GpuSpec &gpu) const;
   /// overlapLoss of a gradient sync `collective` of `bytes` over `ranks`
   /// taking `seconds`, at its own link rate: (n-1)/n of its bytes per
   /// second each way for a reduce-scatter or all-gather, twice that for an
   /// all-reduce. 0 when it takes no time.
   double syncLoss(Collective collective, double bytes, int ranks,
-                  double seconds, double gemmShare, const GpuSpec &gpu) const;
+                  double seconds, ComputeMix mix, const GpuSpec &gpu) const;
   /// Pipeline send/recv overlapped with a micro-batch's compute.
   double exposedP2P(double comm, double microBatchCompute) const {
     return exposed(comm, microBatchCompute, cal_.p2pOverlapEfficiency);

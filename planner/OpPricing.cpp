@@ -313,6 +313,7 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
   struct StageSum {
     double compute = 0, comm = 0, step = 0, act = 0, work = 0;
     double gemm = 0; ///< the matmuls', convolutions' and attention's compute
+    double matmul = 0; ///< of which the matmuls' (library GEMMs)
     double paramElems = 0, largestParam = 0;
     double ops = 0; ///< forward ops a micro-batch launches (no constants)
     double calls = 0; ///< collectives a micro-batch launches
@@ -330,6 +331,8 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
     if (k == OpClass::Matmul || k == OpClass::Conv2D ||
         k == OpClass::Attention)
       x.gemm += s.compute[id];
+    if (k == OpClass::Matmul)
+      x.matmul += s.compute[id];
     x.comm += s.mbComm[id];
     x.calls += s.mbCalls[id];
     x.stepCalls += s.stepCalls[id];
@@ -466,9 +469,11 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
       // What a sync takes from the backward it runs beside (contention for
       // SMs and memory bandwidth at its link rate, CostModel::overlapLoss),
       // as the transformer search prices it.
-      const double gemmShare = x.compute > 0 ? x.gemm / x.compute : 1.0;
+      const ComputeMix mix =
+          x.compute > 0 ? ComputeMix{x.gemm / x.compute, x.matmul / x.compute}
+                        : ComputeMix{};
       auto loss = [&](Collective coll, double time) {
-        return c.cost.syncLoss(coll, grads, dp, time, gemmShare, c.gpu);
+        return c.cost.syncLoss(coll, grads, dp, time, mix, c.gpu);
       };
       double e = 0;
       if (cfg.zeroStage == 0) {

@@ -324,8 +324,8 @@ namespace pricing {
 /// exposes of ZeRO-3's per-layer gathers and reduce-scatters beside its
 /// forward `fwd` and backward `bwd` (zero3Comm: forward plus backward).
 double zero3StageExposure(Ctx &c, const TrainingConfig &cfg, double paramBytes,
-                          double layers, double fwd, double bwd,
-                          double gemmShare, int gpuKind);
+                          double layers, double fwd, double bwd, ComputeMix mix,
+                          int gpuKind);
 
 /// Layers per stage on a heterogeneous cluster: the contiguous split that
 /// minimizes the slowest stage's time per micro-batch (compute on the
@@ -366,7 +366,7 @@ std::vector<int64_t> splitLayers(Ctx &c, const TrainingConfig &cfg,
     if (zero3 && b > a)
       x += zero3StageExposure(
           c, cfg, param1[st] + double(b - a - 1) * paramSlope[st],
-          double(b - a), t.fwd, t.train - t.fwd, t.gemmShare(), pl.kind[st]);
+          double(b - a), t.fwd, t.train - t.fwd, t.mix(), pl.kind[st]);
     return x;
   };
   // The split for time alone depends on no memory setting (ZeRO 0-2,
@@ -685,8 +685,8 @@ struct Zero3Comm {
 };
 
 Zero3Comm zero3Comm(Ctx &c, double paramBytes, double gradBytes, double L,
-                    double fwd, double bwd, int dp, int stride,
-                    double gemmShare, int gpuKind) {
+                    double fwd, double bwd, int dp, int stride, ComputeMix mix,
+                    int gpuKind) {
   Zero3Comm z;
   L = std::max(1.0, L);
   z.ag1 = c.comm(Collective::AllGather, paramBytes / L, dp, stride);
@@ -697,8 +697,7 @@ Zero3Comm zero3Comm(Ctx &c, double paramBytes, double gradBytes, double L,
   const double share = (dp - 1.0) / dp;
   auto lost = [&](double t, double bytes, double window) {
     const double beside = std::min(t, eff * window);
-    return t > 0 ? beside * c.overlapSlowdown(gemmShare, share * bytes / t,
-                                              gpuKind)
+    return t > 0 ? beside * c.overlapSlowdown(mix, share * bytes / t, gpuKind)
                  : 0.0;
   };
   const double agBytes = paramBytes / L, rsBytes = gradBytes / L;
@@ -717,13 +716,12 @@ Zero3Comm zero3Comm(Ctx &c, double paramBytes, double gradBytes, double L,
 }
 
 double zero3StageExposure(Ctx &c, const TrainingConfig &cfg, double paramBytes,
-                          double layers, double fwd, double bwd,
-                          double gemmShare, int gpuKind) {
-  const Zero3Comm z = zero3Comm(c, paramBytes,
-                                paramBytes / cfg.precision.paramBytes *
-                                    cfg.precision.gradReduceBytes,
-                                layers, fwd, bwd, cfg.dp * std::max(1, cfg.cp),
-                                cfg.tp, gemmShare, gpuKind);
+                          double layers, double fwd, double bwd, ComputeMix mix,
+                          int gpuKind) {
+  const Zero3Comm z = zero3Comm(
+      c, paramBytes,
+      paramBytes / cfg.precision.paramBytes * cfg.precision.gradReduceBytes,
+      layers, fwd, bwd, cfg.dp * std::max(1, cfg.cp), cfg.tp, mix, gpuKind);
   return z.forward + z.backward();
 }
 
@@ -806,8 +804,8 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   // stage with the LM head can have the most compute and still be faster
   // than a stage of many layers with their collectives. `sumTime` and
   // `worstTime` are those per-stage times, collectives included.
-  double worstTrain = 0, worstFwd = 0, worstOps = 0, worstRerunOps = 0,
-         worstGemmShare = 1;
+  double worstTrain = 0, worstFwd = 0, worstOps = 0, worstRerunOps = 0;
+  ComputeMix worstMix;
   int worstKind = -1;
   double sumTime = 0, worstTime = 0;
   int64_t worstLayers = 0;
@@ -891,7 +889,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
   int worstStage = 0;
   // Each stage's share of matmuls and attention and its GPU kind, for the
   // contention of its gradient sync (stageSyncs).
-  std::vector<double> stageGemmShare;
+  std::vector<ComputeMix> stageMix;
   std::vector<int> stageKind;
   const CpComm cpc = cp > 1 ? cpComm(c, cfg, train) : CpComm{};
   // The first stage's first forward (one chunk's) and its time per
@@ -944,7 +942,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       z3 = zero3Comm(c, z3Params * pBytes,
                      z3Params * cfg.precision.gradReduceBytes,
                      double(ranges.layers(st)), f, t - f, replicas, cfg.tp,
-                     sc.gemmShare(), pl ? pl->kind[st] : -1);
+                     sc.mix(), pl ? pl->kind[st] : -1);
     }
     const double withComm =
         t + stageTp + cpAll + z3.forward + z3.backward();
@@ -959,7 +957,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
                                   c.cost.calibration().backwardFlopsRatio)
               : 0.0;
     stageWeightGrad.push_back(w);
-    stageGemmShare.push_back(sc.gemmShare());
+    stageMix.push_back(sc.mix());
     stageKind.push_back(pl ? pl->kind[st] : -1);
     if (st == 0) {
       firstTask = fwdPass / chunks;
@@ -977,7 +975,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
       worstFwd = f;
       worstOps = ops;
       worstRerunOps = rerunOps;
-      worstGemmShare = sc.gemmShare();
+      worstMix = sc.mix();
       worstKind = pl ? pl->kind[st] : -1;
       worstLayers = ranges.layers(st);
       worstZero3 = z3;
@@ -1257,16 +1255,16 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
     // What a sync takes from the backward it runs beside (contention for
     // SMs and memory bandwidth, CostModel::syncLoss), as for ZeRO-3's
     // collectives.
-    auto syncLoss = [&](Collective coll, double t, double bytes,
-                        double gemmShare, int kind) {
-      return c.cost.syncLoss(coll, bytes, dp, t, gemmShare, c.kindSpec(kind));
+    auto syncLoss = [&](Collective coll, double t, double bytes, ComputeMix mix,
+                        int kind) {
+      return c.cost.syncLoss(coll, bytes, dp, t, mix, c.kindSpec(kind));
     };
     auto exposedSync = [&](Collective coll, double t) {
       return chunkedGradSyncExposed(
           t / v,
-          c.cost.exposedGradSync(t / v, window / v, gradBytes / v,
-                                 syncLoss(coll, t, gradBytes, worstGemmShare,
-                                          worstKind)),
+          c.cost.exposedGradSync(
+              t / v, window / v, gradBytes / v,
+              syncLoss(coll, t, gradBytes, worstMix, worstKind)),
           v, lap);
     };
     // Stages that differ: each stage syncs its own gradients behind its
@@ -1297,7 +1295,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
           t / parts,
           c.cost.exposedGradSync(
               t / parts, stageBackward(st) / parts, bytes / parts,
-              syncLoss(coll, t, bytes, stageGemmShare[st], stageKind[st]))};
+              syncLoss(coll, t, bytes, stageMix[st], stageKind[st]))};
     };
     auto stageSyncs = [&](Collective coll, double fallback) {
       if (interleavedStages && stageMems.size() == size_t(cfg.pp)) {
@@ -1360,8 +1358,7 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
         // No per-stage memory (a stage did not fit): the slowest stage's
         // layers with the largest stage's parameters, added to the step.
         z = zero3Comm(c, paramBytes, gradBytes, L, worstFwd,
-                      worstTrain - worstFwd, dp, stride, worstGemmShare,
-                      worstKind);
+                      worstTrain - worstFwd, dp, stride, worstMix, worstKind);
         stageParamBytes = paramBytes;
       }
       const double exposed = m * (z.forward + z.shared + z.rs1);
@@ -1411,10 +1408,10 @@ void price(Ctx &c, Candidate &cand, std::vector<CommOp> *comms) {
         }
       } else {
         const bool steady = cfg.schedule != PipelineSchedule::GPipe;
-        const double rsExposed = c.cost.exposedGradSync(
-            rs / v, window / v, gradBytes / v,
-            syncLoss(Collective::ReduceScatter, rs, gradBytes, worstGemmShare,
-                     worstKind));
+        const double rsExposed =
+            c.cost.exposedGradSync(rs / v, window / v, gradBytes / v,
+                                   syncLoss(Collective::ReduceScatter, rs,
+                                            gradBytes, worstMix, worstKind));
         e = v > 1 ? chunkedGradSyncExposed(rs / v, rsExposed, int(m) * v,
                                            window / v)
                   : queuedGradSyncExposed(rs, rsExposed, int64_t(m), backward,
@@ -1583,9 +1580,8 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
       if (cfg.zeroStage == 3) {
         // Per layer and micro-batch, what the layers' compute cannot hide
         // (zero3Comm); no whole-stage sync at the end.
-        const Zero3Comm z =
-            zero3Comm(c, params * pBytes, grads, layers, f, t - f, replicas,
-                      cfg.tp, sc.gemmShare(), kind);
+        const Zero3Comm z = zero3Comm(c, params * pBytes, grads, layers, f,
+                                      t - f, replicas, cfg.tp, sc.mix(), kind);
         s.forward += z.forward / v;
         s.backward += z.backward() / v;
       } else {
@@ -1598,7 +1594,7 @@ SimInput simInputFor(Ctx &c, const Candidate &cand) {
         s.gradSyncLoss = c.cost.syncLoss(
             cfg.zeroStage == 0 ? Collective::AllReduce
                                : Collective::ReduceScatter,
-            grads, replicas, s.gradSync, sc.gemmShare(), c.kindSpec(kind));
+            grads, replicas, s.gradSync, sc.mix(), c.kindSpec(kind));
         if (cfg.zeroStage > 0)
           s.paramGather =
               c.comm(Collective::AllGather, params * pBytes, replicas, cfg.tp);

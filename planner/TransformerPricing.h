@@ -101,6 +101,10 @@ struct LayerTimes {
   /// Prefix sums per layer of the forward's memory-bound part (all but
   /// the matmuls and attention): what elementwise recomputation re-runs.
   std::vector<double> elementwisePrefix;
+  /// Prefix sums per layer of the forward's fused attention (0 under
+  /// unfused attention, whose score products are library GEMMs): the
+  /// SM-bound kernels that are not the GEMM library's (ComputeMix).
+  std::vector<double> fusedAttentionPrefix;
   /// Prefix sums per layer of the matmuls alternate recomputation re-runs
   /// besides (Ctx::groupAlternateGemmTime).
   std::vector<double> alternateGemmPrefix;
@@ -123,21 +127,29 @@ struct LayerTimes {
     double fwd = 0, train = 0;
     /// The memory-bound part of `fwd` (all but matmuls and attention).
     double elementwise = 0;
-    /// The share of the forward in matmuls and attention.
-    double gemmShare() const {
-      return fwd > 0 ? std::clamp(1 - elementwise / fwd, 0.0, 1.0) : 1.0;
+    /// The fused attention in `fwd`.
+    double attention = 0;
+    /// The forward's shares in matmuls and attention, and in library
+    /// GEMMs (all of it but the fused attention).
+    ComputeMix mix() const {
+      if (!(fwd > 0))
+        return {};
+      const double gemm = std::clamp(1 - elementwise / fwd, 0.0, 1.0);
+      return {gemm, std::clamp(gemm - attention / fwd, 0.0, gemm)};
     }
   };
   Stage stage(const std::vector<std::pair<int64_t, int64_t>> &ranges,
               bool first, bool last, const CostModel &cost,
               RecomputePolicy recompute) const {
-    double f = 0, bwdGemm = 0, elementwise = 0, alternate = 0, selective = 0;
+    double f = 0, bwdGemm = 0, elementwise = 0, alternate = 0, selective = 0,
+           attention = 0;
     for (auto [a, b] : ranges) {
       f += prefix[b] - prefix[a];
       if (!selectivePrefix.empty())
         selective += selectivePrefix[b] - selectivePrefix[a];
       bwdGemm += bwdGemmPrefix[b] - bwdGemmPrefix[a];
       elementwise += elementwisePrefix[b] - elementwisePrefix[a];
+      attention += fusedAttentionPrefix[b] - fusedAttentionPrefix[a];
       alternate += alternateGemmPrefix[b] - alternateGemmPrefix[a];
     }
     if (first) {
@@ -152,7 +164,8 @@ struct LayerTimes {
                          : recompute == RecomputePolicy::Alternate
                              ? elementwise + alternate
                              : kSelectiveRerun + selective;
-    return {f, cost.trainingTime(f, recompute, rerun) + bwdGemm, elementwise};
+    return {f, cost.trainingTime(f, recompute, rerun) + bwdGemm, elementwise,
+            attention};
   }
 };
 
@@ -529,9 +542,9 @@ struct Ctx {
   /// Seconds of compute lost per second a collective moving
   /// `linkBytesPerSecond` runs beside it on GPU kind `gpuKind`
   /// (CostModel::overlapLoss).
-  double overlapSlowdown(double gemmShare, double linkBytesPerSecond,
+  double overlapSlowdown(ComputeMix mix, double linkBytesPerSecond,
                          int gpuKind) const {
-    return cost.overlapLoss(gemmShare, linkBytesPerSecond, kindSpec(gpuKind));
+    return cost.overlapLoss(mix, linkBytesPerSecond, kindSpec(gpuKind));
   }
 
   /// Kernels of a layer's forward that elementwise recomputation (or, with
@@ -585,6 +598,7 @@ struct Ctx {
     t.opsPrefix.push_back(0);
     t.bwdGemmPrefix.push_back(0);
     t.elementwisePrefix.push_back(0);
+    t.fusedAttentionPrefix.push_back(0);
     t.alternateGemmPrefix.push_back(0);
     t.elementwiseOpsPrefix.push_back(0);
     t.alternateOpsPrefix.push_back(0);
@@ -609,6 +623,11 @@ struct Ctx {
       const double ew = groupElementwiseTime(g, scale, tp, sp, gpuKind);
       const double f = groupMatmulAttentionTime(g, scale, tp, gpuKind) + ew;
       t.elementwisePrefix.push_back(t.elementwisePrefix.back() + ew);
+      t.fusedAttentionPrefix.push_back(
+          t.fusedAttentionPrefix.back() +
+          (unfused(g) ? 0
+                      : roofline(OpKind::Attention, g.attFlops * scale / tp,
+                                 g.attBytes * scale / tp, gpuKind)));
       t.alternateGemmPrefix.push_back(
           t.alternateGemmPrefix.back() +
           groupAlternateGemmTime(g, scale, tp, gpuKind));

@@ -336,6 +336,41 @@ gpu: {base: h100-sxm-80gb, attention_efficiency: 0}
 )"));
 }
 
+TEST(ClusterFile, PersistentGemms) {
+  // cuBLAS's Hopper GEMMs are persistent (one CTA per SM), its Ampere ones
+  // are not; a file may say either, the plan file keeps it.
+  EXPECT_FALSE(gpuPreset("a100-sxm-80gb")->persistentGemms);
+  EXPECT_TRUE(gpuPreset("h100-sxm-80gb")->persistentGemms);
+  EXPECT_TRUE(gpuPreset("h200-sxm-141gb")->persistentGemms);
+  auto c = yaml(R"(
+nodes: 1
+gpus_per_node: 1
+gpu: {base: a100-sxm-80gb, persistent_gemms: true}
+)");
+  ASSERT_TRUE(c) << c.status().message();
+  EXPECT_TRUE(c->groups[0].gpu.persistentGemms);
+  auto back = jsonText(c->toJson());
+  ASSERT_TRUE(back) << back.status().message();
+  EXPECT_TRUE(back->groups[0].gpu.persistentGemms);
+  auto off = yaml(R"(
+nodes: 1
+gpus_per_node: 1
+gpu: {base: h100-sxm-80gb, persistent_gemms: false}
+)");
+  ASSERT_TRUE(off) << off.status().message();
+  EXPECT_FALSE(off->groups[0].gpu.persistentGemms);
+  auto offBack = jsonText(off->toJson());
+  ASSERT_TRUE(offBack) << offBack.status().message();
+  EXPECT_FALSE(offBack->groups[0].gpu.persistentGemms);
+  EXPECT_TRUE(failsWith(yaml(R"(
+nodes: 1
+gpus_per_node: 1
+gpu: {base: h100-sxm-80gb, persistent_gemms: 1}
+)"),
+                        "test.yaml: gpu.persistent_gemms: expected true or "
+                        "false, got an integer (1)"));
+}
+
 TEST(ClusterFile, NvlinkSharp) {
   // The H100 and H200 presets have it, the A100 preset not; a file says so
   // with intra_node.nvls, and a group over nodes has it only if all do.

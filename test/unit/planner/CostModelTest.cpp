@@ -899,22 +899,55 @@ TEST_F(CommTest, MoreBandwidthIsNeverSlower) {
 //===----------------------------------------------------------------------===//
 
 TEST(Overlap, CollectiveBesideComputeSlowsIt) {
-  // An H100 (132 SMs, 3.35 TB/s): NCCL's 16 CTAs slow the matmuls by
-  // 16/116; a collective at 370 GB/s each way moves 2 x 370 GB/s of HBM,
+  // An A100 (108 SMs, 2 TB/s): NCCL's 16 CTAs slow the SM-bound kernels
+  // by 16/92; a collective at 300 GB/s each way moves 2 x 300 GB/s of HBM,
   // u of the bandwidth, which slows the memory-bound rest by u / (1 - u).
-  // A compute slowed by x loses x / (1 + x) of each second.
+  // A compute slowed by x loses x / (1 + x) of each second. The A100's
+  // GEMMs are not persistent: matmuls and attention alike.
+  CostModel m;
+  const GpuSpec a100 = *gpuPreset("a100-sxm-80gb");
+  ASSERT_FALSE(a100.persistentGemms);
+  const double u = 2 * 300e9 / a100.memoryBandwidth;
+  const double x = 0.8 * 16.0 / 92 + 0.2 * u / (1 - u);
+  EXPECT_NEAR(m.overlapLoss({0.8, 0.6}, 300e9, a100), x / (1 + x), 1e-12);
+  EXPECT_NEAR(m.overlapLoss({1, 1}, 300e9, a100), (16.0 / 92) / (1 + 16.0 / 92),
+              1e-12);
+  EXPECT_NEAR(m.overlapLoss({0, 0}, 1e14, a100), 0.9, 1e-12); // u <= 0.9
+  // A share outside [0, 1] is clamped (the matmuls' to the SM-bound
+  // share); a device without SMs loses nothing.
+  EXPECT_NEAR(m.overlapLoss({2, 3}, 300e9, a100),
+              m.overlapLoss({1, 1}, 300e9, a100), 1e-15);
+  EXPECT_EQ(m.overlapLoss({0.5, 0.5}, 1e9, *gpuPreset("cpu-device")), 0);
+}
+
+TEST(Overlap, PersistentGemmsRunInTwoWavesBesideACollective) {
+  // An H100 (132 SMs, 3.35 TB/s): cuBLAS's Hopper GEMMs are persistent,
+  // one CTA per SM, so with NCCL's 16 CTAs holding SMs the last 16 CTAs
+  // run as a second wave: a matmul takes twice its time (x = 1). Fused
+  // attention (not the library's) slows by 16/116 as on the A100, the
+  // memory-bound rest by u / (1 - u).
   CostModel m;
   const GpuSpec h100 = *gpuPreset("h100-sxm-80gb");
+  ASSERT_TRUE(h100.persistentGemms);
+  ASSERT_TRUE(gpuPreset("h200-sxm-141gb")->persistentGemms);
   const double u = 2 * 370e9 / h100.memoryBandwidth;
-  const double x = 0.8 * 16.0 / 116 + 0.2 * u / (1 - u);
-  EXPECT_NEAR(m.overlapLoss(0.8, 370e9, h100), x / (1 + x), 1e-12);
-  EXPECT_NEAR(m.overlapLoss(1, 370e9, h100), (16.0 / 116) / (1 + 16.0 / 116),
-              1e-12);
-  EXPECT_NEAR(m.overlapLoss(0, 1e14, h100), 0.9, 1e-12); // u at most 0.9
-  // A share outside [0, 1] is clamped; a device without SMs loses nothing.
-  EXPECT_NEAR(m.overlapLoss(2, 370e9, h100), m.overlapLoss(1, 370e9, h100),
-              1e-15);
-  EXPECT_EQ(m.overlapLoss(0.5, 1e9, *gpuPreset("cpu-device")), 0);
+  const double x = 0.6 * 1 + 0.2 * 16.0 / 116 + 0.2 * u / (1 - u);
+  EXPECT_NEAR(m.overlapLoss({0.8, 0.6}, 370e9, h100), x / (1 + x), 1e-12);
+  // All matmuls: half of each second beside the collective is lost.
+  EXPECT_NEAR(m.overlapLoss({1, 1}, 370e9, h100), 0.5, 1e-12);
+  // All attention: the SM share alone.
+  EXPECT_NEAR(m.overlapLoss({1, 0}, 370e9, h100),
+              (16.0 / 116) / (1 + 16.0 / 116), 1e-12);
+  // The same GPU without persistent GEMMs prices matmuls by the SM share.
+  GpuSpec tiled = h100;
+  tiled.persistentGemms = false;
+  EXPECT_NEAR(m.overlapLoss({1, 1}, 370e9, tiled),
+              (16.0 / 116) / (1 + 16.0 / 116), 1e-12);
+  // A collective that holds no SMs (comm_ctas 0) splits nothing.
+  Calibration none;
+  none.commCtas = 0;
+  none.commHbmRatio = 0;
+  EXPECT_EQ(CostModel(none).overlapLoss({1, 1}, 370e9, h100), 0);
 }
 
 TEST(Overlap, ExposedTime) {

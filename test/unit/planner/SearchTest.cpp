@@ -1424,23 +1424,39 @@ TEST(Search, AlternateRecomputeChoosesTheMatmulsByPosition) {
   EXPECT_EQ(pricing::Ctx::rerunKernels(layer, 2, true), 14);
 }
 
-// A collective beside compute: its 16 CTAs slow the matmuls by 16 / (132 -
-// 16) on an H100, and its HBM traffic, twice its link rate, the rest by
-// u / (1 - u); the compute loses x / (1 + x) of each second.
+// A collective beside compute on an H100: its 16 CTAs split each
+// persistent cuBLAS GEMM into two waves (x = 1), slow the fused attention
+// by 16 / (132 - 16), and its HBM traffic, twice its link rate, the rest
+// by u / (1 - u); the compute loses x / (1 + x) of each second.
 TEST(Search, CollectivesBesideComputeSlowIt) {
   H100Pricing h;
   const GpuSpec &gpu = h.c.gpu;
   ASSERT_EQ(gpu.sms, 132);
+  ASSERT_TRUE(gpu.persistentGemms);
   const double u = 2 * 370e9 / gpu.memoryBandwidth;
-  const double x = 0.8 * 16.0 / 116 + 0.2 * u / (1 - u);
-  EXPECT_REL(h.c.overlapSlowdown(0.8, 370e9, -1), x / (1 + x), 1e-12);
-  // All matmuls: the SMs alone; a link rate past the HBM: u at most 0.9.
-  EXPECT_REL(h.c.overlapSlowdown(1, 370e9, -1), (16.0 / 116) / (1 + 16.0 / 116),
-             1e-12);
-  EXPECT_REL(h.c.overlapSlowdown(0, 1e14, -1), 9.0 / 10, 1e-12);
+  const double x = 0.7 + 0.1 * 16.0 / 116 + 0.2 * u / (1 - u);
+  EXPECT_REL(h.c.overlapSlowdown({0.8, 0.7}, 370e9, -1), x / (1 + x), 1e-12);
+  // All attention: the SMs alone; a link rate past the HBM: u at most 0.9.
+  EXPECT_REL(h.c.overlapSlowdown({1, 0}, 370e9, -1),
+             (16.0 / 116) / (1 + 16.0 / 116), 1e-12);
+  EXPECT_REL(h.c.overlapSlowdown({1, 1}, 370e9, -1), 0.5, 1e-12);
+  EXPECT_REL(h.c.overlapSlowdown({0, 0}, 1e14, -1), 9.0 / 10, 1e-12);
   // No SMs (the CPU backend): nothing.
   h.c.gpu = *gpuPreset("cpu-device");
-  EXPECT_EQ(h.c.overlapSlowdown(0.5, 1e9, -1), 0);
+  EXPECT_EQ(h.c.overlapSlowdown({0.5, 0.5}, 1e9, -1), 0);
+}
+
+// A stage's mix: the forward's matmuls and attention, and of those the
+// library GEMMs (all but the fused attention).
+TEST(Search, StageMixSeparatesFusedAttention) {
+  pricing::LayerTimes::Stage st{10, 30, 2, 3};
+  const ComputeMix mix = st.mix();
+  EXPECT_DOUBLE_EQ(mix.gemm, 0.8);
+  EXPECT_DOUBLE_EQ(mix.matmul, 0.5);
+  // No forward: all matmuls.
+  const ComputeMix none = pricing::LayerTimes::Stage{}.mix();
+  EXPECT_DOUBLE_EQ(none.gemm, 1);
+  EXPECT_DOUBLE_EQ(none.matmul, 1);
 }
 
 // fp8: each GEMM's input is cast to fp8 with its transpose in the forward
