@@ -87,6 +87,15 @@ double gradBuckets(double grads, int zeroStage, int replicas,
   return std::min(2 * bucketBytes, whole);
 }
 
+double zeroThreeBuffers(double unitParams, double gradShard, int replicas,
+                        const PrecisionConfig &pr, double bucketBytes) {
+  double whole = gradShard * replicas;
+  if (pr.gradBytes > 0)
+    whole *= pr.gradReduceBytes / pr.gradBytes;
+  const double bucket = bucketBytes > 0 ? std::min(bucketBytes, whole) : whole;
+  return 2 * unitParams * pr.paramBytes + 2 * bucket;
+}
+
 double TransformerSpec::layerParams() const {
   double h = hidden, f = ffn();
   return 4 * h * h + 2 * h * f + 9 * h + f;
@@ -528,8 +537,10 @@ transformerStageMemoryWithLayers(const TransformerSpec &spec,
   if (replicas > 1 && cfg.zeroStage < 3) // bucket being reduced + being filled
     m.commBuffers += gradBuckets(m.grads, cfg.zeroStage, replicas, pr,
                                  cal.gradBucketBytes);
-  if (replicas > 1 && cfg.zeroStage == 3) // gathered layer + prefetched layer
-    m.commBuffers += 2 * layerParamsPerTpRank(spec, cfg.tp) * pr.paramBytes;
+  if (replicas > 1 && cfg.zeroStage == 3)
+    m.commBuffers +=
+        zeroThreeBuffers(layerParamsPerTpRank(spec, cfg.tp), m.grads, replicas,
+                         pr, cal.gradBucketBytes);
 
   m.workspace =
       cal.runtimeReservedBytes +

@@ -228,6 +228,18 @@ double microBatchesInFlight(const TrainingConfig &cfg, int stage);
 double gradBuckets(double grads, int zeroStage, int replicas,
                    const PrecisionConfig &pr, double bucketBytes);
 
+/// What ZeRO-3 holds beside the sharded model states: the gathered
+/// parameters of the unit at work (`unitParams` elements: a layer, or an
+/// op-level graph's largest parameter) and of the next one's gather (one
+/// unit prefetched, as its overlap is priced), and in the backward the
+/// gradients whole until their reduce-scatter: dlopt reduce-scatters them
+/// in grad_bucket_mib buckets as under ZeRO 1-2, so one bucket being
+/// filled and its concatenation being reduced, each at most the whole
+/// gradient (`gradShard` x `replicas`) in the reduce dtype. dlopt's arena
+/// peaks there under ZeRO-3 (a bucket's concatenation).
+double zeroThreeBuffers(double unitParams, double gradShard, int replicas,
+                        const PrecisionConfig &pr, double bucketBytes);
+
 /// Layers assigned to pipeline stage `stage` (the first L mod pp stages get
 /// one extra).
 int64_t layersOnStage(const TransformerSpec &spec, int pp, int stage);

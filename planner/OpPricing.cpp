@@ -567,7 +567,8 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
       mb.commBuffers += gradBuckets(mb.grads, cfg.zeroStage, dp,
                                     cfg.precision, cal.gradBucketBytes);
     if (train && dp > 1 && cfg.zeroStage == 3)
-      mb.commBuffers += 2 * x.largestParam * cfg.precision.paramBytes;
+      mb.commBuffers += zeroThreeBuffers(x.largestParam, mb.grads, dp,
+                                         cfg.precision, cal.gradBucketBytes);
     mb.workspace = cal.runtimeReservedBytes +
                    cal.fragmentationFraction *
                        (mb.activations + mb.transient + mb.commBuffers);

@@ -625,3 +625,46 @@ TEST(MemoryModel, GradientBucketsNeverHoldMoreThanTheGradients) {
   EXPECT_DOUBLE_EQ(gradBuckets(40 * MiB, 0, 2, bf16, bucket), 20 * MiB);
   EXPECT_DOUBLE_EQ(gradBuckets(4000 * MiB, 0, 2, bf16, bucket), 2 * bucket);
 }
+
+TEST(MemoryModel, ZeroThreeHoldsTwoLayersAndAGradientBucketTwice) {
+  const double MiB = 1024.0 * 1024.0, bucket = 25 * MiB;
+  PrecisionConfig f32;
+  f32.paramBytes = 4;
+  f32.gradBytes = 4;
+  f32.gradReduceBytes = 4;
+  // The layer at work and the next gather (1M parameters each, f32), and
+  // a bucket's gradients with their concatenation: 100 MiB of gradients
+  // over 4 ranks hold 25 MiB shards, reduce-scattered in 25 MiB buckets.
+  EXPECT_DOUBLE_EQ(zeroThreeBuffers(1 << 20, 25 * MiB, 4, f32, bucket),
+                   2 * 4 * MiB + 2 * bucket);
+  // Gradients that fit one bucket: the whole gradient and its
+  // concatenation (12 MiB over 4 ranks, 3 MiB shards).
+  EXPECT_DOUBLE_EQ(zeroThreeBuffers(1 << 20, 3 * MiB, 4, f32, bucket),
+                   2 * 4 * MiB + 2 * 12 * MiB);
+  // Gradients held in fp32 and reduced in bf16: 20 MiB shards over 2 ranks
+  // are 40 MiB of fp32 gradients, 20 MiB reduced, within one bucket.
+  PrecisionConfig mixed = f32;
+  mixed.paramBytes = 2;
+  mixed.gradReduceBytes = 2;
+  EXPECT_DOUBLE_EQ(zeroThreeBuffers(1 << 20, 20 * MiB, 2, mixed, bucket),
+                   2 * 2 * MiB + 2 * 20 * MiB);
+  // No buckets (grad_bucket_mib 0): one gradient whole and its copy.
+  EXPECT_DOUBLE_EQ(zeroThreeBuffers(0, 5 * MiB, 2, f32, 0), 2 * 10 * MiB);
+
+  // A whole stage: GPT-3 175B's first stage at dp=8 ZeRO-3 holds the
+  // two layers per tp rank and two 25 MiB buckets beside its
+  // communicators' buffers (its gradients are far more than a bucket).
+  TransformerSpec s = gpt3();
+  TrainingConfig c = gpt3Config();
+  c.zeroStage = 3;
+  Calibration cal;
+  auto m = transformerStageMemory(s, c, 0, cal);
+  ASSERT_TRUE(m) << errorOf(m);
+  // A layer per tp rank: its split matrices and biases, and the norms'
+  // and the row-parallel biases' 6h replicated.
+  const double h = s.hidden, f = s.ffn();
+  const double layer = ((4 * h * h + 2 * h * f + 3 * h + f) / c.tp + 6 * h) *
+                       c.precision.paramBytes;
+  const double comm = 3 * 64.0 * MiB + 2 * 3145728.0 * 2;
+  EXPECT_REL(m->commBuffers, comm + 2 * layer + 2 * bucket, kRel);
+}
