@@ -140,6 +140,13 @@ void forEachConfig(const SpaceRules &r, const FixSpec &fix,
                 continue;
               if (!fix.zero && zero > 0 && (dp == 1 || !r.training))
                 continue; // the same plan as zero=0
+              if (zero > 0 && dp * cp == 1) {
+                // A fixed stage with nothing to shard over, which
+                // dlopt-compile refuses to apply.
+                prune("zero > 0 with dp*cp = 1: no data-parallel replicas "
+                      "to shard over");
+                continue;
+              }
               for (RecomputePolicy rc :
                    {RecomputePolicy::None, RecomputePolicy::Selective,
                     RecomputePolicy::Elementwise, RecomputePolicy::Alternate,

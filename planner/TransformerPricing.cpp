@@ -1652,6 +1652,11 @@ std::string explainFix(const FixSpec &f, const TransformerSpec &spec,
   else if (devices % prod != 0)
     why.push_back("the fixed degrees multiply to " + str(prod) +
                   ", which does not divide the " + str(devices) + " devices");
+  if (f.zero && *f.zero > 0 && f.dp && *f.dp == 1 && f.cp.value_or(1) == 1)
+    why.push_back("zero=" + str(*f.zero) +
+                  " shards over the data-parallel replicas (dp*cp), but dp=1 "
+                  "and cp=1 leave nothing to shard over; use zero=0 or "
+                  "dp >= 2");
   if (f.tp && spec.heads % *f.tp)
     why.push_back("tp=" + str(*f.tp) + " does not divide the " +
                   str(spec.heads) + " attention heads (remainder " +

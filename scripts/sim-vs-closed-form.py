@@ -76,6 +76,9 @@ def draw(rng, cp_allowed=True):
                 mb = pp * rng.choice([1, 2])
     fix["mb"] = mb
     fix["zero"] = rng.choice([0, 1, 2, 3])
+    if dp * cp == 1:
+        # Nothing to shard over: the planner refuses zero > 0 there.
+        fix["zero"] = 0
     fix["recompute"] = rng.choice(RECOMPUTE)
     if tp > 1 and rng.random() < 0.5:
         fix["sp"] = 1

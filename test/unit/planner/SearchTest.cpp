@@ -468,9 +468,9 @@ TEST(Search, SequenceParallelSplitsReplicatedWork) {
   auto c = resolveCluster("dgx-a100:1");
   ASSERT_TRUE(c);
   SearchOptions o = opts(8);
-  o.fix = *parseFix("tp=8,pp=1,mbs=1,recompute=none,zero=1,sp=0");
+  o.fix = *parseFix("tp=8,pp=1,mbs=1,recompute=none,zero=0,sp=0");
   auto off = searchPlan(g, *c, CostModel(), o);
-  o.fix = *parseFix("tp=8,pp=1,mbs=1,recompute=none,zero=1,sp=1");
+  o.fix = *parseFix("tp=8,pp=1,mbs=1,recompute=none,zero=0,sp=1");
   auto on = searchPlan(g, *c, CostModel(), o);
   ASSERT_TRUE(off && on);
   // Norms/dropouts split over tp: less compute and less activation memory;
@@ -487,9 +487,9 @@ TEST(Search, SelectiveRecomputeGathersTheNormOutputsAgainUnderSp) {
   ASSERT_TRUE(c);
   SearchOptions o = opts(8);
   auto none =
-      planWithFix(g, *c, o, "tp=8,pp=1,mbs=1,recompute=none,zero=1,sp=1");
+      planWithFix(g, *c, o, "tp=8,pp=1,mbs=1,recompute=none,zero=0,sp=1");
   auto sel =
-      planWithFix(g, *c, o, "tp=8,pp=1,mbs=1,recompute=selective,zero=1,sp=1");
+      planWithFix(g, *c, o, "tp=8,pp=1,mbs=1,recompute=selective,zero=0,sp=1");
   ASSERT_TRUE(none && sel);
   // Per layer it keeps the two norm outputs' shards (2/8 sbh each instead
   // of the gathered sbh): 2 (2/8 + 2/8 + 12/8) = 4 sbh against
@@ -508,7 +508,7 @@ TEST(Search, SelectiveRecomputeGathersTheNormOutputsAgainUnderSp) {
   EXPECT_DOUBLE_EQ(pricing::tpForwardShare(cfg), 4.0 / 10.0);
   // The free search prices selective recomputation with SP, and prunes it
   // without SP as the same plan as none.
-  auto free = planWithFix(g, *c, o, "tp=8,pp=1,mbs=1,zero=1");
+  auto free = planWithFix(g, *c, o, "tp=8,pp=1,mbs=1,zero=0");
   ASSERT_TRUE(free);
   // none, elementwise, alternate and full, each with sp 0 and 1, and
   // selective with sp.
@@ -525,8 +525,9 @@ TEST(Search, SelectiveRecomputeGathersTheNormOutputsAgainUnderSp) {
 Candidate tp8SpRecompute(const char *rc) {
   static const GraphSummary g = gpt(8, 4096, 32, 4096, 32000);
   static const Cluster c = *resolveCluster("dgx-a100:1");
-  auto p = planWithFix(
-      g, c, opts(8), std::string("tp=8,pp=1,mbs=1,zero=1,sp=1,recompute=") + rc);
+  auto p =
+      planWithFix(g, c, opts(8),
+                  std::string("tp=8,pp=1,mbs=1,zero=0,sp=1,recompute=") + rc);
   EXPECT_TRUE(p) << rc;
   return p ? p->best : Candidate{};
 }
