@@ -125,9 +125,6 @@ const Entry kEntries[] = {
     {"p2p_overlap_efficiency", &Calibration::p2pOverlapEfficiency, 1,
      Range::Fraction, "fraction",
      "share of a micro-batch's compute that can hide pipeline send/recv"},
-    {"cp_overlap_efficiency", &Calibration::cpOverlapEfficiency, 1,
-     Range::Fraction, "fraction",
-     "share of attention compute that hides the context-parallel K/V ring"},
     {"kernel_launch_us", &Calibration::kernelLaunchSeconds, 1e-6,
      Range::NonNegative, "us",
      "host time to issue one kernel or library call to a device"},
@@ -795,6 +792,12 @@ Expected<Calibration> parseCalibration(std::string_view text,
     for (const Entry &e : kEntries)
       if (it.key() == e.name)
         entry = &e;
+    if (!entry && it.key() == "cp_overlap_efficiency")
+      return Status::error(
+          where + "cp_overlap_efficiency is no longer read: dlopt's context "
+                  "parallelism gathers K and V before attention, which hides "
+                  "none of it (docs/cost-model.md, section 7); delete the "
+                  "key");
     if (!entry) {
       std::string known;
       for (const Entry &e : kEntries)

@@ -186,11 +186,6 @@ struct Calibration {
   double commCtas = 16;    ///< comm_ctas
   double commHbmRatio = 2; ///< comm_hbm_ratio
 
-  // Context parallelism: share of the attention compute that hides the ring
-  // exchange of K/V chunks (Megatron-LM overlaps each step's send/recv with
-  // the previous chunk's attention).
-  double cpOverlapEfficiency = 0.90; ///< cp_overlap_efficiency
-
   // Process layout (in-graph vs between-graph), host side.
   double kernelLaunchSeconds = 4e-6;    ///< kernel_launch_us: host cost/launch
   double inGraphLaunchContention = 0.05; ///< in_graph_launch_contention

@@ -310,7 +310,6 @@ Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
   // overlaps communication with compute.
   c.gradOverlapEfficiency = 0.0;
   c.p2pOverlapEfficiency = 0.0;
-  c.cpOverlapEfficiency = 0.0;
   // Host-side runtime state: CPU "devices" live in host memory, with no
   // CUDA context, cuBLAS workspace or NCCL buffers.
   c.runtimeReservedBytes = 0;

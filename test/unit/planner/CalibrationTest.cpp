@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 using namespace dlopt::planner;
@@ -61,6 +62,11 @@ TEST(Calibration, Errors) {
   expectError(R"({"matmul_eff": 0.5})",
               "cal.json: unknown calibration key 'matmul_eff' (known: "
               "matmul_large_efficiency");
+  // A key older calibrations carry that nothing reads any more is named,
+  // not silently accepted.
+  expectError(R"({"cp_overlap_efficiency": 0})",
+              "cal.json: cp_overlap_efficiency is no longer read: dlopt's "
+              "context parallelism gathers K and V before attention");
   expectError(R"({"attention_efficiency": 1.5})",
               "attention_efficiency: expected a fraction in (0, 1], got 1.5");
   expectError(R"({"attention_efficiency": 0})", "got 0");
@@ -284,4 +290,19 @@ TEST(Calibration, EveryKeyIsDocumented) {
   for (const CalibrationKey &k : calibrationKeys())
     EXPECT_NE(doc.find("`" + k.name + "`"), std::string::npos)
         << k.name << " is not documented in docs/cost-model.md";
+  // Each key's row in the constants table says where its default comes
+  // from: a measurement, a source, dlopt-calibrate, or "assumption".
+  const std::regex source("assumption|measured|dlopt-calibrate|section|"
+                          "et al|NVIDIA/|PyTorch|NCCL|FlashAttention");
+  for (const CalibrationKey &k : calibrationKeys()) {
+    const std::string head = "| `" + k.name + "` |";
+    size_t at = doc.find(head);
+    if (at == std::string::npos) {
+      ADD_FAILURE() << k.name << " has no row in the constants table";
+      continue;
+    }
+    const std::string row = doc.substr(at, doc.find('\n', at) - at);
+    EXPECT_TRUE(std::regex_search(row, source))
+        << k.name << "'s row names no source and no assumption: " << row;
+  }
 }
