@@ -3,6 +3,7 @@
 
 #include "planner/SearchUtil.h"
 
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,71 @@ std::string unsupportedFixes(const SpaceRules &rules, const FixSpec &fix) {
       *fix.recompute != RecomputePolicy::None)
     why.push_back(std::string("recompute=") + recomputeName(*fix.recompute) +
                   " is not available to op-level plans yet (none)");
+  return joinReasons(why);
+}
+
+std::string explainShapeFix(const SpaceRules &r, const FixSpec &f) {
+  auto str = [](int64_t v) { return std::to_string(v); };
+  const int devices = r.devices;
+  const int64_t gb = r.globalBatch, units = r.numUnits;
+  std::vector<std::string> why;
+  std::optional<int64_t> prodOr = f.degreeProduct();
+  int64_t prod = prodOr.value_or(0);
+  if (!prodOr)
+    why.push_back("the fixed degrees multiply to more than 2^63, more than "
+                  "the " +
+                  str(devices) + " devices");
+  else if (f.dp && f.tp && f.pp && prod != devices)
+    why.push_back("dp*tp*pp*cp = " + str(*f.dp) + "*" + str(*f.tp) + "*" +
+                  str(*f.pp) + "*" + str(f.cp.value_or(1)) + " = " + str(prod) +
+                  " but the cluster has " + str(devices) + " devices");
+  else if (devices % prod != 0)
+    why.push_back("the fixed degrees multiply to " + str(prod) +
+                  ", which does not divide the " + str(devices) + " devices");
+  if (f.zero && *f.zero > 0 && f.dp && *f.dp == 1 && f.cp.value_or(1) == 1)
+    why.push_back("zero=" + str(*f.zero) +
+                  " shards over the data-parallel replicas (dp*cp), but dp=1 "
+                  "and cp=1 leave nothing to shard over; use zero=0 or "
+                  "dp >= 2");
+  if (f.pp && *f.pp > units)
+    why.push_back("pp=" + str(*f.pp) + " exceeds the " + str(units) + " " +
+                  r.units);
+  if (prodOr && !f.dp && f.tp && f.pp && devices % prod == 0 &&
+      gb % (devices / prod))
+    why.push_back("tp*pp*cp = " + str(prod) +
+                  " leaves dp = " + str(devices / prod) +
+                  ", which does not divide the global "
+                  "batch " +
+                  str(gb) + " (set --global-batch)");
+  std::optional<int64_t> batchProdOr = f.batchProduct();
+  int64_t batchProd = batchProdOr.value_or(0);
+  if (!batchProdOr)
+    why.push_back("the fixed dp/mbs/mb multiply to more than 2^63, more than "
+                  "the global batch " +
+                  str(gb));
+  else if (f.dp && f.mbs && f.numMicroBatches && batchProd != gb)
+    why.push_back("dp*mbs*mb = " + str(batchProd) +
+                  " but the global batch is " + str(gb));
+  else if (gb % batchProd)
+    why.push_back("the fixed dp/mbs/mb multiply to " + str(batchProd) +
+                  ", which does not divide the global batch " + str(gb) +
+                  " (remainder " + str(gb % batchProd) + ")");
+  if (f.schedule == PipelineSchedule::Interleaved1F1B) {
+    int v = f.v.value_or(2);
+    if (f.pp && *f.pp == 1)
+      why.push_back("schedule=interleaved needs pp > 1");
+    else if (f.pp && units < int64_t(*f.pp) * v)
+      why.push_back("schedule=interleaved: pp*v = " + str(*f.pp * v) +
+                    " model chunks exceed the " + str(units) + " " + r.units);
+    else if (!f.pp && units < 2 * int64_t(v))
+      why.push_back("schedule=interleaved: v=" + str(v) +
+                    " model chunks per stage on at least 2 stages exceed "
+                    "the " +
+                    str(units) + " " + r.units);
+    if (f.pp && *f.pp > 1 && f.numMicroBatches && *f.numMicroBatches % *f.pp)
+      why.push_back("schedule=interleaved: mb=" + str(*f.numMicroBatches) +
+                    " is not a multiple of pp=" + str(*f.pp));
+  }
   return joinReasons(why);
 }
 

@@ -61,6 +61,13 @@ struct SpaceRules {
 /// than none without the corresponding rule.
 std::string unsupportedFixes(const SpaceRules &rules, const FixSpec &fix);
 
+/// Why `fix` can match no configuration of a space of `rules` ("" when
+/// it can), in the terms every search shares: the degrees against the
+/// devices, dp x cp for ZeRO, pp (and pp * v interleaved) against the
+/// units, the batch split against the global batch. A search adds its
+/// model's own reasons (the transformer search: heads, widths, sequence).
+std::string explainShapeFix(const SpaceRules &rules, const FixSpec &fix);
+
 /// Calls visit(cfg) for every configuration of the space that `fix`
 /// allows, in a fixed order (tp, cp, pp, batch split, schedule, ZeRO,
 /// recompute, sp; each ascending), with cfg's optimizer and precision from

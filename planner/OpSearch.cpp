@@ -433,6 +433,9 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
   rules.bytes = opt.bytes;
   rules.units = "ops";
   rules.numUnits = int64_t(c.fwdOps.size());
+  if (!fix.empty())
+    if (std::string why = explainShapeFix(rules, fix); !why.empty())
+      return Status::error("--fix " + fix.str() + " is impossible: " + why);
   forEachConfig(rules, fix, st.pruned, [&](const TrainingConfig &cfg) {
     const int t = cfg.tp, dp = cfg.dp, pp = cfg.pp, zero = cfg.zeroStage;
     const int64_t mbs = cfg.microBatchSize, m = cfg.numMicroBatches;

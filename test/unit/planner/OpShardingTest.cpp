@@ -991,7 +991,8 @@ TEST(OpSearch, ErrorsSayWhy) {
   bad.fix.pp = 1;
   auto s = searchOpPlan(mlp2(8, 64, 64), cl, CostModel(), bad);
   ASSERT_FALSE(s);
-  EXPECT_NE(s.status().message().find("interleaved: needs pp > 1"),
+  EXPECT_NE(s.status().message().find("is impossible: schedule=interleaved "
+                                      "needs pp > 1"),
             std::string::npos)
       << s.status().message();
   // v= without a schedule selects interleaving (as --fix v=2 does), with
@@ -1020,7 +1021,20 @@ TEST(OpSearch, ErrorsSayWhy) {
   dp3.fix.tp = 3;
   auto d = searchOpPlan(mlp2(8, 64, 64), cl, CostModel(), dp3);
   ASSERT_FALSE(d);
-  EXPECT_NE(d.status().message().find("no candidate plan"), std::string::npos);
+  // Said up front, in the shared terms (explainShapeFix).
+  EXPECT_NE(d.status().message().find(
+                "--fix tp=3 is impossible: the fixed degrees multiply to 3, "
+                "which does not divide the"),
+            std::string::npos)
+      << d.status().message();
+  SearchOptions deep = bf16Training();
+  deep.fix = *parseFix("pp=2,schedule=interleaved,v=8");
+  auto dv = searchOpPlan(mlp2(8, 64, 64), cl, CostModel(), deep);
+  ASSERT_FALSE(dv);
+  EXPECT_NE(dv.status().message().find(
+                "schedule=interleaved: pp*v = 16 model chunks exceed the"),
+            std::string::npos)
+      << dv.status().message();
 }
 
 TEST(OpSearch, ReplicatedWeightsAreReadWholeByEveryRank) {
