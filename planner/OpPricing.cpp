@@ -270,6 +270,85 @@ int chunksPerStage(const TrainingConfig &cfg, bool train) {
              : 1;
 }
 
+namespace {
+
+/// One of ZeRO-3's gather buckets on a stage, in forward order, as
+/// dlopt-compile forms them: a run of parameters first read by consecutive
+/// ops, up to grad_bucket_mib, gathered before its first reader. `elems`:
+/// its parameter elements per rank; `compute`: the forward compute (and
+/// tensor-parallel communication) of its ops up to the next bucket's
+/// first.
+struct StageGatherUnit {
+  double elems = 0, compute = 0;
+};
+
+/// ZeRO-3 on a stage as dlopt-compile applies it to an op-level graph:
+/// its gather buckets (StageGatherUnit) priced by zero3BucketExposure.
+Zero3Exposure zero3Exposure(const Ctx &c,
+                            const std::vector<StageGatherUnit> &units,
+                            ComputeMix mix, int dp, int t,
+                            const TrainingConfig &cfg) {
+  if (units.empty() || dp <= 1)
+    return {};
+  const double share = (dp - 1.0) / dp;
+  std::vector<Zero3Bucket> b(units.size());
+  for (size_t k = 0; k < units.size(); ++k) {
+    Zero3Bucket &x = b[k];
+    x.gatherBytes = units[k].elems * cfg.precision.paramBytes;
+    x.backwardGatherBytes = x.gatherBytes * c.bwdReadFraction;
+    x.reduceScatterBytes = units[k].elems * cfg.precision.gradReduceBytes;
+    x.gather = c.pricer.time(Collective::AllGather, x.gatherBytes, dp, t);
+    x.backwardGather =
+        c.pricer.time(Collective::AllGather, x.backwardGatherBytes, dp, t);
+    x.reduceScatter =
+        c.pricer.time(Collective::ReduceScatter, x.reduceScatterBytes, dp, t);
+    x.forward = units[k].compute;
+    x.backward = units[k].compute * c.ratio;
+  }
+  return zero3BucketExposure(b, c.cost.calibration().gradOverlapEfficiency,
+                             [&](double time, double bytes) {
+                               return c.cost.overlapLoss(
+                                   mix, share * bytes / time, c.gpu);
+                             });
+}
+
+} // namespace
+
+Zero3Exposure zero3BucketExposure(
+    const std::vector<Zero3Bucket> &b, double efficiency,
+    const std::function<double(double time, double bytes)> &lossPerSecond) {
+  Zero3Exposure z;
+  const size_t n = b.size();
+  if (n == 0)
+    return z;
+  // What a collective of `time` moving `bytes` beside `window` of compute
+  // shows: what the compute does not hide, or what the collective takes
+  // from it (contention), whichever is larger.
+  auto shows = [&](double time, double bytes, double window) {
+    if (!(time > 0))
+      return 0.0;
+    const double beside = std::min(time, efficiency * std::max(0.0, window));
+    return std::max(CostModel::exposed(time, window, efficiency),
+                    beside * lossPerSecond(time, bytes));
+  };
+  z.forward = b[0].gather;
+  for (size_t k = 1; k < n; ++k)
+    z.forward += shows(b[k].gather, b[k].gatherBytes, b[k - 1].forward);
+  z.backward = z.backwardGather = b[n - 1].backwardGather;
+  for (size_t k = n; k-- > 0;) {
+    const double ag = k > 0 ? b[k - 1].backwardGather : 0;
+    const double agBytes = k > 0 ? b[k - 1].backwardGatherBytes : 0;
+    const double rs = k + 1 < n ? b[k + 1].reduceScatter : 0;
+    const double rsBytes = k + 1 < n ? b[k + 1].reduceScatterBytes : 0;
+    const double e = shows(ag + rs, agBytes + rsBytes, b[k].backward);
+    z.backward += e;
+    if (ag + rs > 0)
+      z.backwardGather += e * ag / (ag + rs);
+  }
+  z.backward += b[0].reduceScatter;
+  return z;
+}
+
 Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
   Priced out;
   OpCandidate &cand = out.cand;
@@ -319,6 +398,8 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
     double calls = 0; ///< collectives a micro-batch launches
     double stepCalls = 0; ///< collectives launched once a step
     std::set<int> params;
+    /// ZeRO-3's gather buckets in forward order (StageGatherUnit).
+    std::vector<StageGatherUnit> units;
   };
   std::vector<StageSum> ss(pp);
   for (size_t i = 0; i < c.fwdOps.size(); ++i) {
@@ -340,7 +421,21 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
     x.act += s.activation[id];
     x.work = std::max(x.work, s.workingSet[id]);
     for (int a : s.paramsOf[id])
-      x.params.insert(a);
+      if (x.params.insert(a).second) {
+        double e = 1;
+        for (int64_t d : c.g.args[a].shape)
+          e *= double(d);
+        e /= s.paramLayout[a].kind == Layout::S ? double(t) : 1.0;
+        const double limit = c.cost.calibration().gradBucketBytes;
+        if (x.units.empty() ||
+            (x.units.back().elems > 0 &&
+             (x.units.back().elems + e) * cfg.precision.paramBytes > limit))
+          x.units.push_back({});
+        x.units.back().elems += e;
+      }
+    if (x.units.empty())
+      x.units.push_back({});
+    x.units.back().compute += s.compute[id] + s.mbComm[id];
   }
   for (StageSum &x : ss)
     for (int a : x.params) {
@@ -492,13 +587,16 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
         e = cfg.zeroStage >= 2
                 ? chunkedGradSyncExposed(rs, last, int(m), backward)
                 : last;
-        double ag = c.pricer.time(Collective::AllGather, params, dp, t);
-        double agBwd = c.pricer.time(Collective::AllGather,
-                                     params * c.bwdReadFraction, dp, t);
-        e += cfg.zeroStage < 3
-                 ? ag
-                 : m * CostModel::exposed(ag + agBwd, x.compute + x.comm,
-                                          cal.gradOverlapEfficiency);
+        if (cfg.zeroStage < 3) {
+          e += c.pricer.time(Collective::AllGather, params, dp, t);
+        } else {
+          const Zero3Exposure z = zero3Exposure(c, x.units, mix, dp, t, cfg);
+          e = m * (z.forward + z.backward);
+          if (e > worst) {
+            cand.zero3ForwardExposed = m * z.forward;
+            cand.zero3BackwardGatherExposed = m * z.backwardGather;
+          }
+        }
       }
       worst = std::max(worst, e);
     }

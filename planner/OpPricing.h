@@ -15,6 +15,7 @@
 
 #include "planner/OpSearch.h"
 
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -213,6 +214,37 @@ int chunksPerStage(const TrainingConfig &cfg, bool train);
 
 /// Prices one candidate from a solved strategy problem: memory, step time
 /// and the stages (their starts over the partition's units).
+/// One of ZeRO-3's gather buckets on a stage, in forward order: its
+/// collectives' times and bytes, and the compute beside which the next
+/// one's run (its ops' forward and backward).
+struct Zero3Bucket {
+  double gather = 0, gatherBytes = 0; ///< forward gather
+  double backwardGather = 0,
+         backwardGatherBytes = 0;                   ///< what the backward reads
+  double reduceScatter = 0, reduceScatterBytes = 0; ///< its gradients
+  double forward = 0, backward = 0;                 ///< its ops' compute
+};
+
+/// What a stage's ZeRO-3 collectives expose per micro-batch.
+struct Zero3Exposure {
+  double forward = 0;        ///< the parameter gathers, forward
+  double backward = 0;       ///< gathers and reduce-scatters, backward
+  double backwardGather = 0; ///< the gathers' share of `backward`
+};
+
+/// ZeRO-3 bucket by bucket, one bucket prefetched, as the transformer
+/// search prices its layers (docs/cost-model.md, "ZeRO-3"). Forward: the
+/// first bucket's gather shows whole, each later one what the previous
+/// bucket's compute (at `efficiency`) does not hide or what it takes from
+/// that compute, `lossPerSecond(time, bytes)` of each second beside it,
+/// whichever is larger. Backward, buckets in reverse: the last bucket's
+/// gather shows whole, then beside each bucket's backward the next
+/// bucket's gather and the previous bucket's reduce-scatter share the
+/// links, and the first bucket's reduce-scatter follows the last backward.
+Zero3Exposure zero3BucketExposure(
+    const std::vector<Zero3Bucket> &buckets, double efficiency,
+    const std::function<double(double time, double bytes)> &lossPerSecond);
+
 Priced price(Ctx &c, const Solved &s, TrainingConfig cfg);
 
 } // namespace dlopt::planner::oppricing

@@ -707,17 +707,37 @@ Expected<OpPlanResult> searchOpPlan(const GraphSummary &g,
       record("dp gradient all-reduce", Collective::AllReduce, dp, t, grads, 1,
              res.best.time.dpComm);
     } else {
-      record("dp gradient reduce-scatter", Collective::ReduceScatter, dp, t,
-             grads, cfg.zeroStage >= 2 ? m : 1, res.best.time.dpComm);
+      // Under ZeRO-3 the exposure splits over the rows: the forward's
+      // gathers, the backward's gathers' share of the links they share
+      // with the reduce-scatters, and the rest the reduce-scatters'.
+      const OpCandidate &best = res.best;
+      const double z3 =
+          best.zero3ForwardExposed + best.zero3BackwardGatherExposed;
+      // ZeRO-3 moves them in grad_bucket_mib buckets, as the pricing takes
+      // them (a bucket's gathers and its gradients' reduce-scatter).
+      const double bucket = cost.calibration().gradBucketBytes;
+      const double buckets = cfg.zeroStage == 3 && bucket > 0
+                                 ? std::max(1.0, std::ceil(params / bucket))
+                                 : 1.0;
+      if (cfg.zeroStage < 3)
+        record("dp gradient reduce-scatter", Collective::ReduceScatter, dp, t,
+               grads, cfg.zeroStage >= 2 ? m : 1, best.time.dpComm);
+      else
+        record("dp gradient reduce-scatter", Collective::ReduceScatter, dp, t,
+               elems * cfg.precision.gradReduceBytes / buckets, m * buckets,
+               std::max(0.0, best.time.dpComm - z3));
       if (cfg.zeroStage < 3)
         record("dp parameter all-gather (after update)", Collective::AllGather,
                dp, t, params, 1, 0);
       else {
-        record("dp zero-3 parameter all-gather (forward)", Collective::AllGather,
-               dp, t, params, m, 0);
+        record("dp zero-3 parameter all-gather (forward)",
+               Collective::AllGather, dp, t, params / buckets, m * buckets,
+               best.zero3ForwardExposed);
         // The backward pass gathers only what it reads.
-        record("dp zero-3 parameter all-gather (backward)", Collective::AllGather,
-               dp, t, params * c.bwdReadFraction, m, 0);
+        record("dp zero-3 parameter all-gather (backward)",
+               Collective::AllGather, dp, t,
+               params * c.bwdReadFraction / buckets, m * buckets,
+               best.zero3BackwardGatherExposed);
       }
     }
   }

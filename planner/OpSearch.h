@@ -76,6 +76,10 @@ struct OpCandidate {
   /// under the plan's layout); time.host is what of it the devices cannot
   /// hide.
   double hostDispatch = 0;
+  /// ZeRO-3: of time.dpComm, what the parameter gathers expose in the
+  /// forward passes, and the gathers' and reduce-scatters' share of what
+  /// the backward passes expose (for the report's rows).
+  double zero3ForwardExposed = 0, zero3BackwardGatherExposed = 0;
   bool fits() const { return memory.total() <= capacity; }
   std::string key() const; ///< "dp=2 tp=4 pp=1 mbs=4 mb=2 zero=1"
 };

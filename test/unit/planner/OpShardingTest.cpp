@@ -1,5 +1,6 @@
 //===- OpShardingTest.cpp - Op-level rules, resharding, ILP, stages -------===//
 #include "planner/OpSharding.h"
+#include "planner/OpPricing.h"
 #include "planner/OpSearch.h"
 #include "planner/Plan.h"
 #include "planner/SearchUtil.h"
@@ -1620,4 +1621,78 @@ TEST(OpSharding, LayoutParsesItsOwnForm) {
   }
   for (const char *bad : {"", "S", "S16", "S01", "Sx", "r", "RR", "P0", "S-1"})
     EXPECT_FALSE(Layout::parse(bad)) << bad;
+}
+
+TEST(OpSearch, ZeroThreeBucketsHideBehindThePreviousBucket) {
+  using oppricing::Zero3Bucket;
+  using oppricing::zero3BucketExposure;
+  // Three buckets; gathers of 2, 3 and 4 ms (forward), 1, 2 and 3 ms
+  // (backward), reduce-scatters of 5, 6 and 7 ms; forward compute 10, 1
+  // and 2 ms, backward twice that. Efficiency 0.5, no contention.
+  std::vector<Zero3Bucket> b(3);
+  const double ms = 1e-3;
+  for (int k = 0; k < 3; ++k) {
+    b[k].gather = (2 + k) * ms;
+    b[k].backwardGather = (1 + k) * ms;
+    b[k].reduceScatter = (5 + k) * ms;
+  }
+  b[0].forward = 10 * ms;
+  b[1].forward = 1 * ms;
+  b[2].forward = 2 * ms;
+  for (Zero3Bucket &x : b)
+    x.backward = 2 * x.forward;
+  auto none = [](double, double) { return 0.0; };
+  auto z = zero3BucketExposure(b, 0.5, none);
+  // Forward: the first gather whole (2); the second beside bucket 0's 10
+  // ms, half of which hides: max(0, 3 - 5) = 0; the third beside bucket
+  // 1's 1 ms: 4 - 0.5 = 3.5.
+  EXPECT_NEAR(z.forward, (2 + 0 + 3.5) * ms, 1e-12);
+  // Backward: bucket 2's gather whole (3); beside bucket 2's 4 ms,
+  // bucket 1's gather (2): 2 - 2 = 0; beside bucket 1's 2 ms, bucket 0's
+  // gather and bucket 2's reduce-scatter (1 + 7): 8 - 1 = 7; beside bucket
+  // 0's 20 ms, bucket 1's reduce-scatter (6): 6 - 10 < 0, 0; then bucket
+  // 0's reduce-scatter (5).
+  EXPECT_NEAR(z.backward, (3 + 0 + 7 + 0 + 5) * ms, 1e-12);
+  // The gathers' share: 3, and 1/8 of the 7.
+  EXPECT_NEAR(z.backwardGather, (3 + 7.0 / 8) * ms, 1e-12);
+  // Contention: a collective takes half of each second beside compute;
+  // the second forward gather, hidden, now shows what it takes: min(3, 5)
+  // x 0.5 = 1.5.
+  auto half = [](double, double) { return 0.5; };
+  auto zc = zero3BucketExposure(b, 0.5, half);
+  EXPECT_NEAR(zc.forward, (2 + 1.5 + 3.5) * ms, 1e-12);
+  // One bucket: its gathers and reduce-scatter all show.
+  auto one = zero3BucketExposure({b[0]}, 0.5, none);
+  EXPECT_NEAR(one.forward, 2 * ms, 1e-12);
+  EXPECT_NEAR(one.backward, (1 + 5) * ms, 1e-12);
+  EXPECT_EQ(zero3BucketExposure({}, 0.5, none).forward, 0);
+}
+
+TEST(OpSearch, ZeroThreeShowsItsFirstGatherAndLastReduceScatter) {
+  // Two 4096 x 4096 layers (32 MiB each in bf16, one 25 MiB bucket each)
+  // on 16 ranks of two DGX H100s: the first bucket's gather has nothing
+  // to hide behind, nor the last reduce-scatter; the whole-model gather
+  // priced behind the whole step's compute (before 2026-11-30) hid both.
+  auto cl = *resolveCluster("dgx-h100:2");
+  SearchOptions z3 = bf16Training();
+  z3.globalBatch = 64;
+  z3.fix = *parseFix("dp=16,zero=3");
+  auto b = searchOpPlan(mlp2(64, 4096, 4096), cl, CostModel(), z3);
+  ASSERT_TRUE(b) << b.status().message();
+  const OpCandidate &best = b->best;
+  EXPECT_GT(best.zero3ForwardExposed, 0);
+  EXPECT_GT(best.zero3BackwardGatherExposed, 0);
+  EXPECT_GT(best.time.dpComm,
+            best.zero3ForwardExposed + best.zero3BackwardGatherExposed);
+  // The report's rows: per bucket, and their exposures add up.
+  double gathers = 0, exposed = 0;
+  for (const CommOp &op : b->comms)
+    if (op.what.rfind("dp ", 0) == 0) {
+      exposed += op.exposed;
+      if (op.what.find("zero-3 parameter all-gather (forward)") !=
+          std::string::npos)
+        gathers = op.calls;
+    }
+  EXPECT_GE(gathers, 2);
+  EXPECT_NEAR(exposed, best.time.dpComm, 1e-12);
 }
