@@ -496,11 +496,9 @@ struct Ctx {
 
   /// A group's matmuls and attention for `scale` samples on a tp rank.
   double groupMatmulAttentionTime(const GroupCost &g, double scale, int tp,
-                                  int gpuKind) const {
-    double att = unfused(g)
-                     ? unfusedAttention(scale, tp, gpuKind).gemms
-                     : roofline(OpKind::Attention, g.attFlops * scale / tp,
-                                g.attBytes * scale / tp, gpuKind);
+                                  int gpuKind, int cp = 1) const {
+    double att = unfused(g) ? unfusedAttention(scale, tp, gpuKind).gemms
+                            : fusedAttentionTime(g, scale, tp, gpuKind, cp);
     double mm = 0;
     if (g.gemms.empty())
       mm = roofline(OpKind::Matmul, g.mmFlops * scale / tp,
@@ -508,6 +506,25 @@ struct Ctx {
     for (const GroupGemm &gm : g.gemms)
       mm += gemmTime(gm, scale, tp, gpuKind);
     return mm + att;
+  }
+
+  /// Context parallelism as dlopt-partition applies it gives each cp rank
+  /// a contiguous block of the sequence, so under a causal mask rank r's
+  /// queries see (r + 1/2) / cp of the keys it holds where a balanced
+  /// split sees half: the last rank does 2 - 1/cp times the average, and
+  /// the layer runs at its pace (its collectives wait for it). Fused
+  /// attention skips the masked tiles; unfused attention computes them.
+  static double cpCausalImbalance(int cp) {
+    return cp > 1 ? 2.0 - 1.0 / cp : 1.0;
+  }
+
+  /// A layer's fused attention on a tp rank for `scale` samples (1/cp of
+  /// the queries each), on the last cp rank (cpCausalImbalance).
+  double fusedAttentionTime(const GroupCost &g, double scale, int tp,
+                            int gpuKind, int cp) const {
+    return cpCausalImbalance(cp) * roofline(OpKind::Attention,
+                                            g.attFlops * scale / tp,
+                                            g.attBytes * scale / tp, gpuKind);
   }
 
   /// The matmuls of a layer that alternate recomputation re-runs for
@@ -590,9 +607,9 @@ struct Ctx {
     if (it != timeCache.end())
       return it->second;
     LayerTimes t;
-    // A context-parallel rank holds s/cp tokens of each sample; causal
-    // attention is load-balanced (two chunks per rank), so every part of
-    // the work divides by cp.
+    // A context-parallel rank holds s/cp tokens of each sample, so every
+    // part of the work divides by cp but the fused causal attention of the
+    // last rank's contiguous block (cpCausalImbalance).
     double scale = static_cast<double>(mbs) / cp;
     t.prefix.push_back(0);
     t.opsPrefix.push_back(0);
@@ -621,13 +638,11 @@ struct Ctx {
       t.alternateOpsPrefix.push_back(t.alternateOpsPrefix.back() +
                                      rerunKernels(g, tp, true) + memoryKernels);
       const double ew = groupElementwiseTime(g, scale, tp, sp, gpuKind);
-      const double f = groupMatmulAttentionTime(g, scale, tp, gpuKind) + ew;
+      const double f = groupMatmulAttentionTime(g, scale, tp, gpuKind, cp) + ew;
       t.elementwisePrefix.push_back(t.elementwisePrefix.back() + ew);
       t.fusedAttentionPrefix.push_back(
           t.fusedAttentionPrefix.back() +
-          (unfused(g) ? 0
-                      : roofline(OpKind::Attention, g.attFlops * scale / tp,
-                                 g.attBytes * scale / tp, gpuKind)));
+          (unfused(g) ? 0 : fusedAttentionTime(g, scale, tp, gpuKind, cp)));
       t.alternateGemmPrefix.push_back(
           t.alternateGemmPrefix.back() +
           groupAlternateGemmTime(g, scale, tp, gpuKind));

@@ -1294,6 +1294,45 @@ TEST(Search, UnfusedAttentionIsPricedKernelByKernel) {
   EXPECT_REL(c.unfusedAttention(2, 2, -1).memory, softmax, 1e-9);
 }
 
+// Context parallelism as dlopt applies it: contiguous sequence blocks, so
+// under the causal mask the last of cp ranks does 2 - 1/cp times the
+// average fused attention, and the layer runs at its pace. Everything
+// else divides by cp.
+TEST(Search, ContiguousContextBlocksLeaveTheLastRankTheMostAttention) {
+  pricing::GroupCost layer;
+  layer.attFlops = 4.0 * 16 * 4096 * 4096 * 128; // 4 H S T D, one sample
+  layer.attBytes = 4.0 * 4096 * 2048 * 2;
+  layer.mmFlops = 2.0 * 4096 * 2048 * 8192;
+  layer.mmBytes = 2.0 * (4096 * 2048 + 2048 * 8192 + 4096 * 8192);
+  layer.otFlops = 20.0 * 4096 * 2048;
+  layer.otBytes = 30.0 * 4096 * 2048;
+  layer.ops = 10;
+  H100Pricing h;
+  h.c.spec.heads = 16;
+  h.c.spec.hidden = 2048;
+  h.c.spec.seqLen = 4096;
+  h.c.layers = {layer};
+  EXPECT_DOUBLE_EQ(pricing::Ctx::cpCausalImbalance(1), 1);
+  EXPECT_DOUBLE_EQ(pricing::Ctx::cpCausalImbalance(2), 1.5);
+  EXPECT_DOUBLE_EQ(pricing::Ctx::cpCausalImbalance(4), 1.75);
+  const auto &one = h.c.times(2, 1, 1, false);
+  const auto &four = h.c.times(2, 1, 4, false);
+  const double att1 = one.fusedAttentionPrefix[1];
+  // Each rank's queries are a quarter; the last rank's block sees 7/8 of
+  // the keys it holds where a balanced quarter sees half.
+  EXPECT_REL(four.fusedAttentionPrefix[1],
+             1.75 * h.c.roofline(OpKind::Attention, layer.attFlops * 2 / 4,
+                                 layer.attBytes * 2 / 4),
+             1e-12);
+  EXPECT_GT(four.fusedAttentionPrefix[1], att1 / 4);
+  // The rest of the layer divides by cp.
+  EXPECT_REL(four.fwd[0] - four.fusedAttentionPrefix[1],
+             h.c.groupMatmulAttentionTime(layer, 0.5, 1, -1) -
+                 h.c.fusedAttentionTime(layer, 0.5, 1, -1, 1) +
+                 h.c.groupElementwiseTime(layer, 0.5, 1, false, -1),
+             1e-12);
+}
+
 // The unfused kernels replace the fused attention's roofline in a layer's
 // forward, its backward is theirs in place of backward_flops_ratio times
 // the forward, and selective recomputation re-runs the whole core (Q K^T
