@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 
 namespace dlopt::planner {
 
@@ -372,6 +373,27 @@ Expected<MachineCalibration> calibrateMachine(const MachineSamples &s) {
   if (!host.empty())
     cl["host"] = host;
   out.clusterJson = cl.dump(2) + "\n";
+  if (!s.collectives.empty()) {
+    // Measured by size: a group of the measured shape is priced from them
+    // (collective_table), the fit above prices the others.
+    c.collectiveTable = s.collectives;
+    std::map<std::string, int> rows;
+    double lo = 0, hi = 0;
+    int ranks = 0;
+    for (const CollectiveTableRow &r : s.collectives) {
+      ++rows[collectiveTableName(r.collective)];
+      lo = lo > 0 ? std::min(lo, r.bytes) : r.bytes;
+      hi = std::max(hi, r.bytes);
+      ranks = std::max(ranks, r.ranks);
+    }
+    std::string what;
+    for (const auto &[name, n] : rows)
+      what += (what.empty() ? "" : ", ") + name + " " + std::to_string(n);
+    L.push_back("in-process collectives by size (collective_table): " + what +
+                " rows" +
+                fmt(", %.0f KiB to %.0f MiB over %.0f ranks", lo / 1024,
+                    hi / (1024 * 1024), ranks));
+  }
   DLOPT_RETURN_IF_ERROR(c.validate());
   return out;
 }

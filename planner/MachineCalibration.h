@@ -81,6 +81,9 @@ struct MachineSamples {
   double optimizerBytes = 0, optimizerSeconds = 0;
   double dispatchSeconds = 0; ///< one tiny op through the kernel dispatch
   std::vector<AllReduceSample> inProcess; ///< ranks as threads
+  /// Collectives over the in-process ranks by size (all-reduce, all-gather,
+  /// reduce-scatter; one node): the calibration's collective_table.
+  std::vector<CollectiveTableRow> collectives;
   std::vector<AllReduceSample> mpi;       ///< ranks as processes
 };
 

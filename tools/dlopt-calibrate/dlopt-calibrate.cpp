@@ -263,16 +263,25 @@ planner::MachineSamples::ConvSample timeConv(int64_t o, int64_t c, int64_t n,
   return s;
 }
 
-/// All-reduces of `bytes` over `ranks` in-process ranks (threads): the
-/// slowest rank's time of each of `reps` calls, summarized.
-AllReduceSample timeInProcess(int ranks, int64_t bytes, int reps) {
+/// A collective of `bytes` over `ranks` in-process ranks (threads): the
+/// slowest rank's time of each of `reps` calls, summarized. `bytes` as
+/// nccl-tests counts them (collective_table): an all-reduce's buffer, an
+/// all-gather's whole gathered buffer, a reduce-scatter's whole input.
+AllReduceSample
+timeInProcess(int ranks, int64_t bytes, int reps,
+              planner::Collective coll = planner::Collective::AllReduce) {
   auto comms = createInProcessGroup(ranks);
-  int64_t count = bytes / 4;
+  const int64_t whole = std::max<int64_t>(ranks, bytes / 4 / ranks * ranks);
+  const int64_t part = whole / ranks;
+  const bool gather = coll == planner::Collective::AllGather;
+  const bool scatter = coll == planner::Collective::ReduceScatter;
+  const int64_t inCount = gather ? part : whole;
+  const int64_t outCount = scatter ? part : whole;
   std::vector<std::vector<float>> in(static_cast<size_t>(ranks)),
       out(static_cast<size_t>(ranks));
   for (int r = 0; r < ranks; ++r) {
-    in[size_t(r)].assign(size_t(count), float(r + 1));
-    out[size_t(r)].assign(size_t(count), 0.0f);
+    in[size_t(r)].assign(size_t(inCount), float(r + 1));
+    out[size_t(r)].assign(size_t(outCount), 0.0f);
   }
   std::vector<double> times;
   for (int rep = 0; rep < reps + 1; ++rep) {
@@ -280,12 +289,16 @@ AllReduceSample timeInProcess(int ranks, int64_t bytes, int reps) {
     std::vector<std::thread> th;
     for (int r = 0; r < ranks; ++r)
       th.emplace_back([&, r] {
+        Communicator &cm = *comms[size_t(r)];
+        CommInput i = hostIn(in[size_t(r)].data(), inCount, DType::F32);
+        CommOutput o = hostOut(out[size_t(r)].data(), outCount, DType::F32);
         auto t0 = Clock::now();
-        check(comms[size_t(r)]->allReduce(
-                  hostIn(in[size_t(r)].data(), count, DType::F32),
-                  hostOut(out[size_t(r)].data(), count, DType::F32),
-                  ReduceOp::Sum),
-              "in-process all-reduce");
+        check(gather    ? cm.allGather(i, o)
+              : scatter ? cm.reduceScatter(i, o, ReduceOp::Sum)
+                        : cm.allReduce(i, o, ReduceOp::Sum),
+              gather    ? "in-process all-gather"
+              : scatter ? "in-process reduce-scatter"
+                        : "in-process all-reduce");
         secs[size_t(r)] =
             std::chrono::duration<double>(Clock::now() - t0).count();
       });
@@ -294,7 +307,7 @@ AllReduceSample timeInProcess(int ranks, int64_t bytes, int reps) {
     if (rep > 0)
       times.push_back(*std::max_element(secs.begin(), secs.end()));
   }
-  return {ranks, double(bytes), summarize(std::move(times))};
+  return {ranks, double(whole * 4), summarize(std::move(times))};
 }
 
 double hostMemoryBytes() {
@@ -1056,6 +1069,20 @@ int main(int argc, char **argv) {
       if (planner::fitAllReduce(s.inProcess))
         break;
     }
+    // The three collectives a plan's groups run, measured by size over the
+    // same ranks: the calibration's collective_table, which prices a group
+    // of this shape from the measurement (the all-reduce's samples above,
+    // the all-gather and reduce-scatter timed here).
+    for (const AllReduceSample &a : s.inProcess)
+      s.collectives.push_back({planner::Collective::AllReduce, a.ranks, 1,
+                               a.ranks, a.bytes, a.seconds, ""});
+    for (planner::Collective coll :
+         {planner::Collective::AllGather, planner::Collective::ReduceScatter})
+      for (const AllReduceSample &a : s.inProcess) {
+        AllReduceSample t = timeInProcess(ranks, int64_t(a.bytes), reps, coll);
+        s.collectives.push_back(
+            {coll, t.ranks, 1, t.ranks, t.bytes, t.seconds, ""});
+      }
   }
 
   auto cal = planner::calibrateMachine(s);

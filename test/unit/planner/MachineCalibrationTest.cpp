@@ -241,6 +241,37 @@ TEST(MachineCalibration, WritesAClusterThePlannerReads) {
   EXPECT_EQ(g.host.cpuCores, 2);
 }
 
+TEST(MachineCalibration, MeasuredCollectivesBecomeTheCollectiveTable) {
+  MachineSamples s = samples();
+  // Without rows, no table: the fit prices every group.
+  auto none = calibrateMachine(s);
+  ASSERT_TRUE(none) << none.status().message();
+  EXPECT_TRUE(none->calibration.collectiveTable.empty());
+  s.collectives = {{Collective::AllReduce, 2, 1, 2, 4096, 30e-6, ""},
+                   {Collective::AllReduce, 2, 1, 2, 4 << 20, 300e-6, ""},
+                   {Collective::AllGather, 2, 1, 2, 4096, 40e-6, ""},
+                   {Collective::ReduceScatter, 2, 1, 2, 4096, 35e-6, ""}};
+  auto r = calibrateMachine(s);
+  ASSERT_TRUE(r) << r.status().message();
+  ASSERT_EQ(r->calibration.collectiveTable.size(), 4u);
+  EXPECT_EQ(r->calibration.collectiveTable[2].collective,
+            Collective::AllGather);
+  EXPECT_DOUBLE_EQ(r->calibration.collectiveTable[1].seconds, 300e-6);
+  bool said = false;
+  for (const std::string &l : r->lines)
+    said |= l == "in-process collectives by size (collective_table): "
+                 "all_gather 1, all_reduce 2, reduce_scatter 1 rows, 4 KiB "
+                 "to 4 MiB over 2 ranks";
+  EXPECT_TRUE(said);
+  // The file round-trips through the reader with the rows.
+  auto back = parseCalibration(r->calibration.toJson(), "cal.json");
+  ASSERT_TRUE(back) << back.status().message();
+  EXPECT_EQ(back->collectiveTable.size(), 4u);
+  // A bad row is refused, not written.
+  s.collectives.push_back({Collective::AllGather, 2, 1, 2, 4096, -1, ""});
+  EXPECT_FALSE(calibrateMachine(s));
+}
+
 TEST(MachineCalibration, CachedSamplesGiveTheRateOfTheirClass) {
   MachineSamples s = samples();
   auto cached = [](const char *op, double gbs, double backward = 0) {
