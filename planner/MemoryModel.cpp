@@ -425,11 +425,14 @@ transformerStageMemoryWithLayers(const TransformerSpec &spec,
     if (cfg.pp > 1 || !spec.tiedEmbeddings)
       params += vLocal * h; // output matrix (a tied copy when pp > 1)
   }
-  // fp8: each of a layer's six GEMMs scales its input, weight and output
+  // fp8: each of a layer's GEMMs (q, k, v and the output projection, and
+  // the MLP's two, three when gated) scales its input, weight and output
   // gradient, each with an amax history, a scale and its inverse (fp32),
   // replicated like the layer's norms.
+  const double layerGemms = 4 + (spec.gatedMlp ? 3 : 2);
   const double fp8Scaling =
-      layers * 6 * 3 * (pr.fp8AmaxHistory > 0 ? pr.fp8AmaxHistory + 2 : 0) * 4;
+      layers * layerGemms * 3 *
+      (pr.fp8AmaxHistory > 0 ? pr.fp8AmaxHistory + 2 : 0) * 4;
   // ZeRO shards over the dp * cp ranks that hold the same parameters.
   auto states =
       stateMemory(params, cfg.dp * cfg.cp, cfg.zeroStage, cfg.optimizer, pr);

@@ -338,6 +338,12 @@ TEST(Activations, Fp8KeepsItsGemmInputsInOneByte) {
   auto a = transformerStageMemory(s, f, 7), b = transformerStageMemory(s, g, 7);
   ASSERT_TRUE(a && b);
   EXPECT_DOUBLE_EQ(b->params - 1.5 * a->params, 6 * 6 * 3 * 1026 * 4.0);
+  // A gated MLP has three GEMMs (gate, up, down): 7 a layer.
+  s.gatedMlp = true;
+  auto ga = transformerStageMemory(s, f, 7),
+       gb = transformerStageMemory(s, g, 7);
+  ASSERT_TRUE(ga && gb);
+  EXPECT_DOUBLE_EQ(gb->params - 1.5 * ga->params, 6 * 7 * 3 * 1026 * 4.0);
 }
 
 TEST(Activations, GroupedKvHeadsGatedMlpAndContextParallelism) {
