@@ -362,8 +362,16 @@ double CostModel::trainingTime(double forward, RecomputePolicy policy,
   return t;
 }
 
+double CostModel::twoWaveLoss(double seconds, double gemm) {
+  if (!(seconds > 0) || !(gemm > 0))
+    return 0.5;
+  const double n = std::floor(seconds / (2 * gemm));
+  const double lost = n * gemm + std::min(seconds - 2 * n * gemm, gemm);
+  return std::clamp(lost / seconds, 0.5, 1.0);
+}
+
 double CostModel::overlapLoss(ComputeMix mix, double linkBytesPerSecond,
-                              const GpuSpec &g) const {
+                              const GpuSpec &g, double seconds) const {
   if (g.sms <= 0)
     return 0;
   const double ctas = std::min(cal_.commCtas, 0.5 * g.sms);
@@ -371,8 +379,14 @@ double CostModel::overlapLoss(ComputeMix mix, double linkBytesPerSecond,
   // A persistent GEMM sizes its grid to every SM: with C of them held, its
   // last C CTAs wait for the first wave's SMs and it takes twice its time
   // (pytorch/pytorch#143988: H100 matmuls 2x as long beside FSDP's NCCL
-  // kernels).
-  const double persistent = g.persistentGemms && ctas > 0 ? 1.0 : sm;
+  // kernels); one the collective overlaps only in part ends that much
+  // later (twoWaveLoss). As a slowdown: lost share phi = x / (1 + x),
+  // capped at 0.95 (x = 19) for the other kernels' sake.
+  double persistent = sm;
+  if (g.persistentGemms && ctas > 0) {
+    const double phi = std::min(0.95, twoWaveLoss(seconds, mix.gemmSeconds));
+    persistent = phi / (1 - phi);
+  }
   const double u =
       g.memoryBandwidth > 0
           ? std::min(0.9, cal_.commHbmRatio * std::max(0.0, linkBytesPerSecond) /
@@ -392,7 +406,7 @@ double CostModel::syncLoss(Collective collective, double bytes, int ranks,
     return 0;
   const double moved = (collective == Collective::AllReduce ? 2.0 : 1.0) *
                        (ranks - 1.0) / ranks;
-  return overlapLoss(mix, moved * bytes / seconds, gpu);
+  return overlapLoss(mix, moved * bytes / seconds, gpu, seconds);
 }
 
 double CostModel::exposed(double comm, double overlappable, double efficiency) {

@@ -122,6 +122,9 @@ struct ComputeMix {
   /// Of those, the GEMM library's matmuls (cuBLAS), whose kernels are
   /// persistent on GPUs with GpuSpec::persistentGemms; at most `gemm`.
   double matmul = 1;
+  /// One of those matmuls' mean duration, seconds (0: unknown; a
+  /// collective is then taken to outlast them, CostModel::twoWaveLoss).
+  double gemmSeconds = 0;
 };
 
 class CostModel {
@@ -240,8 +243,20 @@ public:
   /// the memory bandwidth from the memory-bound rest, which slows by
   /// u / (1 - u) (u at most 0.9). A compute slowed by x loses x / (1 + x)
   /// of each second. 0 on a device without SMs (the CPU backend).
+  /// `seconds` is the collective's duration: beside persistent GEMMs of
+  /// `mix.gemmSeconds` each the share lost is twoWaveLoss's (0 or an
+  /// unknown GEMM duration: one half, the long-collective limit).
   double overlapLoss(ComputeMix mix, double linkBytesPerSecond,
-                     const GpuSpec &gpu) const;
+                     const GpuSpec &gpu, double seconds = 0) const;
+  /// The share of a collective's `seconds` that persistent GEMMs of
+  /// `gemm` seconds each lose beside it: their launches wait for SMs the
+  /// collective holds, so a GEMM it overlaps by tau < gemm ends tau later,
+  /// and one it outlasts runs in two waves, twice its time. Beginning at a
+  /// GEMM's start (a collective waits for the persistent GEMM holding
+  /// every SM to end): n = floor(K / 2g) GEMMs in two waves, then the
+  /// rest r = K - 2 n g, so the lost time is n g + min(r, g). 1 for a
+  /// collective shorter than one GEMM, towards 1/2 for a long one.
+  static double twoWaveLoss(double seconds, double gemm);
   /// overlapLoss of a gradient sync `collective` of `bytes` over `ranks`
   /// taking `seconds`, at its own link rate: (n-1)/n of its bytes per
   /// second each way for a reduce-scatter or all-gather, twice that for an

@@ -308,7 +308,7 @@ Zero3Exposure zero3Exposure(const Ctx &c,
   return zero3BucketExposure(b, c.cost.calibration().gradOverlapEfficiency,
                              [&](double time, double bytes) {
                                return c.cost.overlapLoss(
-                                   mix, share * bytes / time, c.gpu);
+                                   mix, share * bytes / time, c.gpu, time);
                              });
 }
 
@@ -393,6 +393,7 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
     double compute = 0, comm = 0, step = 0, act = 0, work = 0;
     double gemm = 0; ///< the matmuls', convolutions' and attention's compute
     double matmul = 0; ///< of which the matmuls' (library GEMMs)
+    double matmuls = 0; ///< the matmul ops
     double paramElems = 0, largestParam = 0;
     double ops = 0; ///< forward ops a micro-batch launches (no constants)
     double calls = 0; ///< collectives a micro-batch launches
@@ -412,8 +413,10 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
     if (k == OpClass::Matmul || k == OpClass::Conv2D ||
         k == OpClass::Attention)
       x.gemm += s.compute[id];
-    if (k == OpClass::Matmul)
+    if (k == OpClass::Matmul) {
       x.matmul += s.compute[id];
+      x.matmuls += 1;
+    }
     x.comm += s.mbComm[id];
     x.calls += s.mbCalls[id];
     x.stepCalls += s.stepCalls[id];
@@ -565,7 +568,8 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
       // SMs and memory bandwidth at its link rate, CostModel::overlapLoss),
       // as the transformer search prices it.
       const ComputeMix mix =
-          x.compute > 0 ? ComputeMix{x.gemm / x.compute, x.matmul / x.compute}
+          x.compute > 0 ? ComputeMix{x.gemm / x.compute, x.matmul / x.compute,
+                                     x.matmuls > 0 ? x.matmul / x.matmuls : 0.0}
                         : ComputeMix{};
       auto loss = [&](Collective coll, double time) {
         return c.cost.syncLoss(coll, grads, dp, time, mix, c.gpu);

@@ -698,8 +698,9 @@ Zero3Comm zero3Comm(Ctx &c, double paramBytes, double gradBytes, double L,
   const double share = (dp - 1.0) / dp;
   auto lost = [&](double t, double bytes, double window) {
     const double beside = std::min(t, eff * window);
-    return t > 0 ? beside * c.overlapSlowdown(mix, share * bytes / t, gpuKind)
-                 : 0.0;
+    return t > 0
+               ? beside * c.overlapSlowdown(mix, share * bytes / t, gpuKind, t)
+               : 0.0;
   };
   const double agBytes = paramBytes / L, rsBytes = gradBytes / L;
   // A layer waits for the later of its slowed compute and its collective:

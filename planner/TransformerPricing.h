@@ -105,6 +105,11 @@ struct LayerTimes {
   /// unfused attention, whose score products are library GEMMs): the
   /// SM-bound kernels that are not the GEMM library's (ComputeMix).
   std::vector<double> fusedAttentionPrefix;
+  /// Prefix sums per layer of the library GEMMs a layer's forward
+  /// launches (its matmuls, and unfused attention's two score products),
+  /// and the pre and post groups': ComputeMix::gemmSeconds.
+  std::vector<double> gemmCountPrefix;
+  double preGemms = 0, postGemms = 0;
   /// Prefix sums per layer of the matmuls alternate recomputation re-runs
   /// besides (Ctx::groupAlternateGemmTime).
   std::vector<double> alternateGemmPrefix;
@@ -129,20 +134,24 @@ struct LayerTimes {
     double elementwise = 0;
     /// The fused attention in `fwd`.
     double attention = 0;
+    /// The library GEMMs `fwd` launches.
+    double gemms = 0;
     /// The forward's shares in matmuls and attention, and in library
-    /// GEMMs (all of it but the fused attention).
+    /// GEMMs (all of it but the fused attention), with one GEMM's mean
+    /// time.
     ComputeMix mix() const {
       if (!(fwd > 0))
         return {};
       const double gemm = std::clamp(1 - elementwise / fwd, 0.0, 1.0);
-      return {gemm, std::clamp(gemm - attention / fwd, 0.0, gemm)};
+      const double matmul = std::clamp(gemm - attention / fwd, 0.0, gemm);
+      return {gemm, matmul, gemms > 0 ? matmul * fwd / gemms : 0.0};
     }
   };
   Stage stage(const std::vector<std::pair<int64_t, int64_t>> &ranges,
               bool first, bool last, const CostModel &cost,
               RecomputePolicy recompute) const {
     double f = 0, bwdGemm = 0, elementwise = 0, alternate = 0, selective = 0,
-           attention = 0;
+           attention = 0, gemms = 0;
     for (auto [a, b] : ranges) {
       f += prefix[b] - prefix[a];
       if (!selectivePrefix.empty())
@@ -150,22 +159,25 @@ struct LayerTimes {
       bwdGemm += bwdGemmPrefix[b] - bwdGemmPrefix[a];
       elementwise += elementwisePrefix[b] - elementwisePrefix[a];
       attention += fusedAttentionPrefix[b] - fusedAttentionPrefix[a];
+      gemms += gemmCountPrefix[b] - gemmCountPrefix[a];
       alternate += alternateGemmPrefix[b] - alternateGemmPrefix[a];
     }
     if (first) {
       f += pre;
       bwdGemm += preBwdGemm;
+      gemms += preGemms;
     }
     if (last) {
       f += post;
       bwdGemm += postBwdGemm;
+      gemms += postGemms;
     }
     const double rerun = recompute == RecomputePolicy::Elementwise ? elementwise
                          : recompute == RecomputePolicy::Alternate
                              ? elementwise + alternate
                              : kSelectiveRerun + selective;
     return {f, cost.trainingTime(f, recompute, rerun) + bwdGemm, elementwise,
-            attention};
+            attention, gemms};
   }
 };
 
@@ -508,6 +520,15 @@ struct Ctx {
     return mm + att;
   }
 
+  /// The library GEMMs a group's forward launches: its matmuls (one
+  /// where the graph gave no op list but matmul FLOPs), and unfused
+  /// attention's two score products.
+  double gemmCount(const GroupCost &g) const {
+    double n =
+        g.gemms.empty() ? (g.mmFlops > 0 ? 1 : 0) : double(g.gemms.size());
+    return n + (unfused(g) ? 2 : 0);
+  }
+
   /// Context parallelism as dlopt-partition applies it gives each cp rank
   /// a contiguous block of the sequence, so under a causal mask rank r's
   /// queries see (r + 1/2) / cp of the keys it holds where a balanced
@@ -559,9 +580,10 @@ struct Ctx {
   /// Seconds of compute lost per second a collective moving
   /// `linkBytesPerSecond` runs beside it on GPU kind `gpuKind`
   /// (CostModel::overlapLoss).
-  double overlapSlowdown(ComputeMix mix, double linkBytesPerSecond,
-                         int gpuKind) const {
-    return cost.overlapLoss(mix, linkBytesPerSecond, kindSpec(gpuKind));
+  double overlapSlowdown(ComputeMix mix, double linkBytesPerSecond, int gpuKind,
+                         double seconds = 0) const {
+    return cost.overlapLoss(mix, linkBytesPerSecond, kindSpec(gpuKind),
+                            seconds);
   }
 
   /// Kernels of a layer's forward that elementwise recomputation (or, with
@@ -616,6 +638,7 @@ struct Ctx {
     t.bwdGemmPrefix.push_back(0);
     t.elementwisePrefix.push_back(0);
     t.fusedAttentionPrefix.push_back(0);
+    t.gemmCountPrefix.push_back(0);
     t.alternateGemmPrefix.push_back(0);
     t.elementwiseOpsPrefix.push_back(0);
     t.alternateOpsPrefix.push_back(0);
@@ -640,6 +663,7 @@ struct Ctx {
       const double ew = groupElementwiseTime(g, scale, tp, sp, gpuKind);
       const double f = groupMatmulAttentionTime(g, scale, tp, gpuKind, cp) + ew;
       t.elementwisePrefix.push_back(t.elementwisePrefix.back() + ew);
+      t.gemmCountPrefix.push_back(t.gemmCountPrefix.back() + gemmCount(g));
       t.fusedAttentionPrefix.push_back(
           t.fusedAttentionPrefix.back() +
           (unfused(g) ? 0 : fusedAttentionTime(g, scale, tp, gpuKind, cp)));
@@ -655,6 +679,8 @@ struct Ctx {
     }
     t.pre = groupTime(pre, scale, tp, sp, gpuKind);
     t.post = groupTime(post, scale, tp, sp, gpuKind);
+    t.preGemms = gemmCount(pre);
+    t.postGemms = gemmCount(post);
     t.preBwdGemm = groupBackwardExtra(pre, scale, tp, sp, gpuKind);
     t.postBwdGemm = groupBackwardExtra(post, scale, tp, sp, gpuKind);
     return timeCache.emplace(key, std::move(t)).first->second;

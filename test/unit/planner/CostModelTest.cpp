@@ -950,6 +950,34 @@ TEST(Overlap, PersistentGemmsRunInTwoWavesBesideACollective) {
   EXPECT_EQ(CostModel(none).overlapLoss({1, 1}, 370e9, h100), 0);
 }
 
+TEST(Overlap, APersistentGemmLosesWhatTheCollectiveOverlapsOfIt) {
+  // GEMMs of 1 ms beside a collective that starts with one of them: a
+  // 0.6 ms collective delays the first GEMM's last CTAs 0.6 ms (all of
+  // it lost); 1.5 ms runs it in two waves (1 ms of 1.5 lost); 5 ms runs
+  // two in two waves and overlaps the third by 1 ms (2 + 1 of 5).
+  EXPECT_DOUBLE_EQ(CostModel::twoWaveLoss(0.6e-3, 1e-3), 1.0);
+  EXPECT_DOUBLE_EQ(CostModel::twoWaveLoss(1.5e-3, 1e-3), 1.0 / 1.5);
+  EXPECT_DOUBLE_EQ(CostModel::twoWaveLoss(5e-3, 1e-3), 3.0 / 5);
+  EXPECT_DOUBLE_EQ(CostModel::twoWaveLoss(4e-3, 1e-3), 2.0 / 4);
+  // A long collective: towards a half; an unknown GEMM time: a half.
+  EXPECT_NEAR(CostModel::twoWaveLoss(1.0, 1e-3), 0.5, 1e-3);
+  EXPECT_DOUBLE_EQ(CostModel::twoWaveLoss(1e-3, 0), 0.5);
+  EXPECT_DOUBLE_EQ(CostModel::twoWaveLoss(0, 1e-3), 0.5);
+  // On an H100, all matmuls of 1 ms beside a 1.5 ms collective: two
+  // thirds of it lost; beside a shorter one, all of it, capped at 0.95.
+  CostModel m;
+  const GpuSpec h100 = *gpuPreset("h100-sxm-80gb");
+  EXPECT_NEAR(m.overlapLoss({1, 1, 1e-3}, 370e9, h100, 1.5e-3), 1.0 / 1.5,
+              1e-12);
+  EXPECT_NEAR(m.overlapLoss({1, 1, 1e-3}, 370e9, h100, 0.5e-3), 0.95, 1e-12);
+  // Without the collective's time, the long-collective limit.
+  EXPECT_NEAR(m.overlapLoss({1, 1, 1e-3}, 370e9, h100), 0.5, 1e-12);
+  // The A100's GEMMs are not persistent: the SM share, whatever the times.
+  const GpuSpec a100 = *gpuPreset("a100-sxm-80gb");
+  EXPECT_NEAR(m.overlapLoss({1, 1, 1e-3}, 300e9, a100, 0.5e-3),
+              (16.0 / 92) / (1 + 16.0 / 92), 1e-12);
+}
+
 TEST(Overlap, ExposedTime) {
   // max(0, comm - eff * overlappable)
   EXPECT_DOUBLE_EQ(CostModel::exposed(10, 8, 0.8), 10 - 6.4);

@@ -1489,10 +1489,12 @@ TEST(Search, CollectivesBesideComputeSlowIt) {
 // A stage's mix: the forward's matmuls and attention, and of those the
 // library GEMMs (all but the fused attention).
 TEST(Search, StageMixSeparatesFusedAttention) {
-  pricing::LayerTimes::Stage st{10, 30, 2, 3};
+  pricing::LayerTimes::Stage st{10, 30, 2, 3, 4};
   const ComputeMix mix = st.mix();
   EXPECT_DOUBLE_EQ(mix.gemm, 0.8);
   EXPECT_DOUBLE_EQ(mix.matmul, 0.5);
+  // 5 of the 10 in 4 GEMMs: 1.25 each.
+  EXPECT_DOUBLE_EQ(mix.gemmSeconds, 1.25);
   // No forward: all matmuls.
   const ComputeMix none = pricing::LayerTimes::Stage{}.mix();
   EXPECT_DOUBLE_EQ(none.gemm, 1);
