@@ -694,6 +694,12 @@ public:
     return d;
   }
 
+  Expected<bool> boolean(const json &v, const std::string &path) const {
+    if (!v.is_boolean())
+      return error(path, "expected true or false, got " + describe(v));
+    return v.get<bool>();
+  }
+
   Expected<int> positiveInt(const json &v, const std::string &path) const {
     if (!(v.is_number_integer() || v.is_number_unsigned()))
       return error(path, "expected a positive integer, got " + describe(v));
@@ -803,11 +809,11 @@ Expected<GpuSpec> parseGpu(const Reader &rd, const json &v,
     g.attentionEfficiency = *d;
   }
   if (v.contains("persistent_gemms")) {
-    const json &b = v["persistent_gemms"];
-    if (!b.is_boolean())
-      return rd.error(Reader::child(path, "persistent_gemms"),
-                      "expected true or false, got " + describe(b));
-    g.persistentGemms = b.get<bool>();
+    auto b = rd.boolean(v["persistent_gemms"],
+                        Reader::child(path, "persistent_gemms"));
+    if (!b)
+      return b.status();
+    g.persistentGemms = *b;
   }
   return g;
 }
@@ -852,11 +858,10 @@ Expected<IntraNodeLink> parseIntra(const Reader &rd, const json &v,
     l.latency = *lat * kUs;
   }
   if (v.contains("nvls")) {
-    const json &b = v["nvls"];
-    if (!b.is_boolean())
-      return rd.error(Reader::child(path, "nvls"),
-                      "expected true or false, got " + describe(b));
-    l.nvls = b.get<bool>();
+    auto b = rd.boolean(v["nvls"], Reader::child(path, "nvls"));
+    if (!b)
+      return b.status();
+    l.nvls = *b;
     if (l.nvls && l.topology != IntraTopology::NVSwitch)
       return rd.error(Reader::child(path, "nvls"),
                       "NVLink SHARP needs topology 'nvswitch'");

@@ -403,6 +403,7 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
     std::vector<StageGatherUnit> units;
   };
   std::vector<StageSum> ss(pp);
+  const double bucketBytes = c.cost.calibration().gradBucketBytes;
   for (size_t i = 0; i < c.fwdOps.size(); ++i) {
     int id = c.fwdOps[i];
     StageSum &x = ss[stageOfPos[i]];
@@ -423,16 +424,20 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
     x.step += s.stepComm[id];
     x.act += s.activation[id];
     x.work = std::max(x.work, s.workingSet[id]);
+    // Each parameter once, where the stage first reads it: its elements on
+    // the rank, and the ZeRO-3 gather bucket it joins.
     for (int a : s.paramsOf[id])
       if (x.params.insert(a).second) {
         double e = 1;
         for (int64_t d : c.g.args[a].shape)
           e *= double(d);
         e /= s.paramLayout[a].kind == Layout::S ? double(t) : 1.0;
-        const double limit = c.cost.calibration().gradBucketBytes;
+        x.paramElems += e;
+        x.largestParam = std::max(x.largestParam, e);
         if (x.units.empty() ||
             (x.units.back().elems > 0 &&
-             (x.units.back().elems + e) * cfg.precision.paramBytes > limit))
+             (x.units.back().elems + e) * cfg.precision.paramBytes >
+                 bucketBytes))
           x.units.push_back({});
         x.units.back().elems += e;
       }
@@ -440,15 +445,6 @@ Priced price(Ctx &c, const Solved &s, TrainingConfig cfg) {
       x.units.push_back({});
     x.units.back().compute += s.compute[id] + s.mbComm[id];
   }
-  for (StageSum &x : ss)
-    for (int a : x.params) {
-      double e = 1;
-      for (int64_t d : c.g.args[a].shape)
-        e *= double(d);
-      e /= s.paramLayout[a].kind == Layout::S ? double(t) : 1.0;
-      x.paramElems += e;
-      x.largestParam = std::max(x.largestParam, e);
-    }
 
   // Bytes crossing each chunk boundary per micro-batch (per rank): chunk
   // k sends to chunk k + 1, from stage k % pp to (k + 1) % pp.

@@ -212,8 +212,6 @@ std::vector<int> makeUnits(const Ctx &c, int pp, bool *byLayer);
 /// Model chunks per stage: v for the interleaved schedule, else 1.
 int chunksPerStage(const TrainingConfig &cfg, bool train);
 
-/// Prices one candidate from a solved strategy problem: memory, step time
-/// and the stages (their starts over the partition's units).
 /// One of ZeRO-3's gather buckets on a stage, in forward order: its
 /// collectives' times and bytes, and the compute beside which the next
 /// one's run (its ops' forward and backward).
@@ -245,6 +243,8 @@ Zero3Exposure zero3BucketExposure(
     const std::vector<Zero3Bucket> &buckets, double efficiency,
     const std::function<double(double time, double bytes)> &lossPerSecond);
 
+/// Prices one candidate from a solved strategy problem: memory, step time
+/// and the stages (their starts over the partition's units).
 Priced price(Ctx &c, const Solved &s, TrainingConfig cfg);
 
 } // namespace dlopt::planner::oppricing
